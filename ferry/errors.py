@@ -1,0 +1,149 @@
+"""Errors of ferry: one base, stable dotted codes, one place that maps them to exit codes.
+
+The tree (codes are part of the observable contract; scripts match on them)::
+
+    FerryError                      code             exit (other cmds) exit (run/claim)
+    +-- UsageError                  usage.*          2                 2
+    +-- NotFoundError               task.not_found   5                 125
+    +-- AmbiguousIdError            task.ambiguous   5                 125
+    +-- IllegalTransitionError      task.illegal_transition  1         125
+    +-- RefusedError                task.refused     1 (or its own)    125
+    +-- OperatorNeededError         recovery.*       3                 125
+    +-- LeaseHeldError              lease.held       75                75
+    +-- KeyInFlightError            task.key_in_flight 75              75
+    +-- JournalIntegrityError       journal.*        4                 125
+    +-- StateDirError               state_dir.*      125               125
+    +-- PatchGateError              patch.*          2                 125
+    +-- SpawnError                  spawn.*          125 / 126 / 127   125 / 126 / 127
+    +-- InternalError               internal         125               125
+
+Every error carries ``code`` (stable), ``message`` (one line, for humans) and
+``details`` (a JSON-able dict, possibly empty).  ``exit_code`` is what a command other
+than ``run``/``claim`` exits with; ``run``/``claim`` map every failure before the task
+starts to 125 except usage errors (2), the EX_TEMPFAIL cases (75) and the exec
+failures 126/127 (see :func:`exit_code_for`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+EX_USAGE = 2
+EX_OPERATOR = 3
+EX_JOURNAL = 4
+EX_NOT_FOUND = 5
+EX_TEMPFAIL = 75
+EX_TIMEOUT = 124
+EX_FERRY_FAILED = 125
+EX_NOT_EXECUTABLE = 126
+EX_NOT_FOUND_CMD = 127
+
+
+class FerryError(Exception):
+    """Base of every error ferry reports to a user."""
+
+    code: str = "internal"
+    exit_code: int = EX_FERRY_FAILED
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str | None = None,
+        details: dict[str, Any] | None = None,
+        exit_code: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+        if exit_code is not None:
+            self.exit_code = exit_code
+        self.details: dict[str, Any] = dict(details or {})
+
+    def to_json(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, "details": self.details}
+
+
+class UsageError(FerryError):
+    code = "usage.invalid"
+    exit_code = EX_USAGE
+
+
+class NotFoundError(FerryError):
+    code = "task.not_found"
+    exit_code = EX_NOT_FOUND
+
+
+class AmbiguousIdError(FerryError):
+    code = "task.ambiguous"
+    exit_code = EX_NOT_FOUND
+
+
+class RefusedError(FerryError):
+    """Refused because of the task's state (exit 1 unless the contract says otherwise)."""
+
+    code = "task.refused"
+    exit_code = 1
+
+
+class IllegalTransitionError(RefusedError):
+    code = "task.illegal_transition"
+
+
+class OperatorNeededError(FerryError):
+    code = "recovery.operator_needed"
+    exit_code = EX_OPERATOR
+
+
+class LeaseHeldError(FerryError):
+    code = "lease.held"
+    exit_code = EX_TEMPFAIL
+
+
+class KeyInFlightError(FerryError):
+    code = "task.key_in_flight"
+    exit_code = EX_TEMPFAIL
+
+
+class JournalIntegrityError(FerryError):
+    code = "journal.corrupt"
+    exit_code = EX_JOURNAL
+
+
+class StateDirError(FerryError):
+    code = "state_dir.unusable"
+    exit_code = EX_FERRY_FAILED
+
+
+class PatchGateError(FerryError):
+    """A patch failed one of the three gates; ``code`` names the gate (patch.<REASON>)."""
+
+    code = "patch.invalid"
+    exit_code = EX_USAGE
+
+
+class SpawnError(FerryError):
+    code = "spawn.failed"
+    exit_code = EX_FERRY_FAILED
+
+
+class InternalError(FerryError):
+    code = "internal"
+    exit_code = EX_FERRY_FAILED
+
+
+# Exit codes that run/claim pass through unchanged for errors before the task starts.
+_RUN_PASSTHROUGH = frozenset({EX_USAGE, EX_TEMPFAIL, EX_NOT_EXECUTABLE, EX_NOT_FOUND_CMD})
+
+
+def exit_code_for(error: FerryError, *, runs_task: bool) -> int:
+    """The one place that maps an error to a process exit code.
+
+    ``runs_task`` is true for ``run`` and ``claim``: there every failure before the task
+    could start exits 125, except usage errors (2), EX_TEMPFAIL (75) and the exec
+    failures 126/127.
+    """
+    if runs_task and error.exit_code not in _RUN_PASSTHROUGH:
+        return EX_FERRY_FAILED
+    return error.exit_code
