@@ -146,4 +146,7 @@ def exit_code_for(error: FerryError, *, runs_task: bool) -> int:
     """
     if runs_task and error.exit_code not in _RUN_PASSTHROUGH:
         return EX_FERRY_FAILED
+    if runs_task and isinstance(error, PatchGateError):
+        # The contract: for run/claim a patch that fails a gate exits 125, not 2.
+        return EX_FERRY_FAILED
     return error.exit_code
