@@ -1,0 +1,466 @@
+"""Journal event types: one frozen dataclass per type, ``encode()`` -> (type, data) for
+``journal.append``, :func:`decode` back (pure).
+
+Every payload about a task names it in ``task`` and carries the ``attempt`` it is
+about. Events written by the claim that owns a task carry its ``token``; events written
+by recovery or by a user action on a task nobody owns carry ``token: null``.
+
+Unknown types are not errors: :func:`decode` returns None and the fold ignores them, so
+an older ferry can read a journal that a newer one extended. A *known* type with a
+malformed payload raises :class:`MalformedEventError` (``event.malformed``).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from ferry.errors import InternalError, UsageError
+from ferry.model import Reason, State
+from ferry.spec import TaskSpec
+
+CLAIMED_BY = frozenset({"run", "claim", "work"})
+_SETTLED_STATES = frozenset({State.SUCCEEDED, State.FAILED, State.CANCELLED})
+
+
+class EventType(enum.StrEnum):
+    SUBMITTED = "SUBMITTED"
+    CLAIMED = "CLAIMED"
+    DISPATCHING = "DISPATCHING"
+    SPAWNED = "SPAWNED"
+    SETTLED = "SETTLED"
+    RELEASED = "RELEASED"
+    STALE = "STALE"
+    RESUMED = "RESUMED"
+    CANCEL_REQUESTED = "CANCEL_REQUESTED"
+    RETRIED = "RETRIED"
+    ORPHAN_SIGNALLED = "ORPHAN_SIGNALLED"
+    LEASE_ACQUIRED = "LEASE_ACQUIRED"
+    LEASE_RELEASED = "LEASE_RELEASED"
+
+
+class MalformedEventError(InternalError):
+    code = "event.malformed"
+
+
+Payload = dict[str, Any]
+
+
+def _plain(mapping: Mapping[str, Any]) -> dict[str, Any]:
+    return dict(mapping)
+
+
+@dataclass(frozen=True)
+class Submitted:
+    TYPE: ClassVar[EventType] = EventType.SUBMITTED
+    task: str
+    spec: TaskSpec
+    created_at: float
+
+    def encode(self) -> tuple[str, Payload]:
+        data = {"task": self.task, "spec": self.spec.to_json(), "created_at": self.created_at}
+        return self.TYPE.value, data
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """QUEUED -> CLAIMED. ``runner``: identity of the claiming ferry process."""
+
+    TYPE: ClassVar[EventType] = EventType.CLAIMED
+    task: str
+    attempt: int
+    token: str
+    runner: Mapping[str, Any]
+    by: str
+
+    def encode(self) -> tuple[str, Payload]:
+        return self.TYPE.value, {
+            "task": self.task,
+            "attempt": self.attempt,
+            "token": self.token,
+            "runner": _plain(self.runner),
+            "by": self.by,
+        }
+
+
+@dataclass(frozen=True)
+class Dispatching:
+    """CLAIMED -> DISPATCHING: durable before the child is spawned. ``marker`` is the
+    environment marker the child will carry, so recovery can find it without a pid."""
+
+    TYPE: ClassVar[EventType] = EventType.DISPATCHING
+    task: str
+    attempt: int
+    token: str
+    marker: str
+    evidence: Mapping[str, Any] = field(default_factory=dict)  # e.g. patch mode
+
+    def encode(self) -> tuple[str, Payload]:
+        return self.TYPE.value, {
+            "task": self.task,
+            "attempt": self.attempt,
+            "token": self.token,
+            "marker": self.marker,
+            "evidence": _plain(self.evidence),
+        }
+
+
+@dataclass(frozen=True)
+class Spawned:
+    """DISPATCHING -> RUNNING, with the child's identity (pid + start time)."""
+
+    TYPE: ClassVar[EventType] = EventType.SPAWNED
+    task: str
+    attempt: int
+    token: str
+    pid: int
+    pgid: int
+    start_time: float
+
+    def encode(self) -> tuple[str, Payload]:
+        return self.TYPE.value, {
+            "task": self.task,
+            "attempt": self.attempt,
+            "token": self.token,
+            "pid": self.pid,
+            "pgid": self.pgid,
+            "start_time": self.start_time,
+        }
+
+
+@dataclass(frozen=True)
+class Settled:
+    """-> SUCCEEDED | FAILED | CANCELLED. ``token`` is null when recovery or a cancel of
+    an unowned (queued) task decides."""
+
+    TYPE: ClassVar[EventType] = EventType.SETTLED
+    task: str
+    attempt: int
+    token: str | None
+    state: State
+    reason: Reason | None
+    exit_code: int | None = None
+    signal: int | None = None
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+
+    def encode(self) -> tuple[str, Payload]:
+        return self.TYPE.value, {
+            "task": self.task,
+            "attempt": self.attempt,
+            "token": self.token,
+            "state": self.state.value,
+            "reason": None if self.reason is None else self.reason.value,
+            "exit_code": self.exit_code,
+            "signal": self.signal,
+            "evidence": _plain(self.evidence),
+        }
+
+
+@dataclass(frozen=True)
+class Released:
+    """In flight -> QUEUED. ``counted``: counts toward ``max_releases``."""
+
+    TYPE: ClassVar[EventType] = EventType.RELEASED
+    task: str
+    attempt: int
+    token: str | None
+    reason: Reason
+    counted: bool
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+
+    def encode(self) -> tuple[str, Payload]:
+        return self.TYPE.value, {
+            "task": self.task,
+            "attempt": self.attempt,
+            "token": self.token,
+            "reason": self.reason.value,
+            "counted": self.counted,
+            "evidence": _plain(self.evidence),
+        }
+
+
+@dataclass(frozen=True)
+class Stale:
+    """RUNNING -> STALE (runner alive, heartbeat older than the stale limit)."""
+
+    TYPE: ClassVar[EventType] = EventType.STALE
+    task: str
+    attempt: int
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+
+    def encode(self) -> tuple[str, Payload]:
+        data = {"task": self.task, "attempt": self.attempt, "evidence": _plain(self.evidence)}
+        return self.TYPE.value, data
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """STALE -> RUNNING: the runner beats again (written by it, with its token, or by
+    recovery, token null)."""
+
+    TYPE: ClassVar[EventType] = EventType.RESUMED
+    task: str
+    attempt: int
+    token: str | None = None
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+
+    def encode(self) -> tuple[str, Payload]:
+        return self.TYPE.value, {
+            "task": self.task,
+            "attempt": self.attempt,
+            "token": self.token,
+            "evidence": _plain(self.evidence),
+        }
+
+
+@dataclass(frozen=True)
+class CancelRequested:
+    """A user asked to cancel an in-flight task; its runner signals the group and
+    settles CANCELLED. No state change by itself."""
+
+    TYPE: ClassVar[EventType] = EventType.CANCEL_REQUESTED
+    task: str
+    attempt: int
+
+    def encode(self) -> tuple[str, Payload]:
+        return self.TYPE.value, {"task": self.task, "attempt": self.attempt}
+
+
+@dataclass(frozen=True)
+class Retried:
+    """FAILED | CANCELLED -> QUEUED as a new attempt (``attempt`` is the new one)."""
+
+    TYPE: ClassVar[EventType] = EventType.RETRIED
+    task: str
+    attempt: int
+
+    def encode(self) -> tuple[str, Payload]:
+        return self.TYPE.value, {"task": self.task, "attempt": self.attempt}
+
+
+@dataclass(frozen=True)
+class OrphanSignalled:
+    """Intent of ``ferry kill``: journaled before a verified signal to an orphan's group
+    (no side effect before its intent record). No state change."""
+
+    TYPE: ClassVar[EventType] = EventType.ORPHAN_SIGNALLED
+    task: str
+    attempt: int
+    pid: int
+    pgid: int
+    start_time: float
+    signal: int
+
+    def encode(self) -> tuple[str, Payload]:
+        return self.TYPE.value, {
+            "task": self.task,
+            "attempt": self.attempt,
+            "pid": self.pid,
+            "pgid": self.pgid,
+            "start_time": self.start_time,
+            "signal": self.signal,
+        }
+
+
+@dataclass(frozen=True)
+class LeaseAcquired:
+    TYPE: ClassVar[EventType] = EventType.LEASE_ACQUIRED
+    epoch: int
+    holder: Mapping[str, Any]
+
+    def encode(self) -> tuple[str, Payload]:
+        return self.TYPE.value, {"epoch": self.epoch, "holder": _plain(self.holder)}
+
+
+@dataclass(frozen=True)
+class LeaseReleased:
+    TYPE: ClassVar[EventType] = EventType.LEASE_RELEASED
+    epoch: int
+    holder: Mapping[str, Any]
+
+    def encode(self) -> tuple[str, Payload]:
+        return self.TYPE.value, {"epoch": self.epoch, "holder": _plain(self.holder)}
+
+
+Event = (
+    Submitted
+    | Claimed
+    | Dispatching
+    | Spawned
+    | Settled
+    | Released
+    | Stale
+    | Resumed
+    | CancelRequested
+    | Retried
+    | OrphanSignalled
+    | LeaseAcquired
+    | LeaseReleased
+)
+TaskEvent = (
+    Submitted
+    | Claimed
+    | Dispatching
+    | Spawned
+    | Settled
+    | Released
+    | Stale
+    | Resumed
+    | CancelRequested
+    | Retried
+    | OrphanSignalled
+)
+
+
+class _Fields:
+    """Typed access to one payload; any mismatch is a MalformedEventError."""
+
+    def __init__(self, record_type: str, data: object) -> None:
+        if not isinstance(data, Mapping):
+            raise self._error(record_type, "payload is not an object")
+        self.record_type = record_type
+        self.data: Mapping[str, Any] = data
+
+    @staticmethod
+    def _error(record_type: str, problem: str) -> MalformedEventError:
+        return MalformedEventError(
+            f"malformed {record_type} event: {problem}",
+            details={"type": record_type, "problem": problem},
+        )
+
+    def _get(self, name: str, optional: bool) -> Any:
+        if name not in self.data:
+            if optional:
+                return None
+            raise self._error(self.record_type, f"missing {name!r}")
+        return self.data[name]
+
+    def text(self, name: str, *, optional: bool = False) -> Any:
+        value = self._get(name, optional)
+        if value is None and optional:
+            return None
+        if not isinstance(value, str) or not value:
+            raise self._error(self.record_type, f"{name!r} is not a non-empty string")
+        return value
+
+    def integer(self, name: str, *, minimum: int | None = None, optional: bool = False) -> Any:
+        value = self._get(name, optional)
+        if value is None and optional:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self._error(self.record_type, f"{name!r} is not an integer")
+        if minimum is not None and value < minimum:
+            raise self._error(self.record_type, f"{name!r} is below {minimum}")
+        return value
+
+    def number(self, name: str) -> float:
+        value = self._get(name, False)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self._error(self.record_type, f"{name!r} is not a number")
+        if not math.isfinite(value):
+            raise self._error(self.record_type, f"{name!r} is not finite")
+        return float(value)
+
+    def flag(self, name: str) -> bool:
+        value = self._get(name, False)
+        if not isinstance(value, bool):
+            raise self._error(self.record_type, f"{name!r} is not a boolean")
+        return value
+
+    def mapping(self, name: str, *, optional: bool = False) -> dict[str, Any]:
+        value = self._get(name, optional)
+        if value is None and optional:
+            return {}
+        if not isinstance(value, Mapping):
+            raise self._error(self.record_type, f"{name!r} is not an object")
+        return dict(value)
+
+    def state(self, name: str) -> State:
+        value = self._get(name, False)
+        try:
+            return State(value)
+        except ValueError:
+            raise self._error(self.record_type, f"{name!r}: unknown state {value!r}") from None
+
+    def reason(self, name: str, *, optional: bool) -> Reason | None:
+        value = self._get(name, optional)
+        if value is None and optional:
+            return None
+        try:
+            return Reason(value)
+        except ValueError:
+            raise self._error(self.record_type, f"{name!r}: unknown reason {value!r}") from None
+
+    def spec(self, name: str) -> TaskSpec:
+        try:
+            return TaskSpec.from_json(self.mapping(name))
+        except UsageError as error:
+            raise self._error(self.record_type, f"bad spec: {error.message}") from None
+
+
+def decode(record_type: str, data: object) -> Event | None:
+    """The typed event, or None for a type this version does not know."""
+    try:
+        kind = EventType(record_type)
+    except ValueError:
+        return None
+    f = _Fields(record_type, data)
+    if kind is EventType.LEASE_ACQUIRED or kind is EventType.LEASE_RELEASED:
+        lease_class = LeaseAcquired if kind is EventType.LEASE_ACQUIRED else LeaseReleased
+        return lease_class(epoch=f.integer("epoch", minimum=0), holder=f.mapping("holder"))
+    task, attempt = f.text("task"), f.integer("attempt", minimum=1, optional=True)
+    if kind is EventType.SUBMITTED:
+        return Submitted(task=task, spec=f.spec("spec"), created_at=f.number("created_at"))
+    if attempt is None:
+        raise _Fields._error(record_type, "missing 'attempt'")
+    if kind is EventType.CLAIMED:
+        by = f.text("by")
+        if by not in CLAIMED_BY:
+            raise _Fields._error(record_type, f"'by' is {by!r}, not one of {sorted(CLAIMED_BY)}")
+        runner = f.mapping("runner")
+        return Claimed(task, attempt, f.text("token"), runner, by)
+    if kind is EventType.DISPATCHING:
+        evidence = f.mapping("evidence", optional=True)
+        return Dispatching(task, attempt, f.text("token"), f.text("marker"), evidence)
+    if kind is EventType.SPAWNED:
+        pid, pgid = f.integer("pid", minimum=1), f.integer("pgid", minimum=1)
+        return Spawned(task, attempt, f.text("token"), pid, pgid, f.number("start_time"))
+    if kind is EventType.SETTLED:
+        state, reason = f.state("state"), f.reason("reason", optional=True)
+        if state not in _SETTLED_STATES:
+            raise _Fields._error(record_type, f"'state' {state} is not a final state")
+        if (state is State.SUCCEEDED) != (reason is None):
+            raise _Fields._error(record_type, "SUCCEEDED has no reason; FAILED/CANCELLED have one")
+        return Settled(
+            task,
+            attempt,
+            f.text("token", optional=True),
+            state,
+            reason,
+            f.integer("exit_code", optional=True),
+            f.integer("signal", minimum=1, optional=True),
+            f.mapping("evidence", optional=True),
+        )
+    if kind is EventType.RELEASED:
+        reason = f.reason("reason", optional=False)
+        assert reason is not None
+        evidence = f.mapping("evidence", optional=True)
+        return Released(
+            task, attempt, f.text("token", optional=True), reason, f.flag("counted"), evidence
+        )
+    if kind is EventType.STALE:
+        return Stale(task, attempt, f.mapping("evidence", optional=True))
+    if kind is EventType.RESUMED:
+        token = f.text("token", optional=True)
+        return Resumed(task, attempt, token, f.mapping("evidence", optional=True))
+    if kind is EventType.CANCEL_REQUESTED:
+        return CancelRequested(task, attempt)
+    if kind is EventType.RETRIED:
+        return Retried(task, attempt)
+    assert kind is EventType.ORPHAN_SIGNALLED
+    pid, pgid = f.integer("pid", minimum=1), f.integer("pgid", minimum=1)
+    start_time, signal = f.number("start_time"), f.integer("signal", minimum=1)
+    return OrphanSignalled(task, attempt, pid, pgid, start_time, signal)

@@ -1,0 +1,247 @@
+"""One event applied to one task (pure): what is legal (:func:`check_event`) and what it
+makes of the task (:func:`fold_event`). :mod:`ferry.state` runs these over the table.
+
+Which event may move a task from which states (then the transition table decides)::
+
+    SUBMITTED         (new)                        -> QUEUED
+    CLAIMED           QUEUED                       -> CLAIMED
+    DISPATCHING       CLAIMED                      -> DISPATCHING
+    SPAWNED           DISPATCHING                  -> RUNNING
+    SETTLED           QUEUED or in flight          -> SUCCEEDED | FAILED | CANCELLED
+    RELEASED          in flight                    -> QUEUED
+    STALE             RUNNING                      -> STALE
+    RESUMED           STALE                        -> RUNNING
+    RETRIED           FAILED | CANCELLED           -> QUEUED (attempt + 1, releases 0)
+    CANCEL_REQUESTED  in flight                    (no state change)
+    ORPHAN_SIGNALLED  any                          (no state change; evidence)
+
+Fencing by claim: an event carrying a ``token`` is accepted only if it is the token of
+the claim that owns the task now and names its current attempt; otherwise it is refused
+with ``task.stale_claim``. So a runner that recovery gave up on can never settle.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ferry import events as ev
+from ferry.errors import (
+    FerryError,
+    IllegalTransitionError,
+    KeyInFlightError,
+    NotFoundError,
+    RefusedError,
+)
+from ferry.model import IN_FLIGHT_STATES, Reason, State, Task, check_transition
+from ferry.spec import TaskSpec
+
+_ANY = frozenset(State)
+_FROM: Mapping[type, frozenset[State]] = {
+    ev.Claimed: frozenset({State.QUEUED}),
+    ev.Dispatching: frozenset({State.CLAIMED}),
+    ev.Spawned: frozenset({State.DISPATCHING}),
+    ev.Settled: IN_FLIGHT_STATES | {State.QUEUED},
+    ev.Released: IN_FLIGHT_STATES,
+    ev.Stale: frozenset({State.RUNNING}),
+    ev.Resumed: frozenset({State.STALE}),
+    ev.Retried: frozenset({State.FAILED, State.CANCELLED}),
+    ev.CancelRequested: IN_FLIGHT_STATES,
+    ev.OrphanSignalled: _ANY,
+}
+_TARGET: Mapping[type, State] = {
+    ev.Submitted: State.QUEUED,
+    ev.Claimed: State.CLAIMED,
+    ev.Dispatching: State.DISPATCHING,
+    ev.Spawned: State.RUNNING,
+    ev.Released: State.QUEUED,
+    ev.Stale: State.STALE,
+    ev.Resumed: State.RUNNING,
+    ev.Retried: State.QUEUED,
+}
+
+
+def target_state(event: ev.TaskEvent, task: Task) -> State:
+    if isinstance(event, ev.Settled):
+        return event.state
+    return _TARGET.get(type(event), task.state)
+
+
+def _stale(task: Task, event: ev.TaskEvent, code: str, why: str) -> RefusedError:
+    return RefusedError(
+        f"task {task.id}: {why}; refused",
+        code=code,
+        details={
+            "task": task.id,
+            "type": event.TYPE.value,
+            "attempt": getattr(event, "attempt", None),
+            "current_attempt": task.attempt,
+            "state": task.state.value,
+        },
+    )
+
+
+def check_event(task: Task | None, event: ev.TaskEvent) -> None:
+    """Raise unless ``event`` is legal for ``task`` (None: no such task) right now."""
+    if isinstance(event, ev.Submitted):
+        if task is not None:
+            raise RefusedError(
+                f"task {event.task} already exists",
+                code="task.duplicate_id",
+                details={"task": event.task},
+            )
+        return
+    if task is None:
+        raise NotFoundError(f"no task {event.task}", details={"task": event.task})
+    token = getattr(event, "token", None)
+    if isinstance(event, ev.Claimed):
+        token = None  # a claim brings a new token; it has nothing to match yet
+    if token is not None and token != task.claim_token:
+        raise _stale(task, event, "task.stale_claim", "claim token is not the current claim's")
+    if isinstance(event, ev.Retried):
+        if event.attempt != task.attempt + 1:
+            raise _stale(
+                task, event, "task.stale_attempt", f"retry must be attempt {task.attempt + 1}"
+            )
+    elif event.attempt != task.attempt:
+        code = "task.stale_claim" if token is not None else "task.stale_attempt"
+        raise _stale(task, event, code, f"event is about attempt {event.attempt}")
+    allowed = _FROM[type(event)]
+    new = target_state(event, task)
+    if task.state not in allowed:
+        if isinstance(event, ev.CancelRequested):
+            raise RefusedError(
+                f"task {task.id} is {task.state}: nothing in flight to cancel",
+                code="task.not_in_flight",
+                details={"task": task.id, "state": task.state.value},
+            )
+        # Also when the table allows old -> new but not by this event (SPAWNED from STALE).
+        raise IllegalTransitionError(
+            f"task {task.id}: illegal transition {task.state} -> {new} by {event.TYPE.value}",
+            details={"task": task.id, "old": task.state.value, "new": new.value},
+        )
+    if new != task.state:
+        check_transition(task.state, new, task=task.id)
+    if isinstance(event, ev.Released) and event.counted and task.releases >= task.spec.max_releases:
+        raise RefusedError(
+            f"task {task.id} was released {task.releases} times (max {task.spec.max_releases})",
+            code="task.release_limit",
+            details={"task": task.id, "releases": task.releases},
+        )
+
+
+def key_conflict(key: str, task_id: str, candidates: Sequence[Task]) -> FerryError | None:
+    """A task with ``key`` that SUCCEEDED, or one not yet settled, blocks another."""
+    for other in candidates:
+        if other.id == task_id:
+            continue
+        if other.state is State.SUCCEEDED:
+            return RefusedError(
+                f"key {key!r} already succeeded (task {other.id})",
+                code="task.key_succeeded",
+                details={"key": key, "task": other.id},
+            )
+        if not other.terminal:
+            return KeyInFlightError(
+                f"key {key!r} is in flight (task {other.id}, {other.state})",
+                details={"key": key, "task": other.id, "state": other.state.value},
+            )
+    return None
+
+
+def _merge(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    return {**old, **new}
+
+
+_UNCLAIMED: dict[str, Any] = {
+    "claim_token": None,
+    "runner": None,
+    "claimed_by": None,
+    "marker": None,
+    "pid": None,
+    "pgid": None,
+    "start_time": None,
+    "started_at": None,
+    "heartbeat_at": None,
+    "cancel_requested": False,
+}
+
+
+def fold_event(task: Task | None, event: ev.TaskEvent, seq: int, ts: float) -> Task:
+    """The task after ``event`` (already checked). ``ts`` is the record's time."""
+    if isinstance(event, ev.Submitted):
+        return Task(id=event.task, spec=event.spec, created_at=event.created_at,
+                    submit_seq=seq, queue_seq=seq, updated_seq=seq)  # fmt: skip
+    assert task is not None
+    change: dict[str, Any] = {"updated_seq": seq, "state": target_state(event, task)}
+    if isinstance(event, ev.Claimed):
+        change.update(_UNCLAIMED, reason=None, exit_code=None, signal=None,
+                      claim_token=event.token, runner=dict(event.runner), claimed_by=event.by)  # fmt: skip
+    elif isinstance(event, ev.Dispatching):
+        change.update(marker=event.marker, evidence=_merge(task.evidence, event.evidence))
+    elif isinstance(event, ev.Spawned):
+        change.update(pid=event.pid, pgid=event.pgid, start_time=event.start_time,
+                      started_at=ts, heartbeat_at=ts)  # fmt: skip
+    elif isinstance(event, ev.Settled):
+        change.update(reason=event.reason, exit_code=event.exit_code, signal=event.signal,
+                      ended_at=ts, claim_token=None,
+                      evidence=_merge(task.evidence, event.evidence))  # fmt: skip
+    elif isinstance(event, ev.Released):
+        change.update(_UNCLAIMED, reason=event.reason,
+                      releases=task.releases + (1 if event.counted else 0),
+                      evidence=_merge(task.evidence, event.evidence))  # fmt: skip
+    elif isinstance(event, ev.Stale):
+        change.update(reason=Reason.HEARTBEAT_STALE, evidence=_merge(task.evidence, event.evidence))
+    elif isinstance(event, ev.Resumed):
+        change.update(reason=None, heartbeat_at=ts, evidence=_merge(task.evidence, event.evidence))
+    elif isinstance(event, ev.CancelRequested):
+        change.update(cancel_requested=True)
+    elif isinstance(event, ev.Retried):
+        previous = {"attempt": task.attempt, "state": task.state.value,
+                    "reason": None if task.reason is None else task.reason.value,
+                    "exit_code": task.exit_code, "signal": task.signal,
+                    "evidence": {k: v for k, v in task.evidence.items() if k != "previous_attempt"}}  # fmt: skip
+        change.update(_UNCLAIMED, attempt=event.attempt, releases=0, reason=None,
+                      exit_code=None, signal=None, ended_at=None, queue_seq=seq,
+                      evidence={"previous_attempt": previous})  # fmt: skip
+    elif isinstance(event, ev.OrphanSignalled):
+        signals = [*task.evidence.get("signals", ()), {
+            "pid": event.pid, "pgid": event.pgid, "start_time": event.start_time,
+            "signal": event.signal, "at": ts}]  # fmt: skip
+        change.update(evidence=_merge(task.evidence, {"signals": signals}))
+    return dataclasses.replace(task, **change)
+
+
+# ---- the table's own serialisation (snapshots): every field, lossless --------------
+
+_SCALARS = ("id", "attempt", "releases", "exit_code", "signal", "created_at", "started_at",
+            "ended_at", "heartbeat_at", "pid", "pgid", "start_time", "claimed_by",
+            "claim_token", "marker", "cancel_requested", "submit_seq", "queue_seq",
+            "updated_seq")  # fmt: skip
+
+
+def task_to_record(task: Task) -> dict[str, Any]:
+    record = {name: getattr(task, name) for name in _SCALARS}
+    record.update(
+        spec=task.spec.to_json(),
+        state=task.state.value,
+        reason=None if task.reason is None else task.reason.value,
+        runner=None if task.runner is None else dict(task.runner),
+        evidence=dict(task.evidence),
+    )
+    return record
+
+
+def task_from_record(record: Mapping[str, Any]) -> Task:
+    fields = {name: record[name] for name in _SCALARS if name in record}
+    reason = record.get("reason")
+    runner = record.get("runner")
+    return Task(
+        spec=TaskSpec.from_json(record["spec"]),
+        state=State(record["state"]),
+        reason=None if reason is None else Reason(reason),
+        runner=None if runner is None else dict(runner),
+        evidence=dict(record.get("evidence") or {}),
+        **fields,
+    )

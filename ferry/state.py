@@ -1,0 +1,275 @@
+"""Fold journal events into the table of tasks (pure). The journal is the only source of
+truth; this table is a replay of it, kept current by a journal subscriber.
+
+Two entry points, two attitudes:
+
+* :meth:`Table.validate` / :meth:`Table.validate_batch` run *before* a write, under the
+  journal's append lock against the caught-up table, and raise: an illegal transition,
+  a stale claim (wrong attempt or token), a key conflict. Nothing illegal is written.
+* :meth:`Table.apply` folds a record that is already in the journal. It never raises for
+  a bad record (a journal written by an older, buggy version must stay readable): the
+  record is skipped and listed in :attr:`Table.anomalies`. Unknown event types are
+  ignored (forward compatibility).
+
+Snapshots make start-up follow live work, not history: :meth:`Table.to_snapshot` keeps
+``live`` tasks apart from ``settled`` ones, plus a small ``succeeded_keys`` index so the
+key rules work without loading history. :meth:`Table.from_snapshot` may be given the
+snapshot without ``settled`` and a ``load_settled`` callback; the table calls it once,
+the first time it needs a settled task (``get`` of an unknown id, ``ids``, ``by_key``,
+an event about a task it does not hold, ``to_snapshot``).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ferry import events as ev
+from ferry.errors import FerryError
+from ferry.fold import check_event, fold_event, key_conflict, task_from_record, task_to_record
+from ferry.model import State, Task
+from ferry.spec import TaskSpec
+
+SNAPSHOT_FORMAT = 1
+ANOMALIES_KEPT_MAX = 100
+
+SettledLoader = Callable[[], Iterable[Mapping[str, Any]]]
+
+
+class RecordLike(Protocol):
+    @property
+    def seq(self) -> int: ...
+    @property
+    def ts(self) -> float: ...
+    @property
+    def type(self) -> str: ...
+    @property
+    def data(self) -> Mapping[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class Anomaly:
+    """A journaled record the fold skipped because it was illegal or malformed."""
+
+    seq: int
+    type: str
+    task: str | None
+    code: str
+    message: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"seq": self.seq, "type": self.type, "task": self.task, "code": self.code,
+                "message": self.message}  # fmt: skip
+
+
+class Table:
+    def __init__(self, *, load_settled: SettledLoader | None = None) -> None:
+        self._live: dict[str, Task] = {}
+        self._settled: dict[str, Task] = {}
+        self._keys: dict[str, list[str]] = {}  # key -> ids of loaded tasks, submit order
+        self._succeeded_keys: dict[str, str] = {}  # complete even when settled not loaded
+        self._queue: list[tuple[int, str]] = []  # heap of (queue_seq, id); lazy deletion
+        self._load_settled = load_settled
+        self.last_seq = 0
+        self.lease: dict[str, Any] | None = None  # last LEASE_* event: epoch, holder, state
+        self.anomalies: list[Anomaly] = []
+
+    # ---- reading -------------------------------------------------------------------
+
+    def get(self, task_id: str) -> Task | None:
+        task = self._live.get(task_id) or self._settled.get(task_id)
+        if task is None and self._ensure_settled():
+            task = self._settled.get(task_id)
+        return task
+
+    def live(self) -> list[Task]:
+        """Tasks not in a terminal state, in submission order."""
+        return sorted(self._live.values(), key=lambda task: task.submit_seq)
+
+    def ids(self) -> list[str]:
+        """Every task id (loads settled tasks), sorted (= creation order)."""
+        self._ensure_settled()
+        return sorted([*self._live, *self._settled])
+
+    def tasks(self) -> Iterator[Task]:
+        """Every task (loads settled tasks), in id order."""
+        for task_id in self.ids():
+            task = self._live.get(task_id) or self._settled[task_id]
+            yield task
+
+    def by_key(self, key: str) -> list[str]:
+        """Ids of every task submitted with ``key``, in submission order."""
+        self._ensure_settled()
+        return list(self._keys.get(key, ()))
+
+    def succeeded_with_key(self, key: str) -> str | None:
+        """The id of the task that SUCCEEDED with ``key``, if any (no history load)."""
+        return self._succeeded_keys.get(key)
+
+    def queued(self) -> list[Task]:
+        """QUEUED tasks, oldest first (submission order; a retry queues at its time)."""
+        tasks = [task for task in self._live.values() if task.state is State.QUEUED]
+        return sorted(tasks, key=lambda task: (task.queue_seq, task.id))
+
+    def oldest_queued(self) -> Task | None:
+        while self._queue:
+            queue_seq, task_id = self._queue[0]
+            task = self._live.get(task_id)
+            if task is not None and task.state is State.QUEUED and task.queue_seq == queue_seq:
+                return task
+            heapq.heappop(self._queue)  # stale entry: that task left QUEUED
+        return None
+
+    # ---- writing -------------------------------------------------------------------
+
+    def validate(self, record_type: str, data: Mapping[str, Any]) -> None:
+        """Raise (a FerryError) unless the event is legal now. Writes nothing."""
+        self.validate_batch([(record_type, data)])
+
+    def validate_batch(self, batch: Sequence[tuple[str, Mapping[str, Any]]]) -> None:
+        """Validate events meant to be appended together, each against the table as the
+        earlier ones of the batch would leave it (e.g. SUBMITTED then CLAIMED)."""
+        overlay: dict[str, Task] = {}
+        for index, (record_type, data) in enumerate(batch):
+            event = ev.decode(record_type, data)
+            if event is None:
+                raise ev.MalformedEventError(
+                    f"unknown event type {record_type!r}", details={"type": record_type}
+                )
+            if isinstance(event, ev.LeaseAcquired | ev.LeaseReleased):
+                continue
+            task = overlay.get(event.task) or self._find(event)
+            check_event(task, event)
+            key = _key_of(event, task)
+            if key is not None:
+                error = key_conflict(key, event.task, self._key_candidates(key, overlay))
+                if error is not None:
+                    raise error
+            overlay[event.task] = fold_event(task, event, -(index + 1), 0.0)
+
+    def apply(self, record_type: str, data: Mapping[str, Any], seq: int, ts: float) -> None:
+        """Fold one journaled record. Records at or below ``last_seq`` are already in."""
+        if seq <= self.last_seq:
+            return
+        self.last_seq = seq
+        task_id = data.get("task") if isinstance(data, Mapping) else None
+        try:
+            event = ev.decode(record_type, data)
+            if event is None:
+                return  # a type from a newer version: ignored on purpose
+            if isinstance(event, ev.LeaseAcquired | ev.LeaseReleased):
+                held = isinstance(event, ev.LeaseAcquired)
+                self.lease = {"epoch": event.epoch, "holder": dict(event.holder),
+                              "held": held, "seq": seq, "ts": ts}  # fmt: skip
+                return
+            old = self._find(event)
+            check_event(old, event)
+            self._put(old, fold_event(old, event, seq, ts))
+        except FerryError as error:
+            anomaly = Anomaly(
+                seq, record_type, task_id if isinstance(task_id, str) else None,
+                error.code, error.message,
+            )  # fmt: skip
+            self.anomalies.append(anomaly)
+            del self.anomalies[:-ANOMALIES_KEPT_MAX]
+
+    def apply_record(self, record: RecordLike) -> None:
+        """``apply`` for a ``journal.Record`` (usable directly as a subscriber)."""
+        self.apply(record.type, record.data, record.seq, record.ts)
+
+    # ---- snapshots -----------------------------------------------------------------
+
+    def to_snapshot(self) -> dict[str, Any]:
+        self._ensure_settled()
+        return {
+            "format": SNAPSHOT_FORMAT,
+            "last_seq": self.last_seq,
+            "lease": self.lease,
+            "anomalies": [anomaly.to_json() for anomaly in self.anomalies],
+            "live": [task_to_record(task) for task in self.live()],
+            "succeeded_keys": dict(self._succeeded_keys),
+            "settled": [task_to_record(task) for task in self._settled.values()],
+        }
+
+    @classmethod
+    def from_snapshot(
+        cls, data: Mapping[str, Any], *, load_settled: SettledLoader | None = None
+    ) -> Table:
+        """Rebuild a table. Without ``settled`` in ``data``, settled tasks come from
+        ``load_settled`` when first needed (None: the table holds live tasks only)."""
+        if data.get("format") != SNAPSHOT_FORMAT:
+            raise ev.MalformedEventError(
+                f"unsupported snapshot format {data.get('format')!r}",
+                code="snapshot.format", details={"format": data.get("format")},
+            )  # fmt: skip
+        table = cls(load_settled=load_settled)
+        table.last_seq = int(data["last_seq"])
+        table.lease = data.get("lease")
+        table.anomalies = [Anomaly(**anomaly) for anomaly in data.get("anomalies", ())]
+        table._succeeded_keys = dict(data.get("succeeded_keys", {}))
+        for record in data["live"]:
+            table._put(None, task_from_record(record))
+        if "settled" in data:
+            table._load_settled = None
+            table._add_settled(data["settled"])
+        return table
+
+    # ---- internals -----------------------------------------------------------------
+
+    def _find(self, event: ev.TaskEvent) -> Task | None:
+        if isinstance(event, ev.Submitted):  # a new id: no reason to load history
+            return self._live.get(event.task) or self._settled.get(event.task)
+        return self.get(event.task)
+
+    def _ensure_settled(self) -> bool:
+        """Load settled tasks if a loader is pending; True if it just did."""
+        loader, self._load_settled = self._load_settled, None
+        if loader is None:
+            return False
+        self._add_settled(loader())
+        return True
+
+    def _add_settled(self, records: Iterable[Mapping[str, Any]]) -> None:
+        for record in records:
+            task = task_from_record(record)
+            if task.id not in self._live:
+                self._put(None, task)
+
+    def _put(self, old: Task | None, new: Task) -> None:
+        if old is None and new.spec.key is not None:
+            self._keys.setdefault(new.spec.key, []).append(new.id)
+        if new.terminal:
+            self._live.pop(new.id, None)
+            self._settled[new.id] = new
+            if new.state is State.SUCCEEDED and new.spec.key is not None:
+                self._succeeded_keys[new.spec.key] = new.id
+        else:
+            self._settled.pop(new.id, None)
+            self._live[new.id] = new
+            if new.state is State.QUEUED and (old is None or old.state is not State.QUEUED):
+                heapq.heappush(self._queue, (new.queue_seq, new.id))
+
+    def _key_candidates(self, key: str, overlay: Mapping[str, Task]) -> list[Task]:
+        ids = {task_id for task_id in self._keys.get(key, ()) if task_id in self._live}
+        succeeded = self._succeeded_keys.get(key)
+        ids.update(task.id for task in overlay.values() if task.spec.key == key)
+        found = [overlay.get(i) or self._live.get(i) or self._settled.get(i) for i in ids]
+        candidates = [task for task in found if task is not None]
+        if succeeded is not None and succeeded not in ids:
+            candidates.append(self._settled.get(succeeded) or _succeeded_stub(succeeded))
+        return candidates
+
+
+def _key_of(event: ev.TaskEvent, task: Task | None) -> str | None:
+    if isinstance(event, ev.Submitted):
+        return event.spec.key
+    if isinstance(event, ev.Retried) and task is not None:
+        return task.spec.key
+    return None
+
+
+def _succeeded_stub(task_id: str) -> Task:
+    """Stands for a SUCCEEDED task known only from the key index (history not loaded)."""
+    return Task(id=task_id, spec=TaskSpec(argv=("?",), cwd="/"), state=State.SUCCEEDED)
