@@ -1,0 +1,452 @@
+"""Process identity, verified signals and the environment-marker scan (no spawning here).
+
+A pid alone names a process only until it exits: the kernel hands the number to the
+next process that asks. ferry therefore names a process by :class:`ProcessIdentity`:
+pid + start time (clock ticks since boot, field 22 of ``/proc/<pid>/stat``, exact) +
+the kernel's boot id + host name (informative only: the boot id decides, and the host
+name can change without a reboot).
+
+Signals are never sent to a bare pid. :func:`signal_verified` opens a pidfd first,
+then re-reads the start time: if it still matches, the pidfd is bound to the recorded
+process (a pidfd cannot be re-pointed, and a dead process does not come back), and the
+signal goes through the pidfd. For a process group the pidfd is used with
+``PIDFD_SIGNAL_PROCESS_GROUP`` (Linux 6.9+), which names the group by the leader's
+kernel ``struct pid``, not by its number: no reuse race at all. On older kernels it
+falls back to ``killpg`` after the check; the remaining race needs, between two
+system calls, the leader to exit and be reaped, *every* member of its group to exit
+(the kernel does not reuse a number still used as a group id), the pid space to wrap
+around (``pid_max`` is 4 million on 64-bit) and a new process to lead a group with that
+very number.
+
+Reading ``/proc`` directly keeps this module cheap to import; psutil is only imported
+(lazily) where ``/proc`` does not exist, as a best-effort fallback.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import os
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, TypeGuard
+
+from ferry.failpoints import failpoint
+
+__all__ = [
+    "MARKER_ENV",
+    "NotGroupLeaderError",
+    "ProcStat",
+    "ProcessIdentity",
+    "ProcessScan",
+    "boot_id",
+    "find_by_marker",
+    "identity_of",
+    "make_marker",
+    "marker_prefix",
+    "parse_stat",
+    "pid_absent",
+    "read_stat",
+    "scan_processes",
+    "self_identity",
+    "signal_task",
+    "signal_verified",
+]
+
+MARKER_ENV = "FERRY_TASK"
+_PROC = "/proc"
+# include/uapi/linux/pidfd.h; Python 3.11 has no constant for it.
+_PIDFD_SIGNAL_PROCESS_GROUP = 1 << 2
+# States of a process that has exited: zombie, dead.
+_EXITED_STATES = frozenset({"Z", "X", "x"})
+_PF_KTHREAD = 0x00200000  # include/linux/sched.h: a kernel thread (stat field 9)
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessIdentity:
+    pid: int
+    start_time: int  # clock ticks since boot (/proc/<pid>/stat field 22)
+    boot_id: str
+    host: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "pid": self.pid,
+            "start_time": self.start_time,
+            "boot_id": self.boot_id,
+            "host": self.host,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ProcessIdentity:
+        """Strict: raises ValueError on a missing field or a wrong type."""
+        pid, start, boot, host = (data.get(k) for k in ("pid", "start_time", "boot_id", "host"))
+        if not (
+            _is_int(pid) and _is_int(start) and isinstance(boot, str) and isinstance(host, str)
+        ):
+            raise ValueError(f"not a process identity: {dict(data)!r}")
+        if pid <= 0 or start < 0:
+            raise ValueError(f"not a process identity: {dict(data)!r}")
+        return cls(pid=pid, start_time=start, boot_id=boot, host=host)
+
+
+def _is_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True, slots=True)
+class ProcStat:
+    """The fields of /proc/<pid>/stat ferry uses."""
+
+    pid: int
+    state: str
+    ppid: int
+    pgrp: int
+    session: int
+    flags: int
+    start_time: int
+
+    @property
+    def exited(self) -> bool:
+        return self.state in _EXITED_STATES
+
+    @property
+    def kernel_thread(self) -> bool:
+        return bool(self.flags & _PF_KTHREAD)
+
+
+def parse_stat(raw: bytes) -> ProcStat:
+    """Parse /proc/<pid>/stat. The command name (field 2) may hold spaces and parentheses,
+    so split at the *last* ')'. Raises ValueError on anything else."""
+    head, sep, tail = raw.rpartition(b")")
+    pid_text, _, _ = head.partition(b" (")
+    fields = tail.split()
+    if not sep or len(fields) < 20:
+        raise ValueError(f"unparseable /proc stat: {raw[:200]!r}")
+    # fields[0] is field 3 (state); field N is fields[N - 3].
+    return ProcStat(
+        pid=int(pid_text),
+        state=fields[0].decode("ascii", "replace"),
+        ppid=int(fields[1]),
+        pgrp=int(fields[2]),
+        session=int(fields[3]),
+        flags=int(fields[6]),
+        start_time=int(fields[19]),
+    )
+
+
+def read_stat(pid: int) -> ProcStat | None:
+    """The stat of ``pid``; None when /proc has no such process. Other errors raise
+    (OSError, ValueError): the caller decides what an unclear answer means."""
+    try:
+        with open(f"{_PROC}/{pid}/stat", "rb", buffering=0) as f:
+            raw = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return parse_stat(raw)
+
+
+def pid_absent(pid: int) -> bool:
+    """Proof that no process has this pid: ``kill(pid, 0)`` fails with ESRCH.
+
+    Signal 0 delivers nothing; it only asks the kernel, which (unlike a /proc mounted
+    with ``hidepid``) sees every process. EPERM means the process exists.
+    """
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+@functools.cache
+def boot_id() -> str:
+    """This boot's id (/proc/sys/kernel/random/boot_id). Cached: it cannot change under us."""
+    try:
+        with open(f"{_PROC}/sys/kernel/random/boot_id", "rb") as f:
+            return f.read().strip().decode("ascii")
+    except FileNotFoundError:  # pragma: no cover - not Linux
+        import psutil
+
+        return f"boot-time-{int(psutil.boot_time())}"
+
+
+def _host() -> str:
+    return os.uname().nodename
+
+
+def identity_of(pid: int) -> ProcessIdentity | None:
+    """The identity of the process ``pid`` now (a zombie too); None when there is none."""
+    if not os.path.isdir(_PROC):  # pragma: no cover - not Linux
+        return _psutil_identity(pid)
+    st = read_stat(pid)
+    if st is None:
+        return None
+    return ProcessIdentity(pid=pid, start_time=st.start_time, boot_id=boot_id(), host=_host())
+
+
+def self_identity() -> ProcessIdentity:
+    me = identity_of(os.getpid())
+    assert me is not None
+    return me
+
+
+def _psutil_identity(pid: int) -> ProcessIdentity | None:  # pragma: no cover - not Linux
+    import psutil
+
+    try:
+        created_s = psutil.Process(pid).create_time()
+    except psutil.NoSuchProcess:
+        return None
+    # Milliseconds since the epoch: comparable on this platform, not with Linux ticks.
+    return ProcessIdentity(pid, round(created_s * 1000), boot_id(), _host())
+
+
+# --- markers -------------------------------------------------------------------------
+
+
+def make_marker(task_id: str, attempt: int, token: str) -> str:
+    """The value of ``FERRY_TASK`` in a task's environment: ``<id>:<attempt>:<token>``."""
+    for part in (task_id, token):
+        if not part or ":" in part or "\0" in part or "=" in part:
+            raise ValueError(f"marker parts must be non-empty, without ':', '=', NUL: {part!r}")
+    return f"{task_id}:{attempt}:{token}"
+
+
+def marker_prefix(task_id: str, attempt: int | None = None) -> str:
+    """A prefix matching every attempt of a task (or one attempt): ends at a ':'."""
+    return f"{task_id}:" if attempt is None else f"{task_id}:{attempt}:"
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessScan:
+    """What a scan of /proc found. ``complete`` is False when some process that could
+    belong to the task could not be read: the caller must then not conclude "none"."""
+
+    alive: tuple[ProcessIdentity, ...]
+    zombies: tuple[ProcessIdentity, ...]
+    unreadable: tuple[int, ...]
+
+    @property
+    def complete(self) -> bool:
+        return not self.unreadable
+
+
+def find_by_marker(marker_prefix: str) -> ProcessScan:
+    """Processes whose environment has ``FERRY_TASK`` starting with ``marker_prefix``.
+
+    The environment seen is the one the process was exec'd with (later ``setenv`` calls
+    are invisible; a child exec'd with a cleared environment escapes the marker).
+    """
+    return scan_processes(marker_prefix)
+
+
+def scan_processes(
+    marker_prefix: str | None,
+    *,
+    session_of: ProcessIdentity | None = None,
+    not_before_ticks: int | None = None,
+) -> ProcessScan:
+    """One pass over /proc: processes carrying the marker, or (``session_of``) members
+    of the session or process group led by that identity (the leader may be gone).
+
+    Never part of a task, so never looked at: pid 1, kernel threads, and processes that
+    started before ``not_before_ticks`` (default: the leader's start time; a task's
+    processes all descend from its leader). Pass the runner's start time when the
+    leader is unknown.
+
+    An environment we may not read counts as unreadable only when the process runs as
+    our own user: another user's process cannot carry our task's marker unless the task
+    changed user (then it usually stays in the task's session, which stat shows).
+    """
+    if not os.path.isdir(_PROC):  # pragma: no cover - not Linux: fail closed
+        return ProcessScan((), (), (-1,))
+    needle = f"{MARKER_ENV}={marker_prefix}".encode() if marker_prefix else None
+    me = boot_id()
+    leader = session_of if session_of is not None and _session_id_valid(session_of) else None
+    if not_before_ticks is None and session_of is not None and session_of.boot_id == me:
+        not_before_ticks = session_of.start_time
+    euid = os.geteuid()
+    alive: list[ProcessIdentity] = []
+    zombies: list[ProcessIdentity] = []
+    unreadable: list[int] = []
+    for name in os.listdir(_PROC):
+        if not name.isdigit() or name == "1":
+            continue
+        pid = int(name)
+        try:
+            st = read_stat(pid)
+        except (OSError, ValueError):
+            if _owned_by(pid, euid):
+                unreadable.append(pid)
+            continue
+        if st is None or st.kernel_thread:
+            continue  # exited while we looked; or a kernel thread
+        if not_before_ticks is not None and st.start_time < not_before_ticks:
+            continue
+        found = leader is not None and _in_session(st, leader)
+        if not found and needle is not None:
+            try:
+                found = _environ_has(pid, needle)
+            except PermissionError:
+                if _owned_by(pid, euid):
+                    unreadable.append(pid)
+                continue
+            except OSError:
+                continue  # exited while we looked (ESRCH/ENOENT)
+        if found:
+            ident = ProcessIdentity(pid, st.start_time, me, _host())
+            (zombies if st.exited else alive).append(ident)
+    return ProcessScan(tuple(alive), tuple(zombies), tuple(unreadable))
+
+
+def _session_id_valid(leader: ProcessIdentity) -> bool:
+    # The kernel does not reuse a number while a process still has it as its group or
+    # session id. So if the number now belongs to another process, the leader's group
+    # and session emptied out at some point, and whoever uses the id now is not ours.
+    if leader.boot_id != boot_id():
+        return False
+    try:
+        st = read_stat(leader.pid)
+    except (OSError, ValueError):
+        return True  # fail closed: keep looking at members
+    return st is None or st.start_time == leader.start_time
+
+
+def _in_session(st: ProcStat, leader: ProcessIdentity) -> bool:
+    return st.session == leader.pid or st.pgrp == leader.pid
+
+
+def _environ_has(pid: int, needle: bytes) -> bool:
+    with open(f"{_PROC}/{pid}/environ", "rb", buffering=0) as f:
+        env = f.read()
+    return any(var.startswith(needle) for var in env.split(b"\0"))
+
+
+def _owned_by(pid: int, uid: int) -> bool:
+    try:
+        return os.stat(f"{_PROC}/{pid}").st_uid == uid or uid == 0
+    except OSError:
+        return False
+
+
+# --- signals -------------------------------------------------------------------------
+
+
+class NotGroupLeaderError(ValueError):
+    """A group signal was asked for a process that does not lead its process group."""
+
+
+def signal_verified(identity: ProcessIdentity, sig: int, *, group: bool) -> bool:
+    """Send ``sig`` to the process ``identity`` names (``group``: to its process group).
+
+    Returns True when sent; False when the process is provably gone (no such pid,
+    another start time, another boot; for a single process also a zombie) and nothing
+    was sent. Raises PermissionError when we may not signal it, and
+    :class:`NotGroupLeaderError` for ``group=True`` on a process that leads no group.
+    Calls the ``before:signal`` / ``after:signal`` failpoints around the send.
+    """
+    if identity.boot_id != boot_id():
+        return False
+    if not os.path.isdir(_PROC):  # pragma: no cover - not Linux
+        return _signal_psutil(identity, sig, group=group)
+    try:
+        pidfd = os.pidfd_open(identity.pid)
+    except ProcessLookupError:
+        return False
+    except (AttributeError, OSError) as e:  # pragma: no cover - kernel without pidfd
+        if isinstance(e, OSError) and e.errno not in (errno.ENOSYS, errno.EINVAL):
+            raise
+        return _signal_checked_pid(identity, sig, group=group)
+    try:
+        st = read_stat(identity.pid)
+        if st is None or st.start_time != identity.start_time:
+            return False  # the pidfd names some later process with the same number
+        if group:
+            if st.pgrp != identity.pid:
+                raise NotGroupLeaderError(f"pid {identity.pid} does not lead a process group")
+            failpoint("before:signal")
+            try:
+                signal.pidfd_send_signal(pidfd, sig, None, _PIDFD_SIGNAL_PROCESS_GROUP)
+            except OSError as e:
+                if e.errno != errno.EINVAL:
+                    raise
+                os.killpg(identity.pid, sig)  # kernel < 6.9: see the module docstring
+        else:
+            if st.exited:
+                return False
+            failpoint("before:signal")
+            signal.pidfd_send_signal(pidfd, sig)
+        failpoint("after:signal")
+        return True
+    except ProcessLookupError:
+        return False  # it exited (and was reaped) between the check and the send
+    finally:
+        os.close(pidfd)
+
+
+def _signal_checked_pid(
+    identity: ProcessIdentity, sig: int, *, group: bool
+) -> bool:  # pragma: no cover - kernels before 5.3
+    st = read_stat(identity.pid)
+    if st is None or st.start_time != identity.start_time or (st.exited and not group):
+        return False
+    if group and st.pgrp != identity.pid:
+        raise NotGroupLeaderError(f"pid {identity.pid} does not lead a process group")
+    failpoint("before:signal")
+    try:
+        (os.killpg if group else os.kill)(identity.pid, sig)
+    except ProcessLookupError:
+        return False
+    failpoint("after:signal")
+    return True
+
+
+def _signal_psutil(
+    identity: ProcessIdentity, sig: int, *, group: bool
+) -> bool:  # pragma: no cover - not Linux
+    if _psutil_identity(identity.pid) != identity:
+        return False
+    failpoint("before:signal")
+    try:
+        (os.killpg if group else os.kill)(identity.pid, sig)
+    except ProcessLookupError:
+        return False
+    failpoint("after:signal")
+    return True
+
+
+def signal_task(leader: ProcessIdentity | None, marker: str, sig: int) -> int:
+    """Signal a whole task: the leader's process group (if the leader is still there),
+    then every process still carrying the marker or in the leader's session (children
+    that called setsid, or a group whose leader already exited). Never this process.
+
+    Returns how many signals were sent (0: nothing of the task was found).
+    """
+    sent = 0
+    group_signalled = False
+    if leader is not None:
+        try:
+            group_signalled = signal_verified(leader, sig, group=True)
+            sent += group_signalled
+        except NotGroupLeaderError:
+            sent += signal_verified(leader, sig, group=False)
+    scan = scan_processes(marker, session_of=leader)
+    for ident in scan.alive:
+        if ident.pid == os.getpid() or (leader is not None and ident == leader):
+            continue
+        if group_signalled and leader is not None and _in_group(ident.pid, leader.pid):
+            continue  # already reached through the group: one SIGINT must stay one
+        sent += signal_verified(ident, sig, group=False)
+    return sent
+
+
+def _in_group(pid: int, pgrp: int) -> bool:
+    try:
+        st = read_stat(pid)
+    except (OSError, ValueError):
+        return False
+    return st is not None and st.pgrp == pgrp
