@@ -121,8 +121,9 @@ def _choose(task: Task, seen: Observation, policy: Policy) -> tuple[Action, str]
         if fresh:
             return Action.RESUME, f"{runner} and beating again"
         return Action.LEAVE, f"{runner}, heartbeat still stale: already STALE"
-    if task.state is State.CLAIMED and not seen.found_by_marker:
-        # CLAIMED is journaled before DISPATCHING, DISPATCHING before the spawn: nothing ran.
+    if task.state is State.CLAIMED:
+        # DISPATCHING is durable before any spawn, so a CLAIMED task never started: no
+        # process of it can exist, whatever a probe says.
         if task.cancel_requested:
             return Action.CANCEL, "runner dead before dispatch; a cancel was requested"
         return Action.RELEASE_UNCOUNTED, "runner dead before dispatch: nothing was started"
