@@ -222,7 +222,7 @@ def decide(
         assert verdict.reason is None
     else:
         assert verdict.env == {}
-        assert Reason(verdict.reason) in Reason
+        assert verdict.reason in {reason.value for reason in Reason}
         error = verdict.error()
         assert error is not None
         assert exit_code_for(error, runs_task=True) == EX_FERRY_FAILED
