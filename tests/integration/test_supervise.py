@@ -1,0 +1,526 @@
+"""ferry.supervise with real processes: exit status, spawn failures, signals reaching the
+whole tree, timeouts, grace and SIGKILL, byte-exact capture, heartbeats, leftovers.
+
+Children are ``sys.executable -c`` scripts. Tests that must signal the supervisor or
+capture its fd 1 run it in a subprocess (supervise_driver.py). No fixed sleeps: every
+wait polls a condition with a deadline; readiness is handed over through files, often
+from ``on_spawned`` (called before the loop starts, so a timeout of 0 fires only once
+the tree is ready).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ferry.supervise import Outcome, SpawnFailed, SuperviseSpec, supervise
+
+PY = sys.executable
+DRIVER = Path(__file__).with_name("supervise_driver.py")
+DEADLINE_S = 20.0
+
+# Handles SIGTERM/SIGINT/SIGHUP by writing the signal number to argv[1], then exits 0.
+# Writes its pid to argv[2] once the handlers are in place.
+TREE_LEAF = r"""
+import os, signal, sys, time
+marker, ready = sys.argv[1], sys.argv[2]
+def on(sig, frame):
+    with open(marker, "w") as f:
+        f.write(str(sig))
+    os._exit(0)
+for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    signal.signal(s, on)
+with open(ready + ".tmp", "w") as f:
+    f.write(str(os.getpid()))
+os.replace(ready + ".tmp", ready)
+while True:
+    time.sleep(60)
+"""
+
+# Starts TREE_LEAF as its child (same process group) and waits for it.
+TREE_ROOT = r"""
+import subprocess, sys
+leaf = subprocess.Popen([sys.executable, "-c", sys.argv[1], *sys.argv[2:]])
+sys.exit(leaf.wait())
+"""
+
+# Ignores SIGTERM (writing argv[1] each time one arrives), then reports ready in argv[2].
+STUBBORN = r"""
+import os, signal, sys, time
+marker, ready = sys.argv[1], sys.argv[2]
+def on(sig, frame):
+    with open(marker, "a") as f:
+        f.write("TERM\n")
+signal.signal(signal.SIGTERM, on)
+with open(ready, "w") as f:
+    f.write(str(os.getpid()))
+while True:
+    time.sleep(60)
+"""
+
+SILENT = "import time\nwhile True: time.sleep(60)"
+
+
+def wait_for(condition: Callable[[], bool], what: str, deadline_s: float = DEADLINE_S) -> None:
+    end = time.monotonic() + deadline_s
+    while not condition():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def live_members(pgid: int) -> list[int]:
+    """Pids of processes in group ``pgid`` that have not exited (zombies excluded)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            raw = Path(f"/proc/{name}/stat").read_bytes()
+        except OSError:
+            continue
+        fields = raw[raw.rfind(b")") + 2 :].split()
+        if int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+            found.append(int(name))
+    return found
+
+
+def group_absent(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def assert_group_gone(pgid: int) -> None:
+    """The contract: nothing of the group alive on return; and once init has reaped
+    the zombies, the group does not exist at all."""
+    assert live_members(pgid) == []
+    wait_for(lambda: group_absent(pgid), f"group {pgid} to vanish (zombies reaped)")
+
+
+def make_spec(tmp_path: Path, argv: list[str], **overrides: Any) -> SuperviseSpec:
+    fields: dict[str, Any] = {
+        "argv": argv,
+        "cwd": str(tmp_path),
+        "env": dict(os.environ),
+        "timeout_s": None,
+        "kill_grace_s": 5.0,
+        "heartbeat_s": 1.0,
+        "stdout_log": tmp_path / "task.out",
+        "stderr_log": tmp_path / "task.err",
+        "heartbeat_path": tmp_path / "task.hb",
+        "passthrough": False,
+    }
+    fields.update(overrides)
+    return SuperviseSpec(**fields)
+
+
+def run(spec: SuperviseSpec, **kwargs: Any) -> Outcome:
+    kwargs.setdefault("on_spawned", lambda pid, pgid: None)
+    outcome = supervise(spec, **kwargs)
+    assert_group_gone(outcome.pgid)
+    return outcome
+
+
+def ready_waiter(path: Path) -> Callable[[int, int], None]:
+    """An on_spawned that returns once ``path`` exists (the tree is set up)."""
+
+    def on_spawned(pid: int, pgid: int) -> None:
+        wait_for(path.exists, f"{path.name} from the task")
+
+    return on_spawned
+
+
+# -- exit status -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("code", [0, 1, 42])
+def test_exit_code_passes_through(tmp_path: Path, code: int) -> None:
+    outcome = run(make_spec(tmp_path, [PY, "-c", f"import sys; sys.exit({code})"]))
+    assert (outcome.exit_code, outcome.signal) == (code, None)
+    assert not outcome.timed_out and not outcome.killed_after_grace
+    assert not outcome.leftover_killed and outcome.forwarded_signal is None
+    assert outcome.pid == outcome.pgid
+    assert outcome.started_at <= outcome.ended_at
+
+
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGUSR1, signal.SIGSEGV])
+def test_death_by_signal_reports_the_signal(tmp_path: Path, signum: int) -> None:
+    script = f"import os; os.kill(os.getpid(), {int(signum)})"
+    outcome = run(make_spec(tmp_path, [PY, "-c", script]))
+    assert (outcome.exit_code, outcome.signal) == (None, signum)
+
+
+def test_on_spawned_gets_the_pid_of_a_new_session_leader(tmp_path: Path) -> None:
+    seen: list[tuple[int, int, int, int]] = []
+
+    def on_spawned(pid: int, pgid: int) -> None:
+        seen.append((pid, pgid, os.getpgid(pid), os.getsid(pid)))
+
+    outcome = run(make_spec(tmp_path, [PY, "-c", "pass"]), on_spawned=on_spawned)
+    pid = outcome.pid
+    assert seen == [(pid, pid, pid, pid)]
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # already reaped
+
+
+# -- spawn failures ------------------------------------------------------------------------
+
+
+def test_command_not_found_is_not_found(tmp_path: Path) -> None:
+    for argv0 in ("ferry-no-such-command-xyz", str(tmp_path / "missing")):
+        with pytest.raises(SpawnFailed) as info:
+            supervise(make_spec(tmp_path, [argv0]), on_spawned=lambda pid, pgid: None)
+        assert info.value.kind == "not_found"
+        assert info.value.exit_code == 127
+        assert info.value.code == "spawn.not_found"
+
+
+def test_file_without_exec_bit_is_not_executable(tmp_path: Path) -> None:
+    script = tmp_path / "script.sh"
+    script.write_text("#!/bin/sh\necho hi\n")
+    script.chmod(0o644)
+    with pytest.raises(SpawnFailed) as info:
+        supervise(make_spec(tmp_path, [str(script)]), on_spawned=lambda pid, pgid: None)
+    assert (info.value.kind, info.value.exit_code) == ("not_executable", 126)
+
+
+def test_directory_is_not_executable(tmp_path: Path) -> None:
+    with pytest.raises(SpawnFailed) as info:
+        supervise(make_spec(tmp_path, [str(tmp_path)]), on_spawned=lambda pid, pgid: None)
+    assert (info.value.kind, info.value.exit_code) == ("not_executable", 126)
+
+
+def test_missing_cwd_is_a_ferry_failure_not_command_not_found(tmp_path: Path) -> None:
+    spec = make_spec(tmp_path, [PY, "-c", "pass"], cwd=str(tmp_path / "nowhere"))
+    with pytest.raises(SpawnFailed) as info:
+        supervise(spec, on_spawned=lambda pid, pgid: None)
+    assert (info.value.kind, info.value.exit_code) == ("other", 125)
+
+
+def test_spawn_failure_does_not_call_on_spawned(tmp_path: Path) -> None:
+    called: list[int] = []
+    with pytest.raises(SpawnFailed):
+        supervise(
+            make_spec(tmp_path, ["ferry-no-such-command-xyz"]),
+            on_spawned=lambda p, g: called.append(p),
+        )
+    assert called == []
+
+
+def test_log_path_that_is_a_symlink_is_refused(tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere"
+    target.write_bytes(b"")
+    (tmp_path / "task.out").symlink_to(target)
+    with pytest.raises(SpawnFailed) as info:
+        supervise(make_spec(tmp_path, [PY, "-c", "print(1)"]), on_spawned=lambda p, g: None)
+    assert info.value.kind == "other"
+    assert target.read_bytes() == b""
+
+
+# -- the command line and the environment -------------------------------------------------
+
+
+def test_argv_is_exact_without_a_shell(tmp_path: Path) -> None:
+    argv = [PY, "-c", "import sys; sys.stdout.write(repr(sys.argv[1:]))", "$HOME", "a b", "*"]
+    run(make_spec(tmp_path, argv))
+    assert (tmp_path / "task.out").read_text() == repr(["$HOME", "a b", "*"])
+
+
+def test_shell_runs_argv0_through_sh(tmp_path: Path) -> None:
+    run(make_spec(tmp_path, ['echo "$0-$1" | tr a-z A-Z', "x", "y"], shell=True))
+    assert (tmp_path / "task.out").read_text() == "X-Y\n"
+
+
+def test_child_environment_is_exactly_the_spec_env(tmp_path: Path) -> None:
+    env = {"FERRY_TASK": "t1:1:tok", "PATH": os.environ["PATH"], "ODD": "a=b c"}
+    run(make_spec(tmp_path, ["/usr/bin/env"], env=env))
+    lines = (tmp_path / "task.out").read_text().splitlines()
+    assert sorted(lines) == sorted(f"{k}={v}" for k, v in env.items())
+
+
+def test_stdin_fd_is_passed(tmp_path: Path) -> None:
+    source = tmp_path / "input"
+    source.write_bytes(b"from stdin\n")
+    with source.open("rb") as f:
+        script = "import sys; sys.stdout.buffer.write(sys.stdin.buffer.read())"
+        run(make_spec(tmp_path, [PY, "-c", script], stdin=f.fileno()))
+    assert (tmp_path / "task.out").read_bytes() == b"from stdin\n"
+
+
+# -- capture -----------------------------------------------------------------------------
+
+
+def test_logs_are_private_and_appended(tmp_path: Path) -> None:
+    spec = make_spec(tmp_path, [PY, "-c", "print('one')"])
+    run(spec)
+    run(spec)
+    assert (tmp_path / "task.out").read_text() == "one\none\n"
+    assert (tmp_path / "task.out").stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "task.err").stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "task.hb").stat().st_mode & 0o777 == 0o600
+
+
+def test_stdout_and_stderr_are_kept_apart(tmp_path: Path) -> None:
+    script = (
+        "import sys\n"
+        "for i in range(2000):\n"
+        "    sys.stdout.write(f'out {i}\\n'); sys.stdout.flush()\n"
+        "    sys.stderr.write(f'err {i}\\n'); sys.stderr.flush()\n"
+    )
+    run(make_spec(tmp_path, [PY, "-c", script]))
+    assert (tmp_path / "task.out").read_text() == "".join(f"out {i}\n" for i in range(2000))
+    assert (tmp_path / "task.err").read_text() == "".join(f"err {i}\n" for i in range(2000))
+
+
+def test_hundred_thousand_lines_all_kept(tmp_path: Path) -> None:
+    script = "import sys\nfor i in range(100_000):\n    print(f'line {i}')\n"
+    run(make_spec(tmp_path, [PY, "-c", script]))
+    lines = (tmp_path / "task.out").read_text().splitlines()
+    assert lines == [f"line {i}" for i in range(100_000)]
+
+
+def test_no_newline_and_nul_bytes_survive(tmp_path: Path) -> None:
+    script = "import sys; sys.stdout.buffer.write(b'\\x00\\r\\nno newline\\xff')"
+    run(make_spec(tmp_path, [PY, "-c", script]))
+    assert (tmp_path / "task.out").read_bytes() == b"\x00\r\nno newline\xff"
+
+
+# -- the supervisor in its own process ----------------------------------------------------
+
+
+@pytest.fixture
+def driver(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(
+        argv: list[str], stdout: Any = subprocess.DEVNULL, **overrides: Any
+    ) -> subprocess.Popen[bytes]:
+        spec = make_spec(tmp_path, argv, **overrides)
+        config = {
+            "argv": list(spec.argv),
+            "cwd": spec.cwd,
+            "env": dict(spec.env),
+            "timeout_s": spec.timeout_s,
+            "kill_grace_s": spec.kill_grace_s,
+            "heartbeat_s": spec.heartbeat_s,
+            "stdout_log": str(spec.stdout_log),
+            "stderr_log": str(spec.stderr_log),
+            "heartbeat_path": str(spec.heartbeat_path),
+            "passthrough": spec.passthrough,
+            "result": str(tmp_path / "result.json"),
+            "spawned": str(tmp_path / "spawned"),
+        }
+        (tmp_path / "config.json").write_text(json.dumps(config))
+        proc = subprocess.Popen([PY, str(DRIVER), str(tmp_path / "config.json")], stdout=stdout)
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+def driver_outcome(proc: subprocess.Popen[bytes], tmp_path: Path) -> dict[str, Any]:
+    assert proc.wait(timeout=DEADLINE_S) == 0
+    outcome: dict[str, Any] = json.loads((tmp_path / "result.json").read_text())
+    if "pgid" in outcome:
+        assert_group_gone(outcome["pgid"])
+    return outcome
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_signal_to_the_supervisor_reaches_the_grandchild(
+    tmp_path: Path, driver: Callable[..., subprocess.Popen[bytes]], signum: int
+) -> None:
+    marker, ready = tmp_path / "leaf.got", tmp_path / "leaf.ready"
+    proc = driver([PY, "-c", TREE_ROOT, TREE_LEAF, str(marker), str(ready)])
+    wait_for(ready.exists, "the grandchild to be ready")
+    proc.send_signal(signum)
+    outcome = driver_outcome(proc, tmp_path)
+    assert marker.read_text() == str(int(signum))
+    assert outcome["forwarded_signal"] == signum
+    assert outcome["signal"] == signum  # the root died of the very signal
+    assert not outcome["killed_after_grace"]
+
+
+def test_second_signal_escalates_to_sigkill(
+    tmp_path: Path, driver: Callable[..., subprocess.Popen[bytes]]
+) -> None:
+    marker, ready = tmp_path / "got", tmp_path / "ready"
+    proc = driver([PY, "-c", STUBBORN, str(marker), str(ready)], kill_grace_s=3600.0)
+    wait_for(ready.exists, "the task to ignore SIGTERM")
+    proc.send_signal(signal.SIGTERM)
+    wait_for(marker.exists, "the task to see SIGTERM")
+    proc.send_signal(signal.SIGINT)
+    outcome = driver_outcome(proc, tmp_path)
+    assert outcome["signal"] == signal.SIGKILL
+    assert outcome["forwarded_signal"] == signal.SIGTERM
+    assert outcome["killed_after_grace"]
+
+
+def test_twenty_megabytes_of_binary_byte_exact_in_log_and_passthrough(
+    tmp_path: Path, driver: Callable[..., subprocess.Popen[bytes]]
+) -> None:
+    payload = os.urandom(20 * 1024 * 1024)
+    source = tmp_path / "payload.bin"
+    source.write_bytes(payload)
+    script = f"import sys; sys.stdout.buffer.write(open({str(source)!r}, 'rb').read())"
+    with (tmp_path / "ferry.stdout").open("wb") as ferry_stdout:
+        proc = driver([PY, "-c", script], stdout=ferry_stdout, passthrough=True)
+        outcome = driver_outcome(proc, tmp_path)
+    assert outcome["exit_code"] == 0
+    assert (tmp_path / "task.out").read_bytes() == payload
+    assert (tmp_path / "ferry.stdout").read_bytes() == payload
+    assert (tmp_path / "task.err").read_bytes() == b""
+
+
+def test_passthrough_to_a_closed_stdout_still_logs_everything(
+    tmp_path: Path, driver: Callable[..., subprocess.Popen[bytes]]
+) -> None:
+    script = "import sys\nfor i in range(200_000):\n    print(f'line {i}')\nprint('done', file=sys.stderr)"
+    read_fd, write_fd = os.pipe()
+    os.close(read_fd)  # nobody will ever read ferry's stdout: EPIPE on the first write
+    try:
+        proc = driver([PY, "-c", script], stdout=write_fd, passthrough=True)
+    finally:
+        os.close(write_fd)
+    outcome = driver_outcome(proc, tmp_path)
+    assert outcome["exit_code"] == 0
+    lines = (tmp_path / "task.out").read_text().splitlines()
+    assert lines == [f"line {i}" for i in range(200_000)]
+    assert (tmp_path / "task.err").read_text() == "done\n"
+
+
+# -- timeouts, grace, stop requests ----------------------------------------------------------
+
+
+def test_timeout_kills_the_whole_tree(tmp_path: Path) -> None:
+    marker, ready = tmp_path / "leaf.got", tmp_path / "leaf.ready"
+    spec = make_spec(
+        tmp_path, [PY, "-c", TREE_ROOT, TREE_LEAF, str(marker), str(ready)], timeout_s=0.0
+    )
+    outcome = run(spec, on_spawned=ready_waiter(ready))
+    assert outcome.timed_out
+    assert outcome.signal == signal.SIGTERM
+    assert marker.read_text() == str(int(signal.SIGTERM))
+    leaf_pid = int(ready.read_text())
+    assert leaf_pid not in live_members(outcome.pgid)
+
+
+def test_grace_then_sigkill_for_a_task_ignoring_sigterm(tmp_path: Path) -> None:
+    marker, ready = tmp_path / "got", tmp_path / "ready"
+    spec = make_spec(
+        tmp_path, [PY, "-c", STUBBORN, str(marker), str(ready)], timeout_s=0.0, kill_grace_s=0.2
+    )
+    outcome = run(spec, on_spawned=ready_waiter(ready))
+    assert outcome.timed_out and outcome.killed_after_grace
+    assert outcome.signal == signal.SIGKILL
+    assert marker.read_text() == "TERM\n"
+
+
+def test_should_stop_forwards_its_signal(tmp_path: Path) -> None:
+    marker, ready = tmp_path / "leaf.got", tmp_path / "leaf.ready"
+    spec = make_spec(
+        tmp_path, [PY, "-c", TREE_ROOT, TREE_LEAF, str(marker), str(ready)], heartbeat_s=0.05
+    )
+    outcome = run(spec, should_stop=lambda: signal.SIGHUP if ready.exists() else None)
+    assert outcome.stop_signal == signal.SIGHUP
+    assert outcome.forwarded_signal is None
+    assert outcome.signal == signal.SIGHUP
+    assert marker.read_text() == str(int(signal.SIGHUP))
+
+
+def test_on_spawned_raising_kills_the_group_and_reraises(tmp_path: Path) -> None:
+    marker, ready = tmp_path / "got", tmp_path / "ready"
+    spec = make_spec(tmp_path, [PY, "-c", STUBBORN, str(marker), str(ready)])
+    seen: list[int] = []
+
+    def on_spawned(pid: int, pgid: int) -> None:
+        seen.append(pgid)
+        wait_for(ready.exists, "the task to start")
+        raise RuntimeError("journal full")
+
+    with pytest.raises(RuntimeError, match="journal full"):
+        supervise(spec, on_spawned=on_spawned)
+    with pytest.raises(ChildProcessError):
+        os.waitpid(seen[0], os.WNOHANG)
+    assert_group_gone(seen[0])
+
+
+def test_quiet_task_keeps_its_heartbeat_fresh(tmp_path: Path) -> None:
+    heartbeat = tmp_path / "task.hb"
+    mtimes: list[int] = []
+
+    def should_stop() -> int | None:
+        # Polled right after each beat: stop once the mtime moved three times.
+        mtimes.append(heartbeat.stat().st_mtime_ns)
+        return signal.SIGTERM if len(set(mtimes)) >= 4 else None
+
+    spec = make_spec(tmp_path, [PY, "-c", SILENT], heartbeat_s=0.2)
+    outcome = run(spec, should_stop=should_stop)
+    assert outcome.signal == signal.SIGTERM
+    assert mtimes == sorted(mtimes)
+    assert len(set(mtimes)) >= 4
+    assert (tmp_path / "task.out").read_bytes() == b""
+
+
+def test_leftover_background_child_is_terminated_after_a_normal_exit(tmp_path: Path) -> None:
+    marker, ready = tmp_path / "leaf.got", tmp_path / "leaf.ready"
+    script = (
+        "import subprocess, sys\n"
+        f"subprocess.Popen([sys.executable, '-c', {TREE_LEAF!r}, {str(marker)!r}, {str(ready)!r}])\n"
+        "print('leader done')\n"
+    )
+    spec = make_spec(tmp_path, [PY, "-c", script])
+    outcome = run(spec, on_spawned=ready_waiter(ready))
+    assert (outcome.exit_code, outcome.signal) == (0, None)
+    assert outcome.leftover_killed
+    assert marker.read_text() == str(int(signal.SIGTERM))
+    assert (tmp_path / "task.out").read_text() == "leader done\n"
+
+
+def test_leftover_ignoring_sigterm_is_killed_after_grace(tmp_path: Path) -> None:
+    marker, ready = tmp_path / "got", tmp_path / "ready"
+    script = (
+        "import subprocess, sys\n"
+        f"subprocess.Popen([sys.executable, '-c', {STUBBORN!r}, {str(marker)!r}, {str(ready)!r}])\n"
+    )
+    spec = make_spec(tmp_path, [PY, "-c", script], kill_grace_s=0.2)
+    outcome = run(spec, on_spawned=ready_waiter(ready))
+    assert outcome.exit_code == 0 and outcome.leftover_killed and outcome.killed_after_grace
+    assert int(ready.read_text()) not in live_members(outcome.pgid)
+
+
+def test_signal_handlers_and_wakeup_fd_are_restored(tmp_path: Path) -> None:
+    def mine(signum: int, frame: object) -> None:
+        pass
+
+    old = signal.signal(signal.SIGTERM, mine)
+    try:
+        wakeup_read, wakeup_write = os.pipe()
+        os.set_blocking(wakeup_write, False)
+        previous_wakeup = signal.set_wakeup_fd(wakeup_write)
+        try:
+            run(make_spec(tmp_path, [PY, "-c", "pass"]))
+            assert signal.getsignal(signal.SIGTERM) is mine
+            assert signal.set_wakeup_fd(wakeup_write) == wakeup_write
+        finally:
+            signal.set_wakeup_fd(previous_wakeup)
+            os.close(wakeup_read)
+            os.close(wakeup_write)
+    finally:
+        signal.signal(signal.SIGTERM, old)
