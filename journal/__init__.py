@@ -1,0 +1,296 @@
+"""journal: a small, crash-safe write-ahead log (JSON Lines segments).
+
+On-disk format, version 1 (full text: docs/journal-format.md)
+-------------------------------------------------------------
+
+A journal is a directory::
+
+    00000000000000000001.jsonl       segments, named by the seq of their first record
+    00000000000000004127.jsonl       (20 digits: names sort in seq order); the last is active
+    snapshot-00000000000000004000.snap   snapshots (header line + caller's bytes)
+    .lock                            the cross-process append lock (flock; content unused)
+    <segment>.broken[.N]             bytes cut from a torn tail by repair (kept as evidence)
+
+Only names of exactly these shapes matter; anything else (``.broken`` copies, temp
+files ``.*.tmp``) is ignored by readers.
+
+Record line: one JSON object, orjson-encoded, keys in this order, then ``\\n``::
+
+    {"v":1,"seq":7,"epoch":2,"ts":1700000000.25,"type":"SUBMITTED","data":{...},"crc":"0a1b2c3d"}
+
+``v`` format version; ``seq`` gap-free from 1 across segments; ``epoch`` int >= 0 (0 =
+an unfenced writer); ``ts`` float unix seconds; ``type`` str; ``data`` a JSON object;
+``crc`` = ``zlib.crc32`` of the line's bytes before ``,"crc":"``, 8 lowercase hex
+digits.  A line is valid only if it ends in ``\\n``, its checksum matches, it parses,
+has ``v`` 1 and the expected seq.  Files are read in binary and split on ``b"\\n"`` only.
+NaN/Infinity, non-JSON values and lines longer than ``record_bytes_max`` are refused
+before anything is written.  A record or snapshot with a newer ``v`` raises
+FormatVersionError.
+
+Snapshot file ``snapshot-{seq:020d}.snap``: a header line
+``{"v":1,"seq":S,"epoch_max":E,"length":L,"data_crc":"..","crc":".."}\\n`` (crc as for
+records) followed by the L bytes of data.  Damaged snapshots are skipped (fall back to an
+older one or a full replay); a valid one beyond the journal's end is corruption.
+
+Guarantees
+----------
+
+* ``append``/``append_batch`` return only after the lines were written with one
+  ``os.write`` on an O_APPEND descriptor and fdatasync returned: then they survive a
+  crash or power cut of this machine *if the disk honours flushes*.  A failed write or
+  fsync makes the handle unusable (WriterFailedError; never retried).
+* Appenders (threads and processes) serialise on ``flock(.lock)``; threads of one handle
+  share one write and one fsync (group commit).
+* Creating, renaming and removing segments and snapshots fsync the directory.
+* Damage: bytes after the last valid record of the last segment that contain no valid
+  line are a *torn tail*: cut before the next append (a ``.broken`` copy is kept).
+  Anything else (a bad record followed by valid ones, a bad record in a sealed segment,
+  a gap, a missing segment) is *corruption*: CorruptionError with segment, byte offset
+  and seq; never skipped, never repaired, never reset to empty.
+* Not protected: disks or controllers that lie about flushes (volatile write caches),
+  network filesystems (flock and fsync semantics vary), an fsync error that the kernel
+  reported to another process first, a full disk (the append fails; the handle is
+  unusable), bugs that write valid-looking lines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from journal import _fsutil
+from journal._codec import FORMAT_VERSION, Record, prepare
+from journal._errors import (
+    CompactedError,
+    CorruptionError,
+    FencedError,
+    FormatVersionError,
+    InvalidRecordError,
+    JournalClosedError,
+    JournalError,
+    RecordTooLargeError,
+    TornTailError,
+    WriterFailedError,
+)
+from journal._reader import TornTail, iter_records, survey
+from journal._repair import RepairReport, repair
+from journal._segment import LOCK_NAME, list_segments
+from journal._snapshot import Snapshot, compact, headers_epoch_max, latest_snapshot, write_snapshot
+from journal._verify import VerifyReport, verify
+from journal._writer import Fence, Hook, Subscriber, Writer
+
+__all__ = [
+    "FORMAT_VERSION",
+    "CompactedError",
+    "CorruptionError",
+    "FencedError",
+    "FormatVersionError",
+    "InvalidRecordError",
+    "Journal",
+    "JournalClosedError",
+    "JournalError",
+    "Record",
+    "RecordTooLargeError",
+    "RepairReport",
+    "Snapshot",
+    "TornTail",
+    "TornTailError",
+    "VerifyReport",
+    "WriterFailedError",
+    "read_records",
+    "repair",
+    "verify",
+]
+
+MiB = 1 << 20
+
+
+class Journal:
+    """A handle on a journal directory.  Thread-safe; one per process is typical, but
+    several handles (in one or many processes) may append to the same directory."""
+
+    def __init__(self, writer: Writer, record_bytes_max: int) -> None:
+        self._writer = writer
+        self._record_bytes_max = record_bytes_max
+
+    @classmethod
+    def open(
+        cls,
+        directory: str | Path,
+        *,
+        segment_bytes_max: int = 64 * MiB,
+        record_bytes_max: int = 1 * MiB,
+        fence: Fence | None = None,
+    ) -> Journal:
+        """Open (creating if needed) the journal at ``directory``.
+
+        Reads every segment to check it (lock-free, nothing modified: a torn tail is cut
+        only before the next append).  Raises CorruptionError or FormatVersionError."""
+        if segment_bytes_max < 1 or record_bytes_max < 64:
+            raise ValueError("segment_bytes_max must be >= 1 and record_bytes_max >= 64")
+        directory = Path(directory)
+        _fsutil.makedirs(directory)
+        # The lock file's name need not survive a crash (it is recreated), so no dir fsync.
+        lock_fd = _fsutil.open_lockfile(directory / LOCK_NAME)
+        try:
+            found = survey(directory)
+            if found.corruption is not None:
+                raise found.corruption
+            snapshot_epoch, snapshot_seq = headers_epoch_max(directory, _fsutil.listdir(directory))
+            if found.first_seq > 1 and snapshot_seq < found.first_seq - 1:
+                raise CorruptionError(
+                    f"records before seq {found.first_seq} are missing and no snapshot covers them",
+                    segment=found.segments[0].path,
+                    offset=0,
+                    seq=found.first_seq - 1,
+                )
+            writer = Writer(
+                directory,
+                lock_fd,
+                found,
+                max_epoch=max(found.max_epoch, snapshot_epoch),
+                segment_bytes_max=segment_bytes_max,
+                fence=fence,
+            )
+        except BaseException:
+            _fsutil.close(lock_fd)
+            raise
+        return cls(writer, record_bytes_max)
+
+    # -- properties ---------------------------------------------------------------------
+
+    @property
+    def directory(self) -> Path:
+        return self._writer.directory
+
+    @property
+    def last_seq(self) -> int:
+        """The last record this handle has seen (its own appends and caught-up ones)."""
+        return self._writer.last_seq
+
+    @property
+    def first_seq(self) -> int:
+        """The first record still on disk (1 unless compacted)."""
+        return self._writer.first_seq
+
+    @property
+    def max_epoch(self) -> int:
+        """The highest epoch in the journal as far as this handle has seen."""
+        return self._writer.max_epoch
+
+    # -- appending ----------------------------------------------------------------------
+
+    def append(
+        self, type: str, data: dict[str, Any], *, epoch: int = 0, check: Hook | None = None
+    ) -> Record:
+        """Append one record; durable on return.  See ``append_batch``."""
+        return self.append_batch([(type, data)], epoch=epoch, check=check)[0]
+
+    def append_batch(
+        self,
+        items: Iterable[tuple[str, dict[str, Any]]],
+        *,
+        epoch: int = 0,
+        check: Hook | None = None,
+    ) -> list[Record]:
+        """Append records together: one write and one fsync, all or none.
+
+        Under the cross-process lock: catch up (feeding subscribers), cut a torn tail,
+        refuse ``0 < epoch <`` the journal's highest epoch (FencedError), call
+        ``fence(epoch)`` then ``check()`` (either may raise: nothing is written and the
+        exception reaches this caller only).  Returns the records, committed.
+        InvalidRecordError / RecordTooLargeError are raised before anything else."""
+        limit = self._record_bytes_max
+        prepared = [prepare(rtype, data, epoch, limit) for rtype, data in items]
+        if not prepared:
+            self._writer.ensure_usable()
+            return []
+        return self._writer.append_batch(prepared, epoch, check)
+
+    def refresh(self) -> None:
+        """Catch up on records other processes appended (feeds the subscribers)."""
+        self._writer.refresh()
+
+    def subscribe(self, on_record: Subscriber, after_seq: int = 0) -> None:
+        """Call ``on_record`` for every record with seq > ``after_seq``: those already in
+        the journal now (read from disk), then each record this handle later sees, exactly
+        once, in seq order.  CompactedError if ``after_seq + 1`` was compacted away.  A
+        subscriber that raises later breaks the handle (WriterFailedError)."""
+        writer = self._writer
+        with writer.owned():
+            if after_seq < writer.last_seq:
+                for record in iter_records(writer.directory, max(after_seq + 1, 1)):
+                    if record.seq > writer.last_seq:
+                        break
+                    on_record(record)
+            writer.subscribers.append(on_record)
+
+    # -- reading ------------------------------------------------------------------------
+
+    def read(self, from_seq: int = 1) -> Iterator[Record]:
+        """Stream records with seq >= ``from_seq`` from disk (bounded memory), up to the
+        last complete record on disk (which may be past ``last_seq``).  Raises
+        CompactedError if ``from_seq < first_seq`` and CorruptionError at corruption."""
+        return iter_records(self._writer.directory, from_seq)
+
+    # -- snapshots ----------------------------------------------------------------------
+
+    def write_snapshot(self, seq: int, data: bytes) -> None:
+        """Store ``data`` as the state after record ``seq`` (<= last_seq), atomically."""
+        writer = self._writer
+        with writer.owned():
+            if not 0 <= seq <= writer.last_seq:
+                raise JournalError(f"snapshot seq {seq} is not in 0..{writer.last_seq}", seq=seq)
+            with writer.locked():
+                write_snapshot(writer.directory, seq, bytes(data), writer.max_epoch)
+
+    def latest_snapshot(self) -> Snapshot | None:
+        """The newest snapshot that passes its checks (damaged ones are skipped), or None.
+        CorruptionError if it lies beyond the journal's end."""
+        writer = self._writer
+        with writer.owned():
+            try:
+                return latest_snapshot(writer.directory, writer.last_seq).snapshot
+            except CorruptionError:
+                # Perhaps another process appended and snapshotted past what this handle
+                # has seen: catch up (feeding subscribers) and look again.
+                writer.catch_up_feeding()
+                return latest_snapshot(writer.directory, writer.last_seq).snapshot
+
+    def compact(self) -> list[Path]:
+        """Remove sealed segments whose records are all <= the latest snapshot's seq (never
+        the active one) and older snapshots.  Returns the removed paths."""
+        writer = self._writer
+        with writer.owned(), writer.locked():
+            writer.catch_up_feeding()
+            found = latest_snapshot(writer.directory, writer.last_seq)
+            if found.snapshot is None:
+                return []
+            removed = compact(writer.directory, list_segments(writer.directory), found.snapshot.seq)
+            segments = list_segments(writer.directory)
+            if segments:
+                writer.first_seq = segments[0].first_seq
+            return removed
+
+    # -- lifetime -----------------------------------------------------------------------
+
+    def close(self) -> None:
+        self._writer.close()
+
+    def __enter__(self) -> Journal:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def read_records(directory: str | Path, from_seq: int = 1) -> Iterator[Record]:
+    """Stream the records of the journal at ``directory`` (see ``Journal.read``)."""
+    return iter_records(Path(directory), from_seq)

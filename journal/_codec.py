@@ -1,0 +1,184 @@
+"""Encode and decode one record line (pure: no I/O).
+
+A v1 line is the orjson encoding of the object (keys in this order)::
+
+    {"v":1,"seq":<int>,"epoch":<int>,"ts":<float>,"type":<str>,"data":<object>,"crc":"<8 hex>"}
+
+followed by ``\\n``.  ``crc`` is ``zlib.crc32`` of every byte of the line *before*
+``,"crc":"``, written as 8 lowercase hex digits; so the last 19 bytes of every line are
+``,"crc":"xxxxxxxx"}\\n`` and checking a line needs no parsing.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import zlib
+from typing import Any, NamedTuple
+
+import orjson
+
+from journal._errors import FormatVersionError, InvalidRecordError, RecordTooLargeError
+
+FORMAT_VERSION = 1
+CRC_SUFFIX_BYTES = 19  # len(b',"crc":"xxxxxxxx"}\n')
+_CRC_KEY = b',"crc":"'
+# The widest a seq can print (20 digits) so a size check does not depend on the seq.
+_SEQ_WIDTH_MAX = 20
+_HEAD = b'{"v":1,"seq":'
+_OVERHEAD_BYTES = len(_HEAD) + _SEQ_WIDTH_MAX + 1 + CRC_SUFFIX_BYTES
+
+
+class Record(NamedTuple):
+    """One committed journal record (immutable)."""
+
+    seq: int
+    epoch: int
+    ts: float
+    type: str
+    data: dict[str, Any]
+
+
+class Prepared(NamedTuple):
+    """A record validated and encoded except for its seq (assigned at commit time)."""
+
+    epoch: int
+    ts: float
+    type: str
+    data: dict[str, Any]  # the decoded copy: what readers will see
+    inner: bytes  # b'"epoch":..,"ts":..,"type":..,"data":{..}'
+
+
+def _check_json(value: Any, path: str) -> None:
+    """Refuse what orjson would encode lossily (NaN/Infinity become null) or not as
+    plain JSON (non-str keys, dataclasses, datetimes, bytes, ...)."""
+    if value is None or value is True or value is False:
+        return
+    if isinstance(value, str):
+        return
+    if isinstance(value, int):
+        if not -(2**63) <= value < 2**64:
+            raise InvalidRecordError(f"integer out of range at {path}")
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise InvalidRecordError(f"NaN/Infinity at {path} (JSON cannot hold it)")
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise InvalidRecordError(f"non-str key {key!r} at {path}")
+            _check_json(item, f"{path}.{key}")
+        return
+    if isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            _check_json(item, f"{path}[{index}]")
+        return
+    raise InvalidRecordError(f"{type(value).__name__} is not JSON at {path}")
+
+
+def prepare(
+    type: str,
+    data: dict[str, Any],
+    epoch: int,
+    record_bytes_max: int,
+    ts: float | None = None,
+) -> Prepared:
+    """Validate and encode everything but the seq; raise before anything is written."""
+    if not isinstance(type, str) or not type:
+        raise InvalidRecordError(f"record type must be a non-empty str, got {type!r}")
+    if not isinstance(epoch, int) or isinstance(epoch, bool) or not 0 <= epoch < 2**63:
+        raise InvalidRecordError(f"epoch must be an int >= 0, got {epoch!r}")
+    if not isinstance(data, dict):
+        raise InvalidRecordError(f"record data must be a dict, got {data.__class__.__name__}")
+    _check_json(data, "data")
+    if ts is None:
+        ts = time.time()
+    elif not isinstance(ts, float) or not math.isfinite(ts):
+        raise InvalidRecordError(f"ts must be a finite float, got {ts!r}")
+    try:
+        data_bytes = orjson.dumps(data)
+        type_bytes = orjson.dumps(type)
+    except (TypeError, orjson.JSONEncodeError) as exc:
+        raise InvalidRecordError(f"record cannot be encoded: {exc}") from exc
+    inner = b'"epoch":%d,"ts":%s,"type":%s,"data":%s' % (
+        epoch,
+        orjson.dumps(ts),
+        type_bytes,
+        data_bytes,
+    )
+    if len(inner) + _OVERHEAD_BYTES > record_bytes_max:
+        raise RecordTooLargeError(
+            f"record of type {type!r} needs up to {len(inner) + _OVERHEAD_BYTES} bytes,"
+            f" more than record_bytes_max={record_bytes_max}"
+        )
+    return Prepared(epoch, ts, type, orjson.loads(data_bytes), inner)
+
+
+def encode_line(seq: int, prepared: Prepared) -> bytes:
+    """The complete line (with its newline) for ``prepared`` at ``seq``."""
+    body = b'{"v":1,"seq":%d,%s' % (seq, prepared.inner)
+    return b'%s,"crc":"%08x"}\n' % (body, zlib.crc32(body))
+
+
+def encode_record(
+    seq: int, epoch: int, ts: float, type: str, data: dict[str, Any], record_bytes_max: int = 2**62
+) -> bytes:
+    """Encode one record line (for tests, tools and the golden generator)."""
+    return encode_line(seq, prepare(type, data, epoch, record_bytes_max, ts=ts))
+
+
+def line_checks(line: bytes) -> bool:
+    """True if ``line`` (without its newline) carries a matching checksum."""
+    if len(line) < CRC_SUFFIX_BYTES - 1 or line[-18:-10] != _CRC_KEY or line[-2:] != b'"}':
+        return False
+    return b"%08x" % zlib.crc32(line[:-18]) == line[-10:-2]
+
+
+class LineProblem(Exception):
+    """Why a line is not a valid record (internal; the reader turns it into an error)."""
+
+    def __init__(self, reason: str, *, checks: bool) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.checks = checks  # the checksum matched: not a torn write but a bad writer
+
+
+def decode_line(line: bytes, expected_seq: int | None = None) -> Record:
+    """Decode one line (with or without its trailing newline); the slow, explaining path.
+
+    Raises LineProblem (checks=False: damaged bytes; checks=True: a checksummed line that
+    is still not a valid record, e.g. an unexpected seq) or FormatVersionError.
+    """
+    if line.endswith(b"\n"):
+        line = line[:-1]
+    if not line_checks(line):
+        if line.strip(b"\x00") == b"":
+            raise LineProblem("NUL bytes", checks=False)
+        raise LineProblem("checksum mismatch or malformed line", checks=False)
+    try:
+        obj = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        raise LineProblem("checksum matches but the line does not parse", checks=False) from None
+    if not isinstance(obj, dict):
+        raise LineProblem("not a JSON object", checks=True)
+    version = obj.get("v")
+    if type(version) is int and version > FORMAT_VERSION:
+        raise FormatVersionError(
+            f"record format v{version} is newer than the supported v{FORMAT_VERSION}"
+        )
+    if version != FORMAT_VERSION or type(version) is not int:
+        raise LineProblem(f"bad format version {version!r}", checks=True)
+    seq, epoch, ts = obj.get("seq"), obj.get("epoch"), obj.get("ts")
+    rtype, data = obj.get("type"), obj.get("data")
+    if type(seq) is not int or seq < 1:
+        raise LineProblem(f"bad seq {seq!r}", checks=True)
+    if type(epoch) is not int or epoch < 0:
+        raise LineProblem(f"bad epoch {epoch!r}", checks=True)
+    if not isinstance(ts, float | int) or isinstance(ts, bool):
+        raise LineProblem(f"bad ts {ts!r}", checks=True)
+    if type(rtype) is not str or type(data) is not dict:
+        raise LineProblem("bad type or data field", checks=True)
+    if expected_seq is not None and seq != expected_seq:
+        raise LineProblem(f"seq {seq} where {expected_seq} was expected", checks=True)
+    return Record(seq, epoch, float(ts), rtype, data)

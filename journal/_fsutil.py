@@ -1,0 +1,194 @@
+"""Every file-system call the journal makes goes through this module.
+
+No other module of the package touches the disk.  This module calls the OS only as
+``os.<name>`` on its module-level ``os`` (and ``fcntl.flock`` on its module-level
+``fcntl``), so a test can replace ``journal._fsutil.os`` with a simulated disk that
+models what a power cut keeps.  The complete set of names used (the surface such a
+simulation must provide):
+
+    os.open(path, flags, mode)   flags are built from the real os.O_* constants at import
+    os.close(fd)
+    os.write(fd, data) -> int    may write less than asked: callers loop (write_all)
+    os.pread(fd, n, offset) -> bytes
+    os.fstat(fd).st_size
+    os.fsync(fd)                 files (when fdatasync is absent) and directories
+    os.fdatasync(fd)             optional: used for appended data when present
+    os.ftruncate(fd, length)
+    os.replace(src, dst)
+    os.unlink(path)
+    os.mkdir(path, mode)
+    os.listdir(path) -> list[str]
+    fcntl.flock(fd, op)          the cross-process append lock (LOCK_EX / LOCK_UN)
+
+Errors are the usual OSError subclasses (FileNotFoundError, FileExistsError, ...).
+
+fsync choice: appended data is made durable with ``fdatasync`` where the platform has
+it.  On Linux, fdatasync also flushes the metadata needed to read the data back, which
+includes the new file size after an append, so it is enough for an O_APPEND log.  New
+files and renames are made durable by fsync of the *directory* (``fsync_dir``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from pathlib import Path
+
+# Flags are computed once from the real os module: a simulated disk sees the same values.
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+APPEND_FLAGS = os.O_RDWR | os.O_APPEND | _CLOEXEC | _NOFOLLOW
+CREATE_APPEND_FLAGS = APPEND_FLAGS | os.O_CREAT | os.O_EXCL
+READ_FLAGS = os.O_RDONLY | _CLOEXEC
+RDWR_FLAGS = os.O_RDWR | _CLOEXEC | _NOFOLLOW
+CREATE_NEW_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _CLOEXEC | _NOFOLLOW
+LOCKFILE_FLAGS = os.O_RDWR | os.O_CREAT | _CLOEXEC | _NOFOLLOW
+DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC
+FILE_MODE = 0o600
+DIR_MODE = 0o700
+LOCK_EX = fcntl.LOCK_EX
+LOCK_UN = fcntl.LOCK_UN
+
+PathArg = str | Path
+
+
+def open_append(path: PathArg, *, create: bool = False) -> int:
+    """An O_APPEND descriptor on a segment (readable too, for catching up).  With
+    ``create`` the file must not exist yet (O_EXCL)."""
+    return os.open(path, CREATE_APPEND_FLAGS if create else APPEND_FLAGS, FILE_MODE)
+
+
+def open_read(path: PathArg) -> int:
+    return os.open(path, READ_FLAGS)
+
+
+def open_rdwr(path: PathArg) -> int:
+    return os.open(path, RDWR_FLAGS)
+
+
+def open_new(path: PathArg) -> int:
+    """Create a file that must not exist yet, write-only."""
+    return os.open(path, CREATE_NEW_FLAGS, FILE_MODE)
+
+
+def open_lockfile(path: PathArg) -> int:
+    return os.open(path, LOCKFILE_FLAGS, FILE_MODE)
+
+
+def close(fd: int) -> None:
+    os.close(fd)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write every byte, looping on short writes (a signal or a full disk can cut one)."""
+    written = os.write(fd, data)
+    if written == len(data):
+        return
+    view = memoryview(data)
+    while written < len(data):
+        n = os.write(fd, view[written:])
+        if n <= 0:
+            raise OSError(f"write returned {n}")
+        written += n
+
+
+def pread(fd: int, size: int, offset: int) -> bytes:
+    return os.pread(fd, size, offset)
+
+
+def size(fd: int) -> int:
+    return os.fstat(fd).st_size
+
+
+def sync_data(fd: int) -> None:
+    """Make appended bytes durable (fdatasync where available, else fsync)."""
+    fdatasync = getattr(os, "fdatasync", None)
+    if fdatasync is not None:
+        fdatasync(fd)
+    else:
+        os.fsync(fd)
+
+
+def sync_file(fd: int) -> None:
+    os.fsync(fd)
+
+
+def truncate(fd: int, length: int) -> None:
+    os.ftruncate(fd, length)
+
+
+def listdir(path: PathArg) -> list[str]:
+    return os.listdir(path)
+
+
+def unlink(path: PathArg) -> None:
+    os.unlink(path)
+
+
+def fsync_dir(path: PathArg) -> None:
+    """fsync a directory so that entries created, renamed or removed in it survive a
+    power cut (a new file's data can be durable while its name is not)."""
+    fd = os.open(path, DIR_FLAGS)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def makedirs(path: Path) -> None:
+    """Create ``path`` and missing parents (mode 0700), fsyncing each parent whose entry
+    we added, so that the directory itself survives a power cut."""
+    missing: list[Path] = []
+    probe = path
+    while True:
+        try:
+            fd = os.open(probe, DIR_FLAGS)
+        except FileNotFoundError:
+            missing.append(probe)
+            if probe.parent == probe:
+                raise
+            probe = probe.parent
+            continue
+        os.close(fd)
+        break
+    for directory in reversed(missing):
+        # FileExistsError: created concurrently by another process, which is fine.
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(directory, DIR_MODE)
+        # The new entry lives in the parent: without this a crash can lose the directory.
+        fsync_dir(directory.parent)
+
+
+def atomic_replace(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically and durably: temp file, write, fsync,
+    rename over ``path``, fsync the directory.
+
+    A crash at any point leaves either the old file or the complete new one, never a
+    mix; the temp file (``.<name>.tmp``) may be left behind and is ignored by readers.
+    """
+    tmp = path.with_name(f".{path.name}.tmp")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)  # leftover of an earlier crash
+    fd = open_new(tmp)
+    try:
+        write_all(fd, data)
+        # Data durable before the rename: else a crash after the rename could leave the
+        # new name pointing at an empty or partial file.
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    # The rename is only durable once the directory is: else a crash can bring back the
+    # old file (or nothing) after we reported success.
+    fsync_dir(path.parent)
+
+
+def lock(fd: int) -> None:
+    """Take the cross-process append lock (blocks).  flock locks belong to the open file
+    description: released on unlock, on close and when the process dies."""
+    fcntl.flock(fd, LOCK_EX)
+
+
+def unlock(fd: int) -> None:
+    fcntl.flock(fd, LOCK_UN)

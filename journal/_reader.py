@@ -1,0 +1,284 @@
+"""Read segments as streams of records, with bounded memory, and classify damage.
+
+Memory is bounded by one read chunk plus the longest line (lines longer than
+LINE_BYTES_MAX_READ are damage by definition and skipped without being held).
+
+Classification of the first bad line at byte ``offset`` of a segment:
+
+* a line whose checksum matches but is not the record expected there (wrong seq, bad
+  fields): corruption, always;
+* bytes that do not check (incomplete last line, NUL bytes, garbage, bad checksum):
+  a *torn tail* if the segment is the last one and no checksummed line follows them
+  up to its end; otherwise corruption.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NamedTuple
+
+import orjson
+
+from journal import _fsutil
+from journal._codec import LineProblem, Record, decode_line, line_checks
+from journal._errors import CompactedError, CorruptionError, FormatVersionError
+from journal._segment import Segment, check_next, list_segments
+
+CHUNK_BYTES = 1 << 20
+LINE_BYTES_MAX_READ = 64 << 20  # any line longer is damage (memory bound when reading)
+_new_record = tuple.__new__
+
+
+class Damage(NamedTuple):
+    offset: int  # first byte of the first bad line
+    seq: int  # the seq expected there
+    reason: str
+    corrupt: bool  # True: can never be a torn tail (a checksummed line is involved)
+    tail_bytes: int = 0  # bytes from offset to the end of the segment as scanned
+
+
+class SegmentScan:
+    """Scan one open segment from byte ``start`` where ``next_seq`` is expected.
+
+    Iterate ``records()``; as it goes, ``end_offset`` (just after the last valid record)
+    and ``next_seq`` follow; at the end ``damage`` tells what stopped it (None: clean)
+    and ``size`` how many bytes were seen.
+    """
+
+    def __init__(self, fd: int, path: Path, start: int, next_seq: int) -> None:
+        self.fd = fd
+        self.path = path
+        self.end_offset = start
+        self.next_seq = next_seq
+        self.max_epoch = 0
+        self.damage: Damage | None = None
+        self.size = start
+
+    def records(self) -> Iterator[Record]:
+        fd = self.fd
+        pos = line_start = self.end_offset
+        expected = self.next_seq
+        max_epoch = self.max_epoch
+        pending = b""
+        skipping = False  # inside an over-long line already counted as damage
+        damage: Damage | None = None
+        crc32, loads, new, record_cls = zlib.crc32, orjson.loads, _new_record, Record
+        try:
+            while True:
+                chunk = _fsutil.pread(fd, CHUNK_BYTES, pos)
+                if not chunk:
+                    break
+                pos += len(chunk)
+                lines = (pending + chunk if pending else chunk).split(b"\n")
+                pending = lines.pop()
+                for line in lines:
+                    if skipping:  # the rest of an over-long line
+                        skipping = False
+                        line_start += len(line) + 1
+                        continue
+                    if damage is None:
+                        try:
+                            if b"%08x" % crc32(line[:-18]) == line[-10:-2]:
+                                obj = loads(line)
+                                seq, epoch, ts = obj["seq"], obj["epoch"], obj["ts"]
+                                rtype, data = obj["type"], obj["data"]
+                                if (
+                                    seq == expected
+                                    and obj["v"] == 1
+                                    and type(epoch) is int
+                                    and epoch >= 0
+                                    and type(ts) is float
+                                    and type(rtype) is str
+                                    and type(data) is dict
+                                ):
+                                    line_start += len(line) + 1
+                                    expected += 1
+                                    if epoch > max_epoch:
+                                        max_epoch = epoch
+                                    self.end_offset = line_start
+                                    self.next_seq = expected
+                                    yield new(record_cls, (seq, epoch, ts, rtype, data))
+                                    continue
+                        except (ValueError, KeyError, TypeError):
+                            pass  # orjson.JSONDecodeError is a ValueError: explained below
+                        record, damage = self._explain(line, line_start, expected)
+                        if record is not None:
+                            line_start += len(line) + 1
+                            expected += 1
+                            max_epoch = max(max_epoch, record.epoch)
+                            self.end_offset = line_start
+                            self.next_seq = expected
+                            yield record
+                            continue
+                        assert damage is not None
+                        if damage.corrupt:
+                            self.damage = damage
+                            return
+                    elif line_checks(line):
+                        # A checksummed line after the damage: the damage is not a torn
+                        # tail but a hole in the middle (never skipped, never cut).
+                        self.damage = damage._replace(
+                            corrupt=True,
+                            reason=f"{damage.reason}; a valid line follows at {line_start}",
+                        )
+                        return
+                    line_start += len(line) + 1
+                if skipping and pending:
+                    line_start += len(pending)
+                    pending = b""
+                elif len(pending) > LINE_BYTES_MAX_READ:
+                    if damage is None:
+                        damage = Damage(line_start, expected, "line too long", False)
+                    line_start += len(pending)
+                    pending = b""
+                    skipping = True
+            if pending and damage is None:
+                damage = Damage(line_start, expected, "incomplete last line", False)
+            self.size = pos
+            if damage is not None:
+                self.damage = damage._replace(tail_bytes=pos - damage.offset)
+        finally:
+            self.max_epoch = max_epoch
+
+    def _explain(
+        self, line: bytes, offset: int, expected: int
+    ) -> tuple[Record | None, Damage | None]:
+        """The slow path for a line the fast path refused: a valid record after all (an
+        int ts, say), a damaged line, a corrupt one, or a newer format (raised)."""
+        try:
+            return decode_line(line, expected), None
+        except LineProblem as problem:
+            return None, Damage(offset, expected, problem.reason, problem.checks)
+        except FormatVersionError as exc:
+            raise FormatVersionError(
+                exc.message, segment=self.path, offset=offset, seq=expected
+            ) from None
+
+
+def scan_all(scan: SegmentScan) -> None:
+    """Run a scan to its end, discarding the records."""
+    for _ in scan.records():
+        pass
+
+
+def damage_error(damage: Damage, path: Path, *, last: bool) -> CorruptionError:
+    where = "" if last else " in a sealed segment"
+    return CorruptionError(
+        f"bad record{where}: {damage.reason}", segment=path, offset=damage.offset, seq=damage.seq
+    )
+
+
+class TornTail(NamedTuple):
+    segment: Path
+    offset: int  # where the valid records end and the tail begins
+    seq: int  # the seq a record there would have
+    tail_bytes: int
+    reason: str
+
+
+class Survey(NamedTuple):
+    """What a whole journal directory holds, read without changing anything."""
+
+    segments: list[Segment]
+    first_seq: int  # first seq on disk (1 when nothing was compacted)
+    last_seq: int  # last valid record (first_seq - 1 if there is none)
+    max_epoch: int
+    end_offset: int  # end of the last valid record in the last segment
+    torn: TornTail | None
+    corruption: CorruptionError | None
+
+
+def survey(directory: Path) -> Survey:
+    """Scan every segment: chain of seqs, every record, damage classification.
+
+    Lock-free: an append in progress in another process looks like a torn tail.  A
+    segment removed by a concurrent compaction makes it start over (a few times)."""
+    for _attempt in range(5):
+        try:
+            return _survey_once(directory)
+        except FileNotFoundError:
+            continue
+    return _survey_once(directory)
+
+
+def _survey_once(directory: Path) -> Survey:
+    segments = list_segments(directory)
+    if not segments:
+        return Survey([], 1, 0, 0, 0, None, None)
+    first_seq = segments[0].first_seq
+    next_seq, max_epoch, end_offset = first_seq, 0, 0
+    for index, segment in enumerate(segments):
+        last = index == len(segments) - 1
+        if index:
+            try:
+                check_next(segments[index - 1], next_seq, segment)
+            except CorruptionError as exc:
+                return Survey(segments, first_seq, next_seq - 1, max_epoch, end_offset, None, exc)
+        fd = _fsutil.open_read(segment.path)
+        try:
+            scan = SegmentScan(fd, segment.path, 0, next_seq)
+            scan_all(scan)
+        finally:
+            _fsutil.close(fd)
+        next_seq, end_offset = scan.next_seq, scan.end_offset
+        max_epoch = max(max_epoch, scan.max_epoch)
+        damage = scan.damage
+        if damage is not None:
+            if last and not damage.corrupt:
+                torn = TornTail(
+                    segment.path, damage.offset, damage.seq, damage.tail_bytes, damage.reason
+                )
+                return Survey(segments, first_seq, next_seq - 1, max_epoch, end_offset, torn, None)
+            error = damage_error(damage, segment.path, last=last)
+            return Survey(segments, first_seq, next_seq - 1, max_epoch, end_offset, None, error)
+    return Survey(segments, first_seq, next_seq - 1, max_epoch, end_offset, None, None)
+
+
+def iter_records(directory: Path, from_seq: int = 1) -> Iterator[Record]:
+    """Stream the records with seq >= ``from_seq``, checking what it reads.
+
+    Stops quietly at a torn tail of the last segment (lock-free readers see an append
+    in progress that way); raises CorruptionError at corruption after yielding every
+    valid record before it, and CompactedError if ``from_seq`` was compacted away."""
+    segments = list_segments(directory)
+    if not segments:
+        return
+    first_seq = segments[0].first_seq
+    if from_seq < first_seq:
+        raise CompactedError(
+            f"records before seq {first_seq} were compacted; read from a snapshot",
+            first_seq=first_seq,
+            seq=from_seq,
+        )
+    start = 0
+    for index, segment in enumerate(segments):
+        if segment.first_seq <= from_seq:
+            start = index
+    next_seq = segments[start].first_seq
+    for index in range(start, len(segments)):
+        segment = segments[index]
+        last = index == len(segments) - 1
+        if index > start:
+            check_next(segments[index - 1], next_seq, segment)
+        try:
+            fd = _fsutil.open_read(segment.path)
+        except FileNotFoundError:
+            raise CompactedError(
+                f"segment {segment.path.name} was compacted while being read",
+                first_seq=segment.first_seq + 1,
+                seq=next_seq,
+            ) from None
+        try:
+            scan = SegmentScan(fd, segment.path, 0, next_seq)
+            for record in scan.records():
+                if record.seq >= from_seq:
+                    yield record
+        finally:
+            _fsutil.close(fd)
+        next_seq = scan.next_seq
+        if scan.damage is not None:
+            if last and not scan.damage.corrupt:
+                return
+            raise damage_error(scan.damage, segment.path, last=last)

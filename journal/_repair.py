@@ -1,0 +1,82 @@
+"""Cut a torn tail, keeping a ``.broken`` copy of the bytes cut.  Nothing else.
+
+Repair never touches corruption (it raises CorruptionError instead), never removes a
+valid record and never resets a journal to empty.  It runs under the append lock, so no
+append is in progress while it decides what is torn.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import NamedTuple
+
+from journal import _fsutil
+from journal._errors import JournalError
+from journal._reader import TornTail, survey
+from journal._segment import LOCK_NAME, broken_copy_path
+
+_COPY_CHUNK_BYTES = 1 << 20
+
+
+class RepairReport(NamedTuple):
+    repaired: bool  # False: nothing to cut (the journal was clean)
+    segment: Path | None  # the segment that was cut
+    offset: int | None  # its new length: where the valid records end
+    bytes_cut: int
+    broken_copy: Path | None  # where the cut bytes were kept
+    last_seq: int  # the last valid record, unchanged by the repair
+
+
+def cut_tail(directory: Path, torn: TornTail) -> tuple[Path, int]:
+    """Copy the bytes after ``torn.offset`` to a new ``.broken`` file, then truncate.
+
+    The caller holds the append lock.  Returns (broken copy path, bytes cut)."""
+    broken = broken_copy_path(torn.segment, _fsutil.listdir(directory))
+    fd = _fsutil.open_rdwr(torn.segment)
+    try:
+        end = _fsutil.size(fd)
+        out = _fsutil.open_new(broken)
+        try:
+            pos = torn.offset
+            while pos < end:
+                chunk = _fsutil.pread(fd, min(_COPY_CHUNK_BYTES, end - pos), pos)
+                if not chunk:
+                    break
+                _fsutil.write_all(out, chunk)
+                pos += len(chunk)
+            _fsutil.sync_file(out)
+        finally:
+            _fsutil.close(out)
+        # The copy and its name are durable before the original bytes are destroyed: a
+        # crash in between leaves both, never neither.
+        _fsutil.fsync_dir(directory)
+        _fsutil.truncate(fd, torn.offset)
+        # The cut is durable before anything is appended after it: else a crash could
+        # bring the torn bytes back in front of new, committed records.
+        _fsutil.sync_file(fd)
+    finally:
+        _fsutil.close(fd)
+    return broken, end - torn.offset
+
+
+def repair(directory: Path | str) -> RepairReport:
+    """Cut a torn tail if there is one (under the append lock).  Raises CorruptionError
+    for any other damage and JournalError if ``directory`` is not a journal."""
+    directory = Path(directory)
+    try:
+        lock_fd = _fsutil.open_lockfile(directory / LOCK_NAME)
+    except FileNotFoundError:
+        raise JournalError(f"no journal directory at {directory}") from None
+    try:
+        _fsutil.lock(lock_fd)
+        found = survey(directory)
+        if found.corruption is not None:
+            raise found.corruption
+        if found.torn is None:
+            return RepairReport(False, None, None, 0, None, found.last_seq)
+        broken, bytes_cut = cut_tail(directory, found.torn)
+        return RepairReport(
+            True, found.torn.segment, found.torn.offset, bytes_cut, broken, found.last_seq
+        )
+    finally:
+        _fsutil.close(lock_fd)  # closing releases the flock

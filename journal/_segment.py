@@ -1,0 +1,85 @@
+"""Segment files: names, listing, ordering, gap checks (no reading of contents).
+
+A segment is named after the seq of its first record: ``{first_seq:020d}.jsonl``, so
+names sort in seq order.  Only names of exactly that shape are segments: ``.broken``
+copies, snapshots, temp files and the lock file are ignored by listing.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import NamedTuple
+
+from journal import _fsutil
+from journal._errors import CorruptionError
+
+SEGMENT_SUFFIX = ".jsonl"
+BROKEN_SUFFIX = ".broken"
+LOCK_NAME = ".lock"  # the cross-process append lock (flock); its content is irrelevant
+_SEGMENT_RE = re.compile(r"^(\d{20})\.jsonl$")
+
+
+class Segment(NamedTuple):
+    first_seq: int
+    path: Path
+
+
+def segment_name(first_seq: int) -> str:
+    if first_seq < 1:
+        raise ValueError(f"first_seq must be >= 1, got {first_seq}")
+    return f"{first_seq:020d}{SEGMENT_SUFFIX}"
+
+
+def parse_segment_name(name: str) -> int | None:
+    """The first seq named by a segment file name, or None if it is not a segment."""
+    match = _SEGMENT_RE.match(name)
+    if match is None:
+        return None
+    first_seq = int(match.group(1))
+    return first_seq if first_seq >= 1 else None
+
+
+def segments_in(names: list[str], directory: Path) -> list[Segment]:
+    """The segments among ``names``, in seq order."""
+    found = []
+    for name in names:
+        first_seq = parse_segment_name(name)
+        if first_seq is not None:
+            found.append(Segment(first_seq, directory / name))
+    found.sort()
+    return found
+
+
+def list_segments(directory: Path) -> list[Segment]:
+    return segments_in(_fsutil.listdir(directory), directory)
+
+
+def check_next(previous: Segment, next_seq: int, following: Segment) -> None:
+    """``previous`` ended with ``next_seq - 1``: ``following`` must start at ``next_seq``.
+
+    A later start is a gap (a missing segment or lost records); an earlier one overlaps.
+    """
+    if following.first_seq != next_seq:
+        kind = "gap" if following.first_seq > next_seq else "overlap"
+        raise CorruptionError(
+            f"seq {kind} between segments: {previous.path.name} ends at seq"
+            f" {next_seq - 1}, next segment {following.path.name} starts at"
+            f" {following.first_seq}",
+            segment=following.path,
+            offset=0,
+            seq=next_seq,
+        )
+
+
+def broken_copy_path(segment: Path, names: list[str]) -> Path:
+    """Where to keep the bytes cut from ``segment``: ``<segment>.broken``, or
+    ``<segment>.broken.N`` with the first free N if earlier repairs left copies."""
+    base = segment.name + BROKEN_SUFFIX
+    taken = set(names)
+    if base not in taken:
+        return segment.with_name(base)
+    number = 1
+    while f"{base}.{number}" in taken:
+        number += 1
+    return segment.with_name(f"{base}.{number}")

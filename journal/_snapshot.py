@@ -1,0 +1,211 @@
+"""Snapshots (atomic, checksummed) and compaction.
+
+A snapshot file ``snapshot-{seq:020d}.snap`` is one header line and then the caller's
+bytes::
+
+    {"v":1,"seq":S,"epoch_max":E,"length":L,"data_crc":"xxxxxxxx","crc":"xxxxxxxx"}\\n<L bytes>
+
+``crc`` covers the header bytes before ``,"crc":"`` (as for records); ``data_crc`` is
+``zlib.crc32`` of the data; ``epoch_max`` is the highest epoch the journal held when
+the snapshot was written, so fencing survives the compaction of the records that
+carried it.  A snapshot that fails any check is *damaged*: readers fall back to an older
+one (or to a full replay) and never crash on it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import zlib
+from pathlib import Path
+from typing import NamedTuple
+
+import orjson
+
+from journal import _fsutil
+from journal._codec import FORMAT_VERSION, line_checks
+from journal._errors import CorruptionError, FormatVersionError
+from journal._segment import Segment
+
+_SNAPSHOT_RE = re.compile(r"^snapshot-(\d{20})\.snap$")
+_HEADER_BYTES_MAX = 4096
+
+
+class Snapshot(NamedTuple):
+    seq: int
+    data: bytes
+
+
+class SnapshotHeader(NamedTuple):
+    seq: int
+    epoch_max: int
+    length: int
+    data_crc: int
+    header_bytes: int
+
+
+class SnapshotDamaged(Exception):
+    """A snapshot file that fails a check (internal: callers fall back)."""
+
+
+def snapshot_name(seq: int) -> str:
+    return f"snapshot-{seq:020d}.snap"
+
+
+def snapshots_in(names: list[str], directory: Path) -> list[tuple[int, Path]]:
+    """The snapshot files among ``names``, oldest first."""
+    found = []
+    for name in names:
+        match = _SNAPSHOT_RE.match(name)
+        if match is not None:
+            found.append((int(match.group(1)), directory / name))
+    found.sort()
+    return found
+
+
+def encode_snapshot(seq: int, data: bytes, epoch_max: int) -> bytes:
+    body = b'{"v":%d,"seq":%d,"epoch_max":%d,"length":%d,"data_crc":"%08x"' % (
+        FORMAT_VERSION,
+        seq,
+        epoch_max,
+        len(data),
+        zlib.crc32(data),
+    )
+    return b'%s,"crc":"%08x"}\n%s' % (body, zlib.crc32(body), data)
+
+
+def write_snapshot(directory: Path, seq: int, data: bytes, epoch_max: int) -> Path:
+    path = directory / snapshot_name(seq)
+    # temp + fsync + rename + fsync dir: a crash leaves the old snapshot set or this
+    # complete one, never a partial file under a snapshot name.
+    _fsutil.atomic_replace(path, encode_snapshot(seq, data, epoch_max))
+    return path
+
+
+def _read_all(fd: int, start: int, length: int) -> bytes:
+    parts = []
+    pos, end = start, start + length
+    while pos < end:
+        chunk = _fsutil.pread(fd, min(end - pos, 1 << 20), pos)
+        if not chunk:
+            break
+        parts.append(chunk)
+        pos += len(chunk)
+    return b"".join(parts)
+
+
+def read_header(fd: int, seq_from_name: int) -> SnapshotHeader:
+    head = _fsutil.pread(fd, _HEADER_BYTES_MAX, 0)
+    newline = head.find(b"\n")
+    if newline < 0 or not line_checks(head[:newline]):
+        raise SnapshotDamaged("header incomplete or checksum mismatch")
+    try:
+        obj = orjson.loads(head[:newline])
+    except ValueError:
+        raise SnapshotDamaged("header does not parse") from None
+    if not isinstance(obj, dict):
+        raise SnapshotDamaged("header is not a JSON object")
+    version = obj.get("v")
+    if type(version) is int and version > FORMAT_VERSION:
+        raise FormatVersionError(f"snapshot format v{version} is newer than v{FORMAT_VERSION}")
+    fields = (obj.get("seq"), obj.get("epoch_max"), obj.get("length"))
+    if version != FORMAT_VERSION or any(type(f) is not int for f in fields):
+        raise SnapshotDamaged("header fields missing or of the wrong type")
+    if obj["seq"] != seq_from_name:
+        raise SnapshotDamaged(f"header says seq {obj['seq']}, file name says {seq_from_name}")
+    try:
+        data_crc = int(obj.get("data_crc", ""), 16)
+    except (TypeError, ValueError):
+        raise SnapshotDamaged("bad data_crc") from None
+    return SnapshotHeader(obj["seq"], obj["epoch_max"], obj["length"], data_crc, newline + 1)
+
+
+def load_snapshot(path: Path, seq_from_name: int) -> tuple[Snapshot, int]:
+    """The snapshot and its epoch_max; SnapshotDamaged if any check fails."""
+    fd = _fsutil.open_read(path)
+    try:
+        header = read_header(fd, seq_from_name)
+        if _fsutil.size(fd) != header.header_bytes + header.length:
+            raise SnapshotDamaged("file length does not match the header")
+        data = _read_all(fd, header.header_bytes, header.length)
+    finally:
+        _fsutil.close(fd)
+    if len(data) != header.length or zlib.crc32(data) != header.data_crc:
+        raise SnapshotDamaged("data checksum mismatch")
+    return Snapshot(header.seq, data), header.epoch_max
+
+
+class LatestSnapshot(NamedTuple):
+    snapshot: Snapshot | None
+    epoch_max: int
+    path: Path | None
+    damaged: list[tuple[Path, str]]
+
+
+def latest_snapshot(directory: Path, last_seq: int) -> LatestSnapshot:
+    """The newest snapshot that passes every check, skipping damaged ones.
+
+    A valid snapshot beyond ``last_seq`` means the journal lost committed records (or
+    the snapshot was written for another journal): CorruptionError."""
+    damaged: list[tuple[Path, str]] = []
+    for seq, path in reversed(snapshots_in(_fsutil.listdir(directory), directory)):
+        try:
+            snapshot, epoch_max = load_snapshot(path, seq)
+        except SnapshotDamaged as exc:
+            damaged.append((path, str(exc)))
+            continue
+        except FileNotFoundError:
+            continue  # removed by a concurrent compaction: an older one was superseded
+        if snapshot.seq > last_seq:
+            raise CorruptionError(
+                f"snapshot at seq {snapshot.seq} is beyond the journal's last seq {last_seq}",
+                segment=path,
+                seq=snapshot.seq,
+            )
+        return LatestSnapshot(snapshot, epoch_max, path, damaged)
+    return LatestSnapshot(None, 0, None, damaged)
+
+
+def headers_epoch_max(directory: Path, names: list[str]) -> tuple[int, int]:
+    """(highest epoch_max, highest seq) over the snapshot headers that check (cheap: the
+    data is not read).  Used at open so that fencing survives compaction."""
+    epoch_max = seq_max = 0
+    for seq, path in snapshots_in(names, directory):
+        try:
+            fd = _fsutil.open_read(path)
+        except FileNotFoundError:
+            continue
+        try:
+            header = read_header(fd, seq)
+        except SnapshotDamaged:
+            continue
+        finally:
+            _fsutil.close(fd)
+        epoch_max = max(epoch_max, header.epoch_max)
+        seq_max = max(seq_max, header.seq)
+    return epoch_max, seq_max
+
+
+def compact(directory: Path, segments: list[Segment], snapshot_seq: int) -> list[Path]:
+    """Remove sealed segments whose records are all <= ``snapshot_seq`` (never the last
+    one), then snapshots older than it.  Returns the removed paths."""
+    removed: list[Path] = []
+    for segment, following in itertools.pairwise(segments):
+        if following.first_seq - 1 > snapshot_seq:
+            break
+        _fsutil.unlink(segment.path)
+        # One directory fsync per removal, oldest first: whatever a crash keeps is
+        # still a contiguous run of segments (no hole that would read as a gap).
+        _fsutil.fsync_dir(directory)
+        removed.append(segment.path)
+    older = [
+        p for seq, p in snapshots_in(_fsutil.listdir(directory), directory) if seq < snapshot_seq
+    ]
+    for path in older:
+        _fsutil.unlink(path)
+        removed.append(path)
+    if older:
+        # Losing these removals in a crash is harmless (older snapshots are ignored);
+        # the fsync just makes compaction's effect durable when it returns.
+        _fsutil.fsync_dir(directory)
+    return removed
