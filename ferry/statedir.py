@@ -200,7 +200,8 @@ def _check_dir(path: Path, st: os.stat_result) -> None:
 
 def _refusal(path: Path, e: OSError) -> StateDirError:
     details = {"path": str(path), "errno": e.errno}
-    if e.errno == errno.ELOOP:
+    # open(O_DIRECTORY | O_NOFOLLOW) on a symlink says ENOTDIR, not ELOOP: look.
+    if e.errno == errno.ELOOP or (e.errno == errno.ENOTDIR and os.path.islink(path)):
         return StateDirError(
             f"{path} is a symlink; ferry never follows one in its state directory",
             code="state_dir.symlink",

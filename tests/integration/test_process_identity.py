@@ -1,0 +1,292 @@
+"""Process identity, liveness probes, verified signals and the marker scan, on real
+processes. Every child is reaped (the ``children`` fixture); waits poll with a deadline."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from ferry.liveness import Liveness, probe, probe_task
+from ferry.process import (
+    MARKER_ENV,
+    NotGroupLeaderError,
+    ProcessIdentity,
+    find_by_marker,
+    identity_of,
+    make_marker,
+    marker_prefix,
+    read_stat,
+    self_identity,
+    signal_task,
+    signal_verified,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+SLEEPER = "import time\nwhile True: time.sleep(1)"
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met before the deadline")
+        time.sleep(0.01)
+
+
+def gone(pid: int) -> bool:
+    """No live process with this pid (absent, or a zombie nobody reaped yet)."""
+    try:
+        st = read_stat(pid)
+    except OSError:
+        return False
+    return st is None or st.exited
+
+
+class Children:
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.strays: list[ProcessIdentity] = []  # grandchildren we do not parent
+
+    def start(
+        self, code: str, *, marker: str | None = None, session: bool = True, **kw: object
+    ) -> subprocess.Popen[bytes]:
+        env = dict(os.environ)
+        env.pop(MARKER_ENV, None)
+        if marker is not None:
+            env[MARKER_ENV] = marker
+        proc: subprocess.Popen[bytes] = subprocess.Popen(  # type: ignore[call-overload]
+            [sys.executable, "-c", code], env=env, start_new_session=session, **kw
+        )
+        self.procs.append(proc)
+        return proc
+
+    def cleanup(self) -> None:
+        for ident in self.strays:
+            signal_verified(ident, signal.SIGKILL, group=False)
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+                proc.kill()
+            proc.wait(timeout=10)
+            for stream in (proc.stdout, proc.stderr, proc.stdin):
+                if stream is not None:
+                    stream.close()
+        for ident in self.strays:
+            wait_until(lambda ident=ident: gone(ident.pid))  # type: ignore[misc]
+
+
+@pytest.fixture
+def children() -> Iterator[Children]:
+    kids = Children()
+    try:
+        yield kids
+    finally:
+        kids.cleanup()
+
+
+def live_identity(pid: int) -> ProcessIdentity:
+    ident = identity_of(pid)
+    assert ident is not None
+    return ident
+
+
+# --- identity ------------------------------------------------------------------------
+
+
+def test_self_identity_is_alive_and_round_trips_through_json() -> None:
+    me = self_identity()
+    assert me.pid == os.getpid()
+    assert me.start_time > 0 and me.boot_id and me.host
+    assert ProcessIdentity.from_json(me.to_json()) == me
+    assert probe(me) is Liveness.ALIVE
+
+
+def test_identity_of_a_child_is_stable_and_distinct_from_ours(children: Children) -> None:
+    child = children.start(SLEEPER)
+    first = live_identity(child.pid)
+    assert first == live_identity(child.pid)
+    assert first.pid == child.pid and first != self_identity()
+    assert first.start_time >= self_identity().start_time
+    assert probe(first) is Liveness.ALIVE
+
+
+def test_identity_of_a_pid_that_does_not_exist_is_none(children: Children) -> None:
+    child = children.start("pass")
+    child.wait()
+    assert identity_of(child.pid) is None
+
+
+# --- DEAD only with proof -------------------------------------------------------------
+
+
+def test_a_dead_reaped_child_is_dead(children: Children) -> None:
+    child = children.start(SLEEPER)
+    ident = live_identity(child.pid)
+    child.kill()
+    child.wait()
+    assert probe(ident) is Liveness.DEAD
+
+
+def test_a_zombie_is_not_alive(children: Children) -> None:
+    child = children.start("pass")
+    ident = live_identity(child.pid)
+    # Not reaped: it stays a zombie until cleanup waits for it.
+    wait_until(lambda: (st := read_stat(child.pid)) is not None and st.exited)
+    assert probe(ident) is Liveness.DEAD
+    assert signal_verified(ident, signal.SIGTERM, group=False) is False
+
+
+def test_pid_reuse_is_dead_and_never_signalled(children: Children) -> None:
+    # A recorded identity whose pid now belongs to another process: simulated with a
+    # live process and the wrong start time (what a reused pid looks like).
+    victim = children.start(SLEEPER)
+    real = live_identity(victim.pid)
+    recorded = ProcessIdentity(real.pid, real.start_time - 1, real.boot_id, real.host)
+    assert probe(recorded) is Liveness.DEAD
+    assert probe_task("no-such-task:1:x", recorded) is Liveness.DEAD
+    for sig in (signal.SIGKILL, signal.SIGTERM):
+        assert signal_verified(recorded, sig, group=False) is False
+        assert signal_verified(recorded, sig, group=True) is False
+    assert signal_task(recorded, "no-such-task:1:x", signal.SIGKILL) == 0
+    assert victim.poll() is None, "the unrelated process must survive"
+    assert probe(real) is Liveness.ALIVE
+
+
+def test_another_boot_is_dead(children: Children) -> None:
+    victim = children.start(SLEEPER)
+    real = live_identity(victim.pid)
+    old_boot = ProcessIdentity(real.pid, real.start_time, "another-boot", real.host)
+    assert probe(old_boot) is Liveness.DEAD
+    assert signal_verified(old_boot, signal.SIGKILL, group=False) is False
+    assert victim.poll() is None
+
+
+def test_host_name_alone_does_not_decide(children: Children) -> None:
+    # The hostname can change without a reboot; the boot id is what decides.
+    victim = children.start(SLEEPER)
+    real = live_identity(victim.pid)
+    renamed = ProcessIdentity(real.pid, real.start_time, real.boot_id, "renamed-host")
+    assert probe(renamed) is Liveness.ALIVE
+
+
+# --- verified signals ----------------------------------------------------------------
+
+
+def test_signal_verified_reaches_the_process(children: Children) -> None:
+    child = children.start(SLEEPER)
+    ident = live_identity(child.pid)
+    assert signal_verified(ident, signal.SIGTERM, group=False) is True
+    assert child.wait(timeout=10) == -signal.SIGTERM
+    assert signal_verified(ident, signal.SIGTERM, group=False) is False
+
+
+def test_group_signal_reaches_every_member(children: Children, tmp_path: Path) -> None:
+    pid_file = tmp_path / "member.pid"
+    code = (
+        "import os, subprocess, sys, time\n"
+        f"p = subprocess.Popen([sys.executable, '-c', {SLEEPER!r}])\n"
+        f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
+        "p.wait()\n"
+    )
+    leader = children.start(code)
+    wait_until(lambda: pid_file.exists() and pid_file.read_text() != "")
+    member = live_identity(int(pid_file.read_text()))
+    children.strays.append(member)
+    assert signal_verified(live_identity(leader.pid), signal.SIGKILL, group=True) is True
+    assert leader.wait(timeout=10) == -signal.SIGKILL
+    wait_until(lambda: probe(member) is Liveness.DEAD)
+
+
+def test_group_signal_refuses_a_process_that_leads_no_group(children: Children) -> None:
+    child = children.start(SLEEPER, session=False)  # stays in our process group
+    with pytest.raises(NotGroupLeaderError):
+        signal_verified(live_identity(child.pid), signal.SIGTERM, group=True)
+    assert child.poll() is None
+
+
+# --- markers, sessions, escaped children ------------------------------------------------
+
+
+def spawn_escaping_grandchild(
+    children: Children, tmp_path: Path, marker: str
+) -> tuple[subprocess.Popen[bytes], ProcessIdentity]:
+    """A task whose first process forks a daemon that calls setsid, then exits."""
+    pid_file = tmp_path / "daemon.pid"
+    code = (
+        "import os, time\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        f"    open({str(pid_file)!r} + '.tmp', 'w').write(str(os.getpid()))\n"
+        f"    os.rename({str(pid_file)!r} + '.tmp', {str(pid_file)!r})\n"
+        "    while True: time.sleep(1)\n"
+        "os._exit(0)\n"
+    )
+    first = children.start(code, marker=marker)
+    wait_until(pid_file.exists)
+    daemon = live_identity(int(pid_file.read_text()))
+    children.strays.append(daemon)
+    return first, daemon
+
+
+def test_marker_scan_finds_a_grandchild_that_called_setsid(
+    children: Children, tmp_path: Path
+) -> None:
+    marker = make_marker("T0MARK", 1, "tok1")
+    first, daemon = spawn_escaping_grandchild(children, tmp_path, marker)
+    leader = live_identity(first.pid)
+    first.wait(timeout=10)
+    assert probe(leader) is Liveness.DEAD
+    scan = find_by_marker(marker_prefix("T0MARK"))
+    assert daemon in scan.alive
+    assert scan.complete
+    assert find_by_marker(marker_prefix("T0MARK", 2)).alive == ()
+    assert find_by_marker(marker_prefix("T0MAR")).alive == (), "prefixes end at ':'"
+    # The task is alive although its first process is gone; unknown leader too.
+    assert probe_task(marker, leader) is Liveness.ALIVE
+    assert probe_task(marker, None) is Liveness.ALIVE
+    # Cancel reaches it, and then the task is dead.
+    assert signal_task(leader, marker, signal.SIGKILL) == 1
+    wait_until(lambda: probe(daemon) is Liveness.DEAD)
+    assert probe_task(marker, leader) is Liveness.DEAD
+
+
+def test_a_task_whose_leader_exited_is_alive_through_its_session(
+    children: Children, tmp_path: Path
+) -> None:
+    # The child keeps the session but clears its environment: only the session shows it.
+    pid_file = tmp_path / "child.pid"
+    code = (
+        "import os, subprocess, sys\n"
+        f"p = subprocess.Popen([sys.executable, '-c', {SLEEPER!r}], env={{}})\n"
+        f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
+        "os._exit(0)\n"
+    )
+    marker = make_marker("T0SESS", 1, "tok")
+    first = children.start(code, marker=marker)
+    leader = live_identity(first.pid)
+    first.wait(timeout=10)
+    wait_until(lambda: pid_file.exists() and pid_file.read_text() != "")
+    orphan = live_identity(int(pid_file.read_text()))
+    children.strays.append(orphan)
+    assert find_by_marker(marker).alive == ()
+    assert probe_task(marker, leader) is Liveness.ALIVE
+    assert signal_task(leader, marker, signal.SIGKILL) == 1
+    wait_until(lambda: probe(orphan) is Liveness.DEAD)
+    assert probe_task(marker, leader) is Liveness.DEAD
+
+
+def test_a_finished_task_is_dead(children: Children) -> None:
+    marker = make_marker("T0DONE", 1, "tok")
+    first = children.start("pass", marker=marker)
+    leader = live_identity(first.pid)
+    first.wait(timeout=10)
+    assert probe_task(marker, leader) is Liveness.DEAD
+    assert probe_task(marker, None) is Liveness.DEAD

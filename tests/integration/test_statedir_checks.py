@@ -1,0 +1,147 @@
+"""The state directory: created private, unsafe ones refused with a coded error."""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ferry.errors import StateDirError
+from ferry.statedir import SUBDIRS, ensure_home, private_open
+
+NOBODY = 65534
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.lstat().st_mode)
+
+
+@pytest.fixture
+def wide_umask() -> Iterator[None]:
+    old = os.umask(0)  # the most permissive umask: modes must still come out private
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def refused(path: Path) -> str:
+    with pytest.raises(StateDirError) as caught:
+        ensure_home(path)
+    assert caught.value.exit_code == 125
+    assert caught.value.details["path"]
+    return caught.value.code
+
+
+def test_created_private_with_its_subdirectories(tmp_path: Path, wide_umask: None) -> None:
+    home = ensure_home(tmp_path / "a" / "b" / "ferry")
+    assert home.is_absolute() and mode(home) == 0o700
+    for name in SUBDIRS:
+        assert mode(home / name) == 0o700
+    assert ensure_home(home) == home, "idempotent"
+
+
+def test_private_open_creates_0600_files(tmp_path: Path, wide_umask: None) -> None:
+    home = ensure_home(tmp_path / "home")
+    fd = private_open(home / "logs" / "x.log", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    try:
+        assert stat.S_IMODE(os.fstat(fd).st_mode) == 0o600
+        assert os.get_inheritable(fd) is False
+    finally:
+        os.close(fd)
+
+
+def test_private_open_never_follows_a_planted_symlink(tmp_path: Path) -> None:
+    home = ensure_home(tmp_path / "home")
+    target = tmp_path / "target"
+    target.write_text("keep")
+    (home / "logs" / "x.log").symlink_to(target)
+    with pytest.raises(StateDirError) as caught:
+        private_open(home / "logs" / "x.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    assert caught.value.code == "state_dir.symlink"
+    assert target.read_text() == "keep"
+
+
+def test_a_symlinked_home_is_refused(tmp_path: Path) -> None:
+    real = ensure_home(tmp_path / "real")
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    assert refused(link) == "state_dir.symlink"
+
+
+def test_a_dangling_symlinked_home_is_refused_and_not_created(tmp_path: Path) -> None:
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "nowhere")
+    assert refused(link) == "state_dir.symlink"
+    assert not (tmp_path / "nowhere").exists()
+
+
+@pytest.mark.parametrize("name", SUBDIRS)
+def test_a_symlinked_subdirectory_is_refused(tmp_path: Path, name: str) -> None:
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    (home / name).symlink_to(elsewhere)
+    assert refused(home) == "state_dir.symlink"
+
+
+@pytest.mark.parametrize("bits", [0o777, 0o770, 0o720, 0o702, 0o1777])
+def test_a_group_or_world_writable_home_is_refused(tmp_path: Path, bits: int) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    home.chmod(bits)
+    assert refused(home) == "state_dir.permissions"
+
+
+def test_a_writable_subdirectory_is_refused(tmp_path: Path) -> None:
+    home = ensure_home(tmp_path / "home")
+    (home / "logs").chmod(0o777)
+    assert refused(home) == "state_dir.permissions"
+
+
+def test_a_home_owned_by_another_user_is_refused(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to chown")
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    os.chown(home, NOBODY, NOBODY)
+    assert refused(home) == "state_dir.not_owned"
+
+
+def test_a_subdirectory_owned_by_another_user_is_refused(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to chown")
+    home = ensure_home(tmp_path / "home")
+    os.chown(home / "journal", NOBODY, NOBODY)
+    assert refused(home) == "state_dir.not_owned"
+
+
+def test_a_file_where_the_home_should_be_is_refused(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.write_text("")
+    assert refused(home) == "state_dir.not_a_directory"
+
+
+def test_a_network_filesystem_is_refused(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    real = os.path.realpath(tmp_path)
+    mountinfo = (
+        "27 1 254:0 / / rw,relatime - ext4 /dev/vda rw\n"
+        f"99 27 0:50 / {real} rw,relatime - nfs4 server:/export rw,vers=4.2\n"
+    )
+    with pytest.raises(StateDirError) as caught:
+        ensure_home(home, mountinfo=mountinfo)
+    assert caught.value.code == "state_dir.network_fs"
+    assert caught.value.details["fstype"] == "nfs4"
+
+
+def test_not_writable_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Root may write anywhere, so a read-only mount is simulated at os.access (which
+    # is what reports EROFS as "not writable").
+    home = ensure_home(tmp_path / "home")
+    monkeypatch.setattr(os, "access", lambda *_a, **_k: False)
+    assert refused(home) == "state_dir.not_writable"
