@@ -100,7 +100,7 @@ def check_event(task: Task | None, event: ev.TaskEvent) -> None:
     if token is not None and token != task.claim_token:
         raise _stale(task, event, "task.stale_claim", "claim token is not the current claim's")
     if isinstance(event, ev.Retried):
-        if event.attempt != task.attempt + 1:
+        if task.state in _FROM[ev.Retried] and event.attempt != task.attempt + 1:
             raise _stale(
                 task, event, "task.stale_attempt", f"retry must be attempt {task.attempt + 1}"
             )

@@ -102,7 +102,9 @@ class Table:
     def by_key(self, key: str) -> list[str]:
         """Ids of every task submitted with ``key``, in submission order."""
         self._ensure_settled()
-        return list(self._keys.get(key, ()))
+        found = (self.get(task_id) for task_id in self._keys.get(key, ()))
+        tasks = sorted((task for task in found if task is not None), key=lambda t: t.submit_seq)
+        return [task.id for task in tasks]
 
     def succeeded_with_key(self, key: str) -> str | None:
         """The id of the task that SUCCEEDED with ``key``, if any (no history load)."""

@@ -1,0 +1,126 @@
+"""Event payloads: every builder round-trips through orjson and decode; malformed known
+types raise event.malformed; unknown types decode to None."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from ferry import events as ev
+from ferry.model import Reason, State
+from ferry.spec import TaskSpec
+
+T = "01hf7yat00c5h66s"
+SPEC = TaskSpec(argv=("true",), cwd="/", key="k")
+RUNNER = {"pid": 10, "start_time": 1.5, "boot_id": "b", "host": "h"}
+
+SAMPLES: list[ev.Event] = [
+    ev.Submitted(T, SPEC, 1.25),
+    ev.Claimed(T, 1, "tok", RUNNER, "work"),
+    ev.Dispatching(T, 1, "tok", f"{T}:1:tok", {"patch_mode": "NONE"}),
+    ev.Spawned(T, 1, "tok", 100, 100, 12345.5),
+    ev.Settled(T, 1, "tok", State.SUCCEEDED, None, 0, None, {}),
+    ev.Settled(T, 1, None, State.FAILED, Reason.SIGNALLED, None, 9, {"x": 1}),
+    ev.Released(T, 1, None, Reason.RELEASED_TO_QUEUE, True, {"recovery": {}}),
+    ev.Stale(T, 1, {"recovery": {"decision": "MARK_STALE"}}),
+    ev.Resumed(T, 1, "tok", {}),
+    ev.CancelRequested(T, 1),
+    ev.Retried(T, 2),
+    ev.OrphanSignalled(T, 1, 100, 100, 12345.5, 15),
+    ev.LeaseAcquired(3, RUNNER),
+    ev.LeaseReleased(3, RUNNER),
+]
+
+
+def test_every_type_has_a_sample() -> None:
+    assert {sample.TYPE for sample in SAMPLES} == set(ev.EventType)
+
+
+@pytest.mark.parametrize("event", SAMPLES, ids=lambda e: e.TYPE.value)
+def test_round_trip(event: ev.Event) -> None:
+    record_type, data = event.encode()
+    assert record_type == event.TYPE.value
+    wire = orjson.loads(orjson.dumps(data))
+    assert ev.decode(record_type, wire) == event
+    if not isinstance(event, ev.LeaseAcquired | ev.LeaseReleased):
+        assert wire["task"] == T
+
+
+def test_unknown_type_decodes_to_none() -> None:
+    assert ev.decode("FROM_THE_FUTURE", {"task": T}) is None
+
+
+def _payload(event: ev.Event) -> dict[str, Any]:
+    return orjson.loads(orjson.dumps(event.encode()[1]))  # type: ignore[no-any-return]
+
+
+def _malformed(event: ev.Event, **change: Any) -> None:
+    data = _payload(event)
+    for name, value in change.items():
+        if value is _DROP:
+            data.pop(name)
+        else:
+            data[name] = value
+    with pytest.raises(ev.MalformedEventError) as caught:
+        ev.decode(event.TYPE.value, data)
+    assert caught.value.code == "event.malformed"
+    assert caught.value.details["type"] == event.TYPE.value
+
+
+_DROP = object()
+CLAIMED, SETTLED, SPAWNED = SAMPLES[1], SAMPLES[4], SAMPLES[3]
+
+
+@pytest.mark.parametrize(
+    ("event", "change"),
+    [
+        (SAMPLES[0], {"task": _DROP}),
+        (SAMPLES[0], {"task": ""}),
+        (SAMPLES[0], {"spec": {"argv": [], "cwd": "/"}}),
+        (SAMPLES[0], {"created_at": "yesterday"}),
+        (CLAIMED, {"attempt": 0}),
+        (CLAIMED, {"attempt": _DROP}),
+        (CLAIMED, {"attempt": True}),
+        (CLAIMED, {"by": "cron"}),
+        (CLAIMED, {"token": None}),
+        (CLAIMED, {"runner": "me"}),
+        (SPAWNED, {"pid": 0}),
+        (SPAWNED, {"pid": 1.5}),
+        (SPAWNED, {"start_time": None}),
+        (SETTLED, {"state": "RUNNING"}),
+        (SETTLED, {"state": "BOGUS"}),
+        (SETTLED, {"reason": "EXIT_NONZERO"}),  # SUCCEEDED with a reason
+        (SETTLED, {"state": "FAILED"}),  # FAILED without a reason
+        (SETTLED, {"reason": "NOPE", "state": "FAILED"}),
+        (SETTLED, {"exit_code": "0"}),
+        (SETTLED, {"evidence": []}),
+        (SAMPLES[6], {"counted": 1}),
+        (SAMPLES[6], {"reason": None}),
+        (SAMPLES[12], {"epoch": -1}),
+        (SAMPLES[12], {"holder": None}),
+    ],
+)
+def test_malformed_known_types_raise(event: ev.Event, change: dict[str, Any]) -> None:
+    _malformed(event, **change)
+
+
+def test_non_object_payload_is_malformed() -> None:
+    with pytest.raises(ev.MalformedEventError):
+        ev.decode("SUBMITTED", ["not", "an", "object"])
+
+
+def test_optional_fields_may_be_missing() -> None:
+    data = _payload(SAMPLES[5])
+    for name in ("token", "exit_code", "signal", "evidence"):
+        data.pop(name)
+    decoded = ev.decode("SETTLED", data)
+    assert isinstance(decoded, ev.Settled)
+    assert decoded.token is None and decoded.evidence == {}
+
+
+def test_cancel_of_a_queued_task_is_settled_cancelled_with_null_token() -> None:
+    record_type, data = ev.Settled(T, 1, None, State.CANCELLED, Reason.CANCELLED_BY_USER).encode()
+    assert record_type == "SETTLED"
+    assert data["token"] is None and data["state"] == "CANCELLED"
