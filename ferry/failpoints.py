@@ -31,6 +31,8 @@ import signal
 import threading
 from collections.abc import Iterable, Mapping
 
+from ferry.events import EventType
+
 __all__ = [
     "ENV",
     "EVENT_TYPES",
@@ -44,21 +46,8 @@ __all__ = [
 
 ENV = "FERRY_FAILPOINTS"
 
-# The journal event types ferry appends. Keep in step with ferry/events.py (the store
-# is the only caller of the before:/after: event points).
-EVENT_TYPES: tuple[str, ...] = (
-    "SUBMITTED",
-    "CLAIMED",
-    "DISPATCHING",
-    "SPAWNED",
-    "HEARTBEAT",
-    "STALE",
-    "SETTLED",
-    "RELEASED",
-    "CANCEL_REQUESTED",
-    "RECOVERED",
-    "LEASE_ACQUIRED",
-)
+# The journal event types ferry appends (the store calls the before:/after: points).
+EVENT_TYPES: tuple[str, ...] = tuple(t.value for t in EventType)
 
 SIDE_EFFECT_POINTS: tuple[str, ...] = (
     "before:spawn",

@@ -42,7 +42,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeGuard
 
-import filelock
 import orjson
 
 from ferry.errors import LeaseHeldError, StateDirError
@@ -262,6 +261,8 @@ class LeaseStore:
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
+        import filelock  # lazily: it costs ~20 ms to import, and readers never lock
+
         lock = filelock.UnixFileLock(
             self.lock_path,
             timeout=self._lock_timeout_s,
