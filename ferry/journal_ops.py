@@ -1,0 +1,82 @@
+"""``ferry journal verify|repair|dump``: thin, read-mostly wrappers over ``journal``.
+
+``verify`` and ``repair`` work on the directory directly (not through the store), so
+they still answer when the journal is too damaged to open.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import orjson
+
+import journal
+from ferry.errors import EX_JOURNAL
+from ferry.store import Store, journal_error
+
+
+def verify(directory: Path) -> dict[str, Any]:
+    try:
+        report = journal.verify(directory)
+    except journal.JournalError as error:
+        raise journal_error(error) from error
+    records = report.last_seq - report.first_seq + 1
+    out: dict[str, Any] = {
+        "status": {"clean": "clean", "torn_tail": "torn", "corrupt": "corrupt"}[report.status],
+        "records": max(records, 0),
+        "first_seq": report.first_seq,
+        "last_seq": report.last_seq,
+        "segments": [str(p) for p in report.segments],
+        "snapshot_seq": report.snapshot_seq,
+        "damaged_snapshots": [{"path": str(p), "why": why} for p, why in report.damaged_snapshots],
+        "exit_code": 0,
+    }
+    if report.torn_tail is not None:
+        torn = report.torn_tail
+        out["torn"] = {
+            "segment": str(torn.segment),
+            "offset": torn.offset,
+            "bytes": torn.tail_bytes,
+            "seq": torn.seq,
+            "reason": torn.reason,
+        }
+    if report.corruption is not None:
+        error = journal_error(report.corruption)
+        out["error"] = error.to_json()
+        out["exit_code"] = EX_JOURNAL
+    return out
+
+
+def repair(directory: Path) -> dict[str, Any]:
+    try:
+        report = journal.repair(directory)
+    except journal.JournalError as error:
+        raise journal_error(error) from error
+    return {
+        "repaired": report.repaired,
+        "segment": None if report.segment is None else str(report.segment),
+        "offset": report.offset,
+        "cut_bytes": report.bytes_cut,
+        "broken_copy": None if report.broken_copy is None else str(report.broken_copy),
+        "last_seq": report.last_seq,
+    }
+
+
+def dump(store: Store, from_seq: int, out: BinaryIO) -> None:
+    """Every record with seq >= from_seq as JSON Lines (snapshot-covered records that
+    were compacted away are not there: the dump starts at the first one on disk)."""
+    try:
+        start = max(from_seq, store.wal.first_seq)
+        for record in store.wal.read(start):
+            line = {
+                "seq": record.seq,
+                "epoch": record.epoch,
+                "ts": record.ts,
+                "type": record.type,
+                "data": record.data,
+            }
+            out.write(orjson.dumps(line) + b"\n")
+    except journal.JournalError as error:
+        raise journal_error(error) from error
+    out.flush()

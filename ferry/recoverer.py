@@ -1,0 +1,240 @@
+"""Recovery's I/O half: gather what the probes prove about each in-flight task, call the
+pure :func:`ferry.recovery.decide`, journal each decision (fenced by the leader's epoch,
+validated under the journal lock so concurrent recoverers decide each task once), then
+apply the only side effect a decision may carry (killing a STALE task when configured).
+
+Also the verified-signal actions on one task: cancelling an in-flight task and
+``ferry kill`` of a quarantined orphan. Nothing here signals a bare pid.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ferry import events as ev
+from ferry.errors import FerryError, RefusedError
+from ferry.liveness import probe, probe_task
+from ferry.model import Liveness, Reason, State, Task
+from ferry.process import ProcessIdentity, marker_prefix, read_stat, signal_task
+from ferry.recovery import Observation, Policy, decide
+from ferry.runner import heartbeat_path, log_paths
+
+if TYPE_CHECKING:
+    from ferry.service import Service
+
+SALVAGE_TAIL_BYTES = 4096
+CANCEL_WAIT_MARGIN_S = 5.0
+_POLL_S = 0.05
+
+
+@dataclass
+class RecoverReport:
+    epoch: int
+    dry_run: bool
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+    orphans_alive: list[str] = field(default_factory=list)
+    needs_operator: bool = False
+
+    @property
+    def exit_code(self) -> int:
+        return 3 if self.needs_operator or self.orphans_alive else 0
+
+
+def runner_identity(task: Task) -> ProcessIdentity | None:
+    try:
+        return None if task.runner is None else ProcessIdentity.from_json(task.runner)
+    except ValueError:
+        return None
+
+
+def leader_identity(task: Task) -> ProcessIdentity | None:
+    """The task's first process as SPAWNED recorded it (same boot and host as its runner)."""
+    runner = runner_identity(task)
+    if task.pid is None or task.start_time is None or runner is None:
+        return None
+    return ProcessIdentity(task.pid, int(task.start_time), runner.boot_id, runner.host)
+
+
+def task_marker(task: Task) -> str:
+    return task.marker or marker_prefix(task.id, task.attempt)
+
+
+def task_liveness(task: Task) -> Liveness:
+    runner = runner_identity(task)
+    not_before = runner.start_time if runner is not None else None
+    return probe_task(task_marker(task), leader_identity(task), not_before_ticks=not_before)
+
+
+def _tail(path: Path) -> str | None:
+    try:
+        with path.open("rb") as stream:
+            size = stream.seek(0, os.SEEK_END)
+            stream.seek(max(0, size - SALVAGE_TAIL_BYTES))
+            return stream.read().decode("utf-8", "backslashreplace")
+    except OSError:
+        return None
+
+
+class Recoverer:
+    def __init__(self, service: Service) -> None:
+        self.service = service
+        self.store = service.store
+        self.home = service.home
+
+    def observe(self, task: Task, now: float) -> Observation:
+        runner = runner_identity(task)
+        runner_seen = probe(runner) if runner is not None else Liveness.DEAD
+        process_seen = Liveness.DEAD
+        if task.state is not State.CLAIMED:  # a CLAIMED task never started anything
+            process_seen = task_liveness(task)
+        try:
+            beat = heartbeat_path(self.home, task.id, task.attempt).stat().st_mtime
+            age: float | None = now - beat
+        except OSError:
+            age = None if task.started_at is None else now - task.started_at
+        stdout_log, stderr_log = log_paths(self.home, task.id, task.attempt)
+        salvage = {
+            "stdout_tail": _tail(stdout_log),
+            "stderr_tail": _tail(stderr_log),
+            "heartbeat_age_s": age,
+        }
+        return Observation(
+            runner=runner_seen,
+            task_process=process_seen,
+            heartbeat_age_s=age,
+            found_by_marker=task.pid is None and process_seen is not Liveness.DEAD,
+            salvage=salvage,
+        )
+
+    def recover_all(self, *, epoch: int, policy: Policy, dry_run: bool) -> RecoverReport:
+        report = RecoverReport(epoch=epoch, dry_run=dry_run)
+        self.store.refresh()
+        for task in self.store.live():
+            if not task.in_flight:
+                continue
+            now = time.time()
+            decision = decide(task, self.observe(task, now), policy, now)
+            if decision.event is None:
+                continue
+            if not dry_run:
+                try:
+                    self.store.commit(decision.event, epoch=epoch)
+                except RefusedError:
+                    continue  # the task moved meanwhile (its runner settled it): not ours
+                if decision.kill_task:
+                    signal_task(leader_identity(task), task_marker(task), signal.SIGKILL)
+            data = decision.event[1]
+            report.decisions.append(
+                {
+                    "task": task.id,
+                    "decision": decision.action.value,
+                    "state": data.get("state") or _state_of(decision.event[0]),
+                    "reason": data.get("reason"),
+                }
+            )
+            report.needs_operator |= decision.needs_operator
+        report.orphans_alive = self.quarantined_alive()
+        return report
+
+    def quarantined_alive(self) -> list[str]:
+        """Ids of quarantined tasks whose orphan still runs: one scan of /proc for
+        FERRY_TASK markers, then only the tasks found are looked up."""
+        found = []
+        for task_id in sorted(_marked_task_ids()):
+            task = self.store.get(task_id)
+            if task is None or task.reason is not Reason.QUARANTINED_ORPHAN_ALIVE:
+                continue
+            if task.state is State.FAILED and task_liveness(task) is not Liveness.DEAD:
+                found.append(task.id)
+        return found
+
+    def cancel_in_flight(self, task: Task) -> Task:
+        """After CANCEL_REQUESTED is durable: stop the task's processes and see it
+        settle CANCELLED (by its runner if alive, else by us)."""
+        runner = runner_identity(task)
+        runner_alive = runner is not None and probe(runner) is not Liveness.DEAD
+        if task.state is not State.CLAIMED:
+            signal_task(leader_identity(task), task_marker(task), signal.SIGTERM)
+        deadline = time.monotonic() + task.spec.kill_grace_s + CANCEL_WAIT_MARGIN_S
+        while runner_alive and time.monotonic() < deadline:
+            self.store.refresh()
+            current = self.store.get(task.id)
+            if current is None or current.terminal or current.attempt != task.attempt:
+                return self.service.show(task.id)
+            runner_alive = probe(runner) is not Liveness.DEAD if runner else False
+            time.sleep(_POLL_S)
+        if runner_alive:
+            self.service.notice(f"task {task.id}: cancel requested; its runner has not settled it yet")
+            return self.service.show(task.id)
+        # No runner: make sure nothing of the task is left, then settle it ourselves.
+        grace_end = time.monotonic() + task.spec.kill_grace_s
+        while task_liveness(task) is not Liveness.DEAD and time.monotonic() < grace_end:
+            time.sleep(_POLL_S)
+        if task_liveness(task) is not Liveness.DEAD:
+            signal_task(leader_identity(task), task_marker(task), signal.SIGKILL)
+        try:
+            self.store.commit(
+                ev.Settled(task.id, task.attempt, None, State.CANCELLED, Reason.CANCELLED_BY_USER)
+            )
+        except RefusedError:
+            pass  # settled meanwhile
+        return self.service.show(task.id)
+
+
+def _state_of(event_type: str) -> str:
+    return {"RELEASED": "QUEUED", "STALE": "STALE", "RESUMED": "RUNNING"}.get(event_type, "?")
+
+
+def _marked_task_ids() -> set[str]:
+    """Task ids named by the FERRY_TASK marker of any live (non-zombie) process."""
+    ids: set[str] = set()
+    needle = b"FERRY_TASK="
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb", buffering=0) as f:
+                env = f.read()
+            st = read_stat(int(name))
+        except (OSError, ValueError):
+            continue
+        if st is None or st.exited or needle not in env:
+            continue
+        for var in env.split(b"\0"):
+            if var.startswith(needle):
+                ids.add(var[len(needle) :].split(b":", 1)[0].decode("ascii", "replace"))
+    return ids
+
+
+def kill_orphan(service: Service, task: Task, sig: int) -> dict[str, Any]:
+    """``ferry kill``: journal the intent, then a verified signal to the orphan's group
+    and to every process still carrying the task's marker. Never a bare pid."""
+    runner = runner_identity(task)
+    if task.in_flight and runner is not None and probe(runner) is not Liveness.DEAD:
+        raise RefusedError(
+            f"task {task.id} has a live runner (pid {runner.pid}); use 'ferry cancel'",
+            code="task.runner_alive",
+            details={"task": task.id},
+        )
+    leader = leader_identity(task)
+    if task_liveness(task) is Liveness.DEAD:
+        return {"task": task.id, "signal": sig, "signalled": 0,
+                "message": f"{task.id}: no process of the task is alive"}  # fmt: skip
+    service.store.commit(
+        ev.OrphanSignalled(
+            task=task.id, attempt=task.attempt, pid=task.pid or 0, pgid=task.pgid or 0,
+            start_time=task.start_time or 0, signal=sig,
+        )  # fmt: skip
+    )
+    try:
+        sent = signal_task(leader, task_marker(task), sig)
+    except OSError as error:
+        raise FerryError(f"cannot signal task {task.id}: {error}", code="signal.failed") from error
+    name = signal.Signals(sig).name
+    return {"task": task.id, "signal": sig, "signalled": sent,
+            "message": f"{task.id}: sent {name} to {sent} process group(s)/process(es)"}  # fmt: skip

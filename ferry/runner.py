@@ -1,0 +1,232 @@
+"""One task's life, from a claim to SETTLED, with the write-ahead order:
+
+    CLAIMED (ours, with a token)          already durable when we start
+    pointers re-hashed                    (may settle FAILED POINTER_STALE: nothing runs)
+    DISPATCHING  -- durable -->           then, and only then:
+    spawn (new session, FERRY_TASK marker in the environment)
+    SPAWNED (pid, pgid, start time)       from supervise's on_spawned callback
+    capture output, heartbeats, signals   (ferry.supervise)
+    SETTLED  -- durable -->               before ferry returns the exit status
+
+A crash between any two lines leaves a journal that ``ferry recover`` can decide:
+DISPATCHING without SPAWNED is found by the marker, SPAWNED without SETTLED by the pid
+and start time. Every event about the task carries the claim token, so a runner that
+recovery already gave up on cannot settle (the store refuses ``task.stale_claim``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ferry import events as ev
+from ferry.errors import EX_FERRY_FAILED, EX_TIMEOUT, FerryError
+from ferry.model import Reason, State, Task
+from ferry.process import identity_of, make_marker
+from ferry.store import Store
+from ferry.supervise import Outcome, SpawnFailed, SuperviseSpec, supervise
+
+def log_paths(home: Path, task_id: str, attempt: int) -> tuple[Path, Path]:
+    directory = home / "logs" / task_id
+    return directory / f"{attempt}.stdout", directory / f"{attempt}.stderr"
+
+
+def heartbeat_path(home: Path, task_id: str, attempt: int) -> Path:
+    return home / "heartbeats" / f"{task_id}.{attempt}"
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """How the task ended, and the exit status ``run``/``claim`` pass through."""
+
+    task: Task
+    exit_status: int
+    error: FerryError | None = None  # a failure before the task could start
+
+
+def exit_status_of(outcome: Outcome) -> int:
+    """The contract's exit status: the task's own, 124 on timeout, 128+N on signal N."""
+    if outcome.timed_out:
+        return EX_TIMEOUT
+    if outcome.signal is not None:
+        return 128 + outcome.signal
+    return outcome.exit_code if outcome.exit_code is not None else EX_FERRY_FAILED
+
+
+def settle_event(task: Task, token: str, outcome: Outcome, cancelled: bool) -> ev.Settled:
+    evidence: dict[str, Any] = {
+        "pid": outcome.pid,
+        "started_at": outcome.started_at,
+        "ended_at": outcome.ended_at,
+    }
+    if outcome.forwarded_signal is not None:
+        evidence["forwarded_signal"] = outcome.forwarded_signal
+    if outcome.killed_after_grace:
+        evidence["killed_after_grace"] = True
+    if outcome.leftover_killed:
+        evidence["leftover_killed"] = True
+    if outcome.log_error:
+        evidence["log_error"] = outcome.log_error
+    if cancelled:
+        state, reason = State.CANCELLED, Reason.CANCELLED_BY_USER
+    elif outcome.timed_out:
+        state, reason = State.FAILED, Reason.TIMEOUT
+    elif outcome.signal is not None:
+        state, reason = State.FAILED, Reason.SIGNALLED
+    elif outcome.exit_code == 0:
+        state, reason = State.SUCCEEDED, None
+    else:
+        state, reason = State.FAILED, Reason.EXIT_NONZERO
+    return ev.Settled(
+        task=task.id,
+        attempt=task.attempt,
+        token=token,
+        state=state,
+        reason=reason,
+        exit_code=outcome.exit_code,
+        signal=outcome.signal,
+        evidence=evidence,
+    )
+
+
+class Runner:
+    """Runs one claimed task. ``passthrough``: echo output to ferry's own stdout/stderr
+    (``run``, ``claim``); ``work`` keeps output in the logs only."""
+
+    def __init__(self, store: Store, *, passthrough: bool, warn: Any = None) -> None:
+        self.store = store
+        self.home = store.home
+        self.passthrough = passthrough
+        self.warn = warn or (lambda message: None)
+
+    def dispatch(
+        self,
+        task: Task,
+        token: str,
+        *,
+        lead: Sequence[ev.Event] = (),
+        epoch: int = 0,
+        stop: Callable[[], int | None] | None = None,
+    ) -> RunResult:
+        """Run ``task`` (CLAIMED by ``token``; or about to be, by the ``lead`` events,
+        which are committed in the same write as DISPATCHING or the failure)."""
+        spec = task.spec
+        marker = make_marker(task.id, task.attempt, token)
+        env = dict(os.environ)
+        env.update(spec.env)
+        evidence: dict[str, Any] = {}
+        if spec.pointers:
+            verdict = self._check_pointers(task)
+            if not verdict.run:
+                error = verdict.error()
+                assert error is not None
+                settled = ev.Settled(
+                    task=task.id, attempt=task.attempt, token=token, state=State.FAILED,
+                    reason=Reason(verdict.reason), evidence=dict(verdict.evidence),
+                )  # fmt: skip
+                self.store.commit(*lead, settled, epoch=epoch)
+                return RunResult(self._task(task.id), EX_FERRY_FAILED, error)
+            env.update(verdict.env)
+            evidence.update(verdict.evidence)
+            if verdict.warning:
+                self.warn(verdict.warning)
+        env["FERRY_TASK"] = marker
+        env["FERRY_TASK_ID"] = task.id
+        env["FERRY_ATTEMPT"] = str(task.attempt)
+        dispatching = ev.Dispatching(
+            task=task.id, attempt=task.attempt, token=token, marker=marker, evidence=evidence
+        )
+        # The intent is durable before the side effect: only after this commit returns
+        # (write + fsync) may the child exist.
+        self.store.commit(*lead, dispatching, epoch=epoch)
+        return self._supervise(task, token, env, stop)
+
+    def _check_pointers(self, task: Task) -> Any:
+        from ferry.pointers import check_before_dispatch, pointers_from_spec
+
+        spec = task.spec
+        pointers = pointers_from_spec(spec.pointers, spec.cwd)
+        return check_before_dispatch(pointers, idempotent=spec.idempotent, patch=spec.patch)
+
+    def _supervise(
+        self, task: Task, token: str, env: dict[str, str], stop: Callable[[], int | None] | None
+    ) -> RunResult:
+        spec = task.spec
+        stdout_log, stderr_log = log_paths(self.home, task.id, task.attempt)
+        stdout_log.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        sup = SuperviseSpec(
+            argv=spec.argv,
+            cwd=spec.cwd,
+            env=env,
+            timeout_s=spec.timeout_s,
+            kill_grace_s=spec.kill_grace_s,
+            heartbeat_s=spec.heartbeat_s,
+            stdout_log=stdout_log,
+            stderr_log=stderr_log,
+            heartbeat_path=heartbeat_path(self.home, task.id, task.attempt),
+            passthrough=self.passthrough,
+            shell=spec.shell,
+        )
+
+        def on_spawned(pid: int, pgid: int) -> None:
+            identity = identity_of(pid)
+            start_time = identity.start_time if identity is not None else 0
+            self.store.commit(
+                ev.Spawned(
+                    task=task.id, attempt=task.attempt, token=token,
+                    pid=pid, pgid=pgid, start_time=start_time,
+                )  # fmt: skip
+            )
+
+        try:
+            outcome = supervise(sup, on_spawned=on_spawned, should_stop=self._stopper(task, stop))
+        except SpawnFailed as error:
+            settled = ev.Settled(
+                task=task.id, attempt=task.attempt, token=token, state=State.FAILED,
+                reason=Reason.SPAWN_FAILED, evidence={"error": error.to_json()},
+            )  # fmt: skip
+            self.store.commit(settled)
+            return RunResult(self._task(task.id), error.exit_code, error)
+        current = self._task(task.id)
+        cancelled = current.cancel_requested and current.attempt == task.attempt
+        self.store.commit(settle_event(task, token, outcome, cancelled))
+        return RunResult(self._task(task.id), exit_status_of(outcome))
+
+    def _stopper(self, task: Task, stop: Callable[[], int | None] | None) -> Any:
+        """Polled at heartbeat time: the caller's ``stop`` (``work`` shutting down);
+        then catch up on the journal: a cancel request stops the task (SIGTERM to its
+        group); a STALE mark is answered by RESUMED (we are beating)."""
+        store = self.store
+
+        def should_stop() -> int | None:
+            wanted = stop() if stop is not None else None
+            if wanted is not None:
+                return wanted
+            try:
+                store.refresh()
+                current = store.get(task.id)
+                if current is None or current.attempt != task.attempt:
+                    return None
+                if current.cancel_requested:
+                    return signal.SIGTERM
+                if current.state is State.STALE and current.claim_token is not None:
+                    resumed = ev.Resumed(
+                        task=task.id, attempt=task.attempt, token=current.claim_token
+                    )
+                    store.commit(resumed)
+            except FerryError:
+                # A refused RESUMED (recovery moved first) or a journal hiccup must not
+                # kill a running task: the settle at the end reports what is true.
+                return None
+            return None
+
+        return should_stop
+
+    def _task(self, task_id: str) -> Task:
+        task = self.store.get(task_id)
+        assert task is not None
+        return task

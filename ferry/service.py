@@ -1,0 +1,273 @@
+"""The use cases behind the commands: run, submit, ls, show, logs, cancel, retry, kill,
+lease, journal maintenance. The leader's use cases (claim, work, recover) are in
+:mod:`ferry.leader`. Each method does one thing and returns values for ``render``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ferry import events as ev
+from ferry import render
+from ferry.errors import FerryError, NotFoundError, OperatorNeededError, RefusedError, UsageError
+from ferry.ids import new_claim_token, new_task_id
+from ferry.intake import build_spec, parse_from_lines
+from ferry.model import IN_FLIGHT_STATES, Reason, State, Task
+from ferry.runner import Runner, log_paths
+from ferry.spec import TaskSpec
+from ferry.statedir import ensure_home, resolve_home
+from ferry.store import Store
+
+CANCEL_WAIT_MARGIN_S = 5.0
+
+
+class Service:
+    def __init__(self, home: Path, verbosity: int = 0) -> None:
+        self.home = home
+        self.verbosity = verbosity
+        self._store: Store | None = None
+
+    @classmethod
+    def open(cls, home: str | None, *, verbosity: int = 0) -> Service:
+        return cls(ensure_home(resolve_home(home, os.environ)), verbosity)
+
+    @property
+    def store(self) -> Store:
+        """Opened on first use: ``journal verify``/``repair`` must work without it,
+        since opening replays the journal and refuses a corrupt one."""
+        if self._store is None:
+            self._store = Store.open(self.home)
+        return self._store
+
+    def notice(self, message: str) -> None:
+        if self.verbosity >= 0:
+            render.notice(message)
+
+    # ---- creating tasks ------------------------------------------------------------
+
+    def _new_task(self, spec: TaskSpec) -> ev.Submitted:
+        task_id = new_task_id(time.time_ns(), os.urandom(4))
+        return ev.Submitted(task=task_id, spec=spec, created_at=time.time())
+
+    def submit(self, batch: Sequence[Mapping[str, Any]]) -> list[Task]:
+        events = [self._new_task(build_spec(opts, self.home)) for opts in batch]
+        self.store.commit(*events)
+        return [self._get(e.task) for e in events]
+
+    def submit_many(self, data: bytes, *, source: str) -> list[Task]:
+        lines = parse_from_lines(data, "stdin" if source == "<stdin>" else source)
+        events = []
+        for number, opts in enumerate(lines, start=1):
+            try:
+                events.append(self._new_task(build_spec(opts, self.home)))
+            except FerryError as error:
+                error.message = f"task {number} of {source}: {error.message}"
+                raise
+        self.store.commit(*events)
+        return [self._get(e.task) for e in events]
+
+    def run(self, opts: Mapping[str, Any], *, as_json: bool = False) -> int:
+        """``ferry run``: SUBMITTED + CLAIMED + DISPATCHING in one durable write, then the
+        child, then SETTLED. Returns the exit status to pass through."""
+        from ferry.process import self_identity
+
+        spec = build_spec(opts, self.home)
+        if spec.key is not None:
+            self.store.refresh()
+            done = self.store.table.succeeded_with_key(spec.key)
+            if done is not None:
+                self.notice(f"key {spec.key!r} already succeeded (task {done}); not run again")
+                if as_json:
+                    render.write_json(render.task_json(self._get(done)))
+                return 0
+        submitted = self._new_task(spec)
+        token = new_claim_token(os.urandom(10))
+        claimed = ev.Claimed(
+            task=submitted.task, attempt=1, token=token, runner=self_identity().to_json(), by="run"
+        )
+        task = Task(id=submitted.task, spec=spec, state=State.CLAIMED, claim_token=token)
+        runner = Runner(self.store, passthrough=True, warn=self.notice)
+        result = runner.dispatch(task, token, lead=(submitted, claimed))
+        if as_json:
+            render.write_json(render.task_json(result.task))
+        if result.error is not None:
+            raise result.error
+        return result.exit_status
+
+    # ---- leading (ferry.leader) ----------------------------------------------------
+
+    def claim(self, *, lease_ttl_s: float, as_json: bool) -> int:
+        from ferry.leader import claim
+
+        return claim(self, lease_ttl_s=lease_ttl_s, as_json=as_json)
+
+    def work(self, **options: Any) -> int:
+        from ferry.leader import work
+
+        return work(self, **options)
+
+    def recover(self, *, dry_run: bool, stale_after_s: float | None, lease_ttl_s: float) -> Any:
+        from ferry.leader import recover
+
+        return recover(
+            self, dry_run=dry_run, stale_after_s=stale_after_s, lease_ttl_s=lease_ttl_s
+        )
+
+    # ---- looking -------------------------------------------------------------------
+
+    def _get(self, task_id: str) -> Task:
+        task = self.store.get(task_id)
+        if task is None:
+            raise NotFoundError(f"no task {task_id}", details={"task": task_id})
+        return self._with_heartbeat(task)
+
+    def _with_heartbeat(self, task: Task) -> Task:
+        """heartbeat_at comes from the heartbeat file (beats are not journaled)."""
+        if not task.in_flight:
+            return task
+        from dataclasses import replace
+
+        from ferry.runner import heartbeat_path
+
+        try:
+            beat = heartbeat_path(self.home, task.id, task.attempt).stat().st_mtime
+        except OSError:
+            return task
+        return replace(task, heartbeat_at=beat)
+
+    def ls(self, *, state: str | None, limit: int) -> list[Task]:
+        tasks = self.store.all_tasks()
+        if state is not None:
+            tasks = [t for t in tasks if t.state.value == state]
+        if limit:
+            tasks = tasks[-limit:]
+        return [self._with_heartbeat(t) for t in tasks]
+
+    def show(self, prefix: str) -> Task:
+        return self._with_heartbeat(self.store.resolve(prefix))
+
+    def logs(
+        self,
+        prefix: str,
+        *,
+        stream: str | None,
+        tail: int | None,
+        follow: bool,
+        attempt: int | None,
+        as_json: bool,
+    ) -> None:
+        from ferry.logs import print_logs
+
+        task = self.store.resolve(prefix)
+        which = attempt or task.attempt
+        if which > task.attempt:
+            raise NotFoundError(f"task {task.id} has no attempt {which}", code="task.no_attempt")
+        paths = log_paths(self.home, task.id, which)
+
+        def settled() -> bool:
+            self.store.refresh()
+            current = self.store.get(task.id)
+            return current is None or current.terminal or current.attempt != which
+
+        print_logs(paths, stream=stream, tail=tail, follow=follow, settled=settled, as_json=as_json)
+
+    def lease_info(self) -> dict[str, Any]:
+        from ferry.lease import LeaseStore
+        from ferry.liveness import probe
+
+        lease = LeaseStore(self.home / "lease.json", ttl_s=30.0).read()
+        if lease is None:
+            return {"epoch": self.store.max_epoch, "holder": None}
+        info = lease.to_json()
+        if lease.holder is not None:
+            info["holder_liveness"] = str(probe(lease.holder))
+            info["holder_alive"] = info["holder_liveness"] == "ALIVE"
+        return info
+
+    # ---- acting on a task ----------------------------------------------------------
+
+    def cancel(self, prefix: str) -> Task:
+        task = self.store.resolve(prefix)
+        if task.state is State.QUEUED:
+            self.store.commit(
+                ev.Settled(task.id, task.attempt, None, State.CANCELLED, Reason.CANCELLED_BY_USER)
+            )
+            return self._get(task.id)
+        if task.state not in IN_FLIGHT_STATES:
+            raise RefusedError(
+                f"task {task.id} is {task.state}: nothing to cancel",
+                code="task.not_cancellable",
+                details={"task": task.id, "state": task.state.value},
+            )
+        if not task.cancel_requested:
+            # Intent first: a runner polling the journal sees it even if our signal is
+            # lost (we crash right after this line).
+            self.store.commit(ev.CancelRequested(task.id, task.attempt))
+        from ferry.recoverer import Recoverer
+
+        return Recoverer(self).cancel_in_flight(task)
+
+    def retry(self, prefix: str, *, force: bool) -> Task:
+        task = self.store.resolve(prefix)
+        if task.state in (State.FAILED, State.CANCELLED) and not force:
+            if task.reason is Reason.QUARANTINED_ORPHAN_ALIVE and self._orphan_alive(task):
+                raise OperatorNeededError(
+                    f"task {task.id}: its quarantined orphan is still alive; stop it with "
+                    f"'ferry kill {task.id}' or use --force",
+                    code="task.orphan_alive",
+                    details={"task": task.id},
+                )
+        self.store.commit(ev.Retried(task.id, task.attempt + 1))
+        return self._get(task.id)
+
+    def _orphan_alive(self, task: Task) -> bool:
+        from ferry.recoverer import task_liveness
+        from ferry.model import Liveness
+
+        return task_liveness(task) is not Liveness.DEAD
+
+    def kill(self, prefix: str, signame: str) -> dict[str, Any]:
+        from ferry.recoverer import kill_orphan
+
+        sig = _parse_signal(signame)
+        return kill_orphan(self, self.store.resolve(prefix), sig)
+
+    # ---- the journal ---------------------------------------------------------------
+
+    def journal_verify(self) -> dict[str, Any]:
+        from ferry.journal_ops import verify
+
+        return verify(self.home / "journal")
+
+    def journal_repair(self) -> dict[str, Any]:
+        from ferry.journal_ops import repair
+
+        return repair(self.home / "journal")
+
+    def journal_compact(self) -> dict[str, Any]:
+        return self.store.compact()
+
+    def journal_dump(self, *, from_seq: int) -> None:
+        from ferry.journal_ops import dump
+
+        dump(self.store, from_seq, sys.stdout.buffer)
+
+
+def _parse_signal(name: str) -> int:
+    text = name.upper().removeprefix("SIG")
+    if text.isdigit():
+        number = int(text)
+        if 0 < number < signal.NSIG:
+            return number
+    else:
+        try:
+            return int(signal.Signals["SIG" + text])
+        except KeyError:
+            pass
+    raise UsageError(f"unknown signal {name!r}", code="usage.bad_signal")

@@ -1,0 +1,247 @@
+"""Typed events over ``journal/``, with the task table kept folded and every write
+validated against the caught-up table under the journal's append lock.
+
+Why the check runs under the lock: two processes (two ``ferry claim``, a runner and a
+``ferry recover``) may race to move the same task. ``journal.append_batch`` catches up
+on what the others wrote, then calls our ``check`` with the cross-process lock held, so
+the table it validates against is the journal's true end, and nothing illegal is ever
+written. A late runner whose claim recovery already decided is refused here
+(``task.stale_claim``), not papered over at read time.
+
+Snapshots (``compact``) keep start-up cost following live work, not history: the
+journal snapshot holds live tasks and the small indexes; settled tasks go to a separate
+archive file (``archive/settled-<seq>.jsonl``) that is read only when a command needs
+history (``ls``, ``show`` of an old task, a key lookup).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+import journal
+from ferry import events as ev
+from ferry.errors import FerryError, JournalIntegrityError, LeaseHeldError, UsageError
+from ferry.failpoints import failpoint
+from ferry.ids import resolve_prefix
+from ferry.model import Task
+from ferry.state import Table
+
+SNAPSHOT_TAIL_RECORDS = 20_000  # leaders compact once this many records follow a snapshot
+# Small segments: compaction can drop history sooner, and opening scans at most one
+# active segment past the snapshot.
+SEGMENT_BYTES_MAX = 8 << 20
+_ARCHIVE_PREFIX = "settled-"
+
+
+def journal_error(error: journal.JournalError) -> FerryError:
+    """A journal library error as ferry's coded error. Corruption and format trouble
+    exit 4; a fenced write 75 (another leader is responsible); a record too large is
+    bad input (2); a failed write or fsync (a full disk) is ferry failing (125)."""
+    details = dict(error.details)
+    if isinstance(error, journal.FencedError):
+        return LeaseHeldError(
+            f"fenced: a newer leader holds the journal ({error})", code=error.code, details=details
+        )
+    if isinstance(error, journal.RecordTooLargeError | journal.InvalidRecordError):
+        return UsageError(str(error), code=error.code, details=details)
+    if isinstance(error, journal.WriterFailedError):
+        return FerryError(str(error), code=error.code, details=details)
+    if isinstance(error, journal.CorruptionError | journal.FormatVersionError | journal.TornTailError):
+        return JournalIntegrityError(str(error), code=error.code, details=details)
+    return FerryError(str(error), code=error.code, details=details)
+
+
+class Store:
+    """The journal plus the folded table. Thread-safe: ``lock`` guards the table."""
+
+    def __init__(self, home: Path, wal: journal.Journal, table: Table) -> None:
+        self.home = home
+        self.wal = wal
+        self.table = table
+        self.lock = threading.RLock()
+
+    # ---- opening -------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, home: Path) -> Store:
+        try:
+            wal = journal.Journal.open(home / "journal", segment_bytes_max=SEGMENT_BYTES_MAX)
+            snapshot = wal.latest_snapshot()
+            table = _table_from_snapshot(home, snapshot.data) if snapshot else Table()
+            store = cls(home, wal, table)
+            wal.subscribe(store._apply, after_seq=table.last_seq)
+        except journal.JournalError as error:
+            raise journal_error(error) from error
+        return store
+
+    def close(self) -> None:
+        self.wal.close()
+
+    def _apply(self, record: journal.Record) -> None:
+        with self.lock:
+            self.table.apply_record(record)
+
+    # ---- writing -------------------------------------------------------------------
+
+    def commit(
+        self, *events: ev.Event | tuple[str, dict[str, Any]], epoch: int = 0
+    ) -> list[journal.Record]:
+        """Validate and append ``events`` (Event objects or encoded (type, data) pairs)
+        together: one write, one fsync. Durable on return. Raises the table's coded
+        refusal, or a journal error (fenced, writer failed) as a FerryError."""
+        batch = [e if isinstance(e, tuple) else e.encode() for e in events]
+
+        def check() -> None:
+            with self.lock:
+                self.table.validate_batch(batch)
+
+        for record_type, _ in batch:
+            failpoint("before:" + record_type)
+        try:
+            records = self.wal.append_batch(batch, epoch=epoch, check=check)
+        except journal.JournalError as error:
+            raise journal_error(error) from error
+        for record_type, _ in batch:
+            failpoint("after:" + record_type)
+        return records
+
+    def refresh(self) -> None:
+        """Catch up on what other processes appended."""
+        try:
+            self.wal.refresh()
+        except journal.JournalError as error:
+            raise journal_error(error) from error
+
+    # ---- reading -------------------------------------------------------------------
+
+    def get(self, task_id: str) -> Task | None:
+        with self.lock:
+            return self.table.get(task_id)
+
+    def resolve(self, prefix: str) -> Task:
+        """The task whose id starts with ``prefix`` (exit 5 if none or several)."""
+        with self.lock:
+            task = self.table.get(prefix)
+            if task is None:
+                task = self.table.get(resolve_prefix(prefix, self.table.ids()))
+            assert task is not None
+            return task
+
+    def live(self) -> list[Task]:
+        with self.lock:
+            return self.table.live()
+
+    def all_tasks(self) -> list[Task]:
+        with self.lock:
+            return list(self.table.tasks())
+
+    @property
+    def max_epoch(self) -> int:
+        lease = self.table.lease
+        return int(lease["epoch"]) if lease else 0
+
+    # ---- snapshots -----------------------------------------------------------------
+
+    def tail_records(self) -> int:
+        snapshot = self.wal.latest_snapshot()
+        return self.wal.last_seq - (snapshot.seq if snapshot else 0)
+
+    def compact(self) -> dict[str, Any]:
+        """Write a snapshot of the table at the journal's end and drop what it covers."""
+        try:
+            self.refresh()
+            with self.lock:
+                data = self.table.to_snapshot()
+                seq = self.table.last_seq
+            settled = data.pop("settled")
+            archive = self.home / "archive"
+            name, digest = _write_archive(archive, seq, settled)
+            data["settled_archive"] = {"name": name, "sha256": digest, "count": len(settled)}
+            self.wal.write_snapshot(seq, orjson.dumps(data))
+            removed = self.wal.compact()
+            _prune_archives(archive, keep=name)
+        except journal.JournalError as error:
+            raise journal_error(error) from error
+        return {"snapshot_seq": seq, "removed": [str(p) for p in removed], "archive": name}
+
+    def maybe_compact(self) -> None:
+        if self.tail_records() >= SNAPSHOT_TAIL_RECORDS:
+            self.compact()
+
+
+def _table_from_snapshot(home: Path, blob: bytes) -> Table:
+    data = orjson.loads(blob)
+    ref = data.pop("settled_archive", None)
+    if ref is None:
+        return Table.from_snapshot(data)
+    path = home / "archive" / ref["name"]
+
+    def load_settled() -> Iterable[Mapping[str, Any]]:
+        return _read_archive(path, ref["sha256"])
+
+    return Table.from_snapshot(data, load_settled=load_settled)
+
+
+def _write_archive(directory: Path, seq: int, records: Sequence[Mapping[str, Any]]) -> tuple[str, str]:
+    """Settled tasks as JSON Lines, written atomically BEFORE the snapshot naming them:
+    a crash in between leaves an unreferenced file (pruned later), never a snapshot
+    pointing at a missing or half-written archive."""
+    directory.mkdir(mode=0o700, exist_ok=True)
+    name = f"{_ARCHIVE_PREFIX}{seq:020d}.jsonl"
+    body = b"".join(orjson.dumps(record) + b"\n" for record in records)
+    temp = directory / f".{name}.{os.getpid()}.tmp"
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        view = memoryview(body)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)  # the bytes are on disk before the name can point at them
+    finally:
+        os.close(fd)
+    os.replace(temp, directory / name)
+    _fsync_dir(directory)  # the rename survives a power cut before the snapshot does
+    return name, hashlib.sha256(body).hexdigest()
+
+
+def _read_archive(path: Path, sha256: str) -> Iterator[Mapping[str, Any]]:
+    try:
+        body = path.read_bytes()
+    except OSError as error:
+        raise JournalIntegrityError(
+            f"settled-task archive {path.name} is missing or unreadable: {error.strerror}",
+            code="journal.snapshot_mismatch",
+            details={"path": str(path)},
+        ) from error
+    if hashlib.sha256(body).hexdigest() != sha256:
+        raise JournalIntegrityError(
+            f"settled-task archive {path.name} does not match its snapshot",
+            code="journal.snapshot_mismatch",
+            details={"path": str(path)},
+        )
+    for line in body.splitlines():
+        yield orjson.loads(line)
+
+
+def _prune_archives(directory: Path, keep: str) -> None:
+    """Drop all but the two newest archives: a process that loaded the previous
+    snapshot a moment ago may still read the previous archive lazily."""
+    names = sorted(e for e in os.listdir(directory) if e.startswith(_ARCHIVE_PREFIX))
+    for entry in names[:-2]:
+        if entry != keep:
+            os.unlink(directory / entry)
+    _fsync_dir(directory)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
