@@ -236,7 +236,8 @@ class ProcessScan:
 
 
 def find_by_marker(marker_prefix: str) -> ProcessScan:
-    """Processes whose environment has ``FERRY_TASK`` starting with ``marker_prefix``.
+    """Processes whose environment has ``FERRY_TASK`` starting with ``marker_prefix``
+    (from :func:`marker_prefix`, ending in ':'), or equal to it (a whole marker).
 
     The environment seen is the one the process was exec'd with (later ``setenv`` calls
     are invisible; a child exec'd with a cleared environment escapes the marker).
@@ -323,7 +324,9 @@ def _in_session(st: ProcStat, leader: ProcessIdentity) -> bool:
 def _environ_has(pid: int, needle: bytes) -> bool:
     with open(f"{_PROC}/{pid}/environ", "rb", buffering=0) as f:
         env = f.read()
-    return any(var.startswith(needle) for var in env.split(b"\0"))
+    if needle.endswith(b":"):  # a prefix: every attempt, or every token of one attempt
+        return any(var.startswith(needle) for var in env.split(b"\0"))
+    return needle in env.split(b"\0")  # a whole marker matches only itself
 
 
 def _owned_by(pid: int, uid: int) -> bool:

@@ -3,6 +3,7 @@ processes. Every child is reaped (the ``children`` fixture); waits poll with a d
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -249,6 +250,8 @@ def test_marker_scan_finds_a_grandchild_that_called_setsid(
     assert scan.complete
     assert find_by_marker(marker_prefix("T0MARK", 2)).alive == ()
     assert find_by_marker(marker_prefix("T0MAR")).alive == (), "prefixes end at ':'"
+    assert daemon in find_by_marker(marker).alive
+    assert find_by_marker(marker[:-1]).alive == (), "a whole marker matches only itself"
     # The task is alive although its first process is gone; unknown leader too.
     assert probe_task(marker, leader) is Liveness.ALIVE
     assert probe_task(marker, None) is Liveness.ALIVE
@@ -290,3 +293,78 @@ def test_a_finished_task_is_dead(children: Children) -> None:
     first.wait(timeout=10)
     assert probe_task(marker, leader) is Liveness.DEAD
     assert probe_task(marker, None) is Liveness.DEAD
+
+
+def spawn_leader_with_member(
+    children: Children, marker: str | None = None
+) -> tuple[subprocess.Popen[bytes], ProcessIdentity]:
+    """A session leader that starts one member of its group, reports its pid, and exits
+    (left unreaped: a zombie leader) or stays, as the test decides."""
+    code = (
+        "import os, subprocess, sys\n"
+        f"p = subprocess.Popen([sys.executable, '-c', {SLEEPER!r}])\n"
+        "sys.stdout.write(str(p.pid) + '\\n'); sys.stdout.flush()\n"
+        "sys.stdin.read()\n"
+    )
+    leader = children.start(code, marker=marker, stdout=subprocess.PIPE, stdin=subprocess.PIPE)
+    assert leader.stdout is not None
+    member = live_identity(int(leader.stdout.readline()))
+    children.strays.append(member)
+    return leader, member
+
+
+def test_a_group_signal_through_a_zombie_leader_reaches_the_members(children: Children) -> None:
+    leader, member = spawn_leader_with_member(children)
+    ident = live_identity(leader.pid)
+    assert leader.stdin is not None
+    leader.stdin.close()  # the leader exits; we do not reap it yet: a zombie
+    wait_until(lambda: (st := read_stat(leader.pid)) is not None and st.exited)
+    assert probe(ident) is Liveness.DEAD
+    assert probe_task("T0ZOMB:1:x", ident) is Liveness.ALIVE, "its group lives on"
+    assert signal_verified(ident, signal.SIGKILL, group=True) is True
+    wait_until(lambda: probe(member) is Liveness.DEAD)
+    assert probe_task("T0ZOMB:1:x", ident) is Liveness.DEAD
+
+
+def test_signal_task_signals_a_group_member_once(children: Children) -> None:
+    marker = make_marker("T0ONCE", 1, "tok")
+    leader, member = spawn_leader_with_member(children, marker)
+    # The member is in the leader's group, its session, and carries the marker: it is
+    # reached through the group, and not signalled a second time on its own.
+    assert member in find_by_marker(marker).alive
+    assert signal_task(live_identity(leader.pid), marker, signal.SIGKILL) == 1
+    assert leader.wait(timeout=10) == -signal.SIGKILL
+    wait_until(lambda: probe(member) is Liveness.DEAD)
+
+
+SIGNALLER = """
+import sys
+from ferry.process import ProcessIdentity, signal_verified
+import json, signal
+ident = ProcessIdentity.from_json(json.loads(sys.argv[1]))
+print("signalling", flush=True)
+print("sent", signal_verified(ident, signal.SIGTERM, group=False), flush=True)
+"""
+
+
+@pytest.mark.parametrize("point", ["before:signal", "after:signal"])
+def test_signal_failpoints_crash_on_the_right_side_of_the_send(
+    children: Children, point: str
+) -> None:
+    victim = children.start(SLEEPER)
+    ident = live_identity(victim.pid)
+    env = {**os.environ, "FERRY_FAILPOINTS": point}
+    result = subprocess.run(
+        [sys.executable, "-c", SIGNALLER, json.dumps(ident.to_json())],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == -signal.SIGKILL
+    assert result.stdout == "signalling\n"
+    if point == "before:signal":
+        assert victim.poll() is None and probe(ident) is Liveness.ALIVE
+    else:
+        assert victim.wait(timeout=10) == -signal.SIGTERM
