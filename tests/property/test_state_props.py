@@ -1,0 +1,187 @@
+"""Properties of the fold over random event sequences (hypothesis):
+
+* apply never raises, whatever the journal holds; an event is folded exactly when
+  validate accepts it (key rules aside: they are admission rules, checked only before a
+  write), otherwise it becomes an anomaly and changes nothing;
+* the table's invariants hold after every record;
+* a snapshot taken at any point, with or without its settled part, reproduces the table,
+  and replaying the rest of the journal on top of it gives the same table as a full
+  replay.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ferry import events as ev
+from ferry.errors import FerryError
+from ferry.model import IN_FLIGHT_STATES, Liveness, Reason, State
+from ferry.recovery import Observation, Policy, decide
+from ferry.spec import TaskSpec
+from ferry.state import Table
+
+IDS = ["01hf7yat00aaaaaa", "01hf7yat00bbbbbb", "01hf7yat00cccccc"]
+TOKENS = ["t1", "t2", "t3"]
+RUNNER = {"pid": 1, "start_time": 2.0, "boot_id": "b", "host": "h"}
+Record = tuple[str, dict[str, Any]]
+E = ev.EventType
+# What usually comes next for a task in each state, so random runs reach deep states.
+NATURAL: dict[State | None, list[ev.EventType]] = {
+    None: [E.SUBMITTED],
+    State.QUEUED: [E.CLAIMED, E.CLAIMED, E.SETTLED],
+    State.CLAIMED: [E.DISPATCHING, E.DISPATCHING, E.RELEASED, E.SETTLED],
+    State.DISPATCHING: [E.SPAWNED, E.SPAWNED, E.RELEASED, E.SETTLED],
+    State.RUNNING: [E.SETTLED, E.STALE, E.RELEASED, E.CANCEL_REQUESTED],
+    State.STALE: [E.RESUMED, E.SETTLED, E.RELEASED],
+    State.FAILED: [E.RETRIED, E.ORPHAN_SIGNALLED],
+    State.CANCELLED: [E.RETRIED],
+    State.SUCCEEDED: [],
+}
+
+
+@st.composite
+def plausible_event(draw: st.DrawFn, table: Table) -> Record:
+    """An event aimed at the current table: often legal, often subtly not."""
+    task_id = draw(st.sampled_from(IDS))
+    task = table.get(task_id)
+    current = task.attempt if task is not None else 1
+    attempt = draw(st.sampled_from([current, current, current, current + 1, max(1, current - 1)]))
+    own = (
+        task.claim_token if task is not None and task.claim_token else draw(st.sampled_from(TOKENS))
+    )
+    token = draw(st.sampled_from([own, own, own, "stranger"]))
+    natural = NATURAL[None if task is None else task.state]
+    anything = st.sampled_from([*ev.EventType, "FROM_THE_FUTURE"])
+    kind = draw(st.sampled_from(natural) | anything if natural else anything)
+    if kind == ev.EventType.RETRIED and draw(st.booleans()):
+        attempt = current + 1
+    event: ev.Event
+    if kind == "FROM_THE_FUTURE":
+        return "FROM_THE_FUTURE", {"task": task_id}
+    if kind == ev.EventType.SUBMITTED:
+        spec = TaskSpec(argv=("x",), cwd="/", idempotent=draw(st.booleans()),
+                        max_releases=draw(st.integers(0, 2)))  # fmt: skip
+        event = ev.Submitted(task_id, spec, 1.0)
+    elif kind == ev.EventType.CLAIMED:
+        event = ev.Claimed(task_id, attempt, draw(st.sampled_from(TOKENS)), RUNNER, "work")
+    elif kind == ev.EventType.DISPATCHING:
+        event = ev.Dispatching(task_id, attempt, token, "marker")
+    elif kind == ev.EventType.SPAWNED:
+        event = ev.Spawned(task_id, attempt, token, 10, 10, 3.0)
+    elif kind == ev.EventType.SETTLED:
+        state = draw(st.sampled_from([State.SUCCEEDED, State.FAILED, State.CANCELLED]))
+        reason = None if state is State.SUCCEEDED else Reason.EXIT_NONZERO
+        settle_token = draw(st.sampled_from([token, None]))
+        event = ev.Settled(task_id, attempt, settle_token, state, reason, 0)
+    elif kind == ev.EventType.RELEASED:
+        event = ev.Released(task_id, attempt, draw(st.sampled_from([token, None])),
+                            Reason.RELEASED_TO_QUEUE, draw(st.booleans()))  # fmt: skip
+    elif kind == ev.EventType.STALE:
+        event = ev.Stale(task_id, attempt)
+    elif kind == ev.EventType.RESUMED:
+        event = ev.Resumed(task_id, attempt, draw(st.sampled_from([token, None])))
+    elif kind == ev.EventType.CANCEL_REQUESTED:
+        event = ev.CancelRequested(task_id, attempt)
+    elif kind == ev.EventType.RETRIED:
+        event = ev.Retried(task_id, attempt)
+    elif kind == ev.EventType.ORPHAN_SIGNALLED:
+        event = ev.OrphanSignalled(task_id, attempt, 10, 10, 3.0, 9)
+    elif kind == ev.EventType.LEASE_ACQUIRED:
+        event = ev.LeaseAcquired(draw(st.integers(0, 5)), RUNNER)
+    else:
+        event = ev.LeaseReleased(draw(st.integers(0, 5)), RUNNER)
+    return event.encode()
+
+
+def check_invariants(table: Table) -> None:
+    live_ids = {task.id for task in table.live()}
+    for task_id in table.ids():
+        task = table.get(task_id)
+        assert task is not None and task.attempt >= 1
+        assert (task_id in live_ids) is (not task.terminal)
+        assert 0 <= task.releases <= task.spec.max_releases
+        assert (task.claim_token is not None) is (task.state in IN_FLIGHT_STATES)
+        if task.state is State.RUNNING:
+            assert task.pid is not None
+    queued = table.queued()
+    oldest = table.oldest_queued()
+    assert (oldest is None) if not queued else (oldest == queued[0])
+
+
+def replay(records: list[tuple[str, Mapping[str, Any], int]], table: Table | None = None) -> Table:
+    table = table or Table()
+    for record_type, data, seq in records:
+        table.apply(record_type, data, seq, float(seq))
+    return table
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_apply_folds_exactly_what_validate_accepts(data: st.DataObject) -> None:
+    table = Table()
+    journal: list[tuple[str, Mapping[str, Any], int]] = []
+    for seq in range(1, data.draw(st.integers(1, 60)) + 1):
+        record_type, payload = data.draw(plausible_event(table))
+        before = table.to_snapshot()
+        anomalies_before = len(table.anomalies)
+        try:
+            table.validate(record_type, payload)
+            accepted = True
+        except FerryError:
+            accepted = False
+        assert table.to_snapshot() == before  # validate writes nothing
+        table.apply(record_type, payload, seq, float(seq))
+        journal.append((record_type, payload, seq))
+        became_anomaly = len(table.anomalies) > anomalies_before
+        if record_type == "FROM_THE_FUTURE":
+            assert not accepted and not became_anomaly
+        else:
+            assert accepted is not became_anomaly, (record_type, payload)
+        if became_anomaly:
+            after = table.to_snapshot()
+            after.pop("anomalies"), before.pop("anomalies")
+            after.pop("last_seq"), before.pop("last_seq")
+            assert after == before
+        check_invariants(table)
+
+    # recovery's decision about any in-flight task is always a legal record
+    for task in table.live():
+        if task.state not in IN_FLIGHT_STATES:
+            continue
+        seen = Observation(
+            data.draw(st.sampled_from(Liveness)),
+            data.draw(st.sampled_from(Liveness)),
+            data.draw(st.none() | st.floats(-10, 100)),
+        )
+        decision = decide(task, seen, Policy(stale_after_s=10.0), now=0.0)
+        if decision.event is not None:
+            table.validate(*decision.event)
+
+    # a full replay is deterministic
+    assert replay(journal).to_snapshot() == table.to_snapshot()
+    # a snapshot at any cut plus the rest of the journal gives the same table
+    cut = data.draw(st.integers(0, len(journal)))
+    prefix = replay(journal[:cut]).to_snapshot()
+    resumed = replay(journal[cut:], Table.from_snapshot(prefix))
+    assert resumed.to_snapshot() == table.to_snapshot()
+    # ... also when the settled part is loaded lazily
+    settled = prefix.pop("settled")
+    lazy = replay(journal[cut:], Table.from_snapshot(prefix, load_settled=lambda: settled))
+    assert lazy.to_snapshot() == table.to_snapshot()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.text(max_size=20),
+    st.dictionaries(st.text(max_size=8), st.none() | st.integers() | st.text(max_size=5) | st.booleans(), max_size=6),
+)  # fmt: skip
+def test_apply_of_arbitrary_garbage_never_raises(record_type: str, payload: dict[str, Any]) -> None:
+    table = Table()
+    table.apply(record_type, payload, 1, 1.0)
+    for known in ev.EventType:
+        table.apply(known.value, payload, table.last_seq + 1, 1.0)
+    assert table.last_seq == 1 + len(ev.EventType)
