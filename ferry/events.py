@@ -12,6 +12,7 @@ malformed payload raises :class:`MalformedEventError` (``event.malformed``).
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 from collections.abc import Mapping
@@ -49,24 +50,36 @@ class MalformedEventError(InternalError):
 Payload = dict[str, Any]
 
 
-def _plain(mapping: Mapping[str, Any]) -> dict[str, Any]:
-    return dict(mapping)
+def _to_json(value: Any) -> Any:
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, TaskSpec):
+        return value.to_json()
+    if isinstance(value, Mapping):
+        return dict(value)
+    return value
+
+
+class _Encodable:
+    """``encode()`` for the event dataclasses: (type, payload), every field by name."""
+
+    TYPE: ClassVar[EventType]
+
+    def encode(self) -> tuple[str, Payload]:
+        data = {f.name: _to_json(getattr(self, f.name)) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+        return self.TYPE.value, data
 
 
 @dataclass(frozen=True)
-class Submitted:
+class Submitted(_Encodable):
     TYPE: ClassVar[EventType] = EventType.SUBMITTED
     task: str
     spec: TaskSpec
     created_at: float
 
-    def encode(self) -> tuple[str, Payload]:
-        data = {"task": self.task, "spec": self.spec.to_json(), "created_at": self.created_at}
-        return self.TYPE.value, data
-
 
 @dataclass(frozen=True)
-class Claimed:
+class Claimed(_Encodable):
     """QUEUED -> CLAIMED. ``runner``: identity of the claiming ferry process."""
 
     TYPE: ClassVar[EventType] = EventType.CLAIMED
@@ -76,18 +89,9 @@ class Claimed:
     runner: Mapping[str, Any]
     by: str
 
-    def encode(self) -> tuple[str, Payload]:
-        return self.TYPE.value, {
-            "task": self.task,
-            "attempt": self.attempt,
-            "token": self.token,
-            "runner": _plain(self.runner),
-            "by": self.by,
-        }
-
 
 @dataclass(frozen=True)
-class Dispatching:
+class Dispatching(_Encodable):
     """CLAIMED -> DISPATCHING: durable before the child is spawned. ``marker`` is the
     environment marker the child will carry, so recovery can find it without a pid."""
 
@@ -98,18 +102,9 @@ class Dispatching:
     marker: str
     evidence: Mapping[str, Any] = field(default_factory=dict)  # e.g. patch mode
 
-    def encode(self) -> tuple[str, Payload]:
-        return self.TYPE.value, {
-            "task": self.task,
-            "attempt": self.attempt,
-            "token": self.token,
-            "marker": self.marker,
-            "evidence": _plain(self.evidence),
-        }
-
 
 @dataclass(frozen=True)
-class Spawned:
+class Spawned(_Encodable):
     """DISPATCHING -> RUNNING, with the child's identity (pid + start time)."""
 
     TYPE: ClassVar[EventType] = EventType.SPAWNED
@@ -120,19 +115,9 @@ class Spawned:
     pgid: int
     start_time: float
 
-    def encode(self) -> tuple[str, Payload]:
-        return self.TYPE.value, {
-            "task": self.task,
-            "attempt": self.attempt,
-            "token": self.token,
-            "pid": self.pid,
-            "pgid": self.pgid,
-            "start_time": self.start_time,
-        }
-
 
 @dataclass(frozen=True)
-class Settled:
+class Settled(_Encodable):
     """-> SUCCEEDED | FAILED | CANCELLED. ``token`` is null when recovery or a cancel of
     an unowned (queued) task decides."""
 
@@ -146,21 +131,9 @@ class Settled:
     signal: int | None = None
     evidence: Mapping[str, Any] = field(default_factory=dict)
 
-    def encode(self) -> tuple[str, Payload]:
-        return self.TYPE.value, {
-            "task": self.task,
-            "attempt": self.attempt,
-            "token": self.token,
-            "state": self.state.value,
-            "reason": None if self.reason is None else self.reason.value,
-            "exit_code": self.exit_code,
-            "signal": self.signal,
-            "evidence": _plain(self.evidence),
-        }
-
 
 @dataclass(frozen=True)
-class Released:
+class Released(_Encodable):
     """In flight -> QUEUED. ``counted``: counts toward ``max_releases``."""
 
     TYPE: ClassVar[EventType] = EventType.RELEASED
@@ -171,19 +144,9 @@ class Released:
     counted: bool
     evidence: Mapping[str, Any] = field(default_factory=dict)
 
-    def encode(self) -> tuple[str, Payload]:
-        return self.TYPE.value, {
-            "task": self.task,
-            "attempt": self.attempt,
-            "token": self.token,
-            "reason": self.reason.value,
-            "counted": self.counted,
-            "evidence": _plain(self.evidence),
-        }
-
 
 @dataclass(frozen=True)
-class Stale:
+class Stale(_Encodable):
     """RUNNING -> STALE (runner alive, heartbeat older than the stale limit)."""
 
     TYPE: ClassVar[EventType] = EventType.STALE
@@ -191,13 +154,9 @@ class Stale:
     attempt: int
     evidence: Mapping[str, Any] = field(default_factory=dict)
 
-    def encode(self) -> tuple[str, Payload]:
-        data = {"task": self.task, "attempt": self.attempt, "evidence": _plain(self.evidence)}
-        return self.TYPE.value, data
-
 
 @dataclass(frozen=True)
-class Resumed:
+class Resumed(_Encodable):
     """STALE -> RUNNING: the runner beats again (written by it, with its token, or by
     recovery, token null)."""
 
@@ -207,17 +166,9 @@ class Resumed:
     token: str | None = None
     evidence: Mapping[str, Any] = field(default_factory=dict)
 
-    def encode(self) -> tuple[str, Payload]:
-        return self.TYPE.value, {
-            "task": self.task,
-            "attempt": self.attempt,
-            "token": self.token,
-            "evidence": _plain(self.evidence),
-        }
-
 
 @dataclass(frozen=True)
-class CancelRequested:
+class CancelRequested(_Encodable):
     """A user asked to cancel an in-flight task; its runner signals the group and
     settles CANCELLED. No state change by itself."""
 
@@ -225,24 +176,18 @@ class CancelRequested:
     task: str
     attempt: int
 
-    def encode(self) -> tuple[str, Payload]:
-        return self.TYPE.value, {"task": self.task, "attempt": self.attempt}
-
 
 @dataclass(frozen=True)
-class Retried:
+class Retried(_Encodable):
     """FAILED | CANCELLED -> QUEUED as a new attempt (``attempt`` is the new one)."""
 
     TYPE: ClassVar[EventType] = EventType.RETRIED
     task: str
     attempt: int
 
-    def encode(self) -> tuple[str, Payload]:
-        return self.TYPE.value, {"task": self.task, "attempt": self.attempt}
-
 
 @dataclass(frozen=True)
-class OrphanSignalled:
+class OrphanSignalled(_Encodable):
     """Intent of ``ferry kill``: journaled before a verified signal to an orphan's group
     (no side effect before its intent record). No state change."""
 
@@ -254,35 +199,19 @@ class OrphanSignalled:
     start_time: float
     signal: int
 
-    def encode(self) -> tuple[str, Payload]:
-        return self.TYPE.value, {
-            "task": self.task,
-            "attempt": self.attempt,
-            "pid": self.pid,
-            "pgid": self.pgid,
-            "start_time": self.start_time,
-            "signal": self.signal,
-        }
-
 
 @dataclass(frozen=True)
-class LeaseAcquired:
+class LeaseAcquired(_Encodable):
     TYPE: ClassVar[EventType] = EventType.LEASE_ACQUIRED
     epoch: int
     holder: Mapping[str, Any]
 
-    def encode(self) -> tuple[str, Payload]:
-        return self.TYPE.value, {"epoch": self.epoch, "holder": _plain(self.holder)}
-
 
 @dataclass(frozen=True)
-class LeaseReleased:
+class LeaseReleased(_Encodable):
     TYPE: ClassVar[EventType] = EventType.LEASE_RELEASED
     epoch: int
     holder: Mapping[str, Any]
-
-    def encode(self) -> tuple[str, Payload]:
-        return self.TYPE.value, {"epoch": self.epoch, "holder": _plain(self.holder)}
 
 
 Event = (
