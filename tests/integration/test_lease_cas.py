@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import itertools
 import json
 import os
@@ -397,3 +399,31 @@ def test_an_unknown_holder_counts_as_alive_until_expiry(lease_path: Path) -> Non
         clock=lambda: boot_clock() + 3601.0,
     )
     assert expired.acquire(self_identity()).epoch == 2
+
+
+# --- the short lock ---------------------------------------------------------------------
+
+
+def test_a_lock_held_too_long_gives_lease_busy(lease_path: Path) -> None:
+    holder = LeaseStore(lease_path, 60.0)
+    # As if its holder were stopped inside the critical section:
+    with holder._locked(), pytest.raises(LeaseHeldError) as caught:
+        LeaseStore(lease_path, 60.0, lock_timeout_s=0.05).acquire(self_identity())
+    assert caught.value.code == "lease.busy" and caught.value.exit_code == 75
+    assert holder.acquire(self_identity()).epoch == 1, "free again once released"
+
+
+@pytest.mark.parametrize("err", [errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP])
+def test_a_filesystem_without_flock_is_refused_never_soft_locked(
+    lease_path: Path, monkeypatch: pytest.MonkeyPatch, err: int
+) -> None:
+    def no_flock(_fd: int, _op: int) -> None:
+        raise OSError(err, os.strerror(err))
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    with pytest.raises(StateDirError) as caught:
+        LeaseStore(lease_path, 60.0).acquire(self_identity())
+    assert caught.value.code == "state_dir.no_locks"
+    assert not lease_path.exists(), "nothing written without the lock"
+    monkeypatch.undo()
+    assert LeaseStore(lease_path, 60.0).acquire(self_identity()).epoch == 1
