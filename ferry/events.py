@@ -189,14 +189,16 @@ class Retried(_Encodable):
 @dataclass(frozen=True)
 class OrphanSignalled(_Encodable):
     """Intent of ``ferry kill``: journaled before a verified signal to an orphan's group
-    (no side effect before its intent record). No state change."""
+    (no side effect before its intent record). No state change. ``pid``, ``pgid`` and
+    ``start_time`` are null when the orphan is known only by its environment marker
+    (found for a DISPATCHING task); 0 is accepted as "unknown" too."""
 
     TYPE: ClassVar[EventType] = EventType.ORPHAN_SIGNALLED
     task: str
     attempt: int
-    pid: int
-    pgid: int
-    start_time: float
+    pid: int | None
+    pgid: int | None
+    start_time: float | None
     signal: int
 
 
@@ -390,6 +392,7 @@ def decode(record_type: str, data: object) -> Event | None:
     if kind is EventType.RETRIED:
         return Retried(task, attempt)
     assert kind is EventType.ORPHAN_SIGNALLED
-    pid, pgid = f.integer("pid", minimum=1), f.integer("pgid", minimum=1)
-    start_time, signal = f.number("start_time"), f.integer("signal", minimum=1)
-    return OrphanSignalled(task, attempt, pid, pgid, start_time, signal)
+    pid = f.integer("pid", minimum=0, optional=True)
+    pgid = f.integer("pgid", minimum=0, optional=True)
+    start_time = None if f.data.get("start_time") is None else f.number("start_time")
+    return OrphanSignalled(task, attempt, pid, pgid, start_time, f.integer("signal", minimum=1))

@@ -29,6 +29,7 @@ SAMPLES: list[ev.Event] = [
     ev.CancelRequested(T, 1),
     ev.Retried(T, 2),
     ev.OrphanSignalled(T, 1, 100, 100, 12345.5, 15),
+    ev.OrphanSignalled(T, 1, None, None, None, 9),  # known only by its marker
     ev.LeaseAcquired(3, RUNNER),
     ev.LeaseReleased(3, RUNNER),
 ]
@@ -98,8 +99,10 @@ CLAIMED, SETTLED, SPAWNED = SAMPLES[1], SAMPLES[4], SAMPLES[3]
         (SETTLED, {"evidence": []}),
         (SAMPLES[6], {"counted": 1}),
         (SAMPLES[6], {"reason": None}),
-        (SAMPLES[12], {"epoch": -1}),
-        (SAMPLES[12], {"holder": None}),
+        (SAMPLES[13], {"epoch": -1}),
+        (SAMPLES[13], {"holder": None}),
+        (SAMPLES[11], {"signal": 0}),
+        (SAMPLES[11], {"pid": -1}),
     ],
 )
 def test_malformed_known_types_raise(event: ev.Event, change: dict[str, Any]) -> None:
