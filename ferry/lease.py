@@ -57,6 +57,7 @@ __all__ = [
     "LeaseStore",
     "LeaseUnreadableError",
     "boot_clock",
+    "parse_lease",
 ]
 
 LEASE_VERSION = 1
@@ -131,6 +132,20 @@ class Lease:
         return cls(epoch, holder, acquired, renewed, expires, expires_boot)
 
 
+def parse_lease(raw: bytes) -> Lease:
+    """The bytes of a lease file -> Lease, or :class:`LeaseUnreadableError`; never
+    anything else, whatever the bytes."""
+    if len(raw) > _LEASE_BYTES_MAX:
+        raise _unreadable(f"larger than {_LEASE_BYTES_MAX} bytes")
+    if not raw.strip():
+        raise _unreadable("empty file")
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise _unreadable(f"not JSON ({e})") from e
+    return Lease.from_json(data)
+
+
 def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -172,7 +187,7 @@ class LeaseStore:
         """The lease as written (None when there is no lease file). Takes no lock: the
         file is only ever replaced atomically, so a reader sees one whole version."""
         raw = self._read_bytes()
-        return None if raw is None else self._parse(raw)
+        return None if raw is None else parse_lease(raw)
 
     def expired(self, lease: Lease) -> bool:
         return self._clock() >= lease.expires_boot_s
@@ -302,16 +317,6 @@ class LeaseStore:
             return b"".join(chunks)
         finally:
             os.close(fd)
-
-    @staticmethod
-    def _parse(raw: bytes) -> Lease:
-        if not raw.strip():
-            raise _unreadable("empty file")
-        try:
-            data = orjson.loads(raw)
-        except orjson.JSONDecodeError as e:
-            raise _unreadable(f"not JSON ({e})") from e
-        return Lease.from_json(data)
 
     def _write(self, lease: Lease) -> None:
         failpoint("before:lease_write")
