@@ -37,7 +37,7 @@ class Ctx:
         return Service.open(self.home, verbosity=self.verbosity)
 
 
-def _pos_float(name: str) -> click.ParamType:
+def _pos_float(name: str) -> click.FloatRange:
     return click.FloatRange(min=0.0, max=10**9, min_open=name != "kill-grace")
 
 
@@ -97,9 +97,7 @@ def task_options(f: F) -> F:
             help="A unified diff covering every pointer: lets an --idempotent task run in "
             "self-contained mode when pointers are stale.",
         ),
-        click.option(
-            "--shell", is_flag=True, help="Run CMD through /bin/sh -c (never implied)."
-        ),
+        click.option("--shell", is_flag=True, help="Run CMD through /bin/sh -c (never implied)."),
     ]
     for opt in reversed(opts):
         f = opt(f)

@@ -48,7 +48,7 @@ def _task_opts(kw: dict[str, Any], argv: tuple[str, ...]) -> dict[str, Any]:
     }
 
 
-def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -> None:  # noqa: C901
+def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -> None:
     """Attach every command to the ``cli`` group."""
     from ferry import render
 
@@ -59,7 +59,7 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
     @task_options
     @click.argument("argv", nargs=-1, required=True, metavar="-- CMD [ARG...]")
     @click.pass_obj
-    def run(ctx: Any, argv: tuple[str, ...], **kw: Any) -> int:
+    def run(ctx: Any, /, argv: tuple[str, ...], **kw: Any) -> int:
         """Run CMD now, in the foreground, as a journaled task.
 
         Output streams live and is kept in full; SIGINT/SIGTERM/SIGHUP reach the task's
@@ -73,8 +73,8 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
         context_settings={"allow_interspersed_args": False},
         epilog=_example(
             "ferry submit --idempotent --name nightly -- ./nightly.sh\n"
-            "printf '%s\\n' '{\"argv\": [\"make\", \"docs\"]}' | ferry submit --from -"
-        )
+            'printf \'%s\\n\' \'{"argv": ["make", "docs"]}\' | ferry submit --from -'
+        ),
     )
     @task_options
     @click.option(
@@ -85,7 +85,7 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
     )
     @click.argument("argv", nargs=-1, metavar="-- CMD [ARG...]")
     @click.pass_obj
-    def submit(ctx: Any, argv: tuple[str, ...], from_file: Any, **kw: Any) -> None:
+    def submit(ctx: Any, /, argv: tuple[str, ...], from_file: Any, **kw: Any) -> None:
         """Queue a task (or many with --from) and print its id."""
         svc = ctx.service()
         if from_file is not None:
@@ -102,7 +102,7 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
         else:
             click.echo("\n".join(t.id for t in tasks))
 
-    @cli.command(epilog=_example("ferry claim || echo \"task failed with $?\""))
+    @cli.command(epilog=_example('ferry claim || echo "task failed with $?"'))
     @click.option("--lease-ttl", type=click.FloatRange(0.1, 86400), default=30.0, show_default=True)
     @click.pass_obj
     def claim(ctx: Any, lease_ttl: float) -> int:
@@ -134,7 +134,11 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
         """
         return int(
             ctx.service().work(
-                jobs=jobs, drain=drain, poll_s=poll, lease_ttl_s=lease_ttl, stale_after_s=stale_after
+                jobs=jobs,
+                drain=drain,
+                poll_s=poll,
+                lease_ttl_s=lease_ttl,
+                stale_after_s=stale_after,
             )
         )
 
@@ -187,7 +191,12 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
     @click.option("--attempt", type=click.IntRange(1), help="Which attempt (default: latest).")
     @click.pass_obj
     def logs(
-        ctx: Any, task_id: str, stream: str | None, tail: int | None, follow: bool, attempt: int | None
+        ctx: Any,
+        task_id: str,
+        stream: str | None,
+        tail: int | None,
+        follow: bool,
+        attempt: int | None,
     ) -> None:
         """Print a task's captured output, complete and byte-exact."""
         ctx.service().logs(

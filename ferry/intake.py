@@ -149,8 +149,7 @@ def build_spec(opts: Mapping[str, Any], home: Path) -> TaskSpec:
             patch = PatchRef(stored.path, stored.sha256)
     elif opts.get("patch_file") is not None:
         raise PatchGateError(
-            "--patch-file needs at least one --pointer: a patch stands in only for pinned "
-            "files",
+            "--patch-file needs at least one --pointer: a patch stands in only for pinned files",
             code="usage.patch_without_pointer",
         )
     spec = TaskSpec(

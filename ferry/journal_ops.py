@@ -42,8 +42,7 @@ def verify(directory: Path) -> dict[str, Any]:
             "reason": torn.reason,
         }
     if report.corruption is not None:
-        error = journal_error(report.corruption)
-        out["error"] = error.to_json()
+        out["error"] = journal_error(report.corruption).to_json()
         out["exit_code"] = EX_JOURNAL
     return out
 

@@ -29,7 +29,7 @@ from ferry.ids import new_claim_token
 from ferry.lease import Lease, LeaseStore
 from ferry.model import State, Task
 from ferry.process import ProcessIdentity, self_identity
-from ferry.recoverer import RecoverReport, Recoverer
+from ferry.recoverer import Recoverer, RecoverReport
 from ferry.recovery import Policy
 from ferry.runner import Runner
 
@@ -77,9 +77,7 @@ def recover(
 ) -> RecoverReport:
     """``ferry recover``: exit 75 (LeaseHeldError) if a live leader is responsible."""
     if dry_run:  # decide and print, journal nothing, take nothing
-        return Recoverer(service).recover_all(
-            epoch=0, policy=_policy(stale_after_s), dry_run=True
-        )
+        return Recoverer(service).recover_all(epoch=0, policy=_policy(stale_after_s), dry_run=True)
     lead = Leadership(service, lease_ttl_s)
     lead.acquire()
     try:
@@ -100,7 +98,9 @@ def _claim_next(
     if task is None:
         return None
     token = new_claim_token(os.urandom(10))
-    claimed = ev.Claimed(task=task.id, attempt=task.attempt, token=token, runner=me.to_json(), by=by)
+    claimed = ev.Claimed(
+        task=task.id, attempt=task.attempt, token=token, runner=me.to_json(), by=by
+    )
     return task, token, claimed
 
 
@@ -198,7 +198,7 @@ class Worker:
                 self.lead.acquire()
                 return True
             except LeaseHeldError:
-                if self.stop.count or self.drain and not self._queue_nonempty():
+                if self.stop.count or (self.drain and not self._queue_nonempty()):
                     return False
             self.wake.wait(self.poll_s)
             self.wake.clear()
@@ -224,7 +224,9 @@ class Worker:
             self._reap()
             if not self.stop.count:
                 self._fill(epoch)
-            if not self.running and (self.stop.count or self.drain and not self._queue_nonempty()):
+            if not self.running and (
+                self.stop.count or (self.drain and not self._queue_nonempty())
+            ):
                 break
             self.wake.wait(self.poll_s if self.running or not self.drain else 0.0)
             self.wake.clear()
@@ -250,9 +252,7 @@ class Worker:
         if not queued:
             return
         me = self.lead.me.to_json()
-        claims = [
-            (task, new_claim_token(os.urandom(10))) for task in queued
-        ]
+        claims = [(task, new_claim_token(os.urandom(10))) for task in queued]
         events = [
             ev.Claimed(task=t.id, attempt=t.attempt, token=tok, runner=me, by="work")
             for t, tok in claims
@@ -293,4 +293,3 @@ class Worker:
 
 def work(service: Service, **options: Any) -> int:
     return Worker(service, **options).run()
-

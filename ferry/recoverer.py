@@ -9,6 +9,7 @@ Also the verified-signal actions on one task: cancelling an in-flight task and
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -169,7 +170,9 @@ class Recoverer:
             runner_alive = probe(runner) is not Liveness.DEAD if runner else False
             time.sleep(_POLL_S)
         if runner_alive:
-            self.service.notice(f"task {task.id}: cancel requested; its runner has not settled it yet")
+            self.service.notice(
+                f"task {task.id}: cancel requested; its runner has not settled it yet"
+            )
             return self.service.show(task.id)
         # No runner: make sure nothing of the task is left, then settle it ourselves.
         grace_end = time.monotonic() + task.spec.kill_grace_s
@@ -177,12 +180,10 @@ class Recoverer:
             time.sleep(_POLL_S)
         if task_liveness(task) is not Liveness.DEAD:
             signal_task(leader_identity(task), task_marker(task), signal.SIGKILL)
-        try:
+        with contextlib.suppress(RefusedError):  # settled meanwhile: fine
             self.store.commit(
                 ev.Settled(task.id, task.attempt, None, State.CANCELLED, Reason.CANCELLED_BY_USER)
             )
-        except RefusedError:
-            pass  # settled meanwhile
         return self.service.show(task.id)
 
 
@@ -227,9 +228,13 @@ def kill_orphan(service: Service, task: Task, sig: int) -> dict[str, Any]:
                 "message": f"{task.id}: no process of the task is alive"}  # fmt: skip
     service.store.commit(
         ev.OrphanSignalled(
-            task=task.id, attempt=task.attempt, pid=task.pid or 0, pgid=task.pgid or 0,
-            start_time=task.start_time or 0, signal=sig,
-        )  # fmt: skip
+            task=task.id,
+            attempt=task.attempt,
+            pid=task.pid or 0,
+            pgid=task.pgid or 0,
+            start_time=task.start_time or 0,
+            signal=sig,
+        )
     )
     try:
         sent = signal_task(leader, task_marker(task), sig)

@@ -159,7 +159,4 @@ def repair_text(report: Mapping[str, Any]) -> str:
 
 
 def compact_text(report: Mapping[str, Any]) -> str:
-    return (
-        f"snapshot at seq {report['snapshot_seq']}; "
-        f"removed {len(report['removed'])} segment(s)"
-    )
+    return f"snapshot at seq {report['snapshot_seq']}; removed {len(report['removed'])} segment(s)"

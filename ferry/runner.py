@@ -30,6 +30,7 @@ from ferry.process import identity_of, make_marker
 from ferry.store import Store
 from ferry.supervise import Outcome, SpawnFailed, SuperviseSpec, supervise
 
+
 def log_paths(home: Path, task_id: str, attempt: int) -> tuple[Path, Path]:
     directory = home / "logs" / task_id
     return directory / f"{attempt}.stdout", directory / f"{attempt}.stderr"
@@ -177,9 +178,13 @@ class Runner:
             start_time = identity.start_time if identity is not None else 0
             self.store.commit(
                 ev.Spawned(
-                    task=task.id, attempt=task.attempt, token=token,
-                    pid=pid, pgid=pgid, start_time=start_time,
-                )  # fmt: skip
+                    task=task.id,
+                    attempt=task.attempt,
+                    token=token,
+                    pid=pid,
+                    pgid=pgid,
+                    start_time=start_time,
+                )
             )
 
         try:

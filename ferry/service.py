@@ -115,9 +115,7 @@ class Service:
     def recover(self, *, dry_run: bool, stale_after_s: float | None, lease_ttl_s: float) -> Any:
         from ferry.leader import recover
 
-        return recover(
-            self, dry_run=dry_run, stale_after_s=stale_after_s, lease_ttl_s=lease_ttl_s
-        )
+        return recover(self, dry_run=dry_run, stale_after_s=stale_after_s, lease_ttl_s=lease_ttl_s)
 
     # ---- looking -------------------------------------------------------------------
 
@@ -215,20 +213,20 @@ class Service:
 
     def retry(self, prefix: str, *, force: bool) -> Task:
         task = self.store.resolve(prefix)
-        if task.state in (State.FAILED, State.CANCELLED) and not force:
-            if task.reason is Reason.QUARANTINED_ORPHAN_ALIVE and self._orphan_alive(task):
-                raise OperatorNeededError(
-                    f"task {task.id}: its quarantined orphan is still alive; stop it with "
-                    f"'ferry kill {task.id}' or use --force",
-                    code="task.orphan_alive",
-                    details={"task": task.id},
-                )
+        quarantined = task.reason is Reason.QUARANTINED_ORPHAN_ALIVE
+        if quarantined and not force and task.terminal and self._orphan_alive(task):
+            raise OperatorNeededError(
+                f"task {task.id}: its quarantined orphan is still alive; stop it with "
+                f"'ferry kill {task.id}' or use --force",
+                code="task.orphan_alive",
+                details={"task": task.id},
+            )
         self.store.commit(ev.Retried(task.id, task.attempt + 1))
         return self._get(task.id)
 
     def _orphan_alive(self, task: Task) -> bool:
-        from ferry.recoverer import task_liveness
         from ferry.model import Liveness
+        from ferry.recoverer import task_liveness
 
         return task_liveness(task) is not Liveness.DEAD
 

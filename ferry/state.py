@@ -185,6 +185,13 @@ class Table:
 
     def to_snapshot(self) -> dict[str, Any]:
         self._ensure_settled()
+        snapshot = self.live_snapshot()
+        snapshot["settled"] = [task_to_record(task) for task in self._settled.values()]
+        return snapshot
+
+    def live_snapshot(self) -> dict[str, Any]:
+        """The snapshot without settled tasks, and without loading history: what a
+        store keeps in the journal snapshot while settled tasks go to an archive."""
         return {
             "format": SNAPSHOT_FORMAT,
             "last_seq": self.last_seq,
@@ -192,8 +199,12 @@ class Table:
             "anomalies": [anomaly.to_json() for anomaly in self.anomalies],
             "live": [task_to_record(task) for task in self.live()],
             "succeeded_keys": dict(self._succeeded_keys),
-            "settled": [task_to_record(task) for task in self._settled.values()],
         }
+
+    def settled_since(self, seq: int) -> list[dict[str, Any]]:
+        """Records of the tasks that became terminal after journal seq ``seq`` (the
+        archive delta for a new snapshot; needs no history)."""
+        return [task_to_record(t) for t in self._settled.values() if t.updated_seq > seq]
 
     @classmethod
     def from_snapshot(

@@ -37,6 +37,7 @@ SNAPSHOT_TAIL_RECORDS = 20_000  # leaders compact once this many records follow 
 # Small segments: compaction can drop history sooner, and opening scans at most one
 # active segment past the snapshot.
 SEGMENT_BYTES_MAX = 8 << 20
+ARCHIVES_MAX = 32
 _ARCHIVE_PREFIX = "settled-"
 
 
@@ -53,7 +54,9 @@ def journal_error(error: journal.JournalError) -> FerryError:
         return UsageError(str(error), code=error.code, details=details)
     if isinstance(error, journal.WriterFailedError):
         return FerryError(str(error), code=error.code, details=details)
-    if isinstance(error, journal.CorruptionError | journal.FormatVersionError | journal.TornTailError):
+    if isinstance(
+        error, journal.CorruptionError | journal.FormatVersionError | journal.TornTailError
+    ):
         return JournalIntegrityError(str(error), code=error.code, details=details)
     return FerryError(str(error), code=error.code, details=details)
 
@@ -154,22 +157,43 @@ class Store:
         return self.wal.last_seq - (snapshot.seq if snapshot else 0)
 
     def compact(self) -> dict[str, Any]:
-        """Write a snapshot of the table at the journal's end and drop what it covers."""
+        """Write a snapshot of the table at the journal's end and drop what it covers.
+
+        Settled tasks go to archive files: each compaction writes only the tasks that
+        settled since the previous snapshot (so its cost follows recent work), and
+        merges the archives into one when there are more than ARCHIVES_MAX."""
         try:
             self.refresh()
+            previous = self.wal.latest_snapshot()
+            prev_seq, archives = 0, []
+            if previous is not None:
+                prev_seq = previous.seq
+                archives = list(orjson.loads(previous.data).get("settled_archives", []))
             with self.lock:
-                data = self.table.to_snapshot()
+                data = self.table.live_snapshot()
                 seq = self.table.last_seq
-            settled = data.pop("settled")
-            archive = self.home / "archive"
-            name, digest = _write_archive(archive, seq, settled)
-            data["settled_archive"] = {"name": name, "sha256": digest, "count": len(settled)}
+                delta = self.table.settled_since(prev_seq)
+                if len(archives) >= ARCHIVES_MAX:
+                    delta, archives = self.table.to_snapshot()["settled"], []
+            directory = self.home / "archive"
+            if delta:
+                archives.append(_write_archive(directory, seq, delta))
+            data["settled_archives"] = archives
             self.wal.write_snapshot(seq, orjson.dumps(data))
             removed = self.wal.compact()
-            _prune_archives(archive, keep=name)
+            if previous is not None:
+                keep = {a["name"] for a in archives}
+                keep.update(
+                    a["name"] for a in orjson.loads(previous.data).get("settled_archives", [])
+                )
+                _prune_archives(directory, keep)
         except journal.JournalError as error:
             raise journal_error(error) from error
-        return {"snapshot_seq": seq, "removed": [str(p) for p in removed], "archive": name}
+        return {
+            "snapshot_seq": seq,
+            "removed": [str(p) for p in removed],
+            "archives": len(archives),
+        }
 
     def maybe_compact(self) -> None:
         if self.tail_records() >= SNAPSHOT_TAIL_RECORDS:
@@ -178,18 +202,22 @@ class Store:
 
 def _table_from_snapshot(home: Path, blob: bytes) -> Table:
     data = orjson.loads(blob)
-    ref = data.pop("settled_archive", None)
-    if ref is None:
-        return Table.from_snapshot(data)
-    path = home / "archive" / ref["name"]
+    archives = data.pop("settled_archives", [])
+    directory = home / "archive"
 
     def load_settled() -> Iterable[Mapping[str, Any]]:
-        return _read_archive(path, ref["sha256"])
+        by_id: dict[str, Mapping[str, Any]] = {}
+        for ref in archives:  # oldest first: a later archive has the newer record
+            for record in _read_archive(directory / ref["name"], ref["sha256"]):
+                by_id[record["id"]] = record
+        return by_id.values()
 
-    return Table.from_snapshot(data, load_settled=load_settled)
+    return Table.from_snapshot(data, load_settled=load_settled if archives else None)
 
 
-def _write_archive(directory: Path, seq: int, records: Sequence[Mapping[str, Any]]) -> tuple[str, str]:
+def _write_archive(
+    directory: Path, seq: int, records: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
     """Settled tasks as JSON Lines, written atomically BEFORE the snapshot naming them:
     a crash in between leaves an unreferenced file (pruned later), never a snapshot
     pointing at a missing or half-written archive."""
@@ -207,7 +235,7 @@ def _write_archive(directory: Path, seq: int, records: Sequence[Mapping[str, Any
         os.close(fd)
     os.replace(temp, directory / name)
     _fsync_dir(directory)  # the rename survives a power cut before the snapshot does
-    return name, hashlib.sha256(body).hexdigest()
+    return {"name": name, "sha256": hashlib.sha256(body).hexdigest(), "count": len(records)}
 
 
 def _read_archive(path: Path, sha256: str) -> Iterator[Mapping[str, Any]]:
@@ -229,12 +257,13 @@ def _read_archive(path: Path, sha256: str) -> Iterator[Mapping[str, Any]]:
         yield orjson.loads(line)
 
 
-def _prune_archives(directory: Path, keep: str) -> None:
-    """Drop all but the two newest archives: a process that loaded the previous
-    snapshot a moment ago may still read the previous archive lazily."""
-    names = sorted(e for e in os.listdir(directory) if e.startswith(_ARCHIVE_PREFIX))
-    for entry in names[:-2]:
-        if entry != keep:
+def _prune_archives(directory: Path, keep: set[str]) -> None:
+    """Drop archives neither the new nor the previous snapshot names: a process that
+    loaded the previous snapshot a moment ago may still read its archives lazily."""
+    if not directory.is_dir():
+        return
+    for entry in os.listdir(directory):
+        if entry.startswith(_ARCHIVE_PREFIX) and entry not in keep:
             os.unlink(directory / entry)
     _fsync_dir(directory)
 
