@@ -131,7 +131,7 @@ def check_gates(data: bytes, pointers: Sequence[str]) -> PatchInfo:
             PATCH_DOES_NOT_COVER_POINTERS,
             f"the patch does not touch pointer {missing[0]!r}"
             + (f" (nor {len(missing) - 1} more)" if len(missing) > 1 else "")
-            + f"; it touches: {', '.join(sorted(touched)) or 'nothing'}",
+            + f"; it touches: {_some(sorted(touched))}",
             path=missing[0],
             missing=missing,
             touched=sorted(touched),
@@ -195,6 +195,13 @@ def _shown(lines: Sequence[str], line_no: int) -> str:
     if not 1 <= line_no <= len(lines):
         return ""
     return _clip(lines[line_no - 1].rstrip("\n"))
+
+
+def _some(names: Sequence[str], shown_max: int = 5) -> str:
+    if not names:
+        return "nothing"
+    more = f" and {len(names) - shown_max} more" if len(names) > shown_max else ""
+    return ", ".join(names[:shown_max]) + more
 
 
 def _clip(text: str) -> str:
