@@ -182,3 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _report(errors.InternalError(f"internal error: {type(exc).__name__}: {exc}"), as_json)
         return errors.EX_FERRY_FAILED
     return int(result or 0)
+
+
+if __name__ == "__main__":  # python -m ferry.cli
+    sys.exit(main())
