@@ -112,7 +112,10 @@ def ensure_home(path: Path, *, mountinfo: str | None = None) -> Path:
     path = path.absolute()
     if not path.parent.exists():
         # Parents (~/.local/state, say) are created private too; they are not checked.
-        path.parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+        try:
+            path.parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+        except OSError as e:
+            raise _refusal(path.parent, e) from e
     _mkdir_private(path, None)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)

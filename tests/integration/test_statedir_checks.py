@@ -126,6 +126,11 @@ def test_a_file_where_the_home_should_be_is_refused(tmp_path: Path) -> None:
     assert refused(home) == "state_dir.not_a_directory"
 
 
+def test_a_file_in_the_way_of_a_parent_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    assert refused(tmp_path / "file" / "sub" / "ferry") == "state_dir.not_a_directory"
+
+
 def test_a_network_filesystem_is_refused(tmp_path: Path) -> None:
     home = tmp_path / "home"
     real = os.path.realpath(tmp_path)
