@@ -101,7 +101,7 @@ class DispatchVerdict:
     reason: str | None = None  # contract reason when ``run`` is false
     message: str = ""  # one line; why it fails (empty when it runs)
     env: Mapping[str, str] = field(default_factory=dict)  # add to the child's environment
-    warning: str | None = None  # print to stderr when set (self-contained mode)
+    warning: str | None = None  # "warning: ...": print as "ferry: <warning>" to stderr
     evidence: Mapping[str, Any] = field(default_factory=dict)  # merge into task evidence
     error_code: str | None = None  # ``pointer.stale`` or ``patch.<REASON>`` when failing
 
@@ -184,7 +184,7 @@ def decide_dispatch(
         "stale_pointers": stale_evidence,
     }
     warning = (
-        f"SELF_CONTAINED mode: {what}; the files on disk are NOT the reviewed version; "
+        f"warning: SELF_CONTAINED mode: {what}; the files on disk are NOT the reviewed version; "
         f"the task gets the patch in ${ENV_PATCH_FILE} ({patch.path}, "
         f"sha256 {patch.sha256[:_HASH_SHOWN_CHARS]})"
     )
