@@ -53,6 +53,7 @@ import os
 import selectors
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -184,6 +185,17 @@ def _widen_pipes(proc: subprocess.Popen[bytes]) -> None:
                 fcntl.fcntl(stream.fileno(), setsz, PIPE_BYTES)
 
 
+def _check(spec: SuperviseSpec) -> None:
+    if not spec.argv:
+        raise ValueError("supervise: empty argv")
+    if not spec.heartbeat_s > 0:
+        raise ValueError(f"supervise: heartbeat_s must be > 0, not {spec.heartbeat_s}")
+    if not spec.kill_grace_s >= 0:
+        raise ValueError(f"supervise: kill_grace_s must be >= 0, not {spec.kill_grace_s}")
+    if spec.timeout_s is not None and not spec.timeout_s >= 0:
+        raise ValueError(f"supervise: timeout_s must be >= 0 or None, not {spec.timeout_s}")
+
+
 def _touch(path: Path) -> None:
     # A heartbeat is evidence, not a reason to stop the task: errors are ignored.
     try:
@@ -206,8 +218,12 @@ def supervise(
     Raises :class:`SpawnFailed` when the command cannot start. If ``on_spawned`` or
     ``should_stop`` raises, the group is killed and reaped, and the error re-raised.
     """
-    if not spec.argv:
-        raise ValueError("supervise: empty argv")
+    _check(spec)
+    # Bytes ferry itself buffered must reach fd 1/2 before the task's own.
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
     paths = [spec.stdout_log, spec.stderr_log]
     log_fds: list[int] = []
     try:
@@ -290,6 +306,7 @@ class _Run:
         self.leader_exited = False
         self.returncode: int | None = None
         self.group_gone = False
+        self.next_group_check = 0.0
         self.ended_at = 0.0
         self.timed_out = self.killed = self.leftover_killed = False
         self.drain_timed_out = self.group_survived = False
@@ -328,7 +345,9 @@ class _Run:
     def _on_time(self, now: float) -> None:
         if now >= self.next_beat:
             _touch(self.spec.heartbeat_path)
-            self.next_beat = max(self.next_beat + self.spec.heartbeat_s, now)
+            self.next_beat += self.spec.heartbeat_s
+            if self.next_beat <= now:  # fell behind (a stalled passthrough): no burst
+                self.next_beat = now + self.spec.heartbeat_s
             if self.should_stop is not None and not self.stopping and not self.leader_exited:
                 sig = self.should_stop()
                 if sig:
@@ -350,10 +369,14 @@ class _Run:
         if not self.group.alive():
             self._on_group_gone(now)
         elif not self.stopping:
+            self.next_group_check = now + GROUP_POLL_S
             self.leftover_killed = True
             self._stop(signal.SIGTERM, now)
 
     def _check_group(self, now: float) -> None:
+        if now < self.next_group_check:
+            return
+        self.next_group_check = now + GROUP_POLL_S
         if not self.group.alive():
             self._on_group_gone(now)
         elif self.kill_wait_at is not None and now >= self.kill_wait_at:
@@ -373,7 +396,7 @@ class _Run:
         if self.grace_at is not None and not self.killed:
             times.append(self.grace_at)
         if self.leader_exited and not self.group_gone:
-            times.append(now + GROUP_POLL_S)
+            times.append(self.next_group_check)
         if not self.leader_exited and self.group.pidfd is None:
             times.append(now + LEADER_POLL_S)
         if self.drain_at is not None:
@@ -447,7 +470,10 @@ class _Run:
     def abort(self) -> None:
         """Kill the whole group and reap the leader; used when the caller raised."""
         self.group.signal(signal.SIGKILL)
+        deadline = time.monotonic() + SIGKILL_WAIT_S
         # TimeoutExpired: unkillable (uninterruptible sleep); nothing more we can do.
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=SIGKILL_WAIT_S)
+        while self.group.alive() and time.monotonic() < deadline:
+            time.sleep(GROUP_POLL_S)  # members die moments after SIGKILL
         self._close()

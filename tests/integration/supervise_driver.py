@@ -3,7 +3,8 @@ the supervisor or capture its fd 1/fd 2.
 
 Usage: python supervise_driver.py CONFIG.json
 CONFIG: the SuperviseSpec fields (paths as strings) plus "result" (where the Outcome
-goes, as JSON) and "spawned" (written with "pid pgid" from on_spawned).
+goes, as JSON), "spawned" (written with "pid pgid" from on_spawned) and optionally
+"no_pidfd" (run as if the system had no pidfd_open).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ def main() -> int:
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
     result = Path(config.pop("result"))
     spawned = Path(config.pop("spawned"))
+    if config.pop("no_pidfd", False):
+        del os.pidfd_open  # the code path of kernels and systems without pidfds
     for key in ("stdout_log", "stderr_log", "heartbeat_path"):
         config[key] = Path(config[key])
     spec = SuperviseSpec(**config)

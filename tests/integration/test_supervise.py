@@ -10,6 +10,7 @@ the tree is ready).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -103,9 +104,15 @@ def group_absent(pgid: int) -> bool:
 
 
 def assert_group_gone(pgid: int) -> None:
-    """The contract: nothing of the group alive on return; and once init has reaped
-    the zombies, the group does not exist at all."""
+    """The contract: on return no member of the group is alive (exited members may
+    still wait, as zombies, for init to reap them)."""
     assert live_members(pgid) == []
+
+
+def assert_group_vanishes(pgid: int) -> None:
+    """Once init has reaped the zombies, the group does not exist at all (init here
+    may take a second or two: that wait is why only a few tests check this)."""
+    assert_group_gone(pgid)
     wait_for(lambda: group_absent(pgid), f"group {pgid} to vanish (zombies reaped)")
 
 
@@ -133,6 +140,25 @@ def run(spec: SuperviseSpec, **kwargs: Any) -> Outcome:
     return outcome
 
 
+@pytest.fixture(params=["pidfd-group", "pidfd-killpg", "no-pidfd"])
+def process_api(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The three ways the supervisor can name the group: a pidfd with group signals
+    (Linux 6.9+), a pidfd with killpg (older kernels answer EINVAL), no pidfd at all."""
+    mode: str = request.param
+    if mode == "pidfd-killpg":
+        real = signal.pidfd_send_signal
+
+        def old_kernel(pidfd: int, sig: int, siginfo: None = None, flags: int = 0) -> None:
+            if flags:
+                raise OSError(errno.EINVAL, "Invalid argument")
+            real(pidfd, sig, siginfo, flags)
+
+        monkeypatch.setattr(signal, "pidfd_send_signal", old_kernel)
+    elif mode == "no-pidfd":
+        monkeypatch.delattr(os, "pidfd_open")
+    return mode
+
+
 def ready_waiter(path: Path) -> Callable[[int, int], None]:
     """An on_spawned that returns once ``path`` exists (the tree is set up)."""
 
@@ -146,7 +172,7 @@ def ready_waiter(path: Path) -> Callable[[int, int], None]:
 
 
 @pytest.mark.parametrize("code", [0, 1, 42])
-def test_exit_code_passes_through(tmp_path: Path, code: int) -> None:
+def test_exit_code_passes_through(tmp_path: Path, process_api: str, code: int) -> None:
     outcome = run(make_spec(tmp_path, [PY, "-c", f"import sys; sys.exit({code})"]))
     assert (outcome.exit_code, outcome.signal) == (code, None)
     assert not outcome.timed_out and not outcome.killed_after_grace
@@ -156,7 +182,7 @@ def test_exit_code_passes_through(tmp_path: Path, code: int) -> None:
 
 
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGUSR1, signal.SIGSEGV])
-def test_death_by_signal_reports_the_signal(tmp_path: Path, signum: int) -> None:
+def test_death_by_signal_reports_the_signal(tmp_path: Path, process_api: str, signum: int) -> None:
     script = f"import os; os.kill(os.getpid(), {int(signum)})"
     outcome = run(make_spec(tmp_path, [PY, "-c", script]))
     assert (outcome.exit_code, outcome.signal) == (None, signum)
@@ -305,7 +331,7 @@ def driver(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
     started: list[subprocess.Popen[bytes]] = []
 
     def start(
-        argv: list[str], stdout: Any = subprocess.DEVNULL, **overrides: Any
+        argv: list[str], stdout: Any = subprocess.DEVNULL, no_pidfd: bool = False, **overrides: Any
     ) -> subprocess.Popen[bytes]:
         spec = make_spec(tmp_path, argv, **overrides)
         config = {
@@ -321,6 +347,7 @@ def driver(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
             "passthrough": spec.passthrough,
             "result": str(tmp_path / "result.json"),
             "spawned": str(tmp_path / "spawned"),
+            "no_pidfd": no_pidfd,
         }
         (tmp_path / "config.json").write_text(json.dumps(config))
         proc = subprocess.Popen([PY, str(DRIVER), str(tmp_path / "config.json")], stdout=stdout)
@@ -342,12 +369,20 @@ def driver_outcome(proc: subprocess.Popen[bytes], tmp_path: Path) -> dict[str, A
     return outcome
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+@pytest.mark.parametrize(
+    ("signum", "no_pidfd"),
+    [
+        (signal.SIGTERM, False),
+        (signal.SIGINT, False),
+        (signal.SIGHUP, False),
+        (signal.SIGTERM, True),
+    ],
+)
 def test_signal_to_the_supervisor_reaches_the_grandchild(
-    tmp_path: Path, driver: Callable[..., subprocess.Popen[bytes]], signum: int
+    tmp_path: Path, driver: Callable[..., subprocess.Popen[bytes]], signum: int, no_pidfd: bool
 ) -> None:
     marker, ready = tmp_path / "leaf.got", tmp_path / "leaf.ready"
-    proc = driver([PY, "-c", TREE_ROOT, TREE_LEAF, str(marker), str(ready)])
+    proc = driver([PY, "-c", TREE_ROOT, TREE_LEAF, str(marker), str(ready)], no_pidfd=no_pidfd)
     wait_for(ready.exists, "the grandchild to be ready")
     proc.send_signal(signum)
     outcome = driver_outcome(proc, tmp_path)
@@ -408,7 +443,7 @@ def test_passthrough_to_a_closed_stdout_still_logs_everything(
 # -- timeouts, grace, stop requests ----------------------------------------------------------
 
 
-def test_timeout_kills_the_whole_tree(tmp_path: Path) -> None:
+def test_timeout_kills_the_whole_tree(tmp_path: Path, process_api: str) -> None:
     marker, ready = tmp_path / "leaf.got", tmp_path / "leaf.ready"
     spec = make_spec(
         tmp_path, [PY, "-c", TREE_ROOT, TREE_LEAF, str(marker), str(ready)], timeout_s=0.0
@@ -417,11 +452,10 @@ def test_timeout_kills_the_whole_tree(tmp_path: Path) -> None:
     assert outcome.timed_out
     assert outcome.signal == signal.SIGTERM
     assert marker.read_text() == str(int(signal.SIGTERM))
-    leaf_pid = int(ready.read_text())
-    assert leaf_pid not in live_members(outcome.pgid)
+    assert_group_vanishes(outcome.pgid)
 
 
-def test_grace_then_sigkill_for_a_task_ignoring_sigterm(tmp_path: Path) -> None:
+def test_grace_then_sigkill_for_a_task_ignoring_sigterm(tmp_path: Path, process_api: str) -> None:
     marker, ready = tmp_path / "got", tmp_path / "ready"
     spec = make_spec(
         tmp_path, [PY, "-c", STUBBORN, str(marker), str(ready)], timeout_s=0.0, kill_grace_s=0.2
@@ -432,7 +466,7 @@ def test_grace_then_sigkill_for_a_task_ignoring_sigterm(tmp_path: Path) -> None:
     assert marker.read_text() == "TERM\n"
 
 
-def test_should_stop_forwards_its_signal(tmp_path: Path) -> None:
+def test_should_stop_forwards_its_signal(tmp_path: Path, process_api: str) -> None:
     marker, ready = tmp_path / "leaf.got", tmp_path / "leaf.ready"
     spec = make_spec(
         tmp_path, [PY, "-c", TREE_ROOT, TREE_LEAF, str(marker), str(ready)], heartbeat_s=0.05
@@ -444,7 +478,7 @@ def test_should_stop_forwards_its_signal(tmp_path: Path) -> None:
     assert marker.read_text() == str(int(signal.SIGHUP))
 
 
-def test_on_spawned_raising_kills_the_group_and_reraises(tmp_path: Path) -> None:
+def test_on_spawned_raising_kills_the_group_and_reraises(tmp_path: Path, process_api: str) -> None:
     marker, ready = tmp_path / "got", tmp_path / "ready"
     spec = make_spec(tmp_path, [PY, "-c", STUBBORN, str(marker), str(ready)])
     seen: list[int] = []
@@ -458,7 +492,7 @@ def test_on_spawned_raising_kills_the_group_and_reraises(tmp_path: Path) -> None
         supervise(spec, on_spawned=on_spawned)
     with pytest.raises(ChildProcessError):
         os.waitpid(seen[0], os.WNOHANG)
-    assert_group_gone(seen[0])
+    assert_group_vanishes(seen[0])
 
 
 def test_quiet_task_keeps_its_heartbeat_fresh(tmp_path: Path) -> None:
@@ -478,7 +512,9 @@ def test_quiet_task_keeps_its_heartbeat_fresh(tmp_path: Path) -> None:
     assert (tmp_path / "task.out").read_bytes() == b""
 
 
-def test_leftover_background_child_is_terminated_after_a_normal_exit(tmp_path: Path) -> None:
+def test_leftover_background_child_is_terminated_after_a_normal_exit(
+    tmp_path: Path, process_api: str
+) -> None:
     marker, ready = tmp_path / "leaf.got", tmp_path / "leaf.ready"
     script = (
         "import subprocess, sys\n"
@@ -491,9 +527,10 @@ def test_leftover_background_child_is_terminated_after_a_normal_exit(tmp_path: P
     assert outcome.leftover_killed
     assert marker.read_text() == str(int(signal.SIGTERM))
     assert (tmp_path / "task.out").read_text() == "leader done\n"
+    assert_group_vanishes(outcome.pgid)
 
 
-def test_leftover_ignoring_sigterm_is_killed_after_grace(tmp_path: Path) -> None:
+def test_leftover_ignoring_sigterm_is_killed_after_grace(tmp_path: Path, process_api: str) -> None:
     marker, ready = tmp_path / "got", tmp_path / "ready"
     script = (
         "import subprocess, sys\n"
