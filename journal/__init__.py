@@ -135,6 +135,8 @@ class Journal:
         # The lock file's name need not survive a crash (it is recreated), so no dir fsync.
         lock_fd = _fsutil.open_lockfile(directory / LOCK_NAME)
         try:
+            # Read before the survey: a segment created during it is then noticed later.
+            rotations = _fsutil.size(lock_fd)
             found = survey(directory)
             if found.corruption is not None:
                 raise found.corruption
@@ -150,6 +152,7 @@ class Journal:
                 directory,
                 lock_fd,
                 found,
+                rotations=rotations,
                 max_epoch=max(found.max_epoch, snapshot_epoch),
                 segment_bytes_max=segment_bytes_max,
                 fence=fence,

@@ -27,6 +27,9 @@ _CRC_KEY = b',"crc":"'
 _SEQ_WIDTH_MAX = 20
 _HEAD = b'{"v":1,"seq":'
 _OVERHEAD_BYTES = len(_HEAD) + _SEQ_WIDTH_MAX + 1 + CRC_SUFFIX_BYTES
+# Refuse (TypeError) rather than silently convert dataclasses and datetimes: data must
+# be plain JSON.  orjson itself refuses non-str keys and integers beyond 64 bits.
+_DUMPS_OPTIONS = orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
 
 
 class Record(NamedTuple):
@@ -49,32 +52,17 @@ class Prepared(NamedTuple):
     inner: bytes  # b'"epoch":..,"ts":..,"type":..,"data":{..}'
 
 
-def _check_json(value: Any, path: str) -> None:
-    """Refuse what orjson would encode lossily (NaN/Infinity become null) or not as
-    plain JSON (non-str keys, dataclasses, datetimes, bytes, ...)."""
-    if value is None or value is True or value is False:
-        return
-    if isinstance(value, str):
-        return
-    if isinstance(value, int):
-        if not -(2**63) <= value < 2**64:
-            raise InvalidRecordError(f"integer out of range at {path}")
-        return
+def _check_finite(value: Any, path: str) -> None:
+    """Refuse NaN/Infinity anywhere in ``value`` (orjson would write them as null)."""
     if isinstance(value, float):
         if not math.isfinite(value):
             raise InvalidRecordError(f"NaN/Infinity at {path} (JSON cannot hold it)")
-        return
-    if isinstance(value, dict):
+    elif isinstance(value, dict):
         for key, item in value.items():
-            if not isinstance(key, str):
-                raise InvalidRecordError(f"non-str key {key!r} at {path}")
-            _check_json(item, f"{path}.{key}")
-        return
-    if isinstance(value, list | tuple):
+            _check_finite(item, f"{path}.{key}")
+    elif isinstance(value, list | tuple):
         for index, item in enumerate(value):
-            _check_json(item, f"{path}[{index}]")
-        return
-    raise InvalidRecordError(f"{type(value).__name__} is not JSON at {path}")
+            _check_finite(item, f"{path}[{index}]")
 
 
 def prepare(
@@ -91,16 +79,19 @@ def prepare(
         raise InvalidRecordError(f"epoch must be an int >= 0, got {epoch!r}")
     if not isinstance(data, dict):
         raise InvalidRecordError(f"record data must be a dict, got {data.__class__.__name__}")
-    _check_json(data, "data")
     if ts is None:
         ts = time.time()
     elif not isinstance(ts, float) or not math.isfinite(ts):
         raise InvalidRecordError(f"ts must be a finite float, got {ts!r}")
     try:
-        data_bytes = orjson.dumps(data)
+        data_bytes = orjson.dumps(data, option=_DUMPS_OPTIONS)
         type_bytes = orjson.dumps(type)
     except (TypeError, orjson.JSONEncodeError) as exc:
         raise InvalidRecordError(f"record cannot be encoded: {exc}") from exc
+    if b"null" in data_bytes:
+        # orjson writes NaN/Infinity as null without a word: only then walk the data
+        # (a real None or the text "null" also lands here; the walk tells them apart).
+        _check_finite(data, "data")
     inner = b'"epoch":%d,"ts":%s,"type":%s,"data":%s' % (
         epoch,
         orjson.dumps(ts),

@@ -15,9 +15,11 @@ Classification of the first bad line at byte ``offset`` of a segment:
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from itertools import repeat
+from operator import eq, getitem
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import orjson
 
@@ -26,9 +28,22 @@ from journal._codec import LineProblem, Record, decode_line, line_checks
 from journal._errors import CompactedError, CorruptionError, FormatVersionError
 from journal._segment import Segment, check_next, list_segments
 
-CHUNK_BYTES = 1 << 20
+CHUNK_BYTES = 256 << 10
 LINE_BYTES_MAX_READ = 64 << 20  # any line longer is damage (memory bound when reading)
+_BODY = slice(None, -18)  # a line (without newline) before ',"crc":"'
+_CRC_HEX = slice(-10, -2)
+_hex8 = b"%08x".__mod__
+_crc32: Callable[[bytes], int] = zlib.crc32
+_slice = cast(Callable[[bytes, slice], bytes], getitem)
 _new_record = tuple.__new__
+
+
+def _checksums_match(lines: list[bytes]) -> bool:
+    """True if every line's checksum matches (C-level loops: map/all, no bytecode per
+    line; the crc is the costliest check, so it is the one done in bulk)."""
+    count = len(lines)
+    computed = map(_hex8, map(_crc32, map(_slice, lines, repeat(_BODY, count))))
+    return all(map(eq, computed, map(_slice, lines, repeat(_CRC_HEX, count))))
 
 
 class Damage(NamedTuple):
@@ -59,88 +74,90 @@ class SegmentScan:
     def records(self) -> Iterator[Record]:
         fd = self.fd
         pos = line_start = self.end_offset
-        expected = self.next_seq
-        max_epoch = self.max_epoch
         pending = b""
         skipping = False  # inside an over-long line already counted as damage
         damage: Damage | None = None
-        crc32, loads, new, record_cls = zlib.crc32, orjson.loads, _new_record, Record
-        try:
-            while True:
-                chunk = _fsutil.pread(fd, CHUNK_BYTES, pos)
-                if not chunk:
-                    break
-                pos += len(chunk)
-                lines = (pending + chunk if pending else chunk).split(b"\n")
-                pending = lines.pop()
+        loads, new, record_cls = orjson.loads, _new_record, Record
+        while True:
+            chunk = _fsutil.pread(fd, CHUNK_BYTES, pos)
+            if not chunk:
+                break
+            pos += len(chunk)
+            lines = (pending + chunk if pending else chunk).split(b"\n")
+            pending = lines.pop()
+            if skipping and lines:  # the rest of an over-long line
+                skipping = False
+                line_start += len(lines[0]) + 1
+                del lines[0]
+            if damage is None and lines and _checksums_match(lines):
+                # The fast path: every checksum matched; parse and check the rest line
+                # by line, dropping to the slow path at the first line that fails.
+                expected = self.next_seq
+                done = 0
                 for line in lines:
-                    if skipping:  # the rest of an over-long line
-                        skipping = False
+                    try:
+                        obj = loads(line)
+                        epoch, ts, rtype, data = obj["epoch"], obj["ts"], obj["type"], obj["data"]
+                        if (
+                            obj["seq"] != expected
+                            or obj["v"] != 1
+                            or type(epoch) is not int
+                            or type(ts) is not float
+                            or type(rtype) is not str
+                            or type(data) is not dict
+                            or epoch < 0
+                        ):
+                            break
+                    except (ValueError, KeyError, TypeError):  # JSONDecodeError: ValueError
+                        break
+                    if epoch > self.max_epoch:
+                        self.max_epoch = epoch
+                    yield new(record_cls, (expected, epoch, ts, rtype, data))
+                    expected += 1
+                    done += 1
+                if done:
+                    # Positions are brought up to date per run of lines, not per record:
+                    # exact whenever the scan stops on its own.
+                    line_start += sum(map(len, lines[:done])) + done
+                    self.end_offset, self.next_seq = line_start, expected
+                    del lines[:done]
+            for line in lines:  # the slow path: find and explain the first bad line
+                if damage is None:
+                    record, damage = self._explain(line, line_start, self.next_seq)
+                    if record is not None:
                         line_start += len(line) + 1
+                        self.end_offset = line_start
+                        self.next_seq += 1
+                        self.max_epoch = max(self.max_epoch, record.epoch)
+                        yield record
                         continue
-                    if damage is None:
-                        try:
-                            if b"%08x" % crc32(line[:-18]) == line[-10:-2]:
-                                obj = loads(line)
-                                seq, epoch, ts = obj["seq"], obj["epoch"], obj["ts"]
-                                rtype, data = obj["type"], obj["data"]
-                                if (
-                                    seq == expected
-                                    and obj["v"] == 1
-                                    and type(epoch) is int
-                                    and epoch >= 0
-                                    and type(ts) is float
-                                    and type(rtype) is str
-                                    and type(data) is dict
-                                ):
-                                    line_start += len(line) + 1
-                                    expected += 1
-                                    if epoch > max_epoch:
-                                        max_epoch = epoch
-                                    self.end_offset = line_start
-                                    self.next_seq = expected
-                                    yield new(record_cls, (seq, epoch, ts, rtype, data))
-                                    continue
-                        except (ValueError, KeyError, TypeError):
-                            pass  # orjson.JSONDecodeError is a ValueError: explained below
-                        record, damage = self._explain(line, line_start, expected)
-                        if record is not None:
-                            line_start += len(line) + 1
-                            expected += 1
-                            max_epoch = max(max_epoch, record.epoch)
-                            self.end_offset = line_start
-                            self.next_seq = expected
-                            yield record
-                            continue
-                        assert damage is not None
-                        if damage.corrupt:
-                            self.damage = damage
-                            return
-                    elif line_checks(line):
-                        # A checksummed line after the damage: the damage is not a torn
-                        # tail but a hole in the middle (never skipped, never cut).
-                        self.damage = damage._replace(
-                            corrupt=True,
-                            reason=f"{damage.reason}; a valid line follows at {line_start}",
-                        )
+                    assert damage is not None
+                    if damage.corrupt:
+                        self.damage = damage
                         return
-                    line_start += len(line) + 1
-                if skipping and pending:
-                    line_start += len(pending)
-                    pending = b""
-                elif len(pending) > LINE_BYTES_MAX_READ:
-                    if damage is None:
-                        damage = Damage(line_start, expected, "line too long", False)
-                    line_start += len(pending)
-                    pending = b""
-                    skipping = True
-            if pending and damage is None:
-                damage = Damage(line_start, expected, "incomplete last line", False)
-            self.size = pos
-            if damage is not None:
-                self.damage = damage._replace(tail_bytes=pos - damage.offset)
-        finally:
-            self.max_epoch = max_epoch
+                elif line_checks(line):
+                    # A checksummed line after the damage: the damage is not a torn tail
+                    # but a hole in the middle (never skipped, never cut).
+                    self.damage = damage._replace(
+                        corrupt=True,
+                        reason=f"{damage.reason}; a valid line follows at byte {line_start}",
+                    )
+                    return
+                line_start += len(line) + 1
+            if skipping and pending:
+                line_start += len(pending)
+                pending = b""
+            elif len(pending) > LINE_BYTES_MAX_READ:
+                if damage is None:
+                    damage = Damage(line_start, self.next_seq, "line too long", False)
+                line_start += len(pending)
+                pending = b""
+                skipping = True
+        if pending and damage is None:
+            damage = Damage(line_start, self.next_seq, "incomplete last line", False)
+        self.size = pos
+        if damage is not None:
+            self.damage = damage._replace(tail_bytes=pos - damage.offset)
 
     def _explain(
         self, line: bytes, offset: int, expected: int

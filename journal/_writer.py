@@ -65,6 +65,7 @@ class Writer:
         lock_fd: int,
         found: Survey,
         *,
+        rotations: int,
         max_epoch: int,
         segment_bytes_max: int,
         fence: Fence | None,
@@ -77,6 +78,7 @@ class Writer:
         self.last_seq = found.last_seq
         self.max_epoch = max_epoch
         self.first_seq = found.first_seq
+        self._rotations = rotations  # lock file size when we last followed the segments
         self._seg_fd: int | None = None
         self._seg_path = directory
         self._seg_first = 0
@@ -89,7 +91,7 @@ class Writer:
                 last.first_seq,
                 found.end_offset,
             )
-        self._cond = threading.Condition()
+        self._cond = threading.Condition(threading.Lock())
         self._busy = False  # one thread at a time owns the handle's position and I/O
         self._queue: list[_Batch] = []
         self._failed: WriterFailedError | None = None
@@ -165,8 +167,11 @@ class Writer:
 
     def _lead(self, group: list[_Batch]) -> None:
         try:
-            with self.locked():
+            _fsutil.lock(self._lock_fd)
+            try:
                 self._commit(group)
+            finally:
+                _fsutil.unlock(self._lock_fd)
         except (CorruptionError, FormatVersionError) as exc:
             self._settle(group, exc)  # nothing was written; the handle stays usable
         except _SubscriberFailed as exc:
@@ -247,6 +252,10 @@ class Writer:
         if self._seg_fd is not None:
             _fsutil.close(self._seg_fd)
         self._seg_fd, self._seg_path, self._seg_first, self._seg_end = fd, path, first_seq, 0
+        # Tell other handles a segment was created: one more byte in the lock file (not
+        # durable and need not be: after a crash every handle starts with a full scan).
+        _fsutil.write_all(self._lock_fd, b"+")
+        self._rotations = _fsutil.size(self._lock_fd)
 
     def _feed(self, records: list[Record]) -> None:
         for record in records:
@@ -261,23 +270,19 @@ class Writer:
     def catch_up(self) -> TornTail | None:
         """Read what other processes appended since we last looked, feeding subscribers.
 
-        Returns the torn tail at the end of the last segment, if any (not cut here)."""
-        while True:
-            if self._seg_fd is None:
-                path = self.directory / segment_name(self.last_seq + 1)
-                try:
-                    fd = _fsutil.open_append(path)
-                except FileNotFoundError:
-                    return None
-                self._seg_fd, self._seg_path, self._seg_first, self._seg_end = (
-                    fd,
-                    path,
-                    self.last_seq + 1,
-                    0,
-                )
-            torn = self._catch_up_segment(self._seg_fd)
-            if self.last_seq + 1 == self._seg_first:
-                return torn  # no record in the active segment: nothing can follow it
+        Returns the torn tail at the end of the last segment, if any (not cut here).
+        Cheap when nothing changed: one fstat of the active segment and one of the lock
+        file, whose size counts the segments ever created (see ``_new_segment``)."""
+        rotations = _fsutil.size(self._lock_fd)
+        torn = None if self._seg_fd is None else self._catch_up_segment(self._seg_fd)
+        if rotations != self._rotations:
+            torn = self._follow_segments(torn)
+            self._rotations = rotations
+        return torn
+
+    def _follow_segments(self, torn: TornTail | None) -> TornTail | None:
+        """Move to segments created by others after ours (named by the next seq)."""
+        while self._seg_fd is None or self.last_seq + 1 != self._seg_first:
             path = self.directory / segment_name(self.last_seq + 1)
             try:
                 fd = _fsutil.open_append(path)
@@ -291,13 +296,12 @@ class Writer:
                     offset=torn.offset,
                     seq=torn.seq,
                 )
-            _fsutil.close(self._seg_fd)
-            self._seg_fd, self._seg_path, self._seg_first, self._seg_end = (
-                fd,
-                path,
-                self.last_seq + 1,
-                0,
-            )
+            if self._seg_fd is not None:
+                _fsutil.close(self._seg_fd)
+            self._seg_fd, self._seg_path = fd, path
+            self._seg_first, self._seg_end = self.last_seq + 1, 0
+            torn = self._catch_up_segment(fd)
+        return torn  # the active segment has no record yet: nothing can follow it
 
     def _catch_up_segment(self, fd: int) -> TornTail | None:
         size = _fsutil.size(fd)
