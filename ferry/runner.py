@@ -25,6 +25,7 @@ from typing import Any
 
 from ferry import events as ev
 from ferry.errors import EX_FERRY_FAILED, EX_TIMEOUT, FerryError
+from ferry.failpoints import failpoint
 from ferry.model import Reason, State, Task
 from ferry.process import identity_of, make_marker
 from ferry.store import Store
@@ -118,6 +119,8 @@ class Runner:
         spec = task.spec
         marker = make_marker(task.id, task.attempt, token)
         env = dict(os.environ)
+        # A ferry nested inside the task must not crash at our test failpoints.
+        env.pop("FERRY_FAILPOINTS", None)
         env.update(spec.env)
         evidence: dict[str, Any] = {}
         if spec.pointers:
@@ -174,6 +177,9 @@ class Runner:
         )
 
         def on_spawned(pid: int, pgid: int) -> None:
+            # The child exists (exec'd) and SPAWNED is not yet durable: a crash here
+            # leaves DISPATCHING alone, and only the marker scan can find the child.
+            failpoint("after:spawn")
             identity = identity_of(pid)
             start_time = identity.start_time if identity is not None else 0
             self.store.commit(
@@ -187,6 +193,7 @@ class Runner:
                 )
             )
 
+        failpoint("before:spawn")  # DISPATCHING is durable, no child exists yet
         try:
             outcome = supervise(sup, on_spawned=on_spawned, should_stop=self._stopper(task, stop))
         except SpawnFailed as error:

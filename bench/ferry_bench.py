@@ -1,0 +1,236 @@
+"""Benchmarks of the ferry command against what a user would otherwise run.
+
+run-overhead      `ferry run -- true` wall time vs `python -c pass` (same interpreter):
+                  the ratio is ours/base (lower is better; target <= 4).
+run-capture       `ferry run -- cat FILE` passing 1 GiB through (to /dev/null, while
+                  keeping the full log) vs `cat FILE` to /dev/null: throughput ratio
+                  (higher is better; target >= 0.5).
+work-throughput   `ferry work --drain -j 2` over 1,000 queued `true` tasks, every
+                  transition durably journaled, vs GNU parallel -j 2 over the same
+                  commands: ratio = parallel's time per task / ours (higher is better;
+                  target >= 2); also the same against `xargs -P 2`.
+recover-time      `ferry recover` on a journal of 1,000,000 settled records plus 10
+                  in-flight tasks vs on a journal with only the 10: ratio ours/base
+                  (lower is better; target <= 5). Both journals are compacted first,
+                  as a leader does on its own; the first, uncompacted recover is
+                  reported too.
+
+Before measuring, the ferry and journal packages are byte-compiled (as `pip install`
+does), so neither side pays for compiling source.
+"""
+
+from __future__ import annotations
+
+import compileall
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from benchkit import REPO, Figure, Options, scratch, side_by_side, timed
+
+import journal
+
+PY = sys.executable
+
+
+def _ferry_cmd() -> list[str]:
+    script = Path(PY).parent / "ferry"
+    return [str(script)] if script.exists() else [PY, "-m", "ferry.cli"]
+
+
+def _compile() -> None:
+    for package in ("ferry", "journal"):
+        compileall.compile_dir(str(REPO / package), quiet=1)
+
+
+def _env(home: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["FERRY_HOME"] = str(home)
+    env.pop("FERRY_FAILPOINTS", None)
+    return env
+
+
+def _run(cmd: list[str], env: dict[str, str] | None = None, **kw: object) -> None:
+    if "input" not in kw:
+        kw["stdin"] = subprocess.DEVNULL
+    kw.setdefault("check", True)
+    subprocess.run(cmd, env=env, **kw)  # type: ignore[call-overload]
+
+
+def run_overhead(options: Options) -> Figure:
+    _compile()
+    n = max(5, int(20 * options.scale))
+    with scratch("run-overhead-") as tmp:
+        env = _env(tmp / "home")
+        ferry = _ferry_cmd()
+        _run([*ferry, "run", "--", "true"], env)  # create the state directory once
+
+        def ours() -> float:
+            return timed(lambda: [_run([*ferry, "run", "--", "true"], env) for _ in range(n)]) / n
+
+        def base() -> float:
+            return timed(lambda: [_run([PY, "-c", "pass"]) for _ in range(n)]) / n
+
+        ours_s, base_s = side_by_side(ours, base, options.runs)
+    return Figure(
+        "run-overhead", ours_s / base_s, f"{ours_s * 1000:.1f}ms", f"{base_s * 1000:.1f}ms",
+        {"target": "<=4"},
+    )  # fmt: skip
+
+
+def run_capture(options: Options) -> Figure:
+    _compile()
+    size = int((1 << 30) * options.scale)
+    with scratch("run-capture-") as tmp:
+        data = tmp / "data.bin"
+        with data.open("wb") as out:
+            block = os.urandom(1 << 20)
+            for _ in range(max(1, size >> 20)):
+                out.write(block)
+        size = data.stat().st_size
+        env = _env(tmp / "home")
+        ferry = _ferry_cmd()
+
+        def ours() -> float:
+            shutil.rmtree(tmp / "home" / "logs", ignore_errors=True)
+            with open(os.devnull, "wb") as sink:
+                seconds = timed(
+                    lambda: _run([*ferry, "run", "--", "cat", str(data)], env, stdout=sink)
+                )
+            return size / seconds
+
+        def base() -> float:
+            with open(os.devnull, "wb") as sink:
+                seconds = timed(lambda: _run(["cat", str(data)], stdout=sink))
+            return size / seconds
+
+        ours_bps, base_bps = side_by_side(ours, base, options.runs)
+    return Figure(
+        "run-capture", ours_bps / base_bps, f"{ours_bps / 2**20:.0f}MiB/s",
+        f"{base_bps / 2**20:.0f}MiB/s", {"bytes": str(size), "target": ">=0.5"},
+    )  # fmt: skip
+
+
+def _have(tool: str) -> bool:
+    return shutil.which(tool) is not None
+
+
+def work_throughput(options: Options) -> Figure:
+    _compile()
+    n = max(20, int(1000 * options.scale))
+    with scratch("work-throughput-") as tmp:
+        ferry = _ferry_cmd()
+        lines = "".join('{"argv": ["true"]}\n' for _ in range(n)).encode()
+        commands = "".join("true\n" for _ in range(n)).encode()
+        round_no = [0]
+
+        def ours() -> float:
+            round_no[0] += 1
+            env = _env(tmp / f"home{round_no[0]}")
+            _run([*ferry, "submit", "--from", "-"], env, input=lines, stdout=subprocess.DEVNULL)
+            seconds = timed(lambda: _run([*ferry, "work", "--drain", "-j", "2"], env))
+            return seconds / n
+
+        def parallel() -> float:
+            seconds = timed(
+                lambda: _run(["parallel", "-j", "2"], input=commands, stdout=subprocess.DEVNULL)
+            )
+            return seconds / n
+
+        def xargs() -> float:
+            seconds = timed(
+                lambda: _run(["xargs", "-P", "2", "-I{}", "sh", "-c", "{}"], input=commands)
+            )
+            return seconds / n
+
+        extra: dict[str, str] = {"tasks": str(n), "target": ">=2"}
+        ours_s, xargs_s = side_by_side(ours, xargs, max(1, options.runs // 2))
+        extra["xargs"] = f"{xargs_s * 1000:.2f}ms/task"
+        extra["ratio_vs_xargs"] = f"{xargs_s / ours_s:.2f}"
+        if _have("parallel"):
+            ours_s, base_s = side_by_side(ours, parallel, max(1, options.runs // 2))
+            base = f"{base_s * 1000:.2f}ms/task(parallel)"
+        else:
+            base_s, base = float("nan"), "missing(apt-get install parallel)"
+    return Figure("work-throughput", base_s / ours_s, f"{ours_s * 1000:.2f}ms/task", base, extra)
+
+
+def _journal_with(home: Path, settled_tasks: int, in_flight: int) -> None:
+    """A state directory whose journal holds ``settled_tasks`` finished tasks (five
+    records each: SUBMITTED, CLAIMED, DISPATCHING, SPAWNED, SETTLED) and ``in_flight``
+    RUNNING tasks of a dead runner. Written through the real store (validated), in
+    large batches."""
+    from ferry import events as ev
+    from ferry.ids import new_claim_token, new_task_id
+    from ferry.model import State
+    from ferry.spec import TaskSpec
+    from ferry.statedir import ensure_home
+    from ferry.store import Store
+
+    ensure_home(home)
+    store = Store.open(home)
+    spec = TaskSpec(argv=("true",), cwd="/")
+    dead_runner = {"pid": 999_999, "start_time": 1, "boot_id": "gone", "host": "bench"}
+    now = time.time()
+    batch: list[ev.Event] = []
+    for i in range(settled_tasks + in_flight):
+        task_id = new_task_id(time.time_ns() + i, os.urandom(4))
+        token = new_claim_token(os.urandom(10))
+        batch.append(ev.Submitted(task_id, spec, now))
+        batch.append(ev.Claimed(task_id, 1, token, dead_runner, "work"))
+        batch.append(ev.Dispatching(task_id, 1, token, f"{task_id}:1:{token}"))
+        batch.append(ev.Spawned(task_id, 1, token, 999_998, 999_998, 1))
+        if i < settled_tasks:
+            batch.append(ev.Settled(task_id, 1, token, State.SUCCEEDED, None, 0))
+        if len(batch) >= 3000:
+            store.commit(*batch)
+            batch = []
+    if batch:
+        store.commit(*batch)
+    store.close()
+
+
+def recover_time(options: Options) -> Figure:
+    _compile()
+    settled = max(1000, int(1_000_000 * options.scale)) // 5
+    with scratch("recover-time-") as tmp:
+        ferry = _ferry_cmd()
+        big, small = tmp / "big", tmp / "small"
+        _journal_with(big, settled, 10)
+        _journal_with(small, 0, 10)
+        records = journal.Journal.open(big / "journal").last_seq
+        first = timed(
+            lambda: _run(
+                [*ferry, "recover", "--dry-run"], _env(big), check=False, stdout=subprocess.DEVNULL
+            )
+        )
+        for home in (big, small):  # compact, as a leader does on its own
+            _run([*ferry, "journal", "compact"], _env(home), stdout=subprocess.DEVNULL)
+
+        def side(home: Path) -> float:
+            # exit 3: the 10 dead mutating tasks would need an operator (expected)
+            return timed(
+                lambda: _run(
+                    [*ferry, "recover", "--dry-run"],
+                    _env(home),
+                    check=False,
+                    stdout=subprocess.DEVNULL,
+                )
+            )
+
+        ours_s, base_s = side_by_side(lambda: side(big), lambda: side(small), options.runs)
+    return Figure(
+        "recover-time", ours_s / base_s, f"{ours_s * 1000:.0f}ms", f"{base_s * 1000:.0f}ms",
+        {"records": str(records), "uncompacted_first": f"{first * 1000:.0f}ms", "target": "<=5"},
+    )  # fmt: skip
+
+
+BENCHMARKS = {
+    "run-overhead": run_overhead,
+    "run-capture": run_capture,
+    "work-throughput": work_throughput,
+    "recover-time": recover_time,
+}
