@@ -31,7 +31,7 @@ from ferry.model import State, Task
 from ferry.process import ProcessIdentity, self_identity
 from ferry.recoverer import Recoverer, RecoverReport
 from ferry.recovery import Policy
-from ferry.runner import Runner
+from ferry.runner import Plan, Runner
 
 if TYPE_CHECKING:
     from ferry.service import Service
@@ -243,33 +243,38 @@ class Worker:
             self.service.notice(line)
 
     def _fill(self, epoch: int) -> None:
-        """Claim as many queued tasks as there are free slots, in one durable write
-        fenced by our epoch, then start one runner thread per claimed task."""
+        """Claim as many queued tasks as there are free slots and write CLAIMED and
+        DISPATCHING for all of them in one durable write fenced by our epoch; then
+        start one runner thread per task."""
         free = self.jobs - len(self.running)
-        if free <= 0:
-            return
-        queued = self.store.table.queued()[:free]
+        queued = self.store.table.queued()[:free] if free > 0 else []
         if not queued:
             return
         me = self.lead.me.to_json()
-        claims = [(task, new_claim_token(os.urandom(10))) for task in queued]
-        events = [
-            ev.Claimed(task=t.id, attempt=t.attempt, token=tok, runner=me, by="work")
-            for t, tok in claims
-        ]
+        plans: list[Plan] = []
+        events: list[ev.Event] = []
+        for task in queued:
+            token = new_claim_token(os.urandom(10))
+            events.append(
+                ev.Claimed(task=task.id, attempt=task.attempt, token=token, runner=me, by="work")
+            )
+            plan = self.runner.plan(replace(task, state=State.CLAIMED, claim_token=token), token)
+            events.append(plan.event)
+            plans.append(plan)
         self.store.commit(*events, epoch=epoch)
-        for task, token in claims:
-            claimed = replace(task, state=State.CLAIMED, claim_token=token)
+        for plan in plans:
+            if plan.env is None:
+                continue  # settled FAILED in the same write (a pinned input changed)
             thread = threading.Thread(
-                target=self._run_one, args=(claimed, token),
-                name=f"ferry-task-{task.id}", daemon=True,
-            )  # fmt: skip
-            self.running[task.id] = thread
+                target=self._run_one, args=(plan,), name=f"ferry-task-{plan.task.id}", daemon=True
+            )
+            self.running[plan.task.id] = thread
             thread.start()
 
-    def _run_one(self, task: Task, token: str) -> None:
+    def _run_one(self, plan: Plan) -> None:
+        task = plan.task
         try:
-            self.runner.dispatch(task, token, stop=self.stop.task_signal)
+            self.runner.launch(plan, stop=self.stop.task_signal)
         except JournalIntegrityError as error:
             self.failures.append(error)
             self.stop.count = max(self.stop.count, 1)  # the journal failed us: stop

@@ -42,6 +42,18 @@ def heartbeat_path(home: Path, task_id: str, attempt: int) -> Path:
 
 
 @dataclass(frozen=True)
+class Plan:
+    """A task about to be dispatched: ``event`` is DISPATCHING (then ``env`` is the
+    child's environment) or SETTLED FAILED (``env`` None, ``error`` says why)."""
+
+    task: Task
+    token: str
+    event: ev.Dispatching | ev.Settled
+    env: dict[str, str] | None
+    error: FerryError | None
+
+
+@dataclass(frozen=True)
 class RunResult:
     """How the task ended, and the exit status ``run``/``claim`` pass through."""
 
@@ -105,17 +117,10 @@ class Runner:
         self.passthrough = passthrough
         self.warn = warn or (lambda message: None)
 
-    def dispatch(
-        self,
-        task: Task,
-        token: str,
-        *,
-        lead: Sequence[ev.Event] = (),
-        epoch: int = 0,
-        stop: Callable[[], int | None] | None = None,
-    ) -> RunResult:
-        """Run ``task`` (CLAIMED by ``token``; or about to be, by the ``lead`` events,
-        which are committed in the same write as DISPATCHING or the failure)."""
+    def plan(self, task: Task, token: str) -> Plan:
+        """Everything decided before the intent is written: the pointer verdict, the
+        child's environment, and the record to commit (DISPATCHING, or SETTLED FAILED
+        when a pinned input changed)."""
         spec = task.spec
         marker = make_marker(task.id, task.attempt, token)
         env = dict(os.environ)
@@ -126,14 +131,11 @@ class Runner:
         if spec.pointers:
             verdict = self._check_pointers(task)
             if not verdict.run:
-                error = verdict.error()
-                assert error is not None
                 settled = ev.Settled(
                     task=task.id, attempt=task.attempt, token=token, state=State.FAILED,
                     reason=Reason(verdict.reason), evidence=dict(verdict.evidence),
                 )  # fmt: skip
-                self.store.commit(*lead, settled, epoch=epoch)
-                return RunResult(self._task(task.id), EX_FERRY_FAILED, error)
+                return Plan(task, token, settled, None, verdict.error())
             env.update(verdict.env)
             evidence.update(verdict.evidence)
             if verdict.warning:
@@ -144,10 +146,29 @@ class Runner:
         dispatching = ev.Dispatching(
             task=task.id, attempt=task.attempt, token=token, marker=marker, evidence=evidence
         )
-        # The intent is durable before the side effect: only after this commit returns
-        # (write + fsync) may the child exist.
-        self.store.commit(*lead, dispatching, epoch=epoch)
-        return self._supervise(task, token, env, stop)
+        return Plan(task, token, dispatching, env, None)
+
+    def launch(self, plan: Plan, stop: Callable[[], int | None] | None = None) -> RunResult:
+        """Run a planned task whose record (``plan.event``) is already durable."""
+        if plan.env is None:
+            return RunResult(self._task(plan.task.id), EX_FERRY_FAILED, plan.error)
+        return self._supervise(plan.task, plan.token, plan.env, stop)
+
+    def dispatch(
+        self,
+        task: Task,
+        token: str,
+        *,
+        lead: Sequence[ev.Event] = (),
+        epoch: int = 0,
+        stop: Callable[[], int | None] | None = None,
+    ) -> RunResult:
+        """Plan, commit (the ``lead`` events, e.g. SUBMITTED + CLAIMED, go in the same
+        write), launch. The intent is durable before the side effect: only after this
+        commit returns (write + fsync) may the child exist."""
+        plan = self.plan(task, token)
+        self.store.commit(*lead, plan.event, epoch=epoch)
+        return self.launch(plan, stop)
 
     def _check_pointers(self, task: Task) -> Any:
         from ferry.pointers import check_before_dispatch, pointers_from_spec
