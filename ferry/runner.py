@@ -16,6 +16,7 @@ recovery already gave up on cannot settle (the store refuses ``task.stale_claim`
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from collections.abc import Callable, Sequence
@@ -224,6 +225,11 @@ class Runner:
             )  # fmt: skip
             self.store.commit(settled)
             return RunResult(self._task(task.id), error.exit_code, error)
+        # A `ferry cancel` from another process is only in the journal: catch up first,
+        # or a cancelled task would settle FAILED SIGNALLED. (commit() re-validates
+        # under the lock anyway; a failed refresh just leaves the cancel unseen.)
+        with contextlib.suppress(FerryError):
+            self.store.refresh()
         current = self._task(task.id)
         cancelled = current.cancel_requested and current.attempt == task.attempt
         self.store.commit(settle_event(task, token, outcome, cancelled))
