@@ -46,7 +46,7 @@ import hashlib
 import os as real_os
 import random
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -162,6 +162,9 @@ class SimDisk:
         # the real directory): dir path -> name -> entry.
         self._dirs: dict[str, dict[str, Entry]] = {}
         self._fds: dict[int, int | str] = {}  # fd -> inode, or dir path for a dir fd
+        # For meta-tests only: a predicate that turns chosen fsyncs into no-ops (neither
+        # done nor traced), as if that line had been deleted from the library.
+        self.skip_sync: Callable[[int | str], bool] | None = None
         self._scan(self.root)
         self.initial_dirs = {d: dict(e) for d, e in self._dirs.items()}
 
@@ -218,7 +221,6 @@ class SimDisk:
     def open(self, path: Any, flags: int, mode: int = 0o777, *, dir_fd: Any = None) -> int:
         if dir_fd is not None:
             raise NotImplementedError("simdisk: dir_fd is not modelled")
-        where = self._split(path)
         existed = real_os.path.lexists(path)
         fd = real_os.open(path, flags, mode)
         if stat.S_ISDIR(real_os.fstat(fd).st_mode):
@@ -226,6 +228,7 @@ class SimDisk:
             if directory is not None:
                 self._fds[fd] = directory
             return fd
+        where = self._split(path)
         if where is None:
             return fd
         parent, name = where
@@ -265,12 +268,20 @@ class SimDisk:
         return written
 
     def fsync(self, fd: int) -> None:
+        if self._skipped(fd):
+            return
         real_os.fsync(fd)
         self._record_sync(fd)
 
     def fdatasync(self, fd: int) -> None:
+        if self._skipped(fd):
+            return
         real_os.fdatasync(fd)
         self._record_sync(fd)
+
+    def _skipped(self, fd: int) -> bool:
+        target = self._fds.get(fd)
+        return target is not None and self.skip_sync is not None and self.skip_sync(target)
 
     def _record_sync(self, fd: int) -> None:
         target = self._fds.get(fd)

@@ -1,0 +1,132 @@
+"""Every truncation of a real journal is a valid prefix or a repairable torn tail.
+
+A crash can leave the last segment cut at any byte. Whatever the cut, the library must
+read the records whose whole line precedes it, call the rest a torn tail (never
+corruption), and repair must cut exactly that tail, keep it in a `.broken` copy, and
+never drop a record whose line was complete.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import journal
+
+payloads = st.dictionaries(
+    st.text(max_size=6),
+    st.integers(-(2**63), 2**64 - 1)
+    | st.text(max_size=40)
+    | st.floats(allow_nan=False, allow_infinity=False),
+    max_size=3,
+)
+
+
+@contextmanager
+def built_journal(records: list[dict[str, Any]], segment_bytes_max: int) -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="journal-trunc-") as tmp:
+        directory = Path(tmp) / "j"
+        j = journal.Journal.open(directory, segment_bytes_max=segment_bytes_max)
+        try:
+            for data in records:
+                j.append("t", data)
+        finally:
+            j.close()
+        yield directory
+
+
+def line_ends(content: bytes) -> list[int]:
+    """Byte offsets just after each complete line (0 included: the empty prefix)."""
+    ends = [0]
+    for index, byte in enumerate(content):
+        if byte == 0x0A:
+            ends.append(index + 1)
+    return ends
+
+
+def segments(directory: Path) -> list[Path]:
+    return sorted(directory.glob("*.jsonl"))
+
+
+def check_cut(directory: Path, last: Path, full: bytes, cut: int, before: int) -> None:
+    """Cut `last` at `cut`, then verify, repair, read and append; `before` = number of
+    records in the earlier (sealed) segments."""
+    # Undo the previous cut's repair and its "after" append (which may have rotated).
+    for leftover in directory.glob("*.broken*"):
+        leftover.unlink()
+    for later in segments(directory):
+        if later.name > last.name:
+            later.unlink()
+    last.write_bytes(full[:cut])
+    ends = line_ends(full)
+    boundary = max(e for e in ends if e <= cut)
+    survivors = before + ends.index(boundary)
+
+    report = journal.verify(directory)
+    assert report.corruption is None, (cut, report)
+    assert report.last_seq == survivors, (cut, report)
+    if cut == boundary:
+        assert report.clean and report.torn_tail is None, (cut, report)
+    else:
+        assert report.torn_tail is not None and not report.clean, (cut, report)
+        assert (report.torn_tail.offset, report.torn_tail.tail_bytes) == (boundary, cut - boundary)
+
+    repaired = journal.repair(directory)
+    assert repaired.bytes_cut == cut - boundary
+    assert repaired.last_seq == survivors
+    if cut != boundary:
+        assert repaired.broken_copy is not None
+        assert repaired.broken_copy.read_bytes() == full[boundary:cut]
+    assert last.read_bytes() == full[:boundary]
+    assert journal.verify(directory).clean
+
+    j = journal.Journal.open(directory)
+    try:
+        seqs = [r.seq for r in j.read()]
+        assert seqs == list(range(1, survivors + 1)), "a complete line was dropped"
+        assert j.append("after", {}).seq == survivors + 1
+    finally:
+        j.close()
+
+
+def records_before_last(directory: Path) -> int:
+    """Records in the sealed segments: the last segment is named after its first seq."""
+    return int(segments(directory)[-1].name.split(".")[0]) - 1
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    records=st.lists(payloads, min_size=1, max_size=15),
+    segment_bytes_max=st.sampled_from([300, 700, 1 << 20]),
+    picks=st.lists(st.floats(0, 1), min_size=1, max_size=8),
+)
+def test_truncations_near_the_end_are_prefixes_or_torn_tails(
+    records: list[dict[str, Any]], segment_bytes_max: int, picks: list[float]
+) -> None:
+    with built_journal(records, segment_bytes_max) as directory:
+        last = segments(directory)[-1]
+        full = last.read_bytes()
+        before = records_before_last(directory)
+        ends = line_ends(full)
+        # Cuts inside the last three records, plus their boundaries, plus a few picks.
+        zone_start = ends[max(0, len(ends) - 4)]
+        cuts = {zone_start, len(full), len(full) - 1}
+        cuts |= {zone_start + int(p * (len(full) - zone_start)) for p in picks}
+        for cut in sorted(c for c in cuts if 0 <= c <= len(full)):
+            check_cut(directory, last, full, cut, before)
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(records=st.lists(payloads, min_size=1, max_size=3))
+def test_small_journal_every_byte_offset(records: list[dict[str, Any]]) -> None:
+    with built_journal(records, 1 << 20) as directory:
+        last = segments(directory)[-1]
+        full = last.read_bytes()
+        for cut in range(len(full) + 1):
+            check_cut(directory, last, full, cut, 0)
