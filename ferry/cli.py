@@ -24,12 +24,17 @@ _RUNS_TASK = {"run", "claim"}
 
 
 class Ctx:
-    """What the global options say, handed to every command."""
+    """What the global options say, handed to every command. ``runs_task`` is set by
+    ``run`` and ``claim``: their failures before the task starts exit 125."""
+
+    current: Ctx | None = None  # the invocation in progress, for main()'s error mapping
 
     def __init__(self, home: str | None, as_json: bool, verbosity: int) -> None:
         self.home = home
         self.as_json = as_json
         self.verbosity = verbosity
+        self.runs_task = False
+        Ctx.current = self
 
     def service(self) -> Any:
         from ferry.service import Service  # lazy: keeps `ferry --help` cheap
@@ -146,11 +151,27 @@ def _report(error: errors.FerryError, as_json: bool) -> None:
     render.error(error, as_json=as_json)
 
 
+def _command_word(args: list[str]) -> str:
+    """The subcommand's name, for messages before click has parsed anything."""
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg == "--home":
+            skip = True
+        elif arg == "--":
+            break
+        elif not arg.startswith("-"):
+            return arg
+    return ""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``ferry`` console script; returns the exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
     as_json = "--json" in args[: args.index("--")] if "--" in args else "--json" in args
-    command = next((a for a in args if not a.startswith("-")), "")
+    command = _command_word(args)
+    Ctx.current = None
     try:
         result = cli.main(args=args, prog_name="ferry", standalone_mode=False)
     except click.exceptions.NoArgsIsHelpError as exc:  # pragma: no cover - click >= 8.2
@@ -166,8 +187,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except click.exceptions.Exit as exc:
         return int(exc.exit_code)
     except errors.FerryError as exc:
-        _report(exc, as_json)
-        return errors.exit_code_for(exc, runs_task=command in _RUNS_TASK)
+        ctx = Ctx.current
+        _report(exc, ctx.as_json if ctx else as_json)
+        runs_task = ctx.runs_task if ctx else command in _RUNS_TASK
+        return errors.exit_code_for(exc, runs_task=runs_task)
     except KeyboardInterrupt:
         _report(errors.FerryError("interrupted", code="interrupted", exit_code=130), as_json)
         return 130

@@ -67,6 +67,7 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
         ferry failed before the task started, 126/127 not executable/not found,
         128+N killed by signal N).
         """
+        ctx.runs_task = True
         return int(ctx.service().run(_task_opts(kw, argv), as_json=ctx.as_json))
 
     @cli.command(
@@ -110,6 +111,7 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
 
         Empty queue: exit 0 (--json: {"task": null}).
         """
+        ctx.runs_task = True
         return int(ctx.service().claim(lease_ttl_s=lease_ttl, as_json=ctx.as_json))
 
     @cli.command(epilog=_example("ferry work -j 4 --drain"))

@@ -141,10 +141,9 @@ def build_spec(opts: Mapping[str, Any], home: Path) -> TaskSpec:
 
             if not isinstance(patch_file, str):
                 raise UsageError("patch_file must be a path", code="usage.bad_patch")
+            # Like any file argument, relative to where the user is, not to --cwd.
             stored, _info = prepare_patch(
-                Path(cwd, patch_file) if not os.path.isabs(patch_file) else Path(patch_file),
-                resolved,
-                home / "patches",
+                Path(os.path.abspath(patch_file)), resolved, home / "patches"
             )
             patch = PatchRef(stored.path, stored.sha256)
     elif opts.get("patch_file") is not None:

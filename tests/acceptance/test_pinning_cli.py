@@ -218,11 +218,6 @@ def test_a_patch_failing_a_gate_is_refused_up_front(
     assert json.loads(listed.stdout) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="cli.main takes the first non-option word (the --home value) as the command, "
-    "so run's failures map like submit's (2, not 125); remove this mark once cli.py is fixed",
-)
 def test_run_exit_code_for_a_gate_failure_with_the_global_home_option(
     ferry: Ferry, work: Path
 ) -> None:

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PURE_CORE = {"model", "events", "state", "fold", "recovery", "patch", "ids", "spec", "errors"}
+PURE_CORE = {
+    "model", "events", "state", "fold", "recovery", "patch", "pinning", "ids", "spec", "errors",
+}  # fmt: skip
 # Modules the pure core must not import (I/O, processes, time, randomness, the disk).
 IO_MODULES = {
     "os",
