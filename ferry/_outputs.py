@@ -51,7 +51,7 @@ class Sink:
         self.log_error: str | None = None
         self.echo_error: str | None = None
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | memoryview) -> None:
         self.bytes_total += len(data)
         if self.log_error is None:
             try:

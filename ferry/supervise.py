@@ -287,6 +287,8 @@ class _Run:
         self.group = TaskGroup(proc.pid)
         self.sel = selectors.DefaultSelector()
         self.streams: dict[int, Sink] = {}
+        self.buffer = bytearray(CHUNK_BYTES)
+        self.view = memoryview(self.buffer)
         for stream, sink in zip((proc.stdout, proc.stderr), sinks, strict=True):
             assert stream is not None
             self.streams[stream.fileno()] = sink
@@ -404,9 +406,11 @@ class _Run:
         return max(0.0, min(times) - now)
 
     def _read(self, fd: int) -> None:
-        data = os.read(fd, CHUNK_BYTES)
-        if data:
-            self.streams[fd].write(data)
+        # readv into one reused buffer: a fresh 1 MiB bytes object per read costs about
+        # three times the CPU (allocation and page faults), measured on 1 GiB.
+        n = os.readv(fd, [self.buffer])
+        if n:
+            self.streams[fd].write(self.view[:n])
         else:  # EOF: every writer of this pipe has closed it
             self.sel.unregister(fd)
             del self.streams[fd]
@@ -462,6 +466,7 @@ class _Run:
 
     def _close(self) -> None:
         self.sel.close()
+        self.view.release()
         for stream in (self.proc.stdout, self.proc.stderr):
             if stream is not None:
                 stream.close()
