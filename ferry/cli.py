@@ -176,6 +176,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = cli.main(args=args, prog_name="ferry", standalone_mode=False)
     except click.exceptions.NoArgsIsHelpError as exc:  # pragma: no cover - click >= 8.2
         click.echo(exc.ctx.get_help() if exc.ctx else "", err=True)
+        if as_json:  # --json promises an error object on stdout for every error
+            from ferry import render
+
+            missing = errors.UsageError("missing command", code="usage.missing_command")
+            render.write_json({"error": missing.to_json()})
         return errors.EX_USAGE
     except click.UsageError as exc:
         hint = f" (see 'ferry {command} --help')" if command else " (see 'ferry --help')"
