@@ -31,8 +31,9 @@ from journal._segment import Segment, check_next, list_segments
 CHUNK_BYTES = 256 << 10
 LINE_BYTES_MAX_READ = 64 << 20  # any line longer is damage (memory bound when reading)
 _BODY = slice(None, -18)  # a line (without newline) before ',"crc":"'
-_CRC_HEX = slice(-10, -2)
-_hex8 = b"%08x".__mod__
+# The key as well as the digits: a damaged byte in ',"crc":"' must not pass either.
+_CRC_FIELD = slice(-18, -2)
+_crc_field = b',"crc":"%08x'.__mod__
 _crc32: Callable[[bytes], int] = zlib.crc32
 _slice = cast(Callable[[bytes, slice], bytes], getitem)
 _new_record = tuple.__new__
@@ -42,8 +43,8 @@ def _checksums_match(lines: list[bytes]) -> bool:
     """True if every line's checksum matches (C-level loops: map/all, no bytecode per
     line; the crc is the costliest check, so it is the one done in bulk)."""
     count = len(lines)
-    computed = map(_hex8, map(_crc32, map(_slice, lines, repeat(_BODY, count))))
-    return all(map(eq, computed, map(_slice, lines, repeat(_CRC_HEX, count))))
+    computed = map(_crc_field, map(_crc32, map(_slice, lines, repeat(_BODY, count))))
+    return all(map(eq, computed, map(_slice, lines, repeat(_CRC_FIELD, count))))
 
 
 class Damage(NamedTuple):
