@@ -69,10 +69,12 @@ class TaskSpec:
         }
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any], *, strict: bool = False) -> TaskSpec:
+    def from_json(
+        cls, data: Mapping[str, Any], *, strict: bool = False, validate: bool = True
+    ) -> TaskSpec:
         """Build and validate a spec. ``strict`` refuses unknown keys (user input such
         as a ``submit --from`` line); the default ignores them (a journal written by a
-        newer version)."""
+        newer version). ``validate=False`` only for ferry's own snapshots."""
         if not isinstance(data, Mapping):
             raise UsageError("a task spec must be a JSON object", code="usage.bad_spec")
         if strict:
@@ -117,7 +119,8 @@ class TaskSpec:
             pointers=tuple((p["path"], p["sha256"]) for p in pointers),
             patch=None if patch is None else PatchRef(patch["path"], patch["sha256"]),
         )
-        validate_spec(spec)
+        if validate:
+            validate_spec(spec)
         return spec
 
 

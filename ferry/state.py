@@ -72,6 +72,7 @@ class Table:
         self._succeeded_keys: dict[str, str] = {}  # complete even when settled not loaded
         self._queue: list[tuple[int, str]] = []  # heap of (queue_seq, id); lazy deletion
         self._load_settled = load_settled
+        self._settled_id_max = ""  # the greatest id of any settled task, loaded or not
         self.last_seq = 0
         self.lease: dict[str, Any] | None = None  # last LEASE_* event: epoch, holder, state
         self.anomalies: list[Anomaly] = []
@@ -186,7 +187,7 @@ class Table:
     def to_snapshot(self) -> dict[str, Any]:
         self._ensure_settled()
         snapshot = self.live_snapshot()
-        snapshot["settled"] = [task_to_record(task) for task in self._settled.values()]
+        snapshot["settled"] = [task_to_record(self._settled[i]) for i in sorted(self._settled)]
         return snapshot
 
     def live_snapshot(self) -> dict[str, Any]:
@@ -199,6 +200,7 @@ class Table:
             "anomalies": [anomaly.to_json() for anomaly in self.anomalies],
             "live": [task_to_record(task) for task in self.live()],
             "succeeded_keys": dict(self._succeeded_keys),
+            "settled_id_max": self._settled_id_max,
         }
 
     def settled_since(self, seq: int) -> list[dict[str, Any]]:
@@ -222,6 +224,7 @@ class Table:
         table.lease = data.get("lease")
         table.anomalies = [Anomaly(**anomaly) for anomaly in data.get("anomalies", ())]
         table._succeeded_keys = dict(data.get("succeeded_keys", {}))
+        table._settled_id_max = str(data.get("settled_id_max", ""))
         for record in data["live"]:
             table._put(None, task_from_record(record))
         if "settled" in data:
@@ -232,8 +235,14 @@ class Table:
     # ---- internals -----------------------------------------------------------------
 
     def _find(self, event: ev.TaskEvent) -> Task | None:
-        if isinstance(event, ev.Submitted):  # a new id: no reason to load history
-            return self._live.get(event.task) or self._settled.get(event.task)
+        if isinstance(event, ev.Submitted):
+            # A new id sorts after every settled one (ids sort by creation time), so
+            # history is loaded only if the clock went back: duplicates are refused
+            # the same way whether or not history is loaded.
+            known = self._live.get(event.task) or self._settled.get(event.task)
+            if known is None and event.task <= self._settled_id_max:
+                return self.get(event.task)
+            return known
         return self.get(event.task)
 
     def _ensure_settled(self) -> bool:
@@ -247,8 +256,13 @@ class Table:
     def _add_settled(self, records: Iterable[Mapping[str, Any]]) -> None:
         for record in records:
             task = task_from_record(record)
-            if task.id not in self._live:
+            if task.id in self._live:
+                continue  # retried since it was archived: the live version is newer
+            known = self._settled.get(task.id)
+            if known is None:
                 self._put(None, task)
+            elif task.updated_seq > known.updated_seq:  # archived twice: the newer wins
+                self._put(known, task)
 
     def _put(self, old: Task | None, new: Task) -> None:
         if old is None and new.spec.key is not None:
@@ -256,6 +270,7 @@ class Table:
         if new.terminal:
             self._live.pop(new.id, None)
             self._settled[new.id] = new
+            self._settled_id_max = max(self._settled_id_max, new.id)
             if new.state is State.SUCCEEDED and new.spec.key is not None:
                 self._succeeded_keys[new.spec.key] = new.id
         else:

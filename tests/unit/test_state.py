@@ -485,3 +485,55 @@ def test_snapshot_of_an_unknown_format_is_refused() -> None:
     with pytest.raises(FerryError) as caught:
         Table.from_snapshot({"format": 99})
     assert caught.value.code == "snapshot.format"
+
+
+def test_duplicate_id_of_an_unloaded_settled_task_is_still_refused() -> None:
+    h, ids = busy_harness()
+    snapshot = h.table.to_snapshot()
+    settled = snapshot.pop("settled")
+    calls: list[int] = []
+
+    def load() -> Iterable[Mapping[str, Any]]:
+        calls.append(1)
+        return settled
+
+    lazy = Harness(Table.from_snapshot(snapshot, load_settled=load))
+    lazy.submit()  # a newer id: no history needed
+    assert calls == []
+    again = ev.Submitted(ids["done"], TaskSpec(argv=("x",), cwd="/"), 1.0)
+    with pytest.raises(RefusedError) as caught:
+        lazy.write(again)
+    assert caught.value.code == "task.duplicate_id" and calls == [1]
+
+
+def test_settled_archives_may_overlap_the_newest_record_wins() -> None:
+    h, ids = busy_harness()
+    old = h.table.to_snapshot()["settled"]
+    h.write(ev.Retried(ids["failed"], 2))
+    h.write(ev.Settled(ids["failed"], 2, None, State.CANCELLED, Reason.CANCELLED_BY_USER))
+    snapshot = h.table.to_snapshot()
+    newer = snapshot.pop("settled")
+    # the store may hand over several archive deltas, oldest first or not
+    for chunks in ([*old, *newer], [*newer, *old]):
+        lazy = Table.from_snapshot(snapshot, load_settled=lambda c=chunks: c)
+        assert lazy.get(ids["failed"]) == h.table.get(ids["failed"])
+        assert lazy.by_key("f") == [ids["failed"]]
+        assert lazy.to_snapshot()["settled"] == newer
+
+
+def test_a_task_retried_after_archiving_stays_live_when_history_loads() -> None:
+    h, ids = busy_harness()
+    snapshot = h.table.to_snapshot()
+    archived = snapshot.pop("settled")
+    lazy = Harness(Table.from_snapshot(snapshot, load_settled=lambda: archived))
+    lazy.write(ev.Retried(ids["failed"], 2))  # loads history, then the retry applies
+    task = lazy.get(ids["failed"])
+    assert (task.state, task.attempt) == (State.QUEUED, 2)
+    assert ids["failed"] in {t.id for t in lazy.table.live()}
+
+
+def test_snapshot_records_leave_defaults_out() -> None:
+    h, ids = busy_harness()
+    record = next(r for r in h.table.to_snapshot()["live"] if r["id"] == ids["queued"])
+    assert "pid" not in record and "reason" not in record and "env" not in record["spec"]
+    assert record["spec"]["key"] == "q" and record["state"] == "QUEUED"
