@@ -144,6 +144,8 @@ def decode_line(line: bytes, expected_seq: int | None = None) -> Record:
     if line.endswith(b"\n"):
         line = line[:-1]
     if not line_checks(line):
+        if not line:
+            raise LineProblem("empty line", checks=False)
         if line.strip(b"\x00") == b"":
             raise LineProblem("NUL bytes", checks=False)
         raise LineProblem("checksum mismatch or malformed line", checks=False)

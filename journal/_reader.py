@@ -47,6 +47,15 @@ def _checksums_match(lines: list[bytes]) -> bool:
     return all(map(eq, computed, map(_slice, lines, repeat(_CRC_FIELD, count))))
 
 
+def _holds_valid_line(line: bytes) -> bool:
+    """Does ``line`` check, or end with a record that checks?  (A hole of NUL bytes or
+    garbage without a newline glues itself to the record after it.)"""
+    if line_checks(line):
+        return True
+    start = line.rfind(b'{"v":')
+    return start > 0 and line_checks(line[start:])
+
+
 class Damage(NamedTuple):
     offset: int  # first byte of the first bad line
     seq: int  # the seq expected there
@@ -136,7 +145,7 @@ class SegmentScan:
                     if damage.corrupt:
                         self.damage = damage
                         return
-                elif line_checks(line):
+                elif _holds_valid_line(line):
                     # A checksummed line after the damage: the damage is not a torn tail
                     # but a hole in the middle (never skipped, never cut).
                     self.damage = damage._replace(
@@ -168,7 +177,10 @@ class SegmentScan:
         try:
             return decode_line(line, expected), None
         except LineProblem as problem:
-            return None, Damage(offset, expected, problem.reason, problem.checks)
+            reason, corrupt = problem.reason, problem.checks
+            if not corrupt and _holds_valid_line(line):
+                reason, corrupt = f"{reason}; a valid record follows inside the same line", True
+            return None, Damage(offset, expected, reason, corrupt)
         except FormatVersionError as exc:
             raise FormatVersionError(
                 exc.message, segment=self.path, offset=offset, seq=expected

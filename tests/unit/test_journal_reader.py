@@ -1,0 +1,365 @@
+"""Reader damage classification, as a table: each case damages a real three-segment
+journal one way and states what verify, open and read must say (clean / torn tail /
+corruption, with segment, byte offset and seq).  Every case also runs with tiny read
+chunks, so that lines split across reads are covered."""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import journal._reader as reader_module
+from journal import (
+    CompactedError,
+    CorruptionError,
+    FormatVersionError,
+    Journal,
+    Record,
+    read_records,
+    verify,
+)
+from journal._codec import encode_record
+from journal._segment import segment_name
+
+COUNTS = (3, 3, 4)  # records per segment: seqs 1-3, 4-6, 7-10
+LAST_SEQ = 10
+
+
+def record(seq: int) -> Record:
+    return Record(seq, seq % 3, 1000.0 + seq, "T", {"i": seq, "text": "\u00e9\u2713" * (seq % 4)})
+
+
+def line(seq: int) -> bytes:
+    r = record(seq)
+    return encode_record(r.seq, r.epoch, r.ts, r.type, r.data)
+
+
+class Journal3:
+    """A journal of three segments written byte by byte, plus damage helpers."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        self.lines: list[list[bytes]] = []
+        self.paths: list[Path] = []
+        seq = 1
+        directory.mkdir()
+        for count in COUNTS:
+            lines = [line(seq + i) for i in range(count)]
+            path = directory / segment_name(seq)
+            path.write_bytes(b"".join(lines))
+            self.lines.append(lines)
+            self.paths.append(path)
+            seq += count
+
+    def offset(self, segment: int, index: int) -> int:
+        return sum(len(x) for x in self.lines[segment][:index])
+
+    def size(self, segment: int) -> int:
+        return self.paths[segment].stat().st_size
+
+    def append(self, segment: int, data: bytes) -> None:
+        with self.paths[segment].open("ab") as f:
+            f.write(data)
+
+    def truncate_end(self, segment: int, n: int) -> None:
+        path = self.paths[segment]
+        path.write_bytes(path.read_bytes()[:-n])
+
+    def flip(self, segment: int, index: int, at: int = 20) -> None:
+        path = self.paths[segment]
+        data = bytearray(path.read_bytes())
+        data[self.offset(segment, index) + at] ^= 0x04
+        path.write_bytes(bytes(data))
+
+    def replace_line(self, segment: int, index: int, new: bytes) -> None:
+        lines = list(self.lines[segment])
+        lines[index : index + 1] = [new] if new else []
+        self.paths[segment].write_bytes(b"".join(lines))
+
+
+@dataclass(frozen=True)
+class Expect:
+    status: str  # clean | torn_tail | corrupt
+    last_seq: int  # last valid record before the damage
+    segment: int | None = None  # index of the damaged segment
+    offset: Callable[[Journal3], int] | None = None
+    seq: int | None = None  # seq expected at the damage
+    tail_bytes: Callable[[Journal3], int] | None = None
+
+
+def clean(last_seq: int = LAST_SEQ) -> Expect:
+    return Expect("clean", last_seq)
+
+
+def torn(
+    last_seq: int, segment: int, offset: Callable[[Journal3], int], tail: Callable[[Journal3], int]
+) -> Expect:
+    return Expect("torn_tail", last_seq, segment, offset, last_seq + 1, tail)
+
+
+def corrupt(last_seq: int, segment: int, offset: Callable[[Journal3], int], seq: int) -> Expect:
+    return Expect("corrupt", last_seq, segment, offset, seq)
+
+
+def _checked(body: bytes) -> bytes:
+    return body + b',"crc":"%08x"}\n' % zlib.crc32(body)
+
+
+LAST_LINE = len(line(10))
+CASES: dict[str, tuple[Callable[[Journal3], object], Expect]] = {
+    "clean": (lambda j: None, clean()),
+    "truncated-1-byte (no newline)": (
+        lambda j: j.truncate_end(2, 1),
+        torn(9, 2, lambda j: j.offset(2, 3), lambda j: LAST_LINE - 1),
+    ),
+    "truncated-in-crc": (
+        lambda j: j.truncate_end(2, 12),
+        torn(9, 2, lambda j: j.offset(2, 3), lambda j: LAST_LINE - 12),
+    ),
+    "truncated-to-one-byte": (
+        lambda j: j.truncate_end(2, LAST_LINE - 1),
+        torn(9, 2, lambda j: j.offset(2, 3), lambda j: 1),
+    ),
+    "truncated-at-record-boundary": (lambda j: j.truncate_end(2, LAST_LINE), clean(9)),
+    "nul-tail-appended": (
+        lambda j: j.append(2, b"\x00" * 4096),
+        torn(10, 2, lambda j: j.offset(2, 4), lambda j: 4096),
+    ),
+    "last-record-nul-filled": (
+        lambda j: j.replace_line(2, 3, b"\x00" * LAST_LINE),
+        torn(9, 2, lambda j: j.offset(2, 3), lambda j: LAST_LINE),
+    ),
+    "nul-filled-with-newline": (
+        lambda j: j.replace_line(2, 3, b"\x00" * (LAST_LINE - 1) + b"\n"),
+        torn(9, 2, lambda j: j.offset(2, 3), lambda j: LAST_LINE),
+    ),
+    "garbage-tail": (
+        lambda j: j.append(2, b"garbage\nmore \xff\xfe garbage"),
+        torn(10, 2, lambda j: j.offset(2, 4), lambda j: 23),
+    ),
+    "half-record-with-newline": (
+        lambda j: j.append(2, line(11)[:30] + b"\n"),
+        torn(10, 2, lambda j: j.offset(2, 4), lambda j: 31),
+    ),
+    "last-segment-only-garbage": (
+        lambda j: j.paths[2].write_bytes(b"xx"),
+        torn(6, 2, lambda j: 0, lambda j: 2),
+    ),
+    "empty-last-segment": (
+        lambda j: (j.dir / segment_name(11)).write_bytes(b""),
+        clean(),
+    ),
+    "bad-crc-mid-last-segment": (
+        lambda j: j.flip(2, 1),
+        corrupt(7, 2, lambda j: j.offset(2, 1), 8),
+    ),
+    "bad-crc-first-record": (
+        lambda j: j.flip(0, 0),
+        corrupt(0, 0, lambda j: 0, 1),
+    ),
+    "nul-hole-then-valid-record": (
+        lambda j: j.replace_line(2, 2, b"\x00" * 50),
+        corrupt(8, 2, lambda j: j.offset(2, 2), 9),
+    ),
+    "nul-hole-with-newline-then-valid-record": (
+        lambda j: j.replace_line(2, 2, b"\x00" * 50 + b"\n"),
+        corrupt(8, 2, lambda j: j.offset(2, 2), 9),
+    ),
+    "garbage-glued-to-a-valid-last-record": (
+        lambda j: j.replace_line(2, 3, b"junk" + line(10)),
+        corrupt(9, 2, lambda j: j.offset(2, 3), 10),
+    ),
+    "bad-record-in-sealed-segment": (
+        lambda j: j.flip(1, 1),
+        corrupt(4, 1, lambda j: j.offset(1, 1), 5),
+    ),
+    "bad-last-record-of-sealed-segment": (
+        lambda j: j.flip(1, 2),
+        corrupt(5, 1, lambda j: j.offset(1, 2), 6),
+    ),
+    "torn-end-of-sealed-segment": (
+        lambda j: j.truncate_end(1, 5),
+        corrupt(5, 1, lambda j: j.offset(1, 2), 6),
+    ),
+    "gap-inside-segment": (
+        lambda j: j.replace_line(2, 1, b""),
+        corrupt(7, 2, lambda j: j.offset(2, 1), 8),
+    ),
+    "duplicate-record": (
+        lambda j: j.replace_line(2, 1, line(8) + line(8)),
+        corrupt(8, 2, lambda j: j.offset(2, 2), 9),
+    ),
+    "checksummed-record-with-bad-fields": (
+        lambda j: j.replace_line(
+            2, 1, _checked(b'{"v":1,"seq":8,"epoch":0,"ts":1.0,"type":"T","data":[]')
+        ),
+        corrupt(7, 2, lambda j: j.offset(2, 1), 8),
+    ),
+    "missing-middle-segment": (
+        lambda j: j.paths[1].unlink(),
+        corrupt(3, 2, lambda j: 0, 4),
+    ),
+    "segment-named-with-a-gap": (
+        lambda j: j.paths[2].rename(j.dir / segment_name(8)),
+        corrupt(6, 2, lambda j: 0, 7),
+    ),
+}
+
+
+@pytest.fixture(params=[None, 7, 100], ids=["chunk-default", "chunk-7", "chunk-100"])
+def chunk(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    if request.param is not None:
+        monkeypatch.setattr(reader_module, "CHUNK_BYTES", request.param)
+
+
+@pytest.fixture
+def j3(tmp_path: Path) -> Journal3:
+    return Journal3(tmp_path / "j")
+
+
+@pytest.mark.usefixtures("chunk")
+@pytest.mark.parametrize("case", list(CASES))
+def test_verify_classifies(case: str, j3: Journal3) -> None:
+    damage, expect = CASES[case]
+    damage(j3)
+    before = {p.name: p.read_bytes() for p in j3.dir.iterdir()}
+    report = verify(j3.dir)
+    assert {p.name: p.read_bytes() for p in j3.dir.iterdir()} == before, "verify modified files"
+    assert report.status == expect.status
+    assert report.last_seq == expect.last_seq
+    if expect.status == "torn_tail":
+        assert report.torn_tail is not None and expect.offset and expect.tail_bytes
+        assert report.torn_tail.segment == j3.paths[expect.segment or 0]
+        assert report.torn_tail.offset == expect.offset(j3)
+        assert report.torn_tail.seq == expect.seq
+        assert report.torn_tail.tail_bytes == expect.tail_bytes(j3)
+    elif expect.status == "corrupt":
+        error = report.corruption
+        assert error is not None and expect.offset is not None
+        assert error.code == "journal.corrupt"
+        assert error.segment is not None and error.segment.parent == j3.dir
+        assert (
+            error.segment.name == j3.paths[expect.segment or 0].name
+            or case == "segment-named-with-a-gap"
+        )
+        assert error.offset == expect.offset(j3)
+        assert error.seq == expect.seq
+    else:
+        assert report.torn_tail is None and report.corruption is None
+
+
+@pytest.mark.usefixtures("chunk")
+@pytest.mark.parametrize("case", list(CASES))
+def test_read_yields_the_valid_prefix_then_stops_or_raises(case: str, j3: Journal3) -> None:
+    damage, expect = CASES[case]
+    damage(j3)
+    got: list[Record] = []
+    if expect.status == "corrupt":
+        with pytest.raises(CorruptionError) as caught:
+            got.extend(read_records(j3.dir))
+        assert caught.value.seq == expect.seq
+    else:
+        got.extend(read_records(j3.dir))
+    assert got == [record(s) for s in range(1, expect.last_seq + 1)]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_open_refuses_corruption_and_accepts_a_torn_tail(case: str, j3: Journal3) -> None:
+    damage, expect = CASES[case]
+    damage(j3)
+    if expect.status == "corrupt":
+        with pytest.raises(CorruptionError) as caught:
+            Journal.open(j3.dir)
+        assert caught.value.seq == expect.seq
+        return
+    before = {p.name: p.read_bytes() for p in j3.dir.iterdir() if p.name != ".lock"}
+    with Journal.open(j3.dir) as journal:
+        assert journal.last_seq == expect.last_seq
+        assert journal.max_epoch == max(
+            (record(s).epoch for s in range(1, expect.last_seq + 1)), default=0
+        )
+    after = {p.name: p.read_bytes() for p in j3.dir.iterdir() if p.name != ".lock"}
+    assert after == before, "open must not modify anything (a torn tail is cut at the next append)"
+
+
+def test_read_from_the_middle(j3: Journal3) -> None:
+    assert [r.seq for r in read_records(j3.dir, 5)] == list(range(5, 11))
+    assert [r.seq for r in read_records(j3.dir, 7)] == list(range(7, 11))
+    assert list(read_records(j3.dir, 11)) == []
+
+
+def test_read_stops_early_without_reading_on(j3: Journal3) -> None:
+    j3.flip(2, 3)  # damage after what we read: never reached
+    it = read_records(j3.dir)
+    assert [next(it).seq for _ in range(3)] == [1, 2, 3]
+
+
+def test_read_before_first_segment_says_compacted(j3: Journal3) -> None:
+    j3.paths[0].unlink()
+    with pytest.raises(CompactedError) as caught:
+        list(read_records(j3.dir, 1))
+    assert caught.value.first_seq == 4
+    assert [r.seq for r in read_records(j3.dir, 4)] == list(range(4, 11))
+
+
+def test_missing_first_segment_without_snapshot_is_corruption(j3: Journal3) -> None:
+    j3.paths[0].unlink()
+    report = verify(j3.dir)
+    assert report.status == "corrupt"
+    assert report.corruption is not None and "no valid snapshot" in report.corruption.message
+    with pytest.raises(CorruptionError):
+        Journal.open(j3.dir)
+
+
+def test_newer_format_version_raises_a_coded_error(j3: Journal3) -> None:
+    j3.replace_line(2, 3, _checked(b'{"v":2,"seq":10,"epoch":0,"ts":1.0,"type":"T","data":{}'))
+    for attempt in (
+        lambda: verify(j3.dir),
+        lambda: list(read_records(j3.dir)),
+        lambda: Journal.open(j3.dir),
+    ):
+        with pytest.raises(FormatVersionError) as caught:
+            attempt()
+        assert caught.value.seq == 10
+        assert caught.value.segment == j3.paths[2]
+        assert caught.value.offset == j3.offset(2, 3)
+
+
+def test_an_over_long_garbage_tail_is_torn(j3: Journal3, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(reader_module, "LINE_BYTES_MAX_READ", 300)
+    monkeypatch.setattr(reader_module, "CHUNK_BYTES", 50)
+    j3.append(2, b"z" * 1000)
+    report = verify(j3.dir)
+    assert report.status == "torn_tail" and report.torn_tail is not None
+    assert (report.torn_tail.offset, report.torn_tail.tail_bytes) == (j3.size(2) - 1000, 1000)
+
+
+def test_an_over_long_bad_line_followed_by_a_valid_one_is_corrupt(
+    j3: Journal3, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(reader_module, "LINE_BYTES_MAX_READ", 300)
+    monkeypatch.setattr(reader_module, "CHUNK_BYTES", 50)
+    j3.replace_line(2, 3, b"z" * 1000 + b"\n" + line(10))
+    report = verify(j3.dir)
+    assert report.status == "corrupt" and report.corruption is not None
+    assert report.corruption.offset == j3.offset(2, 3)
+
+
+def test_leftover_broken_and_temp_files_are_ignored(j3: Journal3) -> None:
+    (j3.dir / (j3.paths[2].name + ".broken")).write_bytes(b"\x00garbage")
+    (j3.dir / ".snapshot-00000000000000000003.snap.tmp").write_bytes(b"partial")
+    (j3.dir / "README").write_text("hello")
+    assert verify(j3.dir).status == "clean"
+    assert [r.seq for r in read_records(j3.dir)] == list(range(1, 11))
+
+
+def test_error_carries_where_in_message_and_details(j3: Journal3) -> None:
+    j3.flip(1, 1)
+    error = verify(j3.dir).corruption
+    assert error is not None
+    assert error.details == {"segment": str(j3.paths[1]), "offset": j3.offset(1, 1), "seq": 5}
+    assert j3.paths[1].name in str(error) and "seq 5" in str(error)

@@ -1,0 +1,537 @@
+"""The writer: durable appends, batches, rotation, fencing, hooks, group commit,
+subscribers, several handles on one directory, and failure (unit tier: real files; the
+OS calls are counted or failed by swapping ``journal._fsutil.os``)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import journal._fsutil as fsutil
+from journal import (
+    FencedError,
+    InvalidRecordError,
+    Journal,
+    JournalClosedError,
+    JournalError,
+    Record,
+    RecordTooLargeError,
+    WriterFailedError,
+    read_records,
+    verify,
+)
+from journal._segment import list_segments, segment_name
+
+
+class CountingOS:
+    """Delegates to the real os module, counting calls (and failing them on demand)."""
+
+    def __init__(self) -> None:
+        self.calls: Counter[str] = Counter()
+        self.fail: dict[str, OSError] = {}
+        self.dir_fsyncs = 0
+        self._dir_fds: set[int] = set()
+
+    def __getattr__(self, name: str) -> Any:
+        real = getattr(os, name)
+        if not callable(real):
+            return real
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.calls[name] += 1
+            if name in self.fail:
+                raise self.fail[name]
+            result = real(*args, **kwargs)
+            if name == "open" and args[1] & getattr(os, "O_DIRECTORY", 0):
+                self._dir_fds.add(result)
+            elif name == "fsync" and args[0] in self._dir_fds:
+                self.dir_fsyncs += 1
+            elif name == "close":
+                self._dir_fds.discard(args[0])
+            return result
+
+        return call
+
+
+@pytest.fixture
+def fake_os(monkeypatch: pytest.MonkeyPatch) -> CountingOS:
+    counting = CountingOS()
+    monkeypatch.setattr(fsutil, "os", counting)
+    return counting
+
+
+@pytest.fixture
+def jdir(tmp_path: Path) -> Path:
+    return tmp_path / "state" / "journal"
+
+
+@pytest.fixture
+def journal(jdir: Path) -> Iterator[Journal]:
+    with Journal.open(jdir) as j:
+        yield j
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.001)
+
+
+# -- appending ----------------------------------------------------------------------------
+
+
+def test_open_creates_the_directory_private(jdir: Path) -> None:
+    with Journal.open(jdir) as j:
+        assert j.last_seq == 0 and j.first_seq == 1 and j.max_epoch == 0
+    assert jdir.is_dir() and (jdir.stat().st_mode & 0o777) == 0o700
+    assert list_segments(jdir) == []  # the first segment is created by the first append
+
+
+def test_append_returns_the_committed_record(journal: Journal, jdir: Path) -> None:
+    before = time.time()
+    rec = journal.append("SUBMITTED", {"task": "t1", "argv": ("echo", "hi")}, epoch=0)
+    assert rec == Record(1, 0, rec.ts, "SUBMITTED", {"task": "t1", "argv": ["echo", "hi"]})
+    assert before <= rec.ts <= time.time()
+    assert list(read_records(jdir)) == [rec]
+    path = jdir / segment_name(1)
+    assert (path.stat().st_mode & 0o777) == 0o600
+    assert path.read_bytes().count(b"\n") == 1
+
+
+def test_seqs_are_gap_free_across_batches(journal: Journal) -> None:
+    first = journal.append("A", {})
+    batch = journal.append_batch([("B", {"i": i}) for i in range(5)])
+    last = journal.append("C", {})
+    assert [first.seq, *[r.seq for r in batch], last.seq] == list(range(1, 8))
+    assert journal.last_seq == 7
+
+
+def test_one_write_and_one_fsync_per_batch(journal: Journal, fake_os: CountingOS) -> None:
+    journal.append("warm", {})  # creates the first segment
+    fake_os.calls.clear()
+    records = journal.append_batch([("T", {"i": i}) for i in range(100)])
+    assert len(records) == 100
+    assert fake_os.calls["write"] == 1
+    assert fake_os.calls["fdatasync"] + fake_os.calls["fsync"] == 1
+
+
+def test_empty_batch_writes_nothing(journal: Journal, fake_os: CountingOS) -> None:
+    assert journal.append_batch([]) == []
+    assert fake_os.calls["write"] == 0
+
+
+@pytest.mark.parametrize(
+    ("bad", "error"),
+    [({"x": float("nan")}, InvalidRecordError), ({"x": "y" * 2_000_000}, RecordTooLargeError)],
+)
+def test_a_bad_record_refuses_the_whole_batch(
+    journal: Journal, jdir: Path, bad: dict[str, Any], error: type[Exception]
+) -> None:
+    journal.append("A", {})
+    with pytest.raises(error):
+        journal.append_batch([("B", {}), ("C", bad), ("D", {})])
+    assert [r.type for r in read_records(jdir)] == ["A"]
+    assert journal.append("E", {}).seq == 2
+
+
+def test_short_writes_are_completed(
+    journal: Journal, jdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Trickle(CountingOS):
+        def __getattr__(self, name: str) -> Any:
+            if name == "write":
+                return lambda fd, data: os.write(fd, bytes(data[:7]))
+            return super().__getattr__(name)
+
+    monkeypatch.setattr(fsutil, "os", Trickle())
+    records = journal.append_batch([("T", {"payload": "x" * 100}) for _ in range(3)])
+    assert list(read_records(jdir)) == records
+
+
+def test_reopen_continues_the_sequence(jdir: Path) -> None:
+    with Journal.open(jdir) as j:
+        j.append_batch([("T", {})] * 3)
+    with Journal.open(jdir) as j:
+        assert j.last_seq == 3
+        assert j.append("T", {}).seq == 4
+
+
+# -- segments -----------------------------------------------------------------------------
+
+
+def test_rotation_names_segments_by_first_seq_and_fsyncs_the_dir(
+    jdir: Path, fake_os: CountingOS
+) -> None:
+    with Journal.open(jdir, segment_bytes_max=300) as j:
+        for i in range(12):
+            j.append("T", {"i": i})
+    segments = list_segments(jdir)
+    assert len(segments) > 3
+    seq = 1
+    for segment in segments:
+        assert segment.first_seq == seq
+        size = segment.path.stat().st_size
+        assert size <= 300
+        seq += segment.path.read_bytes().count(b"\n")
+    assert seq == 13
+    # One directory fsync per segment created (plus the ones for mkdir at open).
+    assert fake_os.dir_fsyncs >= len(segments)
+    assert verify(jdir).status == "clean"
+
+
+def test_a_batch_larger_than_a_segment_goes_into_one_segment(jdir: Path) -> None:
+    with Journal.open(jdir, segment_bytes_max=100) as j:
+        j.append("first", {})
+        j.append_batch([("T", {"i": i}) for i in range(10)])
+        j.append("after", {})
+    assert [s.first_seq for s in list_segments(jdir)] == [1, 2, 12]
+
+
+# -- fencing ------------------------------------------------------------------------------
+
+
+def test_older_epoch_is_fenced_and_epoch_zero_never(journal: Journal, jdir: Path) -> None:
+    journal.append("lead", {}, epoch=3)
+    with pytest.raises(FencedError) as caught:
+        journal.append("stale", {}, epoch=2)
+    assert (caught.value.epoch, caught.value.current_epoch) == (2, 3)
+    assert caught.value.code == "journal.fenced"
+    assert journal.append("same", {}, epoch=3).seq == 2
+    assert journal.append("unfenced", {}, epoch=0).seq == 3
+    assert journal.append("newer", {}, epoch=7).epoch == 7
+    with pytest.raises(FencedError):
+        journal.append("stale", {}, epoch=3)
+    assert [r.type for r in read_records(jdir)] == ["lead", "same", "unfenced", "newer"]
+    assert journal.max_epoch == 7
+
+
+def test_fencing_survives_reopen(jdir: Path) -> None:
+    with Journal.open(jdir) as j:
+        j.append("lead", {}, epoch=5)
+    with Journal.open(jdir) as j:
+        assert j.max_epoch == 5
+        with pytest.raises(FencedError):
+            j.append("stale", {}, epoch=4)
+
+
+def test_fencing_sees_other_handles(jdir: Path) -> None:
+    with Journal.open(jdir) as old, Journal.open(jdir) as new:
+        old.append("old leader", {}, epoch=1)
+        new.append("new leader", {}, epoch=2)
+        with pytest.raises(FencedError):
+            old.append("late write", {}, epoch=1)
+
+
+def test_fence_hook_is_called_with_the_epoch_and_can_refuse(jdir: Path) -> None:
+    lease_epoch = 4
+    seen: list[int] = []
+
+    class LeaseLost(Exception):
+        pass
+
+    def fence(epoch: int) -> None:
+        seen.append(epoch)
+        if 0 < epoch < lease_epoch:
+            raise LeaseLost(epoch)
+
+    with Journal.open(jdir, fence=fence) as j:
+        j.append("unfenced", {})
+        with pytest.raises(LeaseLost):
+            j.append("refused", {}, epoch=3)
+        j.append("ok", {}, epoch=4)
+        assert seen == [0, 3, 4]
+        assert [r.type for r in j.read()] == ["unfenced", "ok"]
+
+
+def test_check_hook_refuses_without_writing(journal: Journal, jdir: Path) -> None:
+    def refuse() -> None:
+        raise ValueError("task already claimed")
+
+    journal.append("A", {})
+    with pytest.raises(ValueError, match="already claimed"):
+        journal.append_batch([("B", {}), ("C", {})], check=refuse)
+    assert [r.type for r in read_records(jdir)] == ["A"]
+    assert journal.append("D", {}).seq == 2
+
+
+def test_check_runs_after_catching_up_on_other_handles(jdir: Path) -> None:
+    with Journal.open(jdir) as mine, Journal.open(jdir) as theirs:
+        table: dict[str, str] = {}
+        mine.subscribe(lambda r: table.__setitem__(r.data["task"], r.type))
+
+        def not_claimed() -> None:
+            if table.get("t1") == "CLAIMED":
+                raise ValueError("t1 already claimed")
+
+        theirs.append("CLAIMED", {"task": "t1"})
+        with pytest.raises(ValueError):
+            mine.append("CLAIMED", {"task": "t1"}, check=not_claimed)
+        assert table == {"t1": "CLAIMED"}
+        assert mine.last_seq == 1
+
+
+# -- group commit -------------------------------------------------------------------------
+
+
+def _queued(j: Journal) -> int:
+    return len(j._writer._queue)
+
+
+class Gate:
+    """A fence hook that holds the next leader inside its commit (under the lock) until
+    released, so that other threads queue behind it: group commit made deterministic."""
+
+    def __init__(self) -> None:
+        self.armed = False
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def fence(self, epoch: int) -> None:
+        if self.armed:
+            self.armed = False
+            self.entered.set()
+            assert self.release.wait(10)
+
+
+def test_concurrent_appends_share_one_write_and_fsync(jdir: Path, fake_os: CountingOS) -> None:
+    gate = Gate()
+    with Journal.open(jdir, fence=gate.fence) as j:
+        j.append("warm", {})
+        gate.armed = True
+        first = threading.Thread(target=j.append, args=("leader", {}))
+        first.start()
+        assert gate.entered.wait(10)
+        results: list[list[Record]] = []
+        threads = [
+            threading.Thread(
+                target=lambda i=i: results.append(j.append_batch([("T", {"i": i})] * 2))
+            )
+            for i in range(6)
+        ]
+        for t in threads:
+            t.start()
+        wait_for(lambda: _queued(j) == 6, "six queued batches")
+        fake_os.calls.clear()
+        gate.release.set()
+        for t in [first, *threads]:
+            t.join(10)
+        assert fake_os.calls["write"] == 2  # the first leader's, then all six together
+        assert fake_os.calls["fdatasync"] + fake_os.calls["fsync"] == 2
+        seqs = sorted(r.seq for batch in results for r in batch)
+        assert seqs == list(range(3, 15))
+        for batch in results:
+            assert batch[1].seq == batch[0].seq + 1  # a batch stays contiguous
+    assert [r.seq for r in read_records(jdir)] == list(range(1, 15))
+
+
+def test_a_refused_batch_fails_only_its_own_caller(jdir: Path) -> None:
+    gate = Gate()
+    with Journal.open(jdir, fence=gate.fence) as j:
+        j.append("warm", {}, epoch=2)
+        outcomes: dict[str, Any] = {}
+
+        def run(name: str, epoch: int, check: Callable[[], None] | None = None) -> None:
+            try:
+                outcomes[name] = j.append(name, {}, epoch=epoch, check=check)
+            except Exception as exc:
+                outcomes[name] = exc
+
+        def refuse() -> None:
+            raise ValueError("no")
+
+        gate.armed = True
+        leader = threading.Thread(target=run, args=("leader", 2))
+        leader.start()
+        assert gate.entered.wait(10)
+        others = [
+            threading.Thread(target=run, args=("stale", 1)),
+            threading.Thread(target=run, args=("ok1", 2)),
+            threading.Thread(target=run, args=("checked-out", 0, refuse)),
+            threading.Thread(target=run, args=("ok2", 0)),
+        ]
+        for t in others:
+            t.start()
+        wait_for(lambda: _queued(j) == 4, "four queued batches")
+        gate.release.set()
+        for t in [leader, *others]:
+            t.join(10)
+        assert isinstance(outcomes["stale"], FencedError)  # epoch 1 < 2
+        assert isinstance(outcomes["checked-out"], ValueError)
+        for name in ("leader", "ok1", "ok2"):
+            assert isinstance(outcomes[name], Record), name
+        assert sorted(r.type for r in j.read()) == ["leader", "ok1", "ok2", "warm"]
+
+
+def test_a_check_sees_records_of_earlier_batches_in_its_group(jdir: Path) -> None:
+    gate = Gate()
+    with Journal.open(jdir, fence=gate.fence) as j:
+        claimed: set[str] = set()
+        j.subscribe(lambda r: claimed.add(r.data["task"]) if r.type == "CLAIMED" else None)
+        gate.armed = True
+        leader = threading.Thread(target=j.append, args=("noise", {"task": "-"}))
+        leader.start()
+        assert gate.entered.wait(10)
+        outcomes: list[Any] = []
+
+        def claim() -> None:
+            def check() -> None:
+                if "t1" in claimed:
+                    raise ValueError("t1 already claimed")
+
+            try:
+                outcomes.append(j.append("CLAIMED", {"task": "t1"}, check=check))
+            except ValueError as exc:
+                outcomes.append(exc)
+
+        claimers = [threading.Thread(target=claim) for _ in range(2)]
+        for t in claimers:
+            t.start()
+        wait_for(lambda: _queued(j) == 2, "two queued claims")
+        gate.release.set()
+        for t in [leader, *claimers]:
+            t.join(10)
+        assert sorted(type(o).__name__ for o in outcomes) == ["Record", "ValueError"]
+        assert [r.type for r in j.read()].count("CLAIMED") == 1
+
+
+def test_many_threads_leave_every_record_exactly_once(jdir: Path) -> None:
+    with Journal.open(jdir, segment_bytes_max=2000) as j:
+        seen: list[int] = []
+        j.subscribe(lambda r: seen.append(r.seq))
+
+        def work(worker: int) -> None:
+            for i in range(25):
+                j.append("T", {"w": worker, "i": i})
+
+        threads = [threading.Thread(target=work, args=(w,)) for w in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert seen == list(range(1, 201))
+    got = list(read_records(jdir))
+    assert sorted((r.data["w"], r.data["i"]) for r in got) == [
+        (w, i) for w in range(8) for i in range(25)
+    ]
+
+
+# -- subscribers and several handles -----------------------------------------------------
+
+
+def test_subscribe_replays_then_follows(journal: Journal) -> None:
+    journal.append_batch([("T", {"i": i}) for i in range(5)])
+    seen: list[int] = []
+    journal.subscribe(lambda r: seen.append(r.seq), after_seq=2)
+    assert seen == [3, 4, 5]
+    journal.append("T", {})
+    assert seen == [3, 4, 5, 6]
+    late: list[int] = []
+    journal.subscribe(lambda r: late.append(r.seq), after_seq=journal.last_seq)
+    journal.append("T", {})
+    assert late == [7] and seen[-1] == 7
+
+
+def test_subscribers_see_other_handles_exactly_once_in_order(jdir: Path) -> None:
+    with (
+        Journal.open(jdir, segment_bytes_max=250) as a,
+        Journal.open(jdir, segment_bytes_max=250) as b,
+    ):
+        seen_a: list[int] = []
+        a.subscribe(lambda r: seen_a.append(r.seq))
+        for i in range(10):
+            (a if i % 3 else b).append("T", {"i": i})
+        a.refresh()
+        assert seen_a == list(range(1, 11))
+        b.append("T", {})
+        a.append("T", {})  # catches up on b's record first
+        assert seen_a == list(range(1, 13))
+        a.refresh()
+        assert seen_a == list(range(1, 13))
+    assert verify(jdir).status == "clean"
+
+
+def test_handles_follow_each_others_rotations(jdir: Path) -> None:
+    with (
+        Journal.open(jdir, segment_bytes_max=200) as a,
+        Journal.open(jdir, segment_bytes_max=200) as b,
+    ):
+        for i in range(30):
+            (a if i % 2 else b).append("T", {"i": i})
+        b.refresh()
+        assert a.last_seq == b.last_seq == 30
+        assert len(list_segments(jdir)) > 5
+    assert [r.data["i"] for r in read_records(jdir)] == list(range(30))
+
+
+def test_a_raising_subscriber_breaks_the_handle(journal: Journal) -> None:
+    def boom(record: Record) -> None:
+        raise RuntimeError("bad fold")
+
+    journal.subscribe(boom)
+    rec = journal.append("T", {})  # committed: the append itself succeeds
+    assert rec.seq == 1
+    with pytest.raises(WriterFailedError) as caught:
+        journal.append("T", {})
+    assert isinstance(caught.value.__cause__, Exception)
+
+
+# -- failure ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("call", "err"),
+    [("fdatasync", errno.EIO), ("write", errno.ENOSPC)],
+)
+def test_failed_write_or_fsync_makes_the_writer_unusable(
+    jdir: Path, fake_os: CountingOS, call: str, err: int
+) -> None:
+    with Journal.open(jdir) as j:
+        j.append("before", {})
+        fake_os.fail[call] = OSError(err, os.strerror(err))
+        with pytest.raises(WriterFailedError) as caught:
+            j.append("lost?", {})
+        assert caught.value.code == "journal.writer_failed"
+        assert isinstance(caught.value.__cause__, OSError)
+        attempts = fake_os.calls[call]
+        del fake_os.fail[call]  # even once the disk "recovers": no retry, no more writes
+        for _ in range(2):
+            with pytest.raises(WriterFailedError):
+                j.append("after", {})
+            with pytest.raises(WriterFailedError):
+                j.refresh()
+        assert fake_os.calls[call] == attempts
+    with Journal.open(jdir) as j:  # a new handle works; the failed record may or may not be there
+        assert j.last_seq in (1, 2)
+        assert j.append("new handle", {}).seq == j.last_seq
+
+
+def test_closed_handle_refuses(jdir: Path) -> None:
+    j = Journal.open(jdir)
+    j.append("T", {})
+    j.close()
+    j.close()  # idempotent
+    with pytest.raises(JournalClosedError):
+        j.append("T", {})
+    with pytest.raises(JournalClosedError):
+        j.subscribe(lambda r: None)
+
+
+def test_bad_open_arguments(jdir: Path) -> None:
+    with pytest.raises(ValueError):
+        Journal.open(jdir, segment_bytes_max=0)
+
+
+def test_snapshot_seq_must_be_known(journal: Journal) -> None:
+    journal.append("T", {})
+    with pytest.raises(JournalError):
+        journal.write_snapshot(2, b"")
