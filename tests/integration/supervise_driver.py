@@ -4,7 +4,7 @@ the supervisor or capture its fd 1/fd 2.
 Usage: python supervise_driver.py CONFIG.json
 CONFIG: the SuperviseSpec fields (paths as strings) plus "result" (where the Outcome
 goes, as JSON), "spawned" (written with "pid pgid" from on_spawned) and optionally
-"no_pidfd" (run as if the system had no pidfd_open).
+"no_pidfd" (run as if the system had no pidfd_open) and "ignore_sighup" (as nohup).
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ def main() -> int:
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
     result = Path(config.pop("result"))
     spawned = Path(config.pop("spawned"))
+    if config.pop("ignore_sighup", False):
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as under nohup
     if config.pop("no_pidfd", False):
         del os.pidfd_open  # the code path of kernels and systems without pidfds
     for key in ("stdout_log", "stderr_log", "heartbeat_path"):

@@ -116,7 +116,7 @@ def assert_group_vanishes(pgid: int) -> None:
     wait_for(lambda: group_absent(pgid), f"group {pgid} to vanish (zombies reaped)")
 
 
-def make_spec(tmp_path: Path, argv: list[str], **overrides: Any) -> SuperviseSpec:
+def make_spec(tmp_path: Path, argv: list[str] | None = None, **overrides: Any) -> SuperviseSpec:
     fields: dict[str, Any] = {
         "argv": argv,
         "cwd": str(tmp_path),
@@ -331,7 +331,12 @@ def driver(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
     started: list[subprocess.Popen[bytes]] = []
 
     def start(
-        argv: list[str], stdout: Any = subprocess.DEVNULL, no_pidfd: bool = False, **overrides: Any
+        argv: list[str],
+        stdout: Any = subprocess.DEVNULL,
+        stderr: Any = None,
+        no_pidfd: bool = False,
+        ignore_sighup: bool = False,
+        **overrides: Any,
     ) -> subprocess.Popen[bytes]:
         spec = make_spec(tmp_path, argv, **overrides)
         config = {
@@ -348,9 +353,11 @@ def driver(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
             "result": str(tmp_path / "result.json"),
             "spawned": str(tmp_path / "spawned"),
             "no_pidfd": no_pidfd,
+            "ignore_sighup": ignore_sighup,
         }
         (tmp_path / "config.json").write_text(json.dumps(config))
-        proc = subprocess.Popen([PY, str(DRIVER), str(tmp_path / "config.json")], stdout=stdout)
+        driver_argv = [PY, str(DRIVER), str(tmp_path / "config.json")]
+        proc = subprocess.Popen(driver_argv, stdout=stdout, stderr=stderr)
         started.append(proc)
         return proc
 
@@ -561,3 +568,165 @@ def test_signal_handlers_and_wakeup_fd_are_restored(tmp_path: Path) -> None:
             os.close(wakeup_write)
     finally:
         signal.signal(signal.SIGTERM, old)
+
+
+# -- deeper: corner cases of the choices in the module docstring -----------------------------
+
+
+def test_stderr_passes_through_to_fd2(
+    tmp_path: Path, driver: Callable[..., subprocess.Popen[bytes]]
+) -> None:
+    payload = os.urandom(3 * 1024 * 1024)
+    source = tmp_path / "payload.bin"
+    source.write_bytes(payload)
+    script = f"import sys; sys.stderr.buffer.write(open({str(source)!r}, 'rb').read())"
+    with (tmp_path / "ferry.stderr").open("wb") as ferry_stderr:
+        proc = driver([PY, "-c", script], stderr=ferry_stderr, passthrough=True)
+        outcome = driver_outcome(proc, tmp_path)
+    assert outcome["exit_code"] == 0
+    assert (tmp_path / "task.err").read_bytes() == payload
+    assert (tmp_path / "ferry.stderr").read_bytes() == payload
+
+
+def test_both_streams_large_at_once_do_not_deadlock(tmp_path: Path) -> None:
+    # 8 MiB on stderr before anything on stdout: a reader of one pipe only would hang.
+    script = (
+        "import sys\n"
+        "sys.stderr.buffer.write(b'e' * (8 << 20)); sys.stderr.flush()\n"
+        "sys.stdout.buffer.write(b'o' * (8 << 20))\n"
+    )
+    run(make_spec(tmp_path, [PY, "-c", script]))
+    assert (tmp_path / "task.err").read_bytes() == b"e" * (8 << 20)
+    assert (tmp_path / "task.out").read_bytes() == b"o" * (8 << 20)
+
+
+def test_timeout_fires_while_the_task_floods_output(tmp_path: Path) -> None:
+    script = "import sys\nwhile True:\n    sys.stdout.buffer.write(b'y' * 65536)\n"
+    outcome = run(make_spec(tmp_path, [PY, "-c", script], timeout_s=0.5))
+    assert outcome.timed_out and outcome.signal == signal.SIGTERM
+    assert (tmp_path / "task.out").stat().st_size > 0
+
+
+def test_timeout_continues_a_stopped_task_so_it_can_die_of_sigterm(tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    script = f"open({str(ready)!r}, 'w').close()\nimport time\nwhile True: time.sleep(60)"
+
+    def stop_it(pid: int, pgid: int) -> None:
+        wait_for(ready.exists, "the task to start")
+        os.kill(pid, signal.SIGSTOP)
+        wait_for(lambda: Path(f"/proc/{pid}/stat").read_bytes().split(b") ")[1][:1] == b"T", "stop")
+
+    spec = make_spec(tmp_path, [PY, "-c", script], timeout_s=0.0, kill_grace_s=3600.0)
+    outcome = run(spec, on_spawned=stop_it)
+    assert outcome.timed_out and outcome.signal == signal.SIGTERM
+    assert not outcome.killed_after_grace
+
+
+def test_signal_arriving_before_the_loop_is_forwarded(tmp_path: Path) -> None:
+    # on_spawned runs before the loop; a SIGTERM then must neither kill ferry (the trap
+    # is in place before the spawn) nor be lost.
+    def signal_self(pid: int, pgid: int) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    previous = signal.getsignal(signal.SIGTERM)
+    outcome = run(make_spec(tmp_path, [PY, "-c", SILENT]), on_spawned=signal_self)
+    assert outcome.forwarded_signal == signal.SIGTERM
+    assert outcome.signal == signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) == previous
+
+
+def test_inherited_ignored_sighup_is_not_forwarded(
+    tmp_path: Path, driver: Callable[..., subprocess.Popen[bytes]]
+) -> None:
+    marker, ready = tmp_path / "leaf.got", tmp_path / "leaf.ready"
+    proc = driver([PY, "-c", TREE_ROOT, TREE_LEAF, str(marker), str(ready)], ignore_sighup=True)
+    wait_for(ready.exists, "the grandchild to be ready")
+    proc.send_signal(signal.SIGHUP)  # ignored by ferry, as under nohup
+    proc.send_signal(signal.SIGTERM)
+    outcome = driver_outcome(proc, tmp_path)
+    assert marker.read_text() == str(int(signal.SIGTERM))
+    assert outcome["forwarded_signal"] == signal.SIGTERM
+
+
+def test_outside_the_main_thread_no_handler_is_installed_and_should_stop_works(
+    tmp_path: Path,
+) -> None:
+    import threading
+
+    ready = tmp_path / "ready"
+    script = f"open({str(ready)!r}, 'w').close()\nimport time\nwhile True: time.sleep(60)"
+    spec = make_spec(tmp_path, [PY, "-c", script], heartbeat_s=0.05)
+    before = signal.getsignal(signal.SIGTERM)
+    results: list[Outcome] = []
+    installed: list[object] = []
+
+    def should_stop() -> int | None:
+        installed.append(signal.getsignal(signal.SIGTERM))
+        return signal.SIGTERM if ready.exists() else None
+
+    thread = threading.Thread(target=lambda: results.append(run(spec, should_stop=should_stop)))
+    thread.start()
+    thread.join(DEADLINE_S)
+    assert not thread.is_alive()
+    assert results[0].signal == signal.SIGTERM and results[0].stop_signal == signal.SIGTERM
+    assert set(installed) == {before}
+
+
+def test_heartbeat_file_removed_mid_run_is_recreated(tmp_path: Path) -> None:
+    heartbeat = tmp_path / "task.hb"
+    calls: list[bool] = []
+
+    def should_stop() -> int | None:
+        calls.append(heartbeat.exists())
+        if len(calls) == 1:
+            heartbeat.unlink()
+        return signal.SIGTERM if len(calls) >= 3 else None
+
+    run(make_spec(tmp_path, [PY, "-c", SILENT], heartbeat_s=0.05), should_stop=should_stop)
+    assert calls == [True, True, True]
+    assert heartbeat.stat().st_mode & 0o777 == 0o600
+
+
+def test_log_write_failure_is_reported_and_the_task_still_runs_to_its_end(tmp_path: Path) -> None:
+    script = (
+        "import sys\nsys.stdout.write('x' * 100000)\nsys.stderr.write('still here')\nsys.exit(7)"
+    )
+    spec = make_spec(tmp_path, [PY, "-c", script], stdout_log=Path("/dev/full"))
+    outcome = run(spec)
+    assert outcome.exit_code == 7
+    assert outcome.log_error is not None and "No space" in outcome.log_error
+    assert (tmp_path / "task.err").read_text() == "still here"
+
+
+def test_child_that_left_the_group_holding_the_pipe_bounds_the_drain(tmp_path: Path) -> None:
+    # A daemon that called setsid is no longer the task's group: ferry does not kill it,
+    # and stops waiting for its end of the pipe after DRAIN_TIMEOUT_S.
+    ready = tmp_path / "daemon.pid"
+    daemon = f"import os, time\nopen({str(ready)!r}, 'w').write(str(os.getpid()))\ntime.sleep(120)"
+    script = (
+        "import subprocess, sys\n"
+        f"subprocess.Popen([sys.executable, '-c', {daemon!r}], start_new_session=True)\n"
+        "print('leader done', flush=True)\n"
+    )
+    try:
+        outcome = run(make_spec(tmp_path, [PY, "-c", script]), on_spawned=ready_waiter(ready))
+        assert outcome.exit_code == 0 and not outcome.leftover_killed
+        assert outcome.drain_timed_out
+        assert (tmp_path / "task.out").read_text() == "leader done\n"
+    finally:
+        if ready.exists():
+            daemon_pid = int(ready.read_text())
+            os.kill(daemon_pid, signal.SIGKILL)
+            wait_for(lambda: not live_members(daemon_pid), "the daemon to die")
+
+
+@pytest.mark.parametrize(
+    "bad", [{"argv": []}, {"heartbeat_s": 0.0}, {"kill_grace_s": -1.0}, {"timeout_s": float("nan")}]
+)
+def test_nonsense_spec_is_refused_before_anything_starts(
+    tmp_path: Path, bad: dict[str, Any]
+) -> None:
+    spec = make_spec(tmp_path, **{"argv": [PY, "-c", "pass"], **bad})
+    with pytest.raises(ValueError):
+        supervise(spec, on_spawned=lambda pid, pgid: None)
+    assert not (tmp_path / "task.out").exists()
