@@ -1,0 +1,836 @@
+"""The task-running commands through the real ``ferry`` console script, as a user runs them.
+
+Every test gets its own FERRY_HOME. Every ferry process a test starts in the background
+is reaped at teardown, and any process still carrying the test's FERRY_HOME in its
+environment (a task that escaped) is killed then, so one failing test cannot leave
+work behind for the next. No fixed sleeps: waits poll a condition with a deadline;
+tasks that must outlive a check wait for a "go" file the test creates.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+PY = sys.executable
+DEADLINE_S = 30.0
+CALL_TIMEOUT_S = 60.0
+
+
+def _find_ferry() -> str:
+    beside = Path(sys.executable).parent / "ferry"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("ferry")
+    if found is None:  # pragma: no cover - ferry not installed in this interpreter's env
+        pytest.skip("the ferry console script is not installed", allow_module_level=True)
+    return found
+
+
+FERRY = _find_ferry()
+
+# A process tree for signal tests: the leader dies of the signal by default action; its
+# child (same process group) writes the signal number to argv[1] when one arrives and
+# reports ready (its pid) in argv[2] once its handlers are in place.
+TREE_LEADER = r"""
+import signal, subprocess, sys
+for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    signal.signal(s, signal.SIG_DFL)
+sys.exit(subprocess.Popen([sys.executable, "-c", sys.argv[1], *sys.argv[2:]]).wait())
+"""
+TREE_LEAF = r"""
+import os, signal, sys, time
+marker, ready = sys.argv[1], sys.argv[2]
+def on(sig, frame):
+    with open(marker, "w") as f:
+        f.write(str(sig))
+    os._exit(0)
+for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    signal.signal(s, on)
+with open(ready + ".tmp", "w") as f:
+    f.write(str(os.getpid()))
+os.replace(ready + ".tmp", ready)
+while True:
+    time.sleep(60)
+"""
+# Ignores SIGTERM, reports ready in argv[1], then waits forever.
+STUBBORN = r"""
+import signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+open(sys.argv[1], "w").close()
+while True:
+    time.sleep(60)
+"""
+
+
+def wait_for(condition: Callable[[], Any], what: str, deadline_s: float = DEADLINE_S) -> Any:
+    end = time.monotonic() + deadline_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def wait_go(go: Path) -> str:
+    """Shell text that blocks until ``go`` exists (the test decides when a task ends)."""
+    return f"while [ ! -e '{go}' ]; do sleep 0.02; done"
+
+
+def _default_signals() -> None:
+    # A test runner started from a non-interactive shell may inherit SIGINT ignored;
+    # ferry (rightly) keeps an inherited SIG_IGN, which would defeat the signal tests.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
+def processes_with_env(*needles: bytes) -> list[int]:
+    """Pids of live (non-zombie) processes whose environment holds every needle."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            environ = Path(f"/proc/{name}/environ").read_bytes()
+            raw = Path(f"/proc/{name}/stat").read_bytes()
+        except OSError:
+            continue
+        state = raw[raw.rfind(b")") + 2 :].split()[0]
+        if state in (b"Z", b"X"):
+            continue
+        variables = environ.split(b"\0")
+        if all(any(v.startswith(n) for v in variables) for n in needles):
+            found.append(int(name))
+    return found
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return False
+    return raw[raw.rfind(b")") + 2 :].split()[0] not in (b"Z", b"X")
+
+
+@dataclass
+class Result:
+    code: int
+    out: bytes
+    err: str
+
+    @property
+    def text(self) -> str:
+        return self.out.decode()
+
+    def json(self) -> Any:
+        return json.loads(self.out)
+
+
+class Ferry:
+    """Drives the ferry command with a private FERRY_HOME."""
+
+    def __init__(self, home: Path, workdir: Path) -> None:
+        self.home = home
+        self.workdir = workdir
+        self.env = {k: v for k, v in os.environ.items() if k != "FERRY_FAILPOINTS"}
+        self.env["FERRY_HOME"] = str(home)
+        self.env.pop("FERRY_DEBUG", None)
+        self.background: list[subprocess.Popen[bytes]] = []
+
+    def __call__(
+        self, *args: str | bytes, stdin: bytes | None = None, stdout: Any = subprocess.PIPE
+    ) -> Result:
+        proc = subprocess.run(
+            [FERRY, *args],
+            input=stdin,
+            stdin=None if stdin is not None else subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            env=self.env,
+            cwd=self.workdir,
+            timeout=CALL_TIMEOUT_S,
+            check=False,
+        )
+        err = proc.stderr.decode("utf-8", "replace")
+        assert "Traceback" not in err, err
+        return Result(proc.returncode, proc.stdout or b"", err)
+
+    def ok(self, *args: str) -> Result:
+        result = self(*args)
+        assert result.code == 0, (args, result)
+        return result
+
+    def json(self, *args: str) -> Any:
+        return self.ok("--json", *args).json()
+
+    def start(self, *args: str, stdout: Any = subprocess.DEVNULL) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(
+            [FERRY, *args],
+            stdin=subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            env=self.env,
+            cwd=self.workdir,
+            start_new_session=True,
+            preexec_fn=_default_signals,
+        )
+        self.background.append(proc)
+        return proc
+
+    def tasks(self) -> list[dict[str, Any]]:
+        tasks: list[dict[str, Any]] = self.json("ls", "--limit", "0")
+        return tasks
+
+    def task(self, task_id: str) -> dict[str, Any]:
+        task: dict[str, Any] = self.json("show", task_id)
+        return task
+
+    def only_task(self) -> dict[str, Any]:
+        tasks = self.tasks()
+        assert len(tasks) == 1, tasks
+        return tasks[0]
+
+    def wait_running(self) -> dict[str, Any]:
+        """The one task, once it is RUNNING (its SPAWNED is durable)."""
+
+        def running() -> dict[str, Any] | None:
+            tasks = self.tasks()
+            return tasks[0] if tasks and tasks[0]["state"] == "RUNNING" else None
+
+        task: dict[str, Any] = wait_for(running, "the task to be RUNNING")
+        return task
+
+    def task_processes(self) -> list[int]:
+        """Live processes of any task of this FERRY_HOME (found by the task marker)."""
+        return processes_with_env(f"FERRY_HOME={self.home}".encode(), b"FERRY_TASK=")
+
+    def cleanup(self) -> None:
+        for proc in self.background:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=CALL_TIMEOUT_S)
+            if proc.stderr is not None:
+                proc.stderr.close()
+        for pid in processes_with_env(f"FERRY_HOME={self.home}".encode()):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def finish(proc: subprocess.Popen[bytes]) -> tuple[int, str]:
+    """Wait for a background ferry; its exit status and stderr (never a traceback)."""
+    _, err_bytes = proc.communicate(timeout=CALL_TIMEOUT_S)
+    err = err_bytes.decode("utf-8", "replace")
+    assert "Traceback" not in err, err
+    return proc.returncode, err
+
+
+@pytest.fixture
+def ferry(ferry_home: Path, tmp_path: Path) -> Iterator[Ferry]:
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    driver = Ferry(ferry_home, workdir)
+    try:
+        yield driver
+    finally:
+        driver.cleanup()
+
+
+# -- exit status -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("code", [0, 1, 42])
+def test_exit_status_passes_through(ferry: Ferry, code: int) -> None:
+    result = ferry("run", "--", "sh", "-c", f"exit {code}")
+    assert result.code == code
+    task = ferry.only_task()
+    assert task["exit_code"] == code
+    assert (task["state"], task["reason"]) == (
+        ("SUCCEEDED", None) if code == 0 else ("FAILED", "EXIT_NONZERO")
+    )
+
+
+def test_timeout_exits_124_and_kills_the_whole_tree(ferry: Ferry, tmp_path: Path) -> None:
+    pidfile = tmp_path / "grandchild.pid"
+    script = f"sleep 300 & echo $! > '{pidfile}'; wait"
+    result = ferry("run", "--timeout", "2", "--kill-grace", "5", "--", "sh", "-c", script)
+    assert result.code == 124
+    task = ferry.only_task()
+    assert (task["state"], task["reason"]) == ("FAILED", "TIMEOUT")
+    grandchild = int(pidfile.read_text())
+    assert not pid_alive(grandchild)
+    assert ferry.task_processes() == []
+
+
+def test_timeout_kills_a_tree_that_ignores_sigterm_after_the_grace(
+    ferry: Ferry, tmp_path: Path
+) -> None:
+    pidfile = tmp_path / "grandchild.pid"
+    script = f"trap '' TERM; sleep 300 & echo $! > '{pidfile}'; wait"
+    result = ferry("run", "--timeout", "1", "--kill-grace", "0.5", "--", "sh", "-c", script)
+    assert result.code == 124
+    task = ferry.only_task()
+    assert (task["state"], task["reason"]) == ("FAILED", "TIMEOUT")
+    assert task["evidence"]["killed_after_grace"] is True
+    assert not pid_alive(int(pidfile.read_text()))
+    assert ferry.task_processes() == []
+
+
+def test_not_executable_exits_126(ferry: Ferry, tmp_path: Path) -> None:
+    script = tmp_path / "script.sh"
+    script.write_text("#!/bin/sh\necho never\n")
+    script.chmod(0o644)
+    result = ferry("run", "--", str(script))
+    assert result.code == 126
+    assert "ferry: error[spawn.not_executable]" in result.err
+    assert result.out == b""
+    task = ferry.only_task()
+    assert (task["state"], task["reason"]) == ("FAILED", "SPAWN_FAILED")
+
+
+def test_a_directory_as_command_exits_126(ferry: Ferry, tmp_path: Path) -> None:
+    result = ferry("run", "--", str(tmp_path))
+    assert result.code == 126
+    assert "error[spawn.not_executable]" in result.err
+
+
+@pytest.mark.parametrize("command", ["ferry-no-such-command-xyz", "/nonexistent/ferry-cmd"])
+def test_command_not_found_exits_127(ferry: Ferry, command: str) -> None:
+    result = ferry("run", "--", command)
+    assert result.code == 127
+    assert "error[spawn.not_found]" in result.err
+    assert ferry.only_task()["reason"] == "SPAWN_FAILED"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGUSR1])
+def test_task_killed_by_signal_n_exits_128_plus_n(ferry: Ferry, signum: int) -> None:
+    result = ferry("run", "--", "sh", "-c", f"kill -{int(signum)} $$")
+    assert result.code == 128 + signum
+    task = ferry.only_task()
+    assert (task["state"], task["reason"], task["signal"]) == ("FAILED", "SIGNALLED", signum)
+    assert task["exit_code"] is None
+
+
+# -- signals sent to ferry ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_signal_to_ferry_reaches_the_grandchild(
+    ferry: Ferry, tmp_path: Path, signum: int
+) -> None:
+    marker, ready = tmp_path / "marker", tmp_path / "ready"
+    proc = ferry.start(
+        "run", "--kill-grace", "10", "--", PY, "-c", TREE_LEADER, TREE_LEAF, str(marker), str(ready)
+    )
+    wait_for(ready.exists, "the grandchild's handlers")
+    proc.send_signal(signum)
+    code, _ = finish(proc)
+    assert code == 128 + signum  # 143 for SIGTERM, 130 for SIGINT, 129 for SIGHUP
+    assert marker.read_text() == str(int(signum))  # the grandchild got it, not just the leader
+    task = ferry.only_task()
+    assert (task["state"], task["reason"], task["signal"]) == ("FAILED", "SIGNALLED", signum)
+    assert task["evidence"]["forwarded_signal"] == signum
+    assert ferry.task_processes() == []
+
+
+def test_kill_grace_then_sigkill_for_a_task_that_ignores_sigterm(
+    ferry: Ferry, tmp_path: Path
+) -> None:
+    ready = tmp_path / "ready"
+    proc = ferry.start("run", "--kill-grace", "0.5", "--", PY, "-c", STUBBORN, str(ready))
+    wait_for(ready.exists, "the stubborn task to ignore SIGTERM")
+    proc.send_signal(signal.SIGTERM)
+    code, _ = finish(proc)
+    assert code == 128 + signal.SIGKILL
+    task = ferry.only_task()
+    assert task["signal"] == signal.SIGKILL
+    assert task["evidence"]["forwarded_signal"] == signal.SIGTERM
+    assert task["evidence"]["killed_after_grace"] is True
+    assert ferry.task_processes() == []
+
+
+# -- output ------------------------------------------------------------------------------
+
+
+def test_20_mb_of_binary_output_byte_exact_in_stdout_and_logs(ferry: Ferry, tmp_path: Path) -> None:
+    payload = os.urandom(20 << 20)
+    source = tmp_path / "random.bin"
+    source.write_bytes(payload)
+    through, logged = tmp_path / "through.bin", tmp_path / "logged.bin"
+    with through.open("wb") as sink:
+        result = ferry("run", "--name", "binary", "--", "cat", str(source), stdout=sink)
+    assert result.code == 0
+    assert through.read_bytes() == payload
+    task_id = ferry.only_task()["id"]
+    with logged.open("wb") as sink:
+        assert ferry("logs", task_id, "--stream", "stdout", stdout=sink).code == 0
+    assert logged.read_bytes() == payload
+
+
+def test_100000_lines_are_all_kept(ferry: Ferry) -> None:
+    expected = b"".join(b"%d\n" % n for n in range(1, 100_001))
+    result = ferry("run", "--", "seq", "1", "100000")
+    assert result.code == 0
+    assert result.out == expected
+    task_id = ferry.only_task()["id"]
+    assert ferry("logs", task_id).out == expected
+    assert ferry("logs", task_id, "--tail", "3").out == b"99998\n99999\n100000\n"
+
+
+def test_stdout_and_stderr_are_kept_apart(ferry: Ferry) -> None:
+    result = ferry("run", "--", "sh", "-c", "echo to-out; echo to-err >&2; echo more-out")
+    assert result.code == 0
+    assert result.out == b"to-out\nmore-out\n"
+    assert "to-err\n" in result.err and "to-out" not in result.err
+    task_id = ferry.only_task()["id"]
+    assert ferry("logs", task_id, "--stream", "stdout").out == b"to-out\nmore-out\n"
+    assert ferry("logs", task_id, "--stream", "stderr").out == b"to-err\n"
+    both = ferry("logs", task_id)
+    assert both.out == b"to-out\nmore-out\n"
+    assert both.err == "to-err\n"
+
+
+def test_logs_tail_counts_lines_from_the_end(ferry: Ferry) -> None:
+    ferry.ok("run", "--", "seq", "1", "10")
+    task_id = ferry.only_task()["id"]
+    assert ferry("logs", task_id, "--tail", "3").out == b"8\n9\n10\n"
+    assert ferry("logs", task_id, "--tail", "0").out == b""
+    assert ferry("logs", task_id, "--tail", "50").out == b"".join(b"%d\n" % n for n in range(1, 11))
+
+
+def test_logs_follow_until_the_task_settles(ferry: Ferry, tmp_path: Path) -> None:
+    go = tmp_path / "go"
+    runner = ferry.start("run", "--", "sh", "-c", f"echo start; {wait_go(go)}; echo end")
+    task_id = ferry.wait_running()["id"]
+    followed = tmp_path / "followed"
+    with followed.open("wb") as sink:
+        follower = ferry.start("logs", task_id, "-f", stdout=sink)
+    wait_for(lambda: followed.read_bytes() == b"start\n", "the follower to print the first line")
+    assert follower.poll() is None  # the task cannot have settled: it waits for go
+    go.touch()
+    assert finish(follower)[0] == 0
+    assert followed.read_bytes() == b"start\nend\n"
+    assert finish(runner)[0] == 0
+
+
+def test_a_quiet_task_keeps_its_heartbeat_fresh(ferry: Ferry, tmp_path: Path) -> None:
+    go = tmp_path / "go"
+    runner = ferry.start("run", "--heartbeat", "0.2", "--", "sh", "-c", wait_go(go))
+    task_id = ferry.wait_running()["id"]
+    beats: list[str] = []
+
+    def advanced_twice() -> bool:
+        task = ferry.task(task_id)
+        assert task["state"] == "RUNNING"
+        beat = task["heartbeat_at"]
+        if beat is not None and (not beats or beat != beats[-1]):
+            beats.append(beat)
+        return len(beats) >= 3
+
+    wait_for(advanced_twice, "heartbeat_at to advance twice while the task prints nothing")
+    assert beats == sorted(beats)
+    go.touch()
+    assert finish(runner)[0] == 0
+    assert ferry("logs", task_id).out == b""
+
+
+# -- keys --------------------------------------------------------------------------------
+
+
+def test_a_succeeded_key_is_not_run_again(ferry: Ferry, tmp_path: Path) -> None:
+    count = tmp_path / "count"
+    command = ["sh", "-c", f"echo run >> '{count}'"]
+    assert ferry("run", "--key", "build-1", "--", *command).code == 0
+    again = ferry("run", "--key", "build-1", "--", *command)
+    assert again.code == 0
+    assert "build-1" in again.err and "not run again" in again.err
+    assert count.read_text() == "run\n"
+    assert len(ferry.tasks()) == 1
+
+
+def test_a_failed_key_runs_again(ferry: Ferry, tmp_path: Path) -> None:
+    count = tmp_path / "count"
+    command = ["sh", "-c", f"echo run >> '{count}'; exit 3"]
+    assert ferry("run", "--key", "k", "--", *command).code == 3
+    assert ferry("run", "--key", "k", "--", *command).code == 3
+    assert count.read_text() == "run\nrun\n"
+
+
+def test_a_key_in_flight_exits_75(ferry: Ferry, tmp_path: Path) -> None:
+    go, count = tmp_path / "go", tmp_path / "count"
+    first = ferry.start("run", "--key", "deploy", "--", "sh", "-c", wait_go(go))
+    ferry.wait_running()
+    second = ferry("run", "--key", "deploy", "--", "sh", "-c", f"echo run >> '{count}'")
+    assert second.code == 75
+    assert "error[task.key_in_flight]" in second.err
+    assert not count.exists()
+    go.touch()
+    assert finish(first)[0] == 0
+
+
+# -- task options ------------------------------------------------------------------------
+
+
+def test_cwd_is_where_the_task_runs(ferry: Ferry, tmp_path: Path) -> None:
+    there = tmp_path / "elsewhere"
+    there.mkdir()
+    assert ferry("run", "--cwd", str(there), "--", "pwd").out == f"{there}\n".encode()
+    assert ferry.only_task()["cwd"] == str(there)
+
+
+def test_a_missing_cwd_is_a_usage_error(ferry: Ferry, tmp_path: Path) -> None:
+    result = ferry("run", "--cwd", str(tmp_path / "missing"), "--", "pwd")
+    assert result.code == 2
+    assert "ferry: error[usage.bad_cwd]" in result.err
+    assert ferry.tasks() == []
+
+
+def test_env_reaches_the_child_and_show_lists_only_the_key(ferry: Ferry) -> None:
+    secret = "s3cr3t-value"
+    result = ferry("run", "--env", f"DEPLOY_TOKEN={secret}", "--", "sh", "-c", "echo $DEPLOY_TOKEN")
+    assert result.out == f"{secret}\n".encode()
+    task_id = ferry.only_task()["id"]
+    assert ferry.task(task_id)["env"] == ["DEPLOY_TOKEN"]
+    assert secret not in ferry("show", task_id).text
+    assert secret not in ferry("--json", "ls").text
+    assert ferry.json("show", "--show-env", task_id)["env"] == {"DEPLOY_TOKEN": secret}
+    assert secret in ferry("show", "--show-env", task_id).text
+
+
+def test_the_shell_is_used_only_when_asked(ferry: Ferry) -> None:
+    home = os.environ.get("HOME", "")
+    assert ferry("run", "--", "echo", "$HOME").out == b"$HOME\n"
+    # Without --shell the whole string is one program name: nothing expands it.
+    assert ferry("run", "--", "echo $HOME").code == 127
+    assert ferry("run", "--shell", "--", "echo $HOME").out == f"{home}\n".encode()
+    shells = [t["shell"] for t in ferry.tasks()]
+    assert shells == [False, False, True]
+
+
+def test_name_is_shown(ferry: Ferry) -> None:
+    ferry.ok("run", "--name", "nightly-report", "--", "true")
+    assert ferry.only_task()["name"] == "nightly-report"
+    assert "nightly-report" in ferry.ok("ls").text
+
+
+# -- submit, ls, show ----------------------------------------------------------------------
+
+
+def test_submit_then_ls_and_show(ferry: Ferry) -> None:
+    result = ferry.ok("submit", "--name", "later", "--", "echo", "hi")
+    task_id = result.text.strip()
+    assert len(task_id) == 16 and task_id.isalnum()
+    task = ferry.task(task_id)
+    assert (task["state"], task["name"], task["argv"], task["attempt"]) == (
+        "QUEUED", "later", ["echo", "hi"], 1,
+    )  # fmt: skip
+    assert [t["id"] for t in ferry.tasks()] == [task_id]
+    assert task_id in ferry.ok("ls").text
+    as_json = ferry.json("submit", "--", "true")
+    assert as_json["state"] == "QUEUED" and as_json["argv"] == ["true"]
+
+
+def test_submit_from_a_file(ferry: Ferry, tmp_path: Path) -> None:
+    batch = tmp_path / "batch.jsonl"
+    batch.write_text(
+        '{"argv": ["echo", "one"]}\n'
+        "\n"
+        '{"argv": ["echo", "two"], "name": "second", "idempotent": true}\n'
+        '{"argv": ["make", "docs"], "key": "docs-1", "timeout": 60}\n'
+    )
+    ids = ferry.ok("submit", "--from", str(batch)).text.split()
+    assert len(ids) == 3
+    tasks = {t["id"]: t for t in ferry.tasks()}
+    assert set(tasks) == set(ids)
+    assert all(t["state"] == "QUEUED" for t in tasks.values())
+    assert tasks[ids[1]]["name"] == "second" and tasks[ids[1]]["idempotent"] is True
+    assert tasks[ids[2]]["key"] == "docs-1" and tasks[ids[2]]["timeout_s"] == 60
+
+
+def test_submit_from_stdin(ferry: Ferry) -> None:
+    lines = b'{"argv": ["echo", "a"]}\n{"argv": ["echo", "b"]}\n'
+    result = ferry("submit", "--from", "-", stdin=lines)
+    assert result.code == 0
+    assert len(result.text.split()) == 2
+    as_json = ferry("--json", "submit", "--from", "-", stdin=lines)
+    assert [t["argv"] for t in as_json.json()] == [["echo", "a"], ["echo", "b"]]
+    assert len(ferry.tasks()) == 4
+
+
+@pytest.mark.parametrize(
+    "bad_line",
+    [b"not json", b'["echo"]', b'{"argv": "echo x"}', b'{"argv": ["x"], "colour": "red"}',
+     b'{"argv": []}', b'{"argv": ["x"], "timeout": "soon"}', b'{"argv": ["x"], "env": ["NOEQ"]}'],
+)  # fmt: skip
+def test_a_bad_from_line_refuses_the_whole_batch(ferry: Ferry, bad_line: bytes) -> None:
+    ferry.ok("submit", "--", "true")  # one queued before: it must stay the only one
+    lines = b'{"argv": ["echo", "fine"]}\n' + bad_line + b'\n{"argv": ["echo", "also fine"]}\n'
+    result = ferry("--json", "submit", "--from", "-", stdin=lines)
+    assert result.code == 2
+    assert result.err.startswith("ferry: error[usage.")
+    assert "2" in result.json()["error"]["message"]  # names the line (or the task) number
+    assert len(ferry.tasks()) == 1
+
+
+def test_ls_state_and_limit(ferry: Ferry) -> None:
+    ferry("run", "--", "true")
+    ferry("run", "--", "false")
+    ferry.ok("submit", "--", "true")
+    ferry.ok("submit", "--", "false")
+    everything = ferry.tasks()
+    assert [t["state"] for t in everything] == ["SUCCEEDED", "FAILED", "QUEUED", "QUEUED"]
+    assert [t["id"] for t in ferry.json("ls", "--state", "QUEUED")] == [
+        t["id"] for t in everything[2:]
+    ]
+    assert [t["state"] for t in ferry.json("ls", "--state", "failed")] == ["FAILED"]
+    assert ferry.json("ls", "--state", "CANCELLED") == []
+    assert [t["id"] for t in ferry.json("ls", "--limit", "1")] == [everything[-1]["id"]]
+    assert len(ferry.json("ls", "--limit", "0")) == 4
+    assert ferry.ok("ls", "--state", "RUNNING").out.strip() == b""
+
+
+def test_show_by_unique_prefix_and_an_ambiguous_one_exits_5(ferry: Ferry) -> None:
+    first = ferry.ok("submit", "--", "true").text.strip()
+    second = ferry.ok("submit", "--", "true").text.strip()
+    common = first[: next(i for i, (a, b) in enumerate(zip(first, second, strict=True)) if a != b)]
+    assert common, "ids of tasks created together share their time prefix"
+    unique = first[: len(common) + 1]
+    assert ferry.task(unique)["id"] == first
+    assert ferry.task(unique.upper())["id"] == first
+    ambiguous = ferry("show", common)
+    assert ambiguous.code == 5
+    assert "error[task.ambiguous]" in ambiguous.err
+    assert first in ambiguous.err and second in ambiguous.err
+    assert ambiguous.err.count("\n") == 1  # one line
+    as_json = ferry("--json", "show", common)
+    assert as_json.code == 5
+    assert sorted(as_json.json()["error"]["details"]["matches"]) == sorted([first, second])
+
+
+def test_an_unknown_id_exits_5(ferry: Ferry) -> None:
+    ferry.ok("submit", "--", "true")
+    for command in (["show"], ["logs"], ["cancel"], ["retry"]):
+        result = ferry(*command, "zzzzzz")
+        assert result.code == 5, command
+        assert "ferry: error[task.not_found]" in result.err
+
+
+# -- cancel and retry ----------------------------------------------------------------------
+
+
+def test_cancel_a_queued_task(ferry: Ferry) -> None:
+    task_id = ferry.ok("submit", "--", "true").text.strip()
+    assert ferry("cancel", task_id).code == 0
+    task = ferry.task(task_id)
+    assert (task["state"], task["reason"]) == ("CANCELLED", "CANCELLED_BY_USER")
+    again = ferry("cancel", task_id)
+    assert again.code == 1
+    assert again.err.startswith("ferry: error[task.")
+
+
+def test_cancel_a_running_task(ferry: Ferry) -> None:
+    runner = ferry.start("run", "--", "sleep", "30")
+    task = ferry.wait_running()
+    assert ferry("cancel", task["id"]).code == 0
+    code, _ = finish(runner)
+    assert code == 128 + signal.SIGTERM
+    settled = ferry.task(task["id"])
+    assert (settled["state"], settled["reason"]) == ("CANCELLED", "CANCELLED_BY_USER")
+    assert not pid_alive(task["pid"])
+    assert ferry.task_processes() == []
+
+
+def test_retry_a_failed_task_is_a_new_attempt_with_the_same_id(ferry: Ferry) -> None:
+    assert ferry("run", "--", "false").code == 1
+    task_id = ferry.only_task()["id"]
+    assert ferry("retry", task_id).code == 0
+    task = ferry.task(task_id)
+    assert (task["id"], task["state"], task["attempt"]) == (task_id, "QUEUED", 2)
+    assert [t["id"] for t in ferry.tasks()] == [task_id]
+
+
+def test_retry_of_a_succeeded_task_is_refused(ferry: Ferry) -> None:
+    ferry.ok("run", "--", "true")
+    task_id = ferry.only_task()["id"]
+    result = ferry("--json", "retry", task_id)
+    assert result.code == 1
+    assert result.err.startswith("ferry: error[task.")
+    assert result.json()["error"]["details"]["task"] == task_id
+    assert ferry.task(task_id)["state"] == "SUCCEEDED"
+
+
+# -- --json, usage errors, no tracebacks ------------------------------------------------------
+
+
+def test_json_gives_one_document_per_command(ferry: Ferry) -> None:
+    run = ferry("--json", "run", "--name", "quiet", "--", "true")
+    assert run.code == 0 and run.json()["state"] == "SUCCEEDED"
+    task_id = run.json()["id"]
+    queued = ferry.json("submit", "--", "true")
+    assert queued["state"] == "QUEUED"
+    assert isinstance(ferry.json("ls"), list)
+    assert ferry.json("show", task_id)["id"] == task_id
+    assert ferry.json("cancel", queued["id"])["state"] == "CANCELLED"
+    assert ferry.json("retry", queued["id"])["attempt"] == 2
+    assert "epoch" in ferry.json("lease")
+    assert ferry.json("journal", "verify")["status"] == "clean"
+    # Streams are JSON Lines: every line one document.
+    for line in ferry.ok("--json", "journal", "dump").out.splitlines():
+        assert "type" in json.loads(line)
+    ferry.ok("run", "--", "echo", "hello")
+    echoed = ferry.tasks()[-1]["id"]
+    chunks = [json.loads(line) for line in ferry.ok("--json", "logs", echoed).out.splitlines()]
+    assert chunks == [{"stream": "stdout", "offset": 0, "text": "hello\n"}]
+
+
+@pytest.mark.parametrize(
+    ("args", "code"),
+    [
+        (["show", "zzzz"], "task.not_found"),
+        (["run"], "usage."),
+        (["run", "--no-such-option", "--", "true"], "usage."),
+        (["ls", "--state", "SLEEPING"], "usage."),
+        (["submit"], "usage."),
+    ],
+)
+def test_json_errors_are_one_error_object(ferry: Ferry, args: list[str], code: str) -> None:
+    result = ferry("--json", *args)
+    assert result.code in (2, 5)
+    error = result.json()["error"]
+    assert set(error) == {"code", "message", "details"}
+    assert error["code"].startswith(code)
+    assert isinstance(error["details"], dict)
+    assert result.err == f"ferry: error[{error['code']}]: {error['message']}\n"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["run"],
+        ["run", "--bogus", "--", "true"],
+        ["run", "--timeout", "-1", "--", "true"],
+        ["run", "--timeout", "soon", "--", "true"],
+        ["run", "--kill-grace", "-1", "--", "true"],
+        ["run", "--heartbeat", "0", "--", "true"],
+        ["run", "--env", "NOEQUALS", "--", "true"],
+        ["run", "--max-releases", "-2", "--", "true"],
+        ["run", "--", ""],
+        ["submit"],
+        ["submit", "--from", "/nonexistent/batch.jsonl"],
+        ["ls", "--state", "SLEEPING"],
+        ["ls", "--limit", "-1"],
+        ["logs"],
+        ["logs", "abc", "--stream", "stdin"],
+        ["logs", "abc", "--tail", "-3"],
+        ["show"],
+        ["frobnicate"],
+    ],
+)
+def test_usage_errors_exit_2_with_one_coded_line(ferry: Ferry, args: list[str]) -> None:
+    result = ferry(*args)
+    assert result.code == 2, result
+    assert result.err.startswith("ferry: error[usage"), result.err
+    assert result.err.count("\n") == 1
+    assert result.out == b""
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        [b"run", b"--", b"\xff\xfe"],
+        [b"run", b"--name", b"\xff", b"--", b"true"],
+        [b"show", b"\xff"],
+        [b"show", b""],
+        [b"show", b"-"],
+        [b"logs", b"'; rm -rf /"],
+        [b"submit", b"--from", b"/"],
+        [b"run", b"--cwd", b"/etc/passwd", b"--", b"true"],
+        [b"run", b"--env", b"A=\xff", b"--", b"true"],
+        [b"--home", b"/dev/null", b"ls"],
+        [b"--home", b"", b"ls"],
+        [b"run", b"--timeout", b"nan", b"--", b"true"],
+        [b"run", b"--timeout", b"inf", b"--", b"true"],
+        [b"retry", b"--force"],
+        [b"--json", b"--json", b"ls"],
+        [b"journal", b"dump", b"--from", b"0"],
+    ],
+)
+def test_no_traceback_for_any_input(ferry: Ferry, args: list[bytes]) -> None:
+    result = ferry(*args)
+    assert result.code in (0, 2, 5, 125), result  # checked inside: no "Traceback"
+    if result.code:
+        assert result.err.startswith("ferry: error["), result.err
+
+
+@pytest.mark.parametrize("args", [[], ["journal"]])
+def test_a_bare_group_prints_its_help_and_exits_2(ferry: Ferry, args: list[str]) -> None:
+    result = ferry(*args)
+    assert result.code == 2
+    assert result.err.startswith("Usage: ferry") and "Example" in result.err
+    as_json = ferry("--json", *args)
+    assert as_json.code == 2
+    assert as_json.json()["error"]["code"].startswith("usage.")
+
+
+def test_no_traceback_for_a_submit_from_full_of_garbage(ferry: Ferry) -> None:
+    garbage = bytes(range(256)) * 8 + b"\n{" + b"[" * 5000 + b"\n"
+    result = ferry("submit", "--from", "-", stdin=garbage)
+    assert result.code == 2
+    assert ferry.tasks() == []
+
+
+def test_run_before_the_task_starts_exits_125_also_with_home_option(
+    ferry: Ferry, tmp_path: Path
+) -> None:
+    """A corrupt journal stops run with 125 (the error line names journal.*), however
+    the home is given; other commands exit 4 for it."""
+    ferry.ok("run", "--", "true")
+    segment = sorted((ferry.home / "journal").glob("*.jsonl"))[0]
+    data = bytearray(segment.read_bytes())
+    data[20] ^= 0x01  # a flipped bit inside the first (not the last) record
+    segment.write_bytes(bytes(data))
+    assert ferry("ls").code == 4
+    by_env = ferry("run", "--", "true")
+    assert by_env.code == 125
+    assert "error[journal." in by_env.err
+    by_option = ferry("--home", str(ferry.home), "run", "--", "true")
+    assert by_option.code == 125
+    assert "error[journal." in by_option.err
+
+
+# -- the state directory, seen from the user's side ---------------------------------------------
+
+
+def test_home_is_private_after_a_run(ferry: Ferry) -> None:
+    old = os.umask(0o022)
+    try:
+        ferry.ok("run", "--name", "p", "--", "echo", "private")
+        ferry.ok("submit", "--", "true")
+        ferry.ok("journal", "compact")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(ferry.home.stat().st_mode) == 0o700
+    seen = 0
+    for root, dirs, files in os.walk(ferry.home):
+        for name in dirs:
+            mode = stat.S_IMODE(os.lstat(Path(root, name)).st_mode)
+            assert mode == 0o700, (Path(root, name), oct(mode))
+        for name in files:
+            mode = stat.S_IMODE(os.lstat(Path(root, name)).st_mode)
+            assert mode == 0o600, (Path(root, name), oct(mode))
+            seen += 1
+    assert seen >= 4  # journal, logs, heartbeat at least
