@@ -8,6 +8,7 @@ poll loop can wait for output, the child's exit and signals together.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -24,6 +25,25 @@ _sync_data = getattr(os, "fdatasync", os.fsync)
 def open_private(path: Path, flags: int = _LOG_FLAGS) -> int:
     """Open (creating it 0600) ``path`` for appending, refusing a symlink."""
     return os.open(path, flags, 0o600)
+
+
+_CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+
+
+def create_private(path: Path) -> None:
+    """Create ``path`` 0600 if missing (a symlink there is refused), leave it as is."""
+    os.close(os.open(path, _CREATE_FLAGS, 0o600))
+
+
+def touch(path: Path) -> None:
+    # A heartbeat is evidence, not a reason to stop the task: errors are ignored.
+    try:
+        os.utime(path, follow_symlinks=False)
+    except FileNotFoundError:
+        with contextlib.suppress(OSError):
+            create_private(path)
+    except OSError:
+        pass
 
 
 def write_all(fd: int, data: bytes | memoryview) -> None:

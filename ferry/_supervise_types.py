@@ -1,0 +1,42 @@
+"""The data of :mod:`ferry.supervise`: what to run (:class:`SuperviseSpec`) and how it
+ended (:class:`Outcome`). Kept apart so the loop and the spawner share them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class SuperviseSpec:
+    argv: Sequence[str]
+    cwd: str
+    env: Mapping[str, str]  # the child's whole environment, marker included
+    timeout_s: float | None
+    kill_grace_s: float
+    heartbeat_s: float
+    stdout_log: Path
+    stderr_log: Path
+    heartbeat_path: Path
+    passthrough: bool = True
+    shell: bool = False
+    stdin: int | None = None  # None: inherit ferry's stdin
+
+
+@dataclass(frozen=True)
+class Outcome:
+    exit_code: int | None  # exactly one of exit_code / signal is set
+    signal: int | None
+    timed_out: bool
+    forwarded_signal: int | None  # the first SIGINT/SIGTERM/SIGHUP ferry received
+    killed_after_grace: bool  # ferry sent SIGKILL to the group (grace over, or escalated)
+    started_at: float  # wall clock (time.time()), right after the spawn
+    ended_at: float  # wall clock, when the leader's exit was seen
+    pid: int
+    pgid: int
+    leftover_killed: bool  # members outlived a leader that exited by itself: ended
+    stop_signal: int | None = None  # the signal should_stop asked for, if it did
+    log_error: str | None = None  # some output could not be logged or synced
+    drain_timed_out: bool = False  # pipes still open the drain bound after the group died
+    group_survived: bool = False  # a member outlived SIGKILL and the wait after it
