@@ -56,7 +56,16 @@ class Service:
         return ev.Submitted(task=task_id, spec=spec, created_at=time.time())
 
     def submit(self, batch: Sequence[Mapping[str, Any]]) -> list[Task]:
-        events = [self._new_task(build_spec(opts, self.home)) for opts in batch]
+        specs = [build_spec(opts, self.home) for opts in batch]
+        if len(specs) == 1 and specs[0].key is not None:
+            # The contract's --key rule, as for `run`: a key that SUCCEEDED is not queued
+            # again (exit 0, a notice); the task that did it is returned instead.
+            self.store.refresh()
+            done = self.store.table.succeeded_with_key(specs[0].key)
+            if done is not None:
+                self.notice(f"key {specs[0].key!r} already succeeded (task {done}); not queued")
+                return [self._get(done)]
+        events = [self._new_task(spec) for spec in specs]
         self.store.commit(*events)
         return [self._get(e.task) for e in events]
 
