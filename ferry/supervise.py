@@ -108,6 +108,7 @@ def supervise(
                 stream.flush()
     paths = [spec.stdout_log, spec.stderr_log]
     log_fds: list[int] = []
+    created = [not os.path.lexists(path) for path in paths]
     try:
         for path in paths:
             log_fds.append(open_private(path))
@@ -145,7 +146,9 @@ def supervise(
         for sink in sinks:
             sink.sync_and_close()
             log_error = log_error or sink.log_error
-    log_error = log_error or fsync_dirs(paths)
+    # A log this call created must keep its name through a crash too (if it has bytes).
+    new_logs = [p for p, new, s in zip(paths, created, sinks, strict=True) if new and s.bytes_total]
+    log_error = log_error or fsync_dirs(new_logs)
     if log_error is not None:
         outcome = replace(outcome, log_error=log_error)
     return outcome

@@ -13,6 +13,8 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -730,3 +732,54 @@ def test_nonsense_spec_is_refused_before_anything_starts(
     with pytest.raises(ValueError):
         supervise(spec, on_spawned=lambda pid, pgid: None)
     assert not (tmp_path / "task.out").exists()
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace")
+def test_logs_with_bytes_are_fdatasynced_before_supervise_returns(tmp_path: Path) -> None:
+    # Traced system calls of the supervising process (not -f: the task is not traced).
+    script = "import sys; sys.stdout.write('evidence')"
+    config = {
+        "argv": [PY, "-c", script],
+        "cwd": str(tmp_path),
+        "env": dict(os.environ),
+        "timeout_s": None,
+        "kill_grace_s": 5.0,
+        "heartbeat_s": 5.0,
+        "stdout_log": str(tmp_path / "task.out"),
+        "stderr_log": str(tmp_path / "task.err"),
+        "heartbeat_path": str(tmp_path / "task.hb"),
+        "passthrough": False,
+        "result": str(tmp_path / "result.json"),
+        "spawned": str(tmp_path / "spawned"),
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    trace = tmp_path / "trace.txt"
+    strace = ["strace", "-qq", "-e", "trace=openat,fdatasync,fsync", "-o", str(trace)]
+    traced = subprocess.run(
+        [*strace, PY, str(DRIVER), str(tmp_path / "config.json")],
+        capture_output=True,
+        timeout=DEADLINE_S,
+    )
+    if traced.returncode != 0 and b"ptrace" in traced.stderr:
+        pytest.skip("ptrace not permitted here")
+    assert traced.returncode == 0, traced.stderr
+    calls = trace.read_text().splitlines()
+
+    def index(pattern: str) -> int:
+        hits = [i for i, line in enumerate(calls) if re.search(pattern, line)]
+        assert hits, f"no {pattern!r} in the trace"
+        return hits[0]
+
+    out_fd = re.search(r"= (\d+)$", calls[index(r'openat\(.*task\.out"')])
+    err_fd = re.search(r"= (\d+)$", calls[index(r'openat\(.*task\.err"')])
+    assert out_fd is not None and err_fd is not None
+    synced = index(rf"^fdatasync\({out_fd.group(1)}\)\s+= 0")
+    dir_open = index(rf'openat\(AT_FDCWD, "{re.escape(str(tmp_path))}", .*O_DIRECTORY')
+    dir_fd = re.search(r"= (\d+)$", calls[dir_open])
+    assert dir_fd is not None
+    dir_synced = index(rf"^fsync\({dir_fd.group(1)}\)\s+= 0")
+    returned = index(r'openat\(.*result\.json"')
+    assert synced < returned and dir_open < dir_synced < returned
+    # stderr stayed empty: nothing to make durable, no fdatasync for it.
+    assert not [c for c in calls[:returned] if c.startswith(f"fdatasync({err_fd.group(1)})")]
+    assert (tmp_path / "task.out").read_text() == "evidence"
