@@ -98,6 +98,18 @@ def side_by_side(
     return statistics.median(ours_values), statistics.median(base_values)
 
 
+def interleaved(sides: dict[str, Callable[[], float]], runs: int) -> dict[str, float]:
+    """Like side_by_side for any number of sides: medians of `runs` measurements each,
+    the order rotated every run so drift on a noisy machine falls on every side."""
+    values: dict[str, list[float]] = {name: [] for name in sides}
+    names = list(sides)
+    for i in range(runs):
+        shift = i % len(names)
+        for name in names[shift:] + names[:shift]:
+            values[name].append(sides[name]())
+    return {name: statistics.median(v) for name, v in values.items()}
+
+
 def rate(count: float, seconds: float) -> float:
     return count / seconds if seconds > 0 else float("inf")
 
