@@ -1,0 +1,238 @@
+"""Crash ferry (SIGKILL at a named failpoint) at every step of a task's path, then
+``ferry recover``, and check the contract's recovery table row by row.
+
+For every failpoint on the task path (before/after SUBMITTED, CLAIMED, DISPATCHING,
+spawn, SPAWNED, SETTLED), for the ways a task gets to run (``ferry run``; ``ferry
+submit``; ``ferry work --drain`` and ``ferry claim`` over a queued task), for a
+mutating and an ``--idempotent`` task, and (where a child exists) with the task dead or
+still alive: the decision and exit status of ``ferry recover``, that a second recover
+changes nothing, that the journal verifies, and, after ``ferry work --drain`` has run
+whatever was requeued, that no mutating task ran twice (real executions are counted in
+a marker file by the task itself).
+
+The exhaustive matrix is ``@pytest.mark.crash`` (``tox -e soak``); a few representative
+rows run in the default tier.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from crashkit import (
+    Ferry,
+    counting_task,
+    decision_records,
+    runs,
+    task_processes,
+    wait_task_gone,
+    wait_until,
+)
+
+pytestmark = pytest.mark.timeout(120)
+
+STEPS = ("SUBMITTED", "CLAIMED", "DISPATCHING", "spawn", "SPAWNED", "SETTLED")
+POINTS = tuple(f"{when}:{step}" for step in STEPS for when in ("before", "after"))
+# Which points each way of running a task passes (``submit`` only journals SUBMITTED;
+# ``work``/``claim`` start from a task submitted without failpoints).
+PATHS = {
+    "run": POINTS,
+    "submit": ("before:SUBMITTED", "after:SUBMITTED"),
+    "work": POINTS[2:],
+    "claim": POINTS[2:],
+}
+# Points where the task's child exists but ferry has not settled it: the task may be
+# kept alive across the crash (the quarantine rows).
+CHILD_EXISTS = ("after:spawn", "before:SPAWNED", "after:SPAWNED")
+
+
+def stage(path: str, point: str) -> str:
+    """How far the journal got before the crash at ``point`` on ``path``."""
+    if point == "after:SETTLED":
+        return "settled"
+    if point in ("after:spawn", "before:SPAWNED", "after:SPAWNED", "before:SETTLED"):
+        return "spawned"
+    if point in ("after:DISPATCHING", "before:spawn"):
+        return "dispatching"
+    if path == "run":  # SUBMITTED + CLAIMED + DISPATCHING are one durable write
+        return "none" if point.startswith("before:") else "dispatching"
+    if path == "submit":
+        return "none" if point == "before:SUBMITTED" else "queued"
+    if path == "work":  # CLAIMED + DISPATCHING are one durable write
+        return "queued" if point.startswith("before:") else "dispatching"
+    # claim: CLAIMED under the lease, then DISPATCHING in a write of its own
+    return "queued" if point == "before:CLAIMED" else "claimed"
+
+
+@dataclass(frozen=True)
+class Case:
+    path: str
+    point: str
+    idempotent: bool
+    alive: bool  # keep the task's process alive across the crash
+
+    @property
+    def id(self) -> str:
+        kind = "idempotent" if self.idempotent else "mutating"
+        return f"{self.path}-{self.point}-{kind}" + ("-alive" if self.alive else "")
+
+
+def all_cases() -> list[Case]:
+    cases = []
+    for path, points in PATHS.items():
+        for point in points:
+            for idempotent in (False, True):
+                cases.append(Case(path, point, idempotent, alive=False))
+                if point in CHILD_EXISTS and path in ("run", "work"):
+                    cases.append(Case(path, point, idempotent, alive=True))
+    return cases
+
+
+REPRESENTATIVE = [
+    Case("run", "after:DISPATCHING", idempotent=False, alive=False),
+    Case("run", "after:SPAWNED", idempotent=True, alive=False),
+    Case("claim", "after:CLAIMED", idempotent=False, alive=False),
+    Case("run", "after:spawn", idempotent=False, alive=True),
+    Case("work", "before:SETTLED", idempotent=False, alive=False),
+]
+EXHAUSTIVE = [c for c in all_cases() if c not in REPRESENTATIVE]
+
+
+@pytest.fixture
+def ferry(tmp_path: Path) -> Iterator[Ferry]:
+    f = Ferry(tmp_path / "home")
+    try:
+        yield f
+    finally:
+        f.close()
+
+
+def crash(ferry: Ferry, case: Case, mark: Path) -> None:
+    """Run the task's path with the failpoint armed; ferry must die by SIGKILL there."""
+    argv = counting_task(mark, linger="; exec sleep 300" if case.alive else "")
+    options = ["--idempotent"] if case.idempotent else []
+    if case.path in ("work", "claim"):
+        ferry.ok("submit", *options, "--", *argv)
+    command = {
+        "run": ["run", *options, "--", *argv],
+        "submit": ["submit", *options, "--", *argv],
+        "work": ["work", "--drain", "--poll", "0.05"],
+        "claim": ["claim"],
+    }[case.path]
+    result = ferry.cli(*command, failpoints=case.point)
+    assert result.returncode == -9, f"{case.id}: ferry did not die at the failpoint: {result}"
+
+
+def expected(case: Case) -> tuple[str, str | None, int, list[str]]:
+    """(state after recover, reason, recover's exit status, decisions) by the contract's table."""
+    reached = stage(case.path, case.point)
+    if reached in ("none", "queued"):
+        return "QUEUED", None, 0, []
+    if reached == "settled":
+        return "SUCCEEDED", None, 0, []
+    if reached == "claimed":  # nothing was started: back to the queue, not counted
+        return "QUEUED", "RELEASED_TO_QUEUE", 0, ["RELEASE_UNCOUNTED"]
+    if case.alive:
+        return "FAILED", "QUARANTINED_ORPHAN_ALIVE", 3, ["QUARANTINE"]
+    if case.idempotent:
+        return "QUEUED", "RELEASED_TO_QUEUE", 0, ["RELEASE"]
+    return "FAILED", "MARKED_FAILED_MUTATION_UNSAFE", 3, ["FAIL_UNSAFE"]
+
+
+def final_runs(case: Case) -> int:
+    """Real executions once ``work --drain`` has run whatever recovery requeued."""
+    reached = stage(case.path, case.point)
+    if reached == "none":
+        return 0
+    if reached == "dispatching":
+        return 1 if case.idempotent else 0  # never started; only an idempotent one reruns
+    if reached == "spawned" and case.idempotent and not case.alive:
+        return 2  # ran once before the crash, released, ran again
+    return 1
+
+
+def check_case(ferry: Ferry, case: Case, tmp_path: Path) -> None:
+    mark = tmp_path / "runs"
+    crash(ferry, case, mark)
+    reached = stage(case.path, case.point)
+    task = ferry.only_task()
+    if reached == "none":
+        assert task is None
+    else:
+        assert task is not None
+        if case.alive:  # the orphan is running (it recorded itself) and stays so
+            wait_until(lambda: runs(mark) == 1 and task_processes(task["id"]), what="the orphan")
+        else:
+            wait_task_gone(task["id"])
+
+    code, report = ferry.recover()
+    state, reason, want_code, want_decisions = expected(case)
+    assert code == want_code, (case.id, report)
+    assert [d["decision"] for d in report["decisions"]] == want_decisions, (case.id, report)
+    ferry.verify()
+    if task is None:
+        assert ferry.tasks() == []
+    else:
+        after = ferry.task(task["id"])
+        assert (after["state"], after["reason"]) == (state, reason), (case.id, after)
+        check_evidence(case, after, task)
+        decided = decision_records(ferry.records())
+        assert len(decided.get(task["id"], [])) == len(want_decisions), decided
+
+    # Recover is idempotent: a second run decides nothing (it still says 3 while a
+    # quarantined orphan lives, and never touches it).
+    again, report = ferry.recover()
+    assert report["decisions"] == []
+    if case.alive and reached == "spawned":
+        assert task is not None
+        assert again == 3 and report["orphans_alive"] == [task["id"]]
+        assert task_processes(task["id"]), "recovery must never kill a quarantined orphan"
+        ferry.ok("kill", task["id"])
+        wait_task_gone(task["id"])
+        assert ferry.recover()[0] == 0
+    else:
+        assert again == 0
+
+    ferry.ok("work", "--drain", "--poll", "0.05")
+    ferry.verify()
+    assert runs(mark) == final_runs(case), case.id
+    if not case.idempotent:
+        assert runs(mark) <= 1, "a mutating task ran twice"
+    for t in ferry.tasks():  # nothing left queued or in flight
+        assert t["state"] in ("SUCCEEDED", "FAILED"), (t, ferry.records())
+
+
+def check_evidence(case: Case, after: dict[str, object], before: dict[str, object]) -> None:
+    evidence = after["evidence"]
+    assert isinstance(evidence, dict)
+    if after["reason"] in ("MARKED_FAILED_MUTATION_UNSAFE", "QUARANTINED_ORPHAN_ALIVE"):
+        salvage, recovery = evidence["salvage"], evidence["recovery"]
+        assert recovery["runner"] == "DEAD"
+        assert "stdout_tail" in salvage and "heartbeat_age_s" in salvage
+        if case.point in ("after:SPAWNED", "before:SETTLED"):
+            assert salvage["pid"] is not None and salvage["pid"] == before["pid"]
+        if case.point == "before:SETTLED":
+            assert salvage["stdout_tail"] == "ran\n"  # the output ferry had captured
+        if case.alive:
+            assert recovery["found_by_marker"] is (case.point != "after:SPAWNED")
+
+
+@pytest.mark.parametrize("case", REPRESENTATIVE, ids=lambda c: c.id)
+def test_crash_then_recover_representative(ferry: Ferry, case: Case, tmp_path: Path) -> None:
+    check_case(ferry, case, tmp_path)
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize("case", EXHAUSTIVE, ids=lambda c: c.id)
+def test_crash_then_recover_every_failpoint(ferry: Ferry, case: Case, tmp_path: Path) -> None:
+    check_case(ferry, case, tmp_path)
+
+
+def test_the_matrix_covers_every_task_path_failpoint() -> None:
+    from ferry.failpoints import FAILPOINTS
+
+    assert set(POINTS) <= FAILPOINTS
+    covered = {(c.point, c.idempotent) for c in all_cases()}
+    assert covered == {(p, i) for p in POINTS for i in (False, True)}

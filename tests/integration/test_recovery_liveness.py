@@ -1,0 +1,287 @@
+"""Liveness as recovery sees it, through the real ``ferry`` command: pid reuse is death
+(and the new owner of the pid is never signalled), a stopped runner with a fresh
+heartbeat is left alone, a silent one becomes STALE and RUNNING again when it beats,
+a quarantined orphan blocks ``retry`` and keeps ``recover`` at exit 3 until ``ferry
+kill`` ends it, and a daemon that left the task's session is still found by its marker.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from crashkit import (
+    Ferry,
+    counting_task,
+    decision_records,
+    pid_gone,
+    runs,
+    task_processes,
+    wait_task_gone,
+    wait_until,
+)
+
+from ferry.process import read_stat
+
+pytestmark = pytest.mark.timeout(120)
+
+# Stays alive on its first attempt (the orphan), exits at once on a retry.
+FIRST_ATTEMPT_LINGERS = '; [ "$FERRY_ATTEMPT" = 1 ] && exec sleep 300; true'
+
+SIGNAL_RECORDER = """
+    import signal, sys
+    log = open(sys.argv[1], "a")
+    def note(signum, frame):
+        log.write(f"{signum}\\n")
+        log.flush()
+    for sig in signal.valid_signals():
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):
+            try:
+                signal.signal(sig, note)
+            except (OSError, ValueError):
+                pass
+    print("ready", flush=True)
+    while True:
+        signal.pause()
+"""
+
+
+@pytest.fixture
+def ferry(tmp_path: Path) -> Iterator[Ferry]:
+    f = Ferry(tmp_path / "home")
+    try:
+        yield f
+    finally:
+        f.close()
+
+
+@pytest.fixture
+def bystanders() -> Iterator[list[subprocess.Popen[str]]]:
+    """Unrelated processes a test starts; killed and reaped at the end."""
+    procs: list[subprocess.Popen[str]] = []
+    yield procs
+    for proc in procs:
+        proc.kill()
+        proc.communicate(timeout=30)
+
+
+def heartbeat_age_s(ferry: Ferry, task_id: str) -> float:
+    beat = ferry.task(task_id)["heartbeat_at"]
+    return 0.0 if beat is None else time.time() - datetime.fromisoformat(beat).timestamp()
+
+
+def nothing_to_recover(ferry: Ferry, *args: str) -> None:
+    code, report = ferry.recover(*args)
+    assert (code, report["decisions"], report["orphans_alive"]) == (0, [], []), report
+
+
+def crashed_after_spawned(ferry: Ferry, argv: list[str]) -> dict[str, object]:
+    """``ferry run`` SIGKILLed right after SPAWNED is durable: the task has a pid."""
+    assert ferry.cli("run", "--", *argv, failpoints="after:SPAWNED").returncode == -9
+    task = ferry.tasks()[-1]
+    assert task["state"] == "RUNNING" and task["pid"], task
+    return task
+
+
+# ---- pid reuse ------------------------------------------------------------------------
+
+
+def start_with_pid(
+    pid: int, log: Path, procs: list[subprocess.Popen[str]]
+) -> subprocess.Popen[str]:
+    """Start an unrelated signal-recording process that gets exactly ``pid``: the
+    kernel hands out ``ns_last_pid + 1`` next (root only). Other processes on the
+    machine may take the number first: then try again while it is free."""
+    if os.geteuid() != 0:
+        pytest.skip("making the kernel reuse a chosen pid needs root (ns_last_pid)")
+    deadline = time.monotonic() + 30.0
+    while time.monotonic() < deadline:
+        wait_until(lambda: pid_gone(pid), what=f"pid {pid} to be free (its zombie reaped)")
+        with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+            f.write(str(pid - 1))
+        proc = subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(SIGNAL_RECORDER), str(log)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        procs.append(proc)
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        if proc.pid == pid:
+            return proc
+    raise AssertionError(f"could not get pid {pid} reused within 30 s")
+
+
+def test_a_reused_pid_is_dead_and_its_new_owner_is_never_signalled(
+    ferry: Ferry, tmp_path: Path, bystanders: list[subprocess.Popen[str]]
+) -> None:
+    tasks = [crashed_after_spawned(ferry, counting_task(tmp_path / f"runs{i}")) for i in (0, 1)]
+    for task in tasks:
+        wait_task_gone(str(task["id"]))
+    logs = [tmp_path / f"signals{i}" for i in (0, 1)]
+    owners = [
+        start_with_pid(int(str(t["pid"])), log, bystanders)
+        for t, log in zip(tasks, logs, strict=True)
+    ]
+    spawned = {r["data"]["task"]: r["data"] for r in ferry.records() if r["type"] == "SPAWNED"}
+    for task, owner in zip(tasks, owners, strict=True):
+        now = read_stat(owner.pid)
+        assert now is not None and now.start_time != spawned[task["id"]]["start_time"]
+
+    first, second = (str(t["id"]) for t in tasks)
+    killed = ferry.ok("kill", first, "--signal", "KILL")
+    assert "no process of the task is alive" in killed.stdout + killed.stderr
+    ferry.ok("cancel", first)
+    assert ferry.task(first)["state"] == "CANCELLED"
+    code, report = ferry.recover()
+    assert code == 3 and [d["task"] for d in report["decisions"]] == [second]
+    after = ferry.task(second)
+    assert (after["state"], after["reason"]) == ("FAILED", "MARKED_FAILED_MUTATION_UNSAFE")
+    assert after["evidence"]["recovery"]["task_process"] == "DEAD"
+    ferry.ok("kill", second)
+    ferry.verify()
+
+    for owner, log in zip(owners, logs, strict=True):
+        assert owner.poll() is None, "the pid's new owner was killed"
+        assert not log.exists() or log.read_text() == "", "the pid's new owner got a signal"
+
+
+# ---- a stopped runner, heartbeats -----------------------------------------------------
+
+
+def test_a_stopped_runner_is_left_alone_then_stale_then_running_again(
+    ferry: Ferry, tmp_path: Path
+) -> None:
+    gate = tmp_path / "gate"
+    wait_for_gate = ["/bin/sh", "-c", 'while [ ! -e "$0" ]; do sleep 0.05; done', str(gate)]
+    runner = ferry.start("run", "--heartbeat", "0.2", "--", *wait_for_gate)
+    task = wait_until(
+        lambda: [t for t in ferry.tasks() if t["state"] == "RUNNING"], what="the task to run"
+    )[0]
+    task_id = task["id"]
+    os.kill(runner.pid, signal.SIGSTOP)
+    try:
+        # Alive (stopped is alive) with a fresh heartbeat: left alone, nothing journaled.
+        code, report = ferry.recover("--stale-after", "3600")
+        assert (code, report["decisions"]) == (0, [])
+        # The stopped runner cannot beat: once its heartbeat is older than the limit...
+        wait_until(lambda: heartbeat_age_s(ferry, task_id) > 1.0, what="a 1 s old heartbeat")
+        code, report = ferry.recover("--stale-after", "1")
+        assert code == 0 and [d["decision"] for d in report["decisions"]] == ["MARK_STALE"]
+        stale = ferry.task(task_id)
+        assert (stale["state"], stale["reason"]) == ("STALE", "HEARTBEAT_STALE")
+        assert task_processes(task_id), "a STALE task is not killed unless configured"
+        nothing_to_recover(ferry, "--stale-after", "1")  # already STALE: no second mark
+    finally:
+        os.kill(runner.pid, signal.SIGCONT)
+    wait_until(lambda: ferry.task(task_id)["state"] == "RUNNING", what="RUNNING again")
+    gate.touch()
+    assert runner.wait(timeout=60) == 0
+    assert ferry.task(task_id)["state"] == "SUCCEEDED"
+    assert len(decision_records(ferry.records())[task_id]) == 1  # only the STALE mark
+    ferry.verify()
+
+
+# ---- a quarantined orphan -------------------------------------------------------------
+
+
+def test_a_live_quarantined_orphan_blocks_retry_until_ferry_kill_ends_it(
+    ferry: Ferry, tmp_path: Path
+) -> None:
+    mark = tmp_path / "runs"
+    task = crashed_after_spawned(ferry, counting_task(mark, linger=FIRST_ATTEMPT_LINGERS))
+    task_id = str(task["id"])
+    wait_until(lambda: runs(mark) == 1 and task_processes(task_id), what="the orphan")
+
+    code, report = ferry.recover()
+    assert code == 3 and [d["decision"] for d in report["decisions"]] == ["QUARANTINE"]
+    for _ in range(2):  # cron keeps saying "operator needed" while the orphan lives
+        code, report = ferry.recover()
+        assert (code, report["decisions"], report["orphans_alive"]) == (3, [], [task_id])
+    refused = ferry.cli("retry", task_id)
+    assert refused.returncode == 3 and "task.orphan_alive" in refused.stderr, refused
+    assert task_processes(task_id), "nothing may have touched the orphan"
+
+    ferry.ok("kill", task_id)
+    signalled = [r for r in ferry.records() if r["type"] == "ORPHAN_SIGNALLED"]
+    assert [(r["data"]["pid"], r["data"]["signal"]) for r in signalled] == [
+        (task["pid"], signal.SIGTERM)
+    ]
+    wait_task_gone(task_id)
+    nothing_to_recover(ferry)
+    ferry.ok("retry", task_id)
+    retried = ferry.task(task_id)
+    assert (retried["state"], retried["attempt"]) == ("QUEUED", 2)
+    ferry.ok("work", "--drain", "--poll", "0.05")
+    assert ferry.task(task_id)["state"] == "SUCCEEDED"
+    assert runs(mark) == 2  # the first attempt and the retry an operator asked for
+    ferry.verify()
+
+
+# ---- a daemon that left the task's session --------------------------------------------
+
+DAEMONISE = 'echo "$FERRY_TASK" >> "$0"; setsid -f sleep 300'
+
+
+def daemons(task_id: str, leader_pid: int) -> list[int]:
+    """Processes of the task in a session other than the one its leader started."""
+    out = []
+    for ident in task_processes(task_id):
+        st = read_stat(ident.pid)
+        if st is not None and st.session != leader_pid:
+            out.append(ident.pid)
+    return out
+
+
+def test_a_daemon_that_called_setsid_is_found_by_its_marker_on_recovery(
+    ferry: Ferry, tmp_path: Path
+) -> None:
+    task = crashed_after_spawned(ferry, ["/bin/sh", "-c", DAEMONISE, str(tmp_path / "runs")])
+    task_id, leader = str(task["id"]), int(str(task["pid"]))
+    escaped = wait_until(
+        lambda: pid_gone_or_zombie(leader) and daemons(task_id, leader), what="the daemon alone"
+    )
+    code, report = ferry.recover()
+    assert code == 3, report
+    after = ferry.task(task_id)
+    assert (after["state"], after["reason"]) == ("FAILED", "QUARANTINED_ORPHAN_ALIVE")
+    assert daemons(task_id, leader) == escaped, "recovery never kills an orphan"
+    ferry.ok("kill", task_id)
+    wait_task_gone(task_id)
+    assert ferry.recover()[0] == 0
+
+
+@pytest.mark.parametrize("runner", ["alive", "crashed"])
+def test_cancel_reaches_a_daemon_that_called_setsid(
+    ferry: Ferry, tmp_path: Path, runner: str
+) -> None:
+    argv = ["/bin/sh", "-c", DAEMONISE + "; exec sleep 300", str(tmp_path / "runs")]
+    proc = None
+    if runner == "alive":
+        proc = ferry.start("run", "--kill-grace", "5", "--", *argv)
+        task = wait_until(lambda: [t for t in ferry.tasks() if t["pid"]], what="SPAWNED")[0]
+    else:
+        task = crashed_after_spawned(ferry, argv)
+    task_id, leader = str(task["id"]), int(str(task["pid"]))
+    wait_until(lambda: daemons(task_id, leader), what="the daemon")
+    ferry.ok("cancel", task_id)
+    if proc is not None:
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    wait_task_gone(task_id)
+    after = ferry.task(task_id)
+    assert (after["state"], after["reason"]) == ("CANCELLED", "CANCELLED_BY_USER")
+    nothing_to_recover(ferry)
+    ferry.verify()
+
+
+def pid_gone_or_zombie(pid: int) -> bool:
+    st = read_stat(pid)
+    return st is None or st.exited
