@@ -462,6 +462,21 @@ def test_a_succeeded_key_is_not_run_again(ferry: Ferry, tmp_path: Path) -> None:
     assert len(ferry.tasks()) == 1
 
 
+def test_submit_of_a_succeeded_key_queues_nothing(ferry: Ferry) -> None:
+    ferry.ok("run", "--key", "release-7", "--", "true")
+    done = ferry.only_task()["id"]
+    again = ferry("submit", "--key", "release-7", "--", "true")
+    assert again.code == 0
+    assert "release-7" in again.err and "not" in again.err
+    assert again.text.strip() == done  # the id of the task that already did it
+    assert [t["id"] for t in ferry.tasks()] == [done]
+    queued = ferry.ok("submit", "--key", "release-8", "--", "true").text.strip()
+    in_flight = ferry("submit", "--key", "release-8", "--", "true")
+    assert in_flight.code == 75
+    assert "error[task.key_in_flight]" in in_flight.err
+    assert [t["id"] for t in ferry.tasks()] == [done, queued]
+
+
 def test_a_failed_key_runs_again(ferry: Ferry, tmp_path: Path) -> None:
     count = tmp_path / "count"
     command = ["sh", "-c", f"echo run >> '{count}'; exit 3"]
