@@ -6,6 +6,9 @@ system, fdatasync included; against `cat` of the same bytes to /dev/null. The ra
 throughput (base time / our time). `vs_tee` compares with `cat FILE | tee LOG
 >/dev/null`, which does the same work as ferry (a pipe, a log file, a passthrough) but
 without the fdatasync.
+
+supervise-spawn: supervising `true` in-process (spawn, pidfd, loop, reap; no output, so
+no fsync) against `subprocess.run(["true"])`: the cost ferry adds to starting a task.
 """
 
 from __future__ import annotations
@@ -77,4 +80,37 @@ def bench_capture(options: Options) -> Figure:
     )
 
 
-BENCHMARKS = {"supervise-capture": bench_capture}
+def bench_spawn(options: Options) -> Figure:
+    from ferry.supervise import SuperviseSpec, supervise
+
+    n = max(10, int(200 * options.scale))
+    with scratch("supervise-spawn-") as work:
+        spec = SuperviseSpec(
+            argv=["true"],
+            cwd=str(work),
+            env=dict(os.environ),
+            timeout_s=None,
+            kill_grace_s=5.0,
+            heartbeat_s=5.0,
+            stdout_log=work / "task.out",
+            stderr_log=work / "task.err",
+            heartbeat_path=work / "task.hb",
+        )
+
+        def ours() -> float:
+            return timed(lambda: [supervise(spec, on_spawned=lambda p, g: None) for _ in range(n)])
+
+        def base() -> float:
+            return timed(lambda: [subprocess.run(["true"], check=True) for _ in range(n)])
+
+        ours_s, base_s = side_by_side(ours, base, options.runs)
+    return Figure(
+        name="supervise-spawn",
+        ratio=base_s / ours_s,
+        ours=f"{ours_s / n * 1000:.2f}ms",
+        base=f"{base_s / n * 1000:.2f}ms",
+        extra={"tasks": str(n)},
+    )
+
+
+BENCHMARKS = {"supervise-capture": bench_capture, "supervise-spawn": bench_spawn}

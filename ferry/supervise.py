@@ -33,9 +33,24 @@ Choices where the brief is silent (the contract of this module):
   cut the read.
 * Passthrough. Writes to ferry's fd 1/2 block like ``tee``: a reader that stops reading
   ferry's output stalls the task just as it would stall the task writing there
-  directly. EPIPE/EBADF/EIO on ferry's fd stop the passthrough of that stream; the log
-  keeps every byte. A log write error does not stop the task (its pipe must keep
-  draining); it is reported in ``log_error``.
+  directly (known limit: while such a write blocks, timers and forwarded signals wait
+  for it too). EPIPE/EBADF/EIO on ferry's fd stop the passthrough of that stream; the
+  log keeps every byte. A log write error does not stop the task (its pipe must keep
+  draining); it is reported in ``log_error``. Buffered ``sys.stdout``/``sys.stderr``
+  are flushed before the task starts, so ferry's own earlier output comes first.
+* Durability. Before returning, every log that received bytes is fdatasync'ed, and
+  the directory of a log this call created is fsync'ed. A log that received nothing
+  is not synced (an empty file that a crash removes tells the same story), so a task
+  that prints nothing costs no fsync here. Logs are opened ``O_APPEND|O_NOFOLLOW``,
+  created 0600; the heartbeat file too.
+* Heartbeats. ``heartbeat_path`` is touched (``utime``, not following a symlink, and
+  re-created if removed) every ``heartbeat_s`` on the monotonic clock, whatever the
+  task prints; a missed beat is not caught up in a burst. Errors are ignored: a
+  heartbeat is evidence, not a reason to stop the task.
+* Spawn failures. ``not_found`` (127) is ENOENT (or ENOTDIR for a bare name searched in
+  PATH); ``not_executable`` (126) is EACCES/EPERM/ENOEXEC/EISDIR/ENOTDIR/ETXTBSY, as a
+  shell decides; anything else, a missing ``cwd`` and unopenable log files included,
+  is ``other`` (125).
 * ``shell=True`` runs ``["/bin/sh", "-c", *argv]`` (Python's convention: ``argv[0]`` is
   the script, ``argv[1]`` becomes ``$0``, the rest ``$1``...).
 * Signal handlers can only be installed from the main thread; elsewhere ferry does not
