@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from ferry.errors import PatchGateError, UsageError
+from ferry.errors import UsageError
 from ferry.spec import PatchRef, TaskSpec, validate_spec
 
 # Keys a `submit --from` line may carry: the task options, by their option names.
@@ -147,7 +147,7 @@ def build_spec(opts: Mapping[str, Any], home: Path) -> TaskSpec:
             )
             patch = PatchRef(stored.path, stored.sha256)
     elif opts.get("patch_file") is not None:
-        raise PatchGateError(
+        raise UsageError(
             "--patch-file needs at least one --pointer: a patch stands in only for pinned files",
             code="usage.patch_without_pointer",
         )
