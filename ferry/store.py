@@ -37,6 +37,11 @@ SNAPSHOT_TAIL_RECORDS = 20_000  # leaders compact once this many records follow 
 # Small segments: compaction can drop history sooner, and opening scans at most one
 # active segment past the snapshot.
 SEGMENT_BYTES_MAX = 8 << 20
+# A SUBMITTED record holds the task's argv and env. Linux accepts up to 6 MiB of argv +
+# environment for one exec (a quarter of the stack limit, capped at 3/4 of 8 MiB), so any
+# command the kernel can run fits, with room for JSON escaping; larger is refused up front
+# (usage.too_large), nothing written. Readers have no line limit: this bounds writes only.
+RECORD_BYTES_MAX = 16 << 20
 ARCHIVES_MAX = 32
 _ARCHIVE_PREFIX = "settled-"
 
@@ -50,7 +55,14 @@ def journal_error(error: journal.JournalError) -> FerryError:
         return LeaseHeldError(
             f"fenced: a newer leader holds the journal ({error})", code=error.code, details=details
         )
-    if isinstance(error, journal.RecordTooLargeError | journal.InvalidRecordError):
+    if isinstance(error, journal.RecordTooLargeError):
+        return UsageError(
+            f"the task is too large to journal (its argv and env may take at most "
+            f"{RECORD_BYTES_MAX >> 20} MiB as JSON): {error}",
+            code="usage.too_large",
+            details=details,
+        )
+    if isinstance(error, journal.InvalidRecordError):
         return UsageError(str(error), code=error.code, details=details)
     if isinstance(error, journal.WriterFailedError):
         return FerryError(str(error), code=error.code, details=details)
@@ -75,7 +87,11 @@ class Store:
     @classmethod
     def open(cls, home: Path) -> Store:
         try:
-            wal = journal.Journal.open(home / "journal", segment_bytes_max=SEGMENT_BYTES_MAX)
+            wal = journal.Journal.open(
+                home / "journal",
+                segment_bytes_max=SEGMENT_BYTES_MAX,
+                record_bytes_max=RECORD_BYTES_MAX,
+            )
             snapshot = wal.latest_snapshot()
             table = _table_from_snapshot(home, snapshot.data) if snapshot else Table()
             store = cls(home, wal, table)
