@@ -1,0 +1,173 @@
+"""Races between ferry processes over one state directory: concurrent ``recover`` runs
+decide each crashed task exactly once, concurrent ``work --drain`` runs each queued
+task exactly once, and a leader paused with SIGSTOP is replaced after its lease TTL
+and, once continued, gets none of its writes accepted (it stops and exits 75).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+from crashkit import (
+    CLI_TIMEOUT_S,
+    Ferry,
+    counting_task,
+    decision_records,
+    runs,
+    wait_task_gone,
+    wait_until,
+)
+
+from ferry.process import read_stat
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture
+def ferry(tmp_path: Path) -> Iterator[Ferry]:
+    f = Ferry(tmp_path / "home")
+    try:
+        yield f
+    finally:
+        f.close()
+
+
+def finish(procs: list[subprocess.Popen[bytes]]) -> list[tuple[int, str, str]]:
+    """Wait for every process (reaping it) and return (exit status, stdout, stderr)."""
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=CLI_TIMEOUT_S * 2)
+        results.append((proc.returncode, out.decode(), err.decode()))
+    return results
+
+
+def test_twenty_concurrent_recovers_decide_each_crashed_task_exactly_once(
+    ferry: Ferry, tmp_path: Path
+) -> None:
+    # One runner crashed right after its claim (nothing started); then four crashed
+    # with their task done (two mutating, two idempotent). In this order: a claim
+    # recovers first.
+    ferry.ok("submit", "--", *counting_task(tmp_path / "runs-claimed"))
+    assert ferry.cli("claim", failpoints="after:CLAIMED").returncode == -9
+    for i, idempotent in enumerate((False, True, False, True)):
+        options = ["--idempotent"] if idempotent else []
+        argv = counting_task(tmp_path / f"runs{i}")
+        result = ferry.cli("run", *options, "--", *argv, failpoints="after:SPAWNED")
+        assert result.returncode == -9
+    tasks = ferry.tasks()
+    assert len(tasks) == 5
+    for task in tasks:
+        wait_task_gone(task["id"])
+
+    results = finish([ferry.start("--json", "recover") for _ in range(20)])
+
+    codes = Counter(code for code, _, _ in results)
+    assert set(codes) <= {0, 3, 75}, results
+    assert codes[3] == 1, f"exactly one recover decides (the two unsafe tasks): {codes}"
+    decided = decision_records(ferry.records())
+    assert sorted(decided) == sorted(t["id"] for t in tasks)
+    assert all(len(records) == 1 for records in decided.values()), decided
+    reported = [
+        d["task"]
+        for code, out, _ in results
+        if code in (0, 3)
+        for d in orjson.loads(out)["decisions"]
+    ]
+    assert Counter(reported) == Counter(t["id"] for t in tasks)
+    states = Counter((t["state"], t["reason"]) for t in ferry.tasks())
+    assert states == {
+        ("FAILED", "MARKED_FAILED_MUTATION_UNSAFE"): 2,
+        ("QUEUED", "RELEASED_TO_QUEUE"): 3,
+    }
+    ferry.verify()
+
+
+def test_four_concurrent_drains_run_each_of_a_hundred_tasks_exactly_once(
+    ferry: Ferry, tmp_path: Path
+) -> None:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    lines = [
+        orjson.dumps({"argv": counting_task(marks / str(i)), "idempotent": i % 2 == 0})
+        for i in range(100)
+    ]
+    ferry.ok("submit", "--from", "-", input=b"\n".join(lines) + b"\n")
+
+    workers = [ferry.start("work", "--drain", "-j", "2", "--poll", "0.05") for _ in range(4)]
+    results = finish(workers)
+
+    assert [code for code, _, _ in results] == [0, 0, 0, 0], results
+    assert [runs(marks / str(i)) for i in range(100)] == [1] * 100
+    tasks = ferry.tasks()
+    assert len(tasks) == 100 and {t["state"] for t in tasks} == {"SUCCEEDED"}
+    claims = Counter(r["data"]["task"] for r in ferry.records() if r["type"] == "CLAIMED")
+    assert set(claims.values()) == {1}
+    ferry.verify()
+
+
+def holds_a_lock(pid: int) -> bool:
+    """Whether ``pid`` holds any file lock (the lease's or the journal's)."""
+    with open("/proc/locks") as f:
+        return any(line.split()[4] == str(pid) for line in f if len(line.split()) > 4)
+
+
+def stop_outside_locks(pid: int) -> None:
+    """SIGSTOP ``pid`` at a moment it holds no lock: a leader paused inside the lease's
+    short lock would stall everyone (that is the lock timeout's business, not ours)."""
+    while True:
+        os.kill(pid, signal.SIGSTOP)
+        wait_until(lambda: (st := read_stat(pid)) is not None and st.state == "T", what="stop")
+        if not holds_a_lock(pid):
+            return
+        os.kill(pid, signal.SIGCONT)
+
+
+def test_a_stopped_leader_is_replaced_after_its_ttl_and_fenced_when_it_wakes(
+    ferry: Ferry, tmp_path: Path
+) -> None:
+    old = ferry.start("work", "--lease-ttl", "1", "--poll", "0.05")
+
+    def old_leads() -> bool:
+        lease = orjson.loads(ferry.ok("--json", "lease").stdout)
+        return bool(lease.get("holder")) and lease["holder"]["pid"] == old.pid
+
+    wait_until(old_leads, what="the first worker to lead")
+    stop_outside_locks(old.pid)
+    try:
+        old_epoch = orjson.loads(ferry.ok("--json", "lease").stdout)["epoch"]
+        marks = tmp_path / "marks"
+        marks.mkdir()
+        for i in range(3):
+            ferry.ok("submit", "--", *counting_task(marks / str(i)))
+        # The paused leader still holds an unexpired lease: the new one waits as a
+        # standby, takes over once the TTL has run out, and drains the queue.
+        new = ferry.start("work", "--drain", "--lease-ttl", "1", "--poll", "0.05")
+        [(code, _, err)] = finish([new])
+        assert code == 0, err
+        assert [runs(marks / str(i)) for i in range(3)] == [1, 1, 1]
+        late = ferry.ok("submit", "--", *counting_task(marks / "late")).stdout.strip()
+    finally:
+        os.kill(old.pid, signal.SIGCONT)
+
+    [(code, _, err)] = finish([old])
+    assert code == 75, err
+    assert "lease.lost" in err or "journal.fenced" in err, err
+    records = ferry.records()
+    takeover = next(
+        r["seq"] for r in records if r["type"] == "LEASE_ACQUIRED" and r["epoch"] > old_epoch
+    )
+    assert all(r["seq"] < takeover for r in records if r["epoch"] == old_epoch)
+    assert ferry.task(late)["state"] == "QUEUED", "the woken leader claimed nothing"
+    assert runs(marks / "late") == 0
+    for r in records:
+        if r["type"] == "CLAIMED":
+            assert r["data"]["runner"]["pid"] != old.pid
+    ferry.verify()
+    wait_task_gone(late)
