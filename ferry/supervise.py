@@ -71,12 +71,12 @@ from dataclasses import replace
 
 from ferry._outputs import (
     SignalTrap,
-    Sink,
     create_private,
     descriptor_open,
     fsync_dirs,
     open_private,
 )
+from ferry._sink import Sink
 from ferry._spawn import SpawnFailed, kill_unsupervised, spawn
 from ferry._supervise_types import Outcome, SuperviseSpec
 from ferry._taskloop import DRAIN_TIMEOUT_S, SIGKILL_WAIT_S, TaskLoop
@@ -137,17 +137,25 @@ def supervise(
         Sink(log_fds[1], 2 if spec.passthrough and descriptor_open(2) else None),
     ]
     log_error: str | None = None
+    spawned = False
     try:
         # The trap goes in before the spawn: a SIGTERM in between must not kill ferry
         # and leave the fresh child running unsupervised.
         with SignalTrap() as trap:
             proc = spawn(spec)
+            spawned = True
             started_at = time.time()
             try:
                 run = TaskLoop(spec, proc, sinks, trap, should_stop, started_at)
-            except BaseException:
+            except BaseException as e:
                 # No pidfd or selector (EMFILE, say): the child must not run on alone.
                 kill_unsupervised(proc, SIGKILL_WAIT_S)
+                if isinstance(e, OSError):
+                    raise SpawnFailed(
+                        "other",
+                        f"cannot supervise {spec.argv[0]!r} ({e}); it was killed at once",
+                        errno_=e.errno,
+                    ) from e
                 raise
             try:
                 on_spawned(proc.pid, proc.pid)
@@ -157,6 +165,11 @@ def supervise(
                 # the task must not outlive its supervision: kill, reap, re-raise.
                 run.abort()
                 raise
+    except OSError as e:
+        if spawned:
+            raise
+        # The trap's pipe could not be made (EMFILE): nothing was started.
+        raise SpawnFailed("other", f"cannot start {spec.argv[0]!r}: {e}", errno_=e.errno) from e
     finally:
         for sink in sinks:
             sink.sync_and_close()
