@@ -201,6 +201,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except OSError as exc:  # ferry's own I/O: disk full, read-only, out of descriptors
+        import os
+
+        if os.environ.get("FERRY_DEBUG"):
+            import traceback
+
+            traceback.print_exc()
+        ctx = Ctx.current
+        error = errors.from_os_error(exc)
+        _report(error, ctx.as_json if ctx else as_json)
+        return errors.exit_code_for(
+            error, runs_task=ctx.runs_task if ctx else command in _RUNS_TASK
+        )
     except Exception as exc:  # the last net: no traceback reaches a user
         import os
         import traceback

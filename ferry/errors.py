@@ -15,6 +15,7 @@ The tree (codes are part of the observable contract; scripts match on them)::
     +-- StateDirError               state_dir.*      125               125
     +-- PatchGateError              patch.*          2                 125
     +-- SpawnError                  spawn.*          125 / 126 / 127   125 / 126 / 127
+    +-- ResourceError               io.*             125               125
     +-- InternalError               internal         125               125
 
 Every error carries ``code`` (stable), ``message`` (one line, for humans) and
@@ -26,6 +27,7 @@ failures 126/127 (see :func:`exit_code_for`).
 
 from __future__ import annotations
 
+import errno
 from typing import Any
 
 EX_USAGE = 2
@@ -128,9 +130,47 @@ class SpawnError(FerryError):
     exit_code = EX_FERRY_FAILED
 
 
+class ResourceError(FerryError):
+    """ferry's own I/O failed (disk full, read-only filesystem, out of descriptors...);
+    made from the OSError by :func:`from_os_error`."""
+
+    code = "io.error"
+    exit_code = EX_FERRY_FAILED
+
+
 class InternalError(FerryError):
     code = "internal"
     exit_code = EX_FERRY_FAILED
+
+
+_OS_ERROR_CODES = {
+    errno.ENOSPC: "io.no_space",
+    errno.EDQUOT: "io.no_space",
+    errno.EROFS: "io.read_only",
+    errno.EACCES: "io.permission_denied",
+    errno.EPERM: "io.permission_denied",
+    errno.EMFILE: "io.too_many_open_files",
+    errno.ENFILE: "io.too_many_open_files",
+    errno.ENOMEM: "io.no_memory",
+    errno.EIO: "io.device_error",
+}
+
+
+def from_os_error(error: OSError) -> FerryError:
+    """An OSError that reached the command line, as a coded error with its errno and path.
+
+    A symlink where ferry opens a file without following links (ELOOP) is the state
+    directory check's ``state_dir.symlink``."""
+    path = error.filename if isinstance(error.filename, str) else None
+    details: dict[str, Any] = {"errno": error.errno, "path": path}
+    where = f": {path}" if path else ""
+    if error.errno == errno.ELOOP:
+        return StateDirError(
+            f"refusing to follow a symlink{where}", code="state_dir.symlink", details=details
+        )
+    code = _OS_ERROR_CODES.get(error.errno or 0, "io.error")
+    reason = error.strerror or str(error)
+    return ResourceError(f"{reason}{where}", code=code, details=details)
 
 
 # Exit codes that run/claim pass through unchanged for errors before the task starts.
