@@ -183,7 +183,6 @@ class Runner:
     ) -> RunResult:
         spec = task.spec
         stdout_log, stderr_log = log_paths(self.home, task.id, task.attempt)
-        stdout_log.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         sup = SuperviseSpec(
             argv=spec.argv,
             cwd=spec.cwd,
@@ -217,6 +216,13 @@ class Runner:
 
         failpoint("before:spawn")  # DISPATCHING is durable, no child exists yet
         try:
+            try:
+                stdout_log.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            except OSError as e:
+                # A full disk (or inodes) must settle the task SPAWN_FAILED, not leave
+                # it DISPATCHING for recovery to mark unsafe: nothing has run.
+                message = f"cannot create the task's log directory: {e}"
+                raise SpawnFailed("other", message, errno_=e.errno) from e
             outcome = supervise(sup, on_spawned=on_spawned, should_stop=self._stopper(task, stop))
         except SpawnFailed as error:
             settled = ev.Settled(
