@@ -151,8 +151,13 @@ _READ_ONLY = frozenset(
 class SimDisk:
     """Stands in for `os` in journal._fsutil: real calls, plus a trace of what they did."""
 
-    def __init__(self, root: Path | str) -> None:
+    def __init__(
+        self, root: Path | str, *, content_irrelevant: frozenset[str] = frozenset()
+    ) -> None:
         self.root = real_os.path.realpath(root)
+        # Names of files whose content no reader depends on (a lock file): their unsynced
+        # writes are not enumerated, so the state budget goes to the files that matter.
+        self.content_irrelevant = content_irrelevant
         self.events: list[Event] = []
         self.unmodelled: list[str] = []
         self.initial_dirs: dict[str, dict[str, Entry]] = {}
@@ -479,10 +484,13 @@ def power_cuts(sim: SimDisk, *, max_states_per_cut: int = 48, seed: int = 0) -> 
     rng = random.Random(seed)
     files = {ino: _FileModel(data) for ino, data in sim.initial_files.items()}
     dirs = {d: _DirModel(dict(entries)) for d, entries in sim.initial_dirs.items()}
-    yield PowerCut(0, _states(sim.root, files, dirs, max_states_per_cut, rng))
+    irrelevant: set[int] = set()
+    yield PowerCut(0, _states(sim.root, files, dirs, irrelevant, max_states_per_cut, rng))
     for k, event in enumerate(sim.events, start=1):
         if isinstance(event, Create):
             files[event.ino] = _FileModel(b"")
+            if event.name in sim.content_irrelevant:
+                irrelevant.add(event.ino)
             dirs[event.dir].pending.append(event)
         elif isinstance(event, Mkdir):
             dirs[event.child] = _DirModel({})
@@ -499,18 +507,21 @@ def power_cuts(sim: SimDisk, *, max_states_per_cut: int = 48, seed: int = 0) -> 
             files[event.ino] = _FileModel(bytes(content))
         else:
             dirs[event.dir] = _DirModel(_dir_outcomes(dirs[event.dir])[-1])
-        yield PowerCut(k, _states(sim.root, files, dirs, max_states_per_cut, rng))
+        yield PowerCut(k, _states(sim.root, files, dirs, irrelevant, max_states_per_cut, rng))
 
 
 def _states(
     root: str,
     files: dict[int, _FileModel],
     dirs: dict[str, _DirModel],
+    irrelevant: set[int],
     cap: int,
     rng: random.Random,
 ) -> list[State]:
     file_choices = {
-        ino: file_outcomes(m.durable, m.pending) if m.pending else [m.durable]
+        ino: file_outcomes(m.durable, m.pending)
+        if m.pending and ino not in irrelevant
+        else [m.durable]
         for ino, m in files.items()
     }
     dir_choices = {d: _dir_outcomes(m) for d, m in dirs.items()}

@@ -17,6 +17,7 @@ The last test removes one fsync from the library and shows that this harness not
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import sys
 import tempfile
@@ -55,55 +56,69 @@ class Run:
 
 
 class Driver:
-    """Calls the real library and notes, in event counts, when each commit returned."""
+    """Calls the real library and notes, in event counts, when each commit returned.
 
-    def __init__(self, run: Run, segment_bytes_max: int) -> None:
+    Several handles may be open on the journal at once (as several processes would):
+    `h` picks the one a step goes through."""
+
+    def __init__(self, run: Run, segment_bytes_max: int, handles: int = 1) -> None:
         self.run = run
         self.segment_bytes_max = segment_bytes_max
-        self.j = journal.Journal.open(run.directory, segment_bytes_max=segment_bytes_max)
+        self.handles = [self._open() for _ in range(handles)]
+
+    def _open(self) -> journal.Journal:
+        return journal.Journal.open(self.run.directory, segment_bytes_max=self.segment_bytes_max)
 
     def _events(self) -> int:
         return len(self.run.sim.events)
 
-    def append(self, i: int) -> None:
-        self.batch([i])
+    def append(self, i: int, h: int = 0) -> None:
+        self.batch([i], h)
 
-    def batch(self, items: list[int]) -> None:
+    def batch(self, items: list[int], h: int = 0) -> None:
         history = self.run.history
         records = [("rec", {"i": i, "pad": "p" * (i % 7) * 5}) for i in items]
         self.run.started.append((self._events(), len(history) + len(records)))
         history.extend(records)
-        got = [self.j.append(*records[0])] if len(records) == 1 else self.j.append_batch(records)
+        j = self.handles[h]
+        got = [j.append(*records[0])] if len(records) == 1 else j.append_batch(records)
         assert [r.seq for r in got] == list(range(len(history) - len(got) + 1, len(history) + 1))
         self.run.committed.append((self._events(), len(history)))
 
-    def snapshot(self) -> None:
+    def snapshot(self, h: int = 0) -> None:
         # The snapshot carries the records it covers, so a check can rebuild the history.
+        # (Another handle's appends are caught up first: the snapshot is of everything.)
+        self.handles[h].refresh()
         seq = len(self.run.history)
-        self.j.write_snapshot(seq, orjson.dumps(self.run.history))
+        self.handles[h].write_snapshot(seq, orjson.dumps(self.run.history))
 
-    def compact(self) -> None:
-        self.j.compact()
+    def compact(self, h: int = 0) -> None:
+        self.handles[h].compact()
 
-    def reopen(self) -> None:
-        self.j.close()
-        self.j = journal.Journal.open(self.run.directory, segment_bytes_max=self.segment_bytes_max)
+    def reopen(self, h: int = 0) -> None:
+        self.handles[h].close()
+        self.handles[h] = self._open()
 
-    def crash_with_torn_tail(self, garbage: bytes) -> None:
-        """A crash of an earlier writer left garbage at the end of the last segment
-        (durably: it is the starting point here), then the library repairs it."""
-        self.j.close()
+    def crash_with_torn_tail(self, garbage: bytes, *, repair: bool) -> None:
+        """Every handle dies; the last one left garbage at the end of the last segment
+        (durably: it is the starting point here). Then either repair runs, or a fresh
+        handle's next append has to cut the tail itself."""
+        for j in self.handles:
+            j.close()
         sim = self.run.sim
-        last = sorted(self.run.directory.glob("*.jsonl"))[-1]
-        fd = sim.open(last, _fsutil.APPEND_FLAGS)
-        sim.write(fd, garbage)
-        sim.fsync(fd)
-        sim.close(fd)
-        journal.repair(self.run.directory)
-        self.j = journal.Journal.open(self.run.directory, segment_bytes_max=self.segment_bytes_max)
+        segments = sorted(self.run.directory.glob("*.jsonl"))
+        if segments:  # (no segment before the first append: nothing to tear)
+            fd = sim.open(segments[-1], _fsutil.APPEND_FLAGS)
+            sim.write(fd, garbage)
+            sim.fsync(fd)
+            sim.close(fd)
+        if repair:
+            journal.repair(self.run.directory)
+        self.handles = [self._open() for _ in self.handles]
 
     def close(self) -> None:
-        self.j.close()
+        for j in self.handles:
+            j.close()
 
 
 Workload = Callable[[Driver], None]
@@ -120,12 +135,61 @@ def standard_workload(d: Driver) -> None:
     d.append(8)
     d.reopen()
     d.batch([9, 10])
-    d.crash_with_torn_tail(b'{"v":1,"seq":12,"ep')
+    d.crash_with_torn_tail(b'{"v":1,"seq":12,"ep', repair=True)
     d.append(11)
     d.snapshot()
     d.append(12)
     d.compact()
     d.append(13)
+    d.crash_with_torn_tail(b"\0" * 40, repair=False)
+    d.append(14)  # cuts the NUL tail first
+    d.batch(list(range(15, 22)))  # one batch bigger than a segment
+
+
+def two_handles_workload(d: Driver) -> None:
+    """Two handles (as two processes would) take turns; each follows the other's
+    rotations; one snapshots and compacts under the other's feet."""
+    for i in range(12):
+        d.append(i, h=i % 2)
+    d.snapshot(h=1)
+    d.compact(h=1)
+    d.batch([12, 13, 14], h=0)
+    d.append(15, h=1)
+    d.snapshot(h=0)
+    d.append(16, h=1)
+    d.compact(h=0)
+    d.append(17, h=1)
+    d.append(18, h=0)
+
+
+def random_workload(seed: int, steps: int) -> Workload:
+    """A long seeded mix of every step (for the exhaustive, crash-marked run)."""
+
+    def workload(d: Driver) -> None:
+        rng = random.Random(seed)
+        i = 0
+        for _ in range(steps):
+            roll = rng.random()
+            h = rng.randrange(len(d.handles))
+            if roll < 0.45:
+                d.append(i, h)
+                i += 1
+            elif roll < 0.65:
+                size = rng.randint(2, 9)
+                d.batch(list(range(i, i + size)), h)
+                i += size
+            elif roll < 0.75:
+                d.snapshot(h)
+            elif roll < 0.85:
+                d.compact(h)
+            elif roll < 0.92:
+                d.reopen(h)
+            else:
+                tear = rng.choice([b'{"v":1,"seq', b"\0" * rng.randint(1, 300), rng.randbytes(50)])
+                d.crash_with_torn_tail(tear, repair=rng.random() < 0.5)
+        d.append(i)
+
+    return workload
 
 
 def trace(
@@ -134,15 +198,16 @@ def trace(
     workload: Workload,
     segment_bytes_max: int,
     skip_sync: Callable[[int | str], bool] | None = None,
+    handles: int = 1,
 ) -> Run:
     root = tmp / "disk"
     root.mkdir()
-    sim = simdisk.SimDisk(root)
+    sim = simdisk.SimDisk(root, content_irrelevant=frozenset({".lock"}))
     sim.skip_sync = skip_sync
     run = Run(sim, root / "journal")
     with monkeypatch.context() as patch:
         patch.setattr(_fsutil, "os", sim)
-        driver = Driver(run, segment_bytes_max)
+        driver = Driver(run, segment_bytes_max, handles)
         workload(driver)
         driver.close()
     assert sim.check_in_step() == [], "the trace does not match the real files"
@@ -250,17 +315,46 @@ def workdir(tmp_path: Path) -> Iterator[Path]:
     yield tmp_path
 
 
+def assert_no_loss(run: Run, states_dir: Path, max_states_per_cut: int = 48) -> Verdict:
+    verdict = check_power_cuts(run, states_dir, max_states_per_cut=max_states_per_cut)
+    assert verdict.violations == [], "\n".join(verdict.violations[:20])
+    assert verdict.cuts == len(run.sim.events) + 1
+    assert verdict.distinct_states > verdict.cuts, "torn and dropped writes enumerated"
+    return verdict
+
+
 def test_no_committed_record_is_lost_at_any_power_cut(
     workdir: Path, states_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     run = trace(workdir, monkeypatch, standard_workload, segment_bytes_max=300)
-    segments_seen = {e.name for e in run.sim.events if isinstance(e, simdisk.Create)}
-    assert sum(name.endswith(".jsonl") for name in segments_seen) >= 3, "rotation exercised"
+    events = run.sim.events
+    created = {e.name for e in events if isinstance(e, simdisk.Create)}
+    assert sum(name.endswith(".jsonl") for name in created) >= 4, "rotation exercised"
+    assert any(name.endswith(".snap") or ".snap" in name for name in created), "snapshots"
+    assert any(isinstance(e, simdisk.Unlink) for e in events), "compaction exercised"
+    assert sum(isinstance(e, simdisk.Truncate) for e in events) >= 2, "both tails were cut"
+    assert sum(".broken" in name for name in created) >= 2, "evidence kept"
+    assert_no_loss(run, states_dir)
+
+
+def test_no_committed_record_is_lost_with_two_handles(
+    workdir: Path, states_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = trace(workdir, monkeypatch, two_handles_workload, segment_bytes_max=250, handles=2)
     assert any(isinstance(e, simdisk.Unlink) for e in run.sim.events), "compaction exercised"
-    verdict = check_power_cuts(run, states_dir)
-    assert verdict.violations == [], "\n".join(verdict.violations[:20])
-    assert verdict.cuts == len(run.sim.events) + 1
-    assert verdict.distinct_states > verdict.cuts, "torn and dropped writes enumerated"
+    assert_no_loss(run, states_dir)
+
+
+@pytest.mark.crash
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("seed", range(6))
+def test_no_committed_record_is_lost_long_random_workloads(
+    workdir: Path, states_dir: Path, monkeypatch: pytest.MonkeyPatch, seed: int
+) -> None:
+    """The exhaustive tier: long seeded workloads, many more states per cut."""
+    workload = random_workload(seed, steps=80)
+    run = trace(workdir, monkeypatch, workload, segment_bytes_max=400, handles=1 + seed % 2)
+    assert_no_loss(run, states_dir, max_states_per_cut=200)
 
 
 def called_from(site: str) -> bool:
