@@ -135,8 +135,6 @@ class Journal:
         # The lock file's name need not survive a crash (it is recreated), so no dir fsync.
         lock_fd = _fsutil.open_lockfile(directory / LOCK_NAME)
         try:
-            # Read before the survey: a segment created during it is then noticed later.
-            rotations = _fsutil.size(lock_fd)
             found = survey(directory)
             if found.corruption is not None:
                 raise found.corruption
@@ -152,7 +150,7 @@ class Journal:
                 directory,
                 lock_fd,
                 found,
-                rotations=rotations,
+                rotations=-1,  # unknown: the first commit follows the segment chain
                 max_epoch=max(found.max_epoch, snapshot_epoch),
                 segment_bytes_max=segment_bytes_max,
                 fence=fence,
@@ -189,7 +187,8 @@ class Journal:
         self, type: str, data: dict[str, Any], *, epoch: int = 0, check: Hook | None = None
     ) -> Record:
         """Append one record; durable on return.  See ``append_batch``."""
-        return self.append_batch([(type, data)], epoch=epoch, check=check)[0]
+        prepared = prepare(type, data, epoch, self._record_bytes_max)
+        return self._writer.append_batch([prepared], epoch, check)[0]
 
     def append_batch(
         self,
@@ -267,7 +266,7 @@ class Journal:
         the active one) and older snapshots.  Returns the removed paths."""
         writer = self._writer
         with writer.owned(), writer.locked():
-            writer.catch_up_feeding()
+            writer.catch_up_feeding(locked=True)
             found = latest_snapshot(writer.directory, writer.last_seq)
             if found.snapshot is None:
                 return []

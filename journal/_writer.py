@@ -78,7 +78,12 @@ class Writer:
         self.last_seq = found.last_seq
         self.max_epoch = max_epoch
         self.first_seq = found.first_seq
-        self._rotations = rotations  # lock file size when we last followed the segments
+        # Lock file size when we last followed the segments under the lock (-1: never).
+        self._rotations = rotations
+        # Is the active segment's name known durable?  Not for one we did not create
+        # (its creator may have died before fsyncing the directory): fsync it ourselves
+        # before committing into it.
+        self._seg_durable = False
         self._seg_fd: int | None = None
         self._seg_path = directory
         self._seg_first = 0
@@ -91,13 +96,28 @@ class Writer:
                 last.first_seq,
                 found.end_offset,
             )
-        self._cond = threading.Condition(threading.Lock())
+        # _mutex guards _busy, _queue, _waiting; _cond is the same lock with wait/notify.
+        self._mutex = threading.Lock()
+        self._cond = threading.Condition(self._mutex)
+        self._waiting = 0  # threads in _wait(): notify only when someone listens
         self._busy = False  # one thread at a time owns the handle's position and I/O
         self._queue: list[_Batch] = []
         self._failed: WriterFailedError | None = None
         self._closed = False
 
     # -- ownership --------------------------------------------------------------------
+
+    def _wait(self) -> None:
+        """Wait for the handle to change hands (call with _mutex held)."""
+        self._waiting += 1
+        try:
+            self._cond.wait()
+        finally:
+            self._waiting -= 1
+
+    def _wake(self) -> None:
+        if self._waiting:
+            self._cond.notify_all()
 
     def _check_usable(self) -> None:
         if self._closed:
@@ -108,17 +128,17 @@ class Writer:
     @contextmanager
     def owned(self) -> Iterator[None]:
         """Own the handle (no commit in progress) for the duration."""
-        with self._cond:
+        with self._mutex:
             while self._busy:
-                self._cond.wait()
+                self._wait()
             self._check_usable()
             self._busy = True
         try:
             yield
         finally:
-            with self._cond:
+            with self._mutex:
                 self._busy = False
-                self._cond.notify_all()
+                self._wake()
 
     @contextmanager
     def locked(self) -> Iterator[None]:
@@ -141,11 +161,11 @@ class Writer:
         self, prepared: list[Prepared], epoch: int, check: Hook | None
     ) -> list[Record]:
         batch = _Batch(prepared, epoch, check)
-        with self._cond:
+        with self._mutex:
             self._check_usable()
             self._queue.append(batch)
             while self._busy and batch.records is None and batch.error is None:
-                self._cond.wait()
+                self._wait()
             if batch.records is None and batch.error is None:
                 # Nobody committed our batch: lead, taking everything queued meanwhile.
                 self._check_usable()
@@ -157,9 +177,9 @@ class Writer:
             try:
                 self._lead(group)
             finally:
-                with self._cond:
+                with self._mutex:
                     self._busy = False
-                    self._cond.notify_all()
+                    self._wake()
         if batch.error is not None:
             raise batch.error
         assert batch.records is not None
@@ -190,7 +210,7 @@ class Writer:
                 batch.error = error
 
     def _commit(self, group: list[_Batch]) -> None:
-        torn = self.catch_up()
+        torn = self.catch_up(locked=True)
         if torn is not None:
             cut_tail(self.directory, torn)
         lines: list[bytes] = []
@@ -231,6 +251,12 @@ class Writer:
         ):
             self._new_segment(self.last_seq + 1)
         assert self._seg_fd is not None
+        if not self._seg_durable:
+            # A segment (or journal directory) created by a process that died before
+            # fsyncing the directory: make the names durable before committing into it.
+            _fsutil.fsync_dir(self.directory)
+            _fsutil.fsync_dir(self.directory.parent)
+            self._seg_durable = True
         _fsutil.write_all(self._seg_fd, data)
         _fsutil.sync_data(self._seg_fd)
         # Committed: only now may a caller learn it (an error above left every batch
@@ -244,18 +270,22 @@ class Writer:
             self._feed(records)
 
     def _new_segment(self, first_seq: int) -> None:
+        # Tell other handles a segment is coming: one more byte in the lock file (its
+        # size counts segment creations; in memory only, a crash makes every handle
+        # start over with a full scan).  Before the file exists, so that a creator that
+        # dies in between never leaves a segment the others do not know of (they would
+        # go on appending to the previous one: an overlap).
+        _fsutil.write_all(self._lock_fd, b"+")
+        self._rotations = _fsutil.size(self._lock_fd)
         path = self.directory / segment_name(first_seq)
         fd = _fsutil.open_append(path, create=True)
-        # The new name must be durable before a record in it is reported committed:
-        # else a power cut can drop the whole file with its committed records.
-        _fsutil.fsync_dir(self.directory)
         if self._seg_fd is not None:
             _fsutil.close(self._seg_fd)
         self._seg_fd, self._seg_path, self._seg_first, self._seg_end = fd, path, first_seq, 0
-        # Tell other handles a segment was created: one more byte in the lock file (not
-        # durable and need not be: after a crash every handle starts with a full scan).
-        _fsutil.write_all(self._lock_fd, b"+")
-        self._rotations = _fsutil.size(self._lock_fd)
+        # The new name must be durable before a record in it is reported committed:
+        # else a power cut can drop the whole file with its committed records.
+        _fsutil.fsync_dir(self.directory)
+        self._seg_durable = True
 
     def _feed(self, records: list[Record]) -> None:
         for record in records:
@@ -267,17 +297,20 @@ class Writer:
 
     # -- catching up ----------------------------------------------------------------
 
-    def catch_up(self) -> TornTail | None:
+    def catch_up(self, *, locked: bool) -> TornTail | None:
         """Read what other processes appended since we last looked, feeding subscribers.
 
         Returns the torn tail at the end of the last segment, if any (not cut here).
         Cheap when nothing changed: one fstat of the active segment and one of the lock
-        file, whose size counts the segments ever created (see ``_new_segment``)."""
+        file, whose size counts the segments ever created (see ``_new_segment``).  The
+        count is remembered only when ``locked``: without the lock a creator may have
+        counted a segment it has not created yet."""
         rotations = _fsutil.size(self._lock_fd)
         torn = None if self._seg_fd is None else self._catch_up_segment(self._seg_fd)
         if rotations != self._rotations:
             torn = self._follow_segments(torn)
-            self._rotations = rotations
+            if locked:
+                self._rotations = rotations
         return torn
 
     def _follow_segments(self, torn: TornTail | None) -> TornTail | None:
@@ -300,6 +333,7 @@ class Writer:
                 _fsutil.close(self._seg_fd)
             self._seg_fd, self._seg_path = fd, path
             self._seg_first, self._seg_end = self.last_seq + 1, 0
+            self._seg_durable = False
             torn = self._catch_up_segment(fd)
         return torn  # the active segment has no record yet: nothing can follow it
 
@@ -331,11 +365,11 @@ class Writer:
             raise damage_error(damage, self._seg_path, last=True)
         return TornTail(self._seg_path, damage.offset, damage.seq, damage.tail_bytes, damage.reason)
 
-    def catch_up_feeding(self) -> None:
+    def catch_up_feeding(self, *, locked: bool = False) -> None:
         """catch_up for callers outside a commit (the caller owns the handle): a torn
         tail is left alone (without the lock it may be an append in progress)."""
         try:
-            self.catch_up()
+            self.catch_up(locked=locked)
         except _SubscriberFailed as exc:
             raise self.fail("a subscriber raised; the handle is unusable", exc) from exc
 
@@ -344,9 +378,9 @@ class Writer:
             self.catch_up_feeding()
 
     def close(self) -> None:
-        with self._cond:
+        with self._mutex:
             while self._busy:
-                self._cond.wait()
+                self._wait()
             if self._closed:
                 return
             self._closed = True
@@ -356,5 +390,5 @@ class Writer:
         _fsutil.close(self._lock_fd)
 
     def ensure_usable(self) -> None:
-        with self._cond:
+        with self._mutex:
             self._check_usable()

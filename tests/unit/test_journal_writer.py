@@ -28,6 +28,7 @@ from journal import (
     read_records,
     verify,
 )
+from journal._codec import encode_record
 from journal._segment import list_segments, segment_name
 
 
@@ -535,3 +536,60 @@ def test_snapshot_seq_must_be_known(journal: Journal) -> None:
     journal.append("T", {})
     with pytest.raises(JournalError):
         journal.write_snapshot(2, b"")
+
+
+# -- crashes of another appender in the middle of a rotation -----------------------------
+
+
+def _bump_rotation_counter(jdir: Path) -> None:
+    with (jdir / ".lock").open("ab") as f:
+        f.write(b"+")
+
+
+def test_a_rotator_that_died_before_creating_its_segment_is_harmless(jdir: Path) -> None:
+    with Journal.open(jdir) as j:
+        j.append_batch([("T", {})] * 3)
+        _bump_rotation_counter(jdir)  # counted a segment, died before creating it
+        assert j.append("T", {}).seq == 4
+        j.refresh()
+    assert [s.first_seq for s in list_segments(jdir)] == [1]
+    assert verify(jdir).status == "clean"
+
+
+def test_a_segment_left_empty_by_a_dead_rotator_is_used_by_everyone(jdir: Path) -> None:
+    with Journal.open(jdir) as old:
+        old.append_batch([("T", {})] * 3)
+        _bump_rotation_counter(jdir)
+        (jdir / segment_name(4)).write_bytes(b"")  # created, died before writing
+        with Journal.open(jdir) as new:
+            assert new.append("new", {}).seq == 4
+        assert old.append("old", {}).seq == 5  # follows into the new segment, no overlap
+    assert [s.first_seq for s in list_segments(jdir)] == [1, 4]
+    assert [r.type for r in read_records(jdir)] == ["T", "T", "T", "new", "old"]
+    assert verify(jdir).status == "clean"
+
+
+def test_a_lock_free_refresh_racing_a_rotation_does_not_miss_the_segment(jdir: Path) -> None:
+    with Journal.open(jdir) as j:
+        j.append_batch([("T", {})] * 3)
+        seen: list[int] = []
+        j.subscribe(lambda r: seen.append(r.seq), after_seq=3)
+        _bump_rotation_counter(jdir)  # another appender counted its segment ...
+        j.refresh()  # ... we look before it exists ...
+        path = jdir / segment_name(4)
+        path.write_bytes(encode_record(4, 0, 1.0, "T", {}))  # ... then it appears
+        j.refresh()
+        assert seen == [4]
+
+
+def test_the_first_commit_into_a_segment_it_did_not_create_fsyncs_the_directory(
+    jdir: Path, fake_os: CountingOS
+) -> None:
+    with Journal.open(jdir) as j:
+        j.append("T", {})
+    with Journal.open(jdir) as j:
+        fake_os.dir_fsyncs = 0
+        j.append("T", {})
+        assert fake_os.dir_fsyncs == 2  # the journal directory and its parent
+        j.append("T", {})
+        assert fake_os.dir_fsyncs == 2  # once per handle
