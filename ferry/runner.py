@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,7 @@ from ferry import events as ev
 from ferry.errors import EX_FERRY_FAILED, EX_TIMEOUT, FerryError
 from ferry.failpoints import failpoint
 from ferry.model import Reason, State, Task
-from ferry.process import identity_of, make_marker
+from ferry.process import find_by_marker, identity_of, make_marker, signal_task
 from ferry.store import Store
 from ferry.supervise import Outcome, SpawnFailed, SuperviseSpec, supervise
 
@@ -72,7 +73,9 @@ def exit_status_of(outcome: Outcome) -> int:
     return outcome.exit_code if outcome.exit_code is not None else EX_FERRY_FAILED
 
 
-def settle_event(task: Task, token: str, outcome: Outcome, cancelled: bool) -> ev.Settled:
+def settle_event(
+    task: Task, token: str, outcome: Outcome, cancelled: bool, *, escapees_stopped: bool = False
+) -> ev.Settled:
     evidence: dict[str, Any] = {
         "pid": outcome.pid,
         "started_at": outcome.started_at,
@@ -86,6 +89,8 @@ def settle_event(task: Task, token: str, outcome: Outcome, cancelled: bool) -> e
         evidence["leftover_killed"] = True
     if outcome.log_error:
         evidence["log_error"] = outcome.log_error
+    if escapees_stopped:
+        evidence["escapees_stopped"] = True
     if cancelled:
         state, reason = State.CANCELLED, Reason.CANCELLED_BY_USER
     elif outcome.timed_out:
@@ -106,6 +111,24 @@ def settle_event(task: Task, token: str, outcome: Outcome, cancelled: bool) -> e
         signal=outcome.signal,
         evidence=evidence,
     )
+
+
+ESCAPEE_POLL_S = 0.05
+
+
+def stop_escapees(marker: str, grace_s: float) -> bool:
+    """After ferry stopped a task (timeout, cancel, a signal), end what left its process
+    group with setsid (a daemon): it still carries the task's marker. SIGTERM, up to
+    ``grace_s`` to exit, then SIGKILL, as for the group. True if any was found.
+    A task that exits by itself keeps its deliberately detached daemons."""
+    if not signal_task(None, marker, signal.SIGTERM):
+        return False
+    deadline = time.monotonic() + grace_s
+    while find_by_marker(marker).alive and time.monotonic() < deadline:
+        time.sleep(ESCAPEE_POLL_S)
+    if find_by_marker(marker).alive:
+        signal_task(None, marker, signal.SIGKILL)
+    return True
 
 
 class Runner:
@@ -238,7 +261,9 @@ class Runner:
             self.store.refresh()
         current = self._task(task.id)
         cancelled = current.cancel_requested and current.attempt == task.attempt
-        self.store.commit(settle_event(task, token, outcome, cancelled))
+        stopped = outcome.timed_out or outcome.forwarded_signal or outcome.stop_signal
+        escaped = bool(stopped or cancelled) and stop_escapees(env["FERRY_TASK"], spec.kill_grace_s)
+        self.store.commit(settle_event(task, token, outcome, cancelled, escapees_stopped=escaped))
         return RunResult(self._task(task.id), exit_status_of(outcome))
 
     def _stopper(self, task: Task, stop: Callable[[], int | None] | None) -> Any:
