@@ -126,8 +126,10 @@ class Journal:
     ) -> Journal:
         """Open (creating if needed) the journal at ``directory``.
 
-        Reads every segment to check it (lock-free, nothing modified: a torn tail is cut
-        only before the next append).  Raises CorruptionError or FormatVersionError."""
+        Reads and checks every segment holding records after the latest snapshot (all of
+        them when there is none; ``verify`` reads everything).  Lock-free, and nothing is
+        modified: a torn tail is cut only before the next append.  Raises
+        CorruptionError or FormatVersionError."""
         if segment_bytes_max < 1 or record_bytes_max < 64:
             raise ValueError("segment_bytes_max must be >= 1 and record_bytes_max >= 64")
         directory = Path(directory)
@@ -135,10 +137,14 @@ class Journal:
         # The lock file's name need not survive a crash (it is recreated), so no dir fsync.
         lock_fd = _fsutil.open_lockfile(directory / LOCK_NAME)
         try:
-            found = survey(directory)
+            snapshot_epoch, snapshot_seq = headers_epoch_max(directory, _fsutil.listdir(directory))
+            # Segments wholly covered by a snapshot are not read: start-up cost follows
+            # the records after the latest snapshot, not the whole history.
+            found = survey(directory, covered_through=snapshot_seq)
+            if found.last_seq < snapshot_seq:  # lost records? look at everything
+                found = survey(directory)
             if found.corruption is not None:
                 raise found.corruption
-            snapshot_epoch, snapshot_seq = headers_epoch_max(directory, _fsutil.listdir(directory))
             if found.first_seq > 1 and snapshot_seq < found.first_seq - 1:
                 raise CorruptionError(
                     f"records before seq {found.first_seq} are missing and no snapshot covers them",

@@ -220,28 +220,35 @@ class Survey(NamedTuple):
     corruption: CorruptionError | None
 
 
-def survey(directory: Path) -> Survey:
-    """Scan every segment: chain of seqs, every record, damage classification.
+def survey(directory: Path, *, covered_through: int = 0) -> Survey:
+    """Scan the segments: chain of seqs, every record, damage classification.
 
-    Lock-free: an append in progress in another process looks like a torn tail.  A
-    segment removed by a concurrent compaction makes it start over (a few times)."""
+    Sealed segments whose records are all <= ``covered_through`` (a snapshot covers
+    them) are skipped: not read, not checked (``max_epoch`` then covers only what was
+    read).  Lock-free: an append in progress in another process looks like a torn tail.
+    A segment removed by a concurrent compaction makes it start over (a few times)."""
     for _attempt in range(5):
         try:
-            return _survey_once(directory)
+            return _survey_once(directory, covered_through)
         except FileNotFoundError:
             continue
-    return _survey_once(directory)
+    return _survey_once(directory, covered_through)
 
 
-def _survey_once(directory: Path) -> Survey:
+def _survey_once(directory: Path, covered_through: int) -> Survey:
     segments = list_segments(directory)
     if not segments:
         return Survey([], 1, 0, 0, 0, None, None)
     first_seq = segments[0].first_seq
-    next_seq, max_epoch, end_offset = first_seq, 0, 0
+    start = 0
+    while start + 1 < len(segments) and segments[start + 1].first_seq - 1 <= covered_through:
+        start += 1
+    next_seq, max_epoch, end_offset = segments[start].first_seq, 0, 0
     for index, segment in enumerate(segments):
+        if index < start:
+            continue
         last = index == len(segments) - 1
-        if index:
+        if index > start:
             try:
                 check_next(segments[index - 1], next_seq, segment)
             except CorruptionError as exc:

@@ -278,3 +278,30 @@ def test_replay_from_snapshot_plus_tail_equals_full_replay(jdir: Path) -> None:
         for r in j.read(snap.seq + 1):
             state = fold(state, (r.seq, r.data))
     assert state == full
+
+
+def test_open_reads_only_what_the_latest_snapshot_does_not_cover(jdir: Path) -> None:
+    with Journal.open(jdir, segment_bytes_max=200) as j:
+        fill(j, 4, epoch=3)
+        fill(j, 16)
+        segments = list_segments(jdir)
+        j.write_snapshot(segments[2].first_seq, b"state")
+    # Bit rot in a covered segment: open does not read it (verify does) ...
+    covered = segments[0].path
+    raw = bytearray(covered.read_bytes())
+    raw[15] ^= 0x01
+    covered.write_bytes(bytes(raw))
+    with Journal.open(jdir) as j:
+        assert j.last_seq == 20 and j.max_epoch == 3  # the epoch comes from the snapshot
+        seen: list[int] = []
+        j.subscribe(lambda r: seen.append(r.seq), after_seq=segments[2].first_seq)
+        assert seen == list(range(segments[2].first_seq + 1, 21))
+        assert j.append("T", {}).seq == 21
+    assert verify(jdir).status == "corrupt"
+    # ... but damage after the snapshot is still refused at open.
+    last = list_segments(jdir)[-2].path
+    raw = bytearray(last.read_bytes())
+    raw[15] ^= 0x01
+    last.write_bytes(bytes(raw))
+    with pytest.raises(CorruptionError):
+        Journal.open(jdir)
