@@ -12,8 +12,8 @@ from typing import Any, BinaryIO
 import orjson
 
 import journal
-from ferry.errors import EX_JOURNAL
-from ferry.store import Store, journal_error
+from ferry.errors import EX_JOURNAL, FerryError, JournalIntegrityError
+from ferry.store import Store, check_snapshot, journal_error
 
 
 def verify(directory: Path) -> dict[str, Any]:
@@ -44,7 +44,26 @@ def verify(directory: Path) -> dict[str, Any]:
     if report.corruption is not None:
         out["error"] = journal_error(report.corruption).to_json()
         out["exit_code"] = EX_JOURNAL
+    elif report.snapshot_seq is not None:
+        mismatch = _check_snapshot(directory)
+        if mismatch is not None:
+            out.update(status="corrupt", error=mismatch.to_json(), exit_code=EX_JOURNAL)
     return out
+
+
+def _check_snapshot(directory: Path) -> FerryError | None:
+    """The journal library found the snapshot intact; can ferry read it, with the
+    settled-task archives it names? (Else every command that needs history fails.)"""
+    try:
+        with journal.Journal.open(directory) as wal:
+            snapshot = wal.latest_snapshot()
+        if snapshot is not None:
+            check_snapshot(directory.parent, snapshot.data)
+    except journal.JournalError as error:
+        return journal_error(error)
+    except JournalIntegrityError as error:
+        return error
+    return None
 
 
 def repair(directory: Path) -> dict[str, Any]:

@@ -216,19 +216,49 @@ class Store:
             self.compact()
 
 
+# A snapshot that passed the journal's checksums but is not a table ferry can read (from
+# another tool, or a bug): what decoding it may raise.
+_SNAPSHOT_DECODE_ERRORS = (ValueError, TypeError, KeyError, AttributeError, ev.MalformedEventError)
+
+
+def _undecodable_snapshot(error: Exception) -> JournalIntegrityError:
+    return JournalIntegrityError(
+        f"the journal's snapshot is not a task table this ferry can read "
+        f"({type(error).__name__}: {error})",
+        code="journal.snapshot_mismatch",
+    )
+
+
 def _table_from_snapshot(home: Path, blob: bytes) -> Table:
-    data = orjson.loads(blob)
-    archives = data.pop("settled_archives", [])
     directory = home / "archive"
+    try:
+        data = orjson.loads(blob)
+        archives = data.pop("settled_archives", [])
+        refs = [(directory / ref["name"], ref["sha256"]) for ref in archives]
+    except _SNAPSHOT_DECODE_ERRORS as error:
+        raise _undecodable_snapshot(error) from error
 
     def load_settled() -> Iterable[Mapping[str, Any]]:
         by_id: dict[str, Mapping[str, Any]] = {}
-        for ref in archives:  # oldest first: a later archive has the newer record
-            for record in _read_archive(directory / ref["name"], ref["sha256"]):
+        for path, sha256 in refs:  # oldest first: a later archive has the newer record
+            for record in _read_archive(path, sha256):
                 by_id[record["id"]] = record
         return by_id.values()
 
-    return Table.from_snapshot(data, load_settled=load_settled if archives else None)
+    try:
+        return Table.from_snapshot(data, load_settled=load_settled if refs else None)
+    except _SNAPSHOT_DECODE_ERRORS as error:
+        raise _undecodable_snapshot(error) from error
+
+
+def check_snapshot(home: Path, blob: bytes) -> None:
+    """Raise ``journal.snapshot_mismatch`` (exit 4) unless the snapshot decodes into a task
+    table and every settled-task archive it names is there with its recorded hash."""
+    table = _table_from_snapshot(home, blob)
+    try:
+        table.ids()  # loads the archives
+    except _SNAPSHOT_DECODE_ERRORS as error:
+        raise _undecodable_snapshot(error) from error
 
 
 def _write_archive(
