@@ -248,6 +248,11 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
         """Check every record: exit 0 clean (a torn tail is reported, untouched), 4 corrupt."""
         report = ctx.service().journal_verify()
         emit(ctx, render.verify_text(report), render.verify_json(report))
+        if report.get("error"):  # corrupt: also the one coded error line on stderr
+            from ferry.errors import FerryError
+
+            error = report["error"]
+            render.error(FerryError(error["message"], code=error["code"]), as_json=False)
         return int(report.get("exit_code", 0))
 
     @journal.command(epilog=_example("ferry journal repair"))
