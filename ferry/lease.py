@@ -154,8 +154,17 @@ def _is_finite_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
+# What the operator can do: ferry never overwrites the file itself (see the docstring).
+_UNREADABLE_HINT = (
+    "; ferry will not overwrite it: once no ferry leader runs, move it aside "
+    "(epochs continue from the journal)"
+)
+
+
 def _unreadable(why: str) -> LeaseUnreadableError:
-    return LeaseUnreadableError(f"lease.json is unreadable: {why}", details={"why": why})
+    return LeaseUnreadableError(
+        f"lease.json is unreadable: {why}{_UNREADABLE_HINT}", details={"why": why}
+    )
 
 
 class LeaseStore:
