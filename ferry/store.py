@@ -16,6 +16,7 @@ history (``ls``, ``show`` of an old task, a key lookup).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import threading
@@ -27,7 +28,13 @@ import orjson
 
 import journal
 from ferry import events as ev
-from ferry.errors import FerryError, JournalIntegrityError, LeaseHeldError, UsageError
+from ferry.errors import (
+    FerryError,
+    JournalIntegrityError,
+    LeaseHeldError,
+    StateDirError,
+    UsageError,
+)
 from ferry.failpoints import failpoint
 from ferry.ids import resolve_prefix
 from ferry.model import Task
@@ -44,6 +51,9 @@ SEGMENT_BYTES_MAX = 8 << 20
 RECORD_BYTES_MAX = 16 << 20
 ARCHIVES_MAX = 32
 _ARCHIVE_PREFIX = "settled-"
+
+
+_NO_LOCK_ERRNOS = frozenset({errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP})
 
 
 def journal_error(error: journal.JournalError) -> FerryError:
@@ -65,6 +75,15 @@ def journal_error(error: journal.JournalError) -> FerryError:
     if isinstance(error, journal.InvalidRecordError):
         return UsageError(str(error), code=error.code, details=details)
     if isinstance(error, journal.WriterFailedError):
+        cause = error.__cause__
+        if isinstance(cause, OSError):
+            details["errno"] = cause.errno
+            if cause.errno in _NO_LOCK_ERRNOS:  # the append lock (flock) failed
+                return StateDirError(
+                    f"file locks do not work on the journal's filesystem: {cause.strerror}",
+                    code="state_dir.no_locks",
+                    details=details,
+                )
         return FerryError(str(error), code=error.code, details=details)
     if isinstance(
         error, journal.CorruptionError | journal.FormatVersionError | journal.TornTailError
