@@ -39,7 +39,7 @@ __all__ = [
     "resolve_home",
 ]
 
-SUBDIRS: tuple[str, ...] = ("journal", "logs", "patches", "heartbeats")
+SUBDIRS: tuple[str, ...] = ("journal", "logs", "patches", "heartbeats", "archive")
 DIR_MODE = 0o700
 FILE_MODE = 0o600
 
