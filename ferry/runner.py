@@ -17,8 +17,10 @@ recovery already gave up on cannot settle (the store refuses ``task.stale_claim`
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
+import stat
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -241,6 +243,10 @@ class Runner:
         try:
             try:
                 stdout_log.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                # logs/<id>/ exists from an earlier attempt: a symlink planted there in
+                # its place must not redirect the logs (mkdir and O_NOFOLLOW follow it).
+                if stat.S_ISLNK(os.lstat(stdout_log.parent).st_mode):
+                    raise OSError(errno.ELOOP, "a symlink, not followed", str(stdout_log.parent))
             except OSError as e:
                 # A full disk (or inodes) must settle the task SPAWN_FAILED, not leave
                 # it DISPATCHING for recovery to mark unsafe: nothing has run.
