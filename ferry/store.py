@@ -16,6 +16,7 @@ history (``ls``, ``show`` of an old task, a key lookup).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import os
@@ -292,13 +293,19 @@ def _write_archive(
     temp = directory / f".{name}.{os.getpid()}.tmp"
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
-        view = memoryview(body)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)  # the bytes are on disk before the name can point at them
-    finally:
-        os.close(fd)
-    os.replace(temp, directory / name)
+        try:
+            view = memoryview(body)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)  # the bytes are on disk before the name can point at them
+        finally:
+            os.close(fd)
+        os.replace(temp, directory / name)
+    except OSError:
+        # A full disk: do not leave the partial temp file holding the space.
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
     _fsync_dir(directory)  # the rename survives a power cut before the snapshot does
     return {"name": name, "sha256": hashlib.sha256(body).hexdigest(), "count": len(records)}
 
