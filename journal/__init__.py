@@ -133,9 +133,12 @@ class Journal:
         if segment_bytes_max < 1 or record_bytes_max < 64:
             raise ValueError("segment_bytes_max must be >= 1 and record_bytes_max >= 64")
         directory = Path(directory)
-        _fsutil.makedirs(directory)
-        # The lock file's name need not survive a crash (it is recreated), so no dir fsync.
-        lock_fd = _fsutil.open_lockfile(directory / LOCK_NAME)
+        try:
+            _fsutil.makedirs(directory)
+            # The lock file's name need not survive a crash (it is recreated): no dir fsync.
+            lock_fd = _fsutil.open_lockfile(directory / LOCK_NAME)
+        except OSError as exc:
+            raise JournalError(f"cannot open the journal at {directory}: {exc}") from exc
         try:
             snapshot_epoch, snapshot_seq = headers_epoch_max(directory, _fsutil.listdir(directory))
             # Segments wholly covered by a snapshot are not read: start-up cost follows

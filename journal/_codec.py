@@ -52,6 +52,9 @@ class Prepared(NamedTuple):
     inner: bytes  # b'"epoch":..,"ts":..,"type":..,"data":{..}'
 
 
+_new_tuple = tuple.__new__
+
+
 def _check_finite(value: Any, path: str) -> None:
     """Refuse NaN/Infinity anywhere in ``value`` (orjson would write them as null)."""
     if isinstance(value, float):
@@ -103,7 +106,8 @@ def prepare(
             f"record of type {type!r} needs up to {len(inner) + _OVERHEAD_BYTES} bytes,"
             f" more than record_bytes_max={record_bytes_max}"
         )
-    return Prepared(epoch, ts, type, orjson.loads(data_bytes), inner)
+    # tuple.__new__ skips the NamedTuple's Python-level __new__ (hot path).
+    return _new_tuple(Prepared, (epoch, ts, type, orjson.loads(data_bytes), inner))
 
 
 def encode_line(seq: int, prepared: Prepared) -> bytes:

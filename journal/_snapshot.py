@@ -198,9 +198,11 @@ def compact(directory: Path, segments: list[Segment], snapshot_seq: int) -> list
         # still a contiguous run of segments (no hole that would read as a gap).
         _fsutil.fsync_dir(directory)
         removed.append(segment.path)
-    older = [
-        p for seq, p in snapshots_in(_fsutil.listdir(directory), directory) if seq < snapshot_seq
-    ]
+    names = _fsutil.listdir(directory)
+    older = [p for seq, p in snapshots_in(names, directory) if seq < snapshot_seq]
+    # Temp files of snapshot writes that crashed (the caller holds the append lock, so
+    # no snapshot write is in progress).
+    older += [directory / n for n in names if n.startswith(".snapshot-") and n.endswith(".tmp")]
     for path in older:
         _fsutil.unlink(path)
         removed.append(path)

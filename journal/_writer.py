@@ -32,6 +32,7 @@ from journal._errors import (
     FencedError,
     FormatVersionError,
     JournalClosedError,
+    JournalError,
     WriterFailedError,
 )
 from journal._reader import SegmentScan, Survey, TornTail, damage_error
@@ -39,6 +40,7 @@ from journal._repair import cut_tail
 from journal._segment import segment_name
 
 Subscriber = Callable[[Record], None]
+_new_tuple = tuple.__new__
 Hook = Callable[[], None]
 Fence = Callable[[int], None]
 
@@ -101,6 +103,7 @@ class Writer:
         self._cond = threading.Condition(self._mutex)
         self._waiting = 0  # threads in _wait(): notify only when someone listens
         self._busy = False  # one thread at a time owns the handle's position and I/O
+        self._owner = 0  # the thread that owns it while _busy
         self._queue: list[_Batch] = []
         self._failed: WriterFailedError | None = None
         self._closed = False
@@ -125,14 +128,23 @@ class Writer:
         if self._failed is not None:
             raise WriterFailedError(self._failed.message) from self._failed.__cause__
 
+    def _refuse_reentry(self) -> None:
+        """A subscriber or hook calling back into the handle that runs it would wait for
+        itself forever: refuse instead (call with _mutex held)."""
+        if self._busy and self._owner == threading.get_ident():
+            raise JournalError(
+                "journal called from its own subscriber or hook (this would deadlock)"
+            )
+
     @contextmanager
     def owned(self) -> Iterator[None]:
         """Own the handle (no commit in progress) for the duration."""
         with self._mutex:
+            self._refuse_reentry()
             while self._busy:
                 self._wait()
             self._check_usable()
-            self._busy = True
+            self._busy, self._owner = True, threading.get_ident()
         try:
             yield
         finally:
@@ -163,13 +175,14 @@ class Writer:
         batch = _Batch(prepared, epoch, check)
         with self._mutex:
             self._check_usable()
+            self._refuse_reentry()
             self._queue.append(batch)
             while self._busy and batch.records is None and batch.error is None:
                 self._wait()
             if batch.records is None and batch.error is None:
                 # Nobody committed our batch: lead, taking everything queued meanwhile.
                 self._check_usable()
-                self._busy = True
+                self._busy, self._owner = True, threading.get_ident()
                 group, self._queue = self._queue, []
             else:
                 group = []
@@ -238,7 +251,7 @@ class Writer:
             for item in batch.prepared:
                 seq += 1
                 lines.append(encode_line(seq, item))
-                records.append(Record(seq, item.epoch, item.ts, item.type, item.data))
+                records.append(_new_tuple(Record, (seq, item.epoch, item.ts, item.type, item.data)))
             accepted.append((batch, records))
             max_epoch = max(max_epoch, batch.epoch)
         if lines:
@@ -379,6 +392,7 @@ class Writer:
 
     def close(self) -> None:
         with self._mutex:
+            self._refuse_reentry()
             while self._busy:
                 self._wait()
             if self._closed:

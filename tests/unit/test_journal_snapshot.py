@@ -305,3 +305,13 @@ def test_open_reads_only_what_the_latest_snapshot_does_not_cover(jdir: Path) -> 
     last.write_bytes(bytes(raw))
     with pytest.raises(CorruptionError):
         Journal.open(jdir)
+
+
+def test_compact_removes_temp_files_of_crashed_snapshot_writes(jdir: Path) -> None:
+    with Journal.open(jdir, segment_bytes_max=200) as j:
+        fill(j, 5)
+        stale = jdir / f".{snapshot_name(3)}.tmp"
+        stale.write_bytes(b"half")
+        j.write_snapshot(5, b"five")
+        assert stale in j.compact()
+        assert not stale.exists()

@@ -593,3 +593,38 @@ def test_the_first_commit_into_a_segment_it_did_not_create_fsyncs_the_directory(
         assert fake_os.dir_fsyncs == 2  # the journal directory and its parent
         j.append("T", {})
         assert fake_os.dir_fsyncs == 2  # once per handle
+
+
+def test_calling_back_into_the_journal_from_a_subscriber_is_refused_not_a_deadlock(
+    journal: Journal,
+) -> None:
+    errors: list[Exception] = []
+
+    def nested(record: Record) -> None:
+        if record.type == "outer":
+            try:
+                journal.append("inner", {})
+            except JournalError as exc:
+                errors.append(exc)
+                raise
+
+    journal.subscribe(nested)
+    journal.append("outer", {})  # committed; the subscriber's failure breaks the handle
+    assert errors and "deadlock" in str(errors[0])
+    with pytest.raises(WriterFailedError):
+        journal.append("after", {})
+
+
+def test_calling_back_from_a_check_hook_refuses_that_batch_only(journal: Journal) -> None:
+    def check() -> None:
+        journal.append("inner", {})
+
+    with pytest.raises(JournalError, match="deadlock"):
+        journal.append("outer", {}, check=check)
+    assert journal.append("fine", {}).seq == 1
+
+
+def test_open_on_a_file_is_a_journal_error(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("not a directory")
+    with pytest.raises(JournalError):
+        Journal.open(tmp_path / "file")
