@@ -66,10 +66,11 @@ os.replace(ready + ".tmp", ready)
 while True:
     time.sleep(60)
 """
-# Ignores SIGTERM, reports ready in argv[1], then waits forever.
+# Ignores SIGTERM and SIGINT, reports ready in argv[1], then waits forever.
 STUBBORN = r"""
 import signal, sys, time
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
+signal.signal(signal.SIGINT, signal.SIG_IGN)
 open(sys.argv[1], "w").close()
 while True:
     time.sleep(60)
@@ -363,6 +364,21 @@ def test_kill_grace_then_sigkill_for_a_task_that_ignores_sigterm(
     assert ferry.task_processes() == []
 
 
+def test_a_second_signal_kills_at_once(ferry: Ferry, tmp_path: Path) -> None:
+    # With a grace of 10 minutes, only the escalation can end this within the deadline.
+    ready = tmp_path / "ready"
+    proc = ferry.start("run", "--kill-grace", "600", "--", PY, "-c", STUBBORN, str(ready))
+    wait_for(ready.exists, "the stubborn task to ignore SIGINT and SIGTERM")
+    proc.send_signal(signal.SIGINT)  # two different signals: pending ones cannot merge
+    proc.send_signal(signal.SIGTERM)
+    code, _ = finish(proc)
+    assert code == 128 + signal.SIGKILL
+    task = ferry.only_task()
+    assert task["evidence"]["forwarded_signal"] == signal.SIGINT
+    assert task["evidence"]["killed_after_grace"] is True
+    assert ferry.task_processes() == []
+
+
 # -- output ------------------------------------------------------------------------------
 
 
@@ -389,6 +405,10 @@ def test_100000_lines_are_all_kept(ferry: Ferry) -> None:
     task_id = ferry.only_task()["id"]
     assert ferry("logs", task_id).out == expected
     assert ferry("logs", task_id, "--tail", "3").out == b"99998\n99999\n100000\n"
+
+
+def test_stdin_reaches_the_task(ferry: Ferry) -> None:
+    assert ferry("run", "--", "cat", stdin=b"piped\x00bytes\n").out == b"piped\x00bytes\n"
 
 
 def test_stdout_and_stderr_are_kept_apart(ferry: Ferry) -> None:
@@ -431,6 +451,7 @@ def test_a_quiet_task_keeps_its_heartbeat_fresh(ferry: Ferry, tmp_path: Path) ->
     go = tmp_path / "go"
     runner = ferry.start("run", "--heartbeat", "0.2", "--", "sh", "-c", wait_go(go))
     task_id = ferry.wait_running()["id"]
+    records_before = len(ferry.ok("journal", "dump").out.splitlines())
     beats: list[str] = []
 
     def advanced_twice() -> bool:
@@ -443,6 +464,8 @@ def test_a_quiet_task_keeps_its_heartbeat_fresh(ferry: Ferry, tmp_path: Path) ->
 
     wait_for(advanced_twice, "heartbeat_at to advance twice while the task prints nothing")
     assert beats == sorted(beats)
+    # Beats prove liveness without a journal write each.
+    assert len(ferry.ok("journal", "dump").out.splitlines()) == records_before
     go.touch()
     assert finish(runner)[0] == 0
     assert ferry("logs", task_id).out == b""
@@ -475,6 +498,19 @@ def test_submit_of_a_succeeded_key_queues_nothing(ferry: Ferry) -> None:
     assert in_flight.code == 75
     assert "error[task.key_in_flight]" in in_flight.err
     assert [t["id"] for t in ferry.tasks()] == [done, queued]
+
+
+def test_concurrent_runs_of_one_key_run_it_once(ferry: Ferry, tmp_path: Path) -> None:
+    go, count = tmp_path / "go", tmp_path / "count"
+    script = f"echo run >> '{count}'; {wait_go(go)}"
+    racers = [ferry.start("run", "--key", "race", "--", "sh", "-c", script) for _ in range(3)]
+    wait_for(lambda: sum(p.poll() is not None for p in racers) == 2, "two racers to be refused")
+    go.touch()
+    results = [finish(p) for p in racers]
+    assert sorted(code for code, _ in results) == [0, 75, 75]
+    assert all("error[task.key_in_flight]" in err for code, err in results if code == 75)
+    assert count.read_text() == "run\n"
+    assert len(ferry.tasks()) == 1
 
 
 def test_a_failed_key_runs_again(ferry: Ferry, tmp_path: Path) -> None:
@@ -655,6 +691,7 @@ def test_cancel_a_queued_task(ferry: Ferry) -> None:
     again = ferry("cancel", task_id)
     assert again.code == 1
     assert again.err.startswith("ferry: error[task.")
+    assert ferry.json("retry", task_id)["attempt"] == 2  # a CANCELLED task may be retried
 
 
 def test_cancel_a_running_task(ferry: Ferry) -> None:
