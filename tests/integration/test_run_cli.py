@@ -738,6 +738,11 @@ def test_json_gives_one_document_per_command(ferry: Ferry) -> None:
     assert ferry.json("show", task_id)["id"] == task_id
     assert ferry.json("cancel", queued["id"])["state"] == "CANCELLED"
     assert ferry.json("retry", queued["id"])["attempt"] == 2
+    claimed = ferry.json("claim")  # runs the retried task (it prints nothing)
+    assert (claimed["id"], claimed["state"], claimed["attempt"]) == (queued["id"], "SUCCEEDED", 2)
+    assert ferry.json("claim") == {"task": None}
+    assert ferry.json("recover")["decisions"] == []
+    assert ferry.json("kill", task_id)["signalled"] == 0  # nothing of it is alive
     assert "epoch" in ferry.json("lease")
     assert ferry.json("journal", "verify")["status"] == "clean"
     # Streams are JSON Lines: every line one document.
