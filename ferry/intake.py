@@ -65,20 +65,28 @@ def _check_argv(argv: Sequence[Any]) -> tuple[str, ...]:
     for arg in argv:
         if not isinstance(arg, str):
             raise UsageError("argv must be a list of strings", code="usage.bad_argv")
-        try:
-            arg.encode("utf-8")
-        except UnicodeEncodeError:
+        if not _is_utf8(arg):
             raise UsageError(
                 f"argument {arg.encode('utf-8', 'surrogateescape')!r} is not valid UTF-8; "
                 "ferry journals argv as JSON and refuses to alter it",
                 code="usage.bad_argv",
-            ) from None
+            )
         if "\0" in arg:
             raise UsageError("an argument contains a NUL byte", code="usage.bad_argv")
         out.append(arg)
     if out[0] == "":
         raise UsageError("the command is an empty string", code="usage.missing_command")
     return tuple(out)
+
+
+def _is_utf8(text: str) -> bool:
+    """False for a string holding undecodable bytes (surrogate escapes from argv or the
+    file system): the journal is JSON and ferry refuses to alter what it stores."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _parse_env(items: Any) -> dict[str, str]:
@@ -95,6 +103,11 @@ def _parse_env(items: Any) -> dict[str, str]:
         key, _, value = item.partition("=")
         if "\0" in item:
             raise UsageError(f"--env {key}: contains a NUL byte", code="usage.bad_env")
+        if not _is_utf8(item):
+            raise UsageError(
+                f"--env {item.encode('utf-8', 'surrogateescape')!r}: not valid UTF-8",
+                code="usage.bad_env",
+            )
         env[key] = value
     return env
 
@@ -102,14 +115,26 @@ def _parse_env(items: Any) -> dict[str, str]:
 def _resolve_cwd(cwd: Any) -> str:
     if cwd is None:
         try:
-            return os.getcwd()
+            current = os.getcwd()
         except FileNotFoundError:
             raise UsageError(
                 "the current directory no longer exists; give --cwd", code="usage.bad_cwd"
             ) from None
+        if not _is_utf8(current):
+            raise UsageError(
+                f"the current directory {current.encode('utf-8', 'surrogateescape')!r} is not "
+                "valid UTF-8; give --cwd",
+                code="usage.bad_cwd",
+            )
+        return current
     if not isinstance(cwd, str) or not cwd:
         raise UsageError("--cwd must be a path", code="usage.bad_cwd")
     path = os.path.abspath(cwd)
+    if not _is_utf8(path):
+        raise UsageError(
+            f"--cwd {path.encode('utf-8', 'surrogateescape')!r}: not valid UTF-8",
+            code="usage.bad_cwd",
+        )
     if not os.path.isdir(path):
         raise UsageError(f"--cwd {cwd!r}: no such directory", code="usage.bad_cwd")
     return path
