@@ -1,16 +1,15 @@
-"""Byte sinks and the signal trap used by :mod:`ferry.supervise` (no policy here).
+"""Private files and the signal trap used by :mod:`ferry.supervise` (no policy here).
 
-A :class:`Sink` takes one child stream: every chunk goes to the task's log file and,
-with passthrough, to one of ferry's own descriptors. A :class:`SignalTrap` turns
-SIGINT/SIGTERM/SIGHUP into recorded numbers plus a readable wakeup descriptor, so one
-poll loop can wait for output, the child's exit and signals together.
+Logs and the heartbeat file are created 0600 and never through a symlink. A
+:class:`SignalTrap` turns SIGINT/SIGTERM/SIGHUP into recorded numbers plus a readable
+wakeup descriptor, so one poll loop can wait for output, the child's exit and signals
+together.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import select
 import signal
 from collections.abc import Iterable
 from pathlib import Path
@@ -19,7 +18,6 @@ from types import FrameType, TracebackType
 # O_NOFOLLOW: a log path that is a symlink (planted by someone else) is refused instead
 # of followed; O_APPEND: a re-run of the same log keeps the earlier bytes.
 _LOG_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
-_sync_data = getattr(os, "fdatasync", os.fsync)
 
 
 def open_private(path: Path, flags: int = _LOG_FLAGS) -> int:
@@ -44,67 +42,6 @@ def touch(path: Path) -> None:
             create_private(path)
     except OSError:
         pass
-
-
-def write_all(fd: int, data: bytes | memoryview) -> None:
-    """Write every byte of ``data`` to ``fd``, looping on short writes.
-
-    A descriptor someone left non-blocking (a shared terminal or pipe) raises
-    BlockingIOError when full: wait until it is writable instead of losing bytes.
-    """
-    view = memoryview(data)
-    done = 0
-    while done < len(view):
-        try:
-            done += os.write(fd, view[done:])
-        except BlockingIOError:
-            select.select([], [fd], [])
-
-
-class Sink:
-    """One child stream's destinations: the log file, and (passthrough) ferry's fd."""
-
-    def __init__(self, log_fd: int, echo_fd: int | None) -> None:
-        self.log_fd = log_fd
-        self.echo_fd = echo_fd
-        self.bytes_total = 0
-        self.log_error: str | None = None
-        self.echo_error: str | None = None
-
-    def write(self, data: bytes | memoryview) -> None:
-        self.bytes_total += len(data)
-        if self.log_error is None:
-            try:
-                write_all(self.log_fd, data)
-            except OSError as e:
-                # ENOSPC/EIO on the log: keep the task running and the pipe drained (a
-                # full pipe would block the task), report the lost evidence instead.
-                self.log_error = f"writing the log failed: {e}"
-        if self.echo_fd is not None:
-            try:
-                write_all(self.echo_fd, data)
-            except OSError as e:
-                # EPIPE (the reader of ferry's stdout went away), EBADF, EIO (terminal
-                # hung up): stop echoing this stream, keep logging it in full.
-                self.echo_fd = None
-                self.echo_error = str(e)
-
-    def sync_and_close(self) -> None:
-        """fdatasync the log (the evidence must survive a crash after SETTLED), close it.
-
-        A stream that wrote nothing is not synced: its earlier bytes (an appended log)
-        were synced by the run that wrote them, and an empty log that a crash takes
-        away says the same thing as an empty file. That keeps ``run -- true`` free of
-        fsyncs here (each costs milliseconds).
-        """
-        try:
-            if self.log_error is None and self.bytes_total > 0:
-                try:
-                    _sync_data(self.log_fd)
-                except OSError as e:
-                    self.log_error = f"fdatasync of the log failed: {e}"
-        finally:
-            os.close(self.log_fd)
 
 
 def fsync_dirs(paths: Iterable[Path]) -> str | None:

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 
+from ferry._sink import widen_pipe
 from ferry._supervise_types import SuperviseSpec
 from ferry.errors import EX_FERRY_FAILED, EX_NOT_EXECUTABLE, EX_NOT_FOUND_CMD, SpawnError
 
@@ -81,17 +82,9 @@ def spawn(spec: SuperviseSpec) -> subprocess.Popen[bytes]:
 
 def _widen_pipes(proc: subprocess.Popen[bytes]) -> None:
     # Bigger pipes mean fewer wakeups and 1 MiB reads: the 1 GB throughput target.
-    try:
-        import fcntl
-
-        setsz = fcntl.F_SETPIPE_SZ
-    except (ImportError, AttributeError):  # pragma: no cover - not Linux
-        return
     for stream in (proc.stdout, proc.stderr):
         if stream is not None:
-            # Over the user's pipe quota: the default size still works.
-            with contextlib.suppress(OSError):
-                fcntl.fcntl(stream.fileno(), setsz, PIPE_BYTES)
+            widen_pipe(stream.fileno(), PIPE_BYTES)
 
 
 def kill_unsupervised(proc: subprocess.Popen[bytes], wait_s: float) -> None:

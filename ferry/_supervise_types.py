@@ -40,3 +40,4 @@ class Outcome:
     log_error: str | None = None  # some output could not be logged or synced
     drain_timed_out: bool = False  # pipes still open the drain bound after the group died
     group_survived: bool = False  # a member outlived SIGKILL and the wait after it
+    passthrough_error: str | None = None  # why (part of) a stream was not passed through

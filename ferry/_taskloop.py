@@ -16,7 +16,8 @@ import subprocess
 import time
 from collections.abc import Callable
 
-from ferry._outputs import SignalTrap, Sink, touch
+from ferry._outputs import SignalTrap, touch
+from ferry._sink import ECHO_BACKLOG_BYTES, Sink
 from ferry._supervise_types import Outcome, SuperviseSpec
 from ferry._tasktree import TaskGroup
 
@@ -25,6 +26,7 @@ DRAIN_TIMEOUT_S = 2.0  # read the pipes this long after the group died, at most
 SIGKILL_WAIT_S = 5.0  # wait this long for the group to die after SIGKILL, at most
 GROUP_POLL_S = 0.02  # how often to look for surviving members once the leader exited
 LEADER_POLL_S = 0.05  # only without pidfd support
+DRAIN_BACKLOG_BYTES = 4 * ECHO_BACKLOG_BYTES  # passthrough held for a stalled reader, at most
 
 
 class TaskLoop:
@@ -43,7 +45,10 @@ class TaskLoop:
         self.started_at = started_at
         self.group = TaskGroup(proc.pid)
         self.sel = selectors.DefaultSelector()
-        self.streams: dict[int, Sink] = {}
+        self.streams: dict[int, Sink] = {}  # the task's pipes not yet at EOF
+        self.sinks = list(sinks)
+        self.paused: set[int] = set()  # pipes not read while their passthrough lags
+        self.echo_fds: dict[int, Sink] = {}  # ferry's fds waited on for writability
         self.buffer = bytearray(CHUNK_BYTES)
         self.view = memoryview(self.buffer)
         for stream, sink in zip((proc.stdout, proc.stderr), sinks, strict=True):
@@ -95,6 +100,11 @@ class TaskLoop:
             if self.forwarded_signal is None:
                 self.forwarded_signal = sig
             if self.group_gone:
+                # Only passthrough bytes for a stalled reader can still hold us: the
+                # user wants ferry to finish, so give them up (the log has them).
+                for sink in self.sinks:
+                    if sink.wants_write:
+                        sink.drop_echo(f"ferry got signal {sig} while its output reader stalled")
                 continue
             if self.stopping or self.leader_exited:
                 self._kill(now)  # a second signal, or leftovers already being ended
@@ -158,7 +168,7 @@ class TaskLoop:
             times.append(self.next_group_check)
         if not self.leader_exited and self.group.pidfd is None:
             times.append(now + LEADER_POLL_S)
-        if self.drain_at is not None:
+        if self.drain_at is not None and self.streams:
             times.append(self.drain_at)
         return max(0.0, min(times) - now)
 
@@ -167,10 +177,45 @@ class TaskLoop:
         # three times the CPU (allocation and page faults), measured on 1 GiB.
         n = os.readv(fd, [self.buffer])
         if n:
-            self.streams[fd].write(self.view[:n])
+            sink = self.streams[fd]
+            sink.write(self.view[:n])
+            if self.group_gone and sink.backlog_bytes > DRAIN_BACKLOG_BYTES:
+                # Only a process that left the group can still be writing: do not let
+                # it fill ferry's memory behind a stalled reader.
+                sink.drop_echo("passthrough reader stalled after the task ended")
         else:  # EOF: every writer of this pipe has closed it
             self.sel.unregister(fd)
             del self.streams[fd]
+
+    def _stop_reading(self) -> None:
+        for fd in self.streams:
+            if fd not in self.paused:
+                self.sel.unregister(fd)
+        self.streams.clear()
+        self.paused.clear()
+
+    def _sync_interest(self) -> None:
+        """Wait on a pipe unless its passthrough backlog is full (only while the task
+        runs: after that the log must get everything), and on ferry's fd 1/2 while
+        passthrough bytes wait for them."""
+        if not self.paused and not self.echo_fds and not any(s.wants_write for s in self.sinks):
+            return  # the common case: nothing lags
+        for fd, sink in self.streams.items():
+            pause = sink.backlogged and not self.group_gone
+            if pause and fd not in self.paused:
+                self.sel.unregister(fd)
+                self.paused.add(fd)
+            elif not pause and fd in self.paused:
+                self.sel.register(fd, selectors.EVENT_READ)
+                self.paused.discard(fd)
+        for fd, sink in list(self.echo_fds.items()):
+            if not (sink.wants_write and sink.echo_fd == fd):
+                self.sel.unregister(fd)
+                del self.echo_fds[fd]
+        for sink in self.sinks:
+            if sink.wants_write and sink.echo_fd is not None and sink.echo_fd not in self.echo_fds:
+                self.sel.register(sink.echo_fd, selectors.EVENT_WRITE)
+                self.echo_fds[sink.echo_fd] = sink
 
     def loop(self) -> Outcome:
         pidfd, wakeup_fd = self.group.pidfd, self.trap.wakeup_fd
@@ -185,15 +230,18 @@ class TaskLoop:
                 self._check_group(now)
             if self.group_gone:
                 assert self.drain_at is not None
-                if not self.streams:
-                    break
-                if now >= self.drain_at:
+                if self.streams and now >= self.drain_at:
                     self.drain_timed_out = True
+                    self._stop_reading()
+                if not self.streams and not any(s.wants_write for s in self.sinks):
                     break
+            self._sync_interest()
             for key, _ in self.sel.select(self._next_wakeup(now)):
                 fd = key.fd
                 if fd in self.streams:
                     self._read(fd)
+                elif fd in self.echo_fds:
+                    self.echo_fds[fd].flush()
                 elif fd == pidfd:
                     self.sel.unregister(fd)
                     self._on_leader_exit(time.monotonic())
@@ -219,6 +267,12 @@ class TaskLoop:
             stop_signal=self.stop_signal,
             drain_timed_out=self.drain_timed_out,
             group_survived=self.group_survived,
+            passthrough_error="; ".join(
+                f"{name}: {sink.echo_error}"
+                for name, sink in zip(("stdout", "stderr"), self.sinks, strict=True)
+                if sink.echo_error
+            )
+            or None,
         )
 
     def _close(self) -> None:

@@ -10,6 +10,7 @@ the tree is ready).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -25,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from ferry._sink import ECHO_BACKLOG_BYTES, Sink
 from ferry.supervise import Outcome, SpawnFailed, SuperviseSpec, supervise
 
 PY = sys.executable
@@ -783,3 +785,165 @@ def test_logs_with_bytes_are_fdatasynced_before_supervise_returns(tmp_path: Path
     # stderr stayed empty: nothing to make durable, no fdatasync for it.
     assert not [c for c in calls[:returned] if c.startswith(f"fdatasync({err_fd.group(1)})")]
     assert (tmp_path / "task.out").read_text() == "evidence"
+
+
+# -- a reader of ferry's stdout that stops reading -----------------------------------------
+
+FLOOD = "import sys\nwhile True:\n    sys.stdout.buffer.write(b'0123456789abcdef' * 4096)\n"
+
+
+def read_to_eof(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 1 << 20):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def spawned_pgid(tmp_path: Path) -> int:
+    spawned = tmp_path / "spawned"
+    wait_for(spawned.exists, "the task to be spawned")
+    return int(spawned.read_text().split()[1])
+
+
+def test_stalled_stdout_reader_does_not_stop_the_timeout(
+    tmp_path: Path, driver: Callable[..., subprocess.Popen[bytes]]
+) -> None:
+    read_fd, write_fd = os.pipe()
+    try:
+        proc = driver([PY, "-c", FLOOD], stdout=write_fd, passthrough=True, timeout_s=0.5)
+        os.close(write_fd)
+        write_fd = -1
+        pgid = spawned_pgid(tmp_path)
+        # Nobody reads ferry's stdout, yet the timeout ends the task.
+        wait_for(lambda: live_members(pgid) == [], "the timeout to end the stalled task")
+        passed = read_to_eof(read_fd)  # now read: ferry writes the rest and exits
+    finally:
+        os.close(read_fd)
+        if write_fd >= 0:
+            os.close(write_fd)
+    outcome = driver_outcome(proc, tmp_path)
+    assert outcome["timed_out"] and outcome["passthrough_error"] is None
+    log = (tmp_path / "task.out").read_bytes()
+    assert len(log) > 0 and passed == log
+
+
+def test_signals_reach_the_task_and_end_ferry_while_its_stdout_reader_stalls(
+    tmp_path: Path, driver: Callable[..., subprocess.Popen[bytes]]
+) -> None:
+    read_fd, write_fd = os.pipe()
+    try:
+        proc = driver([PY, "-c", FLOOD], stdout=write_fd, passthrough=True)
+        os.close(write_fd)
+        write_fd = -1
+        pgid = spawned_pgid(tmp_path)
+        # The log runs ahead of the stalled passthrough by a whole backlog.
+        backlog_built = lambda: (tmp_path / "task.out").stat().st_size > ECHO_BACKLOG_BYTES  # noqa: E731
+        wait_for(backlog_built, "a passthrough backlog to build up")
+        proc.send_signal(signal.SIGTERM)  # forwarded although ferry's stdout is stalled
+        wait_for(lambda: live_members(pgid) == [], "the forwarded SIGTERM to end the task")
+        proc.send_signal(signal.SIGTERM)  # and the next one gives up the passthrough
+        outcome = driver_outcome(proc, tmp_path)
+        passed = read_to_eof(read_fd)
+    finally:
+        os.close(read_fd)
+        if write_fd >= 0:
+            os.close(write_fd)
+    assert outcome["signal"] == signal.SIGTERM and outcome["forwarded_signal"] == signal.SIGTERM
+    assert "stalled" in outcome["passthrough_error"]
+    log = (tmp_path / "task.out").read_bytes()
+    assert log.startswith(passed) and len(passed) < len(log)
+
+
+def test_twenty_megabytes_byte_exact_through_a_piped_stdout(
+    tmp_path: Path, driver: Callable[..., subprocess.Popen[bytes]]
+) -> None:
+    # A pipe to ferry's stdout goes through the non-blocking passthrough and its backlog;
+    # a reader in this process (sharing the GIL with nothing fast) lags now and then.
+    import threading
+
+    payload = os.urandom(20 * 1024 * 1024)
+    source = tmp_path / "payload.bin"
+    source.write_bytes(payload)
+    script = (
+        "import sys\n"
+        f"data = open({str(source)!r}, 'rb').read()\n"
+        "for i in range(0, len(data), 100_000):\n"
+        "    sys.stdout.buffer.write(data[i : i + 100_000])\n"
+    )
+    read_fd, write_fd = os.pipe()
+    received: list[bytes] = []
+    reader = threading.Thread(target=lambda: received.append(read_to_eof(read_fd)))
+    reader.start()
+    try:
+        proc = driver([PY, "-c", script], stdout=write_fd, passthrough=True)
+    finally:
+        os.close(write_fd)
+    outcome = driver_outcome(proc, tmp_path)
+    reader.join(DEADLINE_S)
+    os.close(read_fd)
+    assert outcome["exit_code"] == 0 and outcome["passthrough_error"] is None
+    assert received == [payload]
+    assert (tmp_path / "task.out").read_bytes() == payload
+
+
+# -- the passthrough sink on its own (real pipes and files) --------------------------------
+
+
+@pytest.fixture
+def sink_fds(tmp_path: Path) -> Iterator[tuple[int, int, int]]:
+    """(log fd, read end, write end) of a log file and a 64 KiB pipe."""
+    log_fd = os.open(tmp_path / "sink.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    read_fd, write_fd = os.pipe()
+    yield log_fd, read_fd, write_fd
+    for fd in (read_fd, write_fd):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def test_sink_queues_what_a_full_pipe_cannot_take_and_keeps_order(
+    tmp_path: Path, sink_fds: tuple[int, int, int]
+) -> None:
+    log_fd, read_fd, write_fd = sink_fds
+    sink = Sink(log_fd, write_fd)
+    chunks = [os.urandom(600_000) for _ in range(5)]  # more than the (widened) pipe holds
+    for chunk in chunks:
+        sink.write(chunk)  # never blocks, although nobody reads yet
+    assert sink.wants_write and 0 < sink.backlog_bytes < 3_000_000
+    received = b""
+    while sink.wants_write:
+        received += os.read(read_fd, 1 << 20)
+        sink.flush()
+    os.close(write_fd)
+    received += read_to_eof(read_fd)
+    sink.sync_and_close()
+    assert received == b"".join(chunks)
+    assert (tmp_path / "sink.log").read_bytes() == b"".join(chunks)
+
+
+def test_sink_without_rwf_nowait_support_writes_blocking(
+    tmp_path: Path, sink_fds: tuple[int, int, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log_fd, read_fd, write_fd = sink_fds
+
+    def old_kernel(*args: object) -> int:
+        raise OSError(errno.EOPNOTSUPP, "Operation not supported")
+
+    monkeypatch.setattr(os, "pwritev", old_kernel)
+    sink = Sink(log_fd, write_fd)
+    sink.write(b"small enough for the pipe")
+    assert not sink.wants_write and sink.echo_error is None
+    sink.sync_and_close()
+    assert os.read(read_fd, 100) == b"small enough for the pipe"
+
+
+def test_sink_with_a_closed_reader_stops_passthrough_and_keeps_logging(
+    tmp_path: Path, sink_fds: tuple[int, int, int]
+) -> None:
+    log_fd, read_fd, write_fd = sink_fds
+    os.close(read_fd)
+    sink = Sink(log_fd, write_fd)
+    sink.write(b"first")
+    sink.write(b"second")
+    assert sink.echo_fd is None and sink.echo_error is not None
+    sink.sync_and_close()
+    assert (tmp_path / "sink.log").read_bytes() == b"firstsecond"
