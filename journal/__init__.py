@@ -159,7 +159,6 @@ class Journal:
                 directory,
                 lock_fd,
                 found,
-                rotations=-1,  # unknown: the first commit follows the segment chain
                 max_epoch=max(found.max_epoch, snapshot_epoch),
                 segment_bytes_max=segment_bytes_max,
                 fence=fence,
@@ -178,17 +177,17 @@ class Journal:
     @property
     def last_seq(self) -> int:
         """The last record this handle has seen (its own appends and caught-up ones)."""
-        return self._writer.last_seq
+        return self._writer.pos.last_seq
 
     @property
     def first_seq(self) -> int:
         """The first record still on disk (1 unless compacted)."""
-        return self._writer.first_seq
+        return self._writer.pos.first_seq
 
     @property
     def max_epoch(self) -> int:
         """The highest epoch in the journal as far as this handle has seen."""
-        return self._writer.max_epoch
+        return self._writer.pos.max_epoch
 
     # -- appending ----------------------------------------------------------------------
 
@@ -231,9 +230,9 @@ class Journal:
         subscriber that raises later breaks the handle (WriterFailedError)."""
         writer = self._writer
         with writer.owned():
-            if after_seq < writer.last_seq:
+            if after_seq < writer.pos.last_seq:
                 for record in iter_records(writer.directory, max(after_seq + 1, 1)):
-                    if record.seq > writer.last_seq:
+                    if record.seq > writer.pos.last_seq:
                         break
                     on_record(record)
             writer.subscribers.append(on_record)
@@ -252,10 +251,12 @@ class Journal:
         """Store ``data`` as the state after record ``seq`` (<= last_seq), atomically."""
         writer = self._writer
         with writer.owned():
-            if not 0 <= seq <= writer.last_seq:
-                raise JournalError(f"snapshot seq {seq} is not in 0..{writer.last_seq}", seq=seq)
+            if not 0 <= seq <= writer.pos.last_seq:
+                raise JournalError(
+                    f"snapshot seq {seq} is not in 0..{writer.pos.last_seq}", seq=seq
+                )
             with writer.locked():
-                write_snapshot(writer.directory, seq, bytes(data), writer.max_epoch)
+                write_snapshot(writer.directory, seq, bytes(data), writer.pos.max_epoch)
 
     def latest_snapshot(self) -> Snapshot | None:
         """The newest snapshot that passes its checks (damaged ones are skipped), or None.
@@ -263,12 +264,12 @@ class Journal:
         writer = self._writer
         with writer.owned():
             try:
-                return latest_snapshot(writer.directory, writer.last_seq).snapshot
+                return latest_snapshot(writer.directory, writer.pos.last_seq).snapshot
             except CorruptionError:
                 # Perhaps another process appended and snapshotted past what this handle
                 # has seen: catch up (feeding subscribers) and look again.
                 writer.catch_up_feeding()
-                return latest_snapshot(writer.directory, writer.last_seq).snapshot
+                return latest_snapshot(writer.directory, writer.pos.last_seq).snapshot
 
     def compact(self) -> list[Path]:
         """Remove sealed segments whose records are all <= the latest snapshot's seq (never
@@ -276,13 +277,13 @@ class Journal:
         writer = self._writer
         with writer.owned(), writer.locked():
             writer.catch_up_feeding(locked=True)
-            found = latest_snapshot(writer.directory, writer.last_seq)
+            found = latest_snapshot(writer.directory, writer.pos.last_seq)
             if found.snapshot is None:
                 return []
             removed = compact(writer.directory, list_segments(writer.directory), found.snapshot.seq)
             segments = list_segments(writer.directory)
             if segments:
-                writer.first_seq = segments[0].first_seq
+                writer.pos.first_seq = segments[0].first_seq
             return removed
 
     # -- lifetime -----------------------------------------------------------------------

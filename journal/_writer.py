@@ -3,7 +3,7 @@
 One commit, under the cross-process append lock (flock on ``.lock``):
 
 1. catch up on records other processes appended since this handle last looked
-   (feeding the subscribers), following the chain of segments by name;
+   (feeding the subscribers), following the chain of segments (``_position``);
 2. cut a torn tail if one is there (a crashed appender's leftovers: ``_repair``);
 3. per queued batch, in order: refuse an epoch older than the journal's highest
    (FencedError), call ``fence(epoch)`` and ``check()``; a refusal fails that batch only;
@@ -35,9 +35,9 @@ from journal._errors import (
     JournalError,
     WriterFailedError,
 )
-from journal._reader import SegmentScan, Survey, TornTail, damage_error
+from journal._position import Position
+from journal._reader import Survey
 from journal._repair import cut_tail
-from journal._segment import segment_name
 
 Subscriber = Callable[[Record], None]
 _new_tuple = tuple.__new__
@@ -61,13 +61,14 @@ class _Batch:
 
 
 class Writer:
+    """Appends for one handle; owns its Position, subscribers and group-commit queue."""
+
     def __init__(
         self,
         directory: Path,
         lock_fd: int,
         found: Survey,
         *,
-        rotations: int,
         max_epoch: int,
         segment_bytes_max: int,
         fence: Fence | None,
@@ -77,28 +78,8 @@ class Writer:
         self._segment_bytes_max = segment_bytes_max
         self._fence = fence
         self.subscribers: list[Subscriber] = []
-        self.last_seq = found.last_seq
-        self.max_epoch = max_epoch
-        self.first_seq = found.first_seq
-        # Lock file size when we last followed the segments under the lock (-1: never).
-        self._rotations = rotations
-        # Is the active segment's name known durable?  Not for one we did not create
-        # (its creator may have died before fsyncing the directory): fsync it ourselves
-        # before committing into it.
-        self._seg_durable = False
-        self._seg_fd: int | None = None
-        self._seg_path = directory
-        self._seg_first = 0
-        self._seg_end = 0
-        if found.segments:
-            last = found.segments[-1]
-            self._seg_fd = _fsutil.open_append(last.path)
-            self._seg_path, self._seg_first, self._seg_end = (
-                last.path,
-                last.first_seq,
-                found.end_offset,
-            )
-        # _mutex guards _busy, _queue, _waiting; _cond is the same lock with wait/notify.
+        self.pos = Position(directory, lock_fd, found, max_epoch=max_epoch)
+        # _mutex guards _busy, _owner, _queue, _waiting; _cond waits on the same lock.
         self._mutex = threading.Lock()
         self._cond = threading.Condition(self._mutex)
         self._waiting = 0  # threads in _wait(): notify only when someone listens
@@ -223,12 +204,13 @@ class Writer:
                 batch.error = error
 
     def _commit(self, group: list[_Batch]) -> None:
-        torn = self.catch_up(locked=True)
+        pos = self.pos
+        torn = pos.catch_up(self._feed_one, locked=True)
         if torn is not None:
             cut_tail(self.directory, torn)
         lines: list[bytes] = []
         accepted: list[tuple[_Batch, list[Record]]] = []
-        seq, max_epoch = self.last_seq, self.max_epoch
+        seq, max_epoch = pos.last_seq, pos.max_epoch
         for batch in group:
             try:
                 if 0 < batch.epoch < max_epoch:
@@ -258,131 +240,46 @@ class Writer:
             self._flush(lines, accepted)
 
     def _flush(self, lines: list[bytes], accepted: list[tuple[_Batch, list[Record]]]) -> None:
+        pos = self.pos
         data = b"".join(lines)
-        if self._seg_fd is None or (
-            self._seg_end > 0 and self._seg_end + len(data) > self._segment_bytes_max
-        ):
-            self._new_segment(self.last_seq + 1)
-        assert self._seg_fd is not None
-        if not self._seg_durable:
-            # A segment (or journal directory) created by a process that died before
-            # fsyncing the directory: make the names durable before committing into it.
-            _fsutil.fsync_dir(self.directory)
-            _fsutil.fsync_dir(self.directory.parent)
-            self._seg_durable = True
-        _fsutil.write_all(self._seg_fd, data)
-        _fsutil.sync_data(self._seg_fd)
+        if pos.fd is None or (pos.end > 0 and pos.end + len(data) > self._segment_bytes_max):
+            self._new_segment()
+        pos.make_durable()
+        assert pos.fd is not None
+        _fsutil.write_all(pos.fd, data)
+        _fsutil.sync_data(pos.fd)
         # Committed: only now may a caller learn it (an error above left every batch
         # of this flush without records: its outcome is unknown, the handle failed).
-        self._seg_end += len(data)
+        pos.end += len(data)
         for batch, records in accepted:
             batch.records = records
-            self.last_seq = records[-1].seq
-            self.max_epoch = max(self.max_epoch, batch.epoch)
+            pos.last_seq = records[-1].seq
+            pos.max_epoch = max(pos.max_epoch, batch.epoch)
         for _batch, records in accepted:
             self._feed(records)
 
-    def _new_segment(self, first_seq: int) -> None:
-        # Tell other handles a segment is coming: one more byte in the lock file (its
-        # size counts segment creations; in memory only, a crash makes every handle
-        # start over with a full scan).  Before the file exists, so that a creator that
-        # dies in between never leaves a segment the others do not know of (they would
-        # go on appending to the previous one: an overlap).
-        _fsutil.write_all(self._lock_fd, b"+")
-        self._rotations = _fsutil.size(self._lock_fd)
-        path = self.directory / segment_name(first_seq)
-        fd = _fsutil.open_append(path, create=True)
-        if self._seg_fd is not None:
-            _fsutil.close(self._seg_fd)
-        self._seg_fd, self._seg_path, self._seg_first, self._seg_end = fd, path, first_seq, 0
-        # The new name must be durable before a record in it is reported committed:
-        # else a power cut can drop the whole file with its committed records.
-        _fsutil.fsync_dir(self.directory)
-        self._seg_durable = True
+    def _new_segment(self) -> None:
+        # (A named step: tests/integration/test_journal_powercut.py removes the
+        # directory fsync made under this frame and expects the loss to be caught.)
+        self.pos.new_segment()
 
     def _feed(self, records: list[Record]) -> None:
         for record in records:
-            for subscriber in self.subscribers:
-                try:
-                    subscriber(record)
-                except Exception as exc:
-                    raise _SubscriberFailed(repr(exc)) from exc
+            self._feed_one(record)
 
-    # -- catching up ----------------------------------------------------------------
-
-    def catch_up(self, *, locked: bool) -> TornTail | None:
-        """Read what other processes appended since we last looked, feeding subscribers.
-
-        Returns the torn tail at the end of the last segment, if any (not cut here).
-        Cheap when nothing changed: one fstat of the active segment and one of the lock
-        file, whose size counts the segments ever created (see ``_new_segment``).  The
-        count is remembered only when ``locked``: without the lock a creator may have
-        counted a segment it has not created yet."""
-        rotations = _fsutil.size(self._lock_fd)
-        torn = None if self._seg_fd is None else self._catch_up_segment(self._seg_fd)
-        if rotations != self._rotations:
-            torn = self._follow_segments(torn)
-            if locked:
-                self._rotations = rotations
-        return torn
-
-    def _follow_segments(self, torn: TornTail | None) -> TornTail | None:
-        """Move to segments created by others after ours (named by the next seq)."""
-        while self._seg_fd is None or self.last_seq + 1 != self._seg_first:
-            path = self.directory / segment_name(self.last_seq + 1)
+    def _feed_one(self, record: Record) -> None:
+        for subscriber in self.subscribers:
             try:
-                fd = _fsutil.open_append(path)
-            except FileNotFoundError:
-                return torn
-            if torn is not None:
-                _fsutil.close(fd)
-                raise CorruptionError(
-                    f"bad record in a sealed segment: {torn.reason}",
-                    segment=torn.segment,
-                    offset=torn.offset,
-                    seq=torn.seq,
-                )
-            if self._seg_fd is not None:
-                _fsutil.close(self._seg_fd)
-            self._seg_fd, self._seg_path = fd, path
-            self._seg_first, self._seg_end = self.last_seq + 1, 0
-            self._seg_durable = False
-            torn = self._catch_up_segment(fd)
-        return torn  # the active segment has no record yet: nothing can follow it
-
-    def _catch_up_segment(self, fd: int) -> TornTail | None:
-        size = _fsutil.size(fd)
-        if size == self._seg_end:
-            return None
-        if size < self._seg_end:
-            raise CorruptionError(
-                f"segment shrank to {size} bytes below its last known record end",
-                segment=self._seg_path,
-                offset=self._seg_end,
-                seq=self.last_seq,
-            )
-        scan = SegmentScan(fd, self._seg_path, self._seg_end, self.last_seq + 1)
-        try:
-            for record in scan.records():
-                self.last_seq = record.seq
-                self._seg_end = scan.end_offset
-                if record.epoch > self.max_epoch:
-                    self.max_epoch = record.epoch
-                self._feed([record])
-        finally:
-            self._seg_end = scan.end_offset
-        damage = scan.damage
-        if damage is None:
-            return None
-        if damage.corrupt:
-            raise damage_error(damage, self._seg_path, last=True)
-        return TornTail(self._seg_path, damage.offset, damage.seq, damage.tail_bytes, damage.reason)
+                subscriber(record)
+            except Exception as exc:
+                raise _SubscriberFailed(repr(exc)) from exc
 
     def catch_up_feeding(self, *, locked: bool = False) -> None:
-        """catch_up for callers outside a commit (the caller owns the handle): a torn
-        tail is left alone (without the lock it may be an append in progress)."""
+        """Catch up outside a commit (the caller owns the handle; ``locked``: and holds
+        the append lock).  A torn tail is left alone: without the lock it may be an
+        append in progress, and with it the next commit cuts it."""
         try:
-            self.catch_up(locked=locked)
+            self.pos.catch_up(self._feed_one, locked=locked)
         except _SubscriberFailed as exc:
             raise self.fail("a subscriber raised; the handle is unusable", exc) from exc
 
@@ -398,9 +295,7 @@ class Writer:
             if self._closed:
                 return
             self._closed = True
-        if self._seg_fd is not None:
-            _fsutil.close(self._seg_fd)
-            self._seg_fd = None
+        self.pos.close()
         _fsutil.close(self._lock_fd)
 
     def ensure_usable(self) -> None:
