@@ -7,8 +7,8 @@ a crash left behind (orphaned tasks, a stopped leader): by scanning ``/proc`` fo
 ``FERRY_HOME`` and signalling each process only after checking its identity.
 
 Tasks count their real executions by appending one line (their ``FERRY_TASK`` marker) to
-a marker file *before* anything else, then printing ``ran`` (after a crash the pipe may
-have no reader: the echo may die of SIGPIPE, the count must not).
+a marker file *before* anything else, then print ``ran`` with SIGPIPE ignored (after a
+crash the pipe has no reader).
 """
 
 from __future__ import annotations
@@ -58,7 +58,9 @@ def wait_until(condition: Callable[[], Any], *, what: str, timeout_s: float = WA
 def counting_task(mark: Path, *, linger: str = "") -> list[str]:
     """argv of a task that records one real execution in ``mark``, then ``linger``
     (shell text: e.g. ``"; exec sleep 300"`` for one that stays alive)."""
-    script = 'echo "$FERRY_TASK" >> "$0"; echo ran' + linger
+    # SIGPIPE ignored: after a crash the pipe has no reader, and a lingering task must
+    # not die of its own "ran" (a real one might: that is a row of the table too).
+    script = 'echo "$FERRY_TASK" >> "$0"; trap "" PIPE; echo ran' + linger
     return ["/bin/sh", "-c", script, str(mark)]
 
 

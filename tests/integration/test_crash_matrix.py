@@ -236,3 +236,99 @@ def test_the_matrix_covers_every_task_path_failpoint() -> None:
     assert set(POINTS) <= FAILPOINTS
     covered = {(c.point, c.idempotent) for c in all_cases()}
     assert covered == {(p, i) for p in POINTS for i in (False, True)}
+
+
+# ---- crashes of the recovering, cancelling and killing commands themselves -----------
+
+RECOVER_POINTS = (
+    "before:lease_write",
+    "after:lease_write",  # the lease is taken; its holder is dead: replaced at once
+    "after:lease_write=2",  # every decision is durable; the release never happens
+    "before:SETTLED",
+    "after:SETTLED",
+    "before:RELEASED",
+    "after:RELEASED",
+)
+
+
+@pytest.mark.parametrize(
+    "point",
+    [
+        pytest.param(p, marks=[] if p == "after:SETTLED" else [pytest.mark.crash])
+        for p in RECOVER_POINTS
+    ],
+)
+def test_a_recover_that_crashed_is_finished_by_the_next_one(
+    ferry: Ferry, tmp_path: Path, point: str
+) -> None:
+    marks = [tmp_path / "mutating", tmp_path / "idempotent"]
+    ids = []
+    for mark, options in zip(marks, ([], ["--idempotent"]), strict=True):
+        argv = counting_task(mark)
+        assert ferry.cli("run", *options, "--", *argv, failpoints="after:SPAWNED").returncode == -9
+        ids.append(ferry.tasks()[-1]["id"])
+        wait_task_gone(ids[-1])
+    assert ferry.cli("recover", failpoints=point).returncode == -9
+
+    code, report = ferry.recover()
+    unsafe = [d for d in report["decisions"] if d["decision"] == "FAIL_UNSAFE"]
+    assert code == (3 if unsafe else 0), report
+    again, report = ferry.recover()
+    assert (again, report["decisions"]) == (0, [])
+    decided = decision_records(ferry.records())
+    assert {t: len(r) for t, r in decided.items()} == {ids[0]: 1, ids[1]: 1}
+    mutating, idempotent = (ferry.task(i) for i in ids)
+    assert (mutating["state"], mutating["reason"]) == ("FAILED", "MARKED_FAILED_MUTATION_UNSAFE")
+    assert (idempotent["state"], idempotent["releases"]) == ("QUEUED", 1)
+    ferry.verify()
+    ferry.ok("work", "--drain", "--poll", "0.05")
+    assert [runs(m) for m in marks] == [1, 2]
+    ferry.verify()
+
+
+@pytest.mark.parametrize(
+    "point",
+    ["before:signal", pytest.param("after:CANCEL_REQUESTED", marks=pytest.mark.crash)],
+)
+def test_a_cancel_that_crashed_before_signalling_still_stops_the_task(
+    ferry: Ferry, tmp_path: Path, point: str
+) -> None:
+    """The cancel request is durable before the signal: the live runner reads it from
+    the journal at its next heartbeat and stops the task itself."""
+    mark = tmp_path / "runs"
+    runner = ferry.start(
+        "run", "--heartbeat", "0.2", "--", *counting_task(mark, linger="; exec sleep 300")
+    )
+    task = wait_until(lambda: [t for t in ferry.tasks() if t["pid"]], what="SPAWNED")[0]
+    assert ferry.cli("cancel", task["id"], failpoints=point).returncode == -9
+    assert runner.wait(timeout=60) == 128 + 15
+    wait_task_gone(task["id"])
+    after = ferry.task(task["id"])
+    assert (after["state"], after["reason"]) == ("CANCELLED", "CANCELLED_BY_USER")
+    assert runs(mark) == 1
+    ferry.verify()
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize(
+    "point", ["before:ORPHAN_SIGNALLED", "after:ORPHAN_SIGNALLED", "before:signal"]
+)
+def test_a_kill_that_crashed_leaves_the_orphan_quarantined_and_can_be_repeated(
+    ferry: Ferry, tmp_path: Path, point: str
+) -> None:
+    mark = tmp_path / "runs"
+    argv = counting_task(mark, linger="; exec sleep 300")
+    assert ferry.cli("run", "--", *argv, failpoints="after:SPAWNED").returncode == -9
+    task_id = ferry.tasks()[-1]["id"]
+    wait_until(lambda: runs(mark) == 1 and task_processes(task_id), what="the orphan")
+    assert ferry.recover()[0] == 3
+    assert ferry.cli("kill", task_id, failpoints=point).returncode == -9
+    assert task_processes(task_id), "nothing was signalled"
+    code, report = ferry.recover()
+    assert (code, report["orphans_alive"]) == (3, [task_id])
+    assert ferry.cli("retry", task_id).returncode == 3
+    ferry.ok("kill", task_id)
+    wait_task_gone(task_id)
+    assert ferry.recover()[0] == 0
+    ferry.ok("retry", task_id)
+    ferry.verify()
