@@ -49,6 +49,17 @@ IO_FERRY_MODULES = {
     "statedir",
     "failpoints",
     "pointers",
+    "intake",
+    "logs",
+    "leader",
+    "recoverer",
+    "journal_ops",
+    "_outputs",
+    "_sink",
+    "_spawn",
+    "_taskloop",
+    "_tasktree",
+    "_supervise_types",
 }
 
 
