@@ -74,10 +74,11 @@ from journal._errors import (
     TornTailError,
     WriterFailedError,
 )
-from journal._reader import TornTail, iter_records, survey
+from journal._reader import TornTail
 from journal._repair import RepairReport, repair
 from journal._segment import LOCK_NAME, list_segments
 from journal._snapshot import Snapshot, compact, headers_epoch_max, latest_snapshot, write_snapshot
+from journal._survey import iter_records, survey
 from journal._verify import VerifyReport, verify
 from journal._writer import Fence, Hook, Subscriber, Writer
 

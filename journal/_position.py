@@ -15,8 +15,9 @@ from pathlib import Path
 from journal import _fsutil
 from journal._codec import Record
 from journal._errors import CorruptionError
-from journal._reader import SegmentScan, Survey, TornTail, damage_error
+from journal._reader import SegmentScan, TornTail, damage_error
 from journal._segment import segment_name
+from journal._survey import Survey
 
 Feed = Callable[[Record], None]
 

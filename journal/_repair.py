@@ -12,8 +12,9 @@ from typing import NamedTuple
 
 from journal import _fsutil
 from journal._errors import JournalError
-from journal._reader import TornTail, survey
+from journal._reader import TornTail
 from journal._segment import LOCK_NAME, broken_copy_path
+from journal._survey import survey
 
 _COPY_CHUNK_BYTES = 1 << 20
 

@@ -7,8 +7,9 @@ from pathlib import Path
 
 from journal import _fsutil
 from journal._errors import CorruptionError, JournalError
-from journal._reader import TornTail, survey
+from journal._reader import TornTail
 from journal._snapshot import latest_snapshot
+from journal._survey import survey
 
 CLEAN = "clean"
 TORN_TAIL = "torn_tail"

@@ -36,8 +36,8 @@ from journal._errors import (
     WriterFailedError,
 )
 from journal._position import Position
-from journal._reader import Survey
 from journal._repair import cut_tail
+from journal._survey import Survey
 
 Subscriber = Callable[[Record], None]
 _new_tuple = tuple.__new__

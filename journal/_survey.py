@@ -1,0 +1,128 @@
+"""Reading a whole journal directory: the survey (every segment, chain of seqs, damage
+classification) and streaming records from any seq.  Per-segment scanning and the
+damage rules live in ``_reader``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NamedTuple
+
+from journal import _fsutil
+from journal._codec import Record
+from journal._errors import CompactedError, CorruptionError
+from journal._reader import SegmentScan, TornTail, damage_error, scan_all
+from journal._segment import Segment, check_next, list_segments
+
+
+class Survey(NamedTuple):
+    """What a whole journal directory holds, read without changing anything."""
+
+    segments: list[Segment]
+    first_seq: int  # first seq on disk (1 when nothing was compacted)
+    last_seq: int  # last valid record (first_seq - 1 if there is none)
+    max_epoch: int
+    end_offset: int  # end of the last valid record in the last segment
+    torn: TornTail | None
+    corruption: CorruptionError | None
+
+
+def survey(directory: Path, *, covered_through: int = 0) -> Survey:
+    """Scan the segments: chain of seqs, every record, damage classification.
+
+    Sealed segments whose records are all <= ``covered_through`` (a snapshot covers
+    them) are skipped: not read, not checked (``max_epoch`` then covers only what was
+    read).  Lock-free: an append in progress in another process looks like a torn tail.
+    A segment removed by a concurrent compaction makes it start over (a few times)."""
+    for _attempt in range(5):
+        try:
+            return _survey_once(directory, covered_through)
+        except FileNotFoundError:
+            continue
+    return _survey_once(directory, covered_through)
+
+
+def _survey_once(directory: Path, covered_through: int) -> Survey:
+    segments = list_segments(directory)
+    if not segments:
+        return Survey([], 1, 0, 0, 0, None, None)
+    first_seq = segments[0].first_seq
+    start = 0
+    while start + 1 < len(segments) and segments[start + 1].first_seq - 1 <= covered_through:
+        start += 1
+    next_seq, max_epoch, end_offset = segments[start].first_seq, 0, 0
+    for index, segment in enumerate(segments):
+        if index < start:
+            continue
+        last = index == len(segments) - 1
+        if index > start:
+            try:
+                check_next(segments[index - 1], next_seq, segment)
+            except CorruptionError as exc:
+                return Survey(segments, first_seq, next_seq - 1, max_epoch, end_offset, None, exc)
+        fd = _fsutil.open_read(segment.path)
+        try:
+            scan = SegmentScan(fd, segment.path, 0, next_seq)
+            scan_all(scan)
+        finally:
+            _fsutil.close(fd)
+        next_seq, end_offset = scan.next_seq, scan.end_offset
+        max_epoch = max(max_epoch, scan.max_epoch)
+        damage = scan.damage
+        if damage is not None:
+            if last and not damage.corrupt:
+                torn = TornTail(
+                    segment.path, damage.offset, damage.seq, damage.tail_bytes, damage.reason
+                )
+                return Survey(segments, first_seq, next_seq - 1, max_epoch, end_offset, torn, None)
+            error = damage_error(damage, segment.path, last=last)
+            return Survey(segments, first_seq, next_seq - 1, max_epoch, end_offset, None, error)
+    return Survey(segments, first_seq, next_seq - 1, max_epoch, end_offset, None, None)
+
+
+def iter_records(directory: Path, from_seq: int = 1) -> Iterator[Record]:
+    """Stream the records with seq >= ``from_seq``, checking what it reads.
+
+    Stops quietly at a torn tail of the last segment (lock-free readers see an append
+    in progress that way); raises CorruptionError at corruption after yielding every
+    valid record before it, and CompactedError if ``from_seq`` was compacted away."""
+    segments = list_segments(directory)
+    if not segments:
+        return
+    first_seq = segments[0].first_seq
+    if from_seq < first_seq:
+        raise CompactedError(
+            f"records before seq {first_seq} were compacted; read from a snapshot",
+            first_seq=first_seq,
+            seq=from_seq,
+        )
+    start = 0
+    for index, segment in enumerate(segments):
+        if segment.first_seq <= from_seq:
+            start = index
+    next_seq = segments[start].first_seq
+    for index in range(start, len(segments)):
+        segment = segments[index]
+        last = index == len(segments) - 1
+        if index > start:
+            check_next(segments[index - 1], next_seq, segment)
+        try:
+            fd = _fsutil.open_read(segment.path)
+        except FileNotFoundError:
+            raise CompactedError(
+                f"segment {segment.path.name} was compacted while being read",
+                first_seq=segment.first_seq + 1,
+                seq=next_seq,
+            ) from None
+        try:
+            scan = SegmentScan(fd, segment.path, 0, next_seq)
+            for record in scan.records():
+                if record.seq >= from_seq:
+                    yield record
+        finally:
+            _fsutil.close(fd)
+        next_seq = scan.next_seq
+        if scan.damage is not None:
+            if last and not scan.damage.corrupt:
+                return
+            raise damage_error(scan.damage, segment.path, last=last)
