@@ -20,6 +20,7 @@ class SuperviseSpec:
     stderr_log: Path
     heartbeat_path: Path
     passthrough: bool = True
+    stdout_echo_fd: int = 1  # where passthrough sends the task's stdout (2 under --json)
     shell: bool = False
     stdin: int | None = None  # None: inherit ferry's stdin
 

@@ -183,7 +183,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             render.write_json({"error": missing.to_json()})
         return errors.EX_USAGE
     except click.UsageError as exc:
-        hint = f" (see 'ferry {command} --help')" if command else " (see 'ferry --help')"
+        known = command in cli.commands
+        hint = f" (see 'ferry {command} --help')" if known else " (see 'ferry --help')"
         _report(errors.UsageError(exc.format_message() + hint), as_json)
         return errors.EX_USAGE
     except click.exceptions.Abort:

@@ -104,7 +104,13 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
             click.echo("\n".join(t.id for t in tasks))
 
     @cli.command(epilog=_example('ferry claim || echo "task failed with $?"'))
-    @click.option("--lease-ttl", type=click.FloatRange(0.1, 86400), default=30.0, show_default=True)
+    @click.option(
+        "--lease-ttl",
+        type=click.FloatRange(0.1, 86400),
+        default=30.0,
+        show_default=True,
+        help="Seconds a silent leader keeps the lease before another may take it.",
+    )
     @click.pass_obj
     def claim(ctx: Any, lease_ttl: float) -> int:
         """Become leader briefly, recover, then run the oldest queued task in the foreground.
@@ -115,10 +121,29 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
         return int(ctx.service().claim(lease_ttl_s=lease_ttl, as_json=ctx.as_json))
 
     @cli.command(epilog=_example("ferry work -j 4 --drain"))
-    @click.option("-j", "--jobs", type=click.IntRange(1, 256), default=1, show_default=True)
+    @click.option(
+        "-j",
+        "--jobs",
+        type=click.IntRange(1, 256),
+        default=1,
+        show_default=True,
+        help="How many tasks run at once.",
+    )
     @click.option("--drain", is_flag=True, help="Exit 0 once the queue is empty and nothing runs.")
-    @click.option("--poll", type=click.FloatRange(0.01, 3600), default=1.0, show_default=True)
-    @click.option("--lease-ttl", type=click.FloatRange(0.1, 86400), default=30.0, show_default=True)
+    @click.option(
+        "--poll",
+        type=click.FloatRange(0.01, 3600),
+        default=1.0,
+        show_default=True,
+        help="Seconds between looks at the queue (and at the lease, as a standby).",
+    )
+    @click.option(
+        "--lease-ttl",
+        type=click.FloatRange(0.1, 86400),
+        default=30.0,
+        show_default=True,
+        help="Seconds a silent leader keeps the lease before another may take it.",
+    )
     @click.option(
         "--stale-after",
         type=click.FloatRange(0.1, 10**9),
@@ -152,7 +177,13 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
         default=None,
         help="A live runner silent this long is STALE (default: 3 of its heartbeats).",
     )
-    @click.option("--lease-ttl", type=click.FloatRange(0.1, 86400), default=30.0, show_default=True)
+    @click.option(
+        "--lease-ttl",
+        type=click.FloatRange(0.1, 86400),
+        default=30.0,
+        show_default=True,
+        help="Seconds a silent leader keeps the lease before another may take it.",
+    )
     @click.pass_obj
     def recover(ctx: Any, dry_run: bool, stale_after: float | None, lease_ttl: float) -> int:
         """Decide every unfinished task after a crash; exit 3 if an operator is needed.
@@ -167,7 +198,11 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
         return int(report.exit_code)
 
     @cli.command(name="ls", epilog=_example("ferry ls --state FAILED --limit 20"))
-    @click.option("--state", type=click.Choice(_STATES, case_sensitive=False))
+    @click.option(
+        "--state",
+        type=click.Choice(_STATES, case_sensitive=False),
+        help="Only tasks in this state.",
+    )
     @click.option("--limit", type=click.IntRange(0), default=100, show_default=True, help="0: all.")
     @click.pass_obj
     def ls_(ctx: Any, state: str | None, limit: int) -> None:
@@ -187,7 +222,11 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
 
     @cli.command(epilog=_example("ferry logs 01jq3 --stream stderr --tail 50 -f"))
     @click.argument("task_id", metavar="ID")
-    @click.option("--stream", type=click.Choice(["stdout", "stderr"]))
+    @click.option(
+        "--stream",
+        type=click.Choice(["stdout", "stderr"]),
+        help="Only this stream, to ferry's stdout (default: both, each to its own).",
+    )
     @click.option("--tail", type=click.IntRange(0), help="Only the last N lines.")
     @click.option("-f", "--follow", is_flag=True, help="Keep printing until the task settles.")
     @click.option("--attempt", type=click.IntRange(1), help="Which attempt (default: latest).")
@@ -270,7 +309,14 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
         emit(ctx, render.compact_text(report), report)
 
     @journal.command(epilog=_example("ferry journal dump --from 1200 | jq .type"))
-    @click.option("--from", "from_seq", type=click.IntRange(1), default=1, show_default=True)
+    @click.option(
+        "--from",
+        "from_seq",
+        type=click.IntRange(1),
+        default=1,
+        show_default=True,
+        help="Start at this seq (records compacted away are not shown).",
+    )
     @click.pass_obj
     def dump(ctx: Any, from_seq: int) -> None:
         """Print every record as JSON Lines."""

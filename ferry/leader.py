@@ -125,7 +125,8 @@ def claim(service: Service, *, lease_ttl_s: float, as_json: bool) -> int:
     finally:
         lead.release()
     task = replace(service.store.get(task.id) or task, state=State.CLAIMED, claim_token=token)
-    result = Runner(service.store, passthrough=True, warn=service.notice).dispatch(task, token)
+    runner = Runner(service.store, passthrough=True, warn=service.notice, stdout_to_stderr=as_json)
+    result = runner.dispatch(task, token)
     if as_json:
         render.write_json(render.task_json(result.task))
     if result.error is not None:

@@ -137,10 +137,15 @@ class Runner:
     """Runs one claimed task. ``passthrough``: echo output to ferry's own stdout/stderr
     (``run``, ``claim``); ``work`` keeps output in the logs only."""
 
-    def __init__(self, store: Store, *, passthrough: bool, warn: Any = None) -> None:
+    def __init__(
+        self, store: Store, *, passthrough: bool, warn: Any = None, stdout_to_stderr: bool = False
+    ) -> None:
         self.store = store
         self.home = store.home
         self.passthrough = passthrough
+        # Under --json ferry's stdout carries one JSON document: the task's stdout is
+        # echoed to stderr instead (and kept byte-exact in its log as always).
+        self.stdout_echo_fd = 2 if stdout_to_stderr else 1
         self.warn = warn or (lambda message: None)
 
     def plan(self, task: Task, token: str) -> Plan:
@@ -219,6 +224,7 @@ class Runner:
             stderr_log=stderr_log,
             heartbeat_path=heartbeat_path(self.home, task.id, task.attempt),
             passthrough=self.passthrough,
+            stdout_echo_fd=self.stdout_echo_fd,
             shell=spec.shell,
         )
 

@@ -101,7 +101,7 @@ class Service:
             task=submitted.task, attempt=1, token=token, runner=self_identity().to_json(), by="run"
         )
         task = Task(id=submitted.task, spec=spec, state=State.CLAIMED, claim_token=token)
-        runner = Runner(self.store, passthrough=True, warn=self.notice)
+        runner = Runner(self.store, passthrough=True, warn=self.notice, stdout_to_stderr=as_json)
         result = runner.dispatch(task, token, lead=(submitted, claimed))
         if as_json:
             render.write_json(render.task_json(result.task))

@@ -138,7 +138,12 @@ def supervise(
             os.close(fd)
         raise SpawnFailed("other", f"cannot open the task's files: {e}", errno_=e.errno) from e
     sinks = [
-        Sink(log_fds[0], 1 if spec.passthrough and descriptor_open(1) else None),
+        Sink(
+            log_fds[0],
+            spec.stdout_echo_fd
+            if spec.passthrough and descriptor_open(spec.stdout_echo_fd)
+            else None,
+        ),
         Sink(log_fds[1], 2 if spec.passthrough and descriptor_open(2) else None),
     ]
     log_error: str | None = None
