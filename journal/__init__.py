@@ -232,10 +232,19 @@ class Journal:
         writer = self._writer
         with writer.owned():
             if after_seq < writer.pos.last_seq:
-                for record in iter_records(writer.directory, max(after_seq + 1, 1)):
+                for record in iter_records(writer.directory, after_seq + 1):
                     if record.seq > writer.pos.last_seq:
                         break
                     on_record(record)
+            elif after_seq > writer.pos.last_seq:
+                # Ahead of what this handle has seen (a snapshot written elsewhere, say):
+                # records up to after_seq will still come by; they are not wanted.
+                wanted = on_record
+
+                def on_record(record: Record) -> None:
+                    if record.seq > after_seq:
+                        wanted(record)
+
             writer.subscribers.append(on_record)
 
     # -- reading ------------------------------------------------------------------------

@@ -86,6 +86,7 @@ def iter_records(directory: Path, from_seq: int = 1) -> Iterator[Record]:
     Stops quietly at a torn tail of the last segment (lock-free readers see an append
     in progress that way); raises CorruptionError at corruption after yielding every
     valid record before it, and CompactedError if ``from_seq`` was compacted away."""
+    from_seq = max(from_seq, 1)
     segments = list_segments(directory)
     if not segments:
         return

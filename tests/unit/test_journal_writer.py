@@ -628,3 +628,20 @@ def test_open_on_a_file_is_a_journal_error(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("not a directory")
     with pytest.raises(JournalError):
         Journal.open(tmp_path / "file")
+
+
+def test_subscribing_ahead_of_this_handle_skips_what_it_asked_not_to_see(jdir: Path) -> None:
+    with Journal.open(jdir) as mine, Journal.open(jdir) as theirs:
+        theirs.append_batch([("T", {})] * 5)
+        seen: list[int] = []
+        mine.subscribe(lambda r: seen.append(r.seq), after_seq=3)  # mine has seen nothing
+        mine.refresh()
+        theirs.append("T", {})
+        mine.append("T", {})
+        assert seen == [4, 5, 6, 7]
+
+
+def test_read_from_zero_or_below_reads_everything(journal: Journal) -> None:
+    journal.append_batch([("T", {})] * 3)
+    assert [r.seq for r in journal.read(0)] == [1, 2, 3]
+    assert [r.seq for r in journal.read(-5)] == [1, 2, 3]
