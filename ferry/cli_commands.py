@@ -244,11 +244,25 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
             task_id, stream=stream, tail=tail, follow=follow, attempt=attempt, as_json=ctx.as_json
         )
 
-    @cli.command(epilog=_example("ferry --json lease"))
+    @cli.command(
+        epilog=_example("ferry --json lease\nferry lease --reset   # after error[lease.unreadable]")
+    )
+    @click.option(
+        "--reset",
+        is_flag=True,
+        help="Operator action for an unreadable lease.json: move it aside and write a "
+        "released lease at the journal's highest epoch (a readable lease is left alone).",
+    )
     @click.pass_obj
-    def lease(ctx: Any) -> None:
+    def lease(ctx: Any, reset: bool) -> None:
         """Show who leads: holder, epoch, since, expires."""
-        info = ctx.service().lease_info()
+        svc = ctx.service()
+        if reset:
+            moved = svc.lease_reset()
+            text = f"moved the unreadable lease to {moved}" if moved else "the lease reads fine"
+            emit(ctx, text, {"reset": moved is not None, "moved_to": moved})
+            return
+        info = svc.lease_info()
         emit(ctx, render.lease_text(info), info)
 
     @cli.command(epilog=_example("ferry cancel 01jq3"))

@@ -197,6 +197,15 @@ class Service:
             info["holder_alive"] = info["holder_liveness"] == "ALIVE"
         return info
 
+    def lease_reset(self) -> str | None:
+        from ferry.lease import LeaseStore
+
+        self.store.refresh()
+        moved = LeaseStore(self.home / "lease.json", ttl_s=30.0).reset(
+            min_epoch=self.store.wal.max_epoch
+        )
+        return None if moved is None else str(moved)
+
     # ---- acting on a task ----------------------------------------------------------
 
     def cancel(self, prefix: str) -> Task:
