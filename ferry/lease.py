@@ -156,7 +156,7 @@ def _is_finite_number(value: object) -> bool:
 
 # What the operator can do: ferry never overwrites the file itself (see the docstring).
 _UNREADABLE_HINT = (
-    "; ferry will not overwrite it: once no ferry leader runs, move it aside "
+    "; ferry will not overwrite it: once no ferry leader runs, run 'ferry lease --reset' "
     "(epochs continue from the journal)"
 )
 
