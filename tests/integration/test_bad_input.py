@@ -1,0 +1,268 @@
+"""Bad input on the command line, through the real ``ferry`` command: each case exits
+with the contract's code, prints one coded error line and no traceback, and leaves the
+state directory as it was (byte for byte) or still valid (``journal verify`` clean).
+
+The state directory, lease and journal cases are in test_bad_input_state.py.
+Decisions these tests pin (docs/reliability.md):
+* argv, --env values and working directories must be valid UTF-8: other bytes are
+  refused (``usage.bad_argv`` / ``bad_env`` / ``bad_cwd``), never altered;
+* any command the kernel can exec can be journaled: records may take 16 MiB, which
+  holds Linux's 6 MiB argv+env ceiling; a bigger spec is ``usage.too_large``; one that
+  is journaled but that exec refuses (E2BIG) fails ``SPAWN_FAILED`` (``spawn.other``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hardkit import Cli, cli_in, make_template, tree
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_template(tmp_path_factory)
+
+
+@pytest.fixture
+def cli(tmp_path: Path, template: Path) -> Iterator[Cli]:
+    with cli_in(tmp_path, template) as driver:
+        yield driver
+
+
+def unchanged(cli: Cli, exit_code: int, code: str, *args: str | bytes, **kw: object) -> None:
+    """The command is refused as stated and the state directory is byte-identical."""
+    before = tree(cli.home)
+    cli.refused(exit_code, code, *args, **kw)
+    assert tree(cli.home) == before
+
+
+# ---- the command line -----------------------------------------------------------------
+
+
+# Each test below tries several spellings of one kind of bad input against one copy of
+# the state directory (a subprocess per spelling; one copy keeps the suite fast).
+
+UNKNOWN = [
+    ["run", "--bogus", "--", "true"],
+    ["--bogus", "ls"],
+    ["submit", "--nmae", "x", "--", "true"],
+    ["journal", "shrink"],
+    ["frobnicate"],
+]
+
+
+def test_unknown_options_and_commands_exit_2(cli: Cli) -> None:
+    for args in UNKNOWN:
+        unchanged(cli, 2, "usage.invalid", *args)
+
+
+def test_a_missing_command_exits_2(cli: Cli) -> None:
+    for args in (["run"], ["run", "--"], ["submit"], ["submit", "--"]):
+        unchanged(cli, 2, "usage.", *args)
+
+
+BAD_NUMBERS = [
+    ["run", "--timeout", "-1", "--", "true"],
+    ["run", "--timeout", "0", "--", "true"],
+    ["run", "--timeout", "1e100", "--", "true"],
+    ["run", "--timeout", "400000000", "--", "true"],  # past the 10-year spec limit
+    ["run", "--timeout", "nan", "--", "true"],
+    ["run", "--timeout", "soon", "--", "true"],
+    ["run", "--kill-grace", "-1", "--", "true"],
+    ["run", "--heartbeat", "0", "--", "true"],
+    ["submit", "--max-releases", "-1", "--", "true"],
+    ["submit", "--max-releases", "99999999999999999999", "--", "true"],
+    ["work", "-j", "0"],
+    ["work", "-j", "100000"],
+    ["work", "--poll", "0"],
+    ["claim", "--lease-ttl", "0"],
+    ["recover", "--stale-after", "-1"],
+    ["ls", "--limit", "-1"],
+    ["logs", "x", "--tail", "-3"],
+    ["logs", "x", "--attempt", "0"],
+    ["journal", "dump", "--from", "0"],
+]
+
+
+def test_bad_numbers_exit_2_and_queue_nothing(cli: Cli) -> None:
+    for args in BAD_NUMBERS:
+        unchanged(cli, 2, "usage.", *args)
+
+
+def test_conflicting_options_exit_2(cli: Cli, tmp_path: Path) -> None:
+    batch = tmp_path / "batch.jsonl"
+    batch.write_text('{"argv": ["true"]}\n')
+    unchanged(cli, 2, "usage.invalid", "submit", "--from", str(batch), "--", "true")
+    patch = tmp_path / "fix.patch"
+    patch.write_text("--- a/x\n+++ b/x\n@@ -1 +1 @@\n-a\n+b\n")
+    # A patch stands in only for pinned files: without --pointer it is a usage error,
+    # for run as for submit (it is not a patch that failed a gate: that would be 125).
+    for command in ("run", "submit"):
+        unchanged(cli, 2, "usage.patch_without_pointer", command, "--patch-file", str(patch),
+                  "--", "true")  # fmt: skip
+
+
+ID_COMMANDS = ["show", "logs", "cancel", "retry", "kill"]
+
+
+def test_an_id_that_matches_nothing_exits_5(cli: Cli) -> None:
+    for command in ID_COMMANDS:
+        unchanged(cli, 5, "task.not_found", command, "zzzzzzzz")
+
+
+def test_an_id_that_matches_several_tasks_exits_5_and_names_them(cli: Cli) -> None:
+    ids = [t["id"] for t in cli.tasks()]
+    common = ids[0]
+    for other in ids[1:]:
+        while not other.startswith(common):
+            common = common[:-1]
+    assert common, ids
+    before = tree(cli.home)
+    for command in ID_COMMANDS:
+        result = cli.refused(5, "task.ambiguous", command, common)
+        assert all(task_id in result.err for task_id in ids)  # one line naming the matches
+    assert tree(cli.home) == before
+
+
+# ---- the command --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["ferry-no-such-command", "/nonexistent/bin/tool"])
+def test_a_command_not_found_exits_127_and_settles_spawn_failed(cli: Cli, command: str) -> None:
+    cli.refused(127, "spawn.not_found", "run", "--", command)
+    task = cli.tasks()[-1]
+    assert (task["state"], task["reason"]) == ("FAILED", "SPAWN_FAILED")
+    cli.verify_clean()
+
+
+def test_a_file_that_is_not_executable_exits_126(cli: Cli, tmp_path: Path) -> None:
+    script = tmp_path / "script.sh"
+    script.write_text("#!/bin/sh\necho never\n")
+    script.chmod(0o644)
+    result = cli.refused(126, "spawn.not_executable", "run", "--", str(script))
+    assert result.out == b""
+    assert cli.tasks()[-1]["reason"] == "SPAWN_FAILED"
+    cli.verify_clean()
+
+
+def test_a_directory_as_the_command_exits_126(cli: Cli, tmp_path: Path) -> None:
+    cli.refused(126, "spawn.not_executable", "run", "--", str(tmp_path))
+    cli.verify_clean()
+
+
+NOT_UTF8 = [
+    ([b"run", b"--", b"echo", b"caf\xe9"], "usage.bad_argv"),
+    ([b"submit", b"--", b"\xff\xfe"], "usage.bad_argv"),
+    ([b"run", b"--env", b"TOKEN=\xff", b"--", b"true"], "usage.bad_env"),
+    ([b"submit", b"--cwd", b"/tmp/\xff", b"--", b"true"], "usage.bad_cwd"),
+]
+
+
+def test_bytes_that_are_not_utf8_are_refused_never_altered(cli: Cli) -> None:
+    for args, code in NOT_UTF8:
+        unchanged(cli, 2, code, *args)
+
+
+def test_a_current_directory_that_is_not_utf8_is_refused(cli: Cli, tmp_path: Path) -> None:
+    odd = Path(bytes(tmp_path).decode("utf-8", "surrogateescape") + "/dir-\udcff")
+    odd.mkdir()
+    before = tree(cli.home)
+    cli.workdir = odd
+    cli.refused(2, "usage.bad_cwd", "run", "--", "true")
+    assert tree(cli.home) == before
+    cli.ok("run", "--cwd", str(tmp_path), "--", "true")  # an explicit --cwd is the way out
+
+
+def test_an_empty_string_as_the_command_exits_2(cli: Cli) -> None:
+    unchanged(cli, 2, "usage.missing_command", "run", "--", "")
+    unchanged(cli, 2, "usage.missing_command", "submit", "--", "")
+
+
+def test_empty_string_arguments_after_the_command_are_kept(cli: Cli) -> None:
+    result = cli("run", "--", "sh", "-c", 'printf "[%s]" "$@"', "sh", "", "x", "")
+    assert (result.code, result.out) == (0, b"[][x][]")
+    assert cli.tasks()[-1]["argv"][-3:] == ["", "x", ""]
+
+
+def test_100000_arguments_run_and_are_journaled_exactly(cli: Cli) -> None:
+    args = [str(n) for n in range(100_000)]
+    count = "import sys; print(len(sys.argv) - 1, sys.argv[-1])"
+    result = cli("run", "--", sys.executable, "-c", count, *args)
+    assert result.code == 0, result.err
+    assert result.out == b"100000 99999\n"
+    task = cli.tasks()[-1]
+    assert task["argv"][3:] == args
+    cli.verify_clean()
+
+
+def test_a_spec_larger_than_the_journal_takes_is_refused_whole(cli: Cli) -> None:
+    line = json.dumps({"argv": ["true", *["y" * 100_000] * 180]}).encode()  # 18 MB
+    before = tree(cli.home)
+    cli.refused(2, "usage.too_large", "submit", "--from", "-", stdin=b'{"argv": ["true"]}\n' + line)
+    assert tree(cli.home) == before
+
+
+def test_an_argv_that_exec_refuses_fails_spawn_failed_at_dispatch(cli: Cli) -> None:
+    # 3 MB of arguments: over exec's limit here (a quarter of the 8 MiB stack), well
+    # under the journal's. Only --from can carry it: ferry itself could not be exec'd.
+    line = json.dumps({"argv": ["true", *["y" * 100_000] * 30]}).encode()
+    task_id = cli("submit", "--from", "-", stdin=line).text.strip()
+    assert cli("work", "--drain").code == 0
+    task = cli.task(task_id)
+    assert (task["state"], task["reason"]) == ("FAILED", "SPAWN_FAILED")
+    assert task["evidence"]["error"]["code"] == "spawn.other"
+    assert task["evidence"]["error"]["details"]["errno"] == 7  # E2BIG
+    cli.verify_clean()
+
+
+# ---- task options -----------------------------------------------------------------------
+
+
+def test_env_without_a_name_and_equals_exits_2(cli: Cli) -> None:
+    for item in ("NOEQUALS", "=value"):
+        unchanged(cli, 2, "usage.bad_env", "run", "--env", item, "--", "true")
+    # A NUL cannot reach argv: only --from can carry one.
+    line = json.dumps({"argv": ["true"], "env": ["A\0B=c"]}).encode()
+    unchanged(cli, 2, "usage.bad_env", "submit", "--from", "-", stdin=line)
+
+
+def test_a_cwd_that_does_not_exist_or_is_a_file_exits_2(cli: Cli, tmp_path: Path) -> None:
+    unchanged(cli, 2, "usage.bad_cwd", "run", "--cwd", str(tmp_path / "missing"), "--", "true")
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    unchanged(cli, 2, "usage.bad_cwd", "submit", "--cwd", str(afile), "--", "true")
+
+
+def test_a_pointer_to_a_missing_file_exits_2(cli: Cli, tmp_path: Path) -> None:
+    for command in ("run", "submit"):
+        unchanged(cli, 2, "usage.pointer_missing", command, "--pointer",
+                  str(tmp_path / "gone.txt"), "--", "true")  # fmt: skip
+
+
+BAD_LINES = [
+    b"{not json",
+    b'{"argv": ["true"], "colour": "red"}',
+    b'{"argv": ["true"], "idempotent": "yes"}',
+    b'{"argv": ["true"], "max_releases": 1.5}',
+    b'{"argv": ["true"], "env": {"A": 1}}',
+    b'{"argv": "true"}',
+    b'["true"]',
+    b'{"argv": ["\\ud800"]}',
+]
+
+
+def test_a_bad_from_line_leaves_the_journal_byte_identical(cli: Cli) -> None:
+    good = b'{"argv": ["echo", "fine"]}\n'
+    before = tree(cli.home)
+    for bad_line in BAD_LINES:
+        result = cli.refused(2, "usage.", "submit", "--from", "-", stdin=good * 300 + bad_line)
+        assert "301" in result.err, (bad_line, result.err)  # names the line
+    assert tree(cli.home) == before, "nothing half-queued"
+
+
+def test_an_empty_from_file_exits_2(cli: Cli) -> None:
+    unchanged(cli, 2, "usage.bad_from_line", "submit", "--from", "-", stdin=b"\n\n")
