@@ -8,7 +8,8 @@ A journal is a directory::
     00000000000000000001.jsonl       segments, named by the seq of their first record
     00000000000000004127.jsonl       (20 digits: names sort in seq order); the last is active
     snapshot-00000000000000004000.snap   snapshots (header line + caller's bytes)
-    .lock                            the cross-process append lock (flock; content unused)
+    .lock                            the cross-process append lock (flock); its size counts
+                                     segment creations (a hint for other handles, not data)
     <segment>.broken[.N]             bytes cut from a torn tail by repair (kept as evidence)
 
 Only names of exactly these shapes matter; anything else (``.broken`` copies, temp
@@ -40,7 +41,10 @@ Guarantees
   crash or power cut of this machine *if the disk honours flushes*.  A failed write or
   fsync makes the handle unusable (WriterFailedError; never retried).
 * Appenders (threads and processes) serialise on ``flock(.lock)``; threads of one handle
-  share one write and one fsync (group commit).
+  share one write and one fsync (group commit).  Under the lock an appender first
+  catches up on what others appended (feeding subscribers) and cuts a torn tail.
+* ``Journal.open`` checks every segment holding records after the latest snapshot and
+  changes nothing; ``verify`` checks everything; ``repair`` cuts only a torn tail.
 * Creating, renaming and removing segments and snapshots fsync the directory.
 * Damage: bytes after the last valid record of the last segment that contain no valid
   line are a *torn tail*: cut before the next append (a ``.broken`` copy is kept).
