@@ -8,6 +8,7 @@ record must be there exactly once, with the seq the child was given.
 
 from __future__ import annotations
 
+import random
 import signal
 import subprocess
 import sys
@@ -178,3 +179,41 @@ def test_sigkill_of_one_appender_leaves_a_valid_or_repairable_journal(tmp_path: 
         assert found.get(key) == seq, (key, seq)
     # The survivor's later appends were not blocked by the dead process's lock.
     assert sum(1 for key in found if key[0] == 0) == 150 + (150 // 4) * 2
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("seed", range(10))
+def test_repeated_sigkills_during_frequent_rotation(tmp_path: Path, seed: int) -> None:
+    """Three survivors and three victims; each victim is killed after a random number of
+    its commits, with segments so small that kills often land near a rotation."""
+    rng = random.Random(seed)
+    directory, go = tmp_path / "j", tmp_path / "go"
+    survivors = [spawn(directory, p, 60, 600, go) for p in range(3)]
+    victims = [spawn(directory, 10 + p, -1, 600, go) for p in range(3)]
+    claims: dict[Key, int] = {}
+    try:
+        go.touch()
+        for victim in victims:
+            assert victim.stdout is not None
+            seen = read_claims_until(victim.stdout, rng.randint(1, 40), 60)
+            victim.send_signal(signal.SIGKILL)
+            rest, _ = victim.communicate(timeout=30)
+            claims |= parse_claims("".join(seen) + rest)
+        for survivor in survivors:
+            out, err = survivor.communicate(timeout=300)
+            assert survivor.returncode == 0, err
+            claims |= parse_claims(out)
+    finally:
+        reap(survivors + victims)
+    report = journal.verify(directory)
+    if not report.clean:
+        assert report.torn_tail is not None, report
+        journal.repair(directory)
+        assert_clean(directory)
+    seqs, keys = records_by_key(directory)
+    assert seqs == list(range(1, len(seqs) + 1))
+    assert len(keys) == len(set(keys))
+    found = dict(zip(keys, seqs, strict=True))
+    for key, seq in claims.items():
+        assert found.get(key) == seq, (key, seq)
