@@ -35,6 +35,7 @@ from ferry.errors import (
     LeaseHeldError,
     StateDirError,
     UsageError,
+    from_os_error,
 )
 from ferry.failpoints import failpoint
 from ferry.ids import resolve_prefix
@@ -90,6 +91,16 @@ def journal_error(error: journal.JournalError) -> FerryError:
         error, journal.CorruptionError | journal.FormatVersionError | journal.TornTailError
     ):
         return JournalIntegrityError(str(error), code=error.code, details=details)
+    if isinstance(error, journal.CompactedError):
+        # ferry always starts from its latest snapshot: records compacted away that it
+        # still needs mean that snapshot is gone or damaged (as 'journal verify' says).
+        return JournalIntegrityError(
+            f"{error}, and no valid snapshot covers them", code="journal.corrupt", details=details
+        )
+    if type(error) is journal.JournalError and isinstance(error.__cause__, OSError):
+        # The journal's files could not be opened: say why (a symlink, a full disk...).
+        mapped = from_os_error(error.__cause__)
+        return type(mapped)(str(error), code=mapped.code, details={**details, **mapped.details})
     return FerryError(str(error), code=error.code, details=details)
 
 
