@@ -17,7 +17,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable, Iterator
 from itertools import repeat
-from operator import eq, getitem
+from operator import getitem
 from pathlib import Path
 from typing import NamedTuple, cast
 
@@ -30,20 +30,24 @@ from journal._errors import CorruptionError, FormatVersionError
 CHUNK_BYTES = 256 << 10
 LINE_BYTES_MAX_READ = 64 << 20  # any line longer is damage (memory bound when reading)
 _BODY = slice(None, -18)  # a line (without newline) before ',"crc":"'
-# The key as well as the digits: a damaged byte in ',"crc":"' must not pass either.
-_CRC_FIELD = slice(-18, -2)
-_crc_field = b',"crc":"%08x'.__mod__
+# The whole fixed tail ',"crc":"xxxxxxxx"}' is compared, not just the digits: a damaged
+# byte in the key or the closing brace (which the crc does not cover) must not pass.
+_TAIL = slice(-18, None)
+_TAIL_TEMPLATE = b',"crc":"%08x"}'
 _crc32: Callable[[bytes], int] = zlib.crc32
 _slice = cast(Callable[[bytes, slice], bytes], getitem)
 _new_record = tuple.__new__
 
 
 def _checksums_match(lines: list[bytes]) -> bool:
-    """True if every line's checksum matches (C-level loops: map/all, no bytecode per
-    line; the crc is the costliest check, so it is the one done in bulk)."""
+    """True if every line's checksum matches (C-level loops, no bytecode per line: the
+    crc is the costliest check, so it is the one done in bulk)."""
     count = len(lines)
-    computed = map(_crc_field, map(_crc32, map(_slice, lines, repeat(_BODY, count))))
-    return all(map(eq, computed, map(_slice, lines, repeat(_CRC_FIELD, count))))
+    crcs = tuple(map(_crc32, map(_slice, lines, repeat(_BODY, count))))
+    # One formatting of all the expected tails against all the actual ones: both are
+    # 18 bytes per line exactly when every line matches (a shorter line cannot align).
+    expected: bytes = (_TAIL_TEMPLATE * count) % crcs
+    return expected == b"".join(map(_slice, lines, repeat(_TAIL, count)))
 
 
 def _holds_valid_line(line: bytes) -> bool:
@@ -101,8 +105,8 @@ class SegmentScan:
             if damage is None and lines and _checksums_match(lines):
                 # The fast path: every checksum matched; parse and check the rest line
                 # by line, dropping to the slow path at the first line that fails.
-                expected = self.next_seq
-                done = 0
+                start = expected = self.next_seq
+                top = self.max_epoch
                 for line in lines:
                     try:
                         obj = loads(line)
@@ -119,16 +123,16 @@ class SegmentScan:
                             break
                     except (ValueError, KeyError, TypeError):  # JSONDecodeError: ValueError
                         break
-                    if epoch > self.max_epoch:
-                        self.max_epoch = epoch
+                    if epoch > top:
+                        top = epoch
                     yield new(record_cls, (expected, epoch, ts, rtype, data))
                     expected += 1
-                    done += 1
+                done = expected - start
                 if done:
                     # Positions are brought up to date per run of lines, not per record:
                     # exact whenever the scan stops on its own.
                     line_start += sum(map(len, lines[:done])) + done
-                    self.end_offset, self.next_seq = line_start, expected
+                    self.end_offset, self.next_seq, self.max_epoch = line_start, expected, top
                     del lines[:done]
             for line in lines:  # the slow path: find and explain the first bad line
                 if damage is None:

@@ -363,3 +363,16 @@ def test_error_carries_where_in_message_and_details(j3: Journal3) -> None:
     assert error is not None
     assert error.details == {"segment": str(j3.paths[1]), "offset": j3.offset(1, 1), "seq": 5}
     assert j3.paths[1].name in str(error) and "seq 5" in str(error)
+
+
+@pytest.mark.parametrize("from_end", range(1, 20))
+def test_a_flipped_byte_in_the_checksum_tail_is_caught(j3: Journal3, from_end: int) -> None:
+    # The crc covers the bytes before ',"crc":"'; its own key, digits, closing brace and
+    # newline are checked structurally, on the fast path too.
+    path = j3.paths[2]
+    data = bytearray(path.read_bytes())
+    data[j3.offset(2, 2) - from_end] ^= 0x01  # inside the tail of record 8
+    path.write_bytes(bytes(data))
+    report = verify(j3.dir)
+    assert report.status == "corrupt", report
+    assert report.corruption is not None and report.corruption.seq in (8, 9)
