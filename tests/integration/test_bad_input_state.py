@@ -1,0 +1,349 @@
+"""Bad state on disk, through the real ``ferry`` command: an unusable state directory,
+a planted symlink, a filesystem without locks, a bad lease file, a damaged journal.
+Each: the contract's exit code, one coded error line, no traceback, and nothing of the
+state directory changed by the refusal (``journal verify`` clean once the damage is
+undone, where the damage was not in the journal itself).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import sys
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hardkit import Cli, cli_in, make_template, read_only_bind, tree
+
+from ferry.lease import Lease
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_template(tmp_path_factory)
+
+
+@pytest.fixture
+def cli(tmp_path: Path, template: Path) -> Iterator[Cli]:
+    with cli_in(tmp_path, template) as driver:
+        yield driver
+
+
+def without_lease_lock(home: Path) -> dict[str, tuple[int, str]]:
+    """The tree, less the lease's lock file: taking the short lock creates it (empty),
+    which is all a refused leader may leave behind."""
+    found = tree(home)
+    lock = found.pop("lease.json.lock", None)
+    assert lock is None or lock[1] == tree_empty_hash()
+    return found
+
+
+def tree_empty_hash() -> str:
+    return hashlib.sha256(b"").hexdigest()
+
+
+def journal_dir(cli: Cli) -> Path:
+    return cli.home / "journal"
+
+
+def only_segment(cli: Cli) -> Path:
+    segments = sorted(journal_dir(cli).glob("*.jsonl"))
+    assert len(segments) == 1, segments
+    return segments[0]
+
+
+def with_crc(line: bytes) -> bytes:
+    """A record line re-checksummed after an edit (the crc covers the bytes before it)."""
+    body = line[: line.rindex(b',"crc":"')]
+    return body + b',"crc":"%08x"}\n' % zlib.crc32(body)
+
+
+def split_segment(cli: Cli, cuts: list[int]) -> list[Path]:
+    """Split the one segment into several at the given record indexes (as rotation
+    would have made them: each named by the seq of its first record)."""
+    segment = only_segment(cli)
+    lines = segment.read_bytes().splitlines(keepends=True)
+    segment.unlink()
+    paths = []
+    for start, end in zip([0, *cuts], [*cuts, len(lines)], strict=True):
+        path = journal_dir(cli) / f"{start + 1:020d}.jsonl"
+        path.write_bytes(b"".join(lines[start:end]))
+        path.chmod(0o600)
+        paths.append(path)
+    return paths
+
+
+# ---- the state directory --------------------------------------------------------------
+
+
+def test_a_read_only_home_is_refused_and_left_alone(cli: Cli) -> None:
+    before = tree(cli.home)
+    with read_only_bind(cli.home):
+        for args in (["ls"], ["run", "--", "true"], ["submit", "--", "true"], ["recover"]):
+            cli.refused(125, "state_dir.not_writable", *args)
+    assert tree(cli.home) == before
+    cli.ok("run", "--", "true")
+    cli.verify_clean()
+
+
+def test_a_home_owned_by_another_user_is_refused(cli: Cli) -> None:
+    before = tree(cli.home)
+    os.chown(cli.home, 65534, 65534)
+    try:
+        for args in (["ls"], ["run", "--", "true"], ["journal", "verify"]):
+            cli.refused(125, "state_dir.not_owned", *args)
+    finally:
+        os.chown(cli.home, os.geteuid(), os.getegid())
+    assert tree(cli.home) == before
+
+
+@pytest.mark.parametrize("where", [".", "journal"])
+def test_a_world_writable_home_or_subdirectory_is_refused(cli: Cli, where: str) -> None:
+    target = cli.home / where
+    target.chmod(0o777)
+    before = tree(cli.home)
+    for args in (["ls"], ["run", "--", "true"], ["submit", "--", "true"]):
+        cli.refused(125, "state_dir.permissions", *args)
+    assert tree(cli.home) == before
+    target.chmod(0o700)
+    cli.verify_clean()
+
+
+def _retried_failed_task(cli: Cli) -> str:
+    failed = next(t for t in cli.tasks() if t["state"] == "FAILED")
+    cli.ok("retry", failed["id"])
+    task_id: str = failed["id"]
+    return task_id
+
+
+# name -> (the link, relative to the home; what it points at; the command; exit; code).
+# "{next}" is the name of the segment a rotation would create next; "{retried}" the id
+# of a task just retried (its logs/<id>/ and heartbeat names are predictable).
+PLANTS: dict[str, tuple[str, str, list[str], int, str]] = {
+    "the lease file": ("lease.json", "file", ["recover"], 125, "state_dir.symlink"),
+    "the lease temp file": ("lease.json.tmp", "file", ["recover"], 125, "state_dir.symlink"),
+    "the lease lock": ("lease.json.lock", "file", ["claim"], 125, "state_dir.symlink"),
+    "the journal lock": ("journal/.lock", "file", ["submit", "--", "true"], 125,
+                         "state_dir.symlink"),
+    "the next segment": ("journal/{next}", "file", ["run", "--", "true"], 125,
+                         "state_dir.symlink"),
+    "the archive directory": ("archive", "dir", ["journal", "compact"], 125,
+                              "state_dir.symlink"),
+    "the log directory": ("logs/{retried}", "dir", ["work", "--drain"], 0, ""),
+    "the heartbeat file": ("heartbeats/{retried}.2", "file", ["work", "--drain"], 0, ""),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(PLANTS))
+def test_a_planted_symlink_is_never_followed(cli: Cli, tmp_path: Path, name: str) -> None:
+    relative, kind, args, exit_code, code = PLANTS[name]
+    retried = _retried_failed_task(cli) if "{retried}" in relative else ""
+    following = f"{len(cli.records()) + 1:020d}.jsonl"
+    link = cli.home / relative.format(next=following, retried=retried)
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "bait").write_text("untouched\n")
+    if link.is_dir() and not link.is_symlink():
+        shutil.rmtree(link)
+    elif link.exists():
+        link.unlink()
+    link.symlink_to(target if kind == "dir" else target / "bait")
+    if exit_code:
+        cli.refused(exit_code, code, *args)
+    else:  # the runner refuses the link: the attempt fails, nothing runs
+        assert cli(*args).code == 0
+        task = cli.task(retried)
+        assert (task["state"], task["reason"], task["attempt"]) == ("FAILED", "SPAWN_FAILED", 2)
+    assert sorted(os.listdir(target)) == ["bait"]
+    assert (target / "bait").read_text() == "untouched\n"
+    link.unlink()
+    cli.verify_clean()
+
+
+def test_a_symlinked_home_is_refused(tmp_path: Path, template: Path) -> None:
+    real = tmp_path / "real"
+    shutil.copytree(template, real, symlinks=True)
+    with cli_in(tmp_path) as cli:
+        cli.home.symlink_to(real)
+        cli.refused(125, "state_dir.symlink", "ls")
+
+
+NO_FLOCK = """
+import errno, fcntl, sys
+def no_flock(fd, op):
+    raise OSError(errno.ENOLCK, "No locks available")
+fcntl.flock = no_flock  # as on a filesystem whose locks do not work
+from ferry.cli import main
+sys.exit(main())
+"""
+
+
+def test_a_filesystem_without_working_locks_is_refused(cli: Cli) -> None:
+    without_locks = [sys.executable, "-c", NO_FLOCK]
+    before = tree(cli.home)
+    for args in (["submit", "--", "true"], ["run", "--", "true"], ["recover"]):
+        cli.refused(125, "state_dir.no_locks", *args, prefix=without_locks)
+    assert without_lease_lock(cli.home) == before
+    assert cli("ls", prefix=without_locks).code == 0  # reading takes no lock
+
+
+# ---- the lease file ---------------------------------------------------------------------
+
+BAD_LEASES = {
+    "truncated": (b'{"v": 1, "epoch": 3, "holder": nu', "lease.unreadable"),
+    "empty": (b"", "lease.unreadable"),
+    "not JSON": (b"\x00\x01 lease? \xff", "lease.unreadable"),
+    "from a newer version": (b'{"v": 2, "epoch": 3, "holder": null}', "lease.version"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_LEASES))
+def test_a_bad_lease_file_stops_leaders_and_is_never_overwritten(cli: Cli, case: str) -> None:
+    content, code = BAD_LEASES[case]
+    lease_path = cli.home / "lease.json"
+    lease_path.write_bytes(content)
+    lease_path.chmod(0o600)
+    before = tree(cli.home)
+    for args in (["recover"], ["claim"], ["work", "--drain"], ["lease"]):
+        result = cli.refused(125, code, *args)
+        assert "lease --reset" in result.err or code == "lease.version"  # the way out
+    assert without_lease_lock(cli.home) == before
+    cli.ok("run", "--", "true")  # run takes no lease: it still works
+    assert lease_path.read_bytes() == content
+    cli.ok("lease", "--reset")  # the operator's way out: moved aside, epochs kept
+    assert lease_path.read_bytes() != content
+    assert [p.read_bytes() for p in cli.home.glob("lease.json.bad.*")] == [content]
+    cli.ok("work", "--drain")
+    assert cli.json("lease")["epoch"] >= 1
+    cli.verify_clean()
+
+
+def lease_epochs(cli: Cli) -> list[int]:
+    return [r["epoch"] for r in cli.records() if r["type"] == "LEASE_ACQUIRED"]
+
+
+def test_a_lease_epoch_that_went_backwards_never_reissues_an_epoch(cli: Cli) -> None:
+    cli.ok("work", "--drain")
+    cli.ok("work", "--drain")
+    assert lease_epochs(cli) == [1, 2]
+    old = Lease(epoch=0, holder=None, acquired_at=1.0, renewed_at=1.0, expires_at=1.0,
+                expires_boot_s=0.0)  # fmt: skip
+    (cli.home / "lease.json").write_bytes(json.dumps(old.to_json()).encode())
+    cli.ok("work", "--drain")
+    assert lease_epochs(cli) == [1, 2, 3], "counts on from the journal, not from the file"
+    assert cli.json("lease")["epoch"] == 3
+    cli.verify_clean()
+
+
+# ---- the journal ------------------------------------------------------------------------
+
+
+def _refused_everywhere(cli: Cli, code: str) -> None:
+    """Every command that reads the journal refuses it (4; run 125); nothing changes."""
+    before = tree(cli.home)
+    cli.refused(4, code, "ls")
+    cli.refused(4, code, "journal", "verify")
+    cli.refused(4, code, "recover")
+    cli.refused(125, code, "run", "--", "true")
+    assert tree(cli.home) == before
+
+
+def test_a_record_from_a_newer_format_version_is_refused(cli: Cli) -> None:
+    segment = only_segment(cli)
+    lines = segment.read_bytes().splitlines(keepends=True)
+    lines[-1] = with_crc(lines[-1].replace(b'{"v":1,', b'{"v":2,', 1))
+    segment.write_bytes(b"".join(lines))
+    _refused_everywhere(cli, "journal.format_version")
+    cli.refused(4, "journal.format_version", "journal", "repair")
+
+
+def test_a_sealed_segment_missing_in_the_middle_is_corruption(cli: Cli) -> None:
+    count = len(cli.records())
+    middle = split_segment(cli, [count // 3, 2 * count // 3])[1]
+    cli.verify_clean()  # split as rotation would have: still one valid journal
+    middle.unlink()
+    _refused_everywhere(cli, "journal.corrupt")
+    cli.refused(4, "journal.corrupt", "journal", "repair")  # never "repaired" by cutting
+
+
+def _snapshot(cli: Cli) -> Path:
+    cli.ok("journal", "compact")
+    (path,) = journal_dir(cli).glob("snapshot-*.snap")
+    return path
+
+
+def _rewrite_snapshot(path: Path, *, seq: int | None = None, data: bytes | None = None) -> Path:
+    head, _, body = path.read_bytes().partition(b"\n")
+    header = head[: head.rindex(b',"crc":"')]
+    if data is not None:
+        body = data
+        header = header[: header.rindex(b',"length"')]
+        header += b',"length":%d,"data_crc":"%08x"' % (len(body), zlib.crc32(body))
+    if seq is not None:
+        header = re.sub(rb'"seq":\d+', b'"seq":%d' % seq, header)
+        path = path.with_name(f"snapshot-{seq:020d}.snap")
+    path.write_bytes(header + b',"crc":"%08x"}\n' % zlib.crc32(header) + body)
+    path.chmod(0o600)
+    return path
+
+
+def test_a_snapshot_beyond_the_end_of_its_segments_is_corruption(cli: Cli) -> None:
+    _rewrite_snapshot(_snapshot(cli), seq=10_000)
+    _refused_everywhere(cli, "journal.corrupt")
+
+
+def test_a_snapshot_that_is_not_a_task_table_is_a_mismatch(cli: Cli) -> None:
+    _rewrite_snapshot(_snapshot(cli), data=b'{"a": "table from some other tool"}')
+    _refused_everywhere(cli, "journal.snapshot_mismatch")
+
+
+def test_a_snapshot_whose_settled_archive_is_gone_is_a_mismatch(cli: Cli) -> None:
+    _snapshot(cli)
+    for archive in (cli.home / "archive").iterdir():
+        archive.unlink()
+    before = tree(cli.home)
+    cli.refused(4, "journal.snapshot_mismatch", "ls")
+    cli.refused(4, "journal.snapshot_mismatch", "journal", "verify")
+    assert tree(cli.home) == before
+
+
+def test_a_damaged_snapshot_with_its_segments_falls_back_to_a_full_replay(cli: Cli) -> None:
+    tasks = cli.tasks()
+    snapshot = _snapshot(cli)
+    data = bytearray(snapshot.read_bytes())
+    data[-2] ^= 0x01
+    snapshot.write_bytes(bytes(data))
+    assert cli.tasks() == tasks
+    report = cli.verify_clean()
+    assert [d["path"] for d in report["damaged_snapshots"]] == [str(snapshot)]
+
+
+def test_a_damaged_snapshot_whose_segments_were_compacted_is_corruption(cli: Cli) -> None:
+    split_segment(cli, [2, 4])
+    snapshot = _snapshot(cli)
+    assert len(list(journal_dir(cli).glob("*.jsonl"))) == 1, "sealed segments dropped"
+    data = bytearray(snapshot.read_bytes())
+    data[-2] ^= 0x01
+    snapshot.write_bytes(bytes(data))
+    _refused_everywhere(cli, "journal.corrupt")
+
+
+def test_broken_files_left_by_earlier_repairs_are_kept_and_ignored(cli: Cli) -> None:
+    segment = only_segment(cli)
+    for _ in range(2):
+        with segment.open("ab") as torn:
+            torn.write(b'{"v":1,"seq":99,"epo')  # a torn tail, as a crash mid-append leaves
+        assert cli.json("journal", "verify")["status"] == "torn"
+        cli.ok("journal", "repair")
+    broken = sorted(p.name for p in journal_dir(cli).glob("*.broken*"))
+    assert broken == [segment.name + ".broken", segment.name + ".broken.1"]
+    copies = {name: (journal_dir(cli) / name).read_bytes() for name in broken}
+    cli.verify_clean()
+    cli.ok("run", "--", "true")
+    cli.ok("journal", "compact")
+    assert {n: (journal_dir(cli) / n).read_bytes() for n in broken} == copies
