@@ -320,6 +320,10 @@ class Journal:
         self.close()
 
 
-def read_records(directory: str | Path, from_seq: int = 1) -> Iterator[Record]:
-    """Stream the records of the journal at ``directory`` (see ``Journal.read``)."""
-    return iter_records(Path(directory), from_seq)
+def read_records(
+    directory: str | Path, from_seq: int = 1, *, allow_torn_tail: bool = True
+) -> Iterator[Record]:
+    """Stream the records of the journal at ``directory`` (see ``Journal.read``).  With
+    ``allow_torn_tail=False`` a torn tail raises TornTailError (segment, offset, seq,
+    tail_bytes) after the last valid record instead of ending the stream quietly."""
+    return iter_records(Path(directory), from_seq, allow_torn_tail=allow_torn_tail)

@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 from journal import _fsutil
 from journal._codec import Record
-from journal._errors import CompactedError, CorruptionError
+from journal._errors import CompactedError, CorruptionError, TornTailError
 from journal._reader import SegmentScan, TornTail, damage_error, scan_all
 from journal._segment import Segment, check_next, list_segments
 
@@ -80,11 +80,13 @@ def _survey_once(directory: Path, covered_through: int) -> Survey:
     return Survey(segments, first_seq, next_seq - 1, max_epoch, end_offset, None, None)
 
 
-def iter_records(directory: Path, from_seq: int = 1) -> Iterator[Record]:
+def iter_records(
+    directory: Path, from_seq: int = 1, *, allow_torn_tail: bool = True
+) -> Iterator[Record]:
     """Stream the records with seq >= ``from_seq``, checking what it reads.
 
     Stops quietly at a torn tail of the last segment (lock-free readers see an append
-    in progress that way); raises CorruptionError at corruption after yielding every
+    in progress that way), or raises TornTailError there if not ``allow_torn_tail``; raises CorruptionError at corruption after yielding every
     valid record before it, and CompactedError if ``from_seq`` was compacted away."""
     from_seq = max(from_seq, 1)
     segments = list_segments(directory)
@@ -124,6 +126,15 @@ def iter_records(directory: Path, from_seq: int = 1) -> Iterator[Record]:
             _fsutil.close(fd)
         next_seq = scan.next_seq
         if scan.damage is not None:
-            if last and not scan.damage.corrupt:
-                return
+            damage = scan.damage
+            if last and not damage.corrupt:
+                if allow_torn_tail:
+                    return
+                raise TornTailError(
+                    f"torn tail: {damage.reason}",
+                    segment=segment.path,
+                    offset=damage.offset,
+                    seq=damage.seq,
+                    tail_bytes=damage.tail_bytes,
+                )
             raise damage_error(scan.damage, segment.path, last=last)

@@ -19,6 +19,7 @@ from journal import (
     FormatVersionError,
     Journal,
     Record,
+    TornTailError,
     read_records,
     verify,
 )
@@ -376,3 +377,20 @@ def test_a_flipped_byte_in_the_checksum_tail_is_caught(j3: Journal3, from_end: i
     report = verify(j3.dir)
     assert report.status == "corrupt", report
     assert report.corruption is not None and report.corruption.seq in (8, 9)
+
+
+def test_strict_read_raises_torn_tail_error_after_the_valid_records(j3: Journal3) -> None:
+    j3.append(2, b"\x00\x00torn")
+    got: list[int] = []
+    with pytest.raises(TornTailError) as caught:
+        got.extend(r.seq for r in read_records(j3.dir, allow_torn_tail=False))
+    assert got == list(range(1, 11))
+    error = caught.value
+    assert (error.segment, error.offset, error.seq, error.tail_bytes) == (
+        j3.paths[2],
+        j3.offset(2, 4),
+        11,
+        6,
+    )
+    assert error.code == "journal.torn_tail"
+    assert [r.seq for r in read_records(j3.dir)] == list(range(1, 11))  # default: quiet
