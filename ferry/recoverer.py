@@ -143,14 +143,17 @@ class Recoverer:
         return report
 
     def quarantined_alive(self) -> list[str]:
-        """Ids of quarantined tasks whose orphan still runs: one scan of /proc for
-        FERRY_TASK markers, then only the tasks found are looked up."""
+        """Ids of quarantined tasks whose orphan still runs. One scan of /proc for
+        FERRY_TASK markers and for the sessions and groups in use; then only the
+        quarantined tasks it may concern are probed. The session matters: an orphan
+        that replaced its environment (``env -i``, sudo) carries no marker."""
+        marked, groups = _marks_and_groups()
+        with self.store.lock:
+            quarantined = self.store.table.quarantined()
         found = []
-        for task_id in sorted(_marked_task_ids()):
-            task = self.store.get(task_id)
-            if task is None or task.reason is not Reason.QUARANTINED_ORPHAN_ALIVE:
-                continue
-            if task.state is State.FAILED and task_liveness(task) is not Liveness.DEAD:
+        for task in quarantined:
+            maybe = task.id in marked or (task.pid is not None and task.pid in groups)
+            if maybe and task_liveness(task) is not Liveness.DEAD:
                 found.append(task.id)
         return found
 
@@ -191,25 +194,30 @@ def _state_of(event_type: str) -> str:
     return {"RELEASED": "QUEUED", "STALE": "STALE", "RESUMED": "RUNNING"}.get(event_type, "?")
 
 
-def _marked_task_ids() -> set[str]:
-    """Task ids named by the FERRY_TASK marker of any live (non-zombie) process."""
+def _marks_and_groups() -> tuple[set[str], set[int]]:
+    """Task ids named by the FERRY_TASK marker of any live (non-zombie) process, and
+    the session and process-group ids of every live process."""
     ids: set[str] = set()
+    groups: set[int] = set()
     needle = b"FERRY_TASK="
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         try:
+            st = read_stat(int(name))
+            if st is None or st.exited:
+                continue
+            groups.update((st.session, st.pgrp))
             with open(f"/proc/{name}/environ", "rb", buffering=0) as f:
                 env = f.read()
-            st = read_stat(int(name))
         except (OSError, ValueError):
             continue
-        if st is None or st.exited or needle not in env:
+        if needle not in env:
             continue
         for var in env.split(b"\0"):
             if var.startswith(needle):
                 ids.add(var[len(needle) :].split(b":", 1)[0].decode("ascii", "replace"))
-    return ids
+    return ids, groups
 
 
 def kill_orphan(service: Service, task: Task, sig: int) -> dict[str, Any]:

@@ -13,7 +13,9 @@ Two entry points, two attitudes:
 
 Snapshots make start-up follow live work, not history: :meth:`Table.to_snapshot` keeps
 ``live`` tasks apart from ``settled`` ones, plus a small ``succeeded_keys`` index so the
-key rules work without loading history. :meth:`Table.from_snapshot` may be given the
+key rules work without loading history, and the ``quarantined`` tasks (FAILED
+``QUARANTINED_ORPHAN_ALIVE``: their orphans may still run, and every ``recover`` checks
+them, so they must be at hand without loading history). :meth:`Table.from_snapshot` may be given the
 snapshot without ``settled`` and a ``load_settled`` callback; the table calls it once,
 the first time it needs a settled task (``get`` of an unknown id, ``ids``, ``by_key``,
 an event about a task it does not hold, ``to_snapshot``).
@@ -29,7 +31,7 @@ from typing import Any, Protocol
 from ferry import events as ev
 from ferry.errors import FerryError
 from ferry.fold import check_event, fold_event, key_conflict, task_from_record, task_to_record
-from ferry.model import State, Task
+from ferry.model import Reason, State, Task
 from ferry.spec import TaskSpec
 
 SNAPSHOT_FORMAT = 1
@@ -70,6 +72,7 @@ class Table:
         self._settled: dict[str, Task] = {}
         self._keys: dict[str, list[str]] = {}  # key -> ids of loaded tasks, submit order
         self._succeeded_keys: dict[str, str] = {}  # complete even when settled not loaded
+        self._quarantined: dict[str, Task] = {}  # complete even when settled not loaded
         self._queue: list[tuple[int, str]] = []  # heap of (queue_seq, id); lazy deletion
         self._load_settled = load_settled
         self._settled_id_max = ""  # the greatest id of any settled task, loaded or not
@@ -110,6 +113,10 @@ class Table:
     def succeeded_with_key(self, key: str) -> str | None:
         """The id of the task that SUCCEEDED with ``key``, if any (no history load)."""
         return self._succeeded_keys.get(key)
+
+    def quarantined(self) -> list[Task]:
+        """FAILED ``QUARANTINED_ORPHAN_ALIVE`` tasks, in id order (no history load)."""
+        return [self._quarantined[i] for i in sorted(self._quarantined)]
 
     def queued(self) -> list[Task]:
         """QUEUED tasks, oldest first (submission order; a retry queues at its time)."""
@@ -200,6 +207,7 @@ class Table:
             "anomalies": [anomaly.to_json() for anomaly in self.anomalies],
             "live": [task_to_record(task) for task in self.live()],
             "succeeded_keys": dict(self._succeeded_keys),
+            "quarantined": [task_to_record(t) for t in self.quarantined()],
             "settled_id_max": self._settled_id_max,
         }
 
@@ -226,6 +234,8 @@ class Table:
         table._succeeded_keys = dict(data.get("succeeded_keys", {}))
         table._settled_id_max = str(data.get("settled_id_max", ""))
         for record in data["live"]:
+            table._put(None, task_from_record(record))
+        for record in data.get("quarantined", ()):  # settled, but needed without history
             table._put(None, task_from_record(record))
         if "settled" in data:
             table._load_settled = None
@@ -267,6 +277,10 @@ class Table:
     def _put(self, old: Task | None, new: Task) -> None:
         if old is None and new.spec.key is not None:
             self._keys.setdefault(new.spec.key, []).append(new.id)
+        if new.state is State.FAILED and new.reason is Reason.QUARANTINED_ORPHAN_ALIVE:
+            self._quarantined[new.id] = new
+        else:
+            self._quarantined.pop(new.id, None)
         if new.terminal:
             self._live.pop(new.id, None)
             self._settled[new.id] = new

@@ -285,3 +285,27 @@ def test_cancel_reaches_a_daemon_that_called_setsid(
 def pid_gone_or_zombie(pid: int) -> bool:
     st = read_stat(pid)
     return st is None or st.exited
+
+
+def test_an_orphan_without_the_marker_keeps_recover_at_3_until_killed(
+    ferry: Ferry, tmp_path: Path
+) -> None:
+    """``env -i`` (like sudo's env_reset) replaces the environment: the orphan carries no
+    marker, yet it is the task's own process, in the task's session. Recovery must keep
+    reporting it, also after a compaction moved the task out of the journal's tail."""
+    task = crashed_after_spawned(ferry, ["env", "-i", "sleep", "300"])
+    task_id = str(task["id"])
+    assert not task_processes(task_id), "the marker is gone with the environment"
+    code, report = ferry.recover()
+    assert code == 3 and [d["decision"] for d in report["decisions"]] == ["QUARANTINE"]
+    for compacted in (False, True):
+        if compacted:
+            ferry.ok("journal", "compact")
+        code, report = ferry.recover()
+        assert (code, report["decisions"], report["orphans_alive"]) == (3, [], [task_id])
+        assert ferry.cli("retry", task_id).returncode == 3
+    ferry.ok("kill", task_id)
+    wait_until(lambda: pid_gone_or_zombie(int(str(task["pid"]))), what="the orphan to end")
+    nothing_to_recover(ferry)
+    ferry.ok("retry", task_id)
+    ferry.verify()
