@@ -273,6 +273,11 @@ class Journal:
                     f"snapshot seq {seq} is not in 0..{writer.pos.last_seq}", seq=seq
                 )
             with writer.locked():
+                # The records a snapshot covers must be durable before it claims them:
+                # some may be another process's, written but never synced (it died in
+                # between); a power cut would leave the snapshot beyond the journal's end.
+                if writer.pos.fd is not None:
+                    _fsutil.sync_data(writer.pos.fd)
                 write_snapshot(writer.directory, seq, bytes(data), writer.pos.max_epoch)
 
     def latest_snapshot(self) -> Snapshot | None:

@@ -51,6 +51,13 @@ class Position:
 
     def new_segment(self) -> None:
         """Create the next segment (named by the next seq) and make it the active one."""
+        if self.fd is not None:
+            # The segment we leave may end with records this handle only caught up on:
+            # a process that died between its write and its fdatasync leaves them in
+            # the page cache alone.  Make them durable before anything is created after
+            # them, else a power cut drops them under the next segment (a seq gap:
+            # corruption, in front of records we then report committed).
+            _fsutil.sync_data(self.fd)
         # Count it in the lock file *before* it exists: a creator that dies in between
         # must never leave a segment the others do not know of (they would go on
         # appending to the previous one: an overlap).  The count lives in the page
