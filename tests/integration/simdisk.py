@@ -170,6 +170,10 @@ class SimDisk:
         # For meta-tests only: a predicate that turns chosen fsyncs into no-ops (neither
         # done nor traced), as if that line had been deleted from the library.
         self.skip_sync: Callable[[int | str], bool] | None = None
+        # Called before every call that changes something, with the call's name and its
+        # target (inode, directory path, or path): a test raises from it to make the
+        # program die right there, as a process killed mid-operation would.
+        self.before: Callable[[str, Any], None] | None = None
         self._scan(self.root)
         self.initial_dirs = {d: dict(e) for d, e in self._dirs.items()}
 
@@ -226,6 +230,8 @@ class SimDisk:
     def open(self, path: Any, flags: int, mode: int = 0o777, *, dir_fd: Any = None) -> int:
         if dir_fd is not None:
             raise NotImplementedError("simdisk: dir_fd is not modelled")
+        if flags & (real_os.O_CREAT | real_os.O_TRUNC):
+            self._before("open", path)
         existed = real_os.path.lexists(path)
         fd = real_os.open(path, flags, mode)
         if stat.S_ISDIR(real_os.fstat(fd).st_mode):
@@ -256,6 +262,7 @@ class SimDisk:
         self._fds.pop(fd, None)
 
     def write(self, fd: int, data: Any) -> int:
+        self._before("write", self._fds.get(fd))
         written = real_os.write(fd, data)
         ino = self._fds.get(fd)
         if isinstance(ino, int) and written > 0:
@@ -264,6 +271,7 @@ class SimDisk:
         return written
 
     def pwrite(self, fd: int, data: Any, offset: int) -> int:
+        self._before("pwrite", self._fds.get(fd))
         written = real_os.pwrite(fd, data, offset)
         ino = self._fds.get(fd)
         if isinstance(ino, int) and written > 0:
@@ -273,12 +281,14 @@ class SimDisk:
         return written
 
     def fsync(self, fd: int) -> None:
+        self._before("fsync", self._fds.get(fd))
         if self._skipped(fd):
             return
         real_os.fsync(fd)
         self._record_sync(fd)
 
     def fdatasync(self, fd: int) -> None:
+        self._before("fdatasync", self._fds.get(fd))
         if self._skipped(fd):
             return
         real_os.fdatasync(fd)
@@ -288,6 +298,10 @@ class SimDisk:
         target = self._fds.get(fd)
         return target is not None and self.skip_sync is not None and self.skip_sync(target)
 
+    def _before(self, name: str, target: Any) -> None:
+        if self.before is not None:
+            self.before(name, target)
+
     def _record_sync(self, fd: int) -> None:
         target = self._fds.get(fd)
         if isinstance(target, int):
@@ -296,6 +310,7 @@ class SimDisk:
             self.events.append(FsyncDir(target))
 
     def ftruncate(self, fd: int, length: int) -> None:
+        self._before("ftruncate", self._fds.get(fd))
         real_os.ftruncate(fd, length)
         ino = self._fds.get(fd)
         if isinstance(ino, int):
@@ -313,10 +328,12 @@ class SimDisk:
             self.events.append(Truncate(entry, length))
 
     def replace(self, src: Any, dst: Any) -> None:
+        self._before("replace", src)
         real_os.replace(src, dst)
         self._record_rename(src, dst)
 
     def rename(self, src: Any, dst: Any) -> None:
+        self._before("rename", src)
         real_os.rename(src, dst)
         self._record_rename(src, dst)
 
@@ -331,6 +348,7 @@ class SimDisk:
         self.events.append(Rename(a[0], a[1], b[1]))
 
     def unlink(self, path: Any, *, dir_fd: Any = None) -> None:
+        self._before("unlink", path)
         if dir_fd is not None:
             raise NotImplementedError("simdisk: dir_fd is not modelled")
         real_os.unlink(path)
@@ -342,6 +360,7 @@ class SimDisk:
     remove = unlink
 
     def mkdir(self, path: Any, mode: int = 0o777, *, dir_fd: Any = None) -> None:
+        self._before("mkdir", path)
         if dir_fd is not None:
             raise NotImplementedError("simdisk: dir_fd is not modelled")
         real_os.mkdir(path, mode)

@@ -116,9 +116,61 @@ class Driver:
             journal.repair(self.run.directory)
         self.handles = [self._open() for _ in self.handles]
 
+    def die_mid_append(
+        self, items: list[int], h: int, at: str, kind: str, *, after_write: bool = False
+    ) -> None:
+        """Handle h's process dies inside an append, just before its first `at` call
+        on a `kind` target ("file", "dir" or "path") (`after_write`: the first one after
+        its records were written); a new process takes its place.
+
+        Only a process dies: the page cache keeps what it wrote. Its records, if they
+        were written, are visible to the others (and a later commit may build on them)."""
+        history = self.run.history
+        records = [("rec", {"i": i, "pad": "p" * (i % 7) * 5}) for i in items]
+        self.run.started.append((self._events(), len(history) + len(records)))
+        wrote = False
+
+        def before(name: str, target: object) -> None:
+            nonlocal wrote
+            if name == at and kind == target_kind(target) and (wrote or not after_write):
+                raise ProcessDied(f"{name} {target}")
+            if name == "write" and isinstance(target, int) and target not in self._lock_inodes():
+                wrote = True
+
+        self.run.sim.before = before
+        try:
+            self.handles[h].append_batch(records)
+        except ProcessDied:
+            pass
+        else:
+            raise AssertionError(f"the append never reached {at} on a {kind}")
+        finally:
+            self.run.sim.before = None
+        self.handles[h].close()  # the kernel closes a dead process's descriptors
+        if after_write:
+            assert wrote, "died after writing its records"
+        if wrote:
+            history.extend(records)
+        self.handles[h] = self._open()
+
+    def _lock_inodes(self) -> set[int]:
+        return {
+            e.ino
+            for e in self.run.sim.events
+            if isinstance(e, simdisk.Create) and e.name == ".lock"
+        }
+
     def close(self) -> None:
         for j in self.handles:
             j.close()
+
+
+class ProcessDied(BaseException):
+    """Raised from inside the library's file operations: the process is gone."""
+
+
+def target_kind(target: object) -> str:
+    return "file" if isinstance(target, int) else "dir" if isinstance(target, str) else "path"
 
 
 Workload = Callable[[Driver], None]
@@ -160,6 +212,31 @@ def two_handles_workload(d: Driver) -> None:
     d.compact(h=0)
     d.append(17, h=1)
     d.append(18, h=0)
+
+
+def process_deaths_workload(d: Driver) -> None:
+    """Two processes; one dies inside an append at each delicate point, the other goes
+    on (one record per segment: every append rotates). Committed records of the
+    survivor must not depend on anything the dead one left unsynced."""
+    for i in range(3):
+        d.append(i, h=i % 2)
+    # Written, never synced; the other process catches it up and rotates past it.
+    d.die_mid_append([3], h=0, at="fdatasync", kind="file", after_write=True)
+    d.append(4, h=1)
+    d.append(5, h=0)
+    # Segment created, its name never made durable; the other appends into it.
+    d.die_mid_append([6], h=1, at="fsync", kind="dir")
+    d.append(7, h=0)
+    d.append(8, h=1)
+    # Counted in the lock file, never created.
+    d.die_mid_append([9], h=0, at="open", kind="path")
+    d.append(10, h=1)
+    d.append(11, h=0)
+    # Written into a fresh segment and never synced; a snapshot covers it.
+    d.die_mid_append([12], h=1, at="fdatasync", kind="file", after_write=True)
+    d.snapshot(h=0)
+    d.compact(h=0)
+    d.append(13, h=0)
 
 
 def random_workload(seed: int, steps: int) -> Workload:
@@ -342,6 +419,13 @@ def test_no_committed_record_is_lost_with_two_handles(
 ) -> None:
     run = trace(workdir, monkeypatch, two_handles_workload, segment_bytes_max=250, handles=2)
     assert any(isinstance(e, simdisk.Unlink) for e in run.sim.events), "compaction exercised"
+    assert_no_loss(run, states_dir)
+
+
+def test_no_committed_record_is_lost_when_a_process_dies_mid_append(
+    workdir: Path, states_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = trace(workdir, monkeypatch, process_deaths_workload, segment_bytes_max=1, handles=2)
     assert_no_loss(run, states_dir)
 
 
