@@ -332,3 +332,20 @@ def test_a_kill_that_crashed_leaves_the_orphan_quarantined_and_can_be_repeated(
     assert ferry.recover()[0] == 0
     ferry.ok("retry", task_id)
     ferry.verify()
+
+
+@pytest.mark.crash
+@pytest.mark.xfail(
+    strict=True,
+    reason="known limitation: between spawn and SPAWNED only the FERRY_TASK marker can "
+    "find the child; one that replaced its environment (env -i) looks dead. Needs a "
+    "pid-free liveness signal (an inherited lock file or pipe, design.md section 4).",
+)
+def test_a_child_that_cleared_its_environment_before_spawned_is_not_taken_for_dead(
+    ferry: Ferry,
+) -> None:
+    argv = ["env", "-i", "sleep", "300"]
+    result = ferry.cli("run", "--idempotent", "--", *argv, failpoints="after:spawn")
+    assert result.returncode == -9
+    code, report = ferry.recover()
+    assert (code, [d["decision"] for d in report["decisions"]]) == (3, ["QUARANTINE"])
