@@ -1,0 +1,325 @@
+"""Resource faults, reproduced for real through the ``ferry`` command: a full disk
+(small tmpfs mounts) during a journal append, a log write and a snapshot; a read-only
+filesystem; too few file descriptors; tasks that close their output early, flood it,
+or leave a daemon behind that called setsid.
+
+Each: a coded error (or the task's own status where the task was not at fault), the
+journal still verifies, no committed record is lost, and ferry works again once the
+resource is back. Mount-based tests skip where mounting is not permitted (not root).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from hardkit import (
+    FERRY,
+    Cli,
+    cli_in,
+    fill,
+    mounted_tmpfs,
+    pid_alive,
+    processes_with_env,
+    tree,
+    wait_for,
+)
+
+PY = sys.executable
+TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> Iterator[Cli]:
+    with cli_in(tmp_path) as driver:
+        driver.ok("ls")  # creates the state directory
+        yield driver
+
+
+def big_argv(size: int) -> list[str]:
+    return ["true", "x" * size]
+
+
+# ---- disk full --------------------------------------------------------------------------
+
+
+def test_disk_full_during_a_journal_append(cli: Cli) -> None:
+    with mounted_tmpfs(cli.home / "journal", "size=256k,mode=0700"):
+        for _ in range(3):
+            cli.ok("run", "--", "true")
+        cli.ok("submit", "--", "true")
+        committed = cli.records()
+        filler = fill(cli.home / "journal")
+        failed = cli.refused(125, "journal.writer_failed", "submit", "--", *big_argv(20_000))
+        assert "No space left" in failed.err
+        cli.refused(125, "journal.", "run", "--", "true")  # still full: refused, not run
+        assert cli.json("journal", "verify")["status"] in ("clean", "torn")
+        assert cli.records()[: len(committed)] == committed
+        assert len(cli.tasks()) == 4  # what was committed is all there
+        filler.unlink()  # space is back
+        cli.ok("submit", "--", *big_argv(20_000))
+        cli.ok("run", "--", "true")
+        cli.verify_clean()
+        assert cli.records()[: len(committed)] == committed
+        assert len(cli.tasks()) == 6
+
+
+def test_disk_full_during_a_log_write(cli: Cli, tmp_path: Path) -> None:
+    flood = "import sys; sys.stdout.buffer.write(b'x' * 300_000); sys.stderr.write('end')"
+    with mounted_tmpfs(cli.home / "logs", "size=64k,mode=0700"):
+        result = cli("run", "--", PY, "-c", flood)
+        assert result.code == 0, result.err  # the task's own status: it did nothing wrong
+        assert result.out == b"x" * 300_000, "passthrough keeps every byte"
+        task = cli.tasks()[-1]
+        assert task["state"] == "SUCCEEDED"
+        assert "No space left" in task["evidence"]["log_error"]
+        cli.verify_clean()
+        shutil.rmtree(cli.home / "logs" / task["id"])  # space is back
+        again = cli("run", "--", PY, "-c", "print('all of it')")
+        assert again.code == 0
+        second = cli.tasks()[-1]
+        assert "log_error" not in second["evidence"]
+        assert cli("logs", second["id"]).out == b"all of it\n"
+
+
+def test_no_inode_left_for_the_log_directory_fails_the_spawn_not_the_journal(cli: Cli) -> None:
+    with mounted_tmpfs(cli.home / "logs", "size=64k,nr_inodes=4,mode=0700") as logs:
+        made = 0
+        with pytest.raises(OSError):  # use every inode
+            while True:
+                (logs / f"f{made}").mkdir()
+                made += 1
+        cli.refused(125, "spawn.other", "run", "--", "true")
+        task = cli.tasks()[-1]
+        assert (task["state"], task["reason"]) == ("FAILED", "SPAWN_FAILED"), task
+        cli.verify_clean()
+        for name in range(made):
+            (logs / f"f{name}").rmdir()
+        cli.ok("run", "--", "true")
+
+
+def test_disk_full_during_a_snapshot(cli: Cli) -> None:
+    with mounted_tmpfs(cli.home / "journal", "size=128k,mode=0700") as journal:
+        for _ in range(3):
+            cli.ok("run", "--", "true")
+        committed, tasks = cli.records(), cli.tasks()
+        filler = fill(journal)
+        cli.refused(125, "io.no_space", "journal", "compact")
+        assert not list(journal.glob("snapshot-*")), "no snapshot name for a partial file"
+        cli.verify_clean()
+        assert (cli.records(), cli.tasks()) == (committed, tasks)
+        filler.unlink()
+        cli.ok("journal", "compact")
+        assert len(list(journal.glob("snapshot-*"))) == 1
+        cli.verify_clean()
+        assert cli.tasks() == tasks
+
+
+def test_disk_full_while_writing_the_settled_archive(cli: Cli) -> None:
+    with mounted_tmpfs(cli.home / "archive", "size=64k,mode=0700") as archive:
+        for _ in range(3):
+            cli.ok("run", "--name", "n" * 200, "--", "true")
+        tasks = cli.tasks()
+        fill(archive)
+        cli.refused(125, "io.no_space", "journal", "compact")
+        assert sorted(os.listdir(archive)) == ["filler"], "no partial temp file left"
+        cli.verify_clean()
+        assert cli.tasks() == tasks
+        (archive / "filler").unlink()
+        cli.ok("journal", "compact")
+        cli.verify_clean()
+        assert cli.tasks() == tasks
+
+
+# ---- a read-only filesystem -------------------------------------------------------------
+
+
+def test_a_read_only_filesystem_refuses_every_command_and_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    with mounted_tmpfs(tmp_path / "fs", "size=1m,mode=0700") as fs, cli_in(tmp_path) as cli:
+        cli.home = fs / "home"
+        cli.env["FERRY_HOME"] = str(cli.home)
+        cli.ok("run", "--", "true")
+        cli.ok("submit", "--", "true")
+        before = tree(cli.home)
+        subprocess.run(["mount", "-o", "remount,ro", str(fs)], check=True, timeout=30)
+        try:
+            for args in (["ls"], ["run", "--", "true"], ["submit", "--", "true"],
+                         ["work", "--drain"], ["journal", "verify"]):  # fmt: skip
+                cli.refused(125, "state_dir.not_writable", *args)
+        finally:
+            subprocess.run(["mount", "-o", "remount,rw", str(fs)], check=True, timeout=30)
+        assert tree(cli.home) == before
+        cli.ok("work", "--drain")
+        assert {t["state"] for t in cli.tasks()} == {"SUCCEEDED"}
+        cli.verify_clean()
+
+
+# ---- file descriptors -------------------------------------------------------------------
+
+
+def fd_limit(limit: int) -> Callable[[], None]:
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+
+    return apply
+
+
+def test_too_few_file_descriptors_for_run_is_a_coded_spawn_failure(cli: Cli) -> None:
+    for limit in (7, 8, 10, 12, 16, 64):
+        result = cli("run", "--", "true", preexec=fd_limit(limit))
+        assert result.code in (0, 125), (limit, result)
+        if result.code:
+            assert result.error_code() in ("spawn.other", "io.too_many_open_files"), result.err
+    tasks = cli.tasks()
+    assert {t["state"] for t in tasks} <= TERMINAL, "none left DISPATCHING for recovery"
+    assert tasks[-1]["state"] == "SUCCEEDED"
+    for task in tasks:
+        if task["reason"] == "SPAWN_FAILED":
+            assert task["evidence"]["error"]["details"]["errno"] == 24  # EMFILE
+    cli.verify_clean()
+
+
+def test_too_few_file_descriptors_for_work_fails_tasks_it_cannot_start(cli: Cli) -> None:
+    for _ in range(6):
+        cli.ok("submit", "--", "sh", "-c", "echo hi")
+    result = cli("work", "--drain", "-j", "4", preexec=fd_limit(16))
+    assert result.code == 0, result.err
+    tasks = cli.tasks()
+    assert {t["state"] for t in tasks} <= TERMINAL
+    cli.verify_clean()
+    for task in tasks:
+        if task["state"] == "FAILED":
+            cli.ok("retry", task["id"])
+    cli.ok("work", "--drain", "-j", "4")
+    assert {t["state"] for t in cli.tasks()} == {"SUCCEEDED"}
+
+
+# ---- tasks that misuse their streams ------------------------------------------------------
+
+
+def test_a_task_that_closes_its_stdout_early_still_ends_on_its_own_exit(
+    cli: Cli, tmp_path: Path
+) -> None:
+    done = tmp_path / "done"
+    script = (
+        f"exec 1>&-; echo after-stdout-closed >&2; exec 2>&-; sleep 0.2; touch '{done}'; exit 7"
+    )
+    result = cli("run", "--", "sh", "-c", script)
+    assert result.code == 7
+    assert done.exists(), "ferry waited for the exit, not for the pipes to close"
+    task = cli.tasks()[-1]
+    assert (task["state"], task["exit_code"]) == ("FAILED", 7)
+    assert cli("logs", task["id"], "--stream", "stderr").out == b"after-stdout-closed\n"
+    assert cli("logs", task["id"], "--stream", "stdout").out == b""
+
+
+def test_a_task_that_fills_the_pipe_and_never_reads_stdin(cli: Cli) -> None:
+    flood = (
+        "import sys\n"
+        "for _ in range(64):\n"
+        "    sys.stdout.buffer.write(b'o' * 65536); sys.stderr.buffer.write(b'e' * 65536)\n"
+    )
+    feeder = subprocess.Popen(["yes"], stdout=subprocess.PIPE)
+    try:
+        assert feeder.stdout is not None
+        result = cli("run", "--", PY, "-c", flood, stdin=feeder.stdout.fileno())
+    finally:
+        feeder.kill()
+        feeder.wait(timeout=30)
+        if feeder.stdout is not None:
+            feeder.stdout.close()
+    assert result.code == 0
+    assert result.out == b"o" * (64 << 16)
+    task_id = cli.tasks()[-1]["id"]
+    assert cli("logs", task_id, "--stream", "stderr").out == b"e" * (64 << 16)
+
+
+# ---- a daemon that left the task's process group -----------------------------------------
+
+# The task starts a daemon in its own session (setsid) and waits until it has written
+# its pid; then it sleeps (or exits). Without the marker sweep a timeout would leave the
+# daemon running: it is in no process group ferry signals.
+DAEMON = (
+    'setsid -f sh -c \'{trap} echo $$ > "$0.tmp"; mv "$0.tmp" "$0"; exec sleep 300 {quiet}\' '
+    '"$0"; while [ ! -s "$0" ]; do sleep 0.01; done; {then}'
+)
+
+
+def daemon_script(ignore_term: bool, then: str = "sleep 300", holds_pipes: bool = False) -> str:
+    """``holds_pipes``: the daemon keeps the task's stdout/stderr open (ferry reads them
+    for at most its drain bound after the group is gone, then sweeps)."""
+    return DAEMON.format(
+        trap='trap "" TERM;' if ignore_term else "",
+        quiet="" if holds_pipes else ">/dev/null 2>&1",
+        then=then,
+    )
+
+
+def task_processes(cli: Cli) -> list[int]:
+    return [
+        pid
+        for pid in processes_with_env(f"FERRY_HOME={cli.home}".encode())
+        if b"FERRY_TASK=" in Path(f"/proc/{pid}/environ").read_bytes()
+    ]
+
+
+@pytest.mark.parametrize(
+    ("ignore_term", "holds_pipes"),
+    [(False, True), (True, False)],
+    ids=["holding-the-pipes", "ignoring-sigterm"],
+)
+def test_a_setsid_daemon_is_killed_on_timeout(
+    cli: Cli, tmp_path: Path, ignore_term: bool, holds_pipes: bool
+) -> None:
+    pidfile = tmp_path / "daemon.pid"
+    script = daemon_script(ignore_term, holds_pipes=holds_pipes)
+    result = cli("run", "--timeout", "1", "--kill-grace", "0.5", "--",
+                 "sh", "-c", script, str(pidfile))  # fmt: skip
+    assert result.code == 124
+    assert pidfile.exists(), "the daemon started before the timeout"
+    assert not pid_alive(int(pidfile.read_text())), "the daemon outlived the timeout"
+    task = cli.tasks()[-1]
+    assert (task["state"], task["reason"]) == ("FAILED", "TIMEOUT")
+    assert task["evidence"]["escapees_stopped"] is True
+    assert task_processes(cli) == []
+
+
+def test_a_setsid_daemon_is_killed_when_ferry_is_signalled(cli: Cli, tmp_path: Path) -> None:
+    pidfile = tmp_path / "daemon.pid"
+    proc = subprocess.Popen(
+        [*FERRY, "run", "--kill-grace", "0.5", "--", "sh", "-c", daemon_script(True), str(pidfile)],
+        env=cli.env,
+        cwd=cli.workdir,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    cli.background.append(proc)
+    wait_for(lambda: pidfile.exists(), "the daemon")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    assert not pid_alive(int(pidfile.read_text()))
+    assert cli.tasks()[-1]["evidence"]["escapees_stopped"] is True
+    assert task_processes(cli) == []
+
+
+def test_a_daemon_left_by_a_task_that_exited_by_itself_is_kept(cli: Cli, tmp_path: Path) -> None:
+    """The other side of the sweep: only a task ferry stops loses its daemons."""
+    pidfile = tmp_path / "daemon.pid"
+    try:
+        assert cli("run", "--", "sh", "-c", daemon_script(False, "exit 0"), str(pidfile)).code == 0
+        assert pid_alive(int(pidfile.read_text()))
+        assert "escapees_stopped" not in cli.tasks()[-1]["evidence"]
+    finally:
+        if pidfile.exists():
+            os.kill(int(pidfile.read_text()), signal.SIGKILL)
