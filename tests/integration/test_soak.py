@@ -24,10 +24,12 @@ from crashkit import TERMINAL, Ferry, processes_with_env, runs, wait_until
 
 pytestmark = [pytest.mark.soak, pytest.mark.timeout(600)]
 
-KILLS = int(os.environ.get("FERRY_SOAK_KILLS", "30"))
-TASKS = int(os.environ.get("FERRY_SOAK_TASKS", "400"))
+KILLS = int(os.environ.get("FERRY_SOAK_KILLS", "50"))
+TASKS = int(os.environ.get("FERRY_SOAK_TASKS", "500"))
 BATCHES = 10
 WORK = ("work", "-j", "2", "--poll", "0.05", "--lease-ttl", "5")
+# Some rounds the worker also dies by itself at the Nth pass of a point on the task path.
+POINTS = ("after:CLAIMED", "after:spawn", "after:SPAWNED", "before:SETTLED", "after:SETTLED")
 
 
 @pytest.fixture
@@ -75,7 +77,11 @@ def test_soak_work_killed_and_restarted(ferry: Ferry, tmp_path: Path) -> None:
             lines = [task_line(marks, first + i, rng) for i in range(count)]
             out = ferry.ok("submit", "--from", "-", input=b"\n".join(lines) + b"\n").stdout
             submitted += out.split()
-        workers = [ferry.start(*WORK)]
+        failpoint = None
+        if rng.random() < 0.3:
+            failpoint = f"{rng.choice(POINTS)}={rng.randint(1, 6)}"
+            events["rounds with a failpoint"] += 1
+        workers = [ferry.start(*WORK, failpoints=failpoint)]
         if rng.random() < 0.3:  # a standby that takes over from the dead leader at once
             workers.append(ferry.start(*WORK))
             events["with a standby"] += 1
@@ -122,8 +128,10 @@ def test_soak_work_killed_and_restarted(ferry: Ferry, tmp_path: Path) -> None:
     ferry.verify()
     reruns = sum(max(0, runs(marks / t["name"].removeprefix("soak-")) - 1) for t in tasks.values())
     print(
-        f"soak: {TASKS} tasks, {events['kills']} kills of ferry work "
-        f"({events['with a standby']} rounds with a standby), "
+        f"soak: {TASKS} tasks, {KILLS} crash rounds, {events['kills']} ferry work processes "
+        "SIGKILLed or crashed "
+        f"({events['with a standby']} rounds with a standby, "
+        f"{events['rounds with a failpoint']} with a failpoint armed), "
         f"{sum(v for k, v in events.items() if k.startswith('recover'))} recovers in between, "
         f"{events['compactions']} compactions, elapsed {elapsed_s:.1f} s"
     )
