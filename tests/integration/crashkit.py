@@ -94,6 +94,14 @@ class Ferry:
     def __init__(self, home: Path) -> None:
         self.home = home
         self.started: list[subprocess.Popen[bytes]] = []
+        self.strays: list[ProcessIdentity] = []  # task processes without FERRY_HOME
+
+    def end_at_close(self, pid: int) -> None:
+        """End this process at :meth:`close` (identity taken now): for task processes
+        that replaced their environment, which the FERRY_HOME scan cannot find."""
+        identity = identity_of(pid)
+        if identity is not None:
+            self.strays.append(identity)
 
     def env(self, failpoints: str | None = None, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k != "FERRY_FAILPOINTS"}
@@ -186,6 +194,9 @@ class Ferry:
             if proc.poll() is None:
                 proc.kill()
             proc.communicate(timeout=CLI_TIMEOUT_S)
+        for stray in self.strays:
+            with contextlib.suppress(OSError):
+                signal_verified(stray, signal.SIGKILL, group=False)
         needle = f"FERRY_HOME={self.home}".encode()
         for _ in range(3):
             left = processes_with_env(needle)

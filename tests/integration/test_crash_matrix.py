@@ -342,10 +342,15 @@ def test_a_kill_that_crashed_leaves_the_orphan_quarantined_and_can_be_repeated(
     "pid-free liveness signal (an inherited lock file or pipe, design.md section 4).",
 )
 def test_a_child_that_cleared_its_environment_before_spawned_is_not_taken_for_dead(
-    ferry: Ferry,
+    ferry: Ferry, tmp_path: Path
 ) -> None:
-    argv = ["env", "-i", "sleep", "300"]
+    pidfile = tmp_path / "pid"
+    argv = ["/bin/sh", "-c", 'echo $$ > "$0"; exec env -i sleep 300', str(pidfile)]
     result = ferry.cli("run", "--idempotent", "--", *argv, failpoints="after:spawn")
     assert result.returncode == -9
+    pid = wait_until(lambda: pidfile.exists() and pidfile.read_text().strip(), what="pid")
+    ferry.end_at_close(int(pid))
+    task_id = ferry.tasks()[0]["id"]
+    wait_until(lambda: not task_processes(task_id), what="the marker to go with env -i")
     code, report = ferry.recover()
     assert (code, [d["decision"] for d in report["decisions"]]) == (3, ["QUARANTINE"])

@@ -295,6 +295,7 @@ def test_an_orphan_without_the_marker_keeps_recover_at_3_until_killed(
     reporting it, also after a compaction moved the task out of the journal's tail."""
     task = crashed_after_spawned(ferry, ["env", "-i", "sleep", "300"])
     task_id = str(task["id"])
+    ferry.end_at_close(int(str(task["pid"])))  # no FERRY_HOME left to find it by
     assert not task_processes(task_id), "the marker is gone with the environment"
     code, report = ferry.recover()
     assert code == 3 and [d["decision"] for d in report["decisions"]] == ["QUARANTINE"]
