@@ -20,6 +20,7 @@ import argparse
 import fnmatch
 import importlib.util
 import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 
@@ -32,14 +33,21 @@ Benchmark = Callable[[Options], Figure]
 
 
 def discover() -> dict[str, Benchmark]:
-    """Every benchmark in bench/*_bench.py, by name, in module then definition order."""
+    """Every benchmark in bench/*_bench.py, by name, in module then definition order.
+
+    A module that fails to import is reported on stderr and skipped: the others run."""
     registry: dict[str, Benchmark] = {}
     for path in sorted(BENCH_DIR.glob("*_bench.py")):
         spec = importlib.util.spec_from_file_location(path.stem, path)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         sys.modules[path.stem] = module
-        spec.loader.exec_module(module)
+        try:
+            spec.loader.exec_module(module)
+        except Exception:
+            print(f"bench: cannot import {path.name}; its benchmarks are skipped", file=sys.stderr)
+            traceback.print_exc()
+            continue
         for name, fn in getattr(module, "BENCHMARKS", {}).items():
             if name in registry:
                 raise SystemExit(f"bench: {name} is defined twice (second in {path.name})")
@@ -71,10 +79,20 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(registry))
         return 0
     options = Options(runs=args.runs, scale=args.scale)
+    failed: list[str] = []
     for name in select(registry, args.names):
-        figure = registry[name](options)
+        try:
+            figure = registry[name](options)
+        except Exception:
+            # No line for a figure that was not measured; the others still run.
+            print(f"bench: {name} failed", file=sys.stderr)
+            traceback.print_exc()
+            failed.append(name)
+            continue
         print(figure.line(), flush=True)
-    return 0
+    if failed:
+        print(f"bench: failed: {' '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
