@@ -9,9 +9,14 @@ may come back with is materialised into a real directory, where the real library
   order, exactly once (replay = the snapshot's records + the segments after it);
 * nothing is invented: what is there is a prefix of what was appended, and no longer
   than what had been handed to the library before the cut;
-* after repair the journal verifies clean, and a new append gets the next seq.
+* after repair the journal verifies clean, and a new append gets the next seq (a state
+  the library refuses to open counts as a violation too).
 
-The last test removes one fsync from the library and shows that this harness notices.
+Workloads: one handle (append, batch, rotation, snapshot, compaction, reopen, torn tails
+cut by repair and by append); two handles taking turns (as two processes would); a
+process dying inside an append at each delicate point while another goes on; and, under
+the `crash` mark, long seeded mixes of all of these. The meta-tests delete one fsync
+call site from the library at a time and show that this harness reports the loss.
 """
 
 from __future__ import annotations
