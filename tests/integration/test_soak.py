@@ -86,6 +86,13 @@ def test_soak_work_killed_and_restarted(ferry: Ferry, tmp_path: Path) -> None:
             workers.append(ferry.start(*WORK))
             events["with a standby"] += 1
         time.sleep(rng.uniform(0.05, 1.5))  # the random moment of the crash (the stimulus)
+        roll = rng.random()
+        if roll < 0.15:  # an operator's compaction while the worker appends
+            ferry.ok("journal", "compact")
+            events["compactions while a worker runs"] += 1
+        elif roll < 0.3:  # cron's recover while a worker leads: 75, or it decides
+            code, _ = ferry.recover()
+            events[f"recover while a worker runs, exit {code}"] += 1
         victims = workers if rng.random() < 0.7 else workers[:1]
         kill_and_reap(victims)
         if len(victims) < len(workers):  # the standby leads on for a moment, then dies too
@@ -132,8 +139,11 @@ def test_soak_work_killed_and_restarted(ferry: Ferry, tmp_path: Path) -> None:
         "SIGKILLed or crashed "
         f"({events['with a standby']} rounds with a standby, "
         f"{events['rounds with a failpoint']} with a failpoint armed), "
-        f"{sum(v for k, v in events.items() if k.startswith('recover'))} recovers in between, "
-        f"{events['compactions']} compactions, elapsed {elapsed_s:.1f} s"
+        f"{sum(v for k, v in events.items() if k.startswith('recover exit'))} recovers and "
+        f"{events['compactions']} compactions in between, "
+        f"{sum(v for k, v in events.items() if k.startswith('recover while'))} recovers and "
+        f"{events['compactions while a worker runs']} compactions concurrent with a worker, "
+        f"elapsed {elapsed_s:.1f} s"
     )
     print(f"soak: outcomes {dict(sorted(outcomes.items(), key=str))}")
     print(f"soak: idempotent re-executions {reruns}; mutating tasks run twice: 0")
