@@ -34,7 +34,7 @@ from ferry.store import Store
 
 SEGMENT = "00000000000000000001.jsonl"
 FUZZ = settings(
-    max_examples=150,
+    max_examples=100,
     deadline=None,  # a slow example is not a bug; a hang is caught by the timeout below
     suppress_health_check=[HealthCheck.too_slow],
 )
