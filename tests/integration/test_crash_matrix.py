@@ -354,3 +354,30 @@ def test_a_child_that_cleared_its_environment_before_spawned_is_not_taken_for_de
     wait_until(lambda: not task_processes(task_id), what="the marker to go with env -i")
     code, report = ferry.recover()
     assert (code, [d["decision"] for d in report["decisions"]]) == (3, ["QUARANTINE"])
+
+
+def test_an_idempotent_task_released_max_times_fails_with_release_limit_exceeded(
+    ferry: Ferry, tmp_path: Path
+) -> None:
+    """The table's last runner-dead row: releases = max -> FAILED RELEASE_LIMIT_EXCEEDED."""
+    mark = tmp_path / "runs"
+    ferry.ok("submit", "--idempotent", "--max-releases", "1", "--", *counting_task(mark))
+    task_id = ferry.tasks()[0]["id"]
+    for crash_round, (want_code, want_decision) in enumerate(
+        [(0, "RELEASE"), (3, "FAIL_LIMIT")], start=1
+    ):
+        result = ferry.cli("work", "--drain", "--poll", "0.05", failpoints="after:SPAWNED")
+        assert result.returncode == -9
+        wait_until(lambda n=crash_round: runs(mark) == n, what=f"run {crash_round}")
+        wait_task_gone(task_id)
+        code, report = ferry.recover()
+        assert (code, [d["decision"] for d in report["decisions"]]) == (want_code, [want_decision])
+    after = ferry.task(task_id)
+    assert (after["state"], after["reason"], after["releases"]) == (
+        "FAILED",
+        "RELEASE_LIMIT_EXCEEDED",
+        1,
+    )
+    ferry.ok("work", "--drain", "--poll", "0.05")
+    assert runs(mark) == 2
+    ferry.verify()
