@@ -135,7 +135,8 @@ class Recoverer:
                     "task": task.id,
                     "decision": decision.action.value,
                     "state": data.get("state") or _state_of(decision.event[0]),
-                    "reason": data.get("reason"),
+                    # A STALE record carries no reason field; the task's reason is set by it.
+                    "reason": data.get("reason") or _reason_of(decision.event[0]),
                 }
             )
             report.needs_operator |= decision.needs_operator
@@ -192,6 +193,10 @@ class Recoverer:
 
 def _state_of(event_type: str) -> str:
     return {"RELEASED": "QUEUED", "STALE": "STALE", "RESUMED": "RUNNING"}.get(event_type, "?")
+
+
+def _reason_of(event_type: str) -> str | None:
+    return Reason.HEARTBEAT_STALE.value if event_type == "STALE" else None
 
 
 def _marks_and_groups() -> tuple[set[str], set[int]]:

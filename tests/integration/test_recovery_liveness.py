@@ -176,6 +176,10 @@ def test_a_stopped_runner_is_left_alone_then_stale_then_running_again(
         wait_until(lambda: heartbeat_age_s(ferry, task_id) > 1.0, what="a 1 s old heartbeat")
         code, report = ferry.recover("--stale-after", "1")
         assert code == 0 and [d["decision"] for d in report["decisions"]] == ["MARK_STALE"]
+        assert (report["decisions"][0]["state"], report["decisions"][0]["reason"]) == (
+            "STALE",
+            "HEARTBEAT_STALE",
+        )
         stale = ferry.task(task_id)
         assert (stale["state"], stale["reason"]) == ("STALE", "HEARTBEAT_STALE")
         assert task_processes(task_id), "a STALE task is not killed unless configured"
