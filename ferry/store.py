@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import os
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -318,7 +317,13 @@ def _write_archive(
             os.unlink(temp)
         raise
     _fsync_dir(directory)  # the rename survives a power cut before the snapshot does
-    return {"name": name, "sha256": hashlib.sha256(body).hexdigest(), "count": len(records)}
+    return {"name": name, "sha256": _sha256_hex(body), "count": len(records)}
+
+
+def _sha256_hex(body: bytes) -> str:
+    import hashlib  # lazy: only archives need it, and it costs `ferry run` ~2 ms to load
+
+    return hashlib.sha256(body).hexdigest()
 
 
 def _read_archive(path: Path, sha256: str) -> Iterator[Mapping[str, Any]]:
@@ -330,7 +335,7 @@ def _read_archive(path: Path, sha256: str) -> Iterator[Mapping[str, Any]]:
             code="journal.snapshot_mismatch",
             details={"path": str(path)},
         ) from error
-    if hashlib.sha256(body).hexdigest() != sha256:
+    if _sha256_hex(body) != sha256:
         raise JournalIntegrityError(
             f"settled-task archive {path.name} does not match its snapshot",
             code="journal.snapshot_mismatch",
