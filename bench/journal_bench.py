@@ -25,15 +25,18 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import statistics
 import subprocess
 import sys
 import threading
+import time
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import orjson
-from benchkit import Figure, Options, fmt_rate, interleaved, rate, scratch, side_by_side, timed
+from benchkit import Figure, Options, fmt_rate, interleaved, rate, scratch, timed
 
 import journal
 
@@ -47,13 +50,14 @@ def payload(i: int) -> dict[str, Any]:
 # --------------------------------------------------------------------------- sides
 
 
-def journal_appends(directory: Path, n: int) -> float:
-    """Seconds for n single-record appends (each durable on return) to a fresh journal."""
-    j = journal.Journal.open(directory)
-    try:
-        return timed(lambda: [j.append("bench", payload(i)) for i in range(n)])
-    finally:
-        j.close()
+def journal_steps(j: journal.Journal) -> Callable[[range], None]:
+    """Single appends, each durable on return."""
+
+    def step(indices: range) -> None:
+        for i in indices:
+            j.append("bench", payload(i))
+
+    return step
 
 
 def segment_lines(directory: Path) -> list[bytes]:
@@ -64,19 +68,15 @@ def segment_lines(directory: Path) -> list[bytes]:
     return lines
 
 
-def raw_appends(path: Path, lines: list[bytes]) -> float:
-    """Seconds for one os.write + os.fsync per line on an O_APPEND descriptor."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
+def raw_steps(fd: int, lines: list[bytes]) -> Callable[[range], None]:
+    """One os.write + os.fsync per line on an O_APPEND descriptor."""
 
-        def loop() -> None:
-            for line in lines:
-                os.write(fd, line)
-                os.fsync(fd)
+    def step(indices: range) -> None:
+        for i in indices:
+            os.write(fd, lines[i])
+            os.fsync(fd)
 
-        return timed(loop)
-    finally:
-        os.close(fd)
+    return step
 
 
 def sqlite_connect(path: Path) -> sqlite3.Connection:
@@ -94,12 +94,14 @@ def sqlite_insert(conn: sqlite3.Connection, i: int) -> None:
     conn.execute("COMMIT")
 
 
-def sqlite_appends(path: Path, n: int) -> float:
-    conn = sqlite_connect(path)
-    try:
-        return timed(lambda: [sqlite_insert(conn, i) for i in range(n)])
-    finally:
-        conn.close()
+def sqlite_steps(conn: sqlite3.Connection) -> Callable[[range], None]:
+    """One row per transaction."""
+
+    def step(indices: range) -> None:
+        for i in indices:
+            sqlite_insert(conn, i)
+
+    return step
 
 
 def run_threads(threads: int, per_thread: int, work: Any) -> float:
@@ -127,24 +129,48 @@ def run_threads(threads: int, per_thread: int, work: Any) -> float:
 # --------------------------------------------------------------------------- benchmarks
 
 
+CHUNKS = 20  # slices per run, alternating sides: both see the same disk weather
+
+
+def chunk_interleaved(
+    n: int, ours_step: Callable[[range], None], base_step: Callable[[range], None]
+) -> tuple[float, float]:
+    """Seconds each side takes for n records, measured in CHUNKS alternating slices.
+
+    Other processes' fsyncs come and go within seconds on a shared machine; slicing
+    the run finely puts both sides under the same load (a whole-run alternation lets
+    one side take a quiet minute and the other a busy one)."""
+    size = max(1, n // CHUNKS)
+    seconds = {"ours": 0.0, "base": 0.0}
+    steps = {"ours": ours_step, "base": base_step}
+    for number, start in enumerate(range(0, n, size)):
+        indices = range(start, min(n, start + size))
+        order = ("ours", "base") if number % 2 == 0 else ("base", "ours")
+        for side in order:
+            started = time.perf_counter()
+            steps[side](indices)
+            seconds[side] += time.perf_counter() - started
+    return seconds["ours"], seconds["base"]
+
+
 def bench_append(options: Options) -> Figure:
     n = max(50, int(2000 * options.scale))
     with scratch("append-") as root:
-        counter = iter(range(10**9))
-        last_lines: list[bytes] = []
-
-        def ours() -> float:
-            directory = root / f"j{next(counter)}"
-            seconds = journal_appends(directory, n)
-            last_lines[:] = segment_lines(directory)
-            return rate(n, seconds)
-
-        def base() -> float:
-            if not last_lines:  # base ran first: produce the same bytes, untimed
-                last_lines[:] = segment_lines_of_fresh_journal(root / f"s{next(counter)}", n)
-            return rate(n, raw_appends(root / f"raw{next(counter)}", last_lines))
-
-        ours_rate, base_rate = side_by_side(ours, base, options.runs)
+        # The raw side writes lines of exactly the journal's format and sizes.
+        lines = segment_lines_of_fresh_journal(root / "lines", n)
+        ours_rates: list[float] = []
+        base_rates: list[float] = []
+        for run in range(options.runs):
+            j = journal.Journal.open(root / f"j{run}")
+            fd = os.open(root / f"raw{run}", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            try:
+                ours_s, base_s = chunk_interleaved(n, journal_steps(j), raw_steps(fd, lines))
+            finally:
+                j.close()
+                os.close(fd)
+            ours_rates.append(rate(n, ours_s))
+            base_rates.append(rate(n, base_s))
+    ours_rate, base_rate = statistics.median(ours_rates), statistics.median(base_rates)
     return Figure(
         "journal-append",
         ours_rate / base_rate,
@@ -166,12 +192,19 @@ def segment_lines_of_fresh_journal(directory: Path, n: int) -> list[bytes]:
 def bench_vs_sqlite(options: Options) -> Figure:
     n = max(50, int(2000 * options.scale))
     with scratch("sqlite-") as root:
-        counter = iter(range(10**9))
-        ours_rate, base_rate = side_by_side(
-            lambda: rate(n, journal_appends(root / f"j{next(counter)}", n)),
-            lambda: rate(n, sqlite_appends(root / f"s{next(counter)}.db", n)),
-            options.runs,
-        )
+        ours_rates: list[float] = []
+        base_rates: list[float] = []
+        for run in range(options.runs):
+            j = journal.Journal.open(root / f"j{run}")
+            conn = sqlite_connect(root / f"s{run}.db")
+            try:
+                ours_s, base_s = chunk_interleaved(n, journal_steps(j), sqlite_steps(conn))
+            finally:
+                j.close()
+                conn.close()
+            ours_rates.append(rate(n, ours_s))
+            base_rates.append(rate(n, base_s))
+    ours_rate, base_rate = statistics.median(ours_rates), statistics.median(base_rates)
     return Figure(
         "journal-vs-sqlite",
         ours_rate / base_rate,
@@ -185,32 +218,36 @@ def bench_group_commit(options: Options, threads: int = 8) -> Figure:
     per_thread = max(20, int(1000 * options.scale))
     total = threads * per_thread
     with scratch("group-") as root:
-        counter = iter(range(10**9))
-
-        def ours() -> float:
-            j = journal.Journal.open(root / f"j{next(counter)}")
-            try:
-                return rate(
-                    total,
-                    run_threads(threads, per_thread, lambda t, i: j.append("bench", payload(i))),
-                )
-            finally:
-                j.close()
-
-        def base() -> float:
-            conn = sqlite_connect(root / f"s{next(counter)}.db")
+        ours_rates: list[float] = []
+        base_rates: list[float] = []
+        for run in range(options.runs):
+            j = journal.Journal.open(root / f"j{run}")
+            conn = sqlite_connect(root / f"s{run}.db")
             lock = threading.Lock()
 
-            def insert(t: int, i: int) -> None:
-                with lock:  # one connection: SQLite serialises writers anyway
+            def ours(t: int, i: int, j: journal.Journal = j) -> None:
+                j.append("bench", payload(i))
+
+            def base(
+                t: int, i: int, conn: sqlite3.Connection = conn, lock: threading.Lock = lock
+            ) -> None:
+                with lock:  # one connection: SQLite serialises its writers anyway
                     sqlite_insert(conn, i)
 
             try:
-                return rate(total, run_threads(threads, per_thread, insert))
+                # Each side's threads run per slice, the sides alternating (see
+                # chunk_interleaved): every slice is `threads` threads x per-slice appends.
+                ours_s, base_s = chunk_interleaved(
+                    per_thread,
+                    lambda indices: run_threads_for(threads, indices, ours),
+                    lambda indices: run_threads_for(threads, indices, base),
+                )
             finally:
+                j.close()
                 conn.close()
-
-        ours_rate, base_rate = side_by_side(ours, base, options.runs)
+            ours_rates.append(rate(total, ours_s))
+            base_rates.append(rate(total, base_s))
+    ours_rate, base_rate = statistics.median(ours_rates), statistics.median(base_rates)
     return Figure(
         "journal-group-commit",
         ours_rate / base_rate,
@@ -218,6 +255,11 @@ def bench_group_commit(options: Options, threads: int = 8) -> Figure:
         fmt_rate(base_rate),
         {"threads": str(threads), "records": str(total), "target": ">=50"},
     )
+
+
+def run_threads_for(threads: int, indices: range, work: Callable[[int, int], None]) -> None:
+    """`threads` threads, each calling work(thread_no, i) for every i in indices."""
+    run_threads(threads, len(indices), lambda t, k: work(t, indices[k]))
 
 
 # -- replay
