@@ -72,6 +72,7 @@ def spawn(spec: SuperviseSpec) -> subprocess.Popen[bytes]:
             stderr=subprocess.PIPE,
             start_new_session=True,  # its own session and group: signals reach the tree
             close_fds=True,
+            pass_fds=spec.pass_fds,
             bufsize=0,
         )
     except (OSError, ValueError) as e:

@@ -23,6 +23,7 @@ class SuperviseSpec:
     stdout_echo_fd: int = 1  # where passthrough sends the task's stdout (2 under --json)
     shell: bool = False
     stdin: int | None = None  # None: inherit ferry's stdin
+    pass_fds: tuple[int, ...] = ()  # descriptors the child inherits (the alive-lock)
 
 
 @dataclass(frozen=True)

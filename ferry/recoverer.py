@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ferry import alivelock
 from ferry import events as ev
+from ferry.alivelock import alive_path
 from ferry.errors import FerryError, RefusedError
 from ferry.liveness import probe, probe_task
 from ferry.model import Liveness, Reason, State, Task
@@ -65,7 +67,12 @@ def task_marker(task: Task) -> str:
     return task.marker or marker_prefix(task.id, task.attempt)
 
 
-def task_liveness(task: Task) -> Liveness:
+def task_liveness(task: Task, home: Path) -> Liveness:
+    """Alive if its inherited alive-lock is still held (pid-free: sees children that
+    called setsid and cleared their environment), or if any process of its session or
+    group, or carrying its marker, is alive (``probe_task``)."""
+    if alivelock.held(alive_path(home, task.id, task.attempt)):
+        return Liveness.ALIVE
     runner = runner_identity(task)
     not_before = runner.start_time if runner is not None else None
     return probe_task(task_marker(task), leader_identity(task), not_before_ticks=not_before)
@@ -92,7 +99,7 @@ class Recoverer:
         runner_seen = probe(runner) if runner is not None else Liveness.DEAD
         process_seen = Liveness.DEAD
         if task.state is not State.CLAIMED:  # a CLAIMED task never started anything
-            process_seen = task_liveness(task)
+            process_seen = task_liveness(task, self.home)
         try:
             beat = heartbeat_path(self.home, task.id, task.attempt).stat().st_mtime
             age: float | None = now - beat
@@ -154,7 +161,7 @@ class Recoverer:
         found = []
         for task in quarantined:
             maybe = task.id in marked or (task.pid is not None and task.pid in groups)
-            if maybe and task_liveness(task) is not Liveness.DEAD:
+            if maybe and task_liveness(task, self.home) is not Liveness.DEAD:
                 found.append(task.id)
         return found
 
@@ -180,9 +187,9 @@ class Recoverer:
             return self.service.show(task.id)
         # No runner: make sure nothing of the task is left, then settle it ourselves.
         grace_end = time.monotonic() + task.spec.kill_grace_s
-        while task_liveness(task) is not Liveness.DEAD and time.monotonic() < grace_end:
+        while task_liveness(task, self.home) is not Liveness.DEAD and time.monotonic() < grace_end:
             time.sleep(_POLL_S)
-        if task_liveness(task) is not Liveness.DEAD:
+        if task_liveness(task, self.home) is not Liveness.DEAD:
             signal_task(leader_identity(task), task_marker(task), signal.SIGKILL)
         with contextlib.suppress(RefusedError):  # settled meanwhile: fine
             self.store.commit(
@@ -236,7 +243,7 @@ def kill_orphan(service: Service, task: Task, sig: int) -> dict[str, Any]:
             details={"task": task.id},
         )
     leader = leader_identity(task)
-    if task_liveness(task) is Liveness.DEAD:
+    if task_liveness(task, service.home) is Liveness.DEAD:
         return {"task": task.id, "signal": sig, "signalled": 0,
                 "message": f"{task.id}: no process of the task is alive"}  # fmt: skip
     service.store.commit(

@@ -23,11 +23,13 @@ import signal
 import stat
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from ferry import alivelock
 from ferry import events as ev
+from ferry.alivelock import alive_path
 from ferry.errors import EX_FERRY_FAILED, EX_TIMEOUT, FerryError
 from ferry.failpoints import failpoint
 from ferry.model import Reason, State, Task
@@ -258,7 +260,19 @@ class Runner:
                 # it DISPATCHING for recovery to mark unsafe: nothing has run.
                 message = f"cannot create the task's log directory: {e}"
                 raise SpawnFailed("other", message, errno_=e.errno) from e
-            outcome = supervise(sup, on_spawned=on_spawned, should_stop=self._stopper(task, stop))
+            lock_path = alive_path(self.home, task.id, task.attempt)
+            try:
+                lock_fd = alivelock.hold(lock_path)
+            except OSError as e:
+                raise SpawnFailed("other", f"cannot create the task's alive-lock: {e}") from e
+            try:
+                outcome = supervise(
+                    replace(sup, pass_fds=(lock_fd,)),
+                    on_spawned=on_spawned,
+                    should_stop=self._stopper(task, stop),
+                )
+            finally:
+                alivelock.release(lock_fd, lock_path)
         except SpawnFailed as error:
             settled = ev.Settled(
                 task=task.id, attempt=task.attempt, token=token, state=State.FAILED,

@@ -246,7 +246,7 @@ class Service:
         from ferry.model import Liveness
         from ferry.recoverer import task_liveness
 
-        return task_liveness(task) is not Liveness.DEAD
+        return task_liveness(task, self.home) is not Liveness.DEAD
 
     def kill(self, prefix: str, signame: str) -> dict[str, Any]:
         from ferry.recoverer import kill_orphan

@@ -334,13 +334,6 @@ def test_a_kill_that_crashed_leaves_the_orphan_quarantined_and_can_be_repeated(
     ferry.verify()
 
 
-@pytest.mark.crash
-@pytest.mark.xfail(
-    strict=True,
-    reason="known limitation: between spawn and SPAWNED only the FERRY_TASK marker can "
-    "find the child; one that replaced its environment (env -i) looks dead. Needs a "
-    "pid-free liveness signal (an inherited lock file or pipe, design.md section 4).",
-)
 def test_a_child_that_cleared_its_environment_before_spawned_is_not_taken_for_dead(
     ferry: Ferry, tmp_path: Path
 ) -> None:

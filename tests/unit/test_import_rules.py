@@ -49,6 +49,7 @@ IO_FERRY_MODULES = {
     "statedir",
     "failpoints",
     "pointers",
+    "alivelock",
     "intake",
     "logs",
     "leader",

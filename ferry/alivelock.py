@@ -1,0 +1,64 @@
+"""A pid-free liveness signal: a lock the task's processes inherit.
+
+Before the spawn the runner opens ``heartbeats/<id>.<attempt>.alive`` and takes an
+exclusive ``flock`` on it; the descriptor is passed to the child (not close-on-exec), so
+the child and every descendant that does not close it share that one open file, and
+the lock stays held until the last of them exits (or closes it). After a runner crash,
+recovery asks: can I take the lock? If not, some process of the task still runs, even
+one that called ``setsid`` and replaced its environment (where the FERRY_TASK marker
+scan is blind). Zombies hold no descriptors, so they do not count: as the contract says.
+
+It is one more proof of life, never a proof of death: a daemon that closed all its
+descriptors is invisible here (the marker and the session scan still look for it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from pathlib import Path
+
+_FLAGS = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+
+
+def alive_path(home: Path, task_id: str, attempt: int) -> Path:
+    return home / "heartbeats" / f"{task_id}.{attempt}.alive"
+
+
+def hold(path: Path) -> int:
+    """Create and lock the file; the caller passes the fd to the child (pass_fds)."""
+    fd = os.open(path, _FLAGS, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def release(fd: int, path: Path) -> None:
+    """The runner is done with the task (settled): drop its hold and the file."""
+    os.close(fd)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+def held(path: Path) -> bool | None:
+    """True: some process still holds the lock (the task is alive). False: nobody
+    does. None: no lock file (a task dispatched before this existed, or settled)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return True  # cannot tell: fail closed (counts as alive)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # closing drops our lock, if we took it
+    return False
