@@ -14,12 +14,15 @@ Classification of the first bad line at byte ``offset`` of a segment:
 
 from __future__ import annotations
 
+import sys
 import zlib
+from array import array
+from binascii import hexlify
 from collections.abc import Callable, Iterator
 from itertools import repeat
-from operator import getitem
+from operator import getitem, itemgetter
 from pathlib import Path
-from typing import NamedTuple, cast
+from typing import Any, NamedTuple, cast
 
 import orjson
 
@@ -29,25 +32,78 @@ from journal._errors import CorruptionError, FormatVersionError
 
 CHUNK_BYTES = 256 << 10
 LINE_BYTES_MAX_READ = 64 << 20  # any line longer is damage (memory bound when reading)
+# Lines checked and parsed together.  Small enough that a run's objects stay below the
+# cyclic GC's first threshold (700 new containers): a larger run makes the collector
+# walk them, for nothing (they are acyclic and freed as the consumer drops them).
+RUN_LINES = 128
 _BODY = slice(None, -18)  # a line (without newline) before ',"crc":"'
 # The whole fixed tail ',"crc":"xxxxxxxx"}' is compared, not just the digits: a damaged
 # byte in the key or the closing brace (which the crc does not cover) must not pass.
 _TAIL = slice(-18, None)
-_TAIL_TEMPLATE = b',"crc":"%08x"}'
+_TAIL_BYTES = 18
+_CRC_KEY = b',"crc":"'
+_HEX_AT = len(_CRC_KEY)  # where the 8 hex digits start in the tail
+_CLOSE = b'"}'
+_U32 = "I" if array("I").itemsize == 4 else "L"
+_BIG_ENDIAN = sys.byteorder == "big"
 _crc32: Callable[[bytes], int] = zlib.crc32
 _slice = cast(Callable[[bytes, slice], bytes], getitem)
 _new_record = tuple.__new__
+# (seq, epoch, ts, type, data): a Record's fields, in its order, from a parsed line.
+_FIELDS = cast(Callable[[Any], tuple[Any, ...]], itemgetter("seq", "epoch", "ts", "type", "data"))
+_INT, _FLOAT, _STR, _DICT = {int}, {float}, {str}, {dict}
 
 
 def _checksums_match(lines: list[bytes]) -> bool:
-    """True if every line's checksum matches (C-level loops, no bytecode per line: the
-    crc is the costliest check, so it is the one done in bulk)."""
+    """True if every line ends in the 18-byte tail ',"crc":"xxxxxxxx"}' holding the
+    crc32 of the bytes before it.  Bulk, C-level work only (no bytecode per line): the
+    crc is the costliest check, so it is the one done in bulk."""
     count = len(lines)
-    crcs = tuple(map(_crc32, map(_slice, lines, repeat(_BODY, count))))
-    # One formatting of all the expected tails against all the actual ones: both are
-    # 18 bytes per line exactly when every line matches (a shorter line cannot align).
-    expected: bytes = (_TAIL_TEMPLATE * count) % crcs
-    return expected == b"".join(map(_slice, lines, repeat(_TAIL, count)))
+    crcs = array(_U32, map(_crc32, map(_slice, lines, repeat(_BODY, count))))
+    if not _BIG_ENDIAN:
+        crcs.byteswap()
+    digits = hexlify(crcs)  # 8 lowercase hex digits per line, in line order
+    tails = b"".join(map(_slice, lines, repeat(_TAIL, count)))
+    if len(tails) != _TAIL_BYTES * count:  # some line is shorter than a tail
+        return False
+    # Column by column: byte k of every tail, against what it must be.
+    for k, byte in enumerate(_CRC_KEY):
+        if tails[k::_TAIL_BYTES] != bytes((byte,)) * count:
+            return False
+    for k in range(8):
+        if tails[_HEX_AT + k :: _TAIL_BYTES] != digits[k::8]:
+            return False
+    return (
+        tails[_HEX_AT + 8 :: _TAIL_BYTES] == b'"' * count
+        and tails[_HEX_AT + 9 :: _TAIL_BYTES] == b"}" * count
+    )
+
+
+def _parse_run(lines: list[bytes], expected: int) -> tuple[list[Record], int] | None:
+    """The records of checksummed ``lines`` (seqs from ``expected``) and their highest
+    epoch, or None if any line is not a record in the canonical form the writer makes
+    (the slow path then finds and explains it).  Every field of every line is checked,
+    in bulk: parsed as JSON, ``v`` is 1, ``seq`` follows on, ``epoch`` an int >= 0, ``ts``
+    a float, ``type`` a str, ``data`` an object."""
+    count = len(lines)
+    try:
+        objs = list(map(orjson.loads, lines))
+        fields = list(map(_FIELDS, objs))  # KeyError: a field is missing
+        versions = list(map(getitem, objs, repeat("v", count)))  # TypeError: not an object
+    except (ValueError, KeyError, TypeError):  # orjson.JSONDecodeError is a ValueError
+        return None
+    seqs, epochs, stamps, types, datas = zip(*fields, strict=True)
+    if (
+        seqs != tuple(range(expected, expected + count))
+        or versions.count(1) != count
+        or {*map(type, seqs), *map(type, epochs), *map(type, versions)} != _INT
+        or {*map(type, stamps)} != _FLOAT
+        or {*map(type, types)} != _STR
+        or {*map(type, datas)} != _DICT
+        or min(epochs) < 0
+    ):
+        return None
+    return list(map(_new_record, repeat(Record, count), fields)), max(epochs)
 
 
 def _holds_valid_line(line: bytes) -> bool:
@@ -70,9 +126,11 @@ class Damage(NamedTuple):
 class SegmentScan:
     """Scan one open segment from byte ``start`` where ``next_seq`` is expected.
 
-    Iterate ``records()``; as it goes, ``end_offset`` (just after the last valid record)
-    and ``next_seq`` follow; at the end ``damage`` tells what stopped it (None: clean)
-    and ``size`` how many bytes were seen.
+    Iterate ``records()`` (or ``runs()``, lists of consecutive records); as it goes,
+    ``end_offset`` (just after the last valid record) and ``next_seq`` follow, brought
+    up to date after each run is consumed (exact whenever the scan stops on its own);
+    at the end ``damage`` tells what stopped it (None: clean) and ``size`` how many
+    bytes were seen.
     """
 
     def __init__(self, fd: int, path: Path, start: int, next_seq: int) -> None:
@@ -85,64 +143,55 @@ class SegmentScan:
         self.size = start
 
     def records(self) -> Iterator[Record]:
+        for run in self.runs():
+            yield from run
+
+    def runs(self) -> Iterator[list[Record]]:
         fd = self.fd
         pos = line_start = self.end_offset
         pending = b""
         skipping = False  # inside an over-long line already counted as damage
         damage: Damage | None = None
-        loads, new, record_cls = orjson.loads, _new_record, Record
         while True:
             chunk = _fsutil.pread(fd, CHUNK_BYTES, pos)
             if not chunk:
                 break
             pos += len(chunk)
-            lines = (pending + chunk if pending else chunk).split(b"\n")
+            lines = chunk.split(b"\n")
+            if pending:  # (joined to the first line only: no copy of the whole chunk)
+                lines[0] = pending + lines[0]
             pending = lines.pop()
             if skipping and lines:  # the rest of an over-long line
                 skipping = False
                 line_start += len(lines[0]) + 1
                 del lines[0]
             if damage is None and lines and _checksums_match(lines):
-                # The fast path: every checksum matched; parse and check the rest line
-                # by line, dropping to the slow path at the first line that fails.
-                start = expected = self.next_seq
-                top = self.max_epoch
-                for line in lines:
-                    try:
-                        obj = loads(line)
-                        epoch, ts, rtype, data = obj["epoch"], obj["ts"], obj["type"], obj["data"]
-                        if (
-                            obj["seq"] != expected
-                            or obj["v"] != 1
-                            or type(epoch) is not int
-                            or type(ts) is not float
-                            or type(rtype) is not str
-                            or type(data) is not dict
-                            or epoch < 0
-                        ):
-                            break
-                    except (ValueError, KeyError, TypeError):  # JSONDecodeError: ValueError
+                # The fast path: every checksum matched; check the rest in runs, and
+                # leave the first run that has a bad line to the slow path.
+                done = 0
+                while done < len(lines):
+                    run_lines = lines[done : done + RUN_LINES]
+                    parsed = _parse_run(run_lines, self.next_seq)
+                    if parsed is None:
                         break
-                    if epoch > top:
-                        top = epoch
-                    yield new(record_cls, (expected, epoch, ts, rtype, data))
-                    expected += 1
-                done = expected - start
-                if done:
-                    # Positions are brought up to date per run of lines, not per record:
-                    # exact whenever the scan stops on its own.
-                    line_start += sum(map(len, lines[:done])) + done
-                    self.end_offset, self.next_seq, self.max_epoch = line_start, expected, top
-                    del lines[:done]
+                    records, top = parsed
+                    yield records
+                    count = len(run_lines)
+                    line_start += sum(map(len, run_lines)) + count
+                    self.end_offset, self.next_seq = line_start, self.next_seq + count
+                    if top > self.max_epoch:
+                        self.max_epoch = top
+                    done += count
+                del lines[:done]
             for line in lines:  # the slow path: find and explain the first bad line
                 if damage is None:
                     record, damage = self._explain(line, line_start, self.next_seq)
                     if record is not None:
+                        yield [record]
                         line_start += len(line) + 1
                         self.end_offset = line_start
                         self.next_seq += 1
                         self.max_epoch = max(self.max_epoch, record.epoch)
-                        yield record
                         continue
                     assert damage is not None
                     if damage.corrupt:
@@ -192,7 +241,7 @@ class SegmentScan:
 
 def scan_all(scan: SegmentScan) -> None:
     """Run a scan to its end, discarding the records."""
-    for _ in scan.records():
+    for _ in scan.runs():
         pass
 
 

@@ -119,9 +119,10 @@ def iter_records(
             ) from None
         try:
             scan = SegmentScan(fd, segment.path, 0, next_seq)
-            for record in scan.records():
-                if record.seq >= from_seq:
-                    yield record
+            for run in scan.runs():
+                if run[0].seq < from_seq:  # (only in the segment where from_seq is)
+                    run = run[from_seq - run[0].seq :]
+                yield from run
         finally:
             _fsutil.close(fd)
         next_seq = scan.next_seq

@@ -23,7 +23,7 @@ from journal import (
     read_records,
     verify,
 )
-from journal._codec import encode_record
+from journal._codec import LineProblem, decode_line, encode_record
 from journal._segment import segment_name
 
 COUNTS = (3, 3, 4)  # records per segment: seqs 1-3, 4-6, 7-10
@@ -394,3 +394,68 @@ def test_strict_read_raises_torn_tail_error_after_the_valid_records(j3: Journal3
     )
     assert error.code == "journal.torn_tail"
     assert [r.seq for r in read_records(j3.dir)] == list(range(1, 11))  # default: quiet
+
+
+# -- the bulk fast path checks every field of every line, as the slow path does
+
+RUN_TEST_LINES = 300  # more than one chunk run (reader_module.RUN_LINES), fewer than a chunk
+
+
+def _checked(body: bytes) -> bytes:
+    return body + b',"crc":"%08x"}\n' % zlib.crc32(body)
+
+
+BODIES = {  # (the line at seq 200, formatted with its seq): every one checksums
+    "int-ts": b'{"v":1,"seq":%d,"epoch":0,"ts":17,"type":"T","data":{}',
+    "extra-key": b'{"v":1,"seq":%d,"epoch":0,"ts":1.5,"type":"T","data":{},"x":[1]',
+    "v-true": b'{"v":true,"seq":%d,"epoch":0,"ts":1.5,"type":"T","data":{}',
+    "v-float": b'{"v":1.0,"seq":%d,"epoch":0,"ts":1.5,"type":"T","data":{}',
+    "v-str": b'{"v":"1","seq":%d,"epoch":0,"ts":1.5,"type":"T","data":{}',
+    "v-missing": b'{"seq":%d,"epoch":0,"ts":1.5,"type":"T","data":{}',
+    "v2": b'{"v":2,"seq":%d,"epoch":0,"ts":1.5,"type":"T","data":{}',
+    "seq-float": b'{"v":1,"seq":%d.0,"epoch":0,"ts":1.5,"type":"T","data":{}',
+    "seq-next": b'{"v":1,"seq":%d1,"epoch":0,"ts":1.5,"type":"T","data":{}',
+    "epoch-neg": b'{"v":1,"seq":%d,"epoch":-1,"ts":1.5,"type":"T","data":{}',
+    "epoch-float": b'{"v":1,"seq":%d,"epoch":1.0,"ts":1.5,"type":"T","data":{}',
+    "epoch-true": b'{"v":1,"seq":%d,"epoch":true,"ts":1.5,"type":"T","data":{}',
+    "ts-str": b'{"v":1,"seq":%d,"epoch":0,"ts":"1.5","type":"T","data":{}',
+    "ts-null": b'{"v":1,"seq":%d,"epoch":0,"ts":null,"type":"T","data":{}',
+    "type-int": b'{"v":1,"seq":%d,"epoch":0,"ts":1.5,"type":3,"data":{}',
+    "data-list": b'{"v":1,"seq":%d,"epoch":0,"ts":1.5,"type":"T","data":[]',
+    "data-null": b'{"v":1,"seq":%d,"epoch":0,"ts":1.5,"type":"T","data":null',
+    "data-missing": b'{"v":1,"seq":%d,"epoch":0,"ts":1.5,"type":"T"',
+    "duplicate-seq": b'{"v":1,"seq":%d,"epoch":0,"ts":1.5,"type":"T","data":{},"seq":1',
+    "not-json": b'{"v":1,"seq":%d,"epoch":0,"ts":1.5,"type":"T","data":{}}}',
+}
+
+
+@pytest.mark.usefixtures("chunk")
+@pytest.mark.parametrize("case", list(BODIES))
+def test_bulk_and_line_by_line_checks_agree(case: str, tmp_path: Path) -> None:
+    """One checksummed line among many valid ones: whatever decode_line (the slow,
+    explaining path) says of it alone, reading the segment says too."""
+    bad_seq = 200
+    odd = _checked(BODIES[case] % bad_seq)
+    lines = [line(seq) if seq != bad_seq else odd for seq in range(1, RUN_TEST_LINES + 1)]
+    directory = tmp_path / "j"
+    directory.mkdir()
+    (directory / segment_name(1)).write_bytes(b"".join(lines))
+    offset = sum(map(len, lines[: bad_seq - 1]))
+    got: list[Record] = []
+    try:
+        alone: Record | BaseException = decode_line(odd, bad_seq)
+    except (LineProblem, FormatVersionError) as exc:
+        alone = exc
+    if isinstance(alone, Record):
+        got.extend(read_records(directory))
+        assert got[bad_seq - 1] == alone
+        assert [r.seq for r in got] == list(range(1, RUN_TEST_LINES + 1))
+        assert got[:3] == [record(1), record(2), record(3)]
+        return
+    expected = FormatVersionError if isinstance(alone, FormatVersionError) else CorruptionError
+    with pytest.raises(expected) as caught:
+        got.extend(read_records(directory))
+    assert [r.seq for r in got] == list(range(1, bad_seq))
+    assert (caught.value.offset, caught.value.seq) == (offset, bad_seq)
+    if isinstance(alone, LineProblem):
+        assert alone.checks or case == "not-json"
