@@ -33,6 +33,7 @@ from ferry.pinning import (
     StoredPatch,
     decide_dispatch,
 )
+from ferry.statedir import fsync_dir, write_atomic
 
 PATCH_BYTES_MAX = 64 * 1024 * 1024  # a review patch, not a disk image
 _HEX = frozenset("0123456789abcdef")
@@ -194,25 +195,10 @@ def store_patch_bytes(data: bytes, patches_dir: Path) -> StoredPatch:
             return StoredPatch(path=str(final), sha256=sha256)
     except OSError:
         pass  # absent (the usual case) or unreadable: write it afresh
-    temp = patches_dir / f".{sha256}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-    try:
-        view = memoryview(data)
-        while view:
-            written = os.write(fd, view)
-            view = view[written:]
-        # Crash before this fsync: the rename below has not happened, so the final name
-        # never points at a file whose bytes the disk may not keep.
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        os.unlink(temp)
-        raise
-    os.close(fd)
-    os.replace(temp, final)
-    # Crash after the rename but before this fsync could lose the directory entry: the
-    # task would then fail POINTER_STALE (copy missing) rather than run without it.
-    _fsync_dir(patches_dir)
+    # Atomic (temp, fsync, rename, fsync dir). A crash after the rename but before the
+    # directory fsync could lose the entry: the task would then fail POINTER_STALE (copy
+    # missing) rather than run without it.
+    write_atomic(patches_dir, final.name, data)
     return StoredPatch(path=str(final), sha256=sha256)
 
 
@@ -242,15 +228,7 @@ def _make_private_dir(directory: Path) -> None:
         return
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     # The new directory's entry lives in its parent: make it durable before files go in.
-    _fsync_dir(directory.parent)
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(directory.parent)
 
 
 def _is_sha256(text: str) -> bool:

@@ -20,6 +20,7 @@ and one read of ``/proc/self/mountinfo``.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -297,3 +298,29 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def write_atomic(directory: Path, name: str, data: bytes) -> Path:
+    """Write ``data`` as ``directory/name`` (0600) atomically: a private temp file,
+    fsync, rename, fsync the directory. A crash at any point leaves either no file of
+    that name or the whole of it, never a torn one; a failure (a full disk) removes the
+    temp file so it does not hold the space."""
+    final = directory / name
+    temp = directory / f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            # Before the rename: the name must never point at bytes the disk may not keep.
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temp, final)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+    fsync_dir(directory)  # the rename itself survives a power cut
+    return final

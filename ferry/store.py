@@ -16,7 +16,6 @@ history (``ls``, ``show`` of an old task, a key lookup).
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import threading
@@ -40,6 +39,7 @@ from ferry.failpoints import failpoint
 from ferry.ids import resolve_prefix
 from ferry.model import Task
 from ferry.state import Table
+from ferry.statedir import fsync_dir, write_atomic
 
 SNAPSHOT_TAIL_RECORDS = 20_000  # leaders compact once this many records follow a snapshot
 # Small segments: compaction can drop history sooner, and opening scans at most one
@@ -300,23 +300,7 @@ def _write_archive(
     directory.mkdir(mode=0o700, exist_ok=True)
     name = f"{_ARCHIVE_PREFIX}{seq:020d}.jsonl"
     body = b"".join(orjson.dumps(record) + b"\n" for record in records)
-    temp = directory / f".{name}.{os.getpid()}.tmp"
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-    try:
-        try:
-            view = memoryview(body)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)  # the bytes are on disk before the name can point at them
-        finally:
-            os.close(fd)
-        os.replace(temp, directory / name)
-    except OSError:
-        # A full disk: do not leave the partial temp file holding the space.
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        raise
-    _fsync_dir(directory)  # the rename survives a power cut before the snapshot does
+    write_atomic(directory, name, body)
     return {"name": name, "sha256": _sha256_hex(body), "count": len(records)}
 
 
@@ -353,12 +337,4 @@ def _prune_archives(directory: Path, keep: set[str]) -> None:
     for entry in os.listdir(directory):
         if entry.startswith(_ARCHIVE_PREFIX) and entry not in keep:
             os.unlink(directory / entry)
-    _fsync_dir(directory)
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(directory)
