@@ -185,7 +185,25 @@ class Runner:
         """Run a planned task whose record (``plan.event``) is already durable."""
         if plan.env is None:
             return RunResult(self._task(plan.task.id), EX_FERRY_FAILED, plan.error)
-        return self._supervise(plan.task, plan.token, plan.env, stop)
+        task = plan.task
+        # A `ferry cancel` may have landed since the claim: do not start what the user
+        # asked to stop (a refresh is an fstat when nothing new was written).
+        with contextlib.suppress(FerryError):
+            self.store.refresh()
+        current = self.store.get(task.id)
+        if current is not None and current.cancel_requested and current.attempt == task.attempt:
+            self.store.commit(
+                ev.Settled(
+                    task=task.id,
+                    attempt=task.attempt,
+                    token=plan.token,
+                    state=State.CANCELLED,
+                    reason=Reason.CANCELLED_BY_USER,
+                    evidence={"cancelled_before_spawn": True},
+                )
+            )
+            return RunResult(self._task(task.id), 128 + signal.SIGTERM)
+        return self._supervise(task, plan.token, plan.env, stop)
 
     def dispatch(
         self,
