@@ -1,0 +1,41 @@
+"""A cancel that lands after the claim but before the spawn: the task never starts."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from ferry import events as ev
+from ferry.ids import new_claim_token, new_task_id
+from ferry.model import Reason, State
+from ferry.process import self_identity
+from ferry.runner import Runner
+from ferry.spec import TaskSpec
+from ferry.statedir import ensure_home
+from ferry.store import Store
+
+
+def test_a_cancel_between_claim_and_spawn_settles_cancelled_without_running(
+    tmp_path: Path,
+) -> None:
+    home = ensure_home(tmp_path / "home")
+    marker = tmp_path / "ran"
+    store = Store.open(home)
+    spec = TaskSpec(argv=("/bin/sh", "-c", f"touch {marker}"), cwd=str(tmp_path))
+    task_id = new_task_id(time.time_ns(), os.urandom(4))
+    token = new_claim_token(os.urandom(10))
+    me = self_identity().to_json()
+    store.commit(
+        ev.Submitted(task_id, spec, time.time()), ev.Claimed(task_id, 1, token, me, "claim")
+    )
+    store.commit(ev.CancelRequested(task_id, 1))  # as `ferry cancel` would, meanwhile
+    task = store.get(task_id)
+    assert task is not None and task.state is State.CLAIMED
+
+    result = Runner(store, passthrough=False).dispatch(replace(task, claim_token=token), token)
+
+    assert (result.task.state, result.task.reason) == (State.CANCELLED, Reason.CANCELLED_BY_USER)
+    assert not marker.exists(), "the cancelled task was started"
+    store.close()
