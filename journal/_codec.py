@@ -53,6 +53,10 @@ class Prepared(NamedTuple):
 
 
 _new_tuple = tuple.__new__
+_dumps, _loads, _now = orjson.dumps, orjson.loads, time.time
+# Record types are few: their JSON is kept (for exact str only).
+_type_bytes: dict[str, bytes] = {}
+_TYPE_CACHE_MAX = 1024
 
 
 def _check_finite(value: Any, path: str) -> None:
@@ -76,38 +80,40 @@ def prepare(
     ts: float | None = None,
 ) -> Prepared:
     """Validate and encode everything but the seq; raise before anything is written."""
-    if not isinstance(type, str) or not type:
+    # (Exact classes are tested first: the common case costs one comparison each.)
+    if (type.__class__ is not str and not isinstance(type, str)) or not type:
         raise InvalidRecordError(f"record type must be a non-empty str, got {type!r}")
-    if not isinstance(epoch, int) or isinstance(epoch, bool) or not 0 <= epoch < 2**63:
+    if (
+        epoch.__class__ is not int and (not isinstance(epoch, int) or isinstance(epoch, bool))
+    ) or not 0 <= epoch < 2**63:
         raise InvalidRecordError(f"epoch must be an int >= 0, got {epoch!r}")
-    if not isinstance(data, dict):
+    if data.__class__ is not dict and not isinstance(data, dict):
         raise InvalidRecordError(f"record data must be a dict, got {data.__class__.__name__}")
     if ts is None:
-        ts = time.time()
+        ts = _now()
     elif not isinstance(ts, float) or not math.isfinite(ts):
         raise InvalidRecordError(f"ts must be a finite float, got {ts!r}")
+    type_bytes = _type_bytes.get(type) if type.__class__ is str else None
     try:
-        data_bytes = orjson.dumps(data, option=_DUMPS_OPTIONS)
-        type_bytes = orjson.dumps(type)
+        data_bytes = _dumps(data, option=_DUMPS_OPTIONS)
+        if type_bytes is None:
+            type_bytes = _dumps(type)
+            if len(_type_bytes) < _TYPE_CACHE_MAX and type.__class__ is str:
+                _type_bytes[type] = type_bytes
     except (TypeError, orjson.JSONEncodeError) as exc:
         raise InvalidRecordError(f"record cannot be encoded: {exc}") from exc
     if b"null" in data_bytes:
         # orjson writes NaN/Infinity as null without a word: only then walk the data
         # (a real None or the text "null" also lands here; the walk tells them apart).
         _check_finite(data, "data")
-    inner = b'"epoch":%d,"ts":%s,"type":%s,"data":%s' % (
-        epoch,
-        orjson.dumps(ts),
-        type_bytes,
-        data_bytes,
-    )
+    inner = b'"epoch":%d,"ts":%s,"type":%s,"data":%s' % (epoch, _dumps(ts), type_bytes, data_bytes)
     if len(inner) + _OVERHEAD_BYTES > record_bytes_max:
         raise RecordTooLargeError(
             f"record of type {type!r} needs up to {len(inner) + _OVERHEAD_BYTES} bytes,"
             f" more than record_bytes_max={record_bytes_max}"
         )
     # tuple.__new__ skips the NamedTuple's Python-level __new__ (hot path).
-    return _new_tuple(Prepared, (epoch, ts, type, orjson.loads(data_bytes), inner))
+    return _new_tuple(Prepared, (epoch, ts, type, _loads(data_bytes), inner))
 
 
 def encode_line(seq: int, prepared: Prepared) -> bytes:

@@ -41,6 +41,7 @@ from journal._survey import Survey
 
 Subscriber = Callable[[Record], None]
 _new_tuple = tuple.__new__
+_get_ident = threading.get_ident
 Hook = Callable[[], None]
 Fence = Callable[[int], None]
 
@@ -50,12 +51,13 @@ class _SubscriberFailed(Exception):
 
 
 class _Batch:
-    __slots__ = ("check", "epoch", "error", "prepared", "records")
+    __slots__ = ("check", "epoch", "error", "pending", "prepared", "records")
 
     def __init__(self, prepared: list[Prepared], epoch: int, check: Hook | None) -> None:
         self.prepared = prepared
         self.epoch = epoch
         self.check = check
+        self.pending: list[Record] = []  # its records, once accepted (not yet durable)
         self.records: list[Record] | None = None  # set once committed
         self.error: BaseException | None = None  # set once refused or failed
 
@@ -99,9 +101,11 @@ class Writer:
         finally:
             self._waiting -= 1
 
-    def _wake(self) -> None:
-        if self._waiting:
-            self._cond.notify_all()
+    def _release(self) -> None:
+        with self._mutex:
+            self._busy = False
+            if self._waiting:
+                self._cond.notify_all()
 
     def _check_usable(self) -> None:
         if self._closed:
@@ -112,7 +116,7 @@ class Writer:
     def _refuse_reentry(self) -> None:
         """A subscriber or hook calling back into the handle that runs it would wait for
         itself forever: refuse instead (call with _mutex held)."""
-        if self._busy and self._owner == threading.get_ident():
+        if self._busy and self._owner == _get_ident():
             raise JournalError(
                 "journal called from its own subscriber or hook (this would deadlock)"
             )
@@ -125,13 +129,11 @@ class Writer:
             while self._busy:
                 self._wait()
             self._check_usable()
-            self._busy, self._owner = True, threading.get_ident()
+            self._busy, self._owner = True, _get_ident()
         try:
             yield
         finally:
-            with self._mutex:
-                self._busy = False
-                self._wake()
+            self._release()
 
     @contextmanager
     def locked(self) -> Iterator[None]:
@@ -155,25 +157,29 @@ class Writer:
     ) -> list[Record]:
         batch = _Batch(prepared, epoch, check)
         with self._mutex:
-            self._check_usable()
-            self._refuse_reentry()
-            self._queue.append(batch)
-            while self._busy and batch.records is None and batch.error is None:
-                self._wait()
-            if batch.records is None and batch.error is None:
-                # Nobody committed our batch: lead, taking everything queued meanwhile.
+            if self._closed or self._failed is not None:
                 self._check_usable()
-                self._busy, self._owner = True, threading.get_ident()
-                group, self._queue = self._queue, []
+            if self._busy:
+                self._refuse_reentry()
+                self._queue.append(batch)
+                while self._busy and batch.records is None and batch.error is None:
+                    self._wait()
+                if batch.records is not None or batch.error is not None:
+                    group = None  # committed (or refused) by another thread's commit
+                else:  # nobody took our batch: lead, taking everything queued meanwhile
+                    self._check_usable()
+                    group, self._queue = self._queue, []
             else:
-                group = []
-        if group:
+                # Batches may be queued by threads not yet awake: they go first.
+                group = [*self._queue, batch] if self._queue else [batch]
+                self._queue = []
+            if group is not None:
+                self._busy, self._owner = True, _get_ident()
+        if group is not None:
             try:
                 self._lead(group)
             finally:
-                with self._mutex:
-                    self._busy = False
-                    self._wake()
+                self._release()
         if batch.error is not None:
             raise batch.error
         assert batch.records is not None
@@ -208,19 +214,21 @@ class Writer:
         torn = pos.catch_up(self._feed_one, locked=True)
         if torn is not None:
             cut_tail(self.directory, torn)
+        fence = self._fence
         lines: list[bytes] = []
-        accepted: list[tuple[_Batch, list[Record]]] = []
+        accepted: list[_Batch] = []
         seq, max_epoch = pos.last_seq, pos.max_epoch
         for batch in group:
+            epoch = batch.epoch
             try:
-                if 0 < batch.epoch < max_epoch:
+                if 0 < epoch < max_epoch:
                     raise FencedError(
-                        f"epoch {batch.epoch} is older than the journal's epoch {max_epoch}",
-                        epoch=batch.epoch,
+                        f"epoch {epoch} is older than the journal's epoch {max_epoch}",
+                        epoch=epoch,
                         current_epoch=max_epoch,
                     )
-                if self._fence is not None:
-                    self._fence(batch.epoch)
+                if fence is not None:
+                    fence(epoch)
                 if batch.check is not None:
                     if lines:  # the check must see every record committed before it
                         self._flush(lines, accepted)
@@ -229,43 +237,51 @@ class Writer:
             except Exception as exc:
                 batch.error = exc
                 continue
-            records = []
+            records = batch.pending
             for item in batch.prepared:
                 seq += 1
                 lines.append(encode_line(seq, item))
                 records.append(_new_tuple(Record, (seq, item.epoch, item.ts, item.type, item.data)))
-            accepted.append((batch, records))
-            max_epoch = max(max_epoch, batch.epoch)
+            accepted.append(batch)
+            if epoch > max_epoch:
+                max_epoch = epoch
         if lines:
             self._flush(lines, accepted)
 
-    def _flush(self, lines: list[bytes], accepted: list[tuple[_Batch, list[Record]]]) -> None:
+    def _flush(self, lines: list[bytes], accepted: list[_Batch]) -> None:
         pos = self.pos
-        data = b"".join(lines)
+        data = lines[0] if len(lines) == 1 else b"".join(lines)
         if pos.fd is None or (pos.end > 0 and pos.end + len(data) > self._segment_bytes_max):
             self._new_segment()
-        pos.make_durable()
+        if not pos.durable:
+            pos.make_durable()
         assert pos.fd is not None
-        _fsutil.write_all(pos.fd, data)
-        _fsutil.sync_data(pos.fd)
+        _fsutil.write_durably(pos.fd, data)
         # Committed: only now may a caller learn it (an error above left every batch
         # of this flush without records: its outcome is unknown, the handle failed).
         pos.end += len(data)
-        for batch, records in accepted:
-            batch.records = records
-            pos.last_seq = records[-1].seq
-            pos.max_epoch = max(pos.max_epoch, batch.epoch)
-        for _batch, records in accepted:
-            self._feed(records)
+        for batch in accepted:
+            batch.records = batch.pending
+            if batch.epoch > pos.max_epoch:
+                pos.max_epoch = batch.epoch
+        pos.last_seq = accepted[-1].pending[-1].seq
+        if self.subscribers:
+            for batch in accepted:
+                self._feed(self.subscribers, batch.pending)
 
     def _new_segment(self) -> None:
         # (A named step: tests/integration/test_journal_powercut.py removes the
         # directory fsync made under this frame and expects the loss to be caught.)
         self.pos.new_segment()
 
-    def _feed(self, records: list[Record]) -> None:
+    @staticmethod
+    def _feed(subscribers: list[Subscriber], records: list[Record]) -> None:
         for record in records:
-            self._feed_one(record)
+            for subscriber in subscribers:
+                try:
+                    subscriber(record)
+                except Exception as exc:
+                    raise _SubscriberFailed(repr(exc)) from exc
 
     def _feed_one(self, record: Record) -> None:
         for subscriber in self.subscribers:
