@@ -43,6 +43,9 @@ Guarantees
 * Appenders (threads and processes) serialise on ``flock(.lock)``; threads of one handle
   share one write and one fsync (group commit).  Under the lock an appender first
   catches up on what others appended (feeding subscribers) and cuts a torn tail.
+  Subscribers see this handle's records once durable; those subscribed with
+  ``before_durable=True`` see each batch as soon as it is accepted, so that later
+  checks in the same group see it (its outcome is unknown if the write then fails).
 * ``Journal.open`` checks every segment holding records after the latest snapshot and
   changes nothing; ``verify`` checks everything; ``repair`` cuts only a torn tail.
 * Creating, renaming and removing segments and snapshots fsync the directory.
@@ -231,11 +234,24 @@ class Journal:
         """Catch up on records other processes appended (feeds the subscribers)."""
         self._writer.refresh()
 
-    def subscribe(self, on_record: Subscriber, after_seq: int = 0) -> None:
+    def subscribe(
+        self, on_record: Subscriber, after_seq: int = 0, *, before_durable: bool = False
+    ) -> None:
         """Call ``on_record`` for every record with seq > ``after_seq``: those already in
         the journal now (read from disk), then each record this handle later sees, exactly
         once, in seq order.  CompactedError if ``after_seq + 1`` was compacted away.  A
-        subscriber that raises later breaks the handle (WriterFailedError)."""
+        subscriber that raises later breaks the handle (WriterFailedError).
+
+        A record this handle appends reaches ``on_record`` once it is durable; with
+        ``before_durable=True``, as soon as its batch is accepted (fence and check
+        passed), before the write and fsync of its group commit.  Then the ``check``
+        hooks of later batches in the same group see its effects, and the whole group
+        shares one write and one fsync (without such a subscriber, a batch with a check
+        waits for the batches before it to be written and synced).  The price: if that
+        write or fsync fails (WriterFailedError: the handle is unusable) or the process
+        dies before writing, ``on_record`` has seen records that may never be on disk.
+        Use it for the state that checks validate against; throw that state away with a
+        failed handle; take no side effect from a record before its own append returned."""
         writer = self._writer
         with writer.owned():
             if after_seq < writer.pos.last_seq:
@@ -252,7 +268,10 @@ class Journal:
                     if record.seq > after_seq:
                         wanted(record)
 
-            writer.subscribers.append(on_record)
+            if before_durable:
+                writer.early_subscribers.append(on_record)
+            else:
+                writer.subscribers.append(on_record)
 
     # -- reading ------------------------------------------------------------------------
 

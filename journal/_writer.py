@@ -6,16 +6,30 @@ One commit, under the cross-process append lock (flock on ``.lock``):
    (feeding the subscribers), following the chain of segments (``_position``);
 2. cut a torn tail if one is there (a crashed appender's leftovers: ``_repair``);
 3. per queued batch, in order: refuse an epoch older than the journal's highest
-   (FencedError), call ``fence(epoch)`` and ``check()``; a refusal fails that batch only;
+   (FencedError), call ``fence(epoch)`` and ``check()``; a refusal fails that batch
+   only, and nothing of it is written or fed.  An accepted batch gets its seqs and is
+   encoded, and its records go at once to the *early* subscribers
+   (``subscribe(..., before_durable=True)``), so the next batch's check sees them;
 4. ONE ``os.write`` of all accepted lines, ONE fdatasync; rotate first if the active
    segment would pass ``segment_bytes_max``;
-5. only now are the records committed: feed them to the subscribers, wake the callers.
+5. only now are the records committed: feed them to the other subscribers, wake the
+   callers.
 
 Group commit (leader/follower): a thread that finds a commit in progress queues its
 batch and waits; when the commit ends, one waiting thread becomes the leader and
-commits every batch queued meanwhile together.  A batch with a ``check`` hook is checked
-against everything committed before it: if records of earlier batches are pending in
-the group, they are written and fsynced first.
+commits every batch queued meanwhile together.  A batch's ``check`` must see every
+record before it.  With early subscribers it does, through them, and the whole group
+shares one write and one fsync.  Without any, the records of earlier batches pending
+in the group are written and fsynced first (one more fsync), then the check runs.
+
+What early subscribers see that the others never do: records of the group being
+committed, before they are durable.  If the write or the fsync fails, the handle is
+failed (WriterFailedError for every caller in the group and for every later call) and
+the early subscribers have seen records whose outcome is unknown (on disk or not:
+reopen and replay to learn which).  If the process dies between feeding and writing,
+other threads of that process may have seen records that no disk ever held.  No caller
+is ever told "committed" before the fsync returned; the subscriber's state must be
+thrown away with a failed handle, and must not drive side effects on its own.
 """
 
 from __future__ import annotations
@@ -79,7 +93,8 @@ class Writer:
         self._lock_fd = lock_fd
         self._segment_bytes_max = segment_bytes_max
         self._fence = fence
-        self.subscribers: list[Subscriber] = []
+        self.subscribers: list[Subscriber] = []  # fed once a record is durable
+        self.early_subscribers: list[Subscriber] = []  # fed once its batch is accepted
         self.pos = Position(directory, lock_fd, found, max_epoch=max_epoch)
         # _mutex guards _busy, _owner, _queue, _waiting; _cond waits on the same lock.
         self._mutex = threading.Lock()
@@ -214,6 +229,7 @@ class Writer:
         torn = pos.catch_up(self._feed_one, locked=True)
         if torn is not None:
             cut_tail(self.directory, torn)
+        early = self.early_subscribers
         fence = self._fence
         lines: list[bytes] = []
         accepted: list[_Batch] = []
@@ -230,7 +246,9 @@ class Writer:
                 if fence is not None:
                     fence(epoch)
                 if batch.check is not None:
-                    if lines:  # the check must see every record committed before it
+                    if lines and not early:
+                        # Nothing shows the check the batches before it until they are
+                        # durable (and fed): write and sync them first.
                         self._flush(lines, accepted)
                         lines, accepted = [], []
                     batch.check()
@@ -245,6 +263,8 @@ class Writer:
             accepted.append(batch)
             if epoch > max_epoch:
                 max_epoch = epoch
+            if early:  # accepted: the next batch's check sees its effects
+                self._feed(early, records)
         if lines:
             self._flush(lines, accepted)
 
@@ -284,7 +304,8 @@ class Writer:
                     raise _SubscriberFailed(repr(exc)) from exc
 
     def _feed_one(self, record: Record) -> None:
-        for subscriber in self.subscribers:
+        """A record caught up from disk: every subscriber, early ones first."""
+        for subscriber in (*self.early_subscribers, *self.subscribers):
             try:
                 subscriber(record)
             except Exception as exc:
