@@ -10,6 +10,12 @@ while the backlog is over ``ECHO_BACKLOG_BYTES`` the loop stops reading this str
 (the task then blocks on its own pipe, as it would writing to the stalled reader
 directly). Terminals, files and kernels without ``RWF_NOWAIT`` for pipes get plain
 blocking writes, as ``tee`` does.
+
+Once a piped stream has passed ``_splice.TEE_AFTER_BYTES``, :meth:`Sink.splice_from`
+takes over while nothing waits in the backlog: ``tee(2)`` into ferry's pipe, then
+``splice(2)`` of the same bytes into the log, without copying them through ferry
+(see :mod:`ferry._splice`). When ferry's pipe is full, the chunk takes the classic
+path above (read, log, backlog), so a stalled reader is handled exactly as before.
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ import os
 import select
 import stat
 from collections import deque
+
+from ferry import _splice
 
 ECHO_BACKLOG_BYTES = 4 << 20
 ECHO_PIPE_BYTES = 1 << 20
@@ -75,6 +83,9 @@ class Sink:
         self._backlog: deque[bytes] = deque()
         self._head_done = 0  # bytes of _backlog[0] already written
         self._nowait = bool(_RWF_NOWAIT) and echo_fd is not None and _is_pipe(echo_fd)
+        self._zero_copy = self._nowait and _splice.available()
+        self._log_unappended = False
+        self._writeback_at = _splice.WRITEBACK_EVERY_BYTES
         if self._nowait:
             assert echo_fd is not None
             # A 64 KiB pipe takes 1 MiB in 16 rounds through the loop; 1 MiB in one. (It
@@ -91,11 +102,57 @@ class Sink:
         """Enough is waiting: stop reading the task's pipe until the reader catches up."""
         return self.backlog_bytes >= ECHO_BACKLOG_BYTES
 
+    def splice_from(self, src_fd: int, max_bytes: int) -> int | None:
+        """Pass up to ``max_bytes`` from the task's pipe ``src_fd`` to ferry's pipe and
+        the log without copying them through ferry. Returns the byte count (0: end of
+        stream), or None: use the classic read-and-write path for this chunk (ferry's
+        pipe is full, something waits in the backlog, the stream is still small...)."""
+        if (
+            not self._zero_copy
+            or self.echo_fd is None
+            or self._backlog
+            or self.log_error is not None
+            or self.bytes_total < _splice.TEE_AFTER_BYTES
+        ):
+            return None
+        tee = _splice.load_tee()
+        if tee is None:
+            self._zero_copy = False
+            return None
+        try:
+            if not self._log_unappended:
+                _splice.unappend(self.log_fd)
+                self._log_unappended = True
+            moved = tee(src_fd, self.echo_fd, max_bytes)
+        except BlockingIOError:
+            # ferry's pipe is full (the task's pipe is readable: the loop said so).
+            return None
+        except OSError as e:
+            if e.errno in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                self._zero_copy = False
+            return None  # EPIPE and the like: the classic path reports them
+        if moved:
+            error, spliced = _splice.move_to_log(src_fd, self.log_fd, moved)
+            self._zero_copy = spliced
+            self.bytes_total += moved
+            if error is not None:
+                self.log_error = f"writing the log failed: {error}"
+            self._maybe_writeback()
+        return moved
+
+    def _maybe_writeback(self) -> None:
+        # A big log: let the disk start on it now, so the fdatasync before SETTLED
+        # finds little left to write (durability still comes from that fdatasync).
+        if self.bytes_total >= self._writeback_at:
+            self._writeback_at = self.bytes_total + _splice.WRITEBACK_EVERY_BYTES
+            _splice.start_writeback(self.log_fd)
+
     def write(self, data: bytes | memoryview) -> None:
         self.bytes_total += len(data)
         if self.log_error is None:
             try:
                 write_all(self.log_fd, data)
+                self._maybe_writeback()
             except OSError as e:
                 # ENOSPC/EIO on the log: keep the task running and the pipe drained (a
                 # full pipe would block the task), report the lost evidence instead.
