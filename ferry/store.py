@@ -125,7 +125,13 @@ class Store:
             snapshot = wal.latest_snapshot()
             table = _table_from_snapshot(home, snapshot.data) if snapshot else Table()
             store = cls(home, wal, table)
-            wal.subscribe(store._apply, after_seq=table.last_seq)
+            # before_durable: every commit carries a check against this table, so the
+            # table must see the batches ahead in a group commit for checked commits of
+            # several threads (work -j N) to share one fsync. The table may then hold a
+            # record for the length of its fsync before it is durable (and keep it if
+            # that fsync fails: the handle is then dead). Nothing acts on the table
+            # alone: every side effect follows its own commit (docs/journal-format.md).
+            wal.subscribe(store._apply, after_seq=table.last_seq, before_durable=True)
         except journal.JournalError as error:
             raise journal_error(error) from error
         return store
