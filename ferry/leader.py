@@ -248,7 +248,7 @@ class Worker:
         DISPATCHING for all of them in one durable write fenced by our epoch; then
         start one runner thread per task."""
         free = self.jobs - len(self.running)
-        queued = self.store.table.queued()[:free] if free > 0 else []
+        queued = self.store.table.oldest_queued_n(free) if free > 0 else []
         if not queued:
             return
         me = self.lead.me.to_json()

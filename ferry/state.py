@@ -124,13 +124,26 @@ class Table:
         return sorted(tasks, key=lambda task: (task.queue_seq, task.id))
 
     def oldest_queued(self) -> Task | None:
-        while self._queue:
-            queue_seq, task_id = self._queue[0]
-            task = self._live.get(task_id)
-            if task is not None and task.state is State.QUEUED and task.queue_seq == queue_seq:
-                return task
-            heapq.heappop(self._queue)  # stale entry: that task left QUEUED
-        return None
+        found = self.oldest_queued_n(1)
+        return found[0] if found else None
+
+    def oldest_queued_n(self, limit: int) -> list[Task]:
+        """The ``limit`` oldest QUEUED tasks, as ``queued()[:limit]`` would list them,
+        from the heap: a leader filling a free slot does not sort the whole queue."""
+        found: list[Task] = []
+        kept: list[tuple[int, str]] = []
+        while self._queue and len(found) < limit:
+            entry = heapq.heappop(self._queue)
+            task = self._live.get(entry[1])
+            valid = task is not None and task.state is State.QUEUED
+            if valid and task is not None and task.queue_seq == entry[0] and entry not in kept:
+                found.append(task)
+                kept.append(entry)
+            # else: stale (that task left QUEUED) or a duplicate (it left and came back
+            # before its old entry surfaced): dropped for good, one entry stays
+        for entry in kept:
+            heapq.heappush(self._queue, entry)
+        return found
 
     # ---- writing -------------------------------------------------------------------
 
