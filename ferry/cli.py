@@ -1,22 +1,23 @@
-"""The command line: parse, call one service function, render. No logic lives here.
+"""The ``ferry`` entry point: the one place that maps errors to exit codes.
 
-Every command's help ends with an example; ``docs/cli.md`` is checked against ``--help``
-by ``tests/acceptance/test_cli_docs.py``.  Errors of every kind leave through
-:func:`main`, the one place that prints ``ferry: error[<code>]: <message>`` and picks
-the exit code (via :func:`ferry.errors.exit_code_for`).
+The command line itself is click (:mod:`ferry.cli_app` and :mod:`ferry.cli_commands`:
+parse, call one service function, render; every command's help ends with an example;
+``docs/cli.md`` is checked against ``--help`` by ``tests/acceptance/test_cli_docs.py``).
+This module imports no click: ``ferry run`` in its plain forms is parsed by
+:mod:`ferry.cli_fast` (importing click and building the command tree costs about as much
+as the rest of ``ferry run -- true``), and everything else, including every usage error
+of ``run``, goes to click. Errors of every kind leave through :func:`main`, which prints
+``ferry: error[<code>]: <message>`` and picks the exit code (via
+:func:`ferry.errors.exit_code_for`).
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
-
-import click
+from collections.abc import Sequence
+from typing import Any
 
 from ferry import errors
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 # Commands that run a task in the foreground: their failures before the task starts exit
 # 125 (see ferry.errors.exit_code_for).
@@ -42,117 +43,40 @@ class Ctx:
         return Service.open(self.home, verbosity=self.verbosity)
 
 
-def _pos_float(name: str) -> click.FloatRange:
-    return click.FloatRange(min=0.0, max=10**9, min_open=name != "kill-grace")
+def task_opts(kw: dict[str, Any], argv: tuple[str, ...]) -> dict[str, Any]:
+    """The TASK OPTIONS (as the ``run``/``submit`` commands receive them) in the shape
+    the service's build_spec takes."""
+    return {
+        "argv": list(argv),
+        "name": kw["name"],
+        "key": kw["key"],
+        "idempotent": kw["idempotent"],
+        "max_releases": kw["max_releases"],
+        "timeout_s": kw["timeout"],
+        "kill_grace_s": kw["kill_grace"],
+        "heartbeat_s": kw["heartbeat"],
+        "cwd": kw["cwd"],
+        "env": list(kw["env"]),
+        "pointers": list(kw["pointers"]),
+        "patch_file": kw["patch_file"],
+        "shell": kw["shell"],
+    }
 
 
-def task_options(f: F) -> F:
-    """The TASK OPTIONS shared by ``run`` and ``submit`` (contract.md)."""
-    opts = [
-        click.option("--name", help="A human name for the task."),
-        click.option(
-            "--key",
-            help="Idempotency key: a task with this key that SUCCEEDED is not run again "
-            "(exit 0); one in flight is refused (exit 75).",
-        ),
-        click.option(
-            "--idempotent",
-            is_flag=True,
-            help="Safe to re-run after a crash (default: the task may mutate state).",
-        ),
-        click.option(
-            "--max-releases",
-            type=click.IntRange(0, 1000),
-            default=3,
-            show_default=True,
-            help="How many times recovery may requeue an idempotent task.",
-        ),
-        click.option(
-            "--timeout", type=_pos_float("timeout"), help="Kill the task after SECONDS (exit 124)."
-        ),
-        click.option(
-            "--kill-grace",
-            type=_pos_float("kill-grace"),
-            default=10.0,
-            show_default=True,
-            help="Seconds between SIGTERM and SIGKILL to the task's process group.",
-        ),
-        click.option(
-            "--heartbeat",
-            type=_pos_float("heartbeat"),
-            default=5.0,
-            show_default=True,
-            help="How often (seconds) the runner proves it is alive.",
-        ),
-        click.option("--cwd", help="Working directory of the task (default: the current one)."),
-        click.option(
-            "--env", "env", multiple=True, metavar="KEY=VALUE", help="Set a variable (repeatable)."
-        ),
-        click.option(
-            "--pointer",
-            "pointers",
-            multiple=True,
-            metavar="PATH[=SHA256]",
-            help="Pin a file's SHA-256 (taken now unless given); a change fails the task "
-            "POINTER_STALE before it runs (repeatable).",
-        ),
-        click.option(
-            "--patch-file",
-            type=click.Path(dir_okay=False),
-            help="A unified diff covering every pointer: lets an --idempotent task run in "
-            "self-contained mode when pointers are stale.",
-        ),
-        click.option("--shell", is_flag=True, help="Run CMD through /bin/sh -c (never implied)."),
-    ]
-    for opt in reversed(opts):
-        f = opt(f)
-    return f
+def run_command(ctx: Ctx, kw: dict[str, Any], argv: tuple[str, ...]) -> int:
+    """``ferry run``, however it was parsed (click or :mod:`ferry.cli_fast`)."""
+    ctx.runs_task = True
+    return int(ctx.service().run(task_opts(kw, argv), as_json=ctx.as_json))
 
 
-def _emit(ctx: Ctx, human: str | None, payload: Any) -> None:
-    from ferry import render
-
-    render.emit(as_json=ctx.as_json, human=human, payload=payload)
-
-
-@click.group(
-    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
-    epilog="Example:\n\n\b\n  ferry --home /var/lib/ferry ls --state RUNNING",
-)
-@click.option(
-    "--home",
-    type=click.Path(file_okay=False),
-    help="State directory (default: $FERRY_HOME, else $XDG_STATE_HOME/ferry, else "
-    "~/.local/state/ferry).",
-)
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output on stdout.")
-@click.option("--verbose", "-v", "verbosity", flag_value=1, help="Say more on stderr.")
-@click.option("--quiet", "-q", "verbosity", flag_value=-1, help="Say only errors.")
-@click.version_option(package_name="ferry", message="ferry %(version)s")
-@click.pass_context
-def cli(click_ctx: click.Context, home: str | None, as_json: bool, verbosity: int | None) -> None:
-    """ferry: a crash-safe task runner.
-
-    Every task goes through an append-only journal that records the intent durably
-    before each side effect, so that after kill -9, OOM or a reboot `ferry recover`
-    can tell the truth about it.
-    """
-    click_ctx.obj = Ctx(home, as_json, verbosity or 0)
-
-
-from ferry import cli_commands as _commands  # noqa: E402  (registers the commands)
-
-_commands.register(cli, task_options, _emit)
-
-
-def _report(error: errors.FerryError, as_json: bool) -> None:
+def report(error: errors.FerryError, as_json: bool) -> None:
     from ferry import render
 
     render.error(error, as_json=as_json)
 
 
-def _command_word(args: list[str]) -> str:
-    """The subcommand's name, for messages before click has parsed anything."""
+def command_word(args: list[str]) -> str:
+    """The subcommand's name, for messages before anything is parsed."""
     skip = False
     for arg in args:
         if skip:
@@ -170,35 +94,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``ferry`` console script; returns the exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
     as_json = "--json" in args[: args.index("--")] if "--" in args else "--json" in args
-    command = _command_word(args)
+    command = command_word(args)
     Ctx.current = None
     try:
-        result = cli.main(args=args, prog_name="ferry", standalone_mode=False)
-    except click.exceptions.NoArgsIsHelpError as exc:  # pragma: no cover - click >= 8.2
-        click.echo(exc.ctx.get_help() if exc.ctx else "", err=True)
-        if as_json:  # --json promises an error object on stdout for every error
-            from ferry import render
+        from ferry.cli_fast import parse_run
 
-            missing = errors.UsageError("missing command", code="usage.missing_command")
-            render.write_json({"error": missing.to_json()})
-        return errors.EX_USAGE
-    except click.UsageError as exc:
-        known = command in cli.commands
-        hint = f" (see 'ferry {command} --help')" if known else " (see 'ferry --help')"
-        _report(errors.UsageError(exc.format_message() + hint), as_json)
-        return errors.EX_USAGE
-    except click.exceptions.Abort:
-        _report(errors.FerryError("interrupted", code="interrupted", exit_code=130), as_json)
-        return 130
-    except click.exceptions.Exit as exc:
-        return int(exc.exit_code)
+        fast = parse_run(args)
+        if fast is not None:
+            return run_command(Ctx(fast.home, fast.as_json, fast.verbosity), fast.kw, fast.argv)
+        from ferry.cli_app import invoke
+
+        return invoke(args, as_json=as_json, command=command)
     except errors.FerryError as exc:
         ctx = Ctx.current
-        _report(exc, ctx.as_json if ctx else as_json)
+        report(exc, ctx.as_json if ctx else as_json)
         runs_task = ctx.runs_task if ctx else command in _RUNS_TASK
         return errors.exit_code_for(exc, runs_task=runs_task)
     except KeyboardInterrupt:
-        _report(errors.FerryError("interrupted", code="interrupted", exit_code=130), as_json)
+        report(errors.FerryError("interrupted", code="interrupted", exit_code=130), as_json)
         return 130
     except BrokenPipeError:
         return 0
@@ -211,7 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         ctx = Ctx.current
         error = errors.from_os_error(exc)
-        _report(error, ctx.as_json if ctx else as_json)
+        report(error, ctx.as_json if ctx else as_json)
         return errors.exit_code_for(
             error, runs_task=ctx.runs_task if ctx else command in _RUNS_TASK
         )
@@ -221,10 +134,22 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if os.environ.get("FERRY_DEBUG"):
             traceback.print_exc()
-        _report(errors.InternalError(f"internal error: {type(exc).__name__}: {exc}"), as_json)
+        report(errors.InternalError(f"internal error: {type(exc).__name__}: {exc}"), as_json)
         return errors.EX_FERRY_FAILED
-    return int(result or 0)
+
+
+def __getattr__(name: str) -> Any:
+    """``ferry.cli.cli``: the click group, built on first use (see the module docstring)."""
+    if name == "cli":
+        from ferry.cli_app import cli
+
+        return cli
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 if __name__ == "__main__":  # python -m ferry.cli
-    sys.exit(main())
+    # Run the imported module's main, not this __main__ copy: ferry.cli_app and
+    # ferry.cli_commands import ferry.cli, and there must be one Ctx class.
+    from ferry.cli import main as _main
+
+    sys.exit(_main())

@@ -1,7 +1,8 @@
 """The ferry commands. Each one parses, calls one service method, renders.
 
-Kept apart from ``cli.py`` (the group, global options and error mapping) so that each
-file stays small.  Every help text ends with an example.
+Kept apart from ``cli_app.py`` (the group and global options) and ``cli.py`` (the entry
+point and error mapping) so that each file stays small.  Every help text ends with an
+example.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 import click
+
+from ferry.cli import run_command, task_opts
 
 Emit = Callable[[Any, str | None, Any], None]
 
@@ -27,25 +30,6 @@ _STATES = [
 
 def _example(text: str) -> str:
     return "Example:\n\n\b\n" + "\n".join("  " + line for line in text.strip().splitlines())
-
-
-def _task_opts(kw: dict[str, Any], argv: tuple[str, ...]) -> dict[str, Any]:
-    """The TASK OPTIONS as the service's build_spec takes them."""
-    return {
-        "argv": list(argv),
-        "name": kw["name"],
-        "key": kw["key"],
-        "idempotent": kw["idempotent"],
-        "max_releases": kw["max_releases"],
-        "timeout_s": kw["timeout"],
-        "kill_grace_s": kw["kill_grace"],
-        "heartbeat_s": kw["heartbeat"],
-        "cwd": kw["cwd"],
-        "env": list(kw["env"]),
-        "pointers": list(kw["pointers"]),
-        "patch_file": kw["patch_file"],
-        "shell": kw["shell"],
-    }
 
 
 def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -> None:
@@ -67,8 +51,7 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
         ferry failed before the task started, 126/127 not executable/not found,
         128+N killed by signal N).
         """
-        ctx.runs_task = True
-        return int(ctx.service().run(_task_opts(kw, argv), as_json=ctx.as_json))
+        return run_command(ctx, kw, argv)
 
     @cli.command(
         context_settings={"allow_interspersed_args": False},
@@ -96,7 +79,7 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
         else:
             if not argv:
                 raise click.UsageError("missing CMD: ferry submit [OPTIONS] -- CMD [ARG...]")
-            tasks = svc.submit([_task_opts(kw, argv)])
+            tasks = svc.submit([task_opts(kw, argv)])
         if ctx.as_json:
             objs = [render.task_json(t) for t in tasks]
             emit(ctx, None, objs[0] if from_file is None else objs)

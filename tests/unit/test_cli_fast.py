@@ -1,0 +1,117 @@
+"""ferry.cli_fast.parse_run agrees with click: on every command line it accepts, click
+accepts it too and hands the ``run`` command exactly the same values; whatever click
+refuses, it leaves to click. And the plain lines a CI job writes take the fast path."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ferry import cli_commands
+from ferry.cli_app import cli
+from ferry.cli_fast import parse_run
+
+
+def click_parse(args: list[str], monkeypatch: pytest.MonkeyPatch) -> tuple[Any, ...] | None:
+    """What click hands ``run`` for ``args`` (None: click refused, or another command)."""
+    seen: list[tuple[Any, ...]] = []
+
+    def capture(ctx: Any, kw: dict[str, Any], argv: tuple[str, ...]) -> int:
+        seen.append((ctx.home, ctx.as_json, ctx.verbosity, dict(kw), tuple(argv)))
+        return 0
+
+    monkeypatch.setattr(cli_commands, "run_command", capture)
+    try:
+        cli.main(args=list(args), prog_name="ferry", standalone_mode=False)
+    except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+        return None
+    return seen[0] if seen else None
+
+
+def fast_parse(args: list[str]) -> tuple[Any, ...] | None:
+    fast = parse_run(list(args))
+    return None if fast is None else (fast.home, fast.as_json, fast.verbosity, fast.kw, fast.argv)
+
+
+PLAIN_LINES = [
+    ["run", "--", "true"],
+    ["run", "make", "test"],
+    ["run", "--key", "build-1", "--timeout", "3600", "--", "make", "test"],
+    ["--home", "/nonexistent/ferry", "--json", "run", "--name=ci", "--", "sh", "-c", "x"],
+    ["-q", "run", "--idempotent", "--env", "A=1", "--env", "B=2", "--cwd", "/", "--", "ls"],
+    ["--verbose", "run", "--kill-grace", "0", "--heartbeat", "0.5", "--max-releases", "7",
+     "--shell", "--", "echo $A"],
+    ["run", "--pointer", "README.md", "--", "cat", "README.md"],
+    ["run", "--", "-weird-program", "--", "--x"],
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("args", PLAIN_LINES, ids=" ".join)
+def test_plain_lines_take_the_fast_path_and_agree(
+    args: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fast = fast_parse(args)
+    assert fast is not None
+    assert fast == click_parse(args, monkeypatch)
+
+
+LEFT_TO_CLICK = [
+    [],
+    ["run"],
+    ["run", "--"],
+    ["run", "--help"],
+    ["run", "-h", "--", "x"],
+    ["--version"],
+    ["run", "--timeout", "abc", "--", "x"],
+    ["run", "--timeout", "0", "--", "x"],
+    ["run", "--max-releases", "1001", "--", "x"],
+    ["run", "--patch-file", "p.diff", "--pointer", "a", "--", "x"],
+    ["run", "--name", "a", "--name", "b", "--", "x"],
+    ["run", "--shell=yes", "--", "x"],
+    ["run", "--json", "--", "x"],
+    ["--home", "/etc/hostname", "run", "--", "x"],
+    ["-v", "-q", "run", "--", "x"],
+    ["submit", "--", "x"],
+]
+
+
+@pytest.mark.parametrize("args", LEFT_TO_CLICK, ids=lambda a: " ".join(a) or "(none)")
+def test_doubtful_lines_are_left_to_click(args: list[str]) -> None:
+    assert fast_parse(args) is None
+
+
+GLOBAL = ["--home", "/nonexistent/h", "--home=/", "--home=", "/etc/hostname", "--json", "-v",
+          "-q", "--verbose", "--quiet", "--version", "-h", "run", "--", "x"]  # fmt: skip
+OPTION_NAMES = ["--name", "--key", "--cwd", "--timeout", "--kill-grace", "--heartbeat",
+                "--max-releases", "--env", "--pointer", "--patch-file", "--idempotent",
+                "--shell", "--help", "-h", "--bogus", "-x", "--json"]  # fmt: skip
+VALUES = ["", "0", "1", "1.5", "1.", ".5", "-1", "1e3", "inf", "nan", "1000", "1001",
+          "1000000000", "1000000001", "abc", "K=V", "=x", "-x", "--", "1_0", " 2", "0.0",
+          "٣", "1.٣", "-", "true"]  # fmt: skip
+OPTION = st.one_of(
+    st.sampled_from(OPTION_NAMES).map(lambda name: [name]),
+    st.tuples(st.sampled_from(OPTION_NAMES), st.sampled_from(VALUES)).map(list),
+    st.tuples(st.sampled_from(OPTION_NAMES), st.sampled_from(VALUES)).map(
+        lambda pair: [f"{pair[0]}={pair[1]}"]
+    ),
+)
+LINE = st.tuples(
+    st.lists(st.sampled_from(GLOBAL), max_size=4),
+    st.just(["run"]),
+    st.lists(OPTION, max_size=5).map(lambda parts: [token for part in parts for token in part]),
+    st.lists(st.sampled_from(["--", "true", "-", "-n", "echo", "x y"]), max_size=4),
+).map(lambda parts: [token for part in parts for token in part])
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.one_of(LINE, st.lists(st.sampled_from(GLOBAL + OPTION_NAMES + VALUES), max_size=8)))
+def test_whatever_the_fast_path_accepts_click_parses_the_same(args: list[str]) -> None:
+    fast = fast_parse(args)
+    if fast is None:
+        return
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        assert click_parse(args, monkeypatch) == fast
