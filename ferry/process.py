@@ -29,9 +29,9 @@ import functools
 import os
 import signal
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, TypeGuard
 
+from ferry._value import Value, init
 from ferry.failpoints import failpoint
 
 __all__ = [
@@ -63,12 +63,19 @@ _EXITED_STATES = frozenset({"Z", "X", "x"})
 _PF_KTHREAD = 0x00200000  # include/linux/sched.h: a kernel thread (stat field 9)
 
 
-@dataclass(frozen=True, slots=True)
-class ProcessIdentity:
+class ProcessIdentity(Value):
+    __slots__ = ("boot_id", "host", "pid", "start_time")
+    _FIELDS = ("pid", "start_time", "boot_id", "host")
     pid: int
     start_time: int  # clock ticks since boot (/proc/<pid>/stat field 22)
     boot_id: str
     host: str
+
+    def __init__(self, pid: int, start_time: int, boot_id: str, host: str) -> None:
+        init(self, "pid", pid)
+        init(self, "start_time", start_time)
+        init(self, "boot_id", boot_id)
+        init(self, "host", host)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -95,10 +102,11 @@ def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-@dataclass(frozen=True, slots=True)
-class ProcStat:
+class ProcStat(Value):
     """The fields of /proc/<pid>/stat ferry uses."""
 
+    __slots__ = ("flags", "pgrp", "pid", "ppid", "session", "start_time", "state")
+    _FIELDS = ("pid", "state", "ppid", "pgrp", "session", "flags", "start_time")
     pid: int
     state: str
     ppid: int
@@ -106,6 +114,17 @@ class ProcStat:
     session: int
     flags: int
     start_time: int
+
+    def __init__(
+        self, pid: int, state: str, ppid: int, pgrp: int, session: int, flags: int, start_time: int
+    ) -> None:
+        init(self, "pid", pid)
+        init(self, "state", state)
+        init(self, "ppid", ppid)
+        init(self, "pgrp", pgrp)
+        init(self, "session", session)
+        init(self, "flags", flags)
+        init(self, "start_time", start_time)
 
     @property
     def exited(self) -> bool:
@@ -221,14 +240,25 @@ def marker_prefix(task_id: str, attempt: int | None = None) -> str:
     return f"{task_id}:" if attempt is None else f"{task_id}:{attempt}:"
 
 
-@dataclass(frozen=True, slots=True)
-class ProcessScan:
+class ProcessScan(Value):
     """What a scan of /proc found. ``complete`` is False when some process that could
     belong to the task could not be read: the caller must then not conclude "none"."""
 
+    __slots__ = ("alive", "unreadable", "zombies")
+    _FIELDS = ("alive", "zombies", "unreadable")
     alive: tuple[ProcessIdentity, ...]
     zombies: tuple[ProcessIdentity, ...]
     unreadable: tuple[int, ...]
+
+    def __init__(
+        self,
+        alive: tuple[ProcessIdentity, ...],
+        zombies: tuple[ProcessIdentity, ...],
+        unreadable: tuple[int, ...],
+    ) -> None:
+        init(self, "alive", alive)
+        init(self, "zombies", zombies)
+        init(self, "unreadable", unreadable)
 
     @property
     def complete(self) -> bool:

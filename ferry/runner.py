@@ -23,12 +23,13 @@ import signal
 import stat
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from ferry import alivelock
 from ferry import events as ev
+from ferry._value import Value, init
 from ferry.alivelock import alive_path
 from ferry.errors import EX_FERRY_FAILED, EX_TIMEOUT, FerryError
 from ferry.failpoints import failpoint
@@ -47,25 +48,46 @@ def heartbeat_path(home: Path, task_id: str, attempt: int) -> Path:
     return home / "heartbeats" / f"{task_id}.{attempt}"
 
 
-@dataclass(frozen=True)
-class Plan:
+class Plan(Value):
     """A task about to be dispatched: ``event`` is DISPATCHING (then ``env`` is the
     child's environment) or SETTLED FAILED (``env`` None, ``error`` says why)."""
 
+    __slots__ = ("env", "error", "event", "task", "token")
+    _FIELDS = ("task", "token", "event", "env", "error")
     task: Task
     token: str
     event: ev.Dispatching | ev.Settled
     env: dict[str, str] | None
     error: FerryError | None
 
+    def __init__(
+        self,
+        task: Task,
+        token: str,
+        event: ev.Dispatching | ev.Settled,
+        env: dict[str, str] | None,
+        error: FerryError | None,
+    ) -> None:
+        init(self, "task", task)
+        init(self, "token", token)
+        init(self, "event", event)
+        init(self, "env", env)
+        init(self, "error", error)
 
-@dataclass(frozen=True)
-class RunResult:
+
+class RunResult(Value):
     """How the task ended, and the exit status ``run``/``claim`` pass through."""
 
+    __slots__ = ("error", "exit_status", "task")
+    _FIELDS = ("task", "exit_status", "error")
     task: Task
     exit_status: int
-    error: FerryError | None = None  # a failure before the task could start
+    error: FerryError | None  # a failure before the task could start
+
+    def __init__(self, task: Task, exit_status: int, error: FerryError | None = None) -> None:
+        init(self, "task", task)
+        init(self, "exit_status", exit_status)
+        init(self, "error", error)
 
 
 def exit_status_of(outcome: Outcome) -> int:

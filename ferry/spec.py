@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ferry._value import Value, init
 from ferry.errors import UsageError
 
 MAX_RELEASES_DEFAULT = 3
@@ -25,12 +26,17 @@ TEXT_CHARS_MAX = 256  # name and key
 _SHA256_HEX = frozenset("0123456789abcdef")
 
 
-@dataclass(frozen=True)
-class PatchRef:
+class PatchRef(Value):
     """ferry's private copy of a patch (``path`` in the state directory) and its hash."""
 
+    __slots__ = ("path", "sha256")
+    _FIELDS = ("path", "sha256")
     path: str
     sha256: str
+
+    def __init__(self, path: str, sha256: str) -> None:
+        init(self, "path", path)
+        init(self, "sha256", sha256)
 
 
 @dataclass(frozen=True)

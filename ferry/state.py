@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ferry import events as ev
+from ferry._value import Value, init
 from ferry.errors import FerryError
 from ferry.fold import check_event, fold_event, key_conflict, task_from_record, task_to_record
 from ferry.model import Reason, State, Task
@@ -51,15 +51,23 @@ class RecordLike(Protocol):
     def data(self) -> Mapping[str, Any]: ...
 
 
-@dataclass(frozen=True)
-class Anomaly:
+class Anomaly(Value):
     """A journaled record the fold skipped because it was illegal or malformed."""
 
+    __slots__ = ("code", "message", "seq", "task", "type")
+    _FIELDS = ("seq", "type", "task", "code", "message")
     seq: int
     type: str
     task: str | None
     code: str
     message: str
+
+    def __init__(self, seq: int, type: str, task: str | None, code: str, message: str) -> None:
+        init(self, "seq", seq)
+        init(self, "type", type)
+        init(self, "task", task)
+        init(self, "code", code)
+        init(self, "message", message)
 
     def to_json(self) -> dict[str, Any]:
         return {"seq": self.seq, "type": self.type, "task": self.task, "code": self.code,
