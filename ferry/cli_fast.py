@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import stat
-from typing import Any, NamedTuple
+from typing import Any
 
 SECONDS_MAX = 10**9  # the click FloatRange bound of --timeout/--kill-grace/--heartbeat
 MAX_RELEASES_MAX = 1000  # the click IntRange bound of --max-releases
@@ -26,12 +26,25 @@ _FLAGS = {"--idempotent": "idempotent", "--shell": "shell"}
 _VERBOSITY = {"--verbose": 1, "-v": 1, "--quiet": -1, "-q": -1}
 
 
-class FastRun(NamedTuple):
-    home: str | None
-    as_json: bool
-    verbosity: int
-    kw: dict[str, Any]
-    argv: tuple[str, ...]
+class FastRun:
+    """What the ``run`` command receives (a plain class: a NamedTuple compiles code at
+    import, which is what this module exists to avoid)."""
+
+    __slots__ = ("argv", "as_json", "home", "kw", "verbosity")
+
+    def __init__(
+        self,
+        home: str | None,
+        as_json: bool,
+        verbosity: int,
+        kw: dict[str, Any],
+        argv: tuple[str, ...],
+    ) -> None:
+        self.home = home
+        self.as_json = as_json
+        self.verbosity = verbosity
+        self.kw = kw
+        self.argv = argv
 
 
 def _defaults() -> dict[str, Any]:
