@@ -206,8 +206,9 @@ class Journal:
         self, type: str, data: dict[str, Any], *, epoch: int = 0, check: Hook | None = None
     ) -> Record:
         """Append one record; durable on return.  See ``append_batch``."""
-        prepared = prepare(type, data, epoch, self._record_bytes_max)
-        return self._writer.append_batch([prepared], epoch, check)[0]
+        return self._writer.append_one(
+            prepare(type, data, epoch, self._record_bytes_max), epoch, check
+        )
 
     def append_batch(
         self,

@@ -275,3 +275,45 @@ def test_records_caught_up_from_another_handle_reach_every_subscriber_once(
         mine.refresh()
         assert early == [1, 2, 3, 4]
         assert durable == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("single", [True, False], ids=["append", "append_batch"])
+def test_a_subscriber_raising_after_the_fsync_fails_the_handle_not_the_commit(
+    jdir: Path, single: bool
+) -> None:
+    with Journal.open(jdir) as j:
+
+        def boom(record: Record) -> None:
+            raise RuntimeError("bad fold")
+
+        j.subscribe(boom)
+        if single:
+            assert j.append("T", {}).seq == 1  # durable before the subscriber ran
+        else:
+            assert [r.seq for r in j.append_batch([("T", {})] * 9)] == list(range(1, 10))
+        with pytest.raises(WriterFailedError) as caught:
+            j.append("after", {})
+        assert isinstance(caught.value.__cause__.__cause__, RuntimeError)  # (wrapped)
+    assert [r.type for r in read_records(jdir)] == ["T"] * (1 if single else 9)
+
+
+@pytest.mark.parametrize("single", [True, False], ids=["append", "append_batch"])
+def test_an_early_subscriber_raising_fails_the_append_before_anything_is_written(
+    jdir: Path, single: bool
+) -> None:
+    with Journal.open(jdir) as j:
+        j.append("before", {})
+
+        def boom(record: Record) -> None:
+            raise RuntimeError("bad fold")
+
+        j.subscribe(boom, after_seq=1, before_durable=True)
+        with pytest.raises(WriterFailedError) as caught:
+            if single:
+                j.append("T", {})
+            else:
+                j.append_batch([("T", {})] * 9)
+        assert isinstance(caught.value.__cause__.__cause__, RuntimeError)  # (wrapped)
+        with pytest.raises(WriterFailedError):
+            j.append("after", {})
+    assert [r.type for r in read_records(jdir)] == ["before"]
