@@ -504,6 +504,23 @@ class _Fields:
 
 def decode(record_type: str, data: object) -> Event | None:
     """The typed event, or None for a type this version does not know."""
+    fast = _fast_decode(record_type, data)
+    if fast is not None:
+        return fast
+    return decode_checked(record_type, data)
+
+
+def _fast_decode(record_type: str, data: object) -> Event | None:
+    global _fast_decode
+    from ferry._decode_fast import decode as fast_decode  # it imports this module
+
+    _fast_decode = fast_decode
+    return fast_decode(record_type, data)
+
+
+def decode_checked(record_type: str, data: object) -> Event | None:
+    """``decode`` without the fast path (:mod:`ferry._decode_fast`): every check spelled
+    out, with a precise MalformedEventError."""
     try:
         kind = EventType(record_type)
     except ValueError:
