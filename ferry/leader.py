@@ -131,6 +131,7 @@ def claim(service: Service, *, lease_ttl_s: float, as_json: bool) -> int:
         render.write_json(render.task_json(result.task))
     if result.error is not None:
         raise result.error
+    service._compact_quietly()
     return result.exit_status
 
 

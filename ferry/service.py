@@ -103,11 +103,20 @@ class Service:
         task = Task(id=submitted.task, spec=spec, state=State.CLAIMED, claim_token=token)
         runner = Runner(self.store, passthrough=True, warn=self.notice, stdout_to_stderr=as_json)
         result = runner.dispatch(task, token, lead=(submitted, claimed))
+        self._compact_quietly()
         if as_json:
             render.write_json(render.task_json(result.task))
         if result.error is not None:
             raise result.error
         return result.exit_status
+
+    def _compact_quietly(self) -> None:
+        """After a task settled: keep start-up cost bounded for journals only ever
+        written by ``run`` (CI). A failure here must not change the task's exit status."""
+        try:
+            self.store.maybe_compact()
+        except FerryError as error:
+            self.notice(f"warning: compaction skipped: {error.message}")
 
     # ---- leading (ferry.leader) ----------------------------------------------------
 

@@ -17,6 +17,7 @@ history (``ls``, ``show`` of an old task, a key lookup).
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -41,7 +42,7 @@ from ferry.model import Task
 from ferry.state import Table
 from ferry.statedir import fsync_dir, write_atomic
 
-SNAPSHOT_TAIL_RECORDS = 20_000  # leaders compact once this many records follow a snapshot
+SNAPSHOT_TAIL_RECORDS = 5_000  # compact once this many records follow the last snapshot
 # Small segments: compaction can drop history sooner, and opening scans at most one
 # active segment past the snapshot.
 SEGMENT_BYTES_MAX = 8 << 20
@@ -51,6 +52,7 @@ SEGMENT_BYTES_MAX = 8 << 20
 # (usage.too_large), nothing written. Readers have no line limit: this bounds writes only.
 RECORD_BYTES_MAX = 16 << 20
 ARCHIVES_MAX = 32
+_LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
 _ARCHIVE_PREFIX = "settled-"
 
 
@@ -111,6 +113,7 @@ class Store:
         self.wal = wal
         self.table = table
         self.lock = threading.RLock()
+        self.snapshot_seq = 0  # the snapshot the table was loaded from (or last written)
 
     # ---- opening -------------------------------------------------------------------
 
@@ -125,6 +128,7 @@ class Store:
             snapshot = wal.latest_snapshot()
             table = _table_from_snapshot(home, snapshot.data) if snapshot else Table()
             store = cls(home, wal, table)
+            store.snapshot_seq = snapshot.seq if snapshot else 0
             # before_durable: every commit carries a check against this table, so the
             # table must see the batches ahead in a group commit for checked commits of
             # several threads (work -j N) to share one fsync. The table may then hold a
@@ -205,15 +209,28 @@ class Store:
     # ---- snapshots -----------------------------------------------------------------
 
     def tail_records(self) -> int:
-        snapshot = self.wal.latest_snapshot()
-        return self.wal.last_seq - (snapshot.seq if snapshot else 0)
+        """Records after the snapshot this store loaded (or last wrote): no I/O."""
+        return self.wal.last_seq - self.snapshot_seq
 
     def compact(self) -> dict[str, Any]:
         """Write a snapshot of the table at the journal's end and drop what it covers.
 
         Settled tasks go to archive files: each compaction writes only the tasks that
         settled since the previous snapshot (so its cost follows recent work), and
-        merges the archives into one when there are more than ARCHIVES_MAX."""
+        merges the archives into one when there are more than ARCHIVES_MAX.
+
+        Compactions are serialised by ``compact.lock`` in the state directory: two at
+        once could otherwise each prune an archive the other's (newer) snapshot names."""
+        directory = self.home / "archive"
+        directory.mkdir(mode=0o700, exist_ok=True)
+        lock_fd = os.open(self.home / "compact.lock", _LOCK_FLAGS, 0o600)
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            return self._compact_locked(directory)
+        finally:
+            os.close(lock_fd)  # releases the flock
+
+    def _compact_locked(self, directory: Path) -> dict[str, Any]:
         try:
             self.refresh()
             previous = self.wal.latest_snapshot()
@@ -227,11 +244,11 @@ class Store:
                 delta = self.table.settled_since(prev_seq)
                 if len(archives) >= ARCHIVES_MAX:
                     delta, archives = self.table.to_snapshot()["settled"], []
-            directory = self.home / "archive"
             if delta:
                 archives.append(_write_archive(directory, seq, delta))
             data["settled_archives"] = archives
             self.wal.write_snapshot(seq, orjson.dumps(data))
+            self.snapshot_seq = seq
             removed = self.wal.compact()
             if previous is not None:
                 keep = {a["name"] for a in archives}
@@ -248,6 +265,9 @@ class Store:
         }
 
     def maybe_compact(self) -> None:
+        """Compact when enough records follow the last snapshot (leaders, and ``run``
+        after it settled: so a journal only ever written by ``ferry run`` in CI still
+        keeps start-up cost bounded)."""
         if self.tail_records() >= SNAPSHOT_TAIL_RECORDS:
             self.compact()
 
