@@ -1,7 +1,8 @@
 """A pid-free liveness signal: a lock the task's processes inherit.
 
-Before the spawn the runner opens ``heartbeats/<id>.<attempt>.alive`` and takes an
-exclusive ``flock`` on it; the descriptor is passed to the child (not close-on-exec), so
+Before the spawn the runner opens the task's heartbeat file
+``heartbeats/<id>.<attempt>`` (the same file it touches to beat: one file per attempt,
+not two) and takes an exclusive ``flock`` on it; the descriptor is passed to the child (not close-on-exec), so
 the child and every descendant that does not close it share that one open file, and
 the lock stays held until the last of them exits (or closes it). After a runner crash,
 recovery asks: can I take the lock? If not, some process of the task still runs, even
@@ -14,7 +15,6 @@ descriptors is invisible here (the marker and the session scan still look for it
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import os
 from pathlib import Path
@@ -23,7 +23,8 @@ _FLAGS = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
 
 
 def alive_path(home: Path, task_id: str, attempt: int) -> Path:
-    return home / "heartbeats" / f"{task_id}.{attempt}.alive"
+    """The heartbeat file, which also carries the lock."""
+    return home / "heartbeats" / f"{task_id}.{attempt}"
 
 
 def hold(path: Path) -> int:
@@ -37,11 +38,10 @@ def hold(path: Path) -> int:
     return fd
 
 
-def release(fd: int, path: Path) -> None:
-    """The runner is done with the task (settled): drop its hold and the file."""
+def release(fd: int) -> None:
+    """The runner is done with the task: drop its hold (the file stays: it is the
+    heartbeat, whose mtime is the task's last beat)."""
     os.close(fd)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
 
 
 def held(path: Path) -> bool | None:

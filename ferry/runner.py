@@ -44,8 +44,8 @@ def log_paths(home: Path, task_id: str, attempt: int) -> tuple[Path, Path]:
     return directory / f"{attempt}.stdout", directory / f"{attempt}.stderr"
 
 
-def heartbeat_path(home: Path, task_id: str, attempt: int) -> Path:
-    return home / "heartbeats" / f"{task_id}.{attempt}"
+# The heartbeat file is also the alive-lock (ferry.alivelock): one file per attempt.
+heartbeat_path = alive_path
 
 
 class Plan(Value):
@@ -312,7 +312,7 @@ class Runner:
                     should_stop=self._stopper(task, stop),
                 )
             finally:
-                alivelock.release(lock_fd, lock_path)
+                alivelock.release(lock_fd)
         except SpawnFailed as error:
             settled = ev.Settled(
                 task=task.id, attempt=task.attempt, token=token, state=State.FAILED,

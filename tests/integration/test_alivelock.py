@@ -18,16 +18,16 @@ def test_no_lock_file_means_no_evidence(tmp_path: Path) -> None:
     assert alivelock.held(tmp_path / "missing.alive") is None
 
 
-def test_the_holder_itself_counts_as_alive_and_release_removes_the_file(tmp_path: Path) -> None:
-    path = tmp_path / "t.1.alive"
+def test_the_holder_itself_counts_as_alive_and_release_frees_it(tmp_path: Path) -> None:
+    path = tmp_path / "t.1"
     fd = alivelock.hold(path)
     assert alivelock.held(path) is True
-    alivelock.release(fd, path)
-    assert alivelock.held(path) is None
+    alivelock.release(fd)
+    assert alivelock.held(path) is False  # the heartbeat file stays, unlocked
 
 
 def test_a_child_that_escaped_its_session_and_environment_keeps_it_held(tmp_path: Path) -> None:
-    path = tmp_path / "t.1.alive"
+    path = tmp_path / "t.1"
     fd = alivelock.hold(path)
     child = subprocess.Popen([sys.executable, "-c", SETSID_AND_CLEAR_ENV], pass_fds=(fd,))
     try:
