@@ -15,10 +15,10 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Mapping
-from dataclasses import FrozenInstanceError
 from types import MappingProxyType
 from typing import Any, ClassVar
 
+from ferry._value import Value
 from ferry.errors import InternalError, UsageError
 from ferry.model import Reason, State
 from ferry.spec import TaskSpec
@@ -60,44 +60,18 @@ def _to_json(value: Any) -> Any:
     return value
 
 
-class _Event:
-    """Base of the event types: frozen value objects with ``encode()``.
-
-    Plain slotted classes with hand-written ``__init__`` rather than dataclasses: a
-    frozen dataclass generates (compiles) five methods per class at import, about half
-    a millisecond each here, and every ``ferry`` command imports these thirteen types.
-    Equality, hashing and ``repr`` follow the fields in ``_FIELDS``, in payload order,
-    as a frozen dataclass would; assigning an attribute raises FrozenInstanceError."""
+class _Event(Value):
+    """Base of the event types: frozen value objects (``ferry._value.Value``: no
+    dataclass code generation at import, which every ``ferry`` command would pay for
+    these thirteen types) with ``encode()``. Equality, hashing and ``repr`` follow
+    ``_FIELDS``, in payload order."""
 
     __slots__ = ()
     TYPE: ClassVar[EventType]
-    _FIELDS: ClassVar[tuple[str, ...]]
 
     def encode(self) -> tuple[str, Payload]:
         """(type, payload): every field by name, in ``_FIELDS`` order."""
         return self.TYPE.value, {name: _to_json(getattr(self, name)) for name in self._FIELDS}
-
-    def _values(self) -> tuple[Any, ...]:
-        return tuple(getattr(self, name) for name in self._FIELDS)
-
-    def __eq__(self, other: object) -> bool:
-        if other.__class__ is not self.__class__:
-            return NotImplemented
-        assert isinstance(other, _Event)
-        return self._values() == other._values()
-
-    def __hash__(self) -> int:
-        return hash(self._values())
-
-    def __repr__(self) -> str:
-        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._FIELDS)
-        return f"{type(self).__name__}({fields})"
-
-    def __setattr__(self, name: str, value: object) -> None:
-        raise FrozenInstanceError(f"cannot assign to field {name!r}")
-
-    def __delattr__(self, name: str) -> None:
-        raise FrozenInstanceError(f"cannot delete field {name!r}")
 
 
 _set = object.__setattr__
