@@ -383,12 +383,16 @@ def raw_replay_with_crc(directory: Path) -> int:
     return count
 
 
+# VmHWM, not getrusage's ru_maxrss: Linux carries the parent's high-water mark across
+# fork+exec into ru_maxrss, so a bench process that grew (recover-time builds a
+# million-record journal in-process) would be reported as the replay's peak.
 _RSS_CHILD = """
-import resource, sys
+import sys
 sys.path.insert(0, sys.argv[2])
 import journal_bench
 count = journal_bench.journal_open_and_replay(__import__("pathlib").Path(sys.argv[1]))
-print(count, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+status = open("/proc/self/status").read().split("VmHWM:")[1].split()[0]
+print(count, int(status) * 1024)
 """
 
 
