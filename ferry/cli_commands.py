@@ -28,6 +28,16 @@ _STATES = [
 ]
 
 
+# The leader commands' shared option (claim, work, recover).
+_LEASE_TTL = click.option(
+    "--lease-ttl",
+    type=click.FloatRange(0.1, 86400),
+    default=30.0,
+    show_default=True,
+    help="Seconds a silent leader keeps the lease before another may take it.",
+)
+
+
 def _example(text: str) -> str:
     return "Example:\n\n\b\n" + "\n".join("  " + line for line in text.strip().splitlines())
 
@@ -87,13 +97,7 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
             click.echo("\n".join(t.id for t in tasks))
 
     @cli.command(epilog=_example('ferry claim || echo "task failed with $?"'))
-    @click.option(
-        "--lease-ttl",
-        type=click.FloatRange(0.1, 86400),
-        default=30.0,
-        show_default=True,
-        help="Seconds a silent leader keeps the lease before another may take it.",
-    )
+    @_LEASE_TTL
     @click.pass_obj
     def claim(ctx: Any, lease_ttl: float) -> int:
         """Become leader briefly, recover, then run the oldest queued task in the foreground.
@@ -120,13 +124,7 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
         show_default=True,
         help="Seconds between looks at the queue (and at the lease, as a standby).",
     )
-    @click.option(
-        "--lease-ttl",
-        type=click.FloatRange(0.1, 86400),
-        default=30.0,
-        show_default=True,
-        help="Seconds a silent leader keeps the lease before another may take it.",
-    )
+    @_LEASE_TTL
     @click.option(
         "--stale-after",
         type=click.FloatRange(0.1, 10**9),
@@ -160,13 +158,7 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
         default=None,
         help="A live runner silent this long is STALE (default: 3 of its heartbeats).",
     )
-    @click.option(
-        "--lease-ttl",
-        type=click.FloatRange(0.1, 86400),
-        default=30.0,
-        show_default=True,
-        help="Seconds a silent leader keeps the lease before another may take it.",
-    )
+    @_LEASE_TTL
     @click.pass_obj
     def recover(ctx: Any, dry_run: bool, stale_after: float | None, lease_ttl: float) -> int:
         """Decide every unfinished task after a crash; exit 3 if an operator is needed.
