@@ -125,14 +125,7 @@ def claim(service: Service, *, lease_ttl_s: float, as_json: bool) -> int:
     finally:
         lead.release()
     task = replace(service.store.get(task.id) or task, state=State.CLAIMED, claim_token=token)
-    runner = Runner(service.store, passthrough=True, warn=service.notice, stdout_to_stderr=as_json)
-    result = runner.dispatch(task, token)
-    if as_json:
-        render.write_json(render.task_json(result.task))
-    if result.error is not None:
-        raise result.error
-    service._compact_quietly()
-    return result.exit_status
+    return service.run_in_foreground(task, token, as_json=as_json)
 
 
 class _Stop:

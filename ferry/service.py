@@ -101,8 +101,16 @@ class Service:
             task=submitted.task, attempt=1, token=token, runner=self_identity().to_json(), by="run"
         )
         task = Task(id=submitted.task, spec=spec, state=State.CLAIMED, claim_token=token)
+        return self.run_in_foreground(task, token, lead=(submitted, claimed), as_json=as_json)
+
+    def run_in_foreground(
+        self, task: Task, token: str, *, lead: Sequence[ev.Event] = (), as_json: bool
+    ) -> int:
+        """The foreground half shared by ``run`` and ``claim``: dispatch the claimed task
+        with output passed through, compact if due, report, and return the exit status
+        to pass through (or raise the error that kept the task from starting)."""
         runner = Runner(self.store, passthrough=True, warn=self.notice, stdout_to_stderr=as_json)
-        result = runner.dispatch(task, token, lead=(submitted, claimed))
+        result = runner.dispatch(task, token, lead=lead)
         self._compact_quietly()
         if as_json:
             render.write_json(render.task_json(result.task))
