@@ -24,7 +24,13 @@ from typing import TYPE_CHECKING, Any
 
 from ferry import events as ev
 from ferry import render
-from ferry.errors import FerryError, JournalIntegrityError, LeaseHeldError
+from ferry.errors import (
+    FerryError,
+    InternalError,
+    JournalIntegrityError,
+    LeaseHeldError,
+    RefusedError,
+)
 from ferry.ids import new_claim_token
 from ferry.lease import Lease, LeaseStore
 from ferry.model import State, Task
@@ -157,7 +163,15 @@ class _Stop:
 
 class Worker:
     """``ferry work``: standby until it can lead, recover, then run up to ``jobs``
-    tasks at once (one thread each; the journal group-commits their records)."""
+    tasks at once.
+
+    Each of the ``jobs`` slots is a thread that loops: claim the oldest queued task,
+    run it, claim the next. The end of one task and the claim of the next go in ONE
+    durable write (SETTLED, CLAIMED, DISPATCHING: one fsync where writing them as they
+    happen takes two), and the slots' writes share fsyncs through the journal's group
+    commit. The main thread keeps the lease, re-runs recovery for other runners'
+    tasks, and waits for the slots.
+    """
 
     RECOVER_EVERY_S = 5.0  # how often the leader checks other runners' tasks
 
@@ -168,11 +182,16 @@ class Worker:
         self.jobs, self.drain, self.poll_s = jobs, drain, poll_s
         self.policy = _policy(stale_after_s)
         self.lead = Leadership(service, lease_ttl_s)
-        self.wake = threading.Event()
+        self.wake = threading.Event()  # set on a stop signal and when a slot ends
         self.stop = _Stop(self.wake)
-        self.running: dict[str, threading.Thread] = {}
+        self.halted = False  # stop claiming: the lease is lost or the journal failed us
         self.failures: list[FerryError] = []
         self.runner = Runner(self.store, passthrough=False, warn=service.notice)
+        self._claims = threading.Lock()  # guards taken, busy, slots_left
+        self._changed = threading.Condition(self._claims)  # a slot's task ended; a stop
+        self.taken: set[str] = set()  # tasks a slot picked and is claiming or running
+        self.busy = 0  # slots with a task picked
+        self.slots_left = 0
 
     def run(self) -> int:
         self.stop.install()
@@ -182,7 +201,6 @@ class Worker:
             try:
                 return self._lead()
             finally:
-                self._join_all()
                 self.lead.release()
         finally:
             self.stop.restore()
@@ -206,9 +224,32 @@ class Worker:
         epoch = self.lead.epoch
         self.store.commit(ev.LeaseAcquired(epoch, self.lead.me.to_json()), epoch=epoch)
         self._recover(epoch)
+        slots = [
+            threading.Thread(target=self._slot, args=(epoch,), name=f"ferry-slot-{n}", daemon=True)
+            for n in range(self.jobs)
+        ]
+        self.slots_left = len(slots)
+        for slot in slots:
+            slot.start()
+        try:
+            self._keep_lease(epoch)
+        finally:
+            self.halted = True  # (a lost lease raised: the slots finish their tasks)
+            with self._claims:
+                self._changed.notify_all()
+            for slot in slots:
+                slot.join()
+        self.store.commit(ev.LeaseReleased(epoch, self.lead.me.to_json()), epoch=epoch)
+        self.store.maybe_compact()
+        if self.failures:
+            raise self.failures[0]
+        return 0
+
+    def _keep_lease(self, epoch: int) -> None:
+        """Renew the lease and recover other runners' tasks until every slot ended."""
         renew_at = time.monotonic() + self.lead.renew_every_s
         recover_at = time.monotonic() + self.RECOVER_EVERY_S
-        while True:
+        while self.slots_left:
             now = time.monotonic()
             if now >= renew_at:
                 self.lead.renew()  # lease.lost propagates: we must stop leading
@@ -216,79 +257,136 @@ class Worker:
             if now >= recover_at:
                 self._recover(epoch)
                 recover_at = now + self.RECOVER_EVERY_S
-            self._reap()
-            if not self.stop.count:
-                self._fill(epoch)
-            if not self.running and (
-                self.stop.count or (self.drain and not self._queue_nonempty())
-            ):
-                break
-            self.wake.wait(self.poll_s if self.running or not self.drain else 0.0)
+            self.wake.wait(max(0.0, min(renew_at, recover_at) - time.monotonic()))
             self.wake.clear()
-            self.store.refresh()
-        self.store.commit(ev.LeaseReleased(epoch, self.lead.me.to_json()), epoch=epoch)
-        self.store.maybe_compact()
-        if self.failures:
-            raise self.failures[0]
-        return 0
+            if self.stop.count:  # (the signal handler cannot take the slots' lock)
+                with self._claims:
+                    self._changed.notify_all()
 
     def _recover(self, epoch: int) -> None:
         report = Recoverer(self.service).recover_all(epoch=epoch, policy=self.policy, dry_run=False)
         for line in (render.recover_text(report, self.service.verbosity) or "").splitlines():
             self.service.notice(line)
 
-    def _fill(self, epoch: int) -> None:
-        """Claim as many queued tasks as there are free slots and write CLAIMED and
-        DISPATCHING for all of them in one durable write fenced by our epoch; then
-        start one runner thread per task."""
-        free = self.jobs - len(self.running)
-        queued = self.store.table.oldest_queued_n(free) if free > 0 else []
-        if not queued:
-            return
-        me = self.lead.me.to_json()
-        plans: list[Plan] = []
-        events: list[ev.Event] = []
-        for task in queued:
-            token = new_claim_token(os.urandom(10))
-            events.append(
-                ev.Claimed(task=task.id, attempt=task.attempt, token=token, runner=me, by="work")
-            )
-            plan = self.runner.plan(replace(task, state=State.CLAIMED, claim_token=token), token)
-            events.append(plan.event)
-            plans.append(plan)
-        self.store.commit(*events, epoch=epoch)
-        for plan in plans:
-            if plan.env is None:
-                continue  # settled FAILED in the same write (a pinned input changed)
-            thread = threading.Thread(
-                target=self._run_one, args=(plan,), name=f"ferry-task-{plan.task.id}", daemon=True
-            )
-            self.running[plan.task.id] = thread
-            thread.start()
+    # -- a slot --------------------------------------------------------------------------
 
-    def _run_one(self, plan: Plan) -> None:
-        task = plan.task
+    def _slot(self, epoch: int) -> None:
+        ending: tuple[ev.Event, ...] = ()  # the end of this slot's last task, unwritten
         try:
-            self.runner.launch(plan, stop=self.stop.task_signal)
-        except JournalIntegrityError as error:
-            self.failures.append(error)
-            self.stop.count = max(self.stop.count, 1)  # the journal failed us: stop
-            self.service.notice(f"stopping: {error.message}")
-        except FerryError as error:
-            self.service.notice(f"task {task.id}: {error.message}")
+            while True:
+                plan = None if self.stop.count or self.halted else self._pick()
+                claimed = self._write(ending, plan, epoch)
+                ending = ()
+                if claimed is not None:
+                    ending = self._run(claimed)
+                elif self._idle_ends():
+                    return
+        except Exception as exc:  # a bug: say so, stop claiming, let the others end
+            self._fail(InternalError(f"a work slot failed: {exc!r}"))
         finally:
+            if ending:
+                self._write(ending, None, epoch)
+            with self._claims:
+                self.slots_left -= 1
             self.wake.set()
 
-    def _reap(self) -> None:
-        for task_id, thread in list(self.running.items()):
-            if not thread.is_alive():
-                thread.join()
-                del self.running[task_id]
+    def _pick(self) -> Plan | None:
+        """The oldest queued task no other slot is claiming, planned (not written)."""
+        with self._claims:
+            with self.store.lock:
+                candidates = self.store.table.oldest_queued_n(len(self.taken) + 1)
+            task = next((t for t in candidates if t.id not in self.taken), None)
+            if task is None:
+                return None
+            self.taken.add(task.id)
+            self.busy += 1
+        try:
+            token = new_claim_token(os.urandom(10))
+            return self.runner.plan(replace(task, state=State.CLAIMED, claim_token=token), token)
+        except BaseException:
+            self._unpick(task.id)
+            raise
 
-    def _join_all(self) -> None:
-        for thread in list(self.running.values()):
-            thread.join()
-        self.running.clear()
+    def _unpick(self, task_id: str) -> None:
+        with self._claims:
+            self.taken.discard(task_id)
+            self.busy -= 1
+            self._changed.notify_all()
+
+    def _write(self, ending: tuple[ev.Event, ...], plan: Plan | None, epoch: int) -> Plan | None:
+        """Commit the last task's end and the next claim in one write. Returns the plan
+        if its claim is durable and its task must run."""
+        try:
+            if plan is None:
+                if ending:
+                    self._commit_ending(ending)
+                return None
+            task = plan.task
+            claim = (
+                ev.Claimed(task=task.id, attempt=task.attempt, token=plan.token,
+                           runner=self.lead.me.to_json(), by="work"),
+                plan.event,
+            )  # fmt: skip
+            try:
+                self.store.commit(*ending, *claim, epoch=epoch)
+            except (RefusedError, LeaseHeldError):
+                if not ending:
+                    raise
+                # Refused or fenced as a whole: the end on its own (a runner's record,
+                # valid by its claim token whatever the epoch), then the claim alone.
+                self._commit_ending(ending)
+                self.store.commit(*claim, epoch=epoch)
+        except LeaseHeldError as error:
+            self.halted = True
+            self.service.notice(f"stopping: {error.message}")
+        except RefusedError as error:  # cancelled or taken elsewhere meanwhile
+            self.service.notice(f"task {plan.task.id if plan else '?'}: {error.message}")
+        except FerryError as error:  # the journal failed us (a full disk, corruption)
+            self._fail(error)
+        else:
+            if plan.env is not None:
+                return plan
+            # else: a pinned input changed, and that write settled it FAILED
+        if plan is not None:
+            self._unpick(plan.task.id)
+        return None
+
+    def _commit_ending(self, ending: tuple[ev.Event, ...]) -> None:
+        try:
+            self.store.commit(*ending)
+        except RefusedError as error:  # recovery decided the task meanwhile
+            self.service.notice(f"task {getattr(ending[-1], 'task', '?')}: {error.message}")
+
+    def _run(self, plan: Plan) -> tuple[ev.Event, ...]:
+        try:
+            return self.runner.finish(plan, stop=self.stop.task_signal).events
+        except JournalIntegrityError as error:
+            self._fail(error)
+        except (FerryError, OSError) as error:
+            # Left in flight (recovery decides it once this runner is gone).
+            self.service.notice(f"task {plan.task.id}: {getattr(error, 'message', error)}")
+        finally:
+            self._unpick(plan.task.id)
+        return ()
+
+    def _fail(self, error: FerryError) -> None:
+        self.failures.append(error)
+        self.halted = True
+        self.service.notice(f"stopping: {error.message}")
+
+    def _idle_ends(self) -> bool:
+        """Nothing to claim: True if this slot should end, else wait for work."""
+        if self.stop.count or self.halted:
+            return True
+        if self.drain:
+            with self._claims:
+                others_busy = self.busy > 0
+            if not others_busy and not self._queue_nonempty():
+                return True
+        with self._claims:  # woken early when another slot's task ends, or on a stop
+            self._changed.wait(self.poll_s)
+        self.store.refresh()
+        return False
 
 
 def work(service: Service, **options: Any) -> int:

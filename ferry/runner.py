@@ -75,6 +75,24 @@ class Plan(Value):
         init(self, "error", error)
 
 
+class Ending(Value):
+    """A task's end, not yet journaled: ``events`` (its SETTLED, if any is left to
+    write) and the exit status ``run``/``claim`` pass through."""
+
+    __slots__ = ("error", "events", "exit_status")
+    _FIELDS = ("events", "exit_status", "error")
+    events: tuple[ev.Event, ...]
+    exit_status: int
+    error: FerryError | None
+
+    def __init__(
+        self, events: tuple[ev.Event, ...], exit_status: int, error: FerryError | None = None
+    ) -> None:
+        init(self, "events", events)
+        init(self, "exit_status", exit_status)
+        init(self, "error", error)
+
+
 class RunResult(Value):
     """How the task ended, and the exit status ``run``/``claim`` pass through."""
 
@@ -204,9 +222,19 @@ class Runner:
         return Plan(task, token, dispatching, env, None)
 
     def launch(self, plan: Plan, stop: Callable[[], int | None] | None = None) -> RunResult:
-        """Run a planned task whose record (``plan.event``) is already durable."""
-        if plan.env is None:
-            return RunResult(self._task(plan.task.id), EX_FERRY_FAILED, plan.error)
+        """Run a planned task whose record (``plan.event``) is already durable, and
+        journal its end."""
+        ending = self.finish(plan, stop)
+        if ending.events:
+            self.store.commit(*ending.events)
+        return RunResult(self._task(plan.task.id), ending.exit_status, ending.error)
+
+    def finish(self, plan: Plan, stop: Callable[[], int | None] | None = None) -> Ending:
+        """Run a planned task whose record is already durable, up to its end; return
+        the SETTLED record without writing it (``work`` writes it together with its
+        next claim: one fsync). The caller must commit ``events`` at once."""
+        if plan.env is None:  # settled FAILED in the plan's own write
+            return Ending((), EX_FERRY_FAILED, plan.error)
         task = plan.task
         # A `ferry cancel` may have landed since the claim: do not start what the user
         # asked to stop (a refresh is an fstat when nothing new was written).
@@ -214,17 +242,15 @@ class Runner:
             self.store.refresh()
         current = self.store.get(task.id)
         if current is not None and current.cancel_requested and current.attempt == task.attempt:
-            self.store.commit(
-                ev.Settled(
-                    task=task.id,
-                    attempt=task.attempt,
-                    token=plan.token,
-                    state=State.CANCELLED,
-                    reason=Reason.CANCELLED_BY_USER,
-                    evidence={"cancelled_before_spawn": True},
-                )
+            cancelled = ev.Settled(
+                task=task.id,
+                attempt=task.attempt,
+                token=plan.token,
+                state=State.CANCELLED,
+                reason=Reason.CANCELLED_BY_USER,
+                evidence={"cancelled_before_spawn": True},
             )
-            return RunResult(self._task(task.id), 128 + signal.SIGTERM)
+            return Ending((cancelled,), 128 + signal.SIGTERM)
         return self._supervise(task, plan.token, plan.env, stop)
 
     def dispatch(
@@ -252,7 +278,7 @@ class Runner:
 
     def _supervise(
         self, task: Task, token: str, env: dict[str, str], stop: Callable[[], int | None] | None
-    ) -> RunResult:
+    ) -> Ending:
         spec = task.spec
         stdout_log, stderr_log = log_paths(self.home, task.id, task.attempt)
         sup = SuperviseSpec(
@@ -318,8 +344,7 @@ class Runner:
                 task=task.id, attempt=task.attempt, token=token, state=State.FAILED,
                 reason=Reason.SPAWN_FAILED, evidence={"error": error.to_json()},
             )  # fmt: skip
-            self.store.commit(settled)
-            return RunResult(self._task(task.id), error.exit_code, error)
+            return Ending((settled,), error.exit_code, error)
         # A `ferry cancel` from another process is only in the journal: catch up first,
         # or a cancelled task would settle FAILED SIGNALLED. (commit() re-validates
         # under the lock anyway; a failed refresh just leaves the cancel unseen.)
@@ -329,8 +354,8 @@ class Runner:
         cancelled = current.cancel_requested and current.attempt == task.attempt
         stopped = outcome.timed_out or outcome.forwarded_signal or outcome.stop_signal
         escaped = bool(stopped or cancelled) and stop_escapees(env["FERRY_TASK"], spec.kill_grace_s)
-        self.store.commit(settle_event(task, token, outcome, cancelled, escapees_stopped=escaped))
-        return RunResult(self._task(task.id), exit_status_of(outcome))
+        settled = settle_event(task, token, outcome, cancelled, escapees_stopped=escaped)
+        return Ending((settled,), exit_status_of(outcome))
 
     def _stopper(self, task: Task, stop: Callable[[], int | None] | None) -> Any:
         """Polled at heartbeat time: the caller's ``stop`` (``work`` shutting down);

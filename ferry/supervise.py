@@ -107,6 +107,11 @@ def _check(spec: SuperviseSpec) -> None:
         raise ValueError(f"supervise: timeout_s must be >= 0 or None, not {spec.timeout_s}")
 
 
+def _cannot_supervise(spec: SuperviseSpec, error: OSError) -> SpawnFailed:
+    message = f"cannot supervise {spec.argv[0]!r} ({error}); it was killed at once"
+    return SpawnFailed("other", message, errno_=error.errno)
+
+
 def supervise(
     spec: SuperviseSpec,
     *,
@@ -161,18 +166,22 @@ def supervise(
                 # No pidfd or selector (EMFILE, say): the child must not run on alone.
                 kill_unsupervised(proc, SIGKILL_WAIT_S)
                 if isinstance(e, OSError):
-                    raise SpawnFailed(
-                        "other",
-                        f"cannot supervise {spec.argv[0]!r} ({e}); it was killed at once",
-                        errno_=e.errno,
-                    ) from e
+                    raise _cannot_supervise(spec, e) from e
                 raise
             try:
                 on_spawned(proc.pid, proc.pid)
+            except BaseException as e:
+                # Not journaled (SPAWNED refused), or not even described (its /proc
+                # entry unreadable: EMFILE): it must not run on unsupervised.
+                run.abort()
+                if isinstance(e, OSError):
+                    raise _cannot_supervise(spec, e) from e
+                raise
+            try:
                 outcome = run.loop()
             except BaseException:
-                # Whatever went wrong (on_spawned failed to journal SPAWNED, a bug),
-                # the task must not outlive its supervision: kill, reap, re-raise.
+                # Whatever went wrong (a bug), the task must not outlive its
+                # supervision: kill, reap, re-raise.
                 run.abort()
                 raise
     except OSError as e:

@@ -1,0 +1,78 @@
+"""``ferry work``'s slots: one task's end and the next claim share one durable write.
+
+Failpoints fire per record type of a batch: ``before:X`` before the batch's write,
+``after:X`` after its fsync. So a crash at ``after:SETTLED`` shows what that one write
+held, and one at ``before:SETTLED`` what the journal held without it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+from tests.integration.crashkit import Ferry, counting_task, runs
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def ferry(tmp_path: Path) -> Iterator[Ferry]:
+    f = Ferry(tmp_path / "home")
+    try:
+        yield f
+    finally:
+        f.close()
+
+
+def submit(ferry: Ferry, mark: Path) -> str:
+    task: dict[str, str] = orjson.loads(
+        ferry.ok("--json", "submit", "--", *counting_task(mark)).stdout
+    )
+    return task["id"]
+
+
+def states(ferry: Ferry) -> dict[str, str]:
+    return {t["id"]: t["state"] for t in ferry.tasks()}
+
+
+def test_the_end_of_a_task_and_the_next_claim_are_one_write(ferry: Ferry, tmp_path: Path) -> None:
+    first, second = submit(ferry, tmp_path / "a"), submit(ferry, tmp_path / "b")
+    result = ferry.cli("work", "--drain", "-j", "1", failpoints="after:SETTLED")
+    assert result.returncode == -9, result
+    # The write that settled the first task also claimed the second and wrote its intent;
+    # ferry died before spawning it.
+    assert states(ferry) == {first: "SUCCEEDED", second: "DISPATCHING"}
+    assert (runs(tmp_path / "a"), runs(tmp_path / "b")) == (1, 0)
+    kinds = [(r["type"], r["data"].get("task")) for r in ferry.records()]
+    settled = kinds.index(("SETTLED", first))
+    assert kinds[settled + 1 : settled + 3] == [("CLAIMED", second), ("DISPATCHING", second)]
+    ferry.verify()
+
+
+def test_a_crash_before_that_write_loses_neither_task(ferry: Ferry, tmp_path: Path) -> None:
+    first, second = submit(ferry, tmp_path / "a"), submit(ferry, tmp_path / "b")
+    result = ferry.cli("work", "--drain", "-j", "1", failpoints="before:SETTLED")
+    assert result.returncode == -9, result
+    # Neither the end nor the claim reached the journal: the first is in flight with a
+    # dead runner, the second still queued.
+    assert states(ferry) == {first: "RUNNING", second: "QUEUED"}
+    code, report = ferry.recover()
+    assert code == 3 and [d["task"] for d in report["decisions"]] == [first]
+    ferry.ok("work", "--drain", "-j", "2")
+    assert states(ferry) == {first: "FAILED", second: "SUCCEEDED"}
+    assert (runs(tmp_path / "a"), runs(tmp_path / "b")) == (1, 1)  # neither ran twice
+    ferry.verify()
+
+
+def test_slots_run_every_queued_task_once_and_end_when_drained(
+    ferry: Ferry, tmp_path: Path
+) -> None:
+    marks = [tmp_path / f"m{n}" for n in range(12)]
+    ids = [submit(ferry, mark) for mark in marks]
+    ferry.ok("work", "--drain", "-j", "3")
+    assert states(ferry) == dict.fromkeys(ids, "SUCCEEDED")
+    assert [runs(mark) for mark in marks] == [1] * 12
+    ferry.verify()
