@@ -40,8 +40,11 @@ class TaskLoop:
         trap: SignalTrap,
         should_stop: Callable[[], int | None] | None,
         started_at: float,
+        on_running: Callable[[], None] | None = None,
+        running_after_s: float = 0.0,
     ) -> None:
         self.spec, self.proc, self.trap, self.should_stop = spec, proc, trap, should_stop
+        self.on_running = on_running
         self.started_at = started_at
         self.group = TaskGroup(proc.pid)
         self.sel = selectors.DefaultSelector()
@@ -60,6 +63,8 @@ class TaskLoop:
         if trap.wakeup_fd is not None:
             self.sel.register(trap.wakeup_fd, selectors.EVENT_READ)
         now = time.monotonic()
+        # on_running is due then, unless the leader exited first (then never).
+        self.running_at = None if on_running is None else now + running_after_s
         self.next_beat = now + spec.heartbeat_s
         self.timeout_at = None if spec.timeout_s is None else now + spec.timeout_s
         self.grace_at: float | None = None  # SIGKILL the group at this time
@@ -112,6 +117,10 @@ class TaskLoop:
                 self._stop(sig, now)
 
     def _on_time(self, now: float) -> None:
+        if self.running_at is not None and now >= self.running_at:
+            self.running_at = None
+            if not self.leader_exited and self.on_running is not None:
+                self.on_running()
         if now >= self.next_beat:
             touch(self.spec.heartbeat_path)
             self.next_beat += self.spec.heartbeat_s
@@ -133,6 +142,7 @@ class TaskLoop:
 
     def _on_leader_exit(self, now: float) -> None:
         self.leader_exited = True
+        self.running_at = None
         self.ended_at = time.time()
         self.returncode = self.proc.wait()  # reaps; the pidfd keeps naming the group
         if not self.group.alive():
@@ -160,6 +170,8 @@ class TaskLoop:
 
     def _next_wakeup(self, now: float) -> float:
         times = [self.next_beat]
+        if self.running_at is not None:
+            times.append(self.running_at)
         if self.timeout_at is not None and not self.stopping and not self.leader_exited:
             times.append(self.timeout_at)
         if self.grace_at is not None and not self.killed:

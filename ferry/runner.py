@@ -4,7 +4,8 @@
     pointers re-hashed                    (may settle FAILED POINTER_STALE: nothing runs)
     DISPATCHING  -- durable -->           then, and only then:
     spawn (new session, FERRY_TASK marker in the environment)
-    SPAWNED (pid, pgid, start time)       from supervise's on_spawned callback
+    SPAWNED (pid, pgid, start time)       once it has run SPAWNED_AFTER_S; a task
+                                          that ended sooner: in SETTLED's write
     capture output, heartbeats, signals   (ferry.supervise)
     SETTLED  -- durable -->               before ferry returns the exit status
 
@@ -158,6 +159,11 @@ def settle_event(
 
 
 ESCAPEE_POLL_S = 0.05
+# SPAWNED is journaled once the task has run this long; a task that ends sooner gets
+# SPAWNED in the write of its SETTLED (one fsync less for every short task). Until
+# then recovery finds the child by its marker and its alive-lock, as it must anyway
+# for a crash between the spawn and SPAWNED's fsync.
+SPAWNED_AFTER_S = 0.05
 
 
 def stop_escapees(marker: str, grace_s: float) -> bool:
@@ -296,13 +302,15 @@ class Runner:
             shell=spec.shell,
         )
 
+        unrecorded: list[ev.Spawned] = []  # SPAWNED, until it is written
+
         def on_spawned(pid: int, pgid: int) -> None:
             # The child exists (exec'd) and SPAWNED is not yet durable: a crash here
-            # leaves DISPATCHING alone, and only the marker scan can find the child.
+            # leaves DISPATCHING alone, and the marker scan and the alive-lock find it.
             failpoint("after:spawn")
             identity = identity_of(pid)
             start_time = identity.start_time if identity is not None else 0
-            self.store.commit(
+            unrecorded.append(
                 ev.Spawned(
                     task=task.id,
                     attempt=task.attempt,
@@ -312,6 +320,11 @@ class Runner:
                     start_time=start_time,
                 )
             )
+
+        def on_running() -> None:
+            # Still running SPAWNED_AFTER_S after its spawn: journal SPAWNED now.
+            self.store.commit(*unrecorded)
+            unrecorded.clear()
 
         failpoint("before:spawn")  # DISPATCHING is durable, no child exists yet
         try:
@@ -336,6 +349,8 @@ class Runner:
                     replace(sup, pass_fds=(lock_fd,)),
                     on_spawned=on_spawned,
                     should_stop=self._stopper(task, stop),
+                    on_running=on_running,
+                    running_after_s=SPAWNED_AFTER_S,
                 )
             finally:
                 alivelock.release(lock_fd)
@@ -355,7 +370,8 @@ class Runner:
         stopped = outcome.timed_out or outcome.forwarded_signal or outcome.stop_signal
         escaped = bool(stopped or cancelled) and stop_escapees(env["FERRY_TASK"], spec.kill_grace_s)
         settled = settle_event(task, token, outcome, cancelled, escapees_stopped=escaped)
-        return Ending((settled,), exit_status_of(outcome))
+        # A task that ended within SPAWNED_AFTER_S gets SPAWNED in the same write.
+        return Ending((*unrecorded, settled), exit_status_of(outcome))
 
     def _stopper(self, task: Task, stop: Callable[[], int | None] | None) -> Any:
         """Polled at heartbeat time: the caller's ``stop`` (``work`` shutting down);

@@ -117,13 +117,18 @@ def supervise(
     *,
     on_spawned: Callable[[int, int], None],
     should_stop: Callable[[], int | None] | None = None,
+    on_running: Callable[[], None] | None = None,
+    running_after_s: float = 0.0,
 ) -> Outcome:
     """Run ``spec`` to its end and say how it ended (see the module docstring).
 
+    ``on_spawned(pid, pgid)`` is called once the child exists; ``on_running()`` once
+    the leader has run for ``running_after_s`` (if it exits sooner, never).
+
     Raises ValueError for a nonsensical spec (empty argv, heartbeat_s <= 0...) and
     :class:`SpawnFailed` when the command cannot start (kind ``other`` also when the
-    log or heartbeat files cannot be opened). If ``on_spawned`` or ``should_stop``
-    raises, the group is killed and reaped, and the error re-raised.
+    log or heartbeat files cannot be opened). If ``on_spawned``, ``on_running`` or
+    ``should_stop`` raises, the group is killed and reaped, and the error re-raised.
     """
     _check(spec)
     # Bytes ferry itself buffered must reach fd 1/2 before the task's own.
@@ -161,7 +166,9 @@ def supervise(
             spawned = True
             started_at = time.time()
             try:
-                run = TaskLoop(spec, proc, sinks, trap, should_stop, started_at)
+                run = TaskLoop(
+                    spec, proc, sinks, trap, should_stop, started_at, on_running, running_after_s
+                )
             except BaseException as e:
                 # No pidfd or selector (EMFILE, say): the child must not run on alone.
                 kill_unsupervised(proc, SIGKILL_WAIT_S)

@@ -34,6 +34,7 @@ from ferry.process import (
     read_stat,
     signal_verified,
 )
+from ferry.runner import SPAWNED_AFTER_S
 
 FERRY = (sys.executable, "-m", "ferry.cli")
 CLI_TIMEOUT_S = 60.0
@@ -53,6 +54,11 @@ def wait_until(condition: Callable[[], Any], *, what: str, timeout_s: float = WA
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
         time.sleep(POLL_S)
+
+
+# Shell text for a task that outlives SPAWNED_AFTER_S: its SPAWNED gets a write of its
+# own, before SETTLED's (a shorter task's SPAWNED goes in SETTLED's write).
+OUTLIVES_SPAWNED = f"; sleep {SPAWNED_AFTER_S * 6}"
 
 
 def counting_task(mark: Path, *, linger: str = "") -> list[str]:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from crashkit import (
+    OUTLIVES_SPAWNED,
     Ferry,
     counting_task,
     decision_records,
@@ -48,9 +49,10 @@ PATHS = {
 CHILD_EXISTS = ("after:spawn", "before:SPAWNED", "after:SPAWNED")
 
 
-def stage(path: str, point: str) -> str:
-    """How far the journal got before the crash at ``point`` on ``path``."""
-    if point == "after:SETTLED":
+def stage(path: str, point: str, quick: bool = False) -> str:
+    """How far the journal got before the crash at ``point`` on ``path`` (``quick``: a
+    task that ended before SPAWNED_AFTER_S, whose SPAWNED goes in SETTLED's write)."""
+    if point == "after:SETTLED" or (quick and point == "after:SPAWNED"):
         return "settled"
     if point in ("after:spawn", "before:SPAWNED", "after:SPAWNED", "before:SETTLED"):
         return "spawned"
@@ -72,11 +74,17 @@ class Case:
     point: str
     idempotent: bool
     alive: bool  # keep the task's process alive across the crash
+    quick: bool = False  # the task ends before SPAWNED_AFTER_S (else it outlives it)
 
     @property
     def id(self) -> str:
         kind = "idempotent" if self.idempotent else "mutating"
-        return f"{self.path}-{self.point}-{kind}" + ("-alive" if self.alive else "")
+        suffix = "-alive" if self.alive else "-quick" if self.quick else ""
+        return f"{self.path}-{self.point}-{kind}{suffix}"
+
+    @property
+    def stage(self) -> str:
+        return stage(self.path, self.point, self.quick)
 
 
 def all_cases() -> list[Case]:
@@ -87,6 +95,8 @@ def all_cases() -> list[Case]:
                 cases.append(Case(path, point, idempotent, alive=False))
                 if point in CHILD_EXISTS and path in ("run", "work"):
                     cases.append(Case(path, point, idempotent, alive=True))
+                if point in ("before:SPAWNED", "after:SPAWNED"):
+                    cases.append(Case(path, point, idempotent, alive=False, quick=True))
     return cases
 
 
@@ -96,6 +106,7 @@ REPRESENTATIVE = [
     Case("claim", "after:CLAIMED", idempotent=False, alive=False),
     Case("run", "after:spawn", idempotent=False, alive=True),
     Case("work", "before:SETTLED", idempotent=False, alive=False),
+    Case("work", "before:SPAWNED", idempotent=False, alive=False, quick=True),
 ]
 EXHAUSTIVE = [c for c in all_cases() if c not in REPRESENTATIVE]
 
@@ -111,7 +122,8 @@ def ferry(tmp_path: Path) -> Iterator[Ferry]:
 
 def crash(ferry: Ferry, case: Case, mark: Path) -> None:
     """Run the task's path with the failpoint armed; ferry must die by SIGKILL there."""
-    argv = counting_task(mark, linger="; exec sleep 300" if case.alive else "")
+    linger = "; exec sleep 300" if case.alive else "" if case.quick else OUTLIVES_SPAWNED
+    argv = counting_task(mark, linger=linger)
     options = ["--idempotent"] if case.idempotent else []
     if case.path in ("work", "claim"):
         ferry.ok("submit", *options, "--", *argv)
@@ -127,7 +139,7 @@ def crash(ferry: Ferry, case: Case, mark: Path) -> None:
 
 def expected(case: Case) -> tuple[str, str | None, int, list[str]]:
     """(state after recover, reason, recover's exit status, decisions) by the contract's table."""
-    reached = stage(case.path, case.point)
+    reached = case.stage
     if reached in ("none", "queued"):
         return "QUEUED", None, 0, []
     if reached == "settled":
@@ -143,7 +155,7 @@ def expected(case: Case) -> tuple[str, str | None, int, list[str]]:
 
 def final_runs(case: Case) -> int:
     """Real executions once ``work --drain`` has run whatever recovery requeued."""
-    reached = stage(case.path, case.point)
+    reached = case.stage
     if reached == "none":
         return 0
     if reached == "dispatching":
@@ -156,7 +168,7 @@ def final_runs(case: Case) -> int:
 def check_case(ferry: Ferry, case: Case, tmp_path: Path) -> None:
     mark = tmp_path / "runs"
     crash(ferry, case, mark)
-    reached = stage(case.path, case.point)
+    reached = case.stage
     task = ferry.only_task()
     if reached == "none":
         assert task is None
@@ -264,7 +276,7 @@ def test_a_recover_that_crashed_is_finished_by_the_next_one(
     marks = [tmp_path / "mutating", tmp_path / "idempotent"]
     ids = []
     for mark, options in zip(marks, ([], ["--idempotent"]), strict=True):
-        argv = counting_task(mark)
+        argv = counting_task(mark, linger=OUTLIVES_SPAWNED)
         assert ferry.cli("run", *options, "--", *argv, failpoints="after:SPAWNED").returncode == -9
         ids.append(ferry.tasks()[-1]["id"])
         wait_task_gone(ids[-1])
@@ -357,7 +369,14 @@ def test_an_idempotent_task_released_max_times_fails_with_release_limit_exceeded
 ) -> None:
     """The table's last runner-dead row: releases = max -> FAILED RELEASE_LIMIT_EXCEEDED."""
     mark = tmp_path / "runs"
-    ferry.ok("submit", "--idempotent", "--max-releases", "1", "--", *counting_task(mark))
+    ferry.ok(
+        "submit",
+        "--idempotent",
+        "--max-releases",
+        "1",
+        "--",
+        *counting_task(mark, linger=OUTLIVES_SPAWNED),
+    )
     task_id = ferry.tasks()[0]["id"]
     for crash_round, (want_code, want_decision) in enumerate(
         [(0, "RELEASE"), (3, "FAIL_LIMIT")], start=1

@@ -17,6 +17,7 @@ import orjson
 import pytest
 from crashkit import (
     CLI_TIMEOUT_S,
+    OUTLIVES_SPAWNED,
     Ferry,
     counting_task,
     decision_records,
@@ -58,7 +59,7 @@ def test_twenty_concurrent_recovers_decide_each_crashed_task_exactly_once(
     assert ferry.cli("claim", failpoints="after:CLAIMED").returncode == -9
     for i, idempotent in enumerate((False, True, False, True)):
         options = ["--idempotent"] if idempotent else []
-        argv = counting_task(tmp_path / f"runs{i}")
+        argv = counting_task(tmp_path / f"runs{i}", linger=OUTLIVES_SPAWNED)
         result = ferry.cli("run", *options, "--", *argv, failpoints="after:SPAWNED")
         assert result.returncode == -9
     tasks = ferry.tasks()

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from crashkit import (
+    OUTLIVES_SPAWNED,
     Ferry,
     counting_task,
     decision_records,
@@ -123,7 +124,10 @@ def start_with_pid(
 def test_a_reused_pid_is_dead_and_its_new_owner_is_never_signalled(
     ferry: Ferry, tmp_path: Path, bystanders: list[subprocess.Popen[str]]
 ) -> None:
-    tasks = [crashed_after_spawned(ferry, counting_task(tmp_path / f"runs{i}")) for i in (0, 1)]
+    tasks = [
+        crashed_after_spawned(ferry, counting_task(tmp_path / f"runs{i}", linger=OUTLIVES_SPAWNED))
+        for i in (0, 1)
+    ]
     for task in tasks:
         wait_task_gone(str(task["id"]))
     logs = [tmp_path / f"signals{i}" for i in (0, 1)]
@@ -232,7 +236,7 @@ def test_a_live_quarantined_orphan_blocks_retry_until_ferry_kill_ends_it(
 
 # ---- a daemon that left the task's session --------------------------------------------
 
-DAEMONISE = 'echo "$FERRY_TASK" >> "$0"; setsid -f sleep 300'
+DAEMONISE = 'echo "$FERRY_TASK" >> "$0"; setsid -f sleep 300' + OUTLIVES_SPAWNED
 
 
 def daemons(task_id: str, leader_pid: int) -> list[int]:

@@ -192,6 +192,40 @@ def test_death_by_signal_reports_the_signal(tmp_path: Path, process_api: str, si
     assert (outcome.exit_code, outcome.signal) == (None, signum)
 
 
+def test_on_running_is_called_once_while_the_leader_still_runs(
+    tmp_path: Path, process_api: str
+) -> None:
+    seen: list[bool] = []
+    flag = tmp_path / "asked"
+
+    def on_running() -> None:
+        seen.append(flag.exists())  # the task is still waiting for this file
+        flag.touch()
+
+    script = f"import os, time\nwhile not os.path.exists({str(flag)!r}): time.sleep(0.01)"
+    outcome = run(make_spec(tmp_path, [PY, "-c", script]), on_running=on_running,
+                  running_after_s=0.05)  # fmt: skip
+    assert seen == [False] and outcome.exit_code == 0
+
+
+def test_on_running_is_never_called_for_a_leader_that_exited_sooner(tmp_path: Path) -> None:
+    called: list[int] = []
+    outcome = run(make_spec(tmp_path, ["true"]), on_running=lambda: called.append(1),
+                  running_after_s=30.0)  # fmt: skip
+    assert called == [] and outcome.exit_code == 0
+
+
+def test_on_running_raising_kills_the_group_and_reraises(tmp_path: Path) -> None:
+    def on_running() -> None:
+        raise RuntimeError("journal refused SPAWNED")
+
+    pids: list[int] = []
+    with pytest.raises(RuntimeError, match="refused"):
+        supervise(make_spec(tmp_path, ["sleep", "300"]), on_spawned=lambda p, g: pids.append(p),
+                  on_running=on_running, running_after_s=0.01)  # fmt: skip
+    assert_group_gone(pids[0])
+
+
 def test_on_spawned_gets_the_pid_of_a_new_session_leader(tmp_path: Path) -> None:
     seen: list[tuple[int, int, int, int]] = []
 
