@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 from types import FrameType, TracebackType
@@ -91,6 +92,8 @@ class SignalTrap:
         self.received.append(signum)
 
     def __enter__(self) -> SignalTrap:
+        if threading.current_thread() is not threading.main_thread():
+            return self
         read_fd, write_fd = os.pipe()
         os.set_blocking(read_fd, False)
         os.set_blocking(write_fd, False)

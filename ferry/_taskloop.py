@@ -13,6 +13,7 @@ import os
 import selectors
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 
@@ -27,6 +28,19 @@ SIGKILL_WAIT_S = 5.0  # wait this long for the group to die after SIGKILL, at mo
 GROUP_POLL_S = 0.02  # how often to look for surviving members once the leader exited
 LEADER_POLL_S = 0.05  # only without pidfd support
 DRAIN_BACKLOG_BYTES = 4 * ECHO_BACKLOG_BYTES  # passthrough held for a stalled reader, at most
+
+
+_local = threading.local()
+
+
+def _read_buffer() -> tuple[bytearray, memoryview]:
+    """This thread's read buffer, made at its first read: a task that prints nothing
+    (and ``work``'s next task in the same slot) pays nothing for it."""
+    found: tuple[bytearray, memoryview] | None = getattr(_local, "buffer", None)
+    if found is None:
+        buffer = bytearray(CHUNK_BYTES)
+        found = _local.buffer = (buffer, memoryview(buffer))
+    return found
 
 
 class TaskLoop:
@@ -52,8 +66,6 @@ class TaskLoop:
         self.sinks = list(sinks)
         self.paused: set[int] = set()  # pipes not read while their passthrough lags
         self.echo_fds: dict[int, Sink] = {}  # ferry's fds waited on for writability
-        self.buffer = bytearray(CHUNK_BYTES)
-        self.view = memoryview(self.buffer)
         for stream, sink in zip((proc.stdout, proc.stderr), sinks, strict=True):
             assert stream is not None
             self.streams[stream.fileno()] = sink
@@ -195,9 +207,10 @@ class TaskLoop:
             return
         # readv into one reused buffer: a fresh 1 MiB bytes object per read costs about
         # three times the CPU (allocation and page faults), measured on 1 GiB.
-        n = os.readv(fd, [self.buffer])
+        buffer, view = _read_buffer()
+        n = os.readv(fd, [buffer])
         if n:
-            sink.write(self.view[:n])
+            sink.write(view[:n])
             if self.group_gone and sink.backlog_bytes > DRAIN_BACKLOG_BYTES:
                 # Only a process that left the group can still be writing: do not let
                 # it fill ferry's memory behind a stalled reader.
@@ -296,7 +309,6 @@ class TaskLoop:
 
     def _close(self) -> None:
         self.sel.close()
-        self.view.release()
         for stream in (self.proc.stdout, self.proc.stderr):
             if stream is not None:
                 stream.close()
