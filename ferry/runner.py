@@ -243,9 +243,8 @@ class Runner:
             return Ending((), EX_FERRY_FAILED, plan.error)
         task = plan.task
         # A `ferry cancel` may have landed since the claim: do not start what the user
-        # asked to stop (a refresh is an fstat when nothing new was written).
-        with contextlib.suppress(FerryError):
-            self.store.refresh()
+        # asked to stop. (The table is current: the commit of plan.event, just before
+        # this call, caught up on the journal under its lock.)
         current = self.store.get(task.id)
         if current is not None and current.cancel_requested and current.attempt == task.attempt:
             cancelled = ev.Settled(
