@@ -192,6 +192,7 @@ class Worker:
         self.taken: set[str] = set()  # tasks a slot picked and is claiming or running
         self.busy = 0  # slots with a task picked
         self.slots_left = 0
+        self._refused: str | None = None  # the last task whose claim was refused
 
     def run(self) -> int:
         self.stop.install()
@@ -279,16 +280,20 @@ class Worker:
                 ending = ()
                 if claimed is not None:
                     ending = self._run(claimed)
-                elif self._idle_ends():
+                elif plan is None and self._idle_ends():
                     return
+                # (a picked task that did not start: refused, or settled in its claim
+                # write because a pinned input changed: pick again at once)
         except Exception as exc:  # a bug: say so, stop claiming, let the others end
             self._fail(InternalError(f"a work slot failed: {exc!r}"))
         finally:
-            if ending:
-                self._write(ending, None, epoch)
-            with self._claims:
-                self.slots_left -= 1
-            self.wake.set()
+            try:
+                if ending:
+                    self._write(ending, None, epoch)
+            finally:
+                with self._claims:
+                    self.slots_left -= 1
+                self.wake.set()
 
     def _pick(self) -> Plan | None:
         """The oldest queued task no other slot is claiming, planned (not written)."""
@@ -339,8 +344,15 @@ class Worker:
         except LeaseHeldError as error:
             self.halted = True
             self.service.notice(f"stopping: {error.message}")
-        except RefusedError as error:  # cancelled or taken elsewhere meanwhile
-            self.service.notice(f"task {plan.task.id if plan else '?'}: {error.message}")
+        except RefusedError as error:  # cancelled or claimed elsewhere meanwhile
+            task_id = plan.task.id if plan else None
+            if task_id is not None and task_id == self._refused:
+                # Refused twice though the table (caught up by the failed write) still
+                # offers it: a bug somewhere; stop rather than spin on it.
+                self._fail(error)
+            else:
+                self.service.notice(f"task {task_id}: {error.message}")
+                self._refused = task_id
         except FerryError as error:  # the journal failed us (a full disk, corruption)
             self._fail(error)
         else:

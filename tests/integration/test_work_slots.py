@@ -75,3 +75,35 @@ def test_slots_run_every_queued_task_once_and_end_when_drained(
     assert states(ferry) == dict.fromkeys(ids, "SUCCEEDED")
     assert [runs(mark) for mark in marks] == [1] * 12
     ferry.verify()
+
+
+def test_a_claim_refused_because_the_task_was_cancelled_meanwhile_is_skipped(
+    ferry: Ferry, tmp_path: Path
+) -> None:
+    """The race between a slot's pick and its claim write, played step by step on a
+    real state directory: another process cancels the picked task in between."""
+    from ferry.leader import Worker
+    from ferry.service import Service
+
+    first, second = submit(ferry, tmp_path / "a"), submit(ferry, tmp_path / "b")
+    notices: list[str] = []
+    service = Service(ferry.home)
+    service.notice = notices.append  # type: ignore[method-assign]
+    worker = Worker(service, jobs=1, drain=True, poll_s=0.05, lease_ttl_s=30.0,
+                    stale_after_s=None)  # fmt: skip
+    worker.lead.acquire()
+    try:
+        picked = worker._pick()
+        assert picked is not None and picked.task.id == first
+        ferry.ok("cancel", first)  # lands between the pick and the write
+        assert worker._write((), picked, worker.lead.epoch) is None
+        assert notices and first in notices[0] and not worker.failures
+        again = worker._pick()  # the table caught up during the refused write
+        assert again is not None and again.task.id == second
+        assert worker._write((), again, worker.lead.epoch) is again
+    finally:
+        worker.lead.release()
+        service.store.close()
+    assert states(ferry) == {first: "CANCELLED", second: "DISPATCHING"}
+    assert (runs(tmp_path / "a"), runs(tmp_path / "b")) == (0, 0)
+    ferry.verify()
