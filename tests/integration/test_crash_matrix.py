@@ -16,7 +16,6 @@ rows run in the default tier.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -109,15 +108,6 @@ REPRESENTATIVE = [
     Case("work", "before:SPAWNED", idempotent=False, alive=False, quick=True),
 ]
 EXHAUSTIVE = [c for c in all_cases() if c not in REPRESENTATIVE]
-
-
-@pytest.fixture
-def ferry(tmp_path: Path) -> Iterator[Ferry]:
-    f = Ferry(tmp_path / "home")
-    try:
-        yield f
-    finally:
-        f.close()
 
 
 def crash(ferry: Ferry, case: Case, mark: Path) -> None:

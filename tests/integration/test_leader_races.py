@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -29,15 +28,6 @@ from crashkit import (
 from ferry.process import read_stat
 
 pytestmark = pytest.mark.timeout(180)
-
-
-@pytest.fixture
-def ferry(tmp_path: Path) -> Iterator[Ferry]:
-    f = Ferry(tmp_path / "home")
-    try:
-        yield f
-    finally:
-        f.close()
 
 
 def finish(procs: list[subprocess.Popen[bytes]]) -> list[tuple[int, str, str]]:

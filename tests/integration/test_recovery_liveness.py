@@ -56,15 +56,6 @@ SIGNAL_RECORDER = """
 
 
 @pytest.fixture
-def ferry(tmp_path: Path) -> Iterator[Ferry]:
-    f = Ferry(tmp_path / "home")
-    try:
-        yield f
-    finally:
-        f.close()
-
-
-@pytest.fixture
 def bystanders() -> Iterator[list[subprocess.Popen[str]]]:
     """Unrelated processes a test starts; killed and reaped at the end."""
     procs: list[subprocess.Popen[str]] = []

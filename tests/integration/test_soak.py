@@ -15,7 +15,6 @@ import signal
 import subprocess
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -30,15 +29,6 @@ BATCHES = 10
 WORK = ("work", "-j", "2", "--poll", "0.05", "--lease-ttl", "5")
 # Some rounds the worker also dies by itself at the Nth pass of a point on the task path.
 POINTS = ("after:CLAIMED", "after:spawn", "after:SPAWNED", "before:SETTLED", "after:SETTLED")
-
-
-@pytest.fixture
-def ferry(tmp_path: Path) -> Iterator[Ferry]:
-    f = Ferry(tmp_path / "home")
-    try:
-        yield f
-    finally:
-        f.close()
 
 
 def task_line(marks: Path, number: int, rng: random.Random) -> bytes:

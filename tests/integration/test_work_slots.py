@@ -7,7 +7,6 @@ held, and one at ``before:SETTLED`` what the journal held without it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -15,15 +14,6 @@ import pytest
 from crashkit import Ferry, counting_task, runs
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-def ferry(tmp_path: Path) -> Iterator[Ferry]:
-    f = Ferry(tmp_path / "home")
-    try:
-        yield f
-    finally:
-        f.close()
 
 
 def submit(ferry: Ferry, mark: Path) -> str:
