@@ -56,9 +56,11 @@ class TaskLoop:
         started_at: float,
         on_running: Callable[[], None] | None = None,
         running_after_s: float = 0.0,
+        stop_fd: int | None = None,
     ) -> None:
         self.spec, self.proc, self.trap, self.should_stop = spec, proc, trap, should_stop
         self.on_running = on_running
+        self.stop_fd = stop_fd  # readable: ask should_stop now, not at the next beat
         self.started_at = started_at
         self.group = TaskGroup(proc.pid)
         self.sel = selectors.DefaultSelector()
@@ -74,6 +76,8 @@ class TaskLoop:
             self.sel.register(self.group.pidfd, selectors.EVENT_READ)
         if trap.wakeup_fd is not None:
             self.sel.register(trap.wakeup_fd, selectors.EVENT_READ)
+        if stop_fd is not None and should_stop is not None:
+            self.sel.register(stop_fd, selectors.EVENT_READ)
         now = time.monotonic()
         # on_running is due then, unless the leader exited first (then never).
         self.running_at = None if on_running is None else now + running_after_s
@@ -138,17 +142,20 @@ class TaskLoop:
             self.next_beat += self.spec.heartbeat_s
             if self.next_beat <= now:  # fell behind (a stalled passthrough): no burst
                 self.next_beat = now + self.spec.heartbeat_s
-            if self.should_stop is not None and not self.stopping and not self.leader_exited:
-                sig = self.should_stop()
-                if sig:
-                    self.stop_signal = sig
-                    self._stop(sig, now)
+            self._ask_should_stop(now)
         timeout_due = self.timeout_at is not None and now >= self.timeout_at
         if timeout_due and not self.stopping and not self.leader_exited:
             self.timed_out = True
             self._stop(signal.SIGTERM, now)
         if self.grace_at is not None and now >= self.grace_at and not self.group_gone:
             self._kill(now)
+
+    def _ask_should_stop(self, now: float) -> None:
+        if self.should_stop is not None and not self.stopping and not self.leader_exited:
+            sig = self.should_stop()
+            if sig:
+                self.stop_signal = sig
+                self._stop(sig, now)
 
     # -- the leader and the group ------------------------------------------------------
 
@@ -279,6 +286,11 @@ class TaskLoop:
                     self._on_leader_exit(time.monotonic())
                 elif fd == wakeup_fd:
                     self._on_signals(time.monotonic())
+                elif fd == self.stop_fd:
+                    # Left readable for every task that shares it: look at it once.
+                    self.sel.unregister(fd)
+                    self.stop_fd = None
+                    self._ask_should_stop(time.monotonic())
         self._close()
         return self._outcome()
 

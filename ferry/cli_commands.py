@@ -137,8 +137,8 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
     ) -> int:
         """The leader loop: lead (or wait as standby), recover, run queued tasks, N at a time.
 
-        SIGTERM: stop claiming, let running tasks finish (a second signal kills them after
-        their --kill-grace), release the lease.
+        SIGTERM: stop claiming, let running tasks finish, release the lease. A second
+        signal stops the running tasks at once (SIGTERM, SIGKILL after their --kill-grace).
         """
         return int(
             ctx.service().work(

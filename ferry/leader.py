@@ -193,6 +193,7 @@ class Worker:
         self.busy = 0  # slots with a task picked
         self.slots_left = 0
         self._refused: str | None = None  # the last task whose claim was refused
+        self._stop_r = self._stop_w = -1  # a pipe while leading: readable = tasks stop
 
     def run(self) -> int:
         self.stop.install()
@@ -230,6 +231,7 @@ class Worker:
             for n in range(self.jobs)
         ]
         self.slots_left = len(slots)
+        self._stop_r, self._stop_w = os.pipe()
         for slot in slots:
             slot.start()
         try:
@@ -240,6 +242,8 @@ class Worker:
                 self._changed.notify_all()
             for slot in slots:
                 slot.join()
+            os.close(self._stop_r)
+            os.close(self._stop_w)
         self.store.commit(ev.LeaseReleased(epoch, self.lead.me.to_json()), epoch=epoch)
         self.store.maybe_compact()
         if self.failures:
@@ -250,7 +254,12 @@ class Worker:
         """Renew the lease and recover other runners' tasks until every slot ended."""
         renew_at = time.monotonic() + self.lead.renew_every_s
         recover_at = time.monotonic() + self.RECOVER_EVERY_S
+        stops_seen = 0
         while self.slots_left:
+            count = self.stop.count
+            if count > stops_seen:
+                self._on_stop(stops_seen, count)
+                stops_seen = count
             now = time.monotonic()
             if now >= renew_at:
                 self.lead.renew()  # lease.lost propagates: we must stop leading
@@ -260,9 +269,20 @@ class Worker:
                 recover_at = now + self.RECOVER_EVERY_S
             self.wake.wait(max(0.0, min(renew_at, recover_at) - time.monotonic()))
             self.wake.clear()
-            if self.stop.count:  # (the signal handler cannot take the slots' lock)
-                with self._claims:
-                    self._changed.notify_all()
+
+    def _on_stop(self, seen: int, count: int) -> None:
+        """Stop signals arrived (the handler only counts them: it cannot take locks)."""
+        if seen == 0:
+            self.service.notice(
+                "stopping: no new tasks; running ones finish (signal again to stop them)"
+            )
+            with self._claims:  # idle slots end now
+                self._changed.notify_all()
+        if seen < 2 <= count:
+            self.service.notice("stopping the running tasks")
+            # They run in the slots' threads, where no signal arrives: make their loops
+            # ask stop.task_signal now, not at their next heartbeat.
+            os.write(self._stop_w, b"!")
 
     def _recover(self, epoch: int) -> None:
         report = Recoverer(self.service).recover_all(epoch=epoch, policy=self.policy, dry_run=False)
@@ -371,7 +391,7 @@ class Worker:
 
     def _run(self, plan: Plan) -> tuple[ev.Event, ...]:
         try:
-            return self.runner.finish(plan, stop=self.stop.task_signal).events
+            return self.runner.finish(plan, self.stop.task_signal, self._stop_r).events
         except JournalIntegrityError as error:
             self._fail(error)
         except (FerryError, OSError) as error:

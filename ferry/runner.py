@@ -235,10 +235,16 @@ class Runner:
             self.store.commit(*ending.events)
         return RunResult(self._task(plan.task.id), ending.exit_status, ending.error)
 
-    def finish(self, plan: Plan, stop: Callable[[], int | None] | None = None) -> Ending:
+    def finish(
+        self,
+        plan: Plan,
+        stop: Callable[[], int | None] | None = None,
+        stop_fd: int | None = None,
+    ) -> Ending:
         """Run a planned task whose record is already durable, up to its end; return
         the SETTLED record without writing it (``work`` writes it together with its
-        next claim: one fsync). The caller must commit ``events`` at once."""
+        next claim: one fsync). The caller must commit ``events`` at once. ``stop`` is
+        asked at every heartbeat, and at once when ``stop_fd`` becomes readable."""
         if plan.env is None:  # settled FAILED in the plan's own write
             return Ending((), EX_FERRY_FAILED, plan.error)
         task = plan.task
@@ -256,7 +262,7 @@ class Runner:
                 evidence={"cancelled_before_spawn": True},
             )
             return Ending((cancelled,), 128 + signal.SIGTERM)
-        return self._supervise(task, plan.token, plan.env, stop)
+        return self._supervise(task, plan.token, plan.env, stop, stop_fd)
 
     def dispatch(
         self,
@@ -282,7 +288,12 @@ class Runner:
         return check_before_dispatch(pointers, idempotent=spec.idempotent, patch=spec.patch)
 
     def _supervise(
-        self, task: Task, token: str, env: dict[str, str], stop: Callable[[], int | None] | None
+        self,
+        task: Task,
+        token: str,
+        env: dict[str, str],
+        stop: Callable[[], int | None] | None,
+        stop_fd: int | None,
     ) -> Ending:
         spec = task.spec
         stdout_log, stderr_log = log_paths(self.home, task.id, task.attempt)
@@ -350,6 +361,7 @@ class Runner:
                     should_stop=self._stopper(task, stop),
                     on_running=on_running,
                     running_after_s=SPAWNED_AFTER_S,
+                    stop_fd=stop_fd,
                 )
             finally:
                 alivelock.release(lock_fd)

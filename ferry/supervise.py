@@ -61,8 +61,10 @@ Choices where the brief is silent (the contract of this module):
 * Signal handlers can only be installed from the main thread; elsewhere ferry does not
   trap signals and the caller stops tasks through ``should_stop``. A signal ferry
   inherited as ignored (``nohup``) stays ignored and is not forwarded.
-* ``should_stop`` is polled at every heartbeat; its signal is sent like a forwarded one
-  and reported in ``stop_signal``, not in ``forwarded_signal``.
+* ``should_stop`` is polled at every heartbeat, and at once when ``stop_fd`` becomes
+  readable (``work`` makes it so on its second stop signal: its tasks run in threads,
+  where no signal arrives); its signal is sent like a forwarded one and reported in
+  ``stop_signal``, not in ``forwarded_signal``.
 """
 
 from __future__ import annotations
@@ -119,11 +121,14 @@ def supervise(
     should_stop: Callable[[], int | None] | None = None,
     on_running: Callable[[], None] | None = None,
     running_after_s: float = 0.0,
+    stop_fd: int | None = None,
 ) -> Outcome:
     """Run ``spec`` to its end and say how it ended (see the module docstring).
 
     ``on_spawned(pid, pgid)`` is called once the child exists; ``on_running()`` once
     the leader has run for ``running_after_s`` (if it exits sooner, never).
+    ``should_stop`` is asked at every heartbeat, and at once when ``stop_fd`` (if
+    given) becomes readable.
 
     Raises ValueError for a nonsensical spec (empty argv, heartbeat_s <= 0...) and
     :class:`SpawnFailed` when the command cannot start (kind ``other`` also when the
@@ -167,8 +172,9 @@ def supervise(
             started_at = time.time()
             try:
                 run = TaskLoop(
-                    spec, proc, sinks, trap, should_stop, started_at, on_running, running_after_s
-                )
+                    spec, proc, sinks, trap, should_stop, started_at,
+                    on_running, running_after_s, stop_fd,
+                )  # fmt: skip
             except BaseException as e:
                 # No pidfd or selector (EMFILE, say): the child must not run on alone.
                 kill_unsupervised(proc, SIGKILL_WAIT_S)

@@ -1,4 +1,5 @@
-"""``ferry work``'s slots: one task's end and the next claim share one durable write.
+"""``ferry work``'s slots: one task's end and the next claim share one durable write;
+stopping on SIGTERM (the first stops claiming, the second stops the running tasks).
 
 Failpoints fire per record type of a batch: ``before:X`` before the batch's write,
 ``after:X`` after its fsync. So a crash at ``after:SETTLED`` shows what that one write
@@ -7,11 +8,15 @@ held, and one at ``before:SETTLED`` what the journal held without it.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import subprocess
 from pathlib import Path
 
 import orjson
 import pytest
-from crashkit import Ferry, counting_task, runs
+from crashkit import Ferry, counting_task, runs, wait_task_gone, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -96,4 +101,61 @@ def test_a_claim_refused_because_the_task_was_cancelled_meanwhile_is_skipped(
         service.store.close()
     assert states(ferry) == {first: "CANCELLED", second: "DISPATCHING"}
     assert (runs(tmp_path / "a"), runs(tmp_path / "b")) == (0, 0)
+    ferry.verify()
+
+
+def read_until(proc: subprocess.Popen[bytes], text: str) -> str:
+    """Read ``proc``'s stderr until ``text`` appears (or fail at the deadline)."""
+    assert proc.stderr is not None
+    fd = proc.stderr.fileno()
+    os.set_blocking(fd, False)
+    seen = b""
+
+    def found() -> bool:
+        nonlocal seen
+        with contextlib.suppress(BlockingIOError):
+            seen += os.read(fd, 65536) or b""
+        return text.encode() in seen
+
+    wait_until(found, what=f"{text!r} from ferry work")
+    return seen.decode()
+
+
+def test_sigterm_stops_claiming_and_lets_the_running_task_finish(
+    ferry: Ferry, tmp_path: Path
+) -> None:
+    gate, mark = tmp_path / "gate", tmp_path / "a"
+    waits_for_gate = f'; while [ ! -e "{gate}" ]; do sleep 0.02; done'
+    first = orjson.loads(
+        ferry.ok("--json", "submit", "--", *counting_task(mark, linger=waits_for_gate)).stdout
+    )["id"]
+    second = submit(ferry, tmp_path / "b")
+    proc = ferry.start("work", "-j", "1", "--poll", "0.05")
+    wait_until(lambda: runs(mark) == 1, what="the first task to start")
+    proc.send_signal(signal.SIGTERM)
+    read_until(proc, "stopping: no new tasks")
+    gate.touch()  # the running task may now finish
+    assert proc.wait(timeout=60) == 0
+    assert states(ferry) == {first: "SUCCEEDED", second: "QUEUED"}
+    assert runs(tmp_path / "b") == 0
+    assert orjson.loads(ferry.ok("--json", "lease").stdout)["holder"] is None  # released
+    ferry.verify()
+
+
+def test_a_second_sigterm_stops_the_running_tasks_at_once(ferry: Ferry, tmp_path: Path) -> None:
+    """At once, not at the task's next heartbeat: that is 600 s away here, and the
+    worker must be gone long before."""
+    marks = [tmp_path / "a", tmp_path / "b"]
+    for mark in marks:
+        ferry.ok("submit", "--heartbeat", "600", "--",
+                 *counting_task(mark, linger="; exec sleep 600"))  # fmt: skip
+    proc = ferry.start("work", "-j", "2", "--poll", "0.05")
+    wait_until(lambda: [runs(m) for m in marks] == [1, 1], what="both tasks to start")
+    proc.send_signal(signal.SIGTERM)
+    read_until(proc, "stopping: no new tasks")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0
+    for task in ferry.tasks():
+        assert (task["state"], task["reason"], task["signal"]) == ("FAILED", "SIGNALLED", 15)
+        wait_task_gone(task["id"])
     ferry.verify()
