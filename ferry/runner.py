@@ -10,8 +10,8 @@
     SETTLED  -- durable -->               before ferry returns the exit status
 
 A crash between any two lines leaves a journal that ``ferry recover`` can decide:
-DISPATCHING without SPAWNED is found by the marker, SPAWNED without SETTLED by the pid
-and start time. Every event about the task carries the claim token, so a runner that
+DISPATCHING without SPAWNED is found by the marker and the alive-lock, SPAWNED without
+SETTLED by the pid and start time too. Every event about the task carries the claim token, so a runner that
 recovery already gave up on cannot settle (the store refuses ``task.stale_claim``).
 """
 
@@ -77,8 +77,9 @@ class Plan(Value):
 
 
 class Ending(Value):
-    """A task's end, not yet journaled: ``events`` (its SETTLED, if any is left to
-    write) and the exit status ``run``/``claim`` pass through."""
+    """A task's end, not yet journaled: ``events`` (its SETTLED, after its SPAWNED if
+    that was not written yet; empty if nothing is left to write) and the exit status
+    ``run``/``claim`` pass through."""
 
     __slots__ = ("error", "events", "exit_status")
     _FIELDS = ("events", "exit_status", "error")
