@@ -203,7 +203,9 @@ def work_throughput(options: Options) -> Figure:
         sides = {"ours": ours, "xargs": xargs}
         if _have("parallel"):
             sides["parallel"] = parallel
-        per_task = interleaved(sides, max(1, options.runs // 2))
+        # At least three rounds: one run of each side is a single draw from a noisy
+        # machine (one round measured anywhere from 1.3 to 2.1 here).
+        per_task = interleaved(sides, max(3, options.runs))
     ours_s, xargs_s = per_task["ours"], per_task["xargs"]
     extra = {
         "tasks": str(n),
