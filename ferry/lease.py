@@ -48,7 +48,7 @@ from ferry.errors import LeaseHeldError, StateDirError
 from ferry.failpoints import failpoint
 from ferry.liveness import Liveness, probe
 from ferry.process import ProcessIdentity
-from ferry.statedir import fsync_dir, private_open
+from ferry.statedir import private_open, write_atomic
 
 __all__ = [
     "LEASE_VERSION",
@@ -329,23 +329,11 @@ class LeaseStore:
 
     def _write(self, lease: Lease) -> None:
         failpoint("before:lease_write")
+        # Atomic and durable (fsync, rename, directory fsync): a power loss must never
+        # bring back an older lease.json, whose epoch the next acquire would hand out
+        # again. The lease lock is held: a fixed temp name (a crash's stale one is reused).
         data = orjson.dumps(lease.to_json()) + b"\n"
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        # A crash may leave a stale .tmp: O_TRUNC reuses it; O_NOFOLLOW refuses a planted link.
-        fd = private_open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            # fsync before rename: else a power loss after the rename can leave lease.json
-            # naming the new inode with no data in it (an empty or zero-filled file).
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(tmp, self.path)
-        # fsync the directory: else a power loss can undo the rename and bring back the
-        # previous lease.json, whose older epoch the next acquire would hand out again.
-        fsync_dir(self.path.parent)
+        write_atomic(self.path.parent, self.path.name, data, temp_name=self.path.name + ".tmp")
         failpoint("after:lease_write")
 
 

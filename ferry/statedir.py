@@ -300,14 +300,23 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
-def write_atomic(directory: Path, name: str, data: bytes) -> Path:
+def write_atomic(directory: Path, name: str, data: bytes, *, temp_name: str | None = None) -> Path:
     """Write ``data`` as ``directory/name`` (0600) atomically: a private temp file,
     fsync, rename, fsync the directory. A crash at any point leaves either no file of
     that name or the whole of it, never a torn one; a failure (a full disk) removes the
-    temp file so it does not hold the space."""
+    temp file so it does not hold the space. A symlink planted at the temp name is never
+    followed (``state_dir.symlink``).
+
+    ``temp_name``: a fixed temp name, for a caller that holds a lock over ``name`` (one
+    writer at a time); a crash's stale temp file is then reused. Without it the temp
+    name is unique per call."""
     final = directory / name
-    temp = directory / f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    if temp_name is None:
+        temp = directory / f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+        fd = private_open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    else:
+        temp = directory / temp_name
+        fd = private_open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     try:
         try:
             view = memoryview(data)
