@@ -36,6 +36,7 @@ from ferry.errors import EX_FERRY_FAILED, EX_TIMEOUT, FerryError
 from ferry.failpoints import failpoint
 from ferry.model import Reason, State, Task
 from ferry.process import find_by_marker, identity_of, make_marker, signal_task
+from ferry.statedir import fsync_dir
 from ferry.store import Store
 from ferry.supervise import Outcome, SpawnFailed, SuperviseSpec, supervise
 
@@ -180,6 +181,18 @@ def stop_escapees(marker: str, grace_s: float) -> bool:
     if find_by_marker(marker).alive:
         signal_task(None, marker, signal.SIGKILL)
     return True
+
+
+def _sync_new_log_dir(directory: Path, logs: tuple[Path, Path]) -> str | None:
+    """supervise() syncs a log that got bytes and the directory holding it; the entry
+    of that directory in ``logs/``, made by this attempt, must survive a power cut
+    too, before SETTLED says the task ran. Returns an error message, or None."""
+    try:
+        if any(os.stat(log).st_size for log in logs):
+            fsync_dir(directory.parent)
+    except OSError as e:
+        return f"fsync of {directory.parent} failed: {e}"
+    return None
 
 
 class Runner:
@@ -342,11 +355,17 @@ class Runner:
         failpoint("before:spawn")  # DISPATCHING is durable, no child exists yet
         try:
             try:
-                stdout_log.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-                # logs/<id>/ exists from an earlier attempt: a symlink planted there in
-                # its place must not redirect the logs (mkdir and O_NOFOLLOW follow it).
-                if stat.S_ISLNK(os.lstat(stdout_log.parent).st_mode):
-                    raise OSError(errno.ELOOP, "a symlink, not followed", str(stdout_log.parent))
+                try:
+                    stdout_log.parent.mkdir(mode=0o700, parents=True)
+                    new_dir = True
+                except FileExistsError:
+                    new_dir = False
+                    # logs/<id>/ exists from an earlier attempt: a symlink planted there
+                    # in its place must not redirect the logs (O_NOFOLLOW follows it).
+                    if stat.S_ISLNK(os.lstat(stdout_log.parent).st_mode):
+                        raise OSError(
+                            errno.ELOOP, "a symlink, not followed", str(stdout_log.parent)
+                        ) from None
             except OSError as e:
                 # A full disk (or inodes) must settle the task SPAWN_FAILED, not leave
                 # it DISPATCHING for recovery to mark unsafe: nothing has run.
@@ -374,6 +393,10 @@ class Runner:
                 reason=Reason.SPAWN_FAILED, evidence={"error": error.to_json()},
             )  # fmt: skip
             return Ending((settled,), error.exit_code, error)
+        if new_dir:
+            log_error = _sync_new_log_dir(stdout_log.parent, (stdout_log, stderr_log))
+            if log_error is not None and outcome.log_error is None:
+                outcome = replace(outcome, log_error=log_error)
         # A `ferry cancel` from another process is only in the journal: catch up first,
         # or a cancelled task would settle FAILED SIGNALLED. (commit() re-validates
         # under the lock anyway; a failed refresh just leaves the cancel unseen.)

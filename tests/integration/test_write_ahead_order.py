@@ -121,13 +121,13 @@ def _strace_works(tmp_path: Path) -> str | None:
 
 
 def traced(
-    tmp_path: Path, home: Path, *args: str
+    tmp_path: Path, home: Path, *args: str, syscalls: str = SYSCALLS
 ) -> tuple[list[Event], subprocess.CompletedProcess[bytes]]:
     trace = tmp_path / f"ferry-{uuid.uuid4().hex[:8]}.trace"
     env = {k: v for k, v in os.environ.items() if k != "FERRY_FAILPOINTS"}
     env["FERRY_HOME"] = str(home)
     proc = subprocess.run(
-        [STRACE or "strace", "-f", "-tt", "-s", "65536", "-e", f"trace={SYSCALLS}",
+        [STRACE or "strace", "-f", "-tt", "-s", "65536", "-e", f"trace={syscalls}",
          "-o", str(trace), FERRY, *args],
         capture_output=True, env=env, timeout=TIMEOUT_S, check=False, stdin=subprocess.DEVNULL,
     )  # fmt: skip
@@ -260,3 +260,34 @@ def test_the_checker_accepts_the_right_order_and_rejects_a_spawn_before_the_sync
     check_order(parse(_synthetic(sync_first=True)), "PROBE")
     with pytest.raises(AssertionError, match="DISPATCHING synced at line"):
         check_order(parse(_synthetic(sync_first=False)), "PROBE")
+
+
+def test_a_new_log_directory_is_synced_before_settled(
+    strace_ok: None, tmp_path: Path, ferry_home: Path
+) -> None:
+    """A task that printed keeps its logs through a power cut once SETTLED is durable:
+    the entry of its new logs/<id>/ in logs/ is fsynced before SETTLED is written."""
+    probe = f"LOG-DIR-PROBE-{uuid.uuid4().hex}"
+    events, proc = traced(
+        tmp_path, ferry_home, "run", "--", "/bin/echo", probe, syscalls=SYSCALLS + ",openat"
+    )
+    assert proc.returncode == 0, proc.stderr
+    logs = f'"{ferry_home / "logs"}"'
+    opened = [
+        e for e in events
+        if e.name == "openat" and e.done and logs in e.text and "O_DIRECTORY" in e.text
+    ]  # fmt: skip
+    settled = only(
+        [
+            e
+            for e in events
+            if e.name == "write" and e.entry and '\\"type\\":\\"SETTLED\\"' in e.text
+        ],
+        "SETTLED",
+    )
+    synced = [
+        e for e in events
+        if e.name == "fsync" and e.done and e.ret == 0 and e.index < settled.index
+        and any(o.ret == fd_of(e) and o.index < e.index for o in opened)
+    ]  # fmt: skip
+    assert synced, "logs/ was not fsynced before SETTLED was written"
