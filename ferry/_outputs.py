@@ -99,7 +99,7 @@ class SignalTrap:
         os.set_blocking(write_fd, False)
         try:
             self._old_wakeup_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
-        except ValueError:  # not the main thread
+        except ValueError:  # the main thread of another interpreter
             os.close(read_fd)
             os.close(write_fd)
             return self

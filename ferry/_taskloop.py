@@ -134,8 +134,8 @@ class TaskLoop:
 
     def _on_time(self, now: float) -> None:
         if self.running_at is not None and now >= self.running_at:
-            self.running_at = None
-            if not self.leader_exited and self.on_running is not None:
+            self.running_at = None  # (set only with on_running, cleared at the exit)
+            if self.on_running is not None:
                 self.on_running()
         if now >= self.next_beat:
             touch(self.spec.heartbeat_path)

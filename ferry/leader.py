@@ -187,10 +187,9 @@ class Worker:
         self.halted = False  # stop claiming: the lease is lost or the journal failed us
         self.failures: list[FerryError] = []
         self.runner = Runner(self.store, passthrough=False, warn=service.notice)
-        self._claims = threading.Lock()  # guards taken, busy, slots_left
+        self._claims = threading.Lock()  # guards taken, slots_left
         self._changed = threading.Condition(self._claims)  # a slot's task ended; a stop
         self.taken: set[str] = set()  # tasks a slot picked and is claiming or running
-        self.busy = 0  # slots with a task picked
         self.slots_left = 0
         self._refused: str | None = None  # the last task whose claim was refused
         self._stop_r = self._stop_w = -1  # a pipe while leading: readable = tasks stop
@@ -324,7 +323,6 @@ class Worker:
             if task is None:
                 return None
             self.taken.add(task.id)
-            self.busy += 1
         try:
             token = new_claim_token(os.urandom(10))
             return self.runner.plan(replace(task, state=State.CLAIMED, claim_token=token), token)
@@ -335,7 +333,6 @@ class Worker:
     def _unpick(self, task_id: str) -> None:
         with self._claims:
             self.taken.discard(task_id)
-            self.busy -= 1
             self._changed.notify_all()
 
     def _write(self, ending: tuple[ev.Event, ...], plan: Plan | None, epoch: int) -> Plan | None:
@@ -412,7 +409,7 @@ class Worker:
             return True
         if self.drain:
             with self._claims:
-                others_busy = self.busy > 0
+                others_busy = bool(self.taken)
             if not others_busy and not self._queue_nonempty():
                 return True
         with self._claims:  # woken early when another slot's task ends, or on a stop
