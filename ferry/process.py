@@ -436,13 +436,7 @@ def _signal_checked_pid(
         return False
     if group and st.pgrp != identity.pid:
         raise NotGroupLeaderError(f"pid {identity.pid} does not lead a process group")
-    failpoint("before:signal")
-    try:
-        (os.killpg if group else os.kill)(identity.pid, sig)
-    except ProcessLookupError:
-        return False
-    failpoint("after:signal")
-    return True
+    return _send_by_number(identity.pid, sig, group=group)
 
 
 def _signal_psutil(
@@ -450,9 +444,14 @@ def _signal_psutil(
 ) -> bool:  # pragma: no cover - not Linux
     if _psutil_identity(identity.pid) != identity:
         return False
+    return _send_by_number(identity.pid, sig, group=group)
+
+
+def _send_by_number(pid: int, sig: int, *, group: bool) -> bool:  # pragma: no cover
+    """The send of the fallbacks without a pidfd, the identity just checked."""
     failpoint("before:signal")
     try:
-        (os.killpg if group else os.kill)(identity.pid, sig)
+        (os.killpg if group else os.kill)(pid, sig)
     except ProcessLookupError:
         return False
     failpoint("after:signal")
