@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from taskscripts import TREE_LEAF
 
 PY = sys.executable
 DEADLINE_S = 30.0
@@ -50,21 +51,6 @@ import signal, subprocess, sys
 for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
     signal.signal(s, signal.SIG_DFL)
 sys.exit(subprocess.Popen([sys.executable, "-c", sys.argv[1], *sys.argv[2:]]).wait())
-"""
-TREE_LEAF = r"""
-import os, signal, sys, time
-marker, ready = sys.argv[1], sys.argv[2]
-def on(sig, frame):
-    with open(marker, "w") as f:
-        f.write(str(sig))
-    os._exit(0)
-for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-    signal.signal(s, on)
-with open(ready + ".tmp", "w") as f:
-    f.write(str(os.getpid()))
-os.replace(ready + ".tmp", ready)
-while True:
-    time.sleep(60)
 """
 # Ignores SIGTERM and SIGINT, reports ready in argv[1], then waits forever.
 STUBBORN = r"""

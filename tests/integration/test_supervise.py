@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from taskscripts import TREE_LEAF
 
 from ferry._sink import ECHO_BACKLOG_BYTES, Sink
 from ferry.supervise import Outcome, SpawnFailed, SuperviseSpec, supervise
@@ -33,23 +34,6 @@ PY = sys.executable
 DRIVER = Path(__file__).with_name("supervise_driver.py")
 DEADLINE_S = 20.0
 
-# Handles SIGTERM/SIGINT/SIGHUP by writing the signal number to argv[1], then exits 0.
-# Writes its pid to argv[2] once the handlers are in place.
-TREE_LEAF = r"""
-import os, signal, sys, time
-marker, ready = sys.argv[1], sys.argv[2]
-def on(sig, frame):
-    with open(marker, "w") as f:
-        f.write(str(sig))
-    os._exit(0)
-for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-    signal.signal(s, on)
-with open(ready + ".tmp", "w") as f:
-    f.write(str(os.getpid()))
-os.replace(ready + ".tmp", ready)
-while True:
-    time.sleep(60)
-"""
 
 # Starts TREE_LEAF as its child (same process group) and waits for it.
 TREE_ROOT = r"""
