@@ -24,6 +24,8 @@ an unfenced writer); ``ts`` float unix seconds; ``type`` str; ``data`` a JSON ob
 ``crc`` = ``zlib.crc32`` of the line's bytes before ``,"crc":"``, 8 lowercase hex
 digits.  A line is valid only if it ends in ``\\n``, its checksum matches, it parses,
 has ``v`` 1 and the expected seq.  Files are read in binary and split on ``b"\\n"`` only.
+NUL bytes from the end of a segment's last record to the end of the file are its *zero
+tail*: space the writer preallocated, not records and not damage.
 NaN/Infinity, non-JSON values and lines longer than ``record_bytes_max`` are refused
 before anything is written.  A record or snapshot with a newer ``v`` raises
 FormatVersionError.
@@ -37,8 +39,9 @@ Guarantees
 ----------
 
 * ``append``/``append_batch`` return only after the lines were written with one
-  ``os.write`` on an O_APPEND descriptor and fdatasync returned: then they survive a
-  crash or power cut of this machine *if the disk honours flushes*.  A failed write or
+  ``os.pwrite`` at the end of the records (over the zero tail, which a write that
+  reaches past it extends in the same write) and fdatasync returned: then they survive
+  a crash or power cut of this machine *if the disk honours flushes*.  A failed write or
   fsync makes the handle unusable (WriterFailedError; never retried).
 * Appenders (threads and processes) serialise on ``flock(.lock)``; threads of one handle
   share one write and one fsync (group commit).  Under the lock an appender first
@@ -50,7 +53,8 @@ Guarantees
   changes nothing; ``verify`` checks everything; ``repair`` cuts only a torn tail.
 * Creating, renaming and removing segments and snapshots fsync the directory.
 * Damage: bytes after the last valid record of the last segment that contain no valid
-  line are a *torn tail*: cut before the next append (a ``.broken`` copy is kept).
+  line and are not all NUL are a *torn tail*: cut before the next append (a ``.broken``
+  copy is kept).
   Anything else (a bad record followed by valid ones, a bad record in a sealed segment,
   a gap, a missing segment) is *corruption*: CorruptionError with segment, byte offset
   and seq; never skipped, never repaired, never reset to empty.

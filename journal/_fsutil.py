@@ -9,6 +9,7 @@ simulation must provide):
     os.open(path, flags, mode)   flags are built from the real os.O_* constants at import
     os.close(fd)
     os.write(fd, data) -> int    may write less than asked: callers loop (write_all)
+    os.pwrite(fd, data, offset) -> int    segments (no O_APPEND): callers loop too
     os.pread(fd, n, offset) -> bytes
     os.lseek(fd, 0, SEEK_END) -> the file's size    (no fd is read at its offset)
     os.fsync(fd)                 files (when fdatasync is absent) and directories
@@ -24,8 +25,10 @@ Errors are the usual OSError subclasses (FileNotFoundError, FileExistsError, ...
 
 fsync choice: appended data is made durable with ``fdatasync`` where the platform has
 it.  On Linux, fdatasync also flushes the metadata needed to read the data back, which
-includes the new file size after an append, so it is enough for an O_APPEND log.  New
-files and renames are made durable by fsync of the *directory* (``fsync_dir``).
+includes a new file size, so it is enough for a log that grows.  It is cheapest when
+nothing but data changed: records written over zeros the segment already holds (its
+preallocated tail, see ``_writer``) cost a data flush and no file-system journal commit.
+New files and renames are made durable by fsync of the *directory* (``fsync_dir``).
 """
 
 from __future__ import annotations
@@ -39,10 +42,9 @@ from pathlib import Path
 # same values.
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-APPEND_FLAGS = os.O_RDWR | os.O_APPEND | _CLOEXEC | _NOFOLLOW
-CREATE_APPEND_FLAGS = APPEND_FLAGS | os.O_CREAT | os.O_EXCL
 READ_FLAGS = os.O_RDONLY | _CLOEXEC
 RDWR_FLAGS = os.O_RDWR | _CLOEXEC | _NOFOLLOW
+CREATE_RDWR_FLAGS = RDWR_FLAGS | os.O_CREAT | os.O_EXCL
 CREATE_NEW_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _CLOEXEC | _NOFOLLOW
 LOCKFILE_FLAGS = os.O_RDWR | os.O_APPEND | os.O_CREAT | _CLOEXEC | _NOFOLLOW
 DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC
@@ -55,10 +57,11 @@ LOCK_UN = fcntl.LOCK_UN
 PathArg = str | Path
 
 
-def open_append(path: PathArg, *, create: bool = False) -> int:
-    """An O_APPEND descriptor on a segment (readable too, for catching up).  With
-    ``create`` the file must not exist yet (O_EXCL)."""
-    return os.open(path, CREATE_APPEND_FLAGS if create else APPEND_FLAGS, FILE_MODE)
+def open_segment(path: PathArg, *, create: bool = False) -> int:
+    """A read-write descriptor on a segment (records go in with ``pwrite_durably`` at
+    the end of the last record, not with O_APPEND: the segment may hold a preallocated
+    tail of zeros).  With ``create`` the file must not exist yet (O_EXCL)."""
+    return os.open(path, CREATE_RDWR_FLAGS if create else RDWR_FLAGS, FILE_MODE)
 
 
 def open_read(path: PathArg) -> int:
@@ -101,8 +104,8 @@ def pread(fd: int, size: int, offset: int) -> bytes:
 
 def size(fd: int) -> int:
     """The file's size.  lseek to the end costs a quarter of an fstat (no stat_result to
-    build), and moves nothing that matters: appends go to the end (O_APPEND) and reads
-    give their offset (pread)."""
+    build), and moves nothing that matters: reads and segment writes give their offset
+    (pread, pwrite), and the lock file is O_APPEND."""
     return os.lseek(fd, 0, SEEK_END)
 
 
@@ -115,11 +118,17 @@ def sync_data(fd: int) -> None:
         os.fsync(fd)
 
 
-def write_durably(fd: int, data: bytes) -> None:
-    """``write_all`` then ``sync_data``: an append, durable on return."""
-    written = os.write(fd, data)
+def pwrite_durably(fd: int, data: bytes, offset: int) -> None:
+    """Write every byte of ``data`` at ``offset`` (looping on short writes), then
+    ``sync_data``: durable on return."""
+    written = os.pwrite(fd, data, offset)
     if written != len(data):
-        write_all(fd, memoryview(data)[written:])
+        view = memoryview(data)
+        while written < len(data):
+            n = os.pwrite(fd, view[written:], offset + written)
+            if n <= 0:
+                raise OSError(f"pwrite returned {n}")
+            written += n
     sync_data(fd)
 
 

@@ -1,10 +1,13 @@
 """Where one handle stands in the journal, and how it follows other processes.
 
-A ``Position`` knows the active segment (an O_APPEND descriptor, its first seq and the
-end of its last valid record), the last seq and the highest epoch seen.  It catches up
-on what other processes appended (new bytes in the active segment, new segments named
-by the next seq) and creates the next segment.  The lock file's size counts segment
-creations, so noticing a new segment costs one lseek instead of a directory listing.
+A ``Position`` knows the active segment (a read-write descriptor, its first seq, the
+end of its last valid record and how far the file is known to reach), the last seq and
+the highest epoch seen.  It catches up on what other processes appended (new records
+in the active segment, new segments named by the next seq), creates the next segment
+and seals the one it leaves.  The lock file's size counts segment creations, so
+noticing a new segment costs one lseek instead of a directory listing, and noticing a
+new record one pread of the byte after the last one known (a NUL, or the end of the
+file: nothing new).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from journal import _fsutil
 from journal._codec import Record
 from journal._errors import CorruptionError
 from journal._reader import SegmentScan, TornTail, damage_error
+from journal._repair import cut_tail
 from journal._segment import segment_name
 from journal._survey import Survey
 
@@ -36,28 +40,31 @@ class Position:
         self.path = directory
         self.first = 0  # the active segment's first seq
         self.end = 0  # the end of its last valid record
+        # How far the file is known to reach (its zero tail included): a lower bound,
+        # 0 when not known; the writer preallocates beyond it (``_writer``).
+        self.allocated = 0
+        # Has a catch-up under the lock read the active segment to its end?  Until one
+        # has, bytes after a NUL may be a torn write from before a crash (the survey at
+        # open ran without the lock): they are read, not trusted to be the zero tail.
+        self.tail_checked = False
         # Is the active segment's name known durable?  Not for one we did not create
         # (its creator may have died before fsyncing the directory).
         self.durable = False
         if found.segments:
             last = found.segments[-1]
-            self.fd = _fsutil.open_append(last.path)
+            self.fd = _fsutil.open_segment(last.path)
             self.path, self.first, self.end = last.path, last.first_seq, found.end_offset
 
     def _switch(self, fd: int, path: Path, first_seq: int, *, durable: bool) -> None:
         if self.fd is not None:
             _fsutil.close(self.fd)
         self.fd, self.path, self.first, self.end, self.durable = fd, path, first_seq, 0, durable
+        self.allocated = 0
 
     def new_segment(self) -> None:
         """Create the next segment (named by the next seq) and make it the active one."""
         if self.fd is not None:
-            # The segment we leave may end with records this handle only caught up on:
-            # a process that died between its write and its fdatasync leaves them in
-            # the page cache alone.  Make them durable before anything is created after
-            # them, else a power cut drops them under the next segment (a seq gap:
-            # corruption, in front of records we then report committed).
-            _fsutil.sync_data(self.fd)
+            self._seal()
         # Count it in the lock file *before* it exists: a creator that dies in between
         # must never leave a segment the others do not know of (they would go on
         # appending to the previous one: an overlap).  The count lives in the page
@@ -65,12 +72,28 @@ class Position:
         _fsutil.write_all(self.lock_fd, b"+")
         self._rotations = _fsutil.size(self.lock_fd)
         path = self.directory / segment_name(self.last_seq + 1)
-        fd = _fsutil.open_append(path, create=True)
+        fd = _fsutil.open_segment(path, create=True)
         self._switch(fd, path, self.last_seq + 1, durable=False)
         # The new name must be durable before a record in it is reported committed:
         # else a power cut can drop the whole file with its committed records.
         _fsutil.fsync_dir(self.directory)
         self.durable = True
+
+    def _seal(self) -> None:
+        """Make the segment we leave end at its last record, durably."""
+        fd = self.fd
+        assert fd is not None
+        if _fsutil.size(fd) > self.end:
+            # Cut its zero tail: a sealed segment is exactly its records (as readers
+            # older than preallocation expect).
+            _fsutil.truncate(fd, self.end)
+        # fsync (size and data) even when nothing was cut: the segment may end with
+        # records this handle only caught up on, and a process that died between its
+        # write and its fdatasync leaves them in the page cache alone.  They must be
+        # durable before anything is created after them, else a power cut drops them
+        # under the next segment (a seq gap: corruption, in front of records we then
+        # report committed).
+        _fsutil.sync_file(fd)
 
     def make_durable(self) -> None:
         """fsync the directory (and its parent) once for a segment we did not create:
@@ -84,27 +107,42 @@ class Position:
         """Read what other processes appended since we last looked, calling ``feed``
         for each record.  Returns the torn tail at the end, if any (not cut here).
 
-        Cheap when nothing changed: the sizes of the lock file and of the active
-        segment (two ``lseek`` calls).  The segment count is remembered only when
-        ``locked``: without the lock a creator may have counted a segment it has not
-        created yet."""
+        Cheap when nothing changed: the size of the lock file and the byte after the
+        active segment's last record (an ``lseek`` and a ``pread``).  The segment count
+        is remembered only when ``locked``: without the lock a creator may have counted
+        a segment it has not created yet."""
         rotations = _fsutil.size(self.lock_fd)
         fd = self.fd
-        if rotations == self._rotations and fd is not None and _fsutil.size(fd) == self.end:
+        if (
+            rotations == self._rotations
+            and fd is not None
+            and self.tail_checked
+            and self._unchanged(fd)
+        ):
             return None  # the usual case under the lock: nobody else appended
         torn = None if fd is None else self._catch_up_segment(fd, feed)
         if rotations != self._rotations:
             torn = self._follow_segments(torn, feed)
             if locked:
                 self._rotations = rotations
+        if locked and torn is None:
+            # Read to a clean end under the lock: from now on appends only write over
+            # zeros.  (A torn tail stays unchecked until cut: ``cut()``.)
+            self.tail_checked = True
         return torn
+
+    def cut(self, torn: TornTail) -> None:
+        """Cut a torn tail (under the lock): the segment then ends at our last record."""
+        cut_tail(self.directory, torn)
+        self.allocated = 0  # (the zero tail went with it)
+        self.tail_checked = True
 
     def _follow_segments(self, torn: TornTail | None, feed: Feed) -> TornTail | None:
         """Move to segments created by others after ours (named by the next seq)."""
         while self.fd is None or self.last_seq + 1 != self.first:
             path = self.directory / segment_name(self.last_seq + 1)
             try:
-                fd = _fsutil.open_append(path)
+                fd = _fsutil.open_segment(path)
             except FileNotFoundError:
                 return torn
             if torn is not None:
@@ -119,10 +157,12 @@ class Position:
             torn = self._catch_up_segment(fd, feed)
         return torn  # the active segment has no record yet: nothing can follow it
 
-    def _catch_up_segment(self, fd: int, feed: Feed) -> TornTail | None:
+    def _unchanged(self, fd: int) -> bool:
+        """Nothing follows our last record: a NUL (the zero tail) or the end of file."""
+        after = _fsutil.pread(fd, 1, self.end)
+        if after:
+            return after == b"\0"
         size = _fsutil.size(fd)
-        if size == self.end:
-            return None
         if size < self.end:
             raise CorruptionError(
                 f"segment shrank to {size} bytes below its last known record end",
@@ -130,7 +170,16 @@ class Position:
                 offset=self.end,
                 seq=self.last_seq,
             )
-        scan = SegmentScan(fd, self.path, self.end, self.last_seq + 1)
+        return True
+
+    def _catch_up_segment(self, fd: int, feed: Feed) -> TornTail | None:
+        if self._unchanged(fd) and self.tail_checked:
+            return None
+        # Once checked, appends only write over zeros from the end of the records on:
+        # the first NUL where a line should start is the end.
+        scan = SegmentScan(
+            fd, self.path, self.end, self.last_seq + 1, trust_zeros=self.tail_checked
+        )
         try:
             for record in scan.records():
                 self.last_seq = record.seq

@@ -10,6 +10,11 @@ Classification of the first bad line at byte ``offset`` of a segment:
 * bytes that do not check (incomplete last line, NUL bytes, garbage, bad checksum):
   a *torn tail* if the segment is the last one and no checksummed line follows them
   up to its end; otherwise corruption.
+
+A segment's records end where only NUL bytes follow up to the end of the file: that
+*zero tail* is space the writer preallocated (``_writer``), not damage, in any segment.
+An incomplete line before it is a torn tail all the same, and the tail's length
+(``Damage.tail_bytes``) stops where the zeros begin.
 """
 
 from __future__ import annotations
@@ -129,18 +134,24 @@ class SegmentScan:
     Iterate ``records()`` (or ``runs()``, lists of consecutive records); as it goes,
     ``end_offset`` (just after the last valid record) and ``next_seq`` follow, brought
     up to date after each run is consumed (exact whenever the scan stops on its own);
-    at the end ``damage`` tells what stopped it (None: clean) and ``size`` how many
-    bytes were seen.
+    at the end ``damage`` tells what stopped it (None: clean).
+
+    A NUL byte ending a read chunk may begin the zero tail.  The scan then reads ahead to
+    the end of the file to be sure every byte left is NUL, unless ``trust_zeros``:
+    a handle catching up on appends made since it opened (and checked) the journal
+    knows that appends only ever write over zeros, from the end of the records on.
     """
 
-    def __init__(self, fd: int, path: Path, start: int, next_seq: int) -> None:
+    def __init__(
+        self, fd: int, path: Path, start: int, next_seq: int, *, trust_zeros: bool = False
+    ) -> None:
         self.fd = fd
         self.path = path
         self.end_offset = start
         self.next_seq = next_seq
         self.max_epoch = 0
         self.damage: Damage | None = None
-        self.size = start
+        self.trust_zeros = trust_zeros
 
     def records(self) -> Iterator[Record]:
         for run in self.runs():
@@ -206,6 +217,17 @@ class SegmentScan:
                     )
                     return
                 line_start += len(line) + 1
+            if (
+                pending[-1:] == b"\0"
+                and not skipping
+                and (self.trust_zeros or _zeros_to_end(fd, pos))
+            ):
+                # The zero tail: the segment's bytes end where the NULs begin.
+                data_bytes = len(pending.rstrip(b"\0"))
+                if data_bytes and damage is None:
+                    damage = Damage(line_start, self.next_seq, "incomplete last line", False)
+                pos, pending = line_start + data_bytes, b""
+                break
             if skipping and pending:
                 line_start += len(pending)
                 pending = b""
@@ -217,7 +239,6 @@ class SegmentScan:
                 skipping = True
         if pending and damage is None:
             damage = Damage(line_start, self.next_seq, "incomplete last line", False)
-        self.size = pos
         if damage is not None:
             self.damage = damage._replace(tail_bytes=pos - damage.offset)
 
@@ -237,6 +258,15 @@ class SegmentScan:
             raise FormatVersionError(
                 exc.message, segment=self.path, offset=offset, seq=expected
             ) from None
+
+
+def _zeros_to_end(fd: int, pos: int) -> bool:
+    """Is every byte of the file from ``pos`` on a NUL?"""
+    while chunk := _fsutil.pread(fd, CHUNK_BYTES, pos):
+        if chunk.count(0) != len(chunk):
+            return False
+        pos += len(chunk)
+    return True
 
 
 def scan_all(scan: SegmentScan) -> None:

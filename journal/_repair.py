@@ -29,13 +29,14 @@ class RepairReport(NamedTuple):
 
 
 def cut_tail(directory: Path, torn: TornTail) -> tuple[Path, int]:
-    """Copy the bytes after ``torn.offset`` to a new ``.broken`` file, then truncate.
+    """Copy the torn bytes (``torn.tail_bytes`` from ``torn.offset``: the zero tail
+    after them is not evidence) to a new ``.broken`` file, then truncate at the offset.
 
-    The caller holds the append lock.  Returns (broken copy path, bytes cut)."""
+    The caller holds the append lock.  Returns (broken copy path, bytes copied)."""
     broken = broken_copy_path(torn.segment, _fsutil.listdir(directory))
     fd = _fsutil.open_rdwr(torn.segment)
     try:
-        end = _fsutil.size(fd)
+        end = torn.offset + torn.tail_bytes
         out = _fsutil.open_new(broken)
         try:
             pos = torn.offset

@@ -10,10 +10,20 @@ One commit, under the cross-process append lock (flock on ``.lock``):
    only, and nothing of it is written or fed.  An accepted batch gets its seqs and is
    encoded, and its records go at once to the *early* subscribers
    (``subscribe(..., before_durable=True)``), so the next batch's check sees them;
-4. ONE ``os.write`` of all accepted lines, ONE fdatasync; rotate first if the active
-   segment would pass ``segment_bytes_max``;
+4. ONE ``pwrite`` of all accepted lines at the end of the last record, ONE fdatasync;
+   rotate first if the active segment would pass ``segment_bytes_max``;
 5. only now are the records committed: feed them to the other subscribers, wake the
    callers.
+
+Preallocation: records are written over zeros the segment already holds whenever it
+can.  When a write would reach past the end of the file, zeros follow the lines in the
+same write (as many again as the segment holds, between PREALLOC_MIN_BYTES and
+PREALLOC_MAX_BYTES, never past ``segment_bytes_max``).  So most commits change no file
+size, and their fdatasync flushes data only: no file-system journal commit, about 1.5
+times the commits per second of a growing file on ext4.  (Why not O_APPEND: every
+append would grow the file.  The append lock already orders the writers, and each
+writes at the end of the records it caught up on.)  Readers take a run of NULs up to
+the end of a segment for unused space; sealing a segment cuts it (``_position``).
 
 Group commit (leader/follower): a thread that finds a commit in progress queues its
 batch and waits; when the commit ends, one waiting thread becomes the leader and
@@ -52,7 +62,6 @@ from journal._errors import (
     WriterFailedError,
 )
 from journal._position import Position
-from journal._repair import cut_tail
 from journal._survey import Survey
 
 Subscriber = Callable[[Record], None]
@@ -60,6 +69,8 @@ _new_tuple = tuple.__new__
 _get_ident = threading.get_ident
 Hook = Callable[[], None]
 Fence = Callable[[int], None]
+PREALLOC_MIN_BYTES = 64 << 10
+PREALLOC_MAX_BYTES = 1 << 20
 
 
 class _SubscriberFailed(Exception):
@@ -262,9 +273,7 @@ class Writer:
     def _commit_one(self, item: Prepared, epoch: int, check: Hook | None) -> Record | Exception:
         """_commit for a group of one batch of one record."""
         pos = self.pos
-        torn = pos.catch_up(self._feed_one, locked=True)
-        if torn is not None:
-            cut_tail(self.directory, torn)
+        self._catch_up_and_cut()
         try:
             max_epoch = pos.max_epoch
             if 0 < epoch < max_epoch:
@@ -291,11 +300,16 @@ class Writer:
                 self.fail("a subscriber raised; the handle is unusable", exc)
         return records[0]
 
-    def _commit(self, group: list[_Batch]) -> None:
+    def _catch_up_and_cut(self) -> None:
+        """Under the lock, before a commit: catch up, and cut a torn tail if one is there."""
         pos = self.pos
         torn = pos.catch_up(self._feed_one, locked=True)
         if torn is not None:
-            cut_tail(self.directory, torn)
+            pos.cut(torn)
+
+    def _commit(self, group: list[_Batch]) -> None:
+        pos = self.pos
+        self._catch_up_and_cut()
         early = self.early_subscribers
         fence = self._fence
         lines: list[bytes] = []
@@ -352,11 +366,19 @@ class Writer:
             self._new_segment()
         if not pos.durable:
             pos.make_durable()
-        assert pos.fd is not None
-        _fsutil.write_durably(pos.fd, data)
+        fd, start = pos.fd, pos.end
+        assert fd is not None
+        end = start + len(data)
+        if end > pos.allocated:
+            pos.allocated = _fsutil.size(fd)  # (another handle may have preallocated)
+            if end > pos.allocated:
+                grow = min(max(end, PREALLOC_MIN_BYTES), PREALLOC_MAX_BYTES)
+                data += bytes(max(min(end + grow, self._segment_bytes_max), end) - end)
+        _fsutil.pwrite_durably(fd, data, start)
         # Durable. (An error above left these records' outcome unknown: the handle
         # failed, and no caller was told they are committed.)
-        pos.end += len(data)
+        pos.end = end
+        pos.allocated = max(pos.allocated, start + len(data))
         pos.last_seq = records[-1].seq
         if max_epoch > pos.max_epoch:
             pos.max_epoch = max_epoch

@@ -63,11 +63,16 @@ def with_crc(line: bytes) -> bytes:
     return body + b',"crc":"%08x"}\n' % zlib.crc32(body)
 
 
+def record_lines(segment: Path) -> list[bytes]:
+    """A segment's record lines (without the zero tail the writer preallocates)."""
+    return segment.read_bytes().rstrip(b"\0").splitlines(keepends=True)
+
+
 def split_segment(cli: Cli, cuts: list[int]) -> list[Path]:
     """Split the one segment into several at the given record indexes (as rotation
     would have made them: each named by the seq of its first record)."""
     segment = only_segment(cli)
-    lines = segment.read_bytes().splitlines(keepends=True)
+    lines = record_lines(segment)
     segment.unlink()
     paths = []
     for start, end in zip([0, *cuts], [*cuts, len(lines)], strict=True):
@@ -256,7 +261,7 @@ def _refused_everywhere(cli: Cli, code: str) -> None:
 
 def test_a_record_from_a_newer_format_version_is_refused(cli: Cli) -> None:
     segment = only_segment(cli)
-    lines = segment.read_bytes().splitlines(keepends=True)
+    lines = record_lines(segment)
     lines[-1] = with_crc(lines[-1].replace(b'{"v":1,', b'{"v":2,', 1))
     segment.write_bytes(b"".join(lines))
     _refused_everywhere(cli, "journal.format_version")

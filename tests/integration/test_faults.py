@@ -51,24 +51,28 @@ def big_argv(size: int) -> list[str]:
 
 
 def test_disk_full_during_a_journal_append(cli: Cli) -> None:
-    with mounted_tmpfs(cli.home / "journal", "size=256k,mode=0700"):
+    with mounted_tmpfs(cli.home / "journal", "size=512k,mode=0700"):
         for _ in range(3):
             cli.ok("run", "--", "true")
         cli.ok("submit", "--", "true")
-        committed = cli.records()
         filler = fill(cli.home / "journal")
-        failed = cli.refused(125, "journal.writer_failed", "submit", "--", *big_argv(20_000))
+        # A record that fits in the segment's preallocated zero tail (64 KiB at least)
+        # needs no new block: a full disk does not stop it.
+        cli.ok("submit", "--", "true")
+        committed = cli.records()
+        # One that does not fit must grow the file: refused, nothing lost.
+        failed = cli.refused(125, "journal.writer_failed", "submit", "--", *big_argv(100_000))
         assert "No space left" in failed.err
-        cli.refused(125, "journal.", "run", "--", "true")  # still full: refused, not run
+        cli.refused(125, "journal.", "run", "--", *big_argv(100_000))  # refused, not run
         assert cli.json("journal", "verify")["status"] in ("clean", "torn")
         assert cli.records()[: len(committed)] == committed
-        assert len(cli.tasks()) == 4  # what was committed is all there
+        assert len(cli.tasks()) == 5  # what was committed is all there
         filler.unlink()  # space is back
-        cli.ok("submit", "--", *big_argv(20_000))
+        cli.ok("submit", "--", *big_argv(100_000))
         cli.ok("run", "--", "true")
         cli.verify_clean()
         assert cli.records()[: len(committed)] == committed
-        assert len(cli.tasks()) == 6
+        assert len(cli.tasks()) == 7
 
 
 def test_disk_full_during_a_log_write(cli: Cli, tmp_path: Path) -> None:

@@ -6,6 +6,8 @@ Each test damages one copy of a real journal (built once per module) in one smal
 * cut, NUL-filled or garbage bytes at the end of the last segment: a torn tail; repair
   cuts exactly those bytes, keeps them in a `.broken` copy, and every record whose line
   was complete before the damage is still there;
+* NUL bytes alone up to the end of a segment: its zero tail (preallocated space), not
+  damage: nothing is cut, and appends write over them;
 * anything else (a flipped bit in a sealed segment, a bad record followed by valid
   ones, a truncated sealed segment): corruption, reported with segment, offset and seq;
   reading stops there with CorruptionError, repair refuses, and no file changes.
@@ -46,6 +48,10 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
         for i in range(LAST_SEGMENT_RECORDS):
             j.append("t", {"i": RECORDS + i, "tail": True})
     assert len(segments(directory)) >= 4
+    # Without its zero tail (as a journal written before preallocation, or one whose
+    # tail was cut, ends): damage appended below lands right after the records.
+    last = segments(directory)[-1]
+    truncate(last, len(last.read_bytes().rstrip(b"\0")))
     return directory
 
 
@@ -176,20 +182,60 @@ def test_truncation_at_every_offset_of_the_last_three_records(work: Path) -> Non
             assert_torn_and_repairable(work, boundary, survivors)
 
 
+def assert_zero_tail(directory: Path, records_end: int, survivors: int) -> None:
+    """NULs from `records_end` to the end of the last segment, `survivors` records: a
+    clean journal; repair changes nothing; the next append writes over the zeros."""
+    last = segments(directory)[-1]
+    before = fingerprint(directory)
+    report = journal.verify(directory)
+    assert report.clean and report.last_seq == survivors, report
+    assert [r.seq for r in read_all(directory)] == list(range(1, survivors + 1))
+    assert not journal.repair(directory).repaired
+    assert fingerprint(directory) == before
+    with journal.Journal.open(directory) as j:
+        record = j.append("after", {})
+    assert record.seq == survivors + 1
+    content = last.read_bytes()
+    assert content[records_end:].startswith(b'{"v":1,"seq":%d,' % (survivors + 1))
+    assert journal.verify(directory).clean
+
+
 @pytest.mark.parametrize("nuls", [1, 18, 4096])
-def test_nul_tail_is_torn(work: Path, nuls: int) -> None:
+def test_nul_tail_is_the_zero_tail_not_damage(work: Path, nuls: int) -> None:
     last = segments(work)[-1]
     end = last.stat().st_size
     append_bytes(last, b"\0" * nuls)
-    assert_torn_and_repairable(work, end, TOTAL)
+    assert_zero_tail(work, end, TOTAL)
 
 
-def test_last_record_zeroed_in_place_is_torn(work: Path) -> None:
-    """What ext4 can leave after a power cut: the size grew, the data never landed."""
+def test_last_record_zeroed_in_place_reads_as_zero_tail(work: Path) -> None:
+    """What ext4 can leave after a power cut: the size grew, the data never landed (so
+    the record was never committed: its fdatasync had not returned)."""
     last = segments(work)[-1]
     starts = line_starts(last.read_bytes())
     overwrite(last, starts[-2], b"\0" * (starts[-1] - starts[-2]))
-    assert_torn_and_repairable(work, starts[-2], TOTAL - 1)
+    assert_zero_tail(work, starts[-2], TOTAL - 1)
+
+
+@pytest.mark.parametrize("written", [1, 30, -1])
+def test_torn_write_over_the_zero_tail_is_torn(work: Path, written: int) -> None:
+    """A crash in the middle of a write over the preallocated zeros: part of the line
+    landed, zeros follow.  Only the landed bytes are torn (and kept)."""
+    last = segments(work)[-1]
+    end = last.stat().st_size
+    content = last.read_bytes()
+    part = content[line_starts(content)[-2] :][:written]
+    append_bytes(last, part + b"\0" * 5000)
+    report = journal.verify(work)
+    assert report.torn_tail is not None and report.last_seq == TOTAL
+    assert (report.torn_tail.offset, report.torn_tail.tail_bytes) == (end, len(part))
+    repaired = journal.repair(work)
+    assert repaired.bytes_cut == len(part) and repaired.broken_copy is not None
+    assert repaired.broken_copy.read_bytes() == part
+    assert last.stat().st_size == end
+    with journal.Journal.open(work) as j:
+        assert j.append("after", {}).seq == TOTAL + 1
+    assert journal.verify(work).clean
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -211,7 +257,8 @@ def test_partial_then_garbage_after_a_crash_and_repeated_repairs(work: Path) -> 
     append_bytes(last, b'{"v":1,"seq":')
     assert_torn_and_repairable(work, end, TOTAL)
     last = segments(work)[-1]
-    end = last.stat().st_size
+    end = len(last.read_bytes().rstrip(b"\0"))
+    truncate(last, end)  # (the zero tail of the append after the repair)
     append_bytes(last, b"\0\0garbage")
     assert_torn_and_repairable(work, end, TOTAL + 1)
     assert len(list(work.glob("*.broken*"))) == 2

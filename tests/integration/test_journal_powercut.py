@@ -105,16 +105,17 @@ class Driver:
         self.handles[h] = self._open()
 
     def crash_with_torn_tail(self, garbage: bytes, *, repair: bool) -> None:
-        """Every handle dies; the last one left garbage at the end of the last segment
-        (durably: it is the starting point here). Then either repair runs, or a fresh
-        handle's next append has to cut the tail itself."""
+        """Every handle dies; the last one left garbage after the records of the last
+        segment, over its zero tail (durably: it is the starting point here). Then
+        either repair runs, or a fresh handle's next append has to cut the tail itself."""
         for j in self.handles:
             j.close()
         sim = self.run.sim
         segments = sorted(self.run.directory.glob("*.jsonl"))
         if segments:  # (no segment before the first append: nothing to tear)
-            fd = sim.open(segments[-1], _fsutil.APPEND_FLAGS)
-            sim.write(fd, garbage)
+            records_end = len(segments[-1].read_bytes().rstrip(b"\0"))
+            fd = sim.open(segments[-1], _fsutil.RDWR_FLAGS)
+            sim.pwrite(fd, garbage, records_end)
             sim.fsync(fd)
             sim.close(fd)
         if repair:
@@ -146,7 +147,7 @@ class Driver:
             nonlocal wrote
             if name == at and kind == target_kind(target) and (wrote or not after_write):
                 raise ProcessDied(f"{name} {target}")
-            if name == "write" and target in self._segment_inodes():
+            if name == "pwrite" and target in self._segment_inodes():
                 wrote = True
 
         self.run.sim.before = before
@@ -212,8 +213,8 @@ def standard_workload(d: Driver) -> None:
     d.append(12)
     d.compact()
     d.append(13)
-    d.crash_with_torn_tail(b"\0" * 40, repair=False)
-    d.append(14)  # cuts the NUL tail first
+    d.crash_with_torn_tail(b"\0" * 40 + b"torn", repair=False)
+    d.append(14)  # cuts the tail first (its NULs first: not mistaken for the zero tail)
     d.batch(list(range(15, 22)))  # one batch bigger than a segment
 
 
@@ -260,7 +261,7 @@ def process_deaths_workload(d: Driver) -> None:
 
 # Where a process may die inside an append: (call, target kind, after its write).
 DEATH_POINTS = [
-    ("write", "file", False),  # nothing written
+    ("pwrite", "file", False),  # nothing written
     ("fdatasync", "file", True),  # written, never synced
     ("fsync", "dir", False),  # a new segment's name not yet durable
     ("open", "path", False),  # counted in the lock file, segment not created

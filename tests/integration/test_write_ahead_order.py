@@ -281,7 +281,7 @@ def test_a_new_log_directory_is_synced_before_settled(
         [
             e
             for e in events
-            if e.name == "write" and e.entry and '\\"type\\":\\"SETTLED\\"' in e.text
+            if e.name in ("write", "pwrite64") and e.entry and '\\"type\\":\\"SETTLED\\"' in e.text
         ],
         "SETTLED",
     )

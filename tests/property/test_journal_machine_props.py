@@ -53,7 +53,7 @@ class JournalMachine(RuleBasedStateMachine):
         self.directory = self.root / "j"
         self.model: list[tuple[str, dict[str, Any]]] = []
         self.snapshot_seq = 0
-        self.torn_bytes = 0  # bytes of torn tail currently on disk
+        self.torn_bytes = 0  # bytes of torn tail currently on disk (before the zero tail)
         self.j: journal.Journal | None = None
         self.segment_bytes_max = 512
 
@@ -118,9 +118,12 @@ class JournalMachine(RuleBasedStateMachine):
             # record is valid on disk although nobody was told it committed.
             tail = line
             self.model.append(("a", {"torn": True, "pad": "x" * 20}))
-        with open(segments[-1], "ab") as f:
+        # A writer writes at the end of the records, over the segment's zero tail (and
+        # this model's earlier torn bytes stay in front): NULs there are no torn bytes.
+        with open(segments[-1], "r+b") as f:
+            f.seek(len(f.read().rstrip(b"\0")))
             f.write(tail)
-        self.torn_bytes = 0 if tear == "unacked" else self.torn_bytes + len(tail)
+        self.torn_bytes = 0 if tear == "unacked" else self.torn_bytes + len(tail.rstrip(b"\0"))
 
     @precondition(lambda self: self.j is None)
     @rule()

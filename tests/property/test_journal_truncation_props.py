@@ -1,9 +1,10 @@
 """Every truncation of a real journal is a valid prefix or a repairable torn tail.
 
-A crash can leave the last segment cut at any byte. Whatever the cut, the library must
-read the records whose whole line precedes it, call the rest a torn tail (never
-corruption), and repair must cut exactly that tail, keep it in a `.broken` copy, and
-never drop a record whose line was complete.
+A crash can leave the last segment cut at any byte, or (a torn write over its
+preallocated zero tail) hold NUL bytes from any byte on. Whatever the cut, the library
+must read the records whose whole line precedes it, call the rest a torn tail (never
+corruption) unless it is only zeros, and repair must cut exactly that tail, keep it in a
+`.broken` copy, and never drop a record whose line was complete.
 """
 
 from __future__ import annotations
@@ -63,36 +64,45 @@ def segments(directory: Path) -> list[Path]:
     return sorted(directory.glob("*.jsonl"))
 
 
-def check_cut(directory: Path, last: Path, full: bytes, cut: int, before: int) -> None:
-    """Cut `last` at `cut`, then verify, repair, read and append; `before` = number of
-    records in the earlier (sealed) segments."""
+def check_cut(
+    directory: Path, last: Path, full: bytes, cut: int, before: int, *, zero_fill: bool = False
+) -> None:
+    """Cut `last` at `cut` (with `zero_fill`: keep its size, NUL bytes from `cut` on, as a
+    torn write over the preallocated zero tail leaves it), then verify, repair, read and
+    append; `before` = number of records in the earlier (sealed) segments."""
     # Undo the previous cut's repair and its "after" append (which may have rotated).
     for leftover in directory.glob("*.broken*"):
         leftover.unlink()
     for later in segments(directory):
         if later.name > last.name:
             later.unlink()
-    last.write_bytes(full[:cut])
+    damaged = full[:cut] + (b"\x00" * (len(full) - cut) if zero_fill else b"")
+    last.write_bytes(damaged)
     ends = line_ends(full)
     boundary = max(e for e in ends if e <= cut)
     survivors = before + ends.index(boundary)
+    # Past the last record there are only zeros (the tail the writer preallocated): a
+    # cut there leaves every record and no torn bytes.
+    torn = boundary < cut <= len(full.rstrip(b"\x00"))
 
     report = journal.verify(directory)
     assert report.corruption is None, (cut, report)
     assert report.last_seq == survivors, (cut, report)
-    if cut == boundary:
+    if not torn:
         assert report.clean and report.torn_tail is None, (cut, report)
     else:
         assert report.torn_tail is not None and not report.clean, (cut, report)
         assert (report.torn_tail.offset, report.torn_tail.tail_bytes) == (boundary, cut - boundary)
 
     repaired = journal.repair(directory)
-    assert repaired.bytes_cut == cut - boundary
     assert repaired.last_seq == survivors
-    if cut != boundary:
+    if torn:
+        assert repaired.bytes_cut == cut - boundary
         assert repaired.broken_copy is not None
         assert repaired.broken_copy.read_bytes() == full[boundary:cut]
-    assert last.read_bytes() == full[:boundary]
+        assert last.read_bytes() == full[:boundary]
+    else:
+        assert not repaired.repaired and last.read_bytes() == damaged
     assert journal.verify(directory).clean
 
     j = journal.Journal.open(directory)
@@ -123,12 +133,15 @@ def test_truncations_near_the_end_are_prefixes_or_torn_tails(
         full = last.read_bytes()
         before = records_before_last(directory)
         ends = line_ends(full)
-        # Cuts inside the last three records, plus their boundaries, plus a few picks.
+        # Cuts inside the last three records, plus their boundaries, plus a few picks,
+        # plus the zero tail's first byte, one inside it and its end.
         zone_start = ends[max(0, len(ends) - 4)]
-        cuts = {zone_start, len(full), len(full) - 1}
-        cuts |= {zone_start + int(p * (len(full) - zone_start)) for p in picks}
+        records_end = len(full.rstrip(b"\x00"))
+        cuts = {zone_start, records_end - 1, records_end, records_end + 1, len(full)}
+        cuts |= {zone_start + int(p * (records_end - zone_start)) for p in picks}
         for cut in sorted(c for c in cuts if 0 <= c <= len(full)):
             check_cut(directory, last, full, cut, before)
+            check_cut(directory, last, full, cut, before, zero_fill=True)
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -137,5 +150,7 @@ def test_small_journal_every_byte_offset(records: list[dict[str, Any]]) -> None:
     with built_journal(records, 1 << 20) as directory:
         last = segments(directory)[-1]
         full = last.read_bytes()
-        for cut in range(len(full) + 1):
+        records_end = len(full.rstrip(b"\x00"))
+        for cut in range(records_end + 2):
             check_cut(directory, last, full, cut, 0)
+            check_cut(directory, last, full, cut, 0, zero_fill=True)

@@ -157,7 +157,7 @@ def test_checks_see_earlier_batches_of_their_group_and_share_one_fsync(
     assert isinstance(claims.outcomes["third"], Record)
     assert claims.seen_by_checks == {"first": [], "second": ["t1"], "third": ["t1"]}
     # The leader's commit, then the group of three: two writes, two fsyncs in all.
-    assert fake_os.calls["write"] == 2
+    assert fake_os.calls["pwrite"] == 2
     assert fake_os.calls["fdatasync"] + fake_os.calls["fsync"] == 2
     on_disk = [(r.type, r.data["task"]) for r in read_records(jdir)]
     assert on_disk == [("warm", "+"), ("noise", "-"), ("CLAIMED", "t1"), ("CLAIMED", "t2")]

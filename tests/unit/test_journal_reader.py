@@ -126,13 +126,28 @@ CASES: dict[str, tuple[Callable[[Journal3], object], Expect]] = {
         torn(9, 2, lambda j: j.offset(2, 3), lambda j: 1),
     ),
     "truncated-at-record-boundary": (lambda j: j.truncate_end(2, LAST_LINE), clean(9)),
-    "nul-tail-appended": (
-        lambda j: j.append(2, b"\x00" * 4096),
-        torn(10, 2, lambda j: j.offset(2, 4), lambda j: 4096),
-    ),
-    "last-record-nul-filled": (
+    # NUL bytes up to the end of a segment are its zero tail (preallocated space).
+    "zero-tail": (lambda j: j.append(2, b"\x00" * 4096), clean()),
+    "last-record-nul-filled (its size reached the disk, its data did not)": (
         lambda j: j.replace_line(2, 3, b"\x00" * LAST_LINE),
-        torn(9, 2, lambda j: j.offset(2, 3), lambda j: LAST_LINE),
+        clean(9),
+    ),
+    "zero-tail-of-a-sealed-segment": (lambda j: j.append(1, b"\x00" * 300), clean()),
+    "half-record-then-zero-tail": (
+        lambda j: j.append(2, line(11)[:30] + b"\x00" * 4096),
+        torn(10, 2, lambda j: j.offset(2, 4), lambda j: 30),
+    ),
+    "garbage-line-then-zero-tail": (
+        lambda j: j.append(2, b"junk\n" + b"\x00" * 300),
+        torn(10, 2, lambda j: j.offset(2, 4), lambda j: 5),
+    ),
+    "nul-then-garbage-to-the-end": (
+        lambda j: j.append(2, b"\x00" * 300 + b"junk"),
+        torn(10, 2, lambda j: j.offset(2, 4), lambda j: 304),
+    ),
+    "nul-then-garbage-then-zero-tail": (
+        lambda j: j.append(2, b"\x00" * 300 + b"junk" + b"\x00" * 300),
+        torn(10, 2, lambda j: j.offset(2, 4), lambda j: 304),
     ),
     "nul-filled-with-newline": (
         lambda j: j.replace_line(2, 3, b"\x00" * (LAST_LINE - 1) + b"\n"),

@@ -32,12 +32,12 @@ def snapshot_of(directory: Path) -> dict[str, bytes]:
 @pytest.mark.parametrize(
     "tail",
     [
-        b"\x00" * 1000,
+        b"\x00" * 1000 + b"x",
         b"garbage",
         b'{"v":1,"seq":8,"epoch":0,"ts":1.0,"type":"T","da',
         b"bad line\nanother bad line\n",
     ],
-    ids=["nul", "garbage", "half-record", "bad-lines"],
+    ids=["nul-then-garbage", "garbage", "half-record", "bad-lines"],
 )
 def test_cuts_exactly_the_torn_tail_and_keeps_the_bytes(tmp_path: Path, tail: bytes) -> None:
     paths = build(tmp_path / "j")
@@ -58,9 +58,30 @@ def test_cuts_exactly_the_torn_tail_and_keeps_the_bytes(tmp_path: Path, tail: by
     assert verify(tmp_path / "j").status == "clean"
 
 
+@pytest.mark.parametrize("zeros", [0, 5000])
+def test_the_copy_stops_where_the_zero_tail_begins(tmp_path: Path, zeros: int) -> None:
+    paths = build(tmp_path / "j")
+    clean = paths[-1].read_bytes()
+    paths[-1].write_bytes(clean + b'{"v":1,"seq":8,"ep' + b"\x00" * zeros)
+    report = repair(tmp_path / "j")
+    assert report.repaired and report.offset == len(clean) and report.bytes_cut == 18
+    assert report.broken_copy is not None
+    assert report.broken_copy.read_bytes() == b'{"v":1,"seq":8,"ep'
+    assert paths[-1].read_bytes() == clean
+
+
+def test_a_zero_tail_is_not_torn_and_is_left_alone(tmp_path: Path) -> None:
+    paths = build(tmp_path / "j")
+    paths[-1].write_bytes(paths[-1].read_bytes() + b"\x00" * 5000)
+    before = snapshot_of(tmp_path / "j")
+    report = repair(tmp_path / "j")
+    assert not report.repaired and report.last_seq == 7
+    assert snapshot_of(tmp_path / "j") == before
+
+
 def test_a_tail_that_is_the_whole_last_segment_leaves_it_empty(tmp_path: Path) -> None:
     paths = build(tmp_path / "j")
-    paths[-1].write_bytes(b"\x00" * 10)
+    paths[-1].write_bytes(b"\x00" * 10 + b"x")
     report = repair(tmp_path / "j")
     assert report.repaired and report.offset == 0 and report.last_seq == 3
     assert paths[-1].read_bytes() == b""
@@ -142,7 +163,9 @@ def test_append_cuts_a_torn_tail_first_and_keeps_a_copy(tmp_path: Path) -> None:
         rec = journal.append("AFTER", {"ok": True})
     assert rec.seq == 8
     assert (tmp_path / "j" / (paths[-1].name + ".broken")).read_bytes() == b"\x00\x00torn"
-    assert paths[-1].read_bytes() == clean + encode_record(8, 0, rec.ts, "AFTER", {"ok": True})
+    # (followed by the zero tail the append preallocated)
+    records = paths[-1].read_bytes().rstrip(b"\x00")
+    assert records == clean + encode_record(8, 0, rec.ts, "AFTER", {"ok": True})
     got = list(read_records(tmp_path / "j"))
     assert got[-1] == Record(8, 0, rec.ts, "AFTER", {"ok": True})
     assert [r.seq for r in got] == list(range(1, 9))

@@ -122,13 +122,13 @@ def test_one_write_and_one_fsync_per_batch(journal: Journal, fake_os: CountingOS
     fake_os.calls.clear()
     records = journal.append_batch([("T", {"i": i}) for i in range(100)])
     assert len(records) == 100
-    assert fake_os.calls["write"] == 1
+    assert fake_os.calls["pwrite"] == 1 and fake_os.calls["write"] == 0
     assert fake_os.calls["fdatasync"] + fake_os.calls["fsync"] == 1
 
 
 def test_empty_batch_writes_nothing(journal: Journal, fake_os: CountingOS) -> None:
     assert journal.append_batch([]) == []
-    assert fake_os.calls["write"] == 0
+    assert fake_os.calls["write"] + fake_os.calls["pwrite"] == 0
 
 
 @pytest.mark.parametrize(
@@ -150,8 +150,8 @@ def test_short_writes_are_completed(
 ) -> None:
     class Trickle(CountingOS):
         def __getattr__(self, name: str) -> Any:
-            if name == "write":
-                return lambda fd, data: os.write(fd, bytes(data[:7]))
+            if name == "pwrite":
+                return lambda fd, data, offset: os.pwrite(fd, bytes(data[:7]), offset)
             return super().__getattr__(name)
 
     monkeypatch.setattr(fsutil, "os", Trickle())
@@ -326,7 +326,7 @@ def test_concurrent_appends_share_one_write_and_fsync(jdir: Path, fake_os: Count
         gate.release.set()
         for t in [first, *threads]:
             t.join(10)
-        assert fake_os.calls["write"] == 2  # the first leader's, then all six together
+        assert fake_os.calls["pwrite"] == 2  # the first leader's, then all six together
         assert fake_os.calls["fdatasync"] + fake_os.calls["fsync"] == 2
         seqs = sorted(r.seq for batch in results for r in batch)
         assert seqs == list(range(3, 15))
@@ -491,7 +491,7 @@ def test_a_raising_subscriber_breaks_the_handle(journal: Journal) -> None:
 
 @pytest.mark.parametrize(
     ("call", "err"),
-    [("fdatasync", errno.EIO), ("write", errno.ENOSPC)],
+    [("fdatasync", errno.EIO), ("pwrite", errno.ENOSPC)],
 )
 def test_failed_write_or_fsync_makes_the_writer_unusable(
     jdir: Path, fake_os: CountingOS, call: str, err: int
