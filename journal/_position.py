@@ -163,6 +163,7 @@ class Position:
         if after:
             return after == b"\0"
         size = _fsutil.size(fd)
+        self.allocated = size  # (exact: no zero tail; another handle may have cut it)
         if size < self.end:
             raise CorruptionError(
                 f"segment shrank to {size} bytes below its last known record end",
