@@ -9,7 +9,15 @@ Classification of the first bad line at byte ``offset`` of a segment:
   fields): corruption, always;
 * bytes that do not check (incomplete last line, NUL bytes, garbage, bad checksum):
   a *torn tail* if the segment is the last one and no checksummed line follows them
-  up to its end; otherwise corruption.
+  up to its end; otherwise corruption;
+* one exception, the mark of a write whose sectors reached the disk out of order
+  before a power cut (the earlier ones lost, later ones landed): the bad bytes begin
+  with NULs that run up to a sector boundary, and the records after them have seqs
+  above the one expected, rising.  Those records were never committed (a commit's
+  fdatasync returns once every sector is on disk, and nothing is written after a
+  commit that did not return), so in the last segment this too is a torn tail.  A
+  bad line written by the writer never starts with a NUL byte, and no bit flip turns
+  the ``{`` that starts every line into one.
 
 A segment's records end where only NUL bytes follow up to the end of the file: that
 *zero tail* is space the writer preallocated (``_writer``), not damage, in any segment.
@@ -111,13 +119,29 @@ def _parse_run(lines: list[bytes], expected: int) -> tuple[list[Record], int] | 
     return list(map(_new_record, repeat(Record, count), fields)), max(epochs)
 
 
-def _holds_valid_line(line: bytes) -> bool:
-    """Does ``line`` check, or end with a record that checks?  (A hole of NUL bytes or
-    garbage without a newline glues itself to the record after it.)"""
-    if line_checks(line):
-        return True
-    start = line.rfind(b'{"v":')
-    return start > 0 and line_checks(line[start:])
+SECTOR_BYTES = 512  # the smallest unit a disk writes whole (4096-byte sectors align too)
+
+
+def _held_seq(line: bytes) -> int | None:
+    """The seq of the record ``line`` holds (checks whole, or ends with a record that
+    checks: a hole of NUL bytes or garbage without a newline glues itself to the record
+    after it), 0 if that record has no int seq, None if it holds none."""
+    start = 0
+    if not line_checks(line):
+        start = line.rfind(b'{"v":')
+        if start <= 0 or not line_checks(line[start:]):
+            return None
+    try:
+        seq = orjson.loads(line[start:]).get("seq")
+    except (ValueError, AttributeError):  # (does not parse; not an object)
+        return 0
+    return seq if type(seq) is int else 0
+
+
+def _hole_at(line: bytes, offset: int) -> bool:
+    """Does the bad line at byte ``offset`` begin with NULs up to a sector boundary?"""
+    run = len(line) - len(line.lstrip(b"\0"))
+    return run > 0 and (offset + run) % SECTOR_BYTES == 0
 
 
 class Damage(NamedTuple):
@@ -126,6 +150,8 @@ class Damage(NamedTuple):
     reason: str
     corrupt: bool  # True: can never be a torn tail (a checksummed line is involved)
     tail_bytes: int = 0  # bytes from offset to the end of the segment as scanned
+    hole: bool = False  # it starts with NULs up to a sector boundary (see above)
+    top: int = 0  # with ``hole``: the highest seq of the records after it so far
 
 
 class SegmentScan:
@@ -208,14 +234,17 @@ class SegmentScan:
                     if damage.corrupt:
                         self.damage = damage
                         return
-                elif _holds_valid_line(line):
-                    # A checksummed line after the damage: the damage is not a torn tail
-                    # but a hole in the middle (never skipped, never cut).
-                    self.damage = damage._replace(
-                        corrupt=True,
-                        reason=f"{damage.reason}; a valid line follows at byte {line_start}",
-                    )
-                    return
+                elif (held := _held_seq(line)) is not None:
+                    if damage.hole and held > damage.top:
+                        damage = damage._replace(top=held)  # (an unsynced write: above)
+                    else:
+                        # A checksummed line after the damage: the damage is not a torn
+                        # tail but a hole in the middle (never skipped, never cut).
+                        self.damage = damage._replace(
+                            corrupt=True,
+                            reason=f"{damage.reason}; a valid line follows at byte {line_start}",
+                        )
+                        return
                 line_start += len(line) + 1
             if (
                 pending[-1:] == b"\0"
@@ -251,9 +280,14 @@ class SegmentScan:
             return decode_line(line, expected), None
         except LineProblem as problem:
             reason, corrupt = problem.reason, problem.checks
-            if not corrupt and _holds_valid_line(line):
+            hole = not corrupt and _hole_at(line, offset)
+            held = None if corrupt else _held_seq(line)
+            if held is not None and not (hole and held > expected):
                 reason, corrupt = f"{reason}; a valid record follows inside the same line", True
-            return None, Damage(offset, expected, reason, corrupt)
+            if hole:
+                reason = f"{reason} up to a sector boundary (a write that never completed)"
+            top = max(held or 0, expected)
+            return None, Damage(offset, expected, reason, corrupt, hole=hole, top=top)
         except FormatVersionError as exc:
             raise FormatVersionError(
                 exc.message, segment=self.path, offset=offset, seq=expected

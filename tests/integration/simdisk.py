@@ -24,7 +24,8 @@ How it works (trace, then simulate):
       file system commits metadata in order);
     - unsynced writes of each file: dropped, kept as an in-order prefix, the next write
       torn at a few byte offsets, or NUL-filled (the size reached the disk, the data did
-      not), or torn and then NUL-filled.
+      not), or torn and then NUL-filled, or landed from a 512-byte sector boundary on
+      while the sectors before it did not (a disk may write them in any order).
   Choices are combined across files and directories (deterministically sampled when
   there are too many) and deduplicated.
 * `materialise(state, path)` writes one surviving state into a real directory, so the
@@ -451,6 +452,9 @@ class _DirModel:
     pending: list[DirOp] = field(default_factory=list)
 
 
+SECTOR_BYTES = 512
+
+
 def file_outcomes(durable: bytes, pending: list[FileOp]) -> list[bytes]:
     """What a file may hold after a power cut, given its durable bytes and unsynced ops."""
     outcomes: list[bytes] = []
@@ -469,6 +473,16 @@ def file_outcomes(durable: bytes, pending: list[FileOp]) -> list[bytes]:
             zeros = bytearray(content)
             _apply(zeros, Write(op.ino, op.offset, b"\0" * n))
             outcomes.append(bytes(zeros))
+            # Its sectors landing out of order: from an aligned sector on, the write
+            # reached the disk; before it, the old bytes stayed (zeros beyond the end).
+            # Only boundaries inside its non-NUL bytes: a suffix of NULs written over
+            # NULs changes nothing.
+            landed_end = op.offset + len(op.data.rstrip(b"\0"))
+            first = (op.offset // SECTOR_BYTES + 1) * SECTOR_BYTES
+            for boundary in range(first, landed_end, SECTOR_BYTES):
+                suffix = bytearray(content)
+                _apply(suffix, Write(op.ino, boundary, op.data[boundary - op.offset :]))
+                outcomes.append(bytes(suffix))
         _apply(content, op)
         outcomes.append(bytes(content))
     return list(dict.fromkeys(outcomes))

@@ -66,6 +66,12 @@ class Journal3:
         with self.paths[segment].open("ab") as f:
             f.write(data)
 
+    def after_sector_hole(self, segment: int, data: bytes, *, short: int = 0) -> None:
+        """NULs from the end of ``segment`` to a sector boundary (``short`` bytes short
+        of it), then ``data``: an unsynced write whose first sector never landed."""
+        run = -self.size(segment) % 512 or 512
+        self.append(segment, b"\x00" * (run - short) + data)
+
     def truncate_end(self, segment: int, n: int) -> None:
         path = self.paths[segment]
         path.write_bytes(path.read_bytes()[:-n])
@@ -184,6 +190,32 @@ CASES: dict[str, tuple[Callable[[Journal3], object], Expect]] = {
     "nul-hole-with-newline-then-valid-record": (
         lambda j: j.replace_line(2, 2, b"\x00" * 50 + b"\n"),
         corrupt(8, 2, lambda j: j.offset(2, 2), 9),
+    ),
+    # A write whose later sectors landed and first did not: NULs up to a sector
+    # boundary, then the rest of it (never committed: a torn tail).
+    "sector-hole-then-records-of-the-same-write": (
+        lambda j: j.after_sector_hole(2, b'a","text":""},"crc":"0"}\n' + line(12) + line(13)),
+        torn(10, 2, lambda j: j.offset(2, 4), lambda j: j.size(2) - j.offset(2, 4)),
+    ),
+    "sector-hole-glued-to-a-record-then-a-zero-tail": (
+        lambda j: j.after_sector_hole(2, line(12) + b"\x00" * 700),
+        torn(10, 2, lambda j: j.offset(2, 4), lambda j: j.size(2) - 700 - j.offset(2, 4)),
+    ),
+    "nul-hole-short-of-a-sector-boundary-then-a-record": (
+        lambda j: j.after_sector_hole(2, b"\n" + line(12), short=1),
+        corrupt(10, 2, lambda j: j.offset(2, 4), 11),
+    ),
+    "sector-hole-then-an-older-record": (
+        lambda j: j.after_sector_hole(2, line(9)),
+        corrupt(10, 2, lambda j: j.offset(2, 4), 11),
+    ),
+    "sector-hole-then-records-out-of-order": (
+        lambda j: j.after_sector_hole(2, line(13) + line(12)),
+        corrupt(10, 2, lambda j: j.offset(2, 4), 11),
+    ),
+    "sector-hole-in-a-sealed-segment": (
+        lambda j: j.after_sector_hole(1, line(8)),
+        corrupt(6, 1, lambda j: j.offset(1, 3), 7),
     ),
     "garbage-glued-to-a-valid-last-record": (
         lambda j: j.replace_line(2, 3, b"junk" + line(10)),
