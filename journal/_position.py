@@ -43,9 +43,10 @@ class Position:
         # How far the file is known to reach (its zero tail included): a lower bound,
         # 0 when not known; the writer preallocates beyond it (``_writer``).
         self.allocated = 0
-        # Has a catch-up under the lock read the active segment to its end?  Until one
-        # has, bytes after a NUL may be a torn write from before a crash (the survey at
-        # open ran without the lock): they are read, not trusted to be the zero tail.
+        # Has a catch-up read the active segment to a clean end?  Until one has, bytes
+        # after a NUL may be a torn write from before a crash (the survey at open may
+        # have seen it, or an append may have cut it since): they are read, not
+        # trusted to be the zero tail.
         self.tail_checked = False
         # Is the active segment's name known durable?  Not for one we did not create
         # (its creator may have died before fsyncing the directory).
@@ -125,9 +126,11 @@ class Position:
             torn = self._follow_segments(torn, feed)
             if locked:
                 self._rotations = rotations
-        if locked and torn is None:
-            # Read to a clean end under the lock: from now on appends only write over
-            # zeros.  (A torn tail stays unchecked until cut: ``cut()``.)
+        if torn is None:
+            # Read to a clean end (every byte after it a NUL, when we looked): from now
+            # on appends only write over those zeros, from our end on, and a process
+            # dying mid-write leaves a prefix, which starts with no NUL.  (A torn tail
+            # stays unchecked until cut: ``cut()``.)
             self.tail_checked = True
         return torn
 

@@ -126,6 +126,33 @@ def test_one_write_and_one_fsync_per_batch(journal: Journal, fake_os: CountingOS
     assert fake_os.calls["fdatasync"] + fake_os.calls["fsync"] == 1
 
 
+def test_most_appends_write_over_the_preallocated_zero_tail(jdir: Path) -> None:
+    with Journal.open(jdir) as j:
+        j.append("first", {})
+        segment = next(jdir.glob("*.jsonl"))
+        size = segment.stat().st_size
+        assert size >= 64 << 10, "the first append preallocates"
+        assert segment.read_bytes().rstrip(b"\0").count(b"\n") == 1
+        for i in range(100):
+            j.append("more", {"i": i})
+        assert segment.stat().st_size == size, "no append grew the file"
+
+
+def test_a_refresh_with_nothing_new_reads_one_byte(jdir: Path, fake_os: CountingOS) -> None:
+    with Journal.open(jdir) as writer, Journal.open(jdir) as reader:
+        writer.append("a", {})
+        reader.refresh()  # reads the new record, and the zero tail to its end once
+        writer.append("b", {})
+        reader.refresh()
+        fake_os.calls.clear()
+        reader.refresh()
+        # The byte after the last record (a NUL): nothing new, and the zero tail is not
+        # read again.  (Without the lock, a handle also looks for the next segment by
+        # name: a creator counts a segment in the lock file before it exists.)
+        assert fake_os.calls["pread"] == 1
+        assert reader.last_seq == 2
+
+
 def test_empty_batch_writes_nothing(journal: Journal, fake_os: CountingOS) -> None:
     assert journal.append_batch([]) == []
     assert fake_os.calls["write"] + fake_os.calls["pwrite"] == 0
