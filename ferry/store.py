@@ -16,6 +16,7 @@ history (``ls``, ``show`` of an old task, a key lookup).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -28,6 +29,7 @@ import orjson
 
 import journal
 from ferry import events as ev
+from ferry.alivelock import alive_path
 from ferry.errors import (
     FerryError,
     JournalIntegrityError,
@@ -241,7 +243,7 @@ class Store:
             with self.lock:
                 data = self.table.live_snapshot()
                 seq = self.table.last_seq
-                delta = self.table.settled_since(prev_seq)
+                delta = newly_settled = self.table.settled_since(prev_seq)
                 if len(archives) >= ARCHIVES_MAX:
                     delta, archives = self.table.to_snapshot()["settled"], []
             if delta:
@@ -256,6 +258,7 @@ class Store:
                     a["name"] for a in orjson.loads(previous.data).get("settled_archives", [])
                 )
                 _prune_archives(directory, keep)
+            _prune_heartbeats(self.home, newly_settled)
         except journal.JournalError as error:
             raise journal_error(error) from error
         return {
@@ -353,6 +356,17 @@ def _read_archive(path: Path, sha256: str) -> Iterator[Mapping[str, Any]]:
         )
     for line in body.splitlines():
         yield orjson.loads(line)
+
+
+def _prune_heartbeats(home: Path, settled: list[dict[str, Any]]) -> None:
+    """Remove the heartbeat files of tasks that became terminal: nothing reads a settled
+    task's beat or alive-lock again (only in-flight tasks are probed, and a retry runs a
+    new attempt with a file of its own).  Without this, heartbeats/ would keep a file
+    per attempt forever.  A file a crash leaves behind here costs an inode, nothing else."""
+    for record in settled:
+        for attempt in range(1, int(record.get("attempt") or 0) + 1):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(alive_path(home, record["id"], attempt))
 
 
 def _prune_archives(directory: Path, keep: set[str]) -> None:

@@ -457,6 +457,25 @@ def test_a_quiet_task_keeps_its_heartbeat_fresh(ferry: Ferry, tmp_path: Path) ->
     assert ferry("logs", task_id).out == b""
 
 
+def test_compaction_prunes_the_heartbeats_of_settled_tasks_only(
+    ferry: Ferry, tmp_path: Path
+) -> None:
+    go = tmp_path / "go"
+    runner = ferry.start("run", "--", "sh", "-c", wait_go(go))
+    live = ferry.wait_running()["id"]
+    for _ in range(2):
+        ferry.ok("run", "--", "true")
+    beats = ferry.home / "heartbeats"
+    assert len(list(beats.iterdir())) == 3
+    ferry.ok("journal", "compact")
+    assert [p.name for p in beats.iterdir()] == [f"{live}.1"], "the live task keeps its file"
+    assert ferry.task(live)["state"] == "RUNNING"
+    go.touch()
+    assert finish(runner)[0] == 0
+    ferry.ok("journal", "compact")
+    assert list(beats.iterdir()) == []
+
+
 # -- keys --------------------------------------------------------------------------------
 
 
