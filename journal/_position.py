@@ -43,11 +43,10 @@ class Position:
         # How far the file is known to reach (its zero tail included): a lower bound,
         # 0 when not known; the writer preallocates beyond it (``_writer``).
         self.allocated = 0
-        # Has a catch-up read the active segment to a clean end?  Until one has, bytes
-        # after a NUL may be a torn write from before a crash (the survey at open may
-        # have seen it, or an append may have cut it since): they are read, not
-        # trusted to be the zero tail.
-        self.tail_checked = False
+        # Has a read of the active segment reached a clean end (the survey at open, or
+        # a catch-up since)?  Until one has, bytes after a NUL may be a torn write from
+        # before a crash: they are read, not trusted to be the zero tail.
+        self.tail_checked = found.torn is None and found.corruption is None
         # Is the active segment's name known durable?  Not for one we did not create
         # (its creator may have died before fsyncing the directory).
         self.durable = False
