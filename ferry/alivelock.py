@@ -22,9 +22,17 @@ from pathlib import Path
 _FLAGS = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
 
 
+DIRECTORY = "heartbeats"  # in the state directory
+
+
+def alive_name(task_id: str, attempt: int) -> str:
+    """The heartbeat file's name in DIRECTORY."""
+    return f"{task_id}.{attempt}"
+
+
 def alive_path(home: Path, task_id: str, attempt: int) -> Path:
     """The heartbeat file, which also carries the lock."""
-    return home / "heartbeats" / f"{task_id}.{attempt}"
+    return home / DIRECTORY / alive_name(task_id, attempt)
 
 
 def hold(path: Path) -> int:

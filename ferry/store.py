@@ -28,8 +28,8 @@ from typing import Any
 import orjson
 
 import journal
+from ferry import alivelock
 from ferry import events as ev
-from ferry.alivelock import alive_path
 from ferry.errors import (
     FerryError,
     JournalIntegrityError,
@@ -55,6 +55,7 @@ SEGMENT_BYTES_MAX = 8 << 20
 RECORD_BYTES_MAX = 16 << 20
 ARCHIVES_MAX = 32
 _LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW
 _ARCHIVE_PREFIX = "settled-"
 
 
@@ -363,10 +364,19 @@ def _prune_heartbeats(home: Path, settled: list[dict[str, Any]]) -> None:
     task's beat or alive-lock again (only in-flight tasks are probed, and a retry runs a
     new attempt with a file of its own).  Without this, heartbeats/ would keep a file
     per attempt forever.  A file a crash leaves behind here costs an inode, nothing else."""
-    for record in settled:
-        for attempt in range(1, int(record.get("attempt") or 0) + 1):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(alive_path(home, record["id"], attempt))
+    if not settled:
+        return
+    try:
+        directory = os.open(home / alivelock.DIRECTORY, _DIR_FLAGS)
+    except FileNotFoundError:
+        return
+    try:
+        for record in settled:
+            for attempt in range(1, int(record.get("attempt") or 0) + 1):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(alivelock.alive_name(record["id"], attempt), dir_fd=directory)
+    finally:
+        os.close(directory)
 
 
 def _prune_archives(directory: Path, keep: set[str]) -> None:
