@@ -12,6 +12,7 @@ simulation must provide):
     os.pwrite(fd, data, offset) -> int    segments (no O_APPEND): callers loop too
     os.pread(fd, n, offset) -> bytes
     os.lseek(fd, 0, SEEK_END) -> the file's size    (no fd is read at its offset)
+    os.fstatvfs(fd)              free space, before preallocating (``free_bytes``)
     os.fsync(fd)                 files (when fdatasync is absent) and directories
     os.fdatasync(fd)             optional: used for appended data when present
     os.ftruncate(fd, length)
@@ -107,6 +108,12 @@ def size(fd: int) -> int:
     build), and moves nothing that matters: reads and segment writes give their offset
     (pread, pwrite), and the lock file is O_APPEND."""
     return os.lseek(fd, 0, SEEK_END)
+
+
+def free_bytes(fd: int) -> int:
+    """Bytes an unprivileged writer may still add to the file system of ``fd``."""
+    st = os.fstatvfs(fd)
+    return st.f_bavail * st.f_frsize
 
 
 def sync_data(fd: int) -> None:

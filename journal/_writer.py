@@ -18,7 +18,8 @@ One commit, under the cross-process append lock (flock on ``.lock``):
 Preallocation: records are written over zeros the segment already holds whenever it
 can.  When a write would reach past the end of the file, zeros follow the lines in the
 same write (as many again as the segment holds, between PREALLOC_MIN_BYTES and
-PREALLOC_MAX_BYTES, never past ``segment_bytes_max``).  So most commits change no file
+PREALLOC_MAX_BYTES, never past ``segment_bytes_max``, and only while the file system
+has room for twice that: near a full disk the lines go alone).  So most commits change no file
 size, and their fdatasync flushes data only: no file-system journal commit, about 1.5
 times the commits per second of a growing file on ext4.  (Why not O_APPEND: every
 append would grow the file.  The append lock already orders the writers, and each
@@ -373,7 +374,11 @@ class Writer:
             pos.allocated = _fsutil.size(fd)  # (another handle may have preallocated)
             if end > pos.allocated:
                 grow = min(max(end, PREALLOC_MIN_BYTES), PREALLOC_MAX_BYTES)
-                data += bytes(max(min(end + grow, self._segment_bytes_max), end) - end)
+                zeros = max(min(end + grow, self._segment_bytes_max), end) - end
+                # Never let the zeros be what fills the disk: a failed write fails the
+                # handle for good, and these records alone may fit.
+                if zeros and _fsutil.free_bytes(fd) >= 2 * (zeros + len(data)):
+                    data += bytes(zeros)
         _fsutil.pwrite_durably(fd, data, start)
         # Durable. (An error above left these records' outcome unknown: the handle
         # failed, and no caller was told they are committed.)

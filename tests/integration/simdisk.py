@@ -120,6 +120,7 @@ _READ_ONLY = frozenset(
         "readv",
         "lseek",
         "fstat",
+        "fstatvfs",
         "stat",
         "lstat",
         "listdir",
