@@ -1,7 +1,9 @@
-"""Shared by the hardening tests (test_bad_input, test_faults, test_security): drive the
-real ``ferry`` command in a subprocess with a private FERRY_HOME and check what a user
-and a script rely on after an error: the exit code, one ``ferry: error[<code>]: ...``
-line on stderr, no traceback, and a state directory that is unchanged or still valid.
+"""Shared by the hardening tests (test_bad_input, test_faults, test_security): the real
+``ferry`` command, driven by :class:`clikit.Ferry` with a private FERRY_HOME and a work
+directory of its own (:func:`cli_in`), and the checks of what a user and a script rely
+on after an error: the exit code, one ``ferry: error[<code>]: ...`` line on stderr, no
+traceback, and a state directory that is unchanged (:func:`tree`) or still valid; and
+the faults themselves (small tmpfs mounts, read-only binds, a full filesystem).
 
 No fixed sleeps: waits poll with a deadline. Every process a test starts is reaped, and
 any process still carrying the test's FERRY_HOME in its environment is killed at the end.
@@ -11,49 +13,19 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
-import re
 import shutil
-import signal
 import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from clikit import Ferry
 
-FERRY = [sys.executable, "-m", "ferry.cli"]
 CALL_TIMEOUT_S = 120.0
 DEADLINE_S = 30.0
-ERROR_LINE = re.compile(r"^ferry: error\[([a-z_]+(?:\.[A-Za-z_]+)*)\]: \S.*$")
-
-
-@dataclass
-class Result:
-    code: int
-    out: bytes
-    err: str
-
-    @property
-    def text(self) -> str:
-        return self.out.decode("utf-8", "replace")
-
-    def json(self) -> Any:
-        return json.loads(self.out)
-
-    def error_code(self) -> str:
-        """The code of the one error line on stderr (the last line: a task's own stderr
-        may come before it)."""
-        lines = self.err.splitlines()
-        assert lines, f"no error line on stderr (exit {self.code})"
-        match = ERROR_LINE.match(lines[-1])
-        assert match is not None, f"not a coded error line: {lines[-1]!r}"
-        assert sum(1 for line in lines if line.startswith("ferry: error[")) == 1, self.err
-        return match.group(1)
 
 
 def wait_for(condition: Callable[[], Any], what: str, deadline_s: float = DEADLINE_S) -> Any:
@@ -65,24 +37,6 @@ def wait_for(condition: Callable[[], Any], what: str, deadline_s: float = DEADLI
         if time.monotonic() > end:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.02)
-
-
-def processes_with_env(needle: bytes) -> list[int]:
-    """Live (non-zombie) processes whose environment holds ``needle`` as a variable."""
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        try:
-            environ = Path(f"/proc/{name}/environ").read_bytes()
-            raw = Path(f"/proc/{name}/stat").read_bytes()
-        except OSError:
-            continue
-        if raw[raw.rfind(b")") + 2 :].split()[0] in (b"Z", b"X"):
-            continue
-        if needle in environ.split(b"\0"):
-            found.append(int(name))
-    return found
 
 
 def pid_alive(pid: int) -> bool:
@@ -110,119 +64,21 @@ def tree(home: Path) -> dict[str, tuple[int, str]]:
     return out
 
 
-class Cli:
-    """The ferry command with a private FERRY_HOME, run from ``workdir``."""
-
-    def __init__(self, home: Path, workdir: Path) -> None:
-        self.home = home
-        self.workdir = workdir
-        self.env = {
-            k: v for k, v in os.environ.items() if k not in ("FERRY_FAILPOINTS", "FERRY_DEBUG")
-        }
-        self.env["FERRY_HOME"] = str(home)
-        self.background: list[subprocess.Popen[bytes]] = []
-
-    def __call__(
-        self,
-        *args: str | bytes,
-        stdin: bytes | int | None = None,
-        prefix: list[str] | None = None,
-        preexec: Callable[[], None] | None = None,
-        extra_env: Mapping[str, str] | None = None,
-    ) -> Result:
-        env = {**self.env, **(extra_env or {})}
-        feed = stdin if isinstance(stdin, bytes) else None
-        source: int | None = None
-        if feed is None:
-            source = stdin if isinstance(stdin, int) else subprocess.DEVNULL
-        proc = subprocess.run(
-            [*(prefix or FERRY), *args],
-            input=feed,
-            stdin=source,
-            capture_output=True,
-            env=env,
-            cwd=self.workdir,
-            timeout=CALL_TIMEOUT_S,
-            check=False,
-            preexec_fn=preexec,
-        )
-        err = proc.stderr.decode("utf-8", "replace")
-        assert "Traceback" not in err, err
-        assert b"Traceback" not in proc.stdout
-        return Result(proc.returncode, proc.stdout, err)
-
-    def ok(self, *args: str) -> Result:
-        result = self(*args)
-        assert result.code == 0, (args, result)
-        return result
-
-    def json(self, *args: str) -> Any:
-        return self.ok("--json", *args).json()
-
-    def start(self, *args: str) -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen(
-            [*FERRY, *args],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            env=self.env,
-            cwd=self.workdir,
-            start_new_session=True,
-        )
-        self.background.append(proc)
-        return proc
-
-    def tasks(self) -> list[dict[str, Any]]:
-        tasks: list[dict[str, Any]] = self.json("ls", "--limit", "0")
-        return tasks
-
-    def task(self, task_id: str) -> dict[str, Any]:
-        task: dict[str, Any] = self.json("show", task_id)
-        return task
-
-    def records(self) -> list[dict[str, Any]]:
-        return [json.loads(line) for line in self.ok("--json", "journal", "dump").out.splitlines()]
-
-    def verify_clean(self) -> dict[str, Any]:
-        """``journal verify`` exits 0 and reports a clean journal."""
-        report: dict[str, Any] = self.json("journal", "verify")
-        assert report["status"] == "clean", report
-        return report
-
-    def refused(self, exit_code: int, code: str, *args: str | bytes, **kw: Any) -> Result:
-        """Run a command that must fail: ``exit_code``, a coded line whose code is
-        ``code`` (or starts with it when ``code`` ends in '.'), no traceback."""
-        result = self(*args, **kw)
-        assert result.code == exit_code, (args, result)
-        got = result.error_code()
-        assert got == code or (code.endswith(".") and got.startswith(code)), (got, result.err)
-        return result
-
-    def cleanup(self) -> None:
-        for proc in self.background:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(timeout=CALL_TIMEOUT_S)
-            if proc.stderr is not None:
-                proc.stderr.close()
-        for pid in processes_with_env(f"FERRY_HOME={self.home}".encode()):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-
-
 @contextlib.contextmanager
-def cli_in(tmp_path: Path, template: Path | None = None) -> Iterator[Cli]:
-    """A Cli whose home is a copy of ``template`` (or fresh), cleaned up afterwards."""
+def cli_in(tmp_path: Path, template: Path | None = None) -> Iterator[Ferry]:
+    """A driver run from its own work directory, with commands bounded at
+    CALL_TIMEOUT_S and background output to /dev/null, whose home is a copy of
+    ``template`` (or fresh); closed afterwards."""
     home = tmp_path / "home"
     if template is not None:
         shutil.copytree(template, home, symlinks=True)
     workdir = tmp_path / "work"
     workdir.mkdir()
-    cli = Cli(home, workdir)
+    cli = Ferry(home, workdir, timeout_s=CALL_TIMEOUT_S, start_stdout=subprocess.DEVNULL)
     try:
         yield cli
     finally:
-        cli.cleanup()
+        cli.close()
 
 
 def make_template(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -19,7 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hardkit import Cli, cli_in, make_template, tree
+from clikit import Ferry
+from hardkit import cli_in, make_template, tree
 
 
 @pytest.fixture(scope="module")
@@ -28,12 +29,12 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def cli(tmp_path: Path, template: Path) -> Iterator[Cli]:
+def cli(tmp_path: Path, template: Path) -> Iterator[Ferry]:
     with cli_in(tmp_path, template) as driver:
         yield driver
 
 
-def unchanged(cli: Cli, exit_code: int, code: str, *args: str | bytes, **kw: object) -> None:
+def unchanged(cli: Ferry, exit_code: int, code: str, *args: str | bytes, **kw: object) -> None:
     """The command is refused as stated and the state directory is byte-identical."""
     before = tree(cli.home)
     cli.refused(exit_code, code, *args, **kw)
@@ -55,12 +56,12 @@ UNKNOWN = [
 ]
 
 
-def test_unknown_options_and_commands_exit_2(cli: Cli) -> None:
+def test_unknown_options_and_commands_exit_2(cli: Ferry) -> None:
     for args in UNKNOWN:
         unchanged(cli, 2, "usage.invalid", *args)
 
 
-def test_a_missing_command_exits_2(cli: Cli) -> None:
+def test_a_missing_command_exits_2(cli: Ferry) -> None:
     for args in (["run"], ["run", "--"], ["submit"], ["submit", "--"]):
         unchanged(cli, 2, "usage.", *args)
 
@@ -88,12 +89,12 @@ BAD_NUMBERS = [
 ]
 
 
-def test_bad_numbers_exit_2_and_queue_nothing(cli: Cli) -> None:
+def test_bad_numbers_exit_2_and_queue_nothing(cli: Ferry) -> None:
     for args in BAD_NUMBERS:
         unchanged(cli, 2, "usage.", *args)
 
 
-def test_conflicting_options_exit_2(cli: Cli, tmp_path: Path) -> None:
+def test_conflicting_options_exit_2(cli: Ferry, tmp_path: Path) -> None:
     batch = tmp_path / "batch.jsonl"
     batch.write_text('{"argv": ["true"]}\n')
     unchanged(cli, 2, "usage.invalid", "submit", "--from", str(batch), "--", "true")
@@ -109,12 +110,12 @@ def test_conflicting_options_exit_2(cli: Cli, tmp_path: Path) -> None:
 ID_COMMANDS = ["show", "logs", "cancel", "retry", "kill"]
 
 
-def test_an_id_that_matches_nothing_exits_5(cli: Cli) -> None:
+def test_an_id_that_matches_nothing_exits_5(cli: Ferry) -> None:
     for command in ID_COMMANDS:
         unchanged(cli, 5, "task.not_found", command, "zzzzzzzz")
 
 
-def test_an_id_that_matches_several_tasks_exits_5_and_names_them(cli: Cli) -> None:
+def test_an_id_that_matches_several_tasks_exits_5_and_names_them(cli: Ferry) -> None:
     ids = [t["id"] for t in cli.tasks()]
     common = ids[0]
     for other in ids[1:]:
@@ -132,14 +133,14 @@ def test_an_id_that_matches_several_tasks_exits_5_and_names_them(cli: Cli) -> No
 
 
 @pytest.mark.parametrize("command", ["ferry-no-such-command", "/nonexistent/bin/tool"])
-def test_a_command_not_found_exits_127_and_settles_spawn_failed(cli: Cli, command: str) -> None:
+def test_a_command_not_found_exits_127_and_settles_spawn_failed(cli: Ferry, command: str) -> None:
     cli.refused(127, "spawn.not_found", "run", "--", command)
     task = cli.tasks()[-1]
     assert (task["state"], task["reason"]) == ("FAILED", "SPAWN_FAILED")
     cli.verify_clean()
 
 
-def test_a_file_that_is_not_executable_exits_126(cli: Cli, tmp_path: Path) -> None:
+def test_a_file_that_is_not_executable_exits_126(cli: Ferry, tmp_path: Path) -> None:
     script = tmp_path / "script.sh"
     script.write_text("#!/bin/sh\necho never\n")
     script.chmod(0o644)
@@ -149,7 +150,7 @@ def test_a_file_that_is_not_executable_exits_126(cli: Cli, tmp_path: Path) -> No
     cli.verify_clean()
 
 
-def test_a_directory_as_the_command_exits_126(cli: Cli, tmp_path: Path) -> None:
+def test_a_directory_as_the_command_exits_126(cli: Ferry, tmp_path: Path) -> None:
     cli.refused(126, "spawn.not_executable", "run", "--", str(tmp_path))
     cli.verify_clean()
 
@@ -162,12 +163,12 @@ NOT_UTF8 = [
 ]
 
 
-def test_bytes_that_are_not_utf8_are_refused_never_altered(cli: Cli) -> None:
+def test_bytes_that_are_not_utf8_are_refused_never_altered(cli: Ferry) -> None:
     for args, code in NOT_UTF8:
         unchanged(cli, 2, code, *args)
 
 
-def test_a_current_directory_that_is_not_utf8_is_refused(cli: Cli, tmp_path: Path) -> None:
+def test_a_current_directory_that_is_not_utf8_is_refused(cli: Ferry, tmp_path: Path) -> None:
     odd = Path(bytes(tmp_path).decode("utf-8", "surrogateescape") + "/dir-\udcff")
     odd.mkdir()
     before = tree(cli.home)
@@ -177,18 +178,18 @@ def test_a_current_directory_that_is_not_utf8_is_refused(cli: Cli, tmp_path: Pat
     cli.ok("run", "--cwd", str(tmp_path), "--", "true")  # an explicit --cwd is the way out
 
 
-def test_an_empty_string_as_the_command_exits_2(cli: Cli) -> None:
+def test_an_empty_string_as_the_command_exits_2(cli: Ferry) -> None:
     unchanged(cli, 2, "usage.missing_command", "run", "--", "")
     unchanged(cli, 2, "usage.missing_command", "submit", "--", "")
 
 
-def test_empty_string_arguments_after_the_command_are_kept(cli: Cli) -> None:
+def test_empty_string_arguments_after_the_command_are_kept(cli: Ferry) -> None:
     result = cli("run", "--", "sh", "-c", 'printf "[%s]" "$@"', "sh", "", "x", "")
     assert (result.code, result.out) == (0, b"[][x][]")
     assert cli.tasks()[-1]["argv"][-3:] == ["", "x", ""]
 
 
-def test_100000_arguments_run_and_are_journaled_exactly(cli: Cli) -> None:
+def test_100000_arguments_run_and_are_journaled_exactly(cli: Ferry) -> None:
     args = [str(n) for n in range(100_000)]
     count = "import sys; print(len(sys.argv) - 1, sys.argv[-1])"
     result = cli("run", "--", sys.executable, "-c", count, *args)
@@ -199,14 +200,14 @@ def test_100000_arguments_run_and_are_journaled_exactly(cli: Cli) -> None:
     cli.verify_clean()
 
 
-def test_a_spec_larger_than_the_journal_takes_is_refused_whole(cli: Cli) -> None:
+def test_a_spec_larger_than_the_journal_takes_is_refused_whole(cli: Ferry) -> None:
     line = json.dumps({"argv": ["true", *["y" * 100_000] * 180]}).encode()  # 18 MB
     before = tree(cli.home)
     cli.refused(2, "usage.too_large", "submit", "--from", "-", stdin=b'{"argv": ["true"]}\n' + line)
     assert tree(cli.home) == before
 
 
-def test_an_argv_that_exec_refuses_fails_spawn_failed_at_dispatch(cli: Cli) -> None:
+def test_an_argv_that_exec_refuses_fails_spawn_failed_at_dispatch(cli: Ferry) -> None:
     # 3 MB of arguments: over exec's limit here (a quarter of the 8 MiB stack), well
     # under the journal's. Only --from can carry it: ferry itself could not be exec'd.
     line = json.dumps({"argv": ["true", *["y" * 100_000] * 30]}).encode()
@@ -222,7 +223,7 @@ def test_an_argv_that_exec_refuses_fails_spawn_failed_at_dispatch(cli: Cli) -> N
 # ---- task options -----------------------------------------------------------------------
 
 
-def test_env_without_a_name_and_equals_exits_2(cli: Cli) -> None:
+def test_env_without_a_name_and_equals_exits_2(cli: Ferry) -> None:
     for item in ("NOEQUALS", "=value"):
         unchanged(cli, 2, "usage.bad_env", "run", "--env", item, "--", "true")
     # A NUL cannot reach argv: only --from can carry one.
@@ -230,14 +231,14 @@ def test_env_without_a_name_and_equals_exits_2(cli: Cli) -> None:
     unchanged(cli, 2, "usage.bad_env", "submit", "--from", "-", stdin=line)
 
 
-def test_a_cwd_that_does_not_exist_or_is_a_file_exits_2(cli: Cli, tmp_path: Path) -> None:
+def test_a_cwd_that_does_not_exist_or_is_a_file_exits_2(cli: Ferry, tmp_path: Path) -> None:
     unchanged(cli, 2, "usage.bad_cwd", "run", "--cwd", str(tmp_path / "missing"), "--", "true")
     afile = tmp_path / "afile"
     afile.write_text("")
     unchanged(cli, 2, "usage.bad_cwd", "submit", "--cwd", str(afile), "--", "true")
 
 
-def test_a_pointer_to_a_missing_file_exits_2(cli: Cli, tmp_path: Path) -> None:
+def test_a_pointer_to_a_missing_file_exits_2(cli: Ferry, tmp_path: Path) -> None:
     for command in ("run", "submit"):
         unchanged(cli, 2, "usage.pointer_missing", command, "--pointer",
                   str(tmp_path / "gone.txt"), "--", "true")  # fmt: skip
@@ -255,7 +256,7 @@ BAD_LINES = [
 ]
 
 
-def test_a_bad_from_line_leaves_the_journal_byte_identical(cli: Cli) -> None:
+def test_a_bad_from_line_leaves_the_journal_byte_identical(cli: Ferry) -> None:
     good = b'{"argv": ["echo", "fine"]}\n'
     before = tree(cli.home)
     for bad_line in BAD_LINES:
@@ -264,5 +265,5 @@ def test_a_bad_from_line_leaves_the_journal_byte_identical(cli: Cli) -> None:
     assert tree(cli.home) == before, "nothing half-queued"
 
 
-def test_an_empty_from_file_exits_2(cli: Cli) -> None:
+def test_an_empty_from_file_exits_2(cli: Ferry) -> None:
     unchanged(cli, 2, "usage.bad_from_line", "submit", "--from", "-", stdin=b"\n\n")

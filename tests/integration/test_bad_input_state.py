@@ -18,7 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hardkit import Cli, cli_in, make_template, read_only_bind, tree
+from clikit import Ferry
+from hardkit import cli_in, make_template, read_only_bind, tree
 
 from ferry.lease import Lease
 
@@ -29,7 +30,7 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def cli(tmp_path: Path, template: Path) -> Iterator[Cli]:
+def cli(tmp_path: Path, template: Path) -> Iterator[Ferry]:
     with cli_in(tmp_path, template) as driver:
         yield driver
 
@@ -47,11 +48,11 @@ def tree_empty_hash() -> str:
     return hashlib.sha256(b"").hexdigest()
 
 
-def journal_dir(cli: Cli) -> Path:
+def journal_dir(cli: Ferry) -> Path:
     return cli.home / "journal"
 
 
-def only_segment(cli: Cli) -> Path:
+def only_segment(cli: Ferry) -> Path:
     segments = sorted(journal_dir(cli).glob("*.jsonl"))
     assert len(segments) == 1, segments
     return segments[0]
@@ -68,7 +69,7 @@ def record_lines(segment: Path) -> list[bytes]:
     return segment.read_bytes().rstrip(b"\0").splitlines(keepends=True)
 
 
-def split_segment(cli: Cli, cuts: list[int]) -> list[Path]:
+def split_segment(cli: Ferry, cuts: list[int]) -> list[Path]:
     """Split the one segment into several at the given record indexes (as rotation
     would have made them: each named by the seq of its first record)."""
     segment = only_segment(cli)
@@ -86,7 +87,7 @@ def split_segment(cli: Cli, cuts: list[int]) -> list[Path]:
 # ---- the state directory --------------------------------------------------------------
 
 
-def test_a_read_only_home_is_refused_and_left_alone(cli: Cli) -> None:
+def test_a_read_only_home_is_refused_and_left_alone(cli: Ferry) -> None:
     before = tree(cli.home)
     with read_only_bind(cli.home):
         for args in (["ls"], ["run", "--", "true"], ["submit", "--", "true"], ["recover"]):
@@ -97,7 +98,7 @@ def test_a_read_only_home_is_refused_and_left_alone(cli: Cli) -> None:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="giving the home to another user needs root")
-def test_a_home_owned_by_another_user_is_refused(cli: Cli) -> None:
+def test_a_home_owned_by_another_user_is_refused(cli: Ferry) -> None:
     before = tree(cli.home)
     os.chown(cli.home, 65534, 65534)
     try:
@@ -109,7 +110,7 @@ def test_a_home_owned_by_another_user_is_refused(cli: Cli) -> None:
 
 
 @pytest.mark.parametrize("where", [".", "journal"])
-def test_a_world_writable_home_or_subdirectory_is_refused(cli: Cli, where: str) -> None:
+def test_a_world_writable_home_or_subdirectory_is_refused(cli: Ferry, where: str) -> None:
     target = cli.home / where
     target.chmod(0o777)
     before = tree(cli.home)
@@ -120,7 +121,7 @@ def test_a_world_writable_home_or_subdirectory_is_refused(cli: Cli, where: str) 
     cli.verify_clean()
 
 
-def _retried_failed_task(cli: Cli) -> str:
+def _retried_failed_task(cli: Ferry) -> str:
     failed = next(t for t in cli.tasks() if t["state"] == "FAILED")
     cli.ok("retry", failed["id"])
     task_id: str = failed["id"]
@@ -146,7 +147,7 @@ PLANTS: dict[str, tuple[str, str, list[str], int, str]] = {
 
 
 @pytest.mark.parametrize("name", sorted(PLANTS))
-def test_a_planted_symlink_is_never_followed(cli: Cli, tmp_path: Path, name: str) -> None:
+def test_a_planted_symlink_is_never_followed(cli: Ferry, tmp_path: Path, name: str) -> None:
     relative, kind, args, exit_code, code = PLANTS[name]
     retried = _retried_failed_task(cli) if "{retried}" in relative else ""
     following = f"{len(cli.records()) + 1:020d}.jsonl"
@@ -189,13 +190,13 @@ sys.exit(main())
 """
 
 
-def test_a_filesystem_without_working_locks_is_refused(cli: Cli) -> None:
+def test_a_filesystem_without_working_locks_is_refused(cli: Ferry) -> None:
     without_locks = [sys.executable, "-c", NO_FLOCK]
     before = tree(cli.home)
     for args in (["submit", "--", "true"], ["run", "--", "true"], ["recover"]):
-        cli.refused(125, "state_dir.no_locks", *args, prefix=without_locks)
+        cli.refused(125, "state_dir.no_locks", *args, command=without_locks)
     assert without_lease_lock(cli.home) == before
-    assert cli("ls", prefix=without_locks).code == 0  # reading takes no lock
+    assert cli("ls", command=without_locks).code == 0  # reading takes no lock
 
 
 # ---- the lease file ---------------------------------------------------------------------
@@ -209,7 +210,7 @@ BAD_LEASES = {
 
 
 @pytest.mark.parametrize("case", sorted(BAD_LEASES))
-def test_a_bad_lease_file_stops_leaders_and_is_never_overwritten(cli: Cli, case: str) -> None:
+def test_a_bad_lease_file_stops_leaders_and_is_never_overwritten(cli: Ferry, case: str) -> None:
     content, code = BAD_LEASES[case]
     lease_path = cli.home / "lease.json"
     lease_path.write_bytes(content)
@@ -229,11 +230,11 @@ def test_a_bad_lease_file_stops_leaders_and_is_never_overwritten(cli: Cli, case:
     cli.verify_clean()
 
 
-def lease_epochs(cli: Cli) -> list[int]:
+def lease_epochs(cli: Ferry) -> list[int]:
     return [r["epoch"] for r in cli.records() if r["type"] == "LEASE_ACQUIRED"]
 
 
-def test_a_lease_epoch_that_went_backwards_never_reissues_an_epoch(cli: Cli) -> None:
+def test_a_lease_epoch_that_went_backwards_never_reissues_an_epoch(cli: Ferry) -> None:
     cli.ok("work", "--drain")
     cli.ok("work", "--drain")
     assert lease_epochs(cli) == [1, 2]
@@ -249,7 +250,7 @@ def test_a_lease_epoch_that_went_backwards_never_reissues_an_epoch(cli: Cli) -> 
 # ---- the journal ------------------------------------------------------------------------
 
 
-def _refused_everywhere(cli: Cli, code: str) -> None:
+def _refused_everywhere(cli: Ferry, code: str) -> None:
     """Every command that reads the journal refuses it (4; run 125); nothing changes."""
     before = tree(cli.home)
     cli.refused(4, code, "ls")
@@ -259,7 +260,7 @@ def _refused_everywhere(cli: Cli, code: str) -> None:
     assert tree(cli.home) == before
 
 
-def test_a_record_from_a_newer_format_version_is_refused(cli: Cli) -> None:
+def test_a_record_from_a_newer_format_version_is_refused(cli: Ferry) -> None:
     segment = only_segment(cli)
     lines = record_lines(segment)
     lines[-1] = with_crc(lines[-1].replace(b'{"v":1,', b'{"v":2,', 1))
@@ -268,7 +269,7 @@ def test_a_record_from_a_newer_format_version_is_refused(cli: Cli) -> None:
     cli.refused(4, "journal.format_version", "journal", "repair")
 
 
-def test_a_sealed_segment_missing_in_the_middle_is_corruption(cli: Cli) -> None:
+def test_a_sealed_segment_missing_in_the_middle_is_corruption(cli: Ferry) -> None:
     count = len(cli.records())
     middle = split_segment(cli, [count // 3, 2 * count // 3])[1]
     cli.verify_clean()  # split as rotation would have: still one valid journal
@@ -277,7 +278,7 @@ def test_a_sealed_segment_missing_in_the_middle_is_corruption(cli: Cli) -> None:
     cli.refused(4, "journal.corrupt", "journal", "repair")  # never "repaired" by cutting
 
 
-def _snapshot(cli: Cli) -> Path:
+def _snapshot(cli: Ferry) -> Path:
     cli.ok("journal", "compact")
     (path,) = journal_dir(cli).glob("snapshot-*.snap")
     return path
@@ -298,17 +299,17 @@ def _rewrite_snapshot(path: Path, *, seq: int | None = None, data: bytes | None 
     return path
 
 
-def test_a_snapshot_beyond_the_end_of_its_segments_is_corruption(cli: Cli) -> None:
+def test_a_snapshot_beyond_the_end_of_its_segments_is_corruption(cli: Ferry) -> None:
     _rewrite_snapshot(_snapshot(cli), seq=10_000)
     _refused_everywhere(cli, "journal.corrupt")
 
 
-def test_a_snapshot_that_is_not_a_task_table_is_a_mismatch(cli: Cli) -> None:
+def test_a_snapshot_that_is_not_a_task_table_is_a_mismatch(cli: Ferry) -> None:
     _rewrite_snapshot(_snapshot(cli), data=b'{"a": "table from some other tool"}')
     _refused_everywhere(cli, "journal.snapshot_mismatch")
 
 
-def test_a_snapshot_whose_settled_archive_is_gone_is_a_mismatch(cli: Cli) -> None:
+def test_a_snapshot_whose_settled_archive_is_gone_is_a_mismatch(cli: Ferry) -> None:
     _snapshot(cli)
     for archive in (cli.home / "archive").iterdir():
         archive.unlink()
@@ -318,7 +319,7 @@ def test_a_snapshot_whose_settled_archive_is_gone_is_a_mismatch(cli: Cli) -> Non
     assert tree(cli.home) == before
 
 
-def test_a_damaged_snapshot_with_its_segments_falls_back_to_a_full_replay(cli: Cli) -> None:
+def test_a_damaged_snapshot_with_its_segments_falls_back_to_a_full_replay(cli: Ferry) -> None:
     tasks = cli.tasks()
     snapshot = _snapshot(cli)
     data = bytearray(snapshot.read_bytes())
@@ -329,7 +330,7 @@ def test_a_damaged_snapshot_with_its_segments_falls_back_to_a_full_replay(cli: C
     assert [d["path"] for d in report["damaged_snapshots"]] == [str(snapshot)]
 
 
-def test_a_damaged_snapshot_whose_segments_were_compacted_is_corruption(cli: Cli) -> None:
+def test_a_damaged_snapshot_whose_segments_were_compacted_is_corruption(cli: Ferry) -> None:
     split_segment(cli, [2, 4])
     snapshot = _snapshot(cli)
     assert len(list(journal_dir(cli).glob("*.jsonl"))) == 1, "sealed segments dropped"
@@ -339,7 +340,7 @@ def test_a_damaged_snapshot_whose_segments_were_compacted_is_corruption(cli: Cli
     _refused_everywhere(cli, "journal.corrupt")
 
 
-def test_broken_files_left_by_earlier_repairs_are_kept_and_ignored(cli: Cli) -> None:
+def test_broken_files_left_by_earlier_repairs_are_kept_and_ignored(cli: Ferry) -> None:
     segment = only_segment(cli)
     for _ in range(2):
         with segment.open("ab") as torn:

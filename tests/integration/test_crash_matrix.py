@@ -20,15 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from clikit import Ferry, wait_until
 from crashkit import (
     OUTLIVES_SPAWNED,
-    Ferry,
     counting_task,
     decision_records,
     runs,
     task_processes,
     wait_task_gone,
-    wait_until,
 )
 
 pytestmark = pytest.mark.timeout(120)
@@ -123,8 +122,8 @@ def crash(ferry: Ferry, case: Case, mark: Path) -> None:
         "work": ["work", "--drain", "--poll", "0.05"],
         "claim": ["claim"],
     }[case.path]
-    result = ferry.cli(*command, failpoints=case.point)
-    assert result.returncode == -9, f"{case.id}: ferry did not die at the failpoint: {result}"
+    result = ferry(*command, failpoints=case.point)
+    assert result.code == -9, f"{case.id}: ferry did not die at the failpoint: {result}"
 
 
 def expected(case: Case) -> tuple[str, str | None, int, list[str]]:
@@ -159,7 +158,7 @@ def check_case(ferry: Ferry, case: Case, tmp_path: Path) -> None:
     mark = tmp_path / "runs"
     crash(ferry, case, mark)
     reached = case.stage
-    task = ferry.only_task()
+    task = ferry.only_task_or_none()
     if reached == "none":
         assert task is None
     else:
@@ -173,7 +172,7 @@ def check_case(ferry: Ferry, case: Case, tmp_path: Path) -> None:
     state, reason, want_code, want_decisions = expected(case)
     assert code == want_code, (case.id, report)
     assert [d["decision"] for d in report["decisions"]] == want_decisions, (case.id, report)
-    ferry.verify()
+    ferry.verify_clean()
     if task is None:
         assert ferry.tasks() == []
     else:
@@ -198,7 +197,7 @@ def check_case(ferry: Ferry, case: Case, tmp_path: Path) -> None:
         assert again == 0
 
     ferry.ok("work", "--drain", "--poll", "0.05")
-    ferry.verify()
+    ferry.verify_clean()
     assert runs(mark) == final_runs(case), case.id
     if not case.idempotent:
         assert runs(mark) <= 1, "a mutating task ran twice"
@@ -267,10 +266,10 @@ def test_a_recover_that_crashed_is_finished_by_the_next_one(
     ids = []
     for mark, options in zip(marks, ([], ["--idempotent"]), strict=True):
         argv = counting_task(mark, linger=OUTLIVES_SPAWNED)
-        assert ferry.cli("run", *options, "--", *argv, failpoints="after:SPAWNED").returncode == -9
+        assert ferry("run", *options, "--", *argv, failpoints="after:SPAWNED").code == -9
         ids.append(ferry.tasks()[-1]["id"])
         wait_task_gone(ids[-1])
-    assert ferry.cli("recover", failpoints=point).returncode == -9
+    assert ferry("recover", failpoints=point).code == -9
 
     code, report = ferry.recover()
     unsafe = [d for d in report["decisions"] if d["decision"] == "FAIL_UNSAFE"]
@@ -282,10 +281,10 @@ def test_a_recover_that_crashed_is_finished_by_the_next_one(
     mutating, idempotent = (ferry.task(i) for i in ids)
     assert (mutating["state"], mutating["reason"]) == ("FAILED", "MARKED_FAILED_MUTATION_UNSAFE")
     assert (idempotent["state"], idempotent["releases"]) == ("QUEUED", 1)
-    ferry.verify()
+    ferry.verify_clean()
     ferry.ok("work", "--drain", "--poll", "0.05")
     assert [runs(m) for m in marks] == [1, 2]
-    ferry.verify()
+    ferry.verify_clean()
 
 
 @pytest.mark.parametrize(
@@ -305,13 +304,13 @@ def test_a_cancel_that_crashed_before_signalling_still_stops_the_task(
         "run", "--heartbeat", "1", "--", *counting_task(mark, linger="; exec sleep 300")
     )
     task = wait_until(lambda: [t for t in ferry.tasks() if t["pid"]], what="SPAWNED")[0]
-    assert ferry.cli("cancel", task["id"], failpoints=point).returncode == -9
+    assert ferry("cancel", task["id"], failpoints=point).code == -9
     assert runner.wait(timeout=60) == 128 + 15
     wait_task_gone(task["id"])
     after = ferry.task(task["id"])
     assert (after["state"], after["reason"]) == ("CANCELLED", "CANCELLED_BY_USER")
     assert runs(mark) == 1
-    ferry.verify()
+    ferry.verify_clean()
 
 
 @pytest.mark.crash
@@ -323,20 +322,20 @@ def test_a_kill_that_crashed_leaves_the_orphan_quarantined_and_can_be_repeated(
 ) -> None:
     mark = tmp_path / "runs"
     argv = counting_task(mark, linger="; exec sleep 300")
-    assert ferry.cli("run", "--", *argv, failpoints="after:SPAWNED").returncode == -9
+    assert ferry("run", "--", *argv, failpoints="after:SPAWNED").code == -9
     task_id = ferry.tasks()[-1]["id"]
     wait_until(lambda: runs(mark) == 1 and task_processes(task_id), what="the orphan")
     assert ferry.recover()[0] == 3
-    assert ferry.cli("kill", task_id, failpoints=point).returncode == -9
+    assert ferry("kill", task_id, failpoints=point).code == -9
     assert task_processes(task_id), "nothing was signalled"
     code, report = ferry.recover()
     assert (code, report["orphans_alive"]) == (3, [task_id])
-    assert ferry.cli("retry", task_id).returncode == 3
+    assert ferry("retry", task_id).code == 3
     ferry.ok("kill", task_id)
     wait_task_gone(task_id)
     assert ferry.recover()[0] == 0
     ferry.ok("retry", task_id)
-    ferry.verify()
+    ferry.verify_clean()
 
 
 def test_a_child_that_cleared_its_environment_before_spawned_is_not_taken_for_dead(
@@ -344,8 +343,8 @@ def test_a_child_that_cleared_its_environment_before_spawned_is_not_taken_for_de
 ) -> None:
     pidfile = tmp_path / "pid"
     argv = ["/bin/sh", "-c", 'echo $$ > "$0"; exec env -i sleep 300', str(pidfile)]
-    result = ferry.cli("run", "--idempotent", "--", *argv, failpoints="after:spawn")
-    assert result.returncode == -9
+    result = ferry("run", "--idempotent", "--", *argv, failpoints="after:spawn")
+    assert result.code == -9
     pid = wait_until(lambda: pidfile.exists() and pidfile.read_text().strip(), what="pid")
     ferry.end_at_close(int(pid))
     task_id = ferry.tasks()[0]["id"]
@@ -371,8 +370,8 @@ def test_an_idempotent_task_released_max_times_fails_with_release_limit_exceeded
     for crash_round, (want_code, want_decision) in enumerate(
         [(0, "RELEASE"), (3, "FAIL_LIMIT")], start=1
     ):
-        result = ferry.cli("work", "--drain", "--poll", "0.05", failpoints="after:SPAWNED")
-        assert result.returncode == -9
+        result = ferry("work", "--drain", "--poll", "0.05", failpoints="after:SPAWNED")
+        assert result.code == -9
         wait_until(lambda n=crash_round: runs(mark) == n, what=f"run {crash_round}")
         wait_task_gone(task_id)
         code, report = ferry.recover()
@@ -385,4 +384,4 @@ def test_an_idempotent_task_released_max_times_fails_with_release_limit_exceeded
     )
     ferry.ok("work", "--drain", "--poll", "0.05")
     assert runs(mark) == 2
-    ferry.verify()
+    ferry.verify_clean()

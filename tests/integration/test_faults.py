@@ -20,24 +20,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from hardkit import (
-    FERRY,
-    Cli,
-    cli_in,
-    fill,
-    mounted_tmpfs,
-    pid_alive,
-    processes_with_env,
-    tree,
-    wait_for,
-)
+from clikit import Ferry
+from hardkit import cli_in, fill, mounted_tmpfs, pid_alive, tree, wait_for
 
 PY = sys.executable
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 
 
 @pytest.fixture
-def cli(tmp_path: Path) -> Iterator[Cli]:
+def cli(tmp_path: Path) -> Iterator[Ferry]:
     with cli_in(tmp_path) as driver:
         driver.ok("ls")  # creates the state directory
         yield driver
@@ -50,7 +41,7 @@ def big_argv(size: int) -> list[str]:
 # ---- disk full --------------------------------------------------------------------------
 
 
-def test_disk_full_during_a_journal_append(cli: Cli) -> None:
+def test_disk_full_during_a_journal_append(cli: Ferry) -> None:
     with mounted_tmpfs(cli.home / "journal", "size=512k,mode=0700"):
         for _ in range(3):
             cli.ok("run", "--", "true")
@@ -75,7 +66,7 @@ def test_disk_full_during_a_journal_append(cli: Cli) -> None:
         assert len(cli.tasks()) == 7
 
 
-def test_disk_full_during_a_log_write(cli: Cli, tmp_path: Path) -> None:
+def test_disk_full_during_a_log_write(cli: Ferry, tmp_path: Path) -> None:
     flood = "import sys; sys.stdout.buffer.write(b'x' * 300_000); sys.stderr.write('end')"
     with mounted_tmpfs(cli.home / "logs", "size=64k,mode=0700"):
         result = cli("run", "--", PY, "-c", flood)
@@ -93,7 +84,7 @@ def test_disk_full_during_a_log_write(cli: Cli, tmp_path: Path) -> None:
         assert cli("logs", second["id"]).out == b"all of it\n"
 
 
-def test_no_inode_left_for_the_log_directory_fails_the_spawn_not_the_journal(cli: Cli) -> None:
+def test_no_inode_left_for_the_log_directory_fails_the_spawn_not_the_journal(cli: Ferry) -> None:
     with mounted_tmpfs(cli.home / "logs", "size=64k,nr_inodes=4,mode=0700") as logs:
         made = 0
         with pytest.raises(OSError):  # use every inode
@@ -109,7 +100,7 @@ def test_no_inode_left_for_the_log_directory_fails_the_spawn_not_the_journal(cli
         cli.ok("run", "--", "true")
 
 
-def test_disk_full_during_a_snapshot(cli: Cli) -> None:
+def test_disk_full_during_a_snapshot(cli: Ferry) -> None:
     with mounted_tmpfs(cli.home / "journal", "size=128k,mode=0700") as journal:
         for _ in range(3):
             cli.ok("run", "--", "true")
@@ -126,7 +117,7 @@ def test_disk_full_during_a_snapshot(cli: Cli) -> None:
         assert cli.tasks() == tasks
 
 
-def test_disk_full_while_writing_the_settled_archive(cli: Cli) -> None:
+def test_disk_full_while_writing_the_settled_archive(cli: Ferry) -> None:
     with mounted_tmpfs(cli.home / "archive", "size=64k,mode=0700") as archive:
         for _ in range(3):
             cli.ok("run", "--name", "n" * 200, "--", "true")
@@ -177,7 +168,7 @@ def fd_limit(limit: int) -> Callable[[], None]:
     return apply
 
 
-def test_too_few_file_descriptors_for_run_is_a_coded_spawn_failure(cli: Cli) -> None:
+def test_too_few_file_descriptors_for_run_is_a_coded_spawn_failure(cli: Ferry) -> None:
     for limit in (7, 8, 10, 12, 16, 64):
         result = cli("run", "--", "true", preexec=fd_limit(limit))
         assert result.code in (0, 125), (limit, result)
@@ -192,7 +183,7 @@ def test_too_few_file_descriptors_for_run_is_a_coded_spawn_failure(cli: Cli) -> 
     cli.verify_clean()
 
 
-def test_too_few_file_descriptors_for_work_fails_tasks_it_cannot_start(cli: Cli) -> None:
+def test_too_few_file_descriptors_for_work_fails_tasks_it_cannot_start(cli: Ferry) -> None:
     for _ in range(6):
         cli.ok("submit", "--", "sh", "-c", "echo hi")
     result = cli("work", "--drain", "-j", "4", preexec=fd_limit(16))
@@ -211,7 +202,7 @@ def test_too_few_file_descriptors_for_work_fails_tasks_it_cannot_start(cli: Cli)
 
 
 def test_a_task_that_closes_its_stdout_early_still_ends_on_its_own_exit(
-    cli: Cli, tmp_path: Path
+    cli: Ferry, tmp_path: Path
 ) -> None:
     done = tmp_path / "done"
     script = (
@@ -226,7 +217,7 @@ def test_a_task_that_closes_its_stdout_early_still_ends_on_its_own_exit(
     assert cli("logs", task["id"], "--stream", "stdout").out == b""
 
 
-def test_a_task_that_fills_the_pipe_and_never_reads_stdin(cli: Cli) -> None:
+def test_a_task_that_fills_the_pipe_and_never_reads_stdin(cli: Ferry) -> None:
     flood = (
         "import sys\n"
         "for _ in range(64):\n"
@@ -268,21 +259,13 @@ def daemon_script(ignore_term: bool, then: str = "sleep 300", holds_pipes: bool 
     )
 
 
-def task_processes(cli: Cli) -> list[int]:
-    return [
-        pid
-        for pid in processes_with_env(f"FERRY_HOME={cli.home}".encode())
-        if b"FERRY_TASK=" in Path(f"/proc/{pid}/environ").read_bytes()
-    ]
-
-
 @pytest.mark.parametrize(
     ("ignore_term", "holds_pipes"),
     [(False, True), (True, False)],
     ids=["holding-the-pipes", "ignoring-sigterm"],
 )
 def test_a_setsid_daemon_is_killed_on_timeout(
-    cli: Cli, tmp_path: Path, ignore_term: bool, holds_pipes: bool
+    cli: Ferry, tmp_path: Path, ignore_term: bool, holds_pipes: bool
 ) -> None:
     pidfile = tmp_path / "daemon.pid"
     script = daemon_script(ignore_term, holds_pipes=holds_pipes)
@@ -294,30 +277,23 @@ def test_a_setsid_daemon_is_killed_on_timeout(
     task = cli.tasks()[-1]
     assert (task["state"], task["reason"]) == ("FAILED", "TIMEOUT")
     assert task["evidence"]["escapees_stopped"] is True
-    assert task_processes(cli) == []
+    assert cli.live_task_processes() == []
 
 
-def test_a_setsid_daemon_is_killed_when_ferry_is_signalled(cli: Cli, tmp_path: Path) -> None:
+def test_a_setsid_daemon_is_killed_when_ferry_is_signalled(cli: Ferry, tmp_path: Path) -> None:
     pidfile = tmp_path / "daemon.pid"
-    proc = subprocess.Popen(
-        [*FERRY, "run", "--kill-grace", "0.5", "--", "sh", "-c", daemon_script(True), str(pidfile)],
-        env=cli.env,
-        cwd=cli.workdir,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
+    proc = cli.start(
+        "run", "--kill-grace", "0.5", "--", "sh", "-c", daemon_script(True), str(pidfile)
     )
-    cli.background.append(proc)
     wait_for(lambda: pidfile.exists(), "the daemon")
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 128 + signal.SIGTERM
     assert not pid_alive(int(pidfile.read_text()))
     assert cli.tasks()[-1]["evidence"]["escapees_stopped"] is True
-    assert task_processes(cli) == []
+    assert cli.live_task_processes() == []
 
 
-def test_a_daemon_left_by_a_task_that_exited_by_itself_is_kept(cli: Cli, tmp_path: Path) -> None:
+def test_a_daemon_left_by_a_task_that_exited_by_itself_is_kept(cli: Ferry, tmp_path: Path) -> None:
     """The other side of the sweep: only a task ferry stops loses its daemons."""
     pidfile = tmp_path / "daemon.pid"
     try:

@@ -14,16 +14,8 @@ from pathlib import Path
 
 import orjson
 import pytest
-from crashkit import (
-    CLI_TIMEOUT_S,
-    OUTLIVES_SPAWNED,
-    Ferry,
-    counting_task,
-    decision_records,
-    runs,
-    wait_task_gone,
-    wait_until,
-)
+from clikit import CLI_TIMEOUT_S, Ferry, wait_until
+from crashkit import OUTLIVES_SPAWNED, counting_task, decision_records, runs, wait_task_gone
 
 from ferry.process import read_stat
 
@@ -46,12 +38,12 @@ def test_twenty_concurrent_recovers_decide_each_crashed_task_exactly_once(
     # with their task done (two mutating, two idempotent). In this order: a claim
     # recovers first.
     ferry.ok("submit", "--", *counting_task(tmp_path / "runs-claimed"))
-    assert ferry.cli("claim", failpoints="after:CLAIMED").returncode == -9
+    assert ferry("claim", failpoints="after:CLAIMED").code == -9
     for i, idempotent in enumerate((False, True, False, True)):
         options = ["--idempotent"] if idempotent else []
         argv = counting_task(tmp_path / f"runs{i}", linger=OUTLIVES_SPAWNED)
-        result = ferry.cli("run", *options, "--", *argv, failpoints="after:SPAWNED")
-        assert result.returncode == -9
+        result = ferry("run", *options, "--", *argv, failpoints="after:SPAWNED")
+        assert result.code == -9
     tasks = ferry.tasks()
     assert len(tasks) == 5
     for task in tasks:
@@ -77,7 +69,7 @@ def test_twenty_concurrent_recovers_decide_each_crashed_task_exactly_once(
         ("FAILED", "MARKED_FAILED_MUTATION_UNSAFE"): 2,
         ("QUEUED", "RELEASED_TO_QUEUE"): 3,
     }
-    ferry.verify()
+    ferry.verify_clean()
 
 
 def test_four_concurrent_drains_run_each_of_a_hundred_tasks_exactly_once(
@@ -89,7 +81,7 @@ def test_four_concurrent_drains_run_each_of_a_hundred_tasks_exactly_once(
         orjson.dumps({"argv": counting_task(marks / str(i)), "idempotent": i % 2 == 0})
         for i in range(100)
     ]
-    ferry.ok("submit", "--from", "-", input=b"\n".join(lines) + b"\n")
+    ferry.ok("submit", "--from", "-", stdin=b"\n".join(lines) + b"\n")
 
     workers = [ferry.start("work", "--drain", "-j", "2", "--poll", "0.05") for _ in range(4)]
     results = finish(workers)
@@ -100,7 +92,7 @@ def test_four_concurrent_drains_run_each_of_a_hundred_tasks_exactly_once(
     assert len(tasks) == 100 and {t["state"] for t in tasks} == {"SUCCEEDED"}
     claims = Counter(r["data"]["task"] for r in ferry.records() if r["type"] == "CLAIMED")
     assert set(claims.values()) == {1}
-    ferry.verify()
+    ferry.verify_clean()
 
 
 def holds_a_lock(pid: int) -> bool:
@@ -126,13 +118,13 @@ def test_a_stopped_leader_is_replaced_after_its_ttl_and_fenced_when_it_wakes(
     old = ferry.start("work", "--lease-ttl", "1", "--poll", "0.05")
 
     def old_leads() -> bool:
-        lease = orjson.loads(ferry.ok("--json", "lease").stdout)
+        lease = orjson.loads(ferry.ok("--json", "lease").text)
         return bool(lease.get("holder")) and lease["holder"]["pid"] == old.pid
 
     wait_until(old_leads, what="the first worker to lead")
     stop_outside_locks(old.pid)
     try:
-        old_epoch = orjson.loads(ferry.ok("--json", "lease").stdout)["epoch"]
+        old_epoch = orjson.loads(ferry.ok("--json", "lease").text)["epoch"]
         marks = tmp_path / "marks"
         marks.mkdir()
         for i in range(3):
@@ -143,7 +135,7 @@ def test_a_stopped_leader_is_replaced_after_its_ttl_and_fenced_when_it_wakes(
         [(code, _, err)] = finish([new])
         assert code == 0, err
         assert [runs(marks / str(i)) for i in range(3)] == [1, 1, 1]
-        late = ferry.ok("submit", "--", *counting_task(marks / "late")).stdout.strip()
+        late = ferry.ok("submit", "--", *counting_task(marks / "late")).text.strip()
     finally:
         os.kill(old.pid, signal.SIGCONT)
 
@@ -160,5 +152,5 @@ def test_a_stopped_leader_is_replaced_after_its_ttl_and_fenced_when_it_wakes(
     for r in records:
         if r["type"] == "CLAIMED":
             assert r["data"]["runner"]["pid"] != old.pid
-    ferry.verify()
+    ferry.verify_clean()
     wait_task_gone(late)

@@ -18,16 +18,15 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+from clikit import Ferry, wait_until
 from crashkit import (
     OUTLIVES_SPAWNED,
-    Ferry,
     counting_task,
     decision_records,
     pid_gone,
     runs,
     task_processes,
     wait_task_gone,
-    wait_until,
 )
 
 from ferry.process import read_stat
@@ -77,7 +76,7 @@ def nothing_to_recover(ferry: Ferry, *args: str) -> None:
 
 def crashed_after_spawned(ferry: Ferry, argv: list[str]) -> dict[str, object]:
     """``ferry run`` SIGKILLed right after SPAWNED is durable: the task has a pid."""
-    assert ferry.cli("run", "--", *argv, failpoints="after:SPAWNED").returncode == -9
+    assert ferry("run", "--", *argv, failpoints="after:SPAWNED").code == -9
     task = ferry.tasks()[-1]
     assert task["state"] == "RUNNING" and task["pid"], task
     return task
@@ -133,7 +132,7 @@ def test_a_reused_pid_is_dead_and_its_new_owner_is_never_signalled(
 
     first, second = (str(t["id"]) for t in tasks)
     killed = ferry.ok("kill", first, "--signal", "KILL")
-    assert "no process of the task is alive" in killed.stdout + killed.stderr
+    assert "no process of the task is alive" in killed.text + killed.err
     ferry.ok("cancel", first)
     assert ferry.task(first)["state"] == "CANCELLED"
     code, report = ferry.recover()
@@ -142,7 +141,7 @@ def test_a_reused_pid_is_dead_and_its_new_owner_is_never_signalled(
     assert (after["state"], after["reason"]) == ("FAILED", "MARKED_FAILED_MUTATION_UNSAFE")
     assert after["evidence"]["recovery"]["task_process"] == "DEAD"
     ferry.ok("kill", second)
-    ferry.verify()
+    ferry.verify_clean()
 
     for owner, log in zip(owners, logs, strict=True):
         assert owner.poll() is None, "the pid's new owner was killed"
@@ -186,7 +185,7 @@ def test_a_stopped_runner_is_left_alone_then_stale_then_running_again(
     assert runner.wait(timeout=60) == 0
     assert ferry.task(task_id)["state"] == "SUCCEEDED"
     assert len(decision_records(ferry.records())[task_id]) == 1  # only the STALE mark
-    ferry.verify()
+    ferry.verify_clean()
 
 
 # ---- a quarantined orphan -------------------------------------------------------------
@@ -205,8 +204,8 @@ def test_a_live_quarantined_orphan_blocks_retry_until_ferry_kill_ends_it(
     for _ in range(2):  # cron keeps saying "operator needed" while the orphan lives
         code, report = ferry.recover()
         assert (code, report["decisions"], report["orphans_alive"]) == (3, [], [task_id])
-    refused = ferry.cli("retry", task_id)
-    assert refused.returncode == 3 and "task.orphan_alive" in refused.stderr, refused
+    refused = ferry("retry", task_id)
+    assert refused.code == 3 and "task.orphan_alive" in refused.err, refused
     assert task_processes(task_id), "nothing may have touched the orphan"
 
     ferry.ok("kill", task_id)
@@ -222,7 +221,7 @@ def test_a_live_quarantined_orphan_blocks_retry_until_ferry_kill_ends_it(
     ferry.ok("work", "--drain", "--poll", "0.05")
     assert ferry.task(task_id)["state"] == "SUCCEEDED"
     assert runs(mark) == 2  # the first attempt and the retry an operator asked for
-    ferry.verify()
+    ferry.verify_clean()
 
 
 # ---- a daemon that left the task's session --------------------------------------------
@@ -278,7 +277,7 @@ def test_cancel_reaches_a_daemon_that_called_setsid(
     after = ferry.task(task_id)
     assert (after["state"], after["reason"]) == ("CANCELLED", "CANCELLED_BY_USER")
     nothing_to_recover(ferry)
-    ferry.verify()
+    ferry.verify_clean()
 
 
 def pid_gone_or_zombie(pid: int) -> bool:
@@ -303,9 +302,9 @@ def test_an_orphan_without_the_marker_keeps_recover_at_3_until_killed(
             ferry.ok("journal", "compact")
         code, report = ferry.recover()
         assert (code, report["decisions"], report["orphans_alive"]) == (3, [], [task_id])
-        assert ferry.cli("retry", task_id).returncode == 3
+        assert ferry("retry", task_id).code == 3
     ferry.ok("kill", task_id)
     wait_until(lambda: pid_gone_or_zombie(int(str(task["pid"]))), what="the orphan to end")
     nothing_to_recover(ferry)
     ferry.ok("retry", task_id)
-    ferry.verify()
+    ferry.verify_clean()

@@ -9,7 +9,6 @@ tasks that must outlive a check wait for a "go" file the test creates.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -19,16 +18,15 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from clikit import CLI_TIMEOUT_S, Ferry
 from taskscripts import TREE_LEAF
 
 PY = sys.executable
 DEADLINE_S = 30.0
-CALL_TIMEOUT_S = 60.0
 
 
 def _find_ferry() -> str:
@@ -41,7 +39,7 @@ def _find_ferry() -> str:
     return found
 
 
-FERRY = _find_ferry()
+CONSOLE_SCRIPT = _find_ferry()
 
 # A process tree for signal tests: the leader dies of the signal by default action; its
 # child (same process group) writes the signal number to argv[1] when one arrives and
@@ -79,33 +77,6 @@ def wait_go(go: Path) -> str:
     return f"while [ ! -e '{go}' ]; do sleep 0.02; done"
 
 
-def _default_signals() -> None:
-    # A test runner started from a non-interactive shell may inherit SIGINT ignored;
-    # ferry (rightly) keeps an inherited SIG_IGN, which would defeat the signal tests.
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_DFL)
-
-
-def processes_with_env(*needles: bytes) -> list[int]:
-    """Pids of live (non-zombie) processes whose environment holds every needle."""
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        try:
-            environ = Path(f"/proc/{name}/environ").read_bytes()
-            raw = Path(f"/proc/{name}/stat").read_bytes()
-        except OSError:
-            continue
-        state = raw[raw.rfind(b")") + 2 :].split()[0]
-        if state in (b"Z", b"X"):
-            continue
-        variables = environ.split(b"\0")
-        if all(any(v.startswith(n) for v in variables) for n in needles):
-            found.append(int(name))
-    return found
-
-
 def pid_alive(pid: int) -> bool:
     try:
         raw = Path(f"/proc/{pid}/stat").read_bytes()
@@ -114,113 +85,9 @@ def pid_alive(pid: int) -> bool:
     return raw[raw.rfind(b")") + 2 :].split()[0] not in (b"Z", b"X")
 
 
-@dataclass
-class Result:
-    code: int
-    out: bytes
-    err: str
-
-    @property
-    def text(self) -> str:
-        return self.out.decode()
-
-    def json(self) -> Any:
-        return json.loads(self.out)
-
-
-class Ferry:
-    """Drives the ferry command with a private FERRY_HOME."""
-
-    def __init__(self, home: Path, workdir: Path) -> None:
-        self.home = home
-        self.workdir = workdir
-        self.env = {k: v for k, v in os.environ.items() if k != "FERRY_FAILPOINTS"}
-        self.env["FERRY_HOME"] = str(home)
-        self.env.pop("FERRY_DEBUG", None)
-        self.background: list[subprocess.Popen[bytes]] = []
-
-    def __call__(
-        self, *args: str | bytes, stdin: bytes | None = None, stdout: Any = subprocess.PIPE
-    ) -> Result:
-        proc = subprocess.run(
-            [FERRY, *args],
-            input=stdin,
-            stdin=None if stdin is not None else subprocess.DEVNULL,
-            stdout=stdout,
-            stderr=subprocess.PIPE,
-            env=self.env,
-            cwd=self.workdir,
-            timeout=CALL_TIMEOUT_S,
-            check=False,
-        )
-        err = proc.stderr.decode("utf-8", "replace")
-        assert "Traceback" not in err, err
-        return Result(proc.returncode, proc.stdout or b"", err)
-
-    def ok(self, *args: str) -> Result:
-        result = self(*args)
-        assert result.code == 0, (args, result)
-        return result
-
-    def json(self, *args: str) -> Any:
-        return self.ok("--json", *args).json()
-
-    def start(self, *args: str, stdout: Any = subprocess.DEVNULL) -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen(
-            [FERRY, *args],
-            stdin=subprocess.DEVNULL,
-            stdout=stdout,
-            stderr=subprocess.PIPE,
-            env=self.env,
-            cwd=self.workdir,
-            start_new_session=True,
-            preexec_fn=_default_signals,
-        )
-        self.background.append(proc)
-        return proc
-
-    def tasks(self) -> list[dict[str, Any]]:
-        tasks: list[dict[str, Any]] = self.json("ls", "--limit", "0")
-        return tasks
-
-    def task(self, task_id: str) -> dict[str, Any]:
-        task: dict[str, Any] = self.json("show", task_id)
-        return task
-
-    def only_task(self) -> dict[str, Any]:
-        tasks = self.tasks()
-        assert len(tasks) == 1, tasks
-        return tasks[0]
-
-    def wait_running(self) -> dict[str, Any]:
-        """The one task, once it is RUNNING (its SPAWNED is durable)."""
-
-        def running() -> dict[str, Any] | None:
-            tasks = self.tasks()
-            return tasks[0] if tasks and tasks[0]["state"] == "RUNNING" else None
-
-        task: dict[str, Any] = wait_for(running, "the task to be RUNNING")
-        return task
-
-    def task_processes(self) -> list[int]:
-        """Live processes of any task of this FERRY_HOME (found by the task marker)."""
-        return processes_with_env(f"FERRY_HOME={self.home}".encode(), b"FERRY_TASK=")
-
-    def cleanup(self) -> None:
-        for proc in self.background:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(timeout=CALL_TIMEOUT_S)
-            if proc.stderr is not None:
-                proc.stderr.close()
-        for pid in processes_with_env(f"FERRY_HOME={self.home}".encode()):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-
-
 def finish(proc: subprocess.Popen[bytes]) -> tuple[int, str]:
     """Wait for a background ferry; its exit status and stderr (never a traceback)."""
-    _, err_bytes = proc.communicate(timeout=CALL_TIMEOUT_S)
+    _, err_bytes = proc.communicate(timeout=CLI_TIMEOUT_S)
     err = err_bytes.decode("utf-8", "replace")
     assert "Traceback" not in err, err
     return proc.returncode, err
@@ -228,13 +95,15 @@ def finish(proc: subprocess.Popen[bytes]) -> tuple[int, str]:
 
 @pytest.fixture
 def ferry(ferry_home: Path, tmp_path: Path) -> Iterator[Ferry]:
+    """As a user runs it: the console script, from a work directory; what a background
+    ferry prints goes to /dev/null unless a test says otherwise."""
     workdir = tmp_path / "work"
     workdir.mkdir()
-    driver = Ferry(ferry_home, workdir)
+    driver = Ferry(ferry_home, workdir, command=[CONSOLE_SCRIPT], start_stdout=subprocess.DEVNULL)
     try:
         yield driver
     finally:
-        driver.cleanup()
+        driver.close()
 
 
 # -- exit status -------------------------------------------------------------------------
@@ -260,7 +129,7 @@ def test_timeout_exits_124_and_kills_the_whole_tree(ferry: Ferry, tmp_path: Path
     assert (task["state"], task["reason"]) == ("FAILED", "TIMEOUT")
     grandchild = int(pidfile.read_text())
     assert not pid_alive(grandchild)
-    assert ferry.task_processes() == []
+    assert ferry.live_task_processes() == []
 
 
 def test_timeout_kills_a_tree_that_ignores_sigterm_after_the_grace(
@@ -274,7 +143,7 @@ def test_timeout_kills_a_tree_that_ignores_sigterm_after_the_grace(
     assert (task["state"], task["reason"]) == ("FAILED", "TIMEOUT")
     assert task["evidence"]["killed_after_grace"] is True
     assert not pid_alive(int(pidfile.read_text()))
-    assert ferry.task_processes() == []
+    assert ferry.live_task_processes() == []
 
 
 def test_not_executable_exits_126(ferry: Ferry, tmp_path: Path) -> None:
@@ -331,7 +200,7 @@ def test_a_signal_to_ferry_reaches_the_grandchild(
     task = ferry.only_task()
     assert (task["state"], task["reason"], task["signal"]) == ("FAILED", "SIGNALLED", signum)
     assert task["evidence"]["forwarded_signal"] == signum
-    assert ferry.task_processes() == []
+    assert ferry.live_task_processes() == []
 
 
 def test_kill_grace_then_sigkill_for_a_task_that_ignores_sigterm(
@@ -347,7 +216,7 @@ def test_kill_grace_then_sigkill_for_a_task_that_ignores_sigterm(
     assert task["signal"] == signal.SIGKILL
     assert task["evidence"]["forwarded_signal"] == signal.SIGTERM
     assert task["evidence"]["killed_after_grace"] is True
-    assert ferry.task_processes() == []
+    assert ferry.live_task_processes() == []
 
 
 def test_a_second_signal_kills_at_once(ferry: Ferry, tmp_path: Path) -> None:
@@ -362,7 +231,7 @@ def test_a_second_signal_kills_at_once(ferry: Ferry, tmp_path: Path) -> None:
     task = ferry.only_task()
     assert task["evidence"]["forwarded_signal"] == signal.SIGINT
     assert task["evidence"]["killed_after_grace"] is True
-    assert ferry.task_processes() == []
+    assert ferry.live_task_processes() == []
 
 
 # -- output ------------------------------------------------------------------------------
@@ -708,7 +577,7 @@ def test_cancel_a_running_task(ferry: Ferry) -> None:
     settled = ferry.task(task["id"])
     assert (settled["state"], settled["reason"]) == ("CANCELLED", "CANCELLED_BY_USER")
     assert not pid_alive(task["pid"])
-    assert ferry.task_processes() == []
+    assert ferry.live_task_processes() == []
 
 
 def test_retry_a_failed_task_is_a_new_attempt_with_the_same_id(ferry: Ferry) -> None:

@@ -13,13 +13,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hardkit import Cli, cli_in
+from clikit import Ferry
+from hardkit import cli_in
 
 SECRET = "s3cr3t-Value-4711"
 
 
 @pytest.fixture
-def cli(tmp_path: Path) -> Iterator[Cli]:
+def cli(tmp_path: Path) -> Iterator[Ferry]:
     with cli_in(tmp_path) as driver:
         yield driver
 
@@ -37,7 +38,7 @@ def modes(home: Path) -> dict[str, int]:
     return out
 
 
-def test_everything_ferry_creates_is_private(cli: Cli) -> None:
+def test_everything_ferry_creates_is_private(cli: Ferry) -> None:
     data = cli.workdir / "data.txt"
     data.write_text("old\n")
     patch = cli.workdir / "fix.patch"
@@ -74,7 +75,7 @@ def test_everything_ferry_creates_is_private(cli: Cli) -> None:
         assert stat.S_IMODE(mode) == want, (path, oct(stat.S_IMODE(mode)))
 
 
-def test_env_values_are_shown_only_with_show_env(cli: Cli) -> None:
+def test_env_values_are_shown_only_with_show_env(cli: Ferry) -> None:
     seen = cli.workdir / "seen"
     result = cli("--json", "run", "--env", f"API_TOKEN={SECRET}", "--", "sh", "-c",
                  'printf %s "$API_TOKEN" > "$0"', str(seen))  # fmt: skip
@@ -109,7 +110,7 @@ INJECTIONS = ["$(touch pwned-1)", "`touch pwned-2`", "x; touch pwned-3", "x | to
               "x && touch pwned-5", "$HOME"]  # fmt: skip
 
 
-def test_no_shell_unless_asked(cli: Cli) -> None:
+def test_no_shell_unless_asked(cli: Ferry) -> None:
     result = cli("run", "--", "printf", "%s\\n", *INJECTIONS)
     assert result.code == 0
     assert result.out.decode().splitlines() == INJECTIONS, "every argument reached printf as is"
@@ -124,7 +125,7 @@ def test_no_shell_unless_asked(cli: Cli) -> None:
 HOSTILE_TEXT = ["../../../escape", "/etc/passwd", "logs/../../x", ".", "..", "a/b"]
 
 
-def test_task_names_and_keys_never_become_paths(cli: Cli, tmp_path: Path) -> None:
+def test_task_names_and_keys_never_become_paths(cli: Ferry, tmp_path: Path) -> None:
     cli.ok("ls")
     outside_before = sorted(p.name for p in tmp_path.iterdir())
     for text in HOSTILE_TEXT:
@@ -137,7 +138,7 @@ def test_task_names_and_keys_never_become_paths(cli: Cli, tmp_path: Path) -> Non
     assert sorted(os.listdir(cli.home / "logs")) == sorted(t["id"] for t in cli.tasks())
 
 
-def test_nul_and_control_characters_in_names_are_refused(cli: Cli) -> None:
+def test_nul_and_control_characters_in_names_are_refused(cli: Ferry) -> None:
     for text in ("a\0b", "line\nbreak", "\x1b[2J"):
         line = json.dumps({"argv": ["true"], "name": text}).encode()
         result = cli.refused(2, "usage.bad_name", "submit", "--from", "-", stdin=line)
@@ -145,7 +146,7 @@ def test_nul_and_control_characters_in_names_are_refused(cli: Cli) -> None:
     assert cli.tasks() == []
 
 
-def test_ids_that_look_like_paths_match_nothing(cli: Cli) -> None:
+def test_ids_that_look_like_paths_match_nothing(cli: Ferry) -> None:
     cli.ok("run", "--", "true")
     for command in ("show", "logs", "cancel", "retry", "kill"):
         for text in ("../../etc/passwd", "/etc/passwd"):

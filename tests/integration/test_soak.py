@@ -19,7 +19,8 @@ from pathlib import Path
 
 import orjson
 import pytest
-from crashkit import TERMINAL, Ferry, processes_with_env, runs, wait_until
+from clikit import Ferry, processes_with_env, wait_until
+from crashkit import TERMINAL, runs
 
 pytestmark = [pytest.mark.soak, pytest.mark.timeout(600)]
 
@@ -65,7 +66,7 @@ def test_soak_work_killed_and_restarted(ferry: Ferry, tmp_path: Path) -> None:
             first = len(submitted)
             count = min(per_batch, TASKS - first)
             lines = [task_line(marks, first + i, rng) for i in range(count)]
-            out = ferry.ok("submit", "--from", "-", input=b"\n".join(lines) + b"\n").stdout
+            out = ferry.ok("submit", "--from", "-", stdin=b"\n".join(lines) + b"\n").text
             submitted += out.split()
         failpoint = None
         if rng.random() < 0.3:
@@ -100,7 +101,7 @@ def test_soak_work_killed_and_restarted(ferry: Ferry, tmp_path: Path) -> None:
     while len(submitted) < TASKS:
         first = len(submitted)
         lines = [task_line(marks, first + i, rng) for i in range(min(per_batch, TASKS - first))]
-        out = ferry.ok("submit", "--from", "-", input=b"\n".join(lines) + b"\n").stdout
+        out = ferry.ok("submit", "--from", "-", stdin=b"\n".join(lines) + b"\n").text
         submitted += out.split()
 
     # The end: orphans finish by themselves (their tasks are short), recovery decides
@@ -122,7 +123,7 @@ def test_soak_work_killed_and_restarted(ferry: Ferry, tmp_path: Path) -> None:
             assert count <= 1, f"mutating task {task['id']} ran {count} times"
         if task["state"] == "SUCCEEDED":
             assert count >= 1
-    ferry.verify()
+    ferry.verify_clean()
     reruns = sum(max(0, runs(marks / t["name"].removeprefix("soak-")) - 1) for t in tasks.values())
     print(
         f"soak: {TASKS} tasks, {KILLS} crash rounds, {events['kills']} ferry work processes "

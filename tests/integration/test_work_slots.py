@@ -16,14 +16,15 @@ from pathlib import Path
 
 import orjson
 import pytest
-from crashkit import Ferry, counting_task, runs, wait_task_gone, wait_until
+from clikit import Ferry, wait_until
+from crashkit import counting_task, runs, wait_task_gone
 
 pytestmark = pytest.mark.timeout(120)
 
 
 def submit(ferry: Ferry, mark: Path) -> str:
     task: dict[str, str] = orjson.loads(
-        ferry.ok("--json", "submit", "--", *counting_task(mark)).stdout
+        ferry.ok("--json", "submit", "--", *counting_task(mark)).text
     )
     return task["id"]
 
@@ -34,8 +35,8 @@ def states(ferry: Ferry) -> dict[str, str]:
 
 def test_the_end_of_a_task_and_the_next_claim_are_one_write(ferry: Ferry, tmp_path: Path) -> None:
     first, second = submit(ferry, tmp_path / "a"), submit(ferry, tmp_path / "b")
-    result = ferry.cli("work", "--drain", "-j", "1", failpoints="after:SETTLED")
-    assert result.returncode == -9, result
+    result = ferry("work", "--drain", "-j", "1", failpoints="after:SETTLED")
+    assert result.code == -9, result
     # The write that settled the first task also claimed the second and wrote its intent;
     # ferry died before spawning it.
     assert states(ferry) == {first: "SUCCEEDED", second: "DISPATCHING"}
@@ -43,13 +44,13 @@ def test_the_end_of_a_task_and_the_next_claim_are_one_write(ferry: Ferry, tmp_pa
     kinds = [(r["type"], r["data"].get("task")) for r in ferry.records()]
     settled = kinds.index(("SETTLED", first))
     assert kinds[settled + 1 : settled + 3] == [("CLAIMED", second), ("DISPATCHING", second)]
-    ferry.verify()
+    ferry.verify_clean()
 
 
 def test_a_crash_before_that_write_loses_neither_task(ferry: Ferry, tmp_path: Path) -> None:
     first, second = submit(ferry, tmp_path / "a"), submit(ferry, tmp_path / "b")
-    result = ferry.cli("work", "--drain", "-j", "1", failpoints="before:SETTLED")
-    assert result.returncode == -9, result
+    result = ferry("work", "--drain", "-j", "1", failpoints="before:SETTLED")
+    assert result.code == -9, result
     # Neither the end nor the claim reached the journal: the first is in flight with a
     # dead runner (a task that quick gets SPAWNED in SETTLED's write), the second queued.
     assert states(ferry) == {first: "DISPATCHING", second: "QUEUED"}
@@ -58,7 +59,7 @@ def test_a_crash_before_that_write_loses_neither_task(ferry: Ferry, tmp_path: Pa
     ferry.ok("work", "--drain", "-j", "2")
     assert states(ferry) == {first: "FAILED", second: "SUCCEEDED"}
     assert (runs(tmp_path / "a"), runs(tmp_path / "b")) == (1, 1)  # neither ran twice
-    ferry.verify()
+    ferry.verify_clean()
 
 
 def test_slots_run_every_queued_task_once_and_end_when_drained(
@@ -69,7 +70,7 @@ def test_slots_run_every_queued_task_once_and_end_when_drained(
     ferry.ok("work", "--drain", "-j", "3")
     assert states(ferry) == dict.fromkeys(ids, "SUCCEEDED")
     assert [runs(mark) for mark in marks] == [1] * 12
-    ferry.verify()
+    ferry.verify_clean()
 
 
 def test_a_claim_refused_because_the_task_was_cancelled_meanwhile_is_skipped(
@@ -101,7 +102,7 @@ def test_a_claim_refused_because_the_task_was_cancelled_meanwhile_is_skipped(
         service.store.close()
     assert states(ferry) == {first: "CANCELLED", second: "DISPATCHING"}
     assert (runs(tmp_path / "a"), runs(tmp_path / "b")) == (0, 0)
-    ferry.verify()
+    ferry.verify_clean()
 
 
 def read_until(proc: subprocess.Popen[bytes], text: str) -> str:
@@ -127,7 +128,7 @@ def test_sigterm_stops_claiming_and_lets_the_running_task_finish(
     gate, mark = tmp_path / "gate", tmp_path / "a"
     waits_for_gate = f'; while [ ! -e "{gate}" ]; do sleep 0.02; done'
     first = orjson.loads(
-        ferry.ok("--json", "submit", "--", *counting_task(mark, linger=waits_for_gate)).stdout
+        ferry.ok("--json", "submit", "--", *counting_task(mark, linger=waits_for_gate)).text
     )["id"]
     second = submit(ferry, tmp_path / "b")
     proc = ferry.start("work", "-j", "1", "--poll", "0.05")
@@ -138,8 +139,8 @@ def test_sigterm_stops_claiming_and_lets_the_running_task_finish(
     assert proc.wait(timeout=60) == 0
     assert states(ferry) == {first: "SUCCEEDED", second: "QUEUED"}
     assert runs(tmp_path / "b") == 0
-    assert orjson.loads(ferry.ok("--json", "lease").stdout)["holder"] is None  # released
-    ferry.verify()
+    assert orjson.loads(ferry.ok("--json", "lease").text)["holder"] is None  # released
+    ferry.verify_clean()
 
 
 def test_a_second_sigterm_stops_the_running_tasks_at_once(ferry: Ferry, tmp_path: Path) -> None:
@@ -158,4 +159,4 @@ def test_a_second_sigterm_stops_the_running_tasks_at_once(ferry: Ferry, tmp_path
     for task in ferry.tasks():
         assert (task["state"], task["reason"], task["signal"]) == ("FAILED", "SIGNALLED", 15)
         wait_task_gone(task["id"])
-    ferry.verify()
+    ferry.verify_clean()
