@@ -15,11 +15,9 @@ from typing import Any
 
 from clikit import WAIT_S, wait_until
 
-from ferry.model import IN_FLIGHT_STATES
 from ferry.process import ProcessIdentity, find_by_marker, marker_prefix, read_stat
 from ferry.runner import SPAWNED_AFTER_S
 
-IN_FLIGHT = frozenset(s.value for s in IN_FLIGHT_STATES)
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
 
 

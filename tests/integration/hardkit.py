@@ -16,30 +16,24 @@ import hashlib
 import os
 import shutil
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from clikit import Ferry
+from clikit import Ferry, wait_until
 
 CALL_TIMEOUT_S = 120.0
 DEADLINE_S = 30.0
 
 
 def wait_for(condition: Callable[[], Any], what: str, deadline_s: float = DEADLINE_S) -> Any:
-    end = time.monotonic() + deadline_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
+    """``clikit.wait_until`` with positional ``what`` (the older spelling, kept short)."""
+    return wait_until(condition, what=what, timeout_s=deadline_s)
 
 
 def pid_alive(pid: int) -> bool:
+    """A process (not a zombie) has ``pid``."""
     try:
         raw = Path(f"/proc/{pid}/stat").read_bytes()
     except OSError:

@@ -16,17 +16,15 @@ import signal
 import stat
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from clikit import CLI_TIMEOUT_S, Ferry
+from hardkit import pid_alive, wait_for
 from taskscripts import TREE_LEAF
 
 PY = sys.executable
-DEADLINE_S = 30.0
 
 
 def _find_ferry() -> str:
@@ -61,28 +59,9 @@ while True:
 """
 
 
-def wait_for(condition: Callable[[], Any], what: str, deadline_s: float = DEADLINE_S) -> Any:
-    end = time.monotonic() + deadline_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
-
-
 def wait_go(go: Path) -> str:
     """Shell text that blocks until ``go`` exists (the test decides when a task ends)."""
     return f"while [ ! -e '{go}' ]; do sleep 0.02; done"
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return False
-    return raw[raw.rfind(b")") + 2 :].split()[0] not in (b"Z", b"X")
 
 
 def finish(proc: subprocess.Popen[bytes]) -> tuple[int, str]:

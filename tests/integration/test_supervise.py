@@ -19,12 +19,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hardkit import wait_for
 from taskscripts import TREE_LEAF
 
 from ferry._sink import ECHO_BACKLOG_BYTES, Sink
@@ -57,14 +57,6 @@ while True:
 """
 
 SILENT = "import time\nwhile True: time.sleep(60)"
-
-
-def wait_for(condition: Callable[[], bool], what: str, deadline_s: float = DEADLINE_S) -> None:
-    end = time.monotonic() + deadline_s
-    while not condition():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 def live_members(pgid: int) -> list[int]:
