@@ -45,10 +45,10 @@ def touch(path: Path) -> None:
         pass
 
 
-def fsync_dirs(paths: Iterable[Path]) -> str | None:
-    """fsync each distinct parent directory (a newly created log's name must survive a
-    crash as well as its bytes). Returns an error message, or None."""
-    for directory in {p.parent for p in paths}:
+def fsync_dirs(directories: Iterable[Path]) -> str | None:
+    """fsync each directory (a newly created log's name must survive a crash as well as
+    its bytes). Returns an error message, or None."""
+    for directory in directories:
         try:
             fd = os.open(directory, os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_DIRECTORY", 0))
             try:

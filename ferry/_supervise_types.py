@@ -24,6 +24,9 @@ class SuperviseSpec:
     shell: bool = False
     stdin: int | None = None  # None: inherit ferry's stdin
     pass_fds: tuple[int, ...] = ()  # descriptors the child inherits (the alive-lock)
+    # The caller made the logs' directory for this run: once a log holds bytes, that
+    # directory's own name (in its parent) is synced too, like a new log's.
+    log_dir_new: bool = False
 
 
 @dataclass(frozen=True)

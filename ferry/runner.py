@@ -36,7 +36,6 @@ from ferry.errors import EX_FERRY_FAILED, EX_TIMEOUT, FerryError
 from ferry.failpoints import failpoint
 from ferry.model import Reason, State, Task
 from ferry.process import find_by_marker, identity_of, make_marker, signal_task
-from ferry.statedir import fsync_dir
 from ferry.store import Store
 from ferry.supervise import Outcome, SpawnFailed, SuperviseSpec, supervise
 
@@ -181,18 +180,6 @@ def stop_escapees(marker: str, grace_s: float) -> bool:
     if find_by_marker(marker).alive:
         signal_task(None, marker, signal.SIGKILL)
     return True
-
-
-def _sync_new_log_dir(directory: Path, logs: tuple[Path, Path]) -> str | None:
-    """supervise() syncs a log that got bytes and the directory holding it; the entry
-    of that directory in ``logs/``, made by this attempt, must survive a power cut
-    too, before SETTLED says the task ran. Returns an error message, or None."""
-    try:
-        if any(os.stat(log).st_size for log in logs):
-            fsync_dir(directory.parent)
-    except OSError as e:
-        return f"fsync of {directory.parent} failed: {e}"
-    return None
 
 
 class Runner:
@@ -378,7 +365,7 @@ class Runner:
                 raise SpawnFailed("other", f"cannot create the task's alive-lock: {e}") from e
             try:
                 outcome = supervise(
-                    replace(sup, pass_fds=(lock_fd,)),
+                    replace(sup, pass_fds=(lock_fd,), log_dir_new=new_dir),
                     on_spawned=on_spawned,
                     should_stop=self._stopper(task, stop),
                     on_running=on_running,
@@ -393,10 +380,6 @@ class Runner:
                 reason=Reason.SPAWN_FAILED, evidence={"error": error.to_json()},
             )  # fmt: skip
             return Ending((settled,), error.exit_code, error)
-        if new_dir:
-            log_error = _sync_new_log_dir(stdout_log.parent, (stdout_log, stderr_log))
-            if log_error is not None and outcome.log_error is None:
-                outcome = replace(outcome, log_error=log_error)
         # A `ferry cancel` from another process is only in the journal: catch up first,
         # or a cancelled task would settle FAILED SIGNALLED. (commit() re-validates
         # under the lock anyway; a failed refresh just leaves the cancel unseen.)

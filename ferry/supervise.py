@@ -44,7 +44,8 @@ Choices where the brief is silent (the contract of this module):
   ``log_error``. Buffered ``sys.stdout``/``sys.stderr`` are flushed before the task
   starts, so ferry's own earlier output comes first.
 * Durability. Before returning, every log that received bytes is fdatasync'ed, and
-  the directory of a log this call created is fsync'ed. A log that received nothing
+  the directory of a log this call created is fsync'ed (and that directory's parent,
+  when the caller made the directory for this run: ``log_dir_new``). A log that received nothing
   is not synced (an empty file that a crash removes tells the same story), so a task
   that prints nothing costs no fsync here. Logs are opened ``O_APPEND|O_NOFOLLOW``,
   created 0600; the heartbeat file too.
@@ -184,8 +185,8 @@ def supervise(
             try:
                 on_spawned(proc.pid, proc.pid)
             except BaseException as e:
-                # Not journaled (SPAWNED refused), or not even described (its /proc
-                # entry unreadable: EMFILE): it must not run on unsupervised.
+                # The caller could not take the child in (its /proc entry unreadable:
+                # EMFILE, say): it must not run on unsupervised.
                 run.abort()
                 if isinstance(e, OSError):
                     raise _cannot_supervise(spec, e) from e
@@ -193,8 +194,8 @@ def supervise(
             try:
                 outcome = run.loop()
             except BaseException:
-                # Whatever went wrong (a bug), the task must not outlive its
-                # supervision: kill, reap, re-raise.
+                # Whatever went wrong (on_running failed to journal SPAWNED, a bug),
+                # the task must not outlive its supervision: kill, reap, re-raise.
                 run.abort()
                 raise
     except OSError as e:
@@ -206,9 +207,13 @@ def supervise(
         for sink in sinks:
             sink.sync_and_close()
             log_error = log_error or sink.log_error
-    # A log this call created must keep its name through a crash too (if it has bytes).
+    # A log this call created must keep its name through a crash too (if it has bytes),
+    # and so must a directory the caller created for the logs.
     new_logs = [p for p, new, s in zip(paths, created, sinks, strict=True) if new and s.bytes_total]
-    log_error = log_error or fsync_dirs(new_logs)
+    directories = {p.parent for p in new_logs}
+    if directories and spec.log_dir_new:
+        directories.add(spec.stdout_log.parent.parent)
+    log_error = log_error or fsync_dirs(directories)
     if log_error is not None:
         outcome = replace(outcome, log_error=log_error)
     return outcome
