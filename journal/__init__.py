@@ -72,7 +72,7 @@ from types import TracebackType
 from typing import Any
 
 from journal import _fsutil
-from journal._codec import FORMAT_VERSION, Record, prepare
+from journal._codec import FORMAT_VERSION, Record, prepare, prepare_batch
 from journal._errors import (
     CompactedError,
     CorruptionError,
@@ -228,8 +228,7 @@ class Journal:
         ``fence(epoch)`` then ``check()`` (either may raise: nothing is written and the
         exception reaches this caller only).  Returns the records, committed.
         InvalidRecordError / RecordTooLargeError are raised before anything else."""
-        limit = self._record_bytes_max
-        prepared = [prepare(rtype, data, epoch, limit) for rtype, data in items]
+        prepared = prepare_batch(items, epoch, self._record_bytes_max)
         if not prepared:
             self._writer.ensure_usable()
             return []

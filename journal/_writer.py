@@ -50,10 +50,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from itertools import chain, repeat
 from pathlib import Path
 
 from journal import _fsutil
-from journal._codec import Prepared, Record, encode_line
+from journal._codec import Prepared, Record, encode_line, encode_lines
 from journal._errors import (
     CorruptionError,
     FencedError,
@@ -337,11 +338,15 @@ class Writer:
             except Exception as exc:
                 batch.error = exc
                 continue
-            records = batch.pending
-            for item in batch.prepared:
-                seq += 1
-                lines.append(encode_line(seq, item))
-                records.append(_new_tuple(Record, (seq, item.epoch, item.ts, item.type, item.data)))
+            epochs, stamps, types, datas, inners = zip(*batch.prepared, strict=True)
+            seqs = range(seq + 1, seq + 1 + len(inners))
+            lines.append(encode_lines(seq + 1, inners))
+            batch.pending = records = list(
+                map(
+                    _new_tuple, repeat(Record), zip(seqs, epochs, stamps, types, datas, strict=True)
+                )
+            )
+            seq = seqs[-1]
             accepted.append(batch)
             if epoch > max_epoch:
                 max_epoch = epoch
@@ -351,7 +356,7 @@ class Writer:
             self._flush_batches(lines, accepted, max_epoch)
 
     def _flush_batches(self, lines: list[bytes], accepted: list[_Batch], max_epoch: int) -> None:
-        records = [record for batch in accepted for record in batch.pending]
+        records = list(chain.from_iterable(batch.pending for batch in accepted))
         self._flush(lines, records, max_epoch)
         for batch in accepted:  # committed: their callers may learn it
             batch.records = batch.pending

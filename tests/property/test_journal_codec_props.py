@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 import zlib
 from typing import Any
 
@@ -177,3 +178,64 @@ def test_nul_filled_line_is_damage() -> None:
     with pytest.raises(_codec.LineProblem) as info:
         _codec.decode_line(b"\0" * 80 + b"\n")
     assert not info.value.checks
+
+
+# -- the batch path: prepare_batch and encode_lines are the per-record path in bulk
+
+
+# Items as callers pass them, now and then one that prepare refuses (a NaN, a value JSON
+# cannot hold, a non-dict, an empty or non-str type) or a str subclass it accepts.
+class _Str(str):
+    pass
+
+
+odd_types = st.sampled_from(["", 7, None, _Str("T"), "new-type-\u2713"])
+odd_data = st.sampled_from([{"x": float("nan")}, {"x": {1, 2}}, [1], {"t": (1, 2)}, {"n": None}])
+known_types = st.sampled_from(["T", "SETTLED"])  # (warmed below: the bulk path's case)
+any_data = payloads | odd_data
+batch_items = st.lists(st.tuples(known_types, any_data), max_size=8) | st.lists(
+    st.tuples(known_types | types | odd_types, any_data), max_size=8
+)
+
+
+def outcome(fn: Any) -> Any:
+    """What a call gives: its value, or the type and message of what it raised."""
+    try:
+        return fn()
+    except Exception as exc:
+        return (type(exc), str(exc))
+
+
+@settings(SETTINGS, max_examples=300)
+@given(
+    items=batch_items,
+    epoch=epochs | st.sampled_from([-1, True, 2**63]),
+    seq=seqs,
+    ts=timestamps | st.sampled_from([float("nan"), 7]),
+)
+def test_prepare_batch_is_prepare_per_item(
+    items: list[tuple[Any, Any]], epoch: Any, seq: int, ts: Any
+) -> None:
+    limit = 200  # small enough that some records are too large
+    for known in ("T", "SETTLED"):
+        _codec.prepare(known, {}, 0, limit)  # (their JSON is kept: the bulk path's case)
+    got = outcome(lambda: _codec.prepare_batch(iter(items), epoch, limit, ts))
+    want = outcome(lambda: [_codec.prepare(t, d, epoch, limit, ts) for t, d in items])
+    if isinstance(want, tuple):  # refused: the same error, for the same first bad item
+        assert got == want
+        return
+    assert isinstance(got, list)
+    assert [(p.epoch, p.ts, p.type, p.inner) for p in got] == [
+        (p.epoch, p.ts, p.type, p.inner) for p in want
+    ]
+    assert all(same_json(mine.data, theirs.data) for mine, theirs in zip(got, want, strict=True))
+    lines = _codec.encode_lines(seq, [p.inner for p in got]) if got else b""
+    assert lines == b"".join(_codec.encode_line(seq + i, p) for i, p in enumerate(got))
+    decoded = [_codec.decode_line(line) for line in lines.splitlines()]
+    assert [r.seq for r in decoded] == list(range(seq, seq + len(got)))
+
+
+def test_a_batch_shares_one_timestamp_from_the_clock() -> None:
+    before = time.time()
+    prepared = _codec.prepare_batch([("T", {"i": i}) for i in range(5)], 0, 1 << 20)
+    assert len({p.ts for p in prepared}) == 1 and before <= prepared[0].ts <= time.time()

@@ -19,6 +19,7 @@ from journal._codec import (
     encode_record,
     line_checks,
     prepare,
+    prepare_batch,
 )
 
 MiB = 1 << 20
@@ -156,6 +157,75 @@ def test_size_limit_counts_the_whole_line_at_the_widest_seq() -> None:
     assert len(encode_line(10**19, prepare("T", fits, 0, limit, ts=1.5))) == limit
     with pytest.raises(RecordTooLargeError):
         prepare("T", {"p": "x" * (limit - overhead + 1)}, 0, limit, ts=1.5)
+
+
+class _LooksLikeT:
+    """Hashes and compares like the str "T" (a cached type), but is no str."""
+
+    def __hash__(self) -> int:
+        return hash("T")
+
+    def __eq__(self, other: object) -> bool:
+        return other == "T"
+
+
+def _outcome(fn: Any) -> Any:
+    try:
+        return fn()
+    except Exception as exc:
+        return (type(exc), str(exc))
+
+
+_FIT = 1000 - len(encode_line(10**19, prepare("T", {"p": ""}, 0, 10**9, ts=1.5)))
+
+
+@pytest.mark.parametrize(
+    ("items", "epoch", "ts"),
+    [
+        ([("T", {"p": "x" * _FIT}), ("T", {"p": ""})], 0, 1.5),
+        ([("T", {"p": ""}), ("T", {"p": "x" * (_FIT + 1)})], 0, 1.5),
+        ([("T", {"p": "x" * (_FIT + 1)}), ("T", {"x": float("nan")})], 0, 1.5),
+        ([("T", {"x": float("nan")}), ("T", {"p": "x" * (_FIT + 1)})], 0, 1.5),
+        ([("T", {"n": None}), ("T", {"x": [float("inf")]})], 0, 1.5),
+        ([("T", {"n": None}), ("T", {"s": "null"})], 0, 1.5),
+        ([("T", {}), ("T", {})], True, 1.5),
+        ([("T", {}), ("T", {})], -1, 1.5),
+        ([("T", {}), ("T", {})], 2**63, 1.5),
+        ([("T", {}), (_LooksLikeT(), {})], 0, 1.5),
+        ([("T", {}), ("T", {"t": (1, 2)})], 0, 1.5),
+        ([("T", {}), ("T", [1])], 0, 1.5),
+        ([("T", {}), ("T", {}, "extra")], 0, 1.5),
+        ([("T", {}), ("T", {})], 0, float("nan")),
+        ([("T", {}), ("T", {})], 0, 7),
+    ],
+    ids=[
+        "at-the-limit",
+        "over-the-limit",
+        "too-large-before-nan",
+        "nan-before-too-large",
+        "infinity",
+        "null-is-not-nan",
+        "bool-epoch",
+        "negative-epoch",
+        "epoch-too-big",
+        "type-that-only-looks-like-a-str",
+        "tuple-in-data",
+        "data-not-a-dict",
+        "not-a-pair",
+        "nan-ts",
+        "int-ts",
+    ],
+)
+def test_prepare_batch_gives_what_prepare_per_item_gives(
+    items: list[Any], epoch: Any, ts: Any
+) -> None:
+    prepare("T", {}, 0, MiB)  # (the type's JSON is kept: the bulk path's case)
+    got = _outcome(lambda: prepare_batch(items, epoch, 1000, ts))
+    want = _outcome(lambda: [prepare(t, d, epoch, 1000, ts) for t, d in items])
+    if isinstance(want, tuple):
+        assert got == want
+    else:
+        assert [tuple(p) for p in got] == [tuple(p) for p in want]
 
 
 def test_default_limit_refuses_a_record_over_one_mib() -> None:
