@@ -48,7 +48,7 @@ thrown away with a failed handle, and must not drive side effects on its own.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from itertools import chain, repeat
 from pathlib import Path
@@ -80,7 +80,7 @@ class _SubscriberFailed(Exception):
 
 
 class _Batch:
-    __slots__ = ("check", "epoch", "error", "pending", "prepared", "records")
+    __slots__ = ("check", "epoch", "error", "pending", "prepared", "records", "signalled", "wake")
 
     def __init__(self, prepared: list[Prepared], epoch: int, check: Hook | None) -> None:
         self.prepared = prepared
@@ -89,6 +89,17 @@ class _Batch:
         self.pending: list[Record] = []  # its records, once accepted (not yet durable)
         self.records: list[Record] | None = None  # set once committed
         self.error: BaseException | None = None  # set once refused or failed
+        # Its thread, queued behind a commit, sleeps on ``wake`` (held) until released:
+        # once the batch is settled, or to lead.  ``signalled``: released, not yet seen
+        # (a Lock released twice raises).  Both change under the writer's _mutex.
+        self.wake: threading.Lock | None = None
+        self.signalled = False
+
+    def signal(self) -> None:
+        """Wake the batch's thread, if it sleeps (call with the writer's _mutex held)."""
+        if self.wake is not None and not self.signalled:
+            self.signalled = True
+            self.wake.release()
 
 
 class Writer:
@@ -131,9 +142,16 @@ class Writer:
         finally:
             self._waiting -= 1
 
-    def _release(self) -> None:
+    def _release(self, group: Iterable[_Batch] = ()) -> None:
+        """Give the handle up: wake the threads of ``group`` (settled by this commit), the
+        thread of the first batch still queued (to lead the next commit), and any thread
+        waiting to own the handle."""
         with self._mutex:
             self._busy = False
+            for batch in group:
+                batch.signal()
+            if self._queue:
+                self._queue[0].signal()
             if self._waiting:
                 self._cond.notify_all()
 
@@ -186,30 +204,39 @@ class Writer:
         self, prepared: list[Prepared], epoch: int, check: Hook | None
     ) -> list[Record]:
         batch = _Batch(prepared, epoch, check)
+        group: list[_Batch] | None = None
         with self._mutex:
             if self._closed or self._failed is not None:
                 self._check_usable()
             if self._busy:
                 self._refuse_reentry()
+                batch.wake = wake = threading.Lock()
+                wake.acquire()
                 self._queue.append(batch)
-                while self._busy and batch.records is None and batch.error is None:
-                    self._wait()
-                if batch.records is not None or batch.error is not None:
-                    group = None  # committed (or refused) by another thread's commit
-                else:  # nobody took our batch: lead, taking everything queued meanwhile
-                    self._check_usable()
-                    group, self._queue = self._queue, []
             else:
                 # Batches may be queued by threads not yet awake: they go first.
                 group = [*self._queue, batch] if self._queue else [batch]
                 self._queue = []
-            if group is not None:
+                self._busy, self._owner = True, _get_ident()
+        while group is None and batch.records is None and batch.error is None:
+            wake.acquire()  # (released once the batch is settled, or for us to lead)
+            with self._mutex:
+                batch.signalled = False
+                if self._busy or batch.records is not None or batch.error is not None:
+                    continue  # settled, or another thread took the lead (and our batch)
+                if self._closed or self._failed is not None:
+                    self._queue.remove(batch)
+                    if self._queue:  # each queued thread learns it in turn
+                        self._queue[0].signal()
+                    self._check_usable()
+                # Nobody took our batch: lead, taking everything queued meanwhile.
+                group, self._queue = self._queue, []
                 self._busy, self._owner = True, _get_ident()
         if group is not None:
             try:
                 self._lead(group)
             finally:
-                self._release()
+                self._release(group)
         if batch.error is not None:
             raise batch.error
         assert batch.records is not None

@@ -432,6 +432,67 @@ def test_a_check_sees_records_of_earlier_batches_in_its_group(jdir: Path) -> Non
         assert [r.type for r in j.read()].count("CLAIMED") == 1
 
 
+def _queue_behind_a_held_leader(
+    j: Journal, gate: Gate, count: int
+) -> tuple[list[threading.Thread], dict[str, Any]]:
+    """A leader held inside its commit by ``gate`` and ``count`` batches queued behind
+    it, each in its own thread; outcomes[name] gets each caller's result or error."""
+    outcomes: dict[str, Any] = {}
+
+    def run(name: str) -> None:
+        try:
+            outcomes[name] = j.append_batch([(name, {}), (name, {})])
+        except Exception as exc:
+            outcomes[name] = exc
+
+    gate.armed = True
+    threads = [threading.Thread(target=run, args=("leader",))]
+    threads[0].start()
+    assert gate.entered.wait(10)
+    for i in range(count):
+        threads.append(threading.Thread(target=run, args=(f"queued{i}",)))
+        threads[-1].start()
+    wait_for(lambda: _queued(j) == count, f"{count} queued batches")
+    return threads, outcomes
+
+
+def _join_all(threads: list[threading.Thread]) -> None:
+    for t in threads:
+        t.join(10)
+    assert not any(t.is_alive() for t in threads), "a caller was never woken"
+
+
+def test_a_failed_commit_fails_every_caller_queued_behind_it(
+    jdir: Path, fake_os: CountingOS
+) -> None:
+    gate = Gate()
+    with Journal.open(jdir, fence=gate.fence) as j:
+        threads, outcomes = _queue_behind_a_held_leader(j, gate, 4)
+        fake_os.fail["pwrite"] = OSError(errno.EIO, os.strerror(errno.EIO))
+        gate.release.set()
+        _join_all(threads)
+        assert len(outcomes) == 5
+        assert all(isinstance(o, WriterFailedError) for o in outcomes.values()), outcomes
+        assert fake_os.calls["pwrite"] == 1  # nobody wrote after the failure
+
+
+def test_closing_with_callers_queued_wakes_every_one(jdir: Path) -> None:
+    gate = Gate()
+    j = Journal.open(jdir, fence=gate.fence)
+    threads, outcomes = _queue_behind_a_held_leader(j, gate, 4)
+    closer = threading.Thread(target=j.close)
+    closer.start()
+    gate.release.set()
+    _join_all([*threads, closer])
+    assert isinstance(outcomes["leader"], list)
+    # Each queued batch was committed before the close, or refused by it: never lost,
+    # never left waiting, and exactly what its caller was told is on disk.
+    committed = [o for o in outcomes.values() if isinstance(o, list)]
+    assert all(isinstance(o, list | JournalClosedError) for o in outcomes.values()), outcomes
+    on_disk = [(r.seq, r.type) for r in read_records(jdir)]
+    assert sorted(on_disk) == sorted((r.seq, r.type) for batch in committed for r in batch)
+
+
 def test_many_threads_leave_every_record_exactly_once(jdir: Path) -> None:
     with Journal.open(jdir, segment_bytes_max=2000) as j:
         seen: list[int] = []
