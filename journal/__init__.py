@@ -221,7 +221,8 @@ class Journal:
         epoch: int = 0,
         check: Hook | None = None,
     ) -> list[Record]:
-        """Append records together: one write and one fsync, all or none.
+        """Append records together: one write and one fsync, all or none (they share
+        one ``ts``).
 
         Under the cross-process lock: catch up (feeding subscribers), cut a torn tail,
         refuse ``0 < epoch <`` the journal's highest epoch (FencedError), call
