@@ -29,10 +29,11 @@ the end of a segment for unused space; sealing a segment cuts it (``_position``)
 Group commit (leader/follower): a thread that finds a commit in progress queues its
 batch and sleeps on the batch's own lock; when the commit ends, the leader wakes the
 threads of the batches it settled and the thread of the first batch still queued,
-which becomes the leader and commits every batch queued meanwhile together.  (``append_one``, a single record when
-no other thread is appending, takes the same steps without the group's bookkeeping:
-on a slow disk every microsecond of CPU between two fsyncs costs about three.)  A batch's ``check`` must see every
-record before it.  With early subscribers it does, through them, and the whole group
+which becomes the leader and commits every batch queued meanwhile together.
+(``append_one``, a single record when no other thread is appending, takes the same
+steps without the group's bookkeeping: on a slow disk every microsecond of CPU
+between two fsyncs costs about three.)  A batch's ``check`` must see every record
+before it.  With early subscribers it does, through them, and the whole group
 shares one write and one fsync.  Without any, the records of earlier batches pending
 in the group are written and fsynced first (one more fsync), then the check runs.
 
