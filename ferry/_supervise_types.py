@@ -10,6 +10,9 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class SuperviseSpec:
+    """What :func:`ferry.supervise.supervise` runs: the command, its environment,
+    where its output and heartbeat go, and how long and how hard to wait for it."""
+
     argv: Sequence[str]
     cwd: str
     env: Mapping[str, str]  # the child's whole environment, marker included
@@ -31,6 +34,9 @@ class SuperviseSpec:
 
 @dataclass(frozen=True)
 class Outcome:
+    """How a supervised task ended: its status, the signals and kills on the way, its
+    timing, and what could not be logged or passed through."""
+
     exit_code: int | None  # exactly one of exit_code / signal is set
     signal: int | None
     timed_out: bool

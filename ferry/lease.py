@@ -84,6 +84,9 @@ def boot_clock() -> float:
 
 @dataclass(frozen=True, slots=True)
 class Lease:
+    """The lease file's content: who leads (``holder``), under which fencing
+    ``epoch``, and until when."""
+
     epoch: int
     holder: ProcessIdentity | None  # None: released
     acquired_at: float  # wall clock (seconds since 1970), for humans

@@ -64,6 +64,8 @@ class FileSection:
 
 @dataclass(frozen=True)
 class PatchInfo:
+    """A parsed patch: the hash of its exact bytes and the files it touches."""
+
     sha256: str  # of the exact bytes
     sections: tuple[FileSection, ...]
 

@@ -54,6 +54,9 @@ class Pointer:
 
 @dataclass(frozen=True)
 class PointerObservation:
+    """One pointer and the hash its file has now (None, with ``problem``, if it
+    could not be read)."""
+
     pointer: Pointer
     actual_sha256: str | None  # None: missing or unreadable (then ``problem`` says why)
     problem: str | None = None
@@ -90,12 +93,17 @@ class PatchCopy(Protocol):
 
 @dataclass(frozen=True)
 class StoredPatch:
+    """A patch copied into the state directory, and its hash."""
+
     path: str  # absolute path of the private copy in the state directory
     sha256: str
 
 
 @dataclass(frozen=True)
 class DispatchVerdict:
+    """Whether a task with pointers may run, in which patch mode, and what to add to
+    its environment and evidence (or why it may not run)."""
+
     run: bool
     patch_mode: str  # PATCH_MODE_NONE or PATCH_MODE_SELF_CONTAINED
     reason: str | None = None  # contract reason when ``run`` is false

@@ -37,6 +37,9 @@ _POLL_S = 0.05
 
 @dataclass
 class RecoverReport:
+    """What one recovery pass decided, under which epoch, and whether an operator is
+    needed (``exit_code``)."""
+
     epoch: int
     dry_run: bool
     decisions: list[dict[str, Any]] = field(default_factory=list)

@@ -41,6 +41,8 @@ class PatchRef(Value):
 
 @dataclass(frozen=True)
 class TaskSpec:
+    """What to run and how, as submitted: journaled with the task and never changed."""
+
     argv: tuple[str, ...]
     cwd: str
     name: str | None = None
