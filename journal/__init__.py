@@ -49,8 +49,9 @@ Guarantees
   Subscribers see this handle's records once durable; those subscribed with
   ``before_durable=True`` see each batch as soon as it is accepted, so that later
   checks in the same group see it (its outcome is unknown if the write then fails).
-* ``Journal.open`` checks every segment holding records after the latest snapshot and
-  changes nothing; ``verify`` checks everything; ``repair`` cuts only a torn tail.
+* ``Journal.open`` checks every record from the latest snapshot's seq on (the line of a
+  seq is found by bisection, ``_seek``) and changes nothing; ``verify`` checks
+  everything; ``repair`` cuts only a torn tail.
 * Creating, renaming and removing segments and snapshots fsync the directory.
 * Damage: bytes after the last valid record of the last segment that contain no valid
   line and are not all NUL are a *torn tail*: cut before the next append (a ``.broken``
@@ -141,8 +142,8 @@ class Journal:
     ) -> Journal:
         """Open (creating if needed) the journal at ``directory``.
 
-        Reads and checks every segment holding records after the latest snapshot (all of
-        them when there is none; ``verify`` reads everything).  Lock-free, and nothing is
+        Reads and checks every record from the latest snapshot's seq on (all of them
+        when there is none; ``verify`` reads everything).  Lock-free, and nothing is
         modified: a torn tail is cut only before the next append.  Raises
         CorruptionError or FormatVersionError."""
         if segment_bytes_max < 1 or record_bytes_max < 64:
@@ -156,8 +157,8 @@ class Journal:
             raise JournalError(f"cannot open the journal at {directory}: {exc}") from exc
         try:
             snapshot_epoch, snapshot_seq = headers_epoch_max(directory, _fsutil.listdir(directory))
-            # Segments wholly covered by a snapshot are not read: start-up cost follows
-            # the records after the latest snapshot, not the whole history.
+            # What a snapshot covers is not read: start-up cost follows the records
+            # after the latest snapshot, not the whole history.
             found = survey(directory, covered_through=snapshot_seq)
             if found.last_seq < snapshot_seq:  # lost records? look at everything
                 found = survey(directory)

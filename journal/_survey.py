@@ -12,6 +12,7 @@ from journal import _fsutil
 from journal._codec import Record
 from journal._errors import CompactedError, CorruptionError, TornTailError
 from journal._reader import SegmentScan, TornTail, damage_error, scan_all
+from journal._seek import find_line
 from journal._segment import Segment, check_next, list_segments
 
 
@@ -30,9 +31,10 @@ class Survey(NamedTuple):
 def survey(directory: Path, *, covered_through: int = 0) -> Survey:
     """Scan the segments: chain of seqs, every record, damage classification.
 
-    Sealed segments whose records are all <= ``covered_through`` (a snapshot covers
-    them) are skipped: not read, not checked (``max_epoch`` then covers only what was
-    read).  Lock-free: an append in progress in another process looks like a torn tail.
+    Records before ``covered_through`` (a snapshot covers them) are skipped: not read,
+    not checked (``max_epoch`` then covers only what was read).  Whole segments are
+    skipped by name, and in the first one read the scan starts at the line of
+    ``covered_through`` when ``_seek`` finds it.  Lock-free: an append in progress in another process looks like a torn tail.
     A segment removed by a concurrent compaction makes it start over (a few times)."""
     for _attempt in range(5):
         try:
@@ -62,7 +64,7 @@ def _survey_once(directory: Path, covered_through: int) -> Survey:
                 return Survey(segments, first_seq, next_seq - 1, max_epoch, end_offset, None, exc)
         fd = _fsutil.open_read(segment.path)
         try:
-            scan = SegmentScan(fd, segment.path, 0, next_seq)
+            scan = _scan_from(fd, segment, next_seq, covered_through if index == start else 0)
             scan_all(scan)
         finally:
             _fsutil.close(fd)
@@ -78,6 +80,15 @@ def _survey_once(directory: Path, covered_through: int) -> Survey:
             error = damage_error(damage, segment.path, last=last)
             return Survey(segments, first_seq, next_seq - 1, max_epoch, end_offset, None, error)
     return Survey(segments, first_seq, next_seq - 1, max_epoch, end_offset, None, None)
+
+
+def _scan_from(fd: int, segment: Segment, next_seq: int, skip_to: int) -> SegmentScan:
+    """A scan of ``segment`` from its start (where ``next_seq`` is expected), or from the
+    line of seq ``skip_to`` when that is found (``_seek``): the lines before it are
+    covered by a snapshot, or not asked for."""
+    if skip_to > next_seq and (offset := find_line(fd, segment.first_seq, skip_to)) is not None:
+        return SegmentScan(fd, segment.path, offset, skip_to)
+    return SegmentScan(fd, segment.path, 0, next_seq)
 
 
 def iter_records(
@@ -118,7 +129,7 @@ def iter_records(
                 seq=next_seq,
             ) from None
         try:
-            scan = SegmentScan(fd, segment.path, 0, next_seq)
+            scan = _scan_from(fd, segment, next_seq, from_seq if index == start else 0)
             for run in scan.runs():
                 if run[0].seq < from_seq:  # (only in the segment where from_seq is)
                     run = run[from_seq - run[0].seq :]
