@@ -34,8 +34,9 @@ def survey(directory: Path, *, covered_through: int = 0) -> Survey:
     Records before ``covered_through`` (a snapshot covers them) are skipped: not read,
     not checked (``max_epoch`` then covers only what was read).  Whole segments are
     skipped by name, and in the first one read the scan starts at the line of
-    ``covered_through`` when ``_seek`` finds it.  Lock-free: an append in progress in another process looks like a torn tail.
-    A segment removed by a concurrent compaction makes it start over (a few times)."""
+    ``covered_through`` when ``_seek`` finds it.  Lock-free: an append in progress in
+    another process looks like a torn tail.  A segment removed by a concurrent
+    compaction makes it start over (a few times)."""
     for _attempt in range(5):
         try:
             return _survey_once(directory, covered_through)
@@ -94,11 +95,13 @@ def _scan_from(fd: int, segment: Segment, next_seq: int, skip_to: int) -> Segmen
 def iter_records(
     directory: Path, from_seq: int = 1, *, allow_torn_tail: bool = True
 ) -> Iterator[Record]:
-    """Stream the records with seq >= ``from_seq``, checking what it reads.
+    """Stream the records with seq >= ``from_seq``, checking what it reads (from the
+    line of ``from_seq`` when ``_seek`` finds it, else from its segment's start).
 
     Stops quietly at a torn tail of the last segment (lock-free readers see an append
-    in progress that way), or raises TornTailError there if not ``allow_torn_tail``; raises CorruptionError at corruption after yielding every
-    valid record before it, and CompactedError if ``from_seq`` was compacted away."""
+    in progress that way), or raises TornTailError there if not ``allow_torn_tail``;
+    raises CorruptionError at corruption after yielding every valid record before it,
+    and CompactedError if ``from_seq`` was compacted away."""
     from_seq = max(from_seq, 1)
     segments = list_segments(directory)
     if not segments:
