@@ -166,12 +166,7 @@ class Service:
         return replace(task, heartbeat_at=beat)
 
     def ls(self, *, state: str | None, limit: int) -> list[Task]:
-        tasks = self.store.all_tasks()
-        if state is not None:
-            tasks = [t for t in tasks if t.state.value == state]
-        if limit:
-            tasks = tasks[-limit:]
-        return [self._with_heartbeat(t) for t in tasks]
+        return [self._with_heartbeat(t) for t in self.store.newest(limit, state)]
 
     def show(self, prefix: str) -> Task:
         return self._with_heartbeat(self.store.resolve(prefix))

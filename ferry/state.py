@@ -31,11 +31,13 @@ from ferry import events as ev
 from ferry._value import Value, init
 from ferry.errors import FerryError
 from ferry.fold import check_event, fold_event, key_conflict, task_from_record, task_to_record
-from ferry.model import Reason, State, Task
+from ferry.model import TERMINAL_STATES, Reason, State, Task
 from ferry.spec import TaskSpec
 
 SNAPSHOT_FORMAT = 1
 ANOMALIES_KEPT_MAX = 100
+_SETTLED_VALUES = frozenset(state.value for state in TERMINAL_STATES)
+_QUARANTINED = Reason.QUARANTINED_ORPHAN_ALIVE.value
 
 SettledLoader = Callable[[], Iterable[Mapping[str, Any]]]
 
@@ -74,10 +76,74 @@ class Anomaly(Value):
                 "message": self.message}  # fmt: skip
 
 
+class _Settled:
+    """Settled tasks by id: the ones decoded, and archive records not decoded yet.
+
+    An archive holds every task that ever settled and most commands look at a few of
+    them (``ls`` the newest, ``show`` one), so a record becomes a Task only when it is
+    asked for: decoding is most of what loading history costs.
+    """
+
+    __slots__ = ("_records", "_tasks")
+
+    def __init__(self) -> None:
+        self._tasks: dict[str, Task] = {}
+        self._records: dict[str, Mapping[str, Any]] = {}
+
+    def get(self, task_id: str) -> Task | None:
+        task = self._tasks.get(task_id)
+        if task is None and task_id in self._records:
+            task = self._tasks[task_id] = task_from_record(self._records.pop(task_id))
+        return task
+
+    def __getitem__(self, task_id: str) -> Task:
+        task = self.get(task_id)
+        if task is None:
+            raise KeyError(task_id)
+        return task
+
+    def __setitem__(self, task_id: str, task: Task) -> None:
+        self._records.pop(task_id, None)
+        self._tasks[task_id] = task
+
+    def pop(self, task_id: str) -> None:
+        self._tasks.pop(task_id, None)
+        self._records.pop(task_id, None)
+
+    def __contains__(self, task_id: str) -> bool:
+        return task_id in self._tasks or task_id in self._records
+
+    def ids(self) -> list[str]:
+        return [*self._tasks, *self._records]
+
+    def updated_seq(self, task_id: str) -> int | None:
+        """The task's ``updated_seq`` (None: not held), without decoding it."""
+        task = self._tasks.get(task_id)
+        if task is not None:
+            return task.updated_seq
+        record = self._records.get(task_id)
+        return None if record is None else int(record.get("updated_seq", 0))
+
+    def add_record(self, record: Mapping[str, Any]) -> None:
+        self._tasks.pop(record["id"], None)
+        self._records[record["id"]] = record
+
+    def state_of(self, task_id: str) -> str:
+        record = self._records.get(task_id)
+        return self._tasks[task_id].state.value if record is None else str(record["state"])
+
+    def since(self, seq: int) -> list[Task]:
+        """The tasks whose last change came after journal seq ``seq``."""
+        late = [i for i, r in self._records.items() if int(r.get("updated_seq", 0)) > seq]
+        for task_id in late:
+            self.get(task_id)
+        return [task for task in self._tasks.values() if task.updated_seq > seq]
+
+
 class Table:
     def __init__(self, *, load_settled: SettledLoader | None = None) -> None:
         self._live: dict[str, Task] = {}
-        self._settled: dict[str, Task] = {}
+        self._settled = _Settled()
         self._keys: dict[str, list[str]] = {}  # key -> ids of loaded tasks, submit order
         self._succeeded_keys: dict[str, str] = {}  # complete even when settled not loaded
         self._quarantined: dict[str, Task] = {}  # complete even when settled not loaded
@@ -103,13 +169,27 @@ class Table:
     def ids(self) -> list[str]:
         """Every task id (loads settled tasks), sorted (= creation order)."""
         self._ensure_settled()
-        return sorted([*self._live, *self._settled])
+        return sorted([*self._live, *self._settled.ids()])
+
+    def newest(self, limit: int, state: str | None = None) -> list[Task]:
+        """The ``limit`` newest tasks (every one for 0), only those in ``state`` if
+        given, oldest first: the others are not decoded (``_Settled``)."""
+        ids = self.ids()
+        if state is not None:
+            ids = [i for i in ids if self._state_of(i) == state]
+        return [self[i] for i in (ids[-limit:] if limit else ids)]
+
+    def _state_of(self, task_id: str) -> str:
+        live = self._live.get(task_id)
+        return self._settled.state_of(task_id) if live is None else live.state.value
+
+    def __getitem__(self, task_id: str) -> Task:
+        return self._live.get(task_id) or self._settled[task_id]
 
     def tasks(self) -> Iterator[Task]:
         """Every task (loads settled tasks), in id order."""
         for task_id in self.ids():
-            task = self._live.get(task_id) or self._settled[task_id]
-            yield task
+            yield self[task_id]
 
     def by_key(self, key: str) -> list[str]:
         """Ids of every task submitted with ``key``, in submission order."""
@@ -215,7 +295,9 @@ class Table:
     def to_snapshot(self) -> dict[str, Any]:
         self._ensure_settled()
         snapshot = self.live_snapshot()
-        snapshot["settled"] = [task_to_record(self._settled[i]) for i in sorted(self._settled)]
+        snapshot["settled"] = [
+            task_to_record(self._settled[i]) for i in sorted(self._settled.ids())
+        ]
         return snapshot
 
     def live_snapshot(self) -> dict[str, Any]:
@@ -235,7 +317,7 @@ class Table:
     def settled_since(self, seq: int) -> list[dict[str, Any]]:
         """Records of the tasks that became terminal after journal seq ``seq`` (the
         archive delta for a new snapshot; needs no history)."""
-        return [task_to_record(t) for t in self._settled.values() if t.updated_seq > seq]
+        return [task_to_record(t) for t in self._settled.since(seq)]
 
     @classmethod
     def from_snapshot(
@@ -285,15 +367,27 @@ class Table:
         return True
 
     def _add_settled(self, records: Iterable[Mapping[str, Any]]) -> None:
+        """Take archived tasks in.  A plainly settled one stays a record until asked for
+        (``_Settled``); this indexes it from the record's own fields."""
         for record in records:
-            task = task_from_record(record)
-            if task.id in self._live:
+            task_id = record["id"]
+            if task_id in self._live:
                 continue  # retried since it was archived: the live version is newer
-            known = self._settled.get(task.id)
-            if known is None:
-                self._put(None, task)
-            elif task.updated_seq > known.updated_seq:  # archived twice: the newer wins
-                self._put(known, task)
+            known = self._settled.updated_seq(task_id)
+            if known is not None and int(record.get("updated_seq", 0)) <= known:
+                continue  # archived twice: the newer wins
+            state, key = record["state"], record["spec"].get("key")
+            if state not in _SETTLED_VALUES or record.get("reason") == _QUARANTINED:
+                old = None if known is None else self._settled.get(task_id)
+                self._put(old, task_from_record(record))  # (needed decoded: see _put)
+                continue
+            if known is None and key is not None:
+                self._keys.setdefault(key, []).append(task_id)
+            self._quarantined.pop(task_id, None)
+            self._settled.add_record(record)
+            self._settled_id_max = max(self._settled_id_max, task_id)
+            if state == State.SUCCEEDED.value and key is not None:
+                self._succeeded_keys[key] = task_id
 
     def _put(self, old: Task | None, new: Task) -> None:
         if old is None and new.spec.key is not None:
@@ -309,7 +403,7 @@ class Table:
             if new.state is State.SUCCEEDED and new.spec.key is not None:
                 self._succeeded_keys[new.spec.key] = new.id
         else:
-            self._settled.pop(new.id, None)
+            self._settled.pop(new.id)
             self._live[new.id] = new
             if new.state is State.QUEUED and (old is None or old.state is not State.QUEUED):
                 heapq.heappush(self._queue, (new.queue_seq, new.id))

@@ -204,6 +204,11 @@ class Store:
         with self.lock:
             return list(self.table.tasks())
 
+    def newest(self, limit: int, state: str | None = None) -> list[Task]:
+        """``Table.newest``: the newest ``limit`` tasks (0: all), oldest first."""
+        with self.lock:
+            return self.table.newest(limit, state)
+
     @property
     def max_epoch(self) -> int:
         lease = self.table.lease
@@ -316,7 +321,8 @@ def check_snapshot(home: Path, blob: bytes) -> None:
     table and every settled-task archive it names is there with its recorded hash."""
     table = _table_from_snapshot(home, blob)
     try:
-        table.ids()  # loads the archives
+        for _ in table.tasks():  # loads the archives, and decodes every task in them
+            pass
     except _SNAPSHOT_DECODE_ERRORS as error:
         raise _undecodable_snapshot(error) from error
 

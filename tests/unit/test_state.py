@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from ferry import events as ev
+from ferry import state as state_module
 from ferry.errors import (
     FerryError,
     IllegalTransitionError,
@@ -530,6 +531,33 @@ def test_a_task_retried_after_archiving_stays_live_when_history_loads() -> None:
     task = lazy.get(ids["failed"])
     assert (task.state, task.attempt) == (State.QUEUED, 2)
     assert ids["failed"] in {t.id for t in lazy.table.live()}
+
+
+def test_newest_decodes_only_the_tasks_it_returns(monkeypatch: pytest.MonkeyPatch) -> None:
+    h, _ = busy_harness()
+    for _ in range(6):  # more settled history: queued tasks cancelled
+        task_id = h.submit()
+        h.write(ev.Settled(task_id, 1, None, State.CANCELLED, Reason.CANCELLED_BY_USER))
+    snapshot = h.table.to_snapshot()
+    archived = snapshot.pop("settled")
+    lazy = Table.from_snapshot(snapshot, load_settled=lambda: archived)
+    decoded: list[str] = []
+    real = state_module.task_from_record
+
+    def counting(record: Mapping[str, Any]) -> Any:
+        decoded.append(record["id"])
+        return real(record)
+
+    monkeypatch.setattr(state_module, "task_from_record", counting)
+    every = list(h.table.tasks())
+    for limit, state in [(2, None), (0, "CANCELLED"), (1, "SUCCEEDED"), (3, "QUEUED")]:
+        want = [t for t in every if state is None or t.state.value == state]
+        want = want[-limit:] if limit else want
+        decoded.clear()
+        assert lazy.newest(limit, state) == want
+        settled_returned = {t.id for t in want if t.terminal}
+        assert set(decoded) <= settled_returned  # nothing else decoded (some already were)
+    assert len(lazy.newest(0)) == len(every)
 
 
 def test_snapshot_records_leave_defaults_out() -> None:
