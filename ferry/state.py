@@ -378,9 +378,12 @@ class Table:
                 continue  # archived twice: the newer wins
             state, key = record["state"], record["spec"].get("key")
             if state not in _SETTLED_VALUES or record.get("reason") == _QUARANTINED:
+                # Not terminal, or quarantined (kept as a Task in its own index): decoded
+                # now, and indexed by _put.
                 old = None if known is None else self._settled.get(task_id)
-                self._put(old, task_from_record(record))  # (needed decoded: see _put)
+                self._put(old, task_from_record(record))
                 continue
+            # What _put does for a settled task, from the record's fields:
             if known is None and key is not None:
                 self._keys.setdefault(key, []).append(task_id)
             self._quarantined.pop(task_id, None)
