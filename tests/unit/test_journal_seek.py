@@ -200,3 +200,28 @@ def test_a_torn_tail_after_the_snapshot_seq_is_still_found(tmp_path: Path) -> No
         assert j.append("after", {}).seq == RECORDS  # the torn record was cut first
     got = [r.seq for r in read_records(directory, SNAPSHOT_SEQ)]
     assert got == list(range(SNAPSHOT_SEQ, RECORDS + 1))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    sizes=st.lists(st.sampled_from([0, 50, 400, 3000]), min_size=1, max_size=120),
+    segment_bytes=st.sampled_from([20_000, 60_000, 1 << 20]),
+    pick=st.floats(0, 1),
+)
+def test_reading_from_any_seq_gives_what_a_full_read_gives_from_there(
+    tmp_path_factory: pytest.TempPathFactory, sizes: list[int], segment_bytes: int, pick: float
+) -> None:
+    directory = tmp_path_factory.mktemp("j") / "journal"
+    with Journal.open(directory, segment_bytes_max=segment_bytes) as j:
+        for i, size in enumerate(sizes):
+            j.append("T", {"i": i, "note": "x" * size})
+        snapshot_seq = 1 + int(pick * (len(sizes) - 1))
+        j.write_snapshot(snapshot_seq, b"state")
+    everything = list(read_records(directory))
+    assert [r.seq for r in everything] == list(range(1, len(sizes) + 1))
+    for from_seq in {1, snapshot_seq, max(1, snapshot_seq - 1), len(sizes)}:
+        assert list(read_records(directory, from_seq)) == everything[from_seq - 1 :]
+    with Journal.open(directory, segment_bytes_max=segment_bytes) as j:  # from the snapshot
+        assert j.last_seq == len(sizes)
+        assert j.append("after", {}).seq == len(sizes) + 1
+    assert verify(directory).status == "clean"
