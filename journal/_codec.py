@@ -154,8 +154,11 @@ def prepare_batch(
         ):
             raise ValueError
         type_bytes = list(map(_type_bytes.get, types))
-        if None in type_bytes:  # a type not seen yet (prepare will keep its JSON)
-            raise ValueError
+        if None in type_bytes:  # a type not seen yet: keep its JSON, as prepare does
+            if not all(types) or len(_type_bytes) + len(types) > _TYPE_CACHE_MAX:
+                raise ValueError  # (an empty type: prepare refuses it)
+            _type_bytes.update((t, _dumps(t)) for t in set(types) - _type_bytes.keys())
+            type_bytes = list(map(_type_bytes.get, types))
         data_bytes = list(map(_dumps_data, datas))
         inners = list(
             map(_inner_of, zip(repeat(epoch), repeat(_dumps(ts)), type_bytes, data_bytes))
