@@ -136,7 +136,7 @@ def prepare_batch(
     """``[prepare(type, data, epoch, record_bytes_max, ts) for type, data in items]``,
     the common case in bulk: C-level maps over the whole batch instead of a call per
     record.  The records share one timestamp (they commit together): ``ts``, or now.
-    Anything unusual (a new or non-str type, a value orjson refuses, a record too
+    Anything unusual (an empty or non-str type, a value orjson refuses, a record too
     large, NaN) goes to ``prepare`` item by item, which raises exactly what it always
     did, for the first bad item."""
     pairs = list(items)
