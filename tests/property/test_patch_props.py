@@ -150,8 +150,14 @@ def test_a_section_with_its_hunks_stripped_never_passes(patch: Patch, data: st.D
     following = patch.sections[k + 1] if k + 1 < len(patch.sections) else None
     if is_git(patch.sections[k]) and following is not None and not is_git(following):
         # A hunkless git header followed by plain "---"/"+++" lines reads as one section
-        # whose headers disagree: not a diff at all.  (git itself never mixes the two.)
-        assert gate_reason(stripped, patch.paths) in (EMPTY_PATCH_HUNKS, NOT_A_UNIFIED_DIFF)
+        # whose headers disagree (not a diff at all), or as one section of the second
+        # path, which leaves the first path uncovered.  (git itself never mixes the
+        # two.)  Refused either way.
+        assert gate_reason(stripped, patch.paths) in (
+            EMPTY_PATCH_HUNKS,
+            NOT_A_UNIFIED_DIFF,
+            PATCH_DOES_NOT_COVER_POINTERS,
+        )
     else:
         assert gate_reason(stripped, patch.paths) == EMPTY_PATCH_HUNKS
 
