@@ -113,14 +113,12 @@ class Position:
         a segment it has not created yet."""
         rotations = _fsutil.size(self.lock_fd)
         fd = self.fd
-        if (
-            rotations == self._rotations
-            and fd is not None
-            and self.tail_checked
-            and self._unchanged(fd)
-        ):
+        # One look at the byte after our last record, when it can be trusted:
+        looked = fd is not None and self.tail_checked
+        same = fd is not None and self.tail_checked and self._unchanged(fd)
+        if same and rotations == self._rotations:
             return None  # the usual case under the lock: nobody else appended
-        torn = None if fd is None else self._catch_up_segment(fd, feed)
+        torn = None if fd is None or same else self._catch_up_segment(fd, feed, looked)
         if rotations != self._rotations:
             torn = self._follow_segments(torn, feed)
             if locked:
@@ -175,8 +173,10 @@ class Position:
             )
         return True
 
-    def _catch_up_segment(self, fd: int, feed: Feed) -> TornTail | None:
-        if self._unchanged(fd) and self.tail_checked:
+    def _catch_up_segment(self, fd: int, feed: Feed, looked: bool = False) -> TornTail | None:
+        """Read the records after our end (``looked``: the caller already saw that
+        something follows it)."""
+        if not looked and self._unchanged(fd) and self.tail_checked:
             return None
         # Once checked, appends only write over zeros from the end of the records on:
         # the first NUL where a line should start is the end.

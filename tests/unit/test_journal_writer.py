@@ -153,6 +153,21 @@ def test_a_refresh_with_nothing_new_reads_one_byte(jdir: Path, fake_os: Counting
         assert reader.last_seq == 2
 
 
+def test_catching_up_under_the_lock_looks_at_the_byte_after_the_end_once(
+    jdir: Path, fake_os: CountingOS
+) -> None:
+    with Journal.open(jdir) as mine, Journal.open(jdir) as theirs:
+        mine.append("a", {})
+        theirs.append("b", {})
+        mine.append("c", {})  # (catches up on b; the segment count is now remembered)
+        theirs.append("d", {"note": "x" * 100})
+        fake_os.calls.clear()
+        assert mine.append("e", {}).seq == 5  # catches up on d first
+        # One pread of the byte after our last record (not a NUL: something new), one
+        # of the chunk from there (d's line, then zeros).
+        assert fake_os.calls["pread"] == 2
+
+
 def test_empty_batch_writes_nothing(journal: Journal, fake_os: CountingOS) -> None:
     assert journal.append_batch([]) == []
     assert fake_os.calls["write"] + fake_os.calls["pwrite"] == 0
