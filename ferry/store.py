@@ -40,7 +40,7 @@ from ferry.errors import (
 )
 from ferry.failpoints import failpoint
 from ferry.ids import resolve_prefix
-from ferry.model import Task
+from ferry.model import Reason, Task
 from ferry.state import Table
 from ferry.statedir import fsync_dir, write_atomic
 
@@ -372,10 +372,14 @@ def _read_archive(path: Path, sha256: str) -> Iterator[Mapping[str, Any]]:
 
 
 def _prune_heartbeats(home: Path, settled: list[dict[str, Any]]) -> None:
-    """Remove the heartbeat files of tasks that became terminal: nothing reads a settled
-    task's beat or alive-lock again (only in-flight tasks are probed, and a retry runs a
-    new attempt with a file of its own).  Without this, heartbeats/ would keep a file
-    per attempt forever.  A file a crash leaves behind here costs an inode, nothing else."""
+    """Remove the heartbeat files of tasks that became terminal: nothing reads such a
+    task's beat or alive-lock again (in-flight tasks are probed, and a retry runs a new
+    attempt with a file of its own), except a quarantined one's.  Its orphan may still
+    run, and an orphan that left the task's session and cleared its environment shows
+    only by the alive-lock it inherited: ``retry`` and ``kill`` look there.  Without
+    this, heartbeats/ would keep a file per attempt forever.  A file a crash leaves
+    behind here costs an inode, nothing else."""
+    settled = [r for r in settled if r.get("reason") != Reason.QUARANTINED_ORPHAN_ALIVE.value]
     if not settled:
         return
     try:

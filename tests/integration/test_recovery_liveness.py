@@ -308,3 +308,25 @@ def test_an_orphan_without_the_marker_keeps_recover_at_3_until_killed(
     nothing_to_recover(ferry)
     ferry.ok("retry", task_id)
     ferry.verify_clean()
+
+
+def test_an_orphan_seen_only_by_its_alive_lock_blocks_retry_after_a_compaction(
+    ferry: Ferry, tmp_path: Path
+) -> None:
+    """A daemon that left the task's session and cleared its environment carries no
+    marker and is in no group of the task: only the alive-lock it inherited shows it.
+    Compaction must not remove a quarantined task's lock file (it prunes those of
+    settled tasks), or a retry would run the task beside its live orphan."""
+    pid_file = tmp_path / "daemon.pid"
+    daemonise = f"setsid -f sh -c 'echo $$ > {pid_file}; exec env -i sleep 300'" + OUTLIVES_SPAWNED
+    task = crashed_after_spawned(ferry, ["/bin/sh", "-c", daemonise])
+    task_id, leader = str(task["id"]), int(str(task["pid"]))
+    daemon = int(wait_until(lambda: pid_file.exists() and pid_file.read_text().strip(), what="pid"))
+    ferry.end_at_close(daemon)
+    wait_until(lambda: pid_gone_or_zombie(leader), what="the leader to exit")
+    code, report = ferry.recover()
+    assert code == 3 and [d["decision"] for d in report["decisions"]] == ["QUARANTINE"]
+    ferry.ok("journal", "compact")
+    assert (ferry.home / "heartbeats" / f"{task_id}.1").exists(), "its alive-lock is kept"
+    refused = ferry("retry", task_id)
+    assert refused.code == 3 and "task.orphan_alive" in refused.err, refused
