@@ -154,17 +154,20 @@ class Recoverer:
         return report
 
     def quarantined_alive(self) -> list[str]:
-        """Ids of quarantined tasks whose orphan still runs. One scan of /proc for
-        FERRY_TASK markers and for the sessions and groups in use; then only the
-        quarantined tasks it may concern are probed. The session matters: an orphan
+        """Ids of quarantined tasks whose orphan still runs: its alive-lock is held, or
+        one scan of /proc for FERRY_TASK markers and for the sessions and groups in use
+        finds it may concern the task, and a probe says so. The session matters: an orphan
         that replaced its environment (``env -i``, sudo) carries no marker."""
         marked, groups = _marks_and_groups()
         with self.store.lock:
             quarantined = self.store.table.quarantined()
         found = []
         for task in quarantined:
+            # The alive-lock first: an orphan that left the session and cleared its
+            # environment is in neither index, and shows by nothing else.
+            held = alivelock.held(alive_path(self.home, task.id, task.attempt))
             maybe = task.id in marked or (task.pid is not None and task.pid in groups)
-            if maybe and task_liveness(task, self.home) is not Liveness.DEAD:
+            if held or (maybe and task_liveness(task, self.home) is not Liveness.DEAD):
                 found.append(task.id)
         return found
 
