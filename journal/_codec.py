@@ -28,8 +28,8 @@ CRC_SUFFIX_BYTES = 19  # len(b',"crc":"xxxxxxxx"}\n')
 _CRC_KEY = b',"crc":"'
 # The widest a seq can print (20 digits) so a size check does not depend on the seq.
 _SEQ_WIDTH_MAX = 20
-_HEAD = b'{"v":1,"seq":'
-_OVERHEAD_BYTES = len(_HEAD) + _SEQ_WIDTH_MAX + 1 + CRC_SUFFIX_BYTES
+LINE_HEAD = b'{"v":1,"seq":'  # how every v1 line starts
+_OVERHEAD_BYTES = len(LINE_HEAD) + _SEQ_WIDTH_MAX + 1 + CRC_SUFFIX_BYTES
 # Refuse (TypeError) rather than silently convert dataclasses and datetimes: data must
 # be plain JSON.  orjson itself refuses non-str keys and integers beyond 64 bits.
 _DUMPS_OPTIONS = orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME

@@ -17,17 +17,16 @@ caller reads the segment from its start, where the reader meets and explains it.
 from __future__ import annotations
 
 from journal import _fsutil
-from journal._codec import line_checks
+from journal._codec import LINE_HEAD, line_checks
 
 PROBE_BYTES = 8 << 10
-_HEAD = b'{"v":1,"seq":'
 
 
 def _seq_of(line: bytes) -> int | None:
     """The seq of a checked v1 line (None: another format; the reader will say so)."""
-    if not line.startswith(_HEAD):
+    if not line.startswith(LINE_HEAD):
         return None
-    digits = line[len(_HEAD) : line.find(b",", len(_HEAD))]
+    digits = line[len(LINE_HEAD) : line.find(b",", len(LINE_HEAD))]
     return int(digits) if digits.isdigit() and len(digits) <= 20 else None
 
 
