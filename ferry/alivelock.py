@@ -9,6 +9,10 @@ recovery asks: can I take the lock? If not, some process of the task still runs,
 one that called ``setsid`` and replaced its environment (where the FERRY_TASK marker
 scan is blind). Zombies hold no descriptors, so they do not count: as the contract says.
 
+The same descriptor also leads to the processes: ``ferry.process.scan_processes``
+(``holding=``) finds those that hold the file open read-write and inheritable, so that
+``ferry kill`` can reach such an orphan (after checking its identity, as always).
+
 It is one more proof of life, never a proof of death: a daemon that closed all its
 descriptors is invisible here (the marker and the session scan still look for it).
 """

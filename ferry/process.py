@@ -287,9 +287,13 @@ def scan_processes(
     *,
     session_of: ProcessIdentity | None = None,
     not_before_ticks: int | None = None,
+    holding: str | os.PathLike[str] | None = None,
 ) -> ProcessScan:
     """One pass over /proc: processes carrying the marker, or (``session_of``) members
-    of the session or process group led by that identity (the leader may be gone).
+    of the session or process group led by that identity (the leader may be gone), or
+    (``holding``) holding that file open as a task's processes hold their inherited
+    alive-lock (``_holds``): the trail of a process that left the session and cleared
+    its environment.
 
     Never part of a task, so never looked at: pid 1, kernel threads, and processes that
     started before ``not_before_ticks`` (default: the leader's start time; a task's
@@ -308,6 +312,7 @@ def scan_processes(
     if not_before_ticks is None and session_of is not None and session_of.boot_id == me:
         not_before_ticks = session_of.start_time
     euid = os.geteuid()
+    held_file = _file_key(holding) if holding is not None else None
     alive: list[ProcessIdentity] = []
     zombies: list[ProcessIdentity] = []
     unreadable: list[int] = []
@@ -335,6 +340,15 @@ def scan_processes(
                 continue
             except OSError:
                 continue  # exited while we looked (ESRCH/ENOENT)
+        if not found and held_file is not None and pid != os.getpid():
+            try:
+                found = _holds(pid, held_file)
+            except PermissionError:
+                if _owned_by(pid, euid):
+                    unreadable.append(pid)
+                continue
+            except OSError:
+                continue  # exited while we looked
         if found:
             ident = ProcessIdentity(pid, st.start_time, me, _host())
             (zombies if st.exited else alive).append(ident)
@@ -364,6 +378,38 @@ def _environ_has(pid: int, needle: bytes) -> bool:
     if needle.endswith(b":"):  # a prefix: every attempt, or every token of one attempt
         return any(var.startswith(needle) for var in env.split(b"\0"))
     return needle in env.split(b"\0")  # a whole marker matches only itself
+
+
+def _file_key(path: str | os.PathLike[str]) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None  # no file: nobody holds it
+    return st.st_dev, st.st_ino
+
+
+def _holds(pid: int, key: tuple[int, int] | None) -> bool:
+    """Does ``pid`` hold the file ``key`` ((st_dev, st_ino)) open read-write on a
+    descriptor that is not close-on-exec?  That is how a task's processes hold their
+    alive-lock: inherited from the spawn (``ferry.alivelock``).  The runner's own
+    descriptor is close-on-exec, and ferry's probes of the lock open it read-only, so
+    neither is taken for a process of the task."""
+    if key is None:
+        return False
+    fds = f"{_PROC}/{pid}/fd"
+    for fd in os.listdir(fds):
+        try:
+            st = os.stat(f"{fds}/{fd}")
+            if (st.st_dev, st.st_ino) != key:
+                continue
+            with open(f"{_PROC}/{pid}/fdinfo/{fd}", "rb", buffering=0) as f:
+                info = f.read()
+        except FileNotFoundError:
+            continue  # closed while we looked
+        flags = int(info.split(b"flags:", 1)[1].split(None, 1)[0], 8)
+        if flags & os.O_ACCMODE == os.O_RDWR and not flags & os.O_CLOEXEC:
+            return True
+    return False
 
 
 def _owned_by(pid: int, uid: int) -> bool:
@@ -458,10 +504,18 @@ def _send_by_number(pid: int, sig: int, *, group: bool) -> bool:  # pragma: no c
     return True
 
 
-def signal_task(leader: ProcessIdentity | None, marker: str, sig: int) -> int:
+def signal_task(
+    leader: ProcessIdentity | None,
+    marker: str,
+    sig: int,
+    *,
+    holding: str | os.PathLike[str] | None = None,
+) -> int:
     """Signal a whole task: the leader's process group (if the leader is still there),
     then every process still carrying the marker or in the leader's session (children
-    that called setsid, or a group whose leader already exited). Never this process.
+    that called setsid, or a group whose leader already exited), or holding the task's
+    alive-lock file ``holding`` as its processes do (see ``scan_processes``). Never
+    this process.
 
     Returns how many signals were sent (0: nothing of the task was found).
     """
@@ -473,7 +527,7 @@ def signal_task(leader: ProcessIdentity | None, marker: str, sig: int) -> int:
             sent += group_signalled
         except NotGroupLeaderError:
             sent += signal_verified(leader, sig, group=False)
-    scan = scan_processes(marker, session_of=leader)
+    scan = scan_processes(marker, session_of=leader, holding=holding)
     for ident in scan.alive:
         if ident.pid == os.getpid() or (leader is not None and ident == leader):
             continue

@@ -81,6 +81,12 @@ def task_liveness(task: Task, home: Path) -> Liveness:
     return probe_task(task_marker(task), leader_identity(task), not_before_ticks=not_before)
 
 
+def signal_all(task: Task, home: Path, sig: int) -> int:
+    """Signal every process of the task ``task_liveness`` can see (``signal_task``)."""
+    holding = alive_path(home, task.id, task.attempt)
+    return signal_task(leader_identity(task), task_marker(task), sig, holding=holding)
+
+
 def _tail(path: Path) -> str | None:
     try:
         with path.open("rb") as stream:
@@ -138,7 +144,7 @@ class Recoverer:
                 except RefusedError:
                     continue  # the task moved meanwhile (its runner settled it): not ours
                 if decision.kill_task:
-                    signal_task(leader_identity(task), task_marker(task), signal.SIGKILL)
+                    signal_all(task, self.home, signal.SIGKILL)
             data = decision.event[1]
             report.decisions.append(
                 {
@@ -177,7 +183,7 @@ class Recoverer:
         runner = runner_identity(task)
         runner_alive = runner is not None and probe(runner) is not Liveness.DEAD
         if task.state is not State.CLAIMED:
-            signal_task(leader_identity(task), task_marker(task), signal.SIGTERM)
+            signal_all(task, self.home, signal.SIGTERM)
         deadline = time.monotonic() + task.spec.kill_grace_s + CANCEL_WAIT_MARGIN_S
         while runner_alive and time.monotonic() < deadline:
             self.store.refresh()
@@ -196,7 +202,7 @@ class Recoverer:
         while task_liveness(task, self.home) is not Liveness.DEAD and time.monotonic() < grace_end:
             time.sleep(_POLL_S)
         if task_liveness(task, self.home) is not Liveness.DEAD:
-            signal_task(leader_identity(task), task_marker(task), signal.SIGKILL)
+            signal_all(task, self.home, signal.SIGKILL)
         with contextlib.suppress(RefusedError):  # settled meanwhile: fine
             self.store.commit(
                 ev.Settled(task.id, task.attempt, None, State.CANCELLED, Reason.CANCELLED_BY_USER)
@@ -248,7 +254,6 @@ def kill_orphan(service: Service, task: Task, sig: int) -> dict[str, Any]:
             code="task.runner_alive",
             details={"task": task.id},
         )
-    leader = leader_identity(task)
     if task_liveness(task, service.home) is Liveness.DEAD:
         return {"task": task.id, "signal": sig, "signalled": 0,
                 "message": f"{task.id}: no process of the task is alive"}  # fmt: skip
@@ -263,7 +268,7 @@ def kill_orphan(service: Service, task: Task, sig: int) -> dict[str, Any]:
         )
     )
     try:
-        sent = signal_task(leader, task_marker(task), sig)
+        sent = signal_all(task, service.home, sig)
     except OSError as error:
         raise FerryError(f"cannot signal task {task.id}: {error}", code="signal.failed") from error
     name = signal.Signals(sig).name

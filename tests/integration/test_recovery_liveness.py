@@ -334,3 +334,22 @@ def test_an_orphan_seen_only_by_its_alive_lock_blocks_retry_after_a_compaction(
         assert (code, report["decisions"], report["orphans_alive"]) == (3, [], [task_id])
         refused = ferry("retry", task_id)
         assert refused.code == 3 and "task.orphan_alive" in refused.err, refused
+
+
+def test_kill_reaches_an_orphan_seen_only_by_its_alive_lock(ferry: Ferry, tmp_path: Path) -> None:
+    """The same daemon: ``ferry kill`` finds it by the lock file it holds open (a
+    pid-free trail: no marker, no group, no session), checks its identity, signals it;
+    then recover has nothing left and a retry may run."""
+    pid_file = tmp_path / "daemon.pid"
+    daemonise = f"setsid -f sh -c 'echo $$ > {pid_file}; exec env -i sleep 300'" + OUTLIVES_SPAWNED
+    task = crashed_after_spawned(ferry, ["/bin/sh", "-c", daemonise])
+    task_id, leader = str(task["id"]), int(str(task["pid"]))
+    daemon = int(wait_until(lambda: pid_file.exists() and pid_file.read_text().strip(), what="pid"))
+    ferry.end_at_close(daemon)
+    wait_until(lambda: pid_gone_or_zombie(leader), what="the leader to exit")
+    assert ferry.recover()[0] == 3
+    assert ferry.json("kill", task_id)["signalled"] >= 1  # (the zombie leader's group, too)
+    wait_until(lambda: pid_gone_or_zombie(daemon), what="the daemon to end")
+    nothing_to_recover(ferry)
+    ferry.ok("retry", task_id)
+    ferry.verify_clean()
