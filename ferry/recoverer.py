@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from ferry import alivelock
 from ferry import events as ev
 from ferry.alivelock import alive_path
-from ferry.errors import FerryError, RefusedError
+from ferry.errors import FerryError, OperatorNeededError, RefusedError
 from ferry.liveness import probe, probe_task
 from ferry.model import Liveness, Reason, State, Task
 from ferry.process import ProcessIdentity, marker_prefix, read_stat, signal_task
@@ -271,6 +271,14 @@ def kill_orphan(service: Service, task: Task, sig: int) -> dict[str, Any]:
         sent = signal_all(task, service.home, sig)
     except OSError as error:
         raise FerryError(f"cannot signal task {task.id}: {error}", code="signal.failed") from error
+    if not sent and task_liveness(task, service.home) is not Liveness.DEAD:
+        raise OperatorNeededError(
+            f"task {task.id}: a process of it still holds its alive-lock"
+            f" {alive_path(service.home, task.id, task.attempt)}, but none could be found"
+            " to signal; find it ('fuser -v FILE' or 'lsof FILE') and stop it",
+            code="task.orphan_unreachable",
+            details={"task": task.id},
+        )
     name = signal.Signals(sig).name
     return {"task": task.id, "signal": sig, "signalled": sent,
             "message": f"{task.id}: sent {name} to {sent} process group(s)/process(es)"}  # fmt: skip

@@ -353,3 +353,40 @@ def test_kill_reaches_an_orphan_seen_only_by_its_alive_lock(ferry: Ferry, tmp_pa
     nothing_to_recover(ferry)
     ferry.ok("retry", task_id)
     ferry.verify_clean()
+
+
+# A daemon that keeps the inherited alive-lock but marks it close-on-exec, as the
+# runner's own descriptor is: no scan may take it for a process of the task.
+HIDES_ITS_LOCK = (
+    "import os, time\n"
+    "for fd in os.listdir('/proc/self/fd'):\n"
+    "    try:\n"
+    "        if '/heartbeats/' in os.readlink(f'/proc/self/fd/{fd}'):\n"
+    "            os.set_inheritable(int(fd), False)\n"
+    "    except OSError:\n"
+    "        pass\n"
+    "time.sleep(300)\n"
+)
+
+
+def test_kill_says_so_when_the_orphan_is_alive_but_cannot_be_found(
+    ferry: Ferry, tmp_path: Path
+) -> None:
+    """Its lock shows it alive, and nothing leads to it: kill signals nobody, and must
+    not say it did its job (exit 0) while the orphan runs: exit 3, a coded line."""
+    pid_file = tmp_path / "daemon.pid"
+    hide = tmp_path / "hide.py"
+    hide.write_text(HIDES_ITS_LOCK)
+    daemonise = (
+        f"setsid -f sh -c 'echo $$ > {pid_file}; exec env -i {sys.executable} {hide}'"
+        + OUTLIVES_SPAWNED
+    )
+    task = crashed_after_spawned(ferry, ["/bin/sh", "-c", daemonise])
+    task_id, leader = str(task["id"]), int(str(task["pid"]))
+    daemon = int(wait_until(lambda: pid_file.exists() and pid_file.read_text().strip(), what="pid"))
+    ferry.end_at_close(daemon)
+    wait_until(lambda: pid_gone_or_zombie(leader), what="the leader to exit")
+    assert ferry.recover()[0] == 3
+    refused = ferry.refused(3, "task.orphan_unreachable", "kill", task_id)
+    assert str(daemon) not in refused.err and "alive-lock" in refused.err
+    assert read_stat(daemon) is not None, "nothing was signalled"
