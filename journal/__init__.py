@@ -53,6 +53,8 @@ Guarantees
   seq is found by bisection, ``_seek``) and changes nothing; ``verify`` checks
   everything; ``repair`` cuts only a torn tail.
 * Creating, renaming and removing segments and snapshots fsync the directory.
+* Each handle pins its active segment (a shared ``flock``); compaction removes no
+  pinned segment nor any after it, so a handle that fell behind finds every record.
 * Damage: bytes after the last valid record of the last segment that contain no valid
   line and are not all NUL are a *torn tail*: cut before the next append (a ``.broken``
   copy is kept).
@@ -121,6 +123,40 @@ __all__ = [
 ]
 
 MiB = 1 << 20
+_OPEN_TRIES = 3  # surveys at open that a concurrent compaction may spoil, in a row
+
+
+def _open_writer(
+    directory: Path, lock_fd: int, segment_bytes_max: int, fence: Fence | None
+) -> Writer:
+    """Survey the journal (lock-free) and stand at its end.  FileNotFoundError: a
+    compaction removed a segment the survey listed (the caller looks again)."""
+    snapshot_epoch, snapshot_seq = headers_epoch_max(directory, _fsutil.listdir(directory))
+    # What a snapshot covers is not read: start-up cost follows the records after the
+    # latest snapshot, not the whole history.
+    found = survey(directory, covered_through=snapshot_seq)
+    if found.last_seq < snapshot_seq:  # lost records? look at everything
+        found = survey(directory)
+    if found.corruption is not None:
+        raise found.corruption
+    if found.first_seq > 1 and snapshot_seq < found.first_seq - 1:
+        if headers_epoch_max(directory, _fsutil.listdir(directory))[1] >= found.first_seq - 1:
+            # A snapshot and a compaction came after we read the snapshots: not a hole.
+            raise FileNotFoundError(f"the journal at {directory} was compacted meanwhile")
+        raise CorruptionError(
+            f"records before seq {found.first_seq} are missing and no snapshot covers them",
+            segment=found.segments[0].path,
+            offset=0,
+            seq=found.first_seq - 1,
+        )
+    return Writer(
+        directory,
+        lock_fd,
+        found,
+        max_epoch=max(found.max_epoch, snapshot_epoch),
+        segment_bytes_max=segment_bytes_max,
+        fence=fence,
+    )
 
 
 class Journal:
@@ -155,34 +191,20 @@ class Journal:
             lock_fd = _fsutil.open_lockfile(directory / LOCK_NAME)
         except OSError as exc:
             raise JournalError(f"cannot open the journal at {directory}: {exc}") from exc
-        try:
-            snapshot_epoch, snapshot_seq = headers_epoch_max(directory, _fsutil.listdir(directory))
-            # What a snapshot covers is not read: start-up cost follows the records
-            # after the latest snapshot, not the whole history.
-            found = survey(directory, covered_through=snapshot_seq)
-            if found.last_seq < snapshot_seq:  # lost records? look at everything
-                found = survey(directory)
-            if found.corruption is not None:
-                raise found.corruption
-            if found.first_seq > 1 and snapshot_seq < found.first_seq - 1:
-                raise CorruptionError(
-                    f"records before seq {found.first_seq} are missing and no snapshot covers them",
-                    segment=found.segments[0].path,
-                    offset=0,
-                    seq=found.first_seq - 1,
-                )
-            writer = Writer(
-                directory,
-                lock_fd,
-                found,
-                max_epoch=max(found.max_epoch, snapshot_epoch),
-                segment_bytes_max=segment_bytes_max,
-                fence=fence,
-            )
-        except BaseException:
-            _fsutil.close(lock_fd)
-            raise
-        return cls(writer, record_bytes_max)
+        for attempt in range(_OPEN_TRIES):
+            try:
+                writer = _open_writer(directory, lock_fd, segment_bytes_max, fence)
+                return cls(writer, record_bytes_max)
+            except FileNotFoundError as exc:
+                # A compaction removed a segment between the listing and its reading:
+                # look again (it keeps the last segment, and each try sees a newer one).
+                if attempt + 1 == _OPEN_TRIES:
+                    _fsutil.close(lock_fd)
+                    raise JournalError(f"cannot open the journal at {directory}: {exc}") from exc
+            except BaseException:
+                _fsutil.close(lock_fd)
+                raise
+        raise AssertionError("unreachable")
 
     # -- properties ---------------------------------------------------------------------
 

@@ -20,7 +20,9 @@ simulation must provide):
     os.unlink(path)
     os.mkdir(path, mode)
     os.listdir(path) -> list[str]
-    fcntl.flock(fd, op)          the cross-process append lock (LOCK_EX / LOCK_UN)
+    os.fstat(fd)                 is a pinned segment still linked? (``unlinked``)
+    fcntl.flock(fd, op)          the cross-process append lock (LOCK_EX / LOCK_UN), and
+                                 segment pins (LOCK_SH; compaction: LOCK_EX | LOCK_NB)
 
 Errors are the usual OSError subclasses (FileNotFoundError, FileExistsError, ...).
 
@@ -53,6 +55,8 @@ FILE_MODE = 0o600
 DIR_MODE = 0o700
 SEEK_END = os.SEEK_END
 LOCK_EX = fcntl.LOCK_EX
+LOCK_SH = fcntl.LOCK_SH
+LOCK_NB = fcntl.LOCK_NB
 LOCK_UN = fcntl.LOCK_UN
 
 PathArg = str | Path
@@ -221,3 +225,32 @@ def lock(fd: int) -> None:
 
 def unlock(fd: int) -> None:
     fcntl.flock(fd, LOCK_UN)
+
+
+def pin(fd: int) -> None:
+    """Say that a handle still reads the segment ``fd`` is open on: a shared lock, held
+    until the descriptor is closed (or the process dies).  Compaction removes no pinned
+    segment, nor any after it (``removable``).  Blocks only while a compaction holds
+    the segment to remove it: check ``unlinked`` afterwards."""
+    fcntl.flock(fd, LOCK_SH)
+
+
+def unlinked(fd: int) -> bool:
+    """Has the file ``fd`` is open on been removed from its directory?"""
+    return os.fstat(fd).st_nlink == 0
+
+
+def removable(path: PathArg) -> int | None:
+    """A descriptor on the segment ``path``, locked exclusively, or None when some
+    handle pins it (never waits).  The caller unlinks the segment, then closes the
+    descriptor: a handle pinning it meanwhile then finds it ``unlinked``."""
+    fd = open_read(path)
+    try:
+        fcntl.flock(fd, LOCK_EX | LOCK_NB)
+    except BlockingIOError:
+        close(fd)
+        return None
+    except BaseException:
+        close(fd)
+        raise
+    return fd

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from journal import _fsutil
 from journal._codec import Record
-from journal._errors import CorruptionError
+from journal._errors import CorruptionError, JournalError
 from journal._reader import SegmentScan, TornTail, damage_error
 from journal._repair import cut_tail
 from journal._segment import segment_name
@@ -52,10 +52,19 @@ class Position:
         self.durable = False
         if found.segments:
             last = found.segments[-1]
-            self.fd = _fsutil.open_segment(last.path)
+            fd = _fsutil.open_segment(last.path)  # (FileNotFoundError: compacted meanwhile)
+            _fsutil.pin(fd)
+            if _fsutil.unlinked(fd):
+                _fsutil.close(fd)
+                raise FileNotFoundError(f"segment {last.path} was compacted meanwhile")
+            self.fd = fd
             self.path, self.first, self.end = last.path, last.first_seq, found.end_offset
 
     def _switch(self, fd: int, path: Path, first_seq: int, *, durable: bool) -> None:
+        # The active segment is pinned (``_fsutil.pin``): compaction keeps it and every
+        # segment after it, so however far behind this handle falls, the chain of
+        # segments it follows is whole.  The new one is pinned before the old is let go.
+        _fsutil.pin(fd)
         if self.fd is not None:
             _fsutil.close(self.fd)
         self.fd, self.path, self.first, self.end, self.durable = fd, path, first_seq, 0, durable
@@ -144,7 +153,13 @@ class Position:
             try:
                 fd = _fsutil.open_segment(path)
             except FileNotFoundError:
-                return torn
+                if self.fd is not None and _fsutil.unlinked(self.fd):
+                    # Never by compaction (the active segment is pinned): by hand.
+                    raise JournalError(
+                        f"segment {self.path.name} was removed while this handle still"
+                        " read it; its later records cannot be found: reopen the journal"
+                    ) from None
+                return torn  # not created yet (its creator counted it first)
             if torn is not None:
                 _fsutil.close(fd)
                 raise CorruptionError(

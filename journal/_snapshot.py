@@ -188,15 +188,23 @@ def headers_epoch_max(directory: Path, names: list[str]) -> tuple[int, int]:
 
 def compact(directory: Path, segments: list[Segment], snapshot_seq: int) -> list[Path]:
     """Remove sealed segments whose records are all <= ``snapshot_seq`` (never the last
-    one), then snapshots older than it.  Returns the removed paths."""
+    one), oldest first, up to the first one a handle still reads (pinned: a handle that
+    fell behind must find every record after its own), then snapshots older than it.
+    Returns the removed paths."""
     removed: list[Path] = []
     for segment, following in itertools.pairwise(segments):
         if following.first_seq - 1 > snapshot_seq:
             break
-        _fsutil.unlink(segment.path)
-        # One directory fsync per removal, oldest first: whatever a crash keeps is
-        # still a contiguous run of segments (no hole that would read as a gap).
-        _fsutil.fsync_dir(directory)
+        fd = _fsutil.removable(segment.path)
+        if fd is None:
+            break  # pinned: it and the segments after it stay until its reader moves on
+        try:
+            _fsutil.unlink(segment.path)
+            # One directory fsync per removal, oldest first: whatever a crash keeps is
+            # still a contiguous run of segments (no hole that would read as a gap).
+            _fsutil.fsync_dir(directory)
+        finally:
+            _fsutil.close(fd)
         removed.append(segment.path)
     names = _fsutil.listdir(directory)
     older = [p for seq, p in snapshots_in(names, directory) if seq < snapshot_seq]

@@ -78,3 +78,44 @@ def test_a_compaction_waits_for_the_one_in_progress(tmp_path: Path) -> None:
         os.close(fd)  # releases the lock
     assert second.wait(timeout=60) == 0
     assert list((home / "journal").glob("snapshot-*"))
+
+
+def test_a_runner_left_behind_by_a_compaction_still_settles_its_task(tmp_path: Path) -> None:
+    """A `run` in flight reads the journal only at its heartbeats and its commits. Other
+    commands write several segments and compact meanwhile: its SETTLED must still land.
+    (It went into the runner's removed segment, reported committed: the task stayed
+    RUNNING, and recover then failed it, or requeued it to run twice if idempotent.)"""
+    import json
+    import time
+
+    home = tmp_path / "home"
+    go = tmp_path / "go"
+    env = dict(os.environ, FERRY_HOME=str(home))
+    wait_for_go = f"while [ ! -e {go} ]; do sleep 0.05; done"
+    runner = subprocess.Popen(
+        [sys.executable, "-m", "ferry.cli", "run", "--heartbeat", "1000", "--", "sh", "-c",
+         wait_for_go],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while b'"RUNNING"' not in ferry(home, "--json", "ls").stdout:
+            assert time.monotonic() < deadline, "the task never ran"
+            time.sleep(0.05)
+        big = tmp_path / "big.jsonl"
+        big.write_text(json.dumps({"argv": ["echo", "x" * (3 << 20)]}) + "\n")
+        for _ in range(8):  # ~24 MiB: the runner's segment is sealed, and two after it
+            assert ferry(home, "submit", "--from", str(big)).returncode == 0
+        compacted = ferry(home, "--json", "journal", "compact")
+        assert compacted.returncode == 0, compacted.stderr
+        go.touch()
+        assert runner.wait(timeout=60) == 0
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+            runner.wait(timeout=10)
+    states = [t["state"] for t in json.loads(ferry(home, "--json", "ls").stdout)]
+    assert states.count("SUCCEEDED") == 1 and "RUNNING" not in states, states
+    assert ferry(home, "journal", "verify").returncode == 0
+    removed = json.loads(ferry(home, "--json", "journal", "compact").stdout)["removed"]
+    assert removed, "with nobody behind, the sealed segments go"

@@ -315,3 +315,52 @@ def test_compact_removes_temp_files_of_crashed_snapshot_writes(jdir: Path) -> No
         j.write_snapshot(5, b"five")
         assert stale in j.compact()
         assert not stale.exists()
+
+
+def test_compact_keeps_the_segments_a_handle_behind_has_not_read(jdir: Path) -> None:
+    """A handle that fell behind (a runner between two heartbeats) must still find every
+    record after its own: compaction by another handle stops at the segment that handle
+    still reads.  (It removed them: the late handle's next append went into its own
+    removed segment, was reported committed, and was lost.)"""
+    with Journal.open(jdir, segment_bytes_max=300) as late:
+        late.append("T", {"who": "late"})
+        with Journal.open(jdir, segment_bytes_max=300) as busy:
+            fill(busy, 20)  # several rotations past the late handle's segment
+            busy.write_snapshot(busy.last_seq, b"all")
+            assert busy.compact() == []  # all sealed segments from the late one's on
+        assert late.append("T", {"who": "late again"}).seq == 22
+    assert [r.data for r in read_records(jdir, from_seq=22)] == [{"who": "late again"}]
+    assert verify(jdir).status == "clean"
+    sealed = [segment.path for segment in list_segments(jdir)[:-1]]
+    with Journal.open(jdir, segment_bytes_max=300) as j:  # nobody behind: they go now
+        assert j.compact() == sealed
+
+
+def test_open_looks_again_when_a_compaction_removes_what_it_surveyed(
+    jdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Open is lock-free: between its survey and its standing at the end, another
+    process may rotate, snapshot and compact the segments it listed.  It looks again
+    (it would have raised FileNotFoundError, or stood in a removed segment)."""
+    import journal as journal_pkg
+
+    with Journal.open(jdir, segment_bytes_max=300) as j:
+        fill(j, 5)
+    real_survey = journal_pkg.survey
+    interfered: list[bool] = []
+
+    def survey_then_compact(*args: object, **kwargs: object) -> object:
+        found = real_survey(*args, **kwargs)  # type: ignore[arg-type]
+        if not interfered:
+            interfered.append(True)
+            with Journal.open(jdir, segment_bytes_max=300) as other:
+                fill(other, 20)
+                other.write_snapshot(other.last_seq, b"s")
+                assert other.compact()
+        return found
+
+    monkeypatch.setattr(journal_pkg, "survey", survey_then_compact)
+    with Journal.open(jdir, segment_bytes_max=300) as j:
+        assert j.last_seq == 25
+        assert j.append("T", {}).seq == 26
+    assert verify(jdir).status == "clean"
