@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 SALVAGE_TAIL_BYTES = 4096
 CANCEL_WAIT_MARGIN_S = 5.0
 _POLL_S = 0.05
+KILL_CONFIRM_S = 2.0  # cancel without a runner: how long SIGKILL may take to empty the task
 
 
 @dataclass
@@ -201,8 +202,19 @@ class Recoverer:
         grace_end = time.monotonic() + task.spec.kill_grace_s
         while task_liveness(task, self.home) is not Liveness.DEAD and time.monotonic() < grace_end:
             time.sleep(_POLL_S)
-        if task_liveness(task, self.home) is not Liveness.DEAD:
+        # SIGKILL, again each poll until nothing is left (a process forking successors
+        # escapes one round), for a while; then only proof of death settles it.
+        kill_end = time.monotonic() + KILL_CONFIRM_S
+        while task_liveness(task, self.home) is not Liveness.DEAD:
+            if time.monotonic() > kill_end:
+                raise OperatorNeededError(
+                    f"task {task.id}: cancel requested and SIGKILL sent, but a process of it"
+                    " still runs; 'ferry recover' quarantines it, then 'ferry kill' it",
+                    code="task.orphan_alive",
+                    details={"task": task.id},
+                )
             signal_all(task, self.home, signal.SIGKILL)
+            time.sleep(_POLL_S)
         with contextlib.suppress(RefusedError):  # settled meanwhile: fine
             self.store.commit(
                 ev.Settled(task.id, task.attempt, None, State.CANCELLED, Reason.CANCELLED_BY_USER)

@@ -390,3 +390,29 @@ def test_kill_says_so_when_the_orphan_is_alive_but_cannot_be_found(
     refused = ferry.refused(3, "task.orphan_unreachable", "kill", task_id)
     assert str(daemon) not in refused.err and "alive-lock" in refused.err
     assert read_stat(daemon) is not None, "nothing was signalled"
+
+
+def test_cancel_without_a_runner_never_settles_a_live_orphan_cancelled(
+    ferry: Ferry, tmp_path: Path
+) -> None:
+    """Its runner is dead and its SIGKILL reaches nothing (the daemon above): the task
+    must not become CANCELLED (which nothing probes again: a retry would run beside the
+    orphan). Exit 3, the task left in flight, and recover quarantines it (row 8)."""
+    pid_file = tmp_path / "daemon.pid"
+    hide = tmp_path / "hide.py"
+    hide.write_text(HIDES_ITS_LOCK)
+    daemonise = (
+        f"setsid -f sh -c 'echo $$ > {pid_file}; exec env -i {sys.executable} {hide}'"
+        + OUTLIVES_SPAWNED
+    )
+    run = ferry("run", "--kill-grace", "0.2", "--", "/bin/sh", "-c", daemonise,
+                failpoints="after:SPAWNED")  # fmt: skip
+    assert run.code == -9, run
+    task_id = str(ferry.tasks()[-1]["id"])
+    daemon = int(wait_until(lambda: pid_file.exists() and pid_file.read_text().strip(), what="pid"))
+    ferry.end_at_close(daemon)
+    ferry.refused(3, "task.orphan_alive", "cancel", task_id)
+    assert ferry.json("show", task_id)["state"] != "CANCELLED"
+    code, report = ferry.recover()
+    assert code == 3 and [d["decision"] for d in report["decisions"]] == ["QUARANTINE"], report
+    assert ferry("retry", task_id).code == 3
