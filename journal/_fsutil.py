@@ -37,6 +37,7 @@ New files and renames are made durable by fsync of the *directory* (``fsync_dir`
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 from pathlib import Path
@@ -58,6 +59,8 @@ LOCK_EX = fcntl.LOCK_EX
 LOCK_SH = fcntl.LOCK_SH
 LOCK_NB = fcntl.LOCK_NB
 LOCK_UN = fcntl.LOCK_UN
+# flock errors that mean "locks do not work on this file system" (not "held").
+NO_LOCK_ERRNOS = frozenset({errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP})
 
 PathArg = str | Path
 
@@ -231,8 +234,15 @@ def pin(fd: int) -> None:
     """Say that a handle still reads the segment ``fd`` is open on: a shared lock, held
     until the descriptor is closed (or the process dies).  Compaction removes no pinned
     segment, nor any after it (``removable``).  Blocks only while a compaction holds
-    the segment to remove it: check ``unlinked`` afterwards."""
-    fcntl.flock(fd, LOCK_SH)
+    the segment to remove it: check ``unlinked`` afterwards.
+
+    On a file system whose locks do not work the pin is skipped: reading still works
+    there, and nobody can compact (that takes the append lock, which fails too)."""
+    try:
+        fcntl.flock(fd, LOCK_SH)
+    except OSError as exc:
+        if exc.errno not in NO_LOCK_ERRNOS:
+            raise
 
 
 def unlinked(fd: int) -> bool:
