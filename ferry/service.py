@@ -15,7 +15,14 @@ from typing import Any
 
 from ferry import events as ev
 from ferry import render
-from ferry.errors import FerryError, NotFoundError, OperatorNeededError, RefusedError, UsageError
+from ferry.errors import (
+    FerryError,
+    KeyInFlightError,
+    NotFoundError,
+    OperatorNeededError,
+    RefusedError,
+    UsageError,
+)
 from ferry.ids import new_claim_token, new_task_id
 from ferry.intake import build_spec, parse_from_lines
 from ferry.model import IN_FLIGHT_STATES, Reason, State, Task
@@ -55,12 +62,29 @@ class Service:
         task_id = new_task_id(time.time_ns(), os.urandom(4))
         return ev.Submitted(task=task_id, spec=spec, created_at=time.time())
 
+    def _refuse_key_beside_an_orphan(self, keys: Sequence[str | None], but: str = "") -> None:
+        """A key whose quarantined task's orphan still runs is in flight: a new task with
+        it would run the same work beside the orphan (as ``retry`` of that task may not).
+        The fold's key rule sees only states; this looks at the quarantined tasks' lives
+        (all but task ``but``)."""
+        wanted = {key for key in keys if key is not None}
+        if not wanted:
+            return
+        self.store.refresh()
+        for task in self.store.table.quarantined():
+            if task.spec.key in wanted and task.id != but and self._orphan_alive(task):
+                raise KeyInFlightError(
+                    f"key {task.spec.key!r} is in flight: the orphan of quarantined task"
+                    f" {task.id} still runs; stop it with 'ferry kill {task.id}'",
+                    details={"key": task.spec.key, "task": task.id, "state": task.state.value},
+                )
+
     def submit(self, batch: Sequence[Mapping[str, Any]]) -> list[Task]:
         specs = [build_spec(opts, self.home) for opts in batch]
+        self._refuse_key_beside_an_orphan([spec.key for spec in specs])
         if len(specs) == 1 and specs[0].key is not None:
             # The contract's --key rule, as for `run`: a key that SUCCEEDED is not queued
             # again (exit 0, a notice); the task that did it is returned instead.
-            self.store.refresh()
             done = self.store.table.succeeded_with_key(specs[0].key)
             if done is not None:
                 self.notice(f"key {specs[0].key!r} already succeeded (task {done}); not queued")
@@ -78,6 +102,7 @@ class Service:
             except FerryError as error:
                 error.message = f"task {number} of {source}: {error.message}"
                 raise
+        self._refuse_key_beside_an_orphan([event.spec.key for event in events])
         self.store.commit(*events)
         return [self._get(e.task) for e in events]
 
@@ -88,7 +113,7 @@ class Service:
 
         spec = build_spec(opts, self.home)
         if spec.key is not None:
-            self.store.refresh()
+            self._refuse_key_beside_an_orphan([spec.key])  # (and refresh)
             done = self.store.table.succeeded_with_key(spec.key)
             if done is not None:
                 self.notice(f"key {spec.key!r} already succeeded (task {done}); not run again")
@@ -251,6 +276,7 @@ class Service:
                 code="task.orphan_alive",
                 details={"task": task.id},
             )
+        self._refuse_key_beside_an_orphan([task.spec.key], but=task.id)
         self.store.commit(ev.Retried(task.id, task.attempt + 1))
         return self._get(task.id)
 
