@@ -96,9 +96,11 @@ def test_four_concurrent_drains_run_each_of_a_hundred_tasks_exactly_once(
 
 
 def holds_a_lock(pid: int) -> bool:
-    """Whether ``pid`` holds any file lock (the lease's or the journal's)."""
+    """Whether ``pid`` holds an exclusive file lock (the lease's or the journal's append
+    lock). Shared ones are the journal's segment pins, held as long as a handle is open."""
     with open("/proc/locks") as f:
-        return any(line.split()[4] == str(pid) for line in f if len(line.split()) > 4)
+        rows = [line.split() for line in f]
+    return any(row[4] == str(pid) and row[3] == "WRITE" for row in rows if len(row) > 4)
 
 
 def stop_outside_locks(pid: int) -> None:
