@@ -57,6 +57,7 @@ __all__ = [
     "LeaseStore",
     "LeaseUnreadableError",
     "boot_clock",
+    "lease_epoch",
     "parse_lease",
 ]
 
@@ -314,21 +315,7 @@ class LeaseStore:
             lock.release()
 
     def _read_bytes(self) -> bytes | None:
-        try:
-            fd = private_open(self.path, os.O_RDONLY)
-        except FileNotFoundError:
-            return None
-        try:
-            chunks: list[bytes] = []
-            size = 0
-            while chunk := os.read(fd, 65536):
-                chunks.append(chunk)
-                size += len(chunk)
-                if size > _LEASE_BYTES_MAX:
-                    raise _unreadable(f"larger than {_LEASE_BYTES_MAX} bytes")
-            return b"".join(chunks)
-        finally:
-            os.close(fd)
+        return _read_lease_bytes(self.path)
 
     def _write(self, lease: Lease) -> None:
         failpoint("before:lease_write")
@@ -338,6 +325,32 @@ class LeaseStore:
         data = orjson.dumps(lease.to_json()) + b"\n"
         write_atomic(self.path.parent, self.path.name, data, temp_name=self.path.name + ".tmp")
         failpoint("after:lease_write")
+
+
+def _read_lease_bytes(path: Path) -> bytes | None:
+    try:
+        fd = private_open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        chunks: list[bytes] = []
+        size = 0
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > _LEASE_BYTES_MAX:
+                raise _unreadable(f"larger than {_LEASE_BYTES_MAX} bytes")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def lease_epoch(path: Path) -> int:
+    """The epoch of the lease file at ``path`` (0 when there is none). Takes no lock (the
+    file is only ever replaced atomically). Raises ``lease.unreadable``/``lease.version``
+    as ``LeaseStore.read`` does."""
+    raw = _read_lease_bytes(path)
+    return 0 if raw is None else parse_lease(raw).epoch
 
 
 def _lock_refusal(lock_path: Path, e: OSError) -> StateDirError:

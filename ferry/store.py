@@ -114,6 +114,29 @@ def journal_error(error: journal.JournalError) -> FerryError:
     return FerryError(str(error), code=error.code, details=details)
 
 
+def _fence_by_lease(lease_path: Path) -> journal.Fence:
+    """The journal refuses a write whose epoch is older than the highest it holds; this
+    also refuses one older than the lease's (asked under the append lock). A successor
+    that took the lease and has not journaled yet (``recover`` and ``claim`` probe
+    first) fences a woken old leader all the same. Epoch 0 is no leader's write (run,
+    submit, cancel): not fenced. An unreadable lease refuses every leader's write."""
+
+    def fence(epoch: int) -> None:
+        if epoch <= 0:
+            return
+        from ferry.lease import lease_epoch  # (a leader has it loaded: it holds a lease)
+
+        current = lease_epoch(lease_path)
+        if epoch < current:
+            raise journal.FencedError(
+                f"epoch {epoch} is older than the lease's epoch {current}",
+                epoch=epoch,
+                current_epoch=current,
+            )
+
+    return fence
+
+
 class Store:
     """The journal plus the folded table. Thread-safe: ``lock`` guards the table."""
 
@@ -133,6 +156,7 @@ class Store:
                 home / "journal",
                 segment_bytes_max=SEGMENT_BYTES_MAX,
                 record_bytes_max=RECORD_BYTES_MAX,
+                fence=_fence_by_lease(home / "lease.json"),
             )
             snapshot = wal.latest_snapshot()
             table = _table_from_snapshot(home, snapshot.data) if snapshot else Table()

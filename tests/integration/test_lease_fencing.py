@@ -104,3 +104,32 @@ def test_a_woken_leader_is_fenced(tmp_path: Path) -> None:
         old.wait(timeout=30)
         if old.stdout is not None:
             old.stdout.close()
+
+
+def test_ferry_fences_by_the_lease_before_the_successor_writes_anything(tmp_path: Path) -> None:
+    """The journal itself fences only epochs it has seen written. A successor that took
+    the lease but has not journaled yet (``recover`` and ``claim`` probe first) must
+    fence the old leader all the same: ferry's store asks lease.json under the append
+    lock. Writes that no leader makes (epoch 0: run, submit, cancel) are not fenced."""
+    from ferry import events as ev
+    from ferry.errors import FerryError
+    from ferry.store import Store
+
+    home = ensure_home(tmp_path / "home")
+    store = Store.open(home)
+    leases = LeaseStore(home / "lease.json", ttl_s=60.0)
+    me = self_identity()
+    old = leases.acquire(me)
+    store.commit(ev.LeaseAcquired(old.epoch, me.to_json()), epoch=old.epoch)
+    new = leases.acquire(me)  # (the holder may take it again: a new epoch, nothing journaled)
+    assert new.epoch == old.epoch + 1
+    with pytest.raises(FerryError) as refused:
+        store.commit(ev.LeaseAcquired(old.epoch, me.to_json()), epoch=old.epoch)
+    assert refused.value.code == "journal.fenced"
+    store.commit(ev.LeaseAcquired(new.epoch, me.to_json()), epoch=0)
+    store.commit(ev.LeaseAcquired(new.epoch, me.to_json()), epoch=new.epoch)
+    (home / "lease.json").write_bytes(b"garbage")  # unreadable: no leader may write
+    with pytest.raises(FerryError) as unreadable:
+        store.commit(ev.LeaseAcquired(new.epoch, me.to_json()), epoch=new.epoch)
+    assert unreadable.value.code == "lease.unreadable"
+    store.wal.close()
