@@ -166,9 +166,18 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
         Takes the lease (exit 75 if a live leader holds it), replays the journal, decides
         each task whose runner is gone (quarantine, fail, requeue), journals the decisions.
         """
-        report = ctx.service().recover(
-            dry_run=dry_run, stale_after_s=stale_after, lease_ttl_s=lease_ttl
-        )
+        from ferry.errors import LeaseHeldError
+
+        try:
+            report = ctx.service().recover(
+                dry_run=dry_run, stale_after_s=stale_after, lease_ttl_s=lease_ttl
+            )
+        except LeaseHeldError as error:
+            # A live leader is responsible: nothing for us to do, nothing to say (cron
+            # mails whatever it prints, every minute). -v or --json still say it.
+            if error.code != "lease.held" or ctx.as_json or ctx.verbosity > 0:
+                raise
+            return error.exit_code
         emit(ctx, render.recover_text(report, ctx.verbosity), render.recover_json(report))
         return int(report.exit_code)
 

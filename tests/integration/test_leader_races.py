@@ -156,3 +156,21 @@ def test_a_stopped_leader_is_replaced_after_its_ttl_and_fenced_when_it_wakes(
             assert r["data"]["runner"]["pid"] != old.pid
     ferry.verify_clean()
     wait_task_gone(late)
+
+
+def test_recover_from_cron_is_silent_while_a_live_worker_leads(ferry: Ferry) -> None:
+    """Exit 75, and nothing printed (cron mails any output, every minute): the live
+    leader is responsible. ``-v`` and ``--json`` still say why."""
+    worker = ferry.start("work", "--poll", "0.05")
+    try:
+        wait_until(
+            lambda: bool(orjson.loads(ferry.ok("--json", "lease").text).get("holder")),
+            what="the worker to lead",
+        )
+        quiet = ferry("recover")
+        assert (quiet.code, quiet.out, quiet.err) == (75, b"", ""), quiet
+        assert ferry.refused(75, "lease.held", "-v", "recover")
+        assert ferry("--json", "recover").json()["error"]["code"] == "lease.held"
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert finish([worker])[0][0] == 0
