@@ -96,15 +96,33 @@ class Service:
     def submit_many(self, data: bytes, *, source: str) -> list[Task]:
         lines = parse_from_lines(data, "stdin" if source == "<stdin>" else source)
         events = []
+        first_with: dict[str, int] = {}  # key -> the number of its first task
         for number, opts in enumerate(lines, start=1):
             try:
-                events.append(self._new_task(build_spec(opts, self.home)))
+                event = self._new_task(build_spec(opts, self.home))
             except FerryError as error:
                 error.message = f"task {number} of {source}: {error.message}"
                 raise
-        self._refuse_key_beside_an_orphan([event.spec.key for event in events])
-        self.store.commit(*events)
-        return [self._get(e.task) for e in events]
+            key = event.spec.key
+            if key is not None and first_with.setdefault(key, number) != number:
+                raise UsageError(
+                    f"tasks {first_with[key]} and {number} of {source} have the same key"
+                    f" {key!r}: only one of them could ever run",
+                    code="usage.duplicate_key",
+                    details={"key": key, "tasks": [first_with[key], number]},
+                )
+            events.append(event)
+        self._refuse_key_beside_an_orphan(list(first_with))
+        # As for `submit --key`: a task whose key SUCCEEDED is not queued; its place in
+        # the output goes to the task that did it.
+        done = {key: self.store.table.succeeded_with_key(key) for key in first_with}
+        queued = [e for e in events if done.get(e.spec.key or "") is None]
+        for key, task_id in done.items():
+            if task_id is not None:
+                self.notice(f"key {key!r} already succeeded (task {task_id}); not queued")
+        if queued:
+            self.store.commit(*queued)
+        return [self._get(done.get(e.spec.key or "") or e.task) for e in events]
 
     def run(self, opts: Mapping[str, Any], *, as_json: bool = False) -> int:
         """``ferry run``: SUBMITTED + CLAIMED + DISPATCHING in one durable write, then the

@@ -267,3 +267,27 @@ def test_a_bad_from_line_leaves_the_journal_byte_identical(cli: Ferry) -> None:
 
 def test_an_empty_from_file_exits_2(cli: Ferry) -> None:
     unchanged(cli, 2, "usage.bad_from_line", "submit", "--from", "-", stdin=b"\n\n")
+
+
+def test_a_from_batch_follows_the_key_rules_of_a_single_submit(cli: Ferry) -> None:
+    """Two lines with one key can never both be queued: a usage error naming both lines
+    (it was exit 75, naming a task that never existed). A line whose key SUCCEEDED is
+    not queued, as for ``submit --key``: its line prints the id of the task that did it,
+    and the rest of the batch is queued."""
+    twice = (
+        b'{"argv": ["true"], "key": "k1"}\n{"argv": ["true"]}\n{"argv": ["true"], "key": "k1"}\n'
+    )
+    result = cli.refused(2, "usage.duplicate_key", "submit", "--from", "-", stdin=twice)
+    assert "tasks 1 and 3 of <stdin>" in result.err, result.err
+    done = cli("run", "--key", "k2", "--", "true")
+    assert done.code == 0
+    done_id = cli.tasks()[-1]["id"]
+    before = len(cli.tasks())
+    batch = b'{"argv": ["true"], "key": "k2"}\n{"argv": ["true"], "key": "k3"}\n'
+    result = cli("submit", "--from", "-", stdin=batch)
+    assert result.code == 0, result
+    ids = result.text.split()
+    assert ids[0] == done_id and len(ids) == 2 and "already succeeded" in result.err
+    after = cli.tasks()
+    assert len(after) == before + 1, "only the k3 task was queued"
+    assert (after[-1]["id"], after[-1]["key"], after[-1]["state"]) == (ids[1], "k3", "QUEUED")
