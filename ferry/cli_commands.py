@@ -36,6 +36,11 @@ _LEASE_TTL = click.option(
     show_default=True,
     help="Seconds a silent leader keeps the lease before another may take it.",
 )
+_KILL_STALE = click.option(
+    "--kill-stale",
+    is_flag=True,
+    help="Also kill the processes of a task marked STALE (its runner lives but is silent).",
+)
 
 
 def _example(text: str) -> str:
@@ -131,9 +136,16 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
         default=None,
         help="Mark other runners STALE after this many silent seconds (default: 3 heartbeats).",
     )
+    @_KILL_STALE
     @click.pass_obj
     def work(
-        ctx: Any, jobs: int, drain: bool, poll: float, lease_ttl: float, stale_after: float | None
+        ctx: Any,
+        jobs: int,
+        drain: bool,
+        poll: float,
+        lease_ttl: float,
+        stale_after: float | None,
+        kill_stale: bool,
     ) -> int:
         """The leader loop: lead (or wait as standby), recover, run queued tasks, N at a time.
 
@@ -147,6 +159,7 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
                 poll_s=poll,
                 lease_ttl_s=lease_ttl,
                 stale_after_s=stale_after,
+                kill_stale=kill_stale,
             )
         )
 
@@ -158,9 +171,12 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
         default=None,
         help="A live runner silent this long is STALE (default: 3 of its heartbeats).",
     )
+    @_KILL_STALE
     @_LEASE_TTL
     @click.pass_obj
-    def recover(ctx: Any, dry_run: bool, stale_after: float | None, lease_ttl: float) -> int:
+    def recover(
+        ctx: Any, dry_run: bool, stale_after: float | None, kill_stale: bool, lease_ttl: float
+    ) -> int:
         """Decide every unfinished task after a crash; exit 3 if an operator is needed.
 
         Takes the lease (exit 75 if a live leader holds it), replays the journal, decides
@@ -170,7 +186,10 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
 
         try:
             report = ctx.service().recover(
-                dry_run=dry_run, stale_after_s=stale_after, lease_ttl_s=lease_ttl
+                dry_run=dry_run,
+                stale_after_s=stale_after,
+                kill_stale=kill_stale,
+                lease_ttl_s=lease_ttl,
             )
         except LeaseHeldError as error:
             # A live leader is responsible: nothing for us to do, nothing to say (cron

@@ -43,8 +43,8 @@ if TYPE_CHECKING:
     from ferry.service import Service
 
 
-def _policy(stale_after_s: float | None) -> Policy:
-    return Policy(stale_after_s=stale_after_s)
+def _policy(stale_after_s: float | None, kill_stale: bool) -> Policy:
+    return Policy(stale_after_s=stale_after_s, kill_stale=kill_stale)
 
 
 class Leadership:
@@ -79,16 +79,23 @@ class Leadership:
 
 
 def recover(
-    service: Service, *, dry_run: bool, stale_after_s: float | None, lease_ttl_s: float
+    service: Service,
+    *,
+    dry_run: bool,
+    stale_after_s: float | None,
+    lease_ttl_s: float,
+    kill_stale: bool = False,
 ) -> RecoverReport:
     """``ferry recover``: exit 75 (LeaseHeldError) if a live leader is responsible."""
     if dry_run:  # decide and print, journal nothing, take nothing
-        return Recoverer(service).recover_all(epoch=0, policy=_policy(stale_after_s), dry_run=True)
+        return Recoverer(service).recover_all(
+            epoch=0, policy=_policy(stale_after_s, kill_stale), dry_run=True
+        )
     lead = Leadership(service, lease_ttl_s)
     lead.acquire()
     try:
         report = Recoverer(service).recover_all(
-            epoch=lead.epoch, policy=_policy(stale_after_s), dry_run=False
+            epoch=lead.epoch, policy=_policy(stale_after_s, kill_stale), dry_run=False
         )
         service.store.maybe_compact()
         return report
@@ -176,11 +183,12 @@ class Worker:
     RECOVER_EVERY_S = 5.0  # how often the leader checks other runners' tasks
 
     def __init__(self, service: Service, *, jobs: int, drain: bool, poll_s: float,
-                 lease_ttl_s: float, stale_after_s: float | None) -> None:  # fmt: skip
+                 lease_ttl_s: float, stale_after_s: float | None,
+                 kill_stale: bool = False) -> None:  # fmt: skip
         self.service = service
         self.store = service.store
         self.jobs, self.drain, self.poll_s = jobs, drain, poll_s
-        self.policy = _policy(stale_after_s)
+        self.policy = _policy(stale_after_s, kill_stale)
         self.lead = Leadership(service, lease_ttl_s)
         self.wake = threading.Event()  # set on a stop signal and when a slot ends
         self.stop = _Stop(self.wake)

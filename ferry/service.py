@@ -181,10 +181,10 @@ class Service:
 
         return work(self, **options)
 
-    def recover(self, *, dry_run: bool, stale_after_s: float | None, lease_ttl_s: float) -> Any:
+    def recover(self, **options: Any) -> Any:
         from ferry.leader import recover
 
-        return recover(self, dry_run=dry_run, stale_after_s=stale_after_s, lease_ttl_s=lease_ttl_s)
+        return recover(self, **options)
 
     # ---- looking -------------------------------------------------------------------
 

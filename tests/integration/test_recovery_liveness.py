@@ -188,6 +188,33 @@ def test_a_stopped_runner_is_left_alone_then_stale_then_running_again(
     ferry.verify_clean()
 
 
+def test_kill_stale_kills_a_stale_task_s_processes_but_not_its_runner(
+    ferry: Ferry, tmp_path: Path
+) -> None:
+    """``--kill-stale`` is the "killed only if configured" of the contract's STALE row:
+    the STALE mark (saying ``kill_requested``) first, then the task's processes, never
+    its runner, which, once continued, settles the task as killed by a signal."""
+    wait_forever = ["/bin/sh", "-c", "while :; do sleep 0.05; done"]
+    runner = ferry.start("run", "--heartbeat", "0.2", "--", *wait_forever)
+    task_id = wait_until(
+        lambda: [t for t in ferry.tasks() if t["state"] == "RUNNING"], what="the task to run"
+    )[0]["id"]
+    os.kill(runner.pid, signal.SIGSTOP)
+    try:
+        wait_until(lambda: heartbeat_age_s(ferry, task_id) > 1.0, what="a 1 s old heartbeat")
+        code, report = ferry.recover("--stale-after", "1", "--kill-stale")
+        assert code == 0 and [d["decision"] for d in report["decisions"]] == ["MARK_STALE"]
+        assert ferry.task(task_id)["evidence"]["recovery"]["kill_requested"] is True
+        wait_task_gone(task_id)
+        assert (st := read_stat(runner.pid)) is not None and st.state == "T", "runner spared"
+    finally:
+        os.kill(runner.pid, signal.SIGCONT)
+    assert runner.wait(timeout=60) == 128 + signal.SIGKILL
+    task = ferry.task(task_id)
+    assert (task["state"], task["reason"], task["signal"]) == ("FAILED", "SIGNALLED", 9)
+    ferry.verify_clean()
+
+
 # ---- a quarantined orphan -------------------------------------------------------------
 
 
