@@ -57,8 +57,8 @@ __all__ = [
     "LeaseStore",
     "LeaseUnreadableError",
     "boot_clock",
-    "lease_epoch",
     "parse_lease",
+    "read_lease_fd",
 ]
 
 LEASE_VERSION = 1
@@ -333,24 +333,21 @@ def _read_lease_bytes(path: Path) -> bytes | None:
     except FileNotFoundError:
         return None
     try:
-        chunks: list[bytes] = []
-        size = 0
-        while chunk := os.read(fd, 65536):
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > _LEASE_BYTES_MAX:
-                raise _unreadable(f"larger than {_LEASE_BYTES_MAX} bytes")
-        return b"".join(chunks)
+        return read_lease_fd(fd)
     finally:
         os.close(fd)
 
 
-def lease_epoch(path: Path) -> int:
-    """The epoch of the lease file at ``path`` (0 when there is none). Takes no lock (the
-    file is only ever replaced atomically). Raises ``lease.unreadable``/``lease.version``
-    as ``LeaseStore.read`` does."""
-    raw = _read_lease_bytes(path)
-    return 0 if raw is None else parse_lease(raw).epoch
+def read_lease_fd(fd: int) -> bytes:
+    """Every byte of the lease file open on ``fd`` (``lease.unreadable`` past 64 KiB)."""
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := os.pread(fd, 65536, size):
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > _LEASE_BYTES_MAX:
+            raise _unreadable(f"larger than {_LEASE_BYTES_MAX} bytes")
+    return b"".join(chunks)
 
 
 def _lock_refusal(lock_path: Path, e: OSError) -> StateDirError:

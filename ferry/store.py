@@ -42,7 +42,7 @@ from ferry.failpoints import failpoint
 from ferry.ids import resolve_prefix
 from ferry.model import Reason, Task
 from ferry.state import Table
-from ferry.statedir import fsync_dir, write_atomic
+from ferry.statedir import fsync_dir, private_open, write_atomic
 
 # Compact once this many records follow the last snapshot. Every command folds them
 # (about 14 µs each): at 5,000, `ferry run -- true` took 140 ms just before a compaction
@@ -96,6 +96,9 @@ def journal_error(error: journal.JournalError) -> FerryError:
                     code="state_dir.no_locks",
                     details=details,
                 )
+            mapped = from_os_error(cause)
+            if mapped.code != "io.error":  # a full disk, a read-only one...: say which
+                return type(mapped)(str(error), code=mapped.code, details=details)
         return FerryError(str(error), code=error.code, details=details)
     if isinstance(
         error, journal.CorruptionError | journal.FormatVersionError | journal.TornTailError
@@ -114,19 +117,33 @@ def journal_error(error: journal.JournalError) -> FerryError:
     return FerryError(str(error), code=error.code, details=details)
 
 
-def _fence_by_lease(lease_path: Path) -> journal.Fence:
+def _identity(st: os.stat_result) -> tuple[int, ...]:
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+class LeaseFence:
     """The journal refuses a write whose epoch is older than the highest it holds; this
     also refuses one older than the lease's (asked under the append lock). A successor
     that took the lease and has not journaled yet (``recover`` and ``claim`` probe
     first) fences a woken old leader all the same. Epoch 0 is no leader's write (run,
-    submit, cancel): not fenced. An unreadable lease refuses every leader's write."""
+    submit, cancel): not fenced. An unreadable lease refuses every leader's write.
 
-    def fence(epoch: int) -> None:
+    ferry only ever replaces the lease file (written aside, renamed): the file last
+    read is kept open, and while the path still names it, unchanged (one ``stat``: same
+    inode, size and change time), its epoch is the one read. Holding it open keeps its
+    inode from being reused, so no other file can pass for it. A write then opens no
+    file: a process short of descriptors fails no commit for it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fd = -1
+        self.file: tuple[int, ...] = ()  # _identity() of the file open on fd
+        self.epoch = 0
+
+    def __call__(self, epoch: int) -> None:
         if epoch <= 0:
             return
-        from ferry.lease import lease_epoch  # (a leader has it loaded: it holds a lease)
-
-        current = lease_epoch(lease_path)
+        current = self.current_epoch()
         if epoch < current:
             raise journal.FencedError(
                 f"epoch {epoch} is older than the lease's epoch {current}",
@@ -134,7 +151,29 @@ def _fence_by_lease(lease_path: Path) -> journal.Fence:
                 current_epoch=current,
             )
 
-    return fence
+    def current_epoch(self) -> int:
+        try:
+            st = os.stat(self.path, follow_symlinks=False)
+        except FileNotFoundError:
+            return 0  # no lease was ever taken (or it was moved aside: epochs go on)
+        if _identity(st) != self.file:
+            from ferry.lease import parse_lease, read_lease_fd  # (leaders have it loaded)
+
+            fd = private_open(self.path, os.O_RDONLY)
+            try:
+                opened = os.fstat(fd)
+                epoch = parse_lease(read_lease_fd(fd)).epoch
+            except BaseException:
+                os.close(fd)
+                raise
+            self.close()
+            self.fd, self.file, self.epoch = fd, _identity(opened), epoch
+        return self.epoch
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd, self.file = -1, ()
 
 
 class Store:
@@ -146,21 +185,24 @@ class Store:
         self.table = table
         self.lock = threading.RLock()
         self.snapshot_seq = 0  # the snapshot the table was loaded from (or last written)
+        self.fence: LeaseFence | None = None  # the journal's lease check (see LeaseFence)
 
     # ---- opening -------------------------------------------------------------------
 
     @classmethod
     def open(cls, home: Path) -> Store:
+        fence = LeaseFence(home / "lease.json")
         try:
             wal = journal.Journal.open(
                 home / "journal",
                 segment_bytes_max=SEGMENT_BYTES_MAX,
                 record_bytes_max=RECORD_BYTES_MAX,
-                fence=_fence_by_lease(home / "lease.json"),
+                fence=fence,
             )
             snapshot = wal.latest_snapshot()
             table = _table_from_snapshot(home, snapshot.data) if snapshot else Table()
             store = cls(home, wal, table)
+            store.fence = fence
             store.snapshot_seq = snapshot.seq if snapshot else 0
             # before_durable: every commit carries a check against this table, so the
             # table must see the batches ahead in a group commit for checked commits of
@@ -175,6 +217,8 @@ class Store:
 
     def close(self) -> None:
         self.wal.close()
+        if self.fence is not None:
+            self.fence.close()
 
     def _apply(self, record: journal.Record) -> None:
         with self.lock:

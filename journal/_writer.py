@@ -49,6 +49,7 @@ thrown away with a failed handle, and must not drive side effects on its own.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -413,7 +414,11 @@ class Writer:
                 # handle for good, and these records alone may fit.
                 if zeros and _fsutil.free_bytes(fd) >= 2 * (zeros + len(data)):
                     data += bytes(zeros)
-        _fsutil.pwrite_durably(fd, data, start)
+        try:
+            _fsutil.pwrite_durably(fd, data, start)
+        except OSError:
+            _take_back(fd, start)
+            raise
         # Durable. (An error above left these records' outcome unknown: the handle
         # failed, and no caller was told they are committed.)
         pos.end = end
@@ -471,3 +476,14 @@ class Writer:
     def ensure_usable(self) -> None:
         with self._mutex:
             self._check_usable()
+
+
+def _take_back(fd: int, start: int) -> None:
+    """A write or sync of a commit failed (its callers will be told so): cut the segment
+    back to where the commit began, and sync that, so that no later reader finds some
+    of its records (a short write on a full disk leaves whole lines: a batch is all or
+    none).  Best effort: if this fails too, the records' outcome stays unknown, and a
+    reader finds a prefix of them and a torn tail (see the module docstring)."""
+    with contextlib.suppress(OSError):
+        _fsutil.truncate(fd, start)
+        _fsutil.sync_file(fd)
