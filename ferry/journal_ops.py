@@ -67,10 +67,22 @@ def _check_snapshot(directory: Path) -> FerryError | None:
 
 
 def repair(directory: Path) -> dict[str, Any]:
+    """Cut a torn tail; refuse (exit 4) a journal that ``verify`` finds corrupt, whether
+    or not the library's repair looked there (a damaged snapshot, a missing first
+    segment, a snapshot ferry cannot read): "nothing to repair" must not read as clean."""
     try:
         report = journal.repair(directory)
     except journal.JournalError as error:
         raise journal_error(error) from error
+    if not report.repaired:
+        checked = verify(directory)
+        if checked["exit_code"] == EX_JOURNAL:
+            found = checked["error"]
+            raise JournalIntegrityError(
+                f"nothing repair may cut, and the journal is corrupt: {found['message']}",
+                code=found["code"],
+                details=found["details"],
+            )
     return {
         "repaired": report.repaired,
         "segment": None if report.segment is None else str(report.segment),

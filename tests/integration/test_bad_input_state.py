@@ -251,10 +251,12 @@ def test_a_lease_epoch_that_went_backwards_never_reissues_an_epoch(cli: Ferry) -
 
 
 def _refused_everywhere(cli: Ferry, code: str) -> None:
-    """Every command that reads the journal refuses it (4; run 125); nothing changes."""
+    """Every command that reads the journal refuses it (4; run 125), and repair does
+    not call it repaired (there is no torn tail to cut); nothing changes."""
     before = tree(cli.home)
     cli.refused(4, code, "ls")
     cli.refused(4, code, "journal", "verify")
+    cli.refused(4, code, "journal", "repair")
     cli.refused(4, code, "recover")
     cli.refused(125, code, "run", "--", "true")
     assert tree(cli.home) == before
