@@ -155,10 +155,11 @@ class Service:
         runner = Runner(self.store, passthrough=True, warn=self.notice, stdout_to_stderr=as_json)
         result = runner.dispatch(task, token, lead=lead)
         self._compact_quietly()
+        if result.error is not None:  # (--json: the error object is the one document)
+            result.error.details.setdefault("task", result.task.id)
+            raise result.error
         if as_json:
             render.write_json(render.task_json(result.task))
-        if result.error is not None:
-            raise result.error
         return result.exit_status
 
     def _compact_quietly(self) -> None:

@@ -598,6 +598,9 @@ def test_json_gives_one_document_per_command(ferry: Ferry) -> None:
     assert ferry.json("kill", task_id)["signalled"] == 0  # nothing of it is alive
     assert "epoch" in ferry.json("lease")
     assert ferry.json("journal", "verify")["status"] == "clean"
+    missing = ferry("--json", "run", "--", "no-such-command-here")  # fails to start: 127
+    assert missing.code == 127 and missing.json()["error"]["code"] == "spawn.not_found"
+    assert ferry.task(missing.json()["error"]["details"]["task"])["reason"] == "SPAWN_FAILED"
     # Streams are JSON Lines: every line one document.
     for line in ferry.ok("--json", "journal", "dump").out.splitlines():
         assert "type" in json.loads(line)
