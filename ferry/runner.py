@@ -390,6 +390,8 @@ class Runner:
         stopped = outcome.timed_out or outcome.forwarded_signal or outcome.stop_signal
         escaped = bool(stopped or cancelled) and stop_escapees(env["FERRY_TASK"], spec.kill_grace_s)
         settled = settle_event(task, token, outcome, cancelled, escapees_stopped=escaped)
+        if outcome.log_error:
+            self.warn(f"warning: task {task.id}: its log is incomplete ({outcome.log_error})")
         # A task that ended within SPAWNED_AFTER_S gets SPAWNED in the same write.
         return Ending((*unrecorded, settled), exit_status_of(outcome))
 

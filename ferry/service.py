@@ -239,6 +239,14 @@ class Service:
             return current is None or current.terminal or current.attempt != which
 
         print_logs(paths, stream=stream, tail=tail, follow=follow, settled=settled, as_json=as_json)
+        current = self.store.get(task.id) or task
+        if current.attempt != which:
+            return  # (an earlier attempt's evidence is not kept)
+        lost = [path.name for path in paths if not path.exists()]
+        if problem := current.evidence.get("log_error"):
+            self.notice(f"warning: task {task.id}: its log is incomplete ({problem})")
+        elif lost and current.started_at is not None:
+            self.notice(f"warning: task {task.id}: log file(s) missing: {', '.join(lost)}")
 
     def lease_info(self) -> dict[str, Any]:
         from ferry.lease import LeaseStore

@@ -75,13 +75,21 @@ def test_disk_full_during_a_log_write(cli: Ferry, tmp_path: Path) -> None:
         task = cli.tasks()[-1]
         assert task["state"] == "SUCCEEDED"
         assert "No space left" in task["evidence"]["log_error"]
+        assert "log is incomplete" in result.err, "not lost in silence"
+        logs = cli("logs", task["id"])
+        assert logs.code == 0 and "log is incomplete" in logs.err
         cli.verify_clean()
         shutil.rmtree(cli.home / "logs" / task["id"])  # space is back
+        gone = cli("logs", task["id"])
+        assert gone.out == b"" and "log is incomplete" in gone.err
         again = cli("run", "--", PY, "-c", "print('all of it')")
         assert again.code == 0
         second = cli.tasks()[-1]
         assert "log_error" not in second["evidence"]
         assert cli("logs", second["id"]).out == b"all of it\n"
+        (cli.home / "logs" / second["id"] / "1.stdout").unlink()  # lost by hand
+        missing = cli("logs", second["id"])
+        assert missing.out == b"" and "missing" in missing.err
 
 
 def test_no_inode_left_for_the_log_directory_fails_the_spawn_not_the_journal(cli: Ferry) -> None:
