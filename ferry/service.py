@@ -116,13 +116,13 @@ class Service:
         # As for `submit --key`: a task whose key SUCCEEDED is not queued; its place in
         # the output goes to the task that did it.
         done = {key: self.store.table.succeeded_with_key(key) for key in first_with}
-        queued = [e for e in events if done.get(e.spec.key or "") is None]
+        ids = [(e.spec.key is not None and done[e.spec.key]) or e.task for e in events]
         for key, task_id in done.items():
             if task_id is not None:
                 self.notice(f"key {key!r} already succeeded (task {task_id}); not queued")
-        if queued:
+        if queued := [e for e, task_id in zip(events, ids, strict=True) if task_id == e.task]:
             self.store.commit(*queued)
-        return [self._get(done.get(e.spec.key or "") or e.task) for e in events]
+        return [self._get(task_id) for task_id in ids]
 
     def run(self, opts: Mapping[str, Any], *, as_json: bool = False) -> int:
         """``ferry run``: SUBMITTED + CLAIMED + DISPATCHING in one durable write, then the

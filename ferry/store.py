@@ -98,7 +98,9 @@ def journal_error(error: journal.JournalError) -> FerryError:
                 )
             mapped = from_os_error(cause)
             if mapped.code != "io.error":  # a full disk, a read-only one...: say which
-                return type(mapped)(str(error), code=mapped.code, details=details)
+                return type(mapped)(
+                    str(error), code=mapped.code, details={**details, **mapped.details}
+                )
         return FerryError(str(error), code=error.code, details=details)
     if isinstance(
         error, journal.CorruptionError | journal.FormatVersionError | journal.TornTailError

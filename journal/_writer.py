@@ -49,10 +49,9 @@ thrown away with a failed handle, and must not drive side effects on its own.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from itertools import chain, repeat
 from pathlib import Path
 
@@ -484,6 +483,6 @@ def _take_back(fd: int, start: int) -> None:
     of its records (a short write on a full disk leaves whole lines: a batch is all or
     none).  Best effort: if this fails too, the records' outcome stays unknown, and a
     reader finds a prefix of them and a torn tail (see the module docstring)."""
-    with contextlib.suppress(OSError):
+    with suppress(OSError):
         _fsutil.truncate(fd, start)
         _fsutil.sync_file(fd)
