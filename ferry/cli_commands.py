@@ -287,7 +287,13 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
 
     @cli.command(epilog=_example("ferry kill 01jq3 --signal KILL"))
     @click.argument("task_id", metavar="ID")
-    @click.option("--signal", "signame", default="TERM", show_default=True)
+    @click.option(
+        "--signal",
+        "signame",
+        default="TERM",
+        show_default=True,
+        help="A signal name (TERM, SIGKILL, hup) or number.",
+    )
     @click.pass_obj
     def kill(ctx: Any, task_id: str, signame: str) -> None:
         """Signal a quarantined orphan's process group, after proving it is the same process."""
