@@ -302,7 +302,13 @@ class Worker:
         ending: tuple[ev.Event, ...] = ()  # the end of this slot's last task, unwritten
         try:
             while True:
-                plan = None if self.stop.count or self.halted else self._pick()
+                task = None if self.stop.count or self.halted else self._choose()
+                if ending and task is not None and task.spec.pointers:
+                    # Its pinned inputs are hashed again before it may run, which can
+                    # take long: the end already known does not wait for that.
+                    self._write(ending, None, epoch)
+                    ending = ()
+                plan = None if task is None else self._plan(task)
                 claimed = self._write(ending, plan, epoch)
                 ending = ()
                 if claimed is not None:
@@ -322,15 +328,18 @@ class Worker:
                     self.slots_left -= 1
                 self.wake.set()
 
-    def _pick(self) -> Plan | None:
-        """The oldest queued task no other slot is claiming, planned (not written)."""
+    def _choose(self) -> Task | None:
+        """The oldest queued task no other slot is claiming (now taken by this slot)."""
         with self._claims:
             with self.store.lock:
                 candidates = self.store.table.oldest_queued_n(len(self.taken) + 1)
             task = next((t for t in candidates if t.id not in self.taken), None)
-            if task is None:
-                return None
-            self.taken.add(task.id)
+            if task is not None:
+                self.taken.add(task.id)
+            return task
+
+    def _plan(self, task: Task) -> Plan:
+        """A chosen task, planned (not written); its pinned inputs checked."""
         try:
             token = new_claim_token(os.urandom(10))
             return self.runner.plan(replace(task, state=State.CLAIMED, claim_token=token), token)

@@ -89,13 +89,15 @@ def test_a_claim_refused_because_the_task_was_cancelled_meanwhile_is_skipped(
                     stale_after_s=None)  # fmt: skip
     worker.lead.acquire()
     try:
-        picked = worker._pick()
-        assert picked is not None and picked.task.id == first
+        chosen = worker._choose()
+        assert chosen is not None and chosen.id == first
+        picked = worker._plan(chosen)
         ferry.ok("cancel", first)  # lands between the pick and the write
         assert worker._write((), picked, worker.lead.epoch) is None
         assert notices and first in notices[0] and not worker.failures
-        again = worker._pick()  # the table caught up during the refused write
-        assert again is not None and again.task.id == second
+        chosen = worker._choose()  # the table caught up during the refused write
+        assert chosen is not None and chosen.id == second
+        again = worker._plan(chosen)
         assert worker._write((), again, worker.lead.epoch) is again
     finally:
         worker.lead.release()
@@ -160,3 +162,35 @@ def test_a_second_sigterm_stops_the_running_tasks_at_once(ferry: Ferry, tmp_path
         assert (task["state"], task["reason"], task["signal"]) == ("FAILED", "SIGNALLED", 15)
         wait_task_gone(task["id"])
     ferry.verify_clean()
+
+
+def test_a_task_s_end_is_not_held_back_while_the_next_one_s_inputs_are_hashed(
+    ferry: Ferry, tmp_path: Path
+) -> None:
+    """The end of a task waits to share the next claim's write, but checking the next
+    task's pinned inputs (hashing them again) may take long: a crash then must not
+    lose an end already known. Here the worker is killed while it hashes 4 GiB."""
+    first = submit(ferry, tmp_path / "a")
+    big = tmp_path / "big"
+    with big.open("wb") as f:  # sparse: made at once, hashed in seconds
+        f.truncate(4 << 30)
+    digest = "8479e43911dc45e89f934fe48d01297e16f51d17aa561d4d1c216b1ae0fcddca"  # 4 GiB of 0
+    ferry.ok("submit", "--pointer", f"{big}={digest}", "--", "true")
+    worker = ferry.start("work", "--drain", "-j", "1")
+    try:
+
+        def hashing() -> bool:
+            with contextlib.suppress(OSError):
+                for fd in os.listdir(f"/proc/{worker.pid}/fd"):
+                    with contextlib.suppress(OSError):
+                        if os.readlink(f"/proc/{worker.pid}/fd/{fd}") == str(big):
+                            return True
+            return False
+
+        wait_until(hashing, what="the worker to hash the second task's input")
+        worker.send_signal(signal.SIGKILL)
+    finally:
+        worker.kill()
+        worker.wait(timeout=30)
+    assert runs(tmp_path / "a") == 1
+    assert states(ferry)[first] == "SUCCEEDED", "the end known before the hashing is durable"
