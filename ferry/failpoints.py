@@ -5,6 +5,8 @@ subprocess::
 
     FERRY_FAILPOINTS="after:DISPATCHING"          # crash at the first hit
     FERRY_FAILPOINTS="before:SETTLED=3,after:spawn"  # the 3rd hit of one, 1st of the other
+    FERRY_FAILPOINTS="after:DISPATCHING=stop"     # SIGSTOP instead, at the first hit: the
+                                                  # test signals the paused process there
 
 The variable is parsed once, at import. When it is unset (always, in production) a
 call costs one frozenset membership test: no string building, no lock.
@@ -69,21 +71,29 @@ FAILPOINTS: frozenset[str] = frozenset(event_points(EVENT_TYPES) + SIDE_EFFECT_P
 
 
 def parse(text: str | None) -> Mapping[str, int]:
-    """``"a,b=3"`` -> ``{"a": 1, "b": 3}`` (crash on the Nth hit). Bad counts raise ValueError."""
+    """``"a,b=3,c=stop"`` -> ``{"a": 1, "b": 3, "c": 1}`` (crash on the Nth hit; ``stop``:
+    the 1st, see :data:`STOPS`). Bad counts raise ValueError."""
     points: dict[str, int] = {}
     for item in (text or "").split(","):
         item = item.strip()
         if not item:
             continue
         name, sep, count = item.partition("=")
-        nth = int(count) if sep else 1
+        nth = 1 if not sep or count.strip() == "stop" else int(count)
         if nth < 1:
             raise ValueError(f"{ENV}: hit count must be >= 1 in {item!r}")
         points[name.strip()] = nth
     return points
 
 
+def stops(text: str | None) -> frozenset[str]:
+    """The names armed with ``=stop``: they SIGSTOP this process instead of killing it."""
+    items = (item.partition("=") for item in (text or "").split(","))
+    return frozenset(name.strip() for name, _, how in items if how.strip() == "stop")
+
+
 _NTH: Mapping[str, int] = parse(os.environ.get(ENV))
+STOPS: frozenset[str] = stops(os.environ.get(ENV))
 _ARMED: frozenset[str] = frozenset(_NTH)
 _hits: dict[str, int] = {}
 _hits_lock = threading.Lock()
@@ -105,4 +115,4 @@ def _hit(name: str) -> None:
         count = _hits.get(name, 0) + 1
         _hits[name] = count
     if count == _NTH[name]:
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGSTOP if name in STOPS else signal.SIGKILL)

@@ -30,6 +30,7 @@ from typing import Any
 
 from ferry import alivelock
 from ferry import events as ev
+from ferry._outputs import SignalTrap
 from ferry._value import Value, init
 from ferry.alivelock import alive_path
 from ferry.errors import EX_FERRY_FAILED, EX_TIMEOUT, FerryError
@@ -196,6 +197,9 @@ class Runner:
         # echoed to stderr instead (and kept byte-exact in its log as always).
         self.stdout_echo_fd = 2 if stdout_to_stderr else 1
         self.warn = warn or (lambda message: None)
+        # ``run``/``claim``: their SignalTrap, installed before the intent is written. A
+        # signal recorded there before the spawn: nothing is started (``finish``).
+        self.trap: SignalTrap | None = None
         # ferry's environment, decoded once (os.environ decodes every key and value on
         # each read: 16 us a task for `work`). A ferry nested inside the task must not
         # crash at our test failpoints.
@@ -265,6 +269,16 @@ class Runner:
                 evidence={"cancelled_before_spawn": True},
             )
             return Ending((cancelled,), 128 + signal.SIGTERM)
+        if self.trap is not None and self.trap.received:
+            # SIGINT/SIGTERM/SIGHUP came after the intent and before the spawn: start
+            # nothing, and end as a task killed by it would (the user asked ferry to stop).
+            signum = self.trap.received[0]
+            settled = ev.Settled(
+                task=task.id, attempt=task.attempt, token=plan.token, state=State.FAILED,
+                reason=Reason.SIGNALLED, signal=signum,
+                evidence={"signalled_before_spawn": True},
+            )  # fmt: skip
+            return Ending((settled,), 128 + signum)
         return self._supervise(task, plan.token, plan.env, stop, stop_fd)
 
     def dispatch(
@@ -371,6 +385,7 @@ class Runner:
                     on_running=on_running,
                     running_after_s=SPAWNED_AFTER_S,
                     stop_fd=stop_fd,
+                    trap=self.trap,
                 )
             finally:
                 alivelock.release(lock_fd)

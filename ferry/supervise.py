@@ -123,6 +123,7 @@ def supervise(
     on_running: Callable[[], None] | None = None,
     running_after_s: float = 0.0,
     stop_fd: int | None = None,
+    trap: SignalTrap | None = None,
 ) -> Outcome:
     """Run ``spec`` to its end and say how it ended (see the module docstring).
 
@@ -166,8 +167,9 @@ def supervise(
     spawned = False
     try:
         # The trap goes in before the spawn: a SIGTERM in between must not kill ferry
-        # and leave the fresh child running unsupervised.
-        with SignalTrap() as trap:
+        # and leave the fresh child running unsupervised. (``trap``: the caller's,
+        # installed earlier still, before the intent was written.)
+        with contextlib.nullcontext(trap) if trap is not None else SignalTrap() as trap:
             proc = spawn(spec)
             spawned = True
             started_at = time.time()

@@ -20,9 +20,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from clikit import CLI_TIMEOUT_S, Ferry
+from clikit import CLI_TIMEOUT_S, Ferry, wait_until
 from hardkit import pid_alive, wait_for
 from taskscripts import TREE_LEAF
+
+from ferry.process import read_stat
 
 PY = sys.executable
 
@@ -747,3 +749,23 @@ def test_home_is_private_after_a_run(ferry: Ferry) -> None:
             assert mode == 0o600, (Path(root, name), oct(mode))
             seen += 1
     assert seen >= 4  # journal, logs, heartbeat at least
+
+
+def test_a_signal_between_the_intent_and_the_spawn_settles_the_task_unstarted(
+    ferry: Ferry, tmp_path: Path
+) -> None:
+    """SIGTERM to ``ferry run`` after DISPATCHING is durable and before the child exists
+    (a CI cancel at the wrong moment): ferry must not die of it and leave DISPATCHING
+    for recovery to mark unsafe. It starts nothing, settles the task FAILED SIGNALLED,
+    and exits 128+15 as if the task had been killed by it."""
+    marker = tmp_path / "ran"
+    run = ferry.start("run", "--", "touch", str(marker), failpoints="after:DISPATCHING=stop")
+    wait_until(lambda: (st := read_stat(run.pid)) is not None and st.state == "T", what="stop")
+    run.send_signal(signal.SIGTERM)
+    run.send_signal(signal.SIGCONT)
+    assert run.wait(timeout=60) == 128 + signal.SIGTERM
+    task = ferry.only_task()
+    assert (task["state"], task["reason"], task["signal"]) == ("FAILED", "SIGNALLED", 15)
+    assert task["evidence"]["signalled_before_spawn"] is True
+    assert not marker.exists(), "nothing was started"
+    ferry.verify_clean()
