@@ -334,6 +334,8 @@ def _read_lease_bytes(path: Path) -> bytes | None:
         return None
     try:
         return read_lease_fd(fd)
+    except IsADirectoryError:
+        raise _unreadable(f"{path} is a directory") from None
     finally:
         os.close(fd)
 

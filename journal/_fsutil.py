@@ -40,6 +40,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import stat
 from pathlib import Path
 
 # Flags (and SEEK_END) are read once from the real os module: a simulated disk sees the
@@ -73,7 +74,13 @@ def open_segment(path: PathArg, *, create: bool = False) -> int:
 
 
 def open_read(path: PathArg) -> int:
-    return os.open(path, READ_FLAGS)
+    """A read-only descriptor on a regular file: a directory in a segment's or a
+    snapshot's place fails here, naming it (its reads would fail naming nothing)."""
+    fd = os.open(path, READ_FLAGS)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise IsADirectoryError(errno.EISDIR, "not a regular file", str(path))
+    return fd
 
 
 def open_rdwr(path: PathArg) -> int:

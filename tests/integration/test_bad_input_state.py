@@ -356,3 +356,23 @@ def test_broken_files_left_by_earlier_repairs_are_kept_and_ignored(cli: Ferry) -
     cli.ok("run", "--", "true")
     cli.ok("journal", "compact")
     assert {n: (journal_dir(cli) / n).read_bytes() for n in broken} == copies
+
+
+def test_a_directory_where_a_file_should_be_is_named(cli: Ferry) -> None:
+    """A directory in lease.json's place is an unreadable lease (reset moves it aside);
+    in a segment's place, the error names the segment (it named nothing)."""
+    lease = cli.home / "lease.json"
+    lease.mkdir()
+    refused = cli.refused(125, "lease.unreadable", "recover")
+    assert str(lease) in refused.err
+    cli.ok("lease", "--reset")
+    assert lease.is_file()  # a released lease, epochs kept
+    segment = only_segment(cli)
+    saved = segment.with_name("saved")
+    segment.rename(saved)
+    segment.mkdir()
+    refused = cli.refused(125, "io.error", "ls")
+    assert str(segment) in refused.err
+    segment.rmdir()
+    saved.rename(segment)
+    cli.verify_clean()
