@@ -63,7 +63,16 @@ def _survey_once(directory: Path, covered_through: int) -> Survey:
                 check_next(segments[index - 1], next_seq, segment)
             except CorruptionError as exc:
                 return Survey(segments, first_seq, next_seq - 1, max_epoch, end_offset, None, exc)
-        fd = _fsutil.open_read(segment.path)
+        try:
+            fd = _fsutil.open_read(segment.path)
+        except IsADirectoryError:
+            odd = CorruptionError(
+                "a segment that is not a regular file",
+                segment=segment.path,
+                offset=0,
+                seq=next_seq,
+            )
+            return Survey(segments, first_seq, next_seq - 1, max_epoch, end_offset, None, odd)
         try:
             scan = _scan_from(fd, segment, next_seq, covered_through if index == start else 0)
             scan_all(scan)
