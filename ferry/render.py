@@ -106,8 +106,15 @@ def lease_text(info: Mapping[str, Any] | None) -> str:
     state = "alive" if info.get("holder_alive") else info.get("holder_liveness", "?")
     return (
         f"leader pid {holder.get('pid')} on {holder.get('host')} ({state}), epoch {info['epoch']}\n"
-        f"since   {info.get('acquired_at')}\nexpires {info.get('expires_at')}"
+        f"since   {_when(info.get('acquired_at'))}\nexpires {_when(info.get('expires_at'))}"
     )
+
+
+def _when(ts: Any) -> str:
+    """Unix seconds as RFC 3339, as task times are shown (anything else as it is)."""
+    from ferry.model import rfc3339
+
+    return str(rfc3339(ts) if isinstance(ts, int | float) else ts)
 
 
 def recover_text(report: Any, verbosity: int) -> str | None:
