@@ -49,8 +49,14 @@ class Service:
         """Opened on first use: ``journal verify``/``repair`` must work without it,
         since opening replays the journal and refuses a corrupt one."""
         if self._store is None:
-            self._store = Store.open(self.home)
+            self._store = Store.open(self.home, on_lock_wait=self._lock_wait_notice)
         return self._store
+
+    def _lock_wait_notice(self) -> None:
+        self.notice(
+            "waiting for the journal's append lock: another ferry process holds it (one"
+            " that was stopped holds it until it is continued or killed)"
+        )
 
     def notice(self, message: str) -> None:
         if self.verbosity >= 0:

@@ -21,7 +21,7 @@ import errno
 import fcntl
 import os
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -192,7 +192,8 @@ class Store:
     # ---- opening -------------------------------------------------------------------
 
     @classmethod
-    def open(cls, home: Path) -> Store:
+    def open(cls, home: Path, *, on_lock_wait: Callable[[], None] | None = None) -> Store:
+        """``on_lock_wait``: see ``journal.Journal.open`` (a long wait for the lock)."""
         fence = LeaseFence(home / "lease.json")
         try:
             wal = journal.Journal.open(
@@ -200,6 +201,7 @@ class Store:
                 segment_bytes_max=SEGMENT_BYTES_MAX,
                 record_bytes_max=RECORD_BYTES_MAX,
                 fence=fence,
+                on_lock_wait=on_lock_wait,
             )
             snapshot = wal.latest_snapshot()
             table = _table_from_snapshot(home, snapshot.data) if snapshot else Table()

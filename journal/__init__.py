@@ -69,7 +69,7 @@ Guarantees
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -175,8 +175,13 @@ class Journal:
         segment_bytes_max: int = 64 * MiB,
         record_bytes_max: int = 1 * MiB,
         fence: Fence | None = None,
+        on_lock_wait: Callable[[], None] | None = None,
     ) -> Journal:
         """Open (creating if needed) the journal at ``directory``.
+
+        ``on_lock_wait`` is called (from a timer thread) when an append has waited for
+        the cross-process append lock for 5 s: another process holds it, perhaps one
+        that was stopped (it keeps the lock until it is continued or killed).
 
         Reads and checks every record from the latest snapshot's seq on (all of them
         when there is none; ``verify`` reads everything).  Lock-free, and nothing is
@@ -194,6 +199,7 @@ class Journal:
         for attempt in range(_OPEN_TRIES):
             try:
                 writer = _open_writer(directory, lock_fd, segment_bytes_max, fence)
+                writer.on_lock_wait = on_lock_wait
                 return cls(writer, record_bytes_max)
             except FileNotFoundError as exc:
                 # A compaction removed a segment between the listing and its reading:

@@ -41,6 +41,8 @@ import errno
 import fcntl
 import os
 import stat
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 # Flags (and SEEK_END) are read once from the real os module: a simulated disk sees the
@@ -227,10 +229,29 @@ def atomic_replace(path: Path, data: bytes) -> None:
     fsync_dir(path.parent)
 
 
-def lock(fd: int) -> None:
+LOCK_WAIT_NOTICE_S = 5.0  # how long a writer waits for the append lock before it says so
+
+
+def lock(fd: int, on_wait: Callable[[], None] | None = None) -> None:
     """Take the cross-process append lock (blocks).  flock locks belong to the open file
-    description: released on unlock, on close and when the process dies."""
-    fcntl.flock(fd, LOCK_EX)
+    description: released on unlock, on close and when the process dies.  A holder
+    that was stopped (SIGSTOP) keeps it until it is continued or killed: ``on_wait``
+    is called (from a timer thread) once the wait has lasted LOCK_WAIT_NOTICE_S."""
+    if on_wait is None:
+        fcntl.flock(fd, LOCK_EX)
+        return
+    try:
+        fcntl.flock(fd, LOCK_EX | LOCK_NB)
+        return
+    except BlockingIOError:
+        pass
+    timer = threading.Timer(LOCK_WAIT_NOTICE_S, on_wait)
+    timer.daemon = True
+    timer.start()
+    try:
+        fcntl.flock(fd, LOCK_EX)
+    finally:
+        timer.cancel()
 
 
 def unlock(fd: int) -> None:

@@ -121,6 +121,8 @@ class Writer:
         self._lock_fd = lock_fd
         self._segment_bytes_max = segment_bytes_max
         self._fence = fence
+        # Called once a wait for the append lock has lasted a while (``_fsutil.lock``).
+        self.on_lock_wait: Callable[[], None] | None = None
         self.subscribers: list[Subscriber] = []  # fed once a record is durable
         self.early_subscribers: list[Subscriber] = []  # fed once its batch is accepted
         self.pos = Position(directory, lock_fd, found, max_epoch=max_epoch)
@@ -188,7 +190,7 @@ class Writer:
     @contextmanager
     def locked(self) -> Iterator[None]:
         """The cross-process append lock (the caller owns the handle)."""
-        _fsutil.lock(self._lock_fd)
+        _fsutil.lock(self._lock_fd, self.on_lock_wait)
         try:
             yield
         finally:
@@ -246,7 +248,7 @@ class Writer:
 
     def _lead(self, group: list[_Batch]) -> None:
         try:
-            _fsutil.lock(self._lock_fd)
+            _fsutil.lock(self._lock_fd, self.on_lock_wait)
             try:
                 self._commit(group)
             finally:
@@ -279,7 +281,7 @@ class Writer:
             return self.append_batch([item], epoch, check)[0]
         try:
             lock_fd = self._lock_fd
-            _fsutil.lock(lock_fd)
+            _fsutil.lock(lock_fd, self.on_lock_wait)
             try:
                 outcome = self._commit_one(item, epoch, check)
             finally:

@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import sys
+import time
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -377,3 +378,29 @@ def test_a_directory_where_a_file_should_be_is_named(cli: Ferry) -> None:
     segment.rmdir()
     saved.rename(segment)
     cli.verify_clean()
+
+
+def test_a_held_journal_lock_is_waited_for_and_said_so(cli: Ferry) -> None:
+    """A process stopped while it held the journal's append lock holds it until it is
+    continued or killed: a writer waits (it must), but not in silence (it said
+    nothing, for ever)."""
+    import fcntl
+    import select
+
+    lock_fd = os.open(journal_dir(cli) / ".lock", os.O_RDWR)
+    fcntl.flock(lock_fd, fcntl.LOCK_EX)
+    run = cli.start("run", "--", "true")
+    try:
+        assert run.stderr is not None
+        deadline = time.monotonic() + 30
+        said = b""
+        while b"append lock" not in said:
+            assert time.monotonic() < deadline, said
+            if select.select([run.stderr], [], [], 0.1)[0]:
+                said += os.read(run.stderr.fileno(), 4096)
+        assert run.poll() is None, "still waiting"
+    finally:
+        fcntl.flock(lock_fd, fcntl.LOCK_UN)
+        os.close(lock_fd)
+    assert run.wait(timeout=60) == 0
+    assert cli.tasks()[-1]["state"] == "SUCCEEDED"
