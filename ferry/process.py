@@ -524,34 +524,17 @@ def signal_task(
     if leader is not None:
         try:
             group_signalled = signal_verified(leader, sig, group=True)
+            sent += group_signalled
         except NotGroupLeaderError:
             sent += signal_verified(leader, sig, group=False)
     scan = scan_processes(marker, session_of=leader, holding=holding)
-    in_group = [
-        group_signalled and leader is not None and _in_group(ident.pid, leader.pid)
-        for ident in scan.alive
-    ]
-    # A group whose leader is a zombie may hold nobody alive: it counts only if it does.
-    if group_signalled and (any(in_group) or leader in scan.alive or _running(leader)):
-        sent += 1
-    for ident, reached in zip(scan.alive, in_group, strict=True):
+    for ident in scan.alive:
         if ident.pid == os.getpid() or (leader is not None and ident == leader):
             continue
-        if reached:
+        if group_signalled and leader is not None and _in_group(ident.pid, leader.pid):
             continue  # already reached through the group: one SIGINT must stay one
         sent += signal_verified(ident, sig, group=False)
     return sent
-
-
-def _running(identity: ProcessIdentity | None) -> bool:
-    """Is the process ``identity`` names there, and not a zombie?"""
-    if identity is None:
-        return False
-    try:
-        st = read_stat(identity.pid)
-    except (OSError, ValueError):
-        return True  # cannot tell: count it
-    return st is not None and st.start_time == identity.start_time and not st.exited
 
 
 def _in_group(pid: int, pgrp: int) -> bool:

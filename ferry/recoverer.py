@@ -23,7 +23,7 @@ from ferry.alivelock import alive_path
 from ferry.errors import FerryError, OperatorNeededError, RefusedError
 from ferry.liveness import probe, probe_task
 from ferry.model import Liveness, Reason, State, Task
-from ferry.process import ProcessIdentity, marker_prefix, read_stat, signal_task
+from ferry.process import ProcessIdentity, marker_prefix, read_stat, scan_processes, signal_task
 from ferry.recovery import Observation, Policy, decide
 from ferry.runner import heartbeat_path, log_paths
 
@@ -86,6 +86,22 @@ def signal_all(task: Task, home: Path, sig: int) -> int:
     """Signal every process of the task ``task_liveness`` can see (``signal_task``)."""
     holding = alive_path(home, task.id, task.attempt)
     return signal_task(leader_identity(task), task_marker(task), sig, holding=holding)
+
+
+def reachable(task: Task, lock: Path) -> bool:
+    """Can a signal reach a process of the task: its leader is running, or a scan finds
+    one by marker, session, group or the alive-lock it holds? (A task alive by its lock
+    alone, held on a descriptor marked close-on-exec, is not.)"""
+    leader = leader_identity(task)
+    if leader is not None:
+        try:
+            st = read_stat(leader.pid)
+        except (OSError, ValueError):
+            return True  # cannot tell: try
+        if st is not None and st.start_time == leader.start_time and not st.exited:
+            return True
+    scan = scan_processes(task_marker(task), session_of=leader, holding=lock)
+    return bool(scan.alive or scan.unreadable)
 
 
 def _tail(path: Path) -> str | None:
@@ -269,6 +285,14 @@ def kill_orphan(service: Service, task: Task, sig: int) -> dict[str, Any]:
     if task_liveness(task, service.home) is Liveness.DEAD:
         return {"task": task.id, "signal": sig, "signalled": 0,
                 "message": f"{task.id}: no process of the task is alive"}  # fmt: skip
+    lock = alive_path(service.home, task.id, task.attempt)
+    if not reachable(task, lock):
+        raise OperatorNeededError(
+            f"task {task.id}: a process of it still holds its alive-lock {lock}, but none"
+            " can be found to signal; find it ('fuser -v FILE' or 'lsof FILE') and stop it",
+            code="task.orphan_unreachable",
+            details={"task": task.id},
+        )
     service.store.commit(
         ev.OrphanSignalled(
             task=task.id,
@@ -283,14 +307,6 @@ def kill_orphan(service: Service, task: Task, sig: int) -> dict[str, Any]:
         sent = signal_all(task, service.home, sig)
     except OSError as error:
         raise FerryError(f"cannot signal task {task.id}: {error}", code="signal.failed") from error
-    if not sent and task_liveness(task, service.home) is not Liveness.DEAD:
-        raise OperatorNeededError(
-            f"task {task.id}: a process of it still holds its alive-lock"
-            f" {alive_path(service.home, task.id, task.attempt)}, but none could be found"
-            " to signal; find it ('fuser -v FILE' or 'lsof FILE') and stop it",
-            code="task.orphan_unreachable",
-            details={"task": task.id},
-        )
     name = signal.Signals(sig).name
     return {"task": task.id, "signal": sig, "signalled": sent,
             "message": f"{task.id}: sent {name} to {sent} process group(s)/process(es)"}  # fmt: skip
