@@ -28,7 +28,7 @@ import errno
 import functools
 import os
 import signal
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TypeGuard
 
 from ferry._value import Value, init
@@ -330,25 +330,11 @@ def scan_processes(
             continue  # exited while we looked; or a kernel thread
         if not_before_ticks is not None and st.start_time < not_before_ticks:
             continue
-        found = leader is not None and _in_session(st, leader)
+        found: bool | None = leader is not None and _in_session(st, leader)
         if not found and needle is not None:
-            try:
-                found = _environ_has(pid, needle)
-            except PermissionError:
-                if _owned_by(pid, euid):
-                    unreadable.append(pid)
-                continue
-            except OSError:
-                continue  # exited while we looked (ESRCH/ENOENT)
-        if not found and held_file is not None and pid != os.getpid():
-            try:
-                found = _holds(pid, held_file)
-            except PermissionError:
-                if _owned_by(pid, euid):
-                    unreadable.append(pid)
-                continue
-            except OSError:
-                continue  # exited while we looked
+            found = _look(_environ_has, pid, needle, euid, unreadable)
+        if found is False and held_file is not None and pid != os.getpid():
+            found = _look(_holds, pid, held_file, euid, unreadable)
         if found:
             ident = ProcessIdentity(pid, st.start_time, me, _host())
             (zombies if st.exited else alive).append(ident)
@@ -378,6 +364,22 @@ def _environ_has(pid: int, needle: bytes) -> bool:
     if needle.endswith(b":"):  # a prefix: every attempt, or every token of one attempt
         return any(var.startswith(needle) for var in env.split(b"\0"))
     return needle in env.split(b"\0")  # a whole marker matches only itself
+
+
+def _look(
+    test: Callable[[int, Any], bool], pid: int, arg: Any, euid: int, unreadable: list[int]
+) -> bool | None:
+    """``test(pid, arg)``, or None when the process cannot be looked at: it exited
+    meanwhile, or it is not ours to read (then noted in ``unreadable`` if it runs as our
+    user: a process of the task may hide there)."""
+    try:
+        return test(pid, arg)
+    except PermissionError:
+        if _owned_by(pid, euid):
+            unreadable.append(pid)
+        return None
+    except OSError:
+        return None  # exited while we looked (ESRCH/ENOENT)
 
 
 def _file_key(path: str | os.PathLike[str]) -> tuple[int, int] | None:

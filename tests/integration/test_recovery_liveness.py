@@ -337,6 +337,19 @@ def test_an_orphan_without_the_marker_keeps_recover_at_3_until_killed(
     ferry.verify_clean()
 
 
+def crashed_leaving_a_daemon(ferry: Ferry, tmp_path: Path, command: str) -> tuple[str, int]:
+    """A task whose runner crashed after SPAWNED, and whose first process started
+    ``command`` as a daemon that left its session and cleared its environment, then
+    exited: (task id, the daemon's pid). Only the alive-lock it inherited shows it."""
+    pid_file = tmp_path / "daemon.pid"
+    daemonise = f"setsid -f sh -c 'echo $$ > {pid_file}; exec env -i {command}'" + OUTLIVES_SPAWNED
+    task = crashed_after_spawned(ferry, ["/bin/sh", "-c", daemonise])
+    daemon = int(wait_until(lambda: pid_file.exists() and pid_file.read_text().strip(), what="pid"))
+    ferry.end_at_close(daemon)
+    wait_until(lambda: pid_gone_or_zombie(int(str(task["pid"]))), what="the leader to exit")
+    return str(task["id"]), daemon
+
+
 def test_an_orphan_seen_only_by_its_alive_lock_blocks_retry_after_a_compaction(
     ferry: Ferry, tmp_path: Path
 ) -> None:
@@ -344,13 +357,7 @@ def test_an_orphan_seen_only_by_its_alive_lock_blocks_retry_after_a_compaction(
     marker and is in no group of the task: only the alive-lock it inherited shows it.
     Compaction must not remove a quarantined task's lock file (it prunes those of
     settled tasks), or a retry would run the task beside its live orphan."""
-    pid_file = tmp_path / "daemon.pid"
-    daemonise = f"setsid -f sh -c 'echo $$ > {pid_file}; exec env -i sleep 300'" + OUTLIVES_SPAWNED
-    task = crashed_after_spawned(ferry, ["/bin/sh", "-c", daemonise])
-    task_id, leader = str(task["id"]), int(str(task["pid"]))
-    daemon = int(wait_until(lambda: pid_file.exists() and pid_file.read_text().strip(), what="pid"))
-    ferry.end_at_close(daemon)
-    wait_until(lambda: pid_gone_or_zombie(leader), what="the leader to exit")
+    task_id, _ = crashed_leaving_a_daemon(ferry, tmp_path, "sleep 300")
     code, report = ferry.recover()
     assert code == 3 and [d["decision"] for d in report["decisions"]] == ["QUARANTINE"]
     for compacted in (False, True):
@@ -367,13 +374,7 @@ def test_kill_reaches_an_orphan_seen_only_by_its_alive_lock(ferry: Ferry, tmp_pa
     """The same daemon: ``ferry kill`` finds it by the lock file it holds open (a
     pid-free trail: no marker, no group, no session), checks its identity, signals it;
     then recover has nothing left and a retry may run."""
-    pid_file = tmp_path / "daemon.pid"
-    daemonise = f"setsid -f sh -c 'echo $$ > {pid_file}; exec env -i sleep 300'" + OUTLIVES_SPAWNED
-    task = crashed_after_spawned(ferry, ["/bin/sh", "-c", daemonise])
-    task_id, leader = str(task["id"]), int(str(task["pid"]))
-    daemon = int(wait_until(lambda: pid_file.exists() and pid_file.read_text().strip(), what="pid"))
-    ferry.end_at_close(daemon)
-    wait_until(lambda: pid_gone_or_zombie(leader), what="the leader to exit")
+    task_id, daemon = crashed_leaving_a_daemon(ferry, tmp_path, "sleep 300")
     assert ferry.recover()[0] == 3
     assert ferry.json("kill", task_id)["signalled"] >= 1  # (the zombie leader's group, too)
     wait_until(lambda: pid_gone_or_zombie(daemon), what="the daemon to end")
@@ -401,18 +402,9 @@ def test_kill_says_so_when_the_orphan_is_alive_but_cannot_be_found(
 ) -> None:
     """Its lock shows it alive, and nothing leads to it: kill signals nobody, and must
     not say it did its job (exit 0) while the orphan runs: exit 3, a coded line."""
-    pid_file = tmp_path / "daemon.pid"
     hide = tmp_path / "hide.py"
     hide.write_text(HIDES_ITS_LOCK)
-    daemonise = (
-        f"setsid -f sh -c 'echo $$ > {pid_file}; exec env -i {sys.executable} {hide}'"
-        + OUTLIVES_SPAWNED
-    )
-    task = crashed_after_spawned(ferry, ["/bin/sh", "-c", daemonise])
-    task_id, leader = str(task["id"]), int(str(task["pid"]))
-    daemon = int(wait_until(lambda: pid_file.exists() and pid_file.read_text().strip(), what="pid"))
-    ferry.end_at_close(daemon)
-    wait_until(lambda: pid_gone_or_zombie(leader), what="the leader to exit")
+    task_id, daemon = crashed_leaving_a_daemon(ferry, tmp_path, f"{sys.executable} {hide}")
     assert ferry.recover()[0] == 3
     refused = ferry.refused(3, "task.orphan_unreachable", "kill", task_id)
     assert str(daemon) not in refused.err and "alive-lock" in refused.err
