@@ -44,11 +44,26 @@ def verify(directory: Path) -> dict[str, Any]:
     if report.corruption is not None:
         out["error"] = journal_error(report.corruption).to_json()
         out["exit_code"] = EX_JOURNAL
-    elif report.snapshot_seq is not None:
-        mismatch = _check_snapshot(directory)
-        if mismatch is not None:
-            out.update(status="corrupt", error=mismatch.to_json(), exit_code=EX_JOURNAL)
+        return out
+    mismatch = _check_snapshot(directory) if report.snapshot_seq is not None else None
+    if mismatch is not None:
+        out.update(status="corrupt", error=mismatch.to_json(), exit_code=EX_JOURNAL)
+    else:
+        out["anomalies"] = _anomalies(directory.parent)
     return out
+
+
+def _anomalies(home: Path) -> list[dict[str, Any]]:
+    """The records the fold skipped (a sound line, an illegal or malformed event): every
+    command goes on without them; verify names them (the last ANOMALIES_KEPT_MAX)."""
+    try:
+        store = Store.open(home)
+    except FerryError:
+        return []  # (what stops the store is reported by the checks above)
+    try:
+        return [anomaly.to_json() for anomaly in store.table.anomalies]
+    finally:
+        store.close()
 
 
 def _check_snapshot(directory: Path) -> FerryError | None:

@@ -153,6 +153,15 @@ def verify_text(report: Mapping[str, Any]) -> str:
         )
     if status == "corrupt":
         return f"{base}; {report['error']['message']}"
+    skipped = report.get("anomalies") or []
+    if skipped:
+        seqs = ", ".join(str(anomaly["seq"]) for anomaly in skipped[:10])
+        more = f" and {len(skipped) - 10} more" if len(skipped) > 10 else ""
+        records = "record" if len(skipped) == 1 else "records"
+        base += (
+            f"; {len(skipped)} {records} skipped as illegal or malformed events"
+            f" (seq {seqs}{more}; --json says why)"
+        )
     return base
 
 

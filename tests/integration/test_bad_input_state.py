@@ -404,3 +404,20 @@ def test_a_held_journal_lock_is_waited_for_and_said_so(cli: Ferry) -> None:
         os.close(lock_fd)
     assert run.wait(timeout=60) == 0
     assert cli.tasks()[-1]["state"] == "SUCCEEDED"
+
+
+def test_verify_lists_the_records_the_fold_skipped(cli: Ferry) -> None:
+    """A record whose checksum is right but whose content breaks the rules (written by a
+    buggy or foreign writer) is skipped by every command, which is safe, but must not
+    be skipped in silence: verify names it (the journal's bytes are sound: clean)."""
+    import journal as journal_lib
+
+    with journal_lib.Journal.open(journal_dir(cli)) as wal:
+        bad = wal.append("SUBMITTED", {"task": "01zzzzzzzzzzzzzz", "spec": "not an object"})
+    report = cli.json("journal", "verify")
+    assert report["status"] == "clean"
+    (anomaly,) = report["anomalies"]
+    assert (anomaly["seq"], anomaly["type"]) == (bad.seq, "SUBMITTED")
+    said = cli.ok("journal", "verify")
+    assert "1 record skipped" in said.text and str(bad.seq) in said.text
+    cli.ok("ls")  # every other command goes on without it
