@@ -289,13 +289,28 @@ class Runner:
         lead: Sequence[ev.Event] = (),
         epoch: int = 0,
         stop: Callable[[], int | None] | None = None,
+        trap_signals: bool = False,
     ) -> RunResult:
         """Plan, commit (the ``lead`` events, e.g. SUBMITTED + CLAIMED, go in the same
         write), launch. The intent is durable before the side effect: only after this
-        commit returns (write + fsync) may the child exist."""
+        commit returns (write + fsync) may the child exist.
+
+        ``trap_signals`` (``run``, ``claim``: the main thread): from just before the
+        intent is written until the end is, SIGINT/SIGTERM/SIGHUP are ferry's to handle
+        (no spawn after one; forwarded to a running task), never a death that leaves
+        the task DISPATCHING or its end unwritten. (Not during the planning: a Ctrl-C
+        while pinned inputs are hashed still just interrupts, before anything exists.)"""
         plan = self.plan(task, token)
-        self.store.commit(*lead, plan.event, epoch=epoch)
-        return self.launch(plan, stop)
+        if not trap_signals:
+            self.store.commit(*lead, plan.event, epoch=epoch)
+            return self.launch(plan, stop)
+        with SignalTrap() as trap:
+            self.trap = trap
+            try:
+                self.store.commit(*lead, plan.event, epoch=epoch)
+                return self.launch(plan, stop)
+            finally:
+                self.trap = None
 
     def _check_pointers(self, task: Task) -> Any:
         from ferry.pointers import check_before_dispatch, pointers_from_spec

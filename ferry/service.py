@@ -158,15 +158,8 @@ class Service:
         """The foreground half shared by ``run`` and ``claim``: dispatch the claimed task
         with output passed through, compact if due, report, and return the exit status
         to pass through (or raise the error that kept the task from starting)."""
-        from ferry._outputs import SignalTrap
-
         runner = Runner(self.store, passthrough=True, warn=self.notice, stdout_to_stderr=as_json)
-        # From before the intent is written to after the end is: a SIGINT/SIGTERM/SIGHUP
-        # is ferry's to handle (no spawn after it; forwarded to a running task), never a
-        # death that leaves the task DISPATCHING or its end unwritten.
-        with SignalTrap() as trap:
-            runner.trap = trap
-            result = runner.dispatch(task, token, lead=lead)
+        result = runner.dispatch(task, token, lead=lead, trap_signals=True)
         self._compact_quietly()
         if result.error is not None:  # (--json: the error object is the one document)
             result.error.details.setdefault("task", result.task.id)

@@ -9,6 +9,7 @@ tasks that must outlive a check wait for a "go" file the test creates.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -769,3 +770,29 @@ def test_a_signal_between_the_intent_and_the_spawn_settles_the_task_unstarted(
     assert task["evidence"]["signalled_before_spawn"] is True
     assert not marker.exists(), "nothing was started"
     ferry.verify_clean()
+
+
+def test_ctrl_c_while_pinned_inputs_are_hashed_interrupts_before_anything_exists(
+    ferry: Ferry, tmp_path: Path
+) -> None:
+    """The signal trap goes in just before the intent is written, not earlier: a Ctrl-C
+    while ``run`` hashes its pinned inputs (here 4 GiB) ends ferry at once (130), and no
+    task was created."""
+    big = tmp_path / "big"
+    with big.open("wb") as f:  # sparse: made at once, hashed in seconds
+        f.truncate(4 << 30)
+    digest = "8479e43911dc45e89f934fe48d01297e16f51d17aa561d4d1c216b1ae0fcddca"  # 4 GiB of 0
+    run = ferry.start("run", "--pointer", f"{big}={digest}", "--", "true")
+
+    def hashing() -> bool:
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{run.pid}/fd"):
+                with contextlib.suppress(OSError):
+                    if os.readlink(f"/proc/{run.pid}/fd/{fd}") == str(big):
+                        return True
+        return False
+
+    wait_until(hashing, what="ferry to hash the input")
+    run.send_signal(signal.SIGINT)
+    assert run.wait(timeout=60) == 130
+    assert ferry.tasks() == []
