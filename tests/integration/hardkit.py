@@ -140,3 +140,25 @@ def fill(directory: Path) -> Path:
     finally:
         os.close(fd)
     return path
+
+
+# The SHA-256 of 4 GiB of NUL bytes: a pinned input that takes seconds to hash again.
+ZEROS_4GIB_SHA256 = "8479e43911dc45e89f934fe48d01297e16f51d17aa561d4d1c216b1ae0fcddca"
+
+
+def slow_to_hash(path: Path) -> str:
+    """Make ``path`` 4 GiB of zeros (sparse: at once) and return it as ``--pointer``'s
+    ``PATH=SHA256``: hashing it again takes seconds, a window to act in."""
+    with path.open("wb") as f:
+        f.truncate(4 << 30)
+    return f"{path}={ZEROS_4GIB_SHA256}"
+
+
+def holds_open(pid: int, path: Path) -> bool:
+    """Has process ``pid`` a descriptor open on ``path`` (it is reading it)?"""
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{pid}/fd/{fd}") == str(path):
+                    return True
+    return False

@@ -9,7 +9,6 @@ tasks that must outlive a check wait for a "go" file the test creates.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from clikit import CLI_TIMEOUT_S, Ferry, wait_until
-from hardkit import pid_alive, wait_for
+from hardkit import holds_open, pid_alive, slow_to_hash, wait_for
 from taskscripts import TREE_LEAF
 
 from ferry.process import read_stat
@@ -779,20 +778,8 @@ def test_ctrl_c_while_pinned_inputs_are_hashed_interrupts_before_anything_exists
     while ``run`` hashes its pinned inputs (here 4 GiB) ends ferry at once (130), and no
     task was created."""
     big = tmp_path / "big"
-    with big.open("wb") as f:  # sparse: made at once, hashed in seconds
-        f.truncate(4 << 30)
-    digest = "8479e43911dc45e89f934fe48d01297e16f51d17aa561d4d1c216b1ae0fcddca"  # 4 GiB of 0
-    run = ferry.start("run", "--pointer", f"{big}={digest}", "--", "true")
-
-    def hashing() -> bool:
-        with contextlib.suppress(OSError):
-            for fd in os.listdir(f"/proc/{run.pid}/fd"):
-                with contextlib.suppress(OSError):
-                    if os.readlink(f"/proc/{run.pid}/fd/{fd}") == str(big):
-                        return True
-        return False
-
-    wait_until(hashing, what="ferry to hash the input")
+    run = ferry.start("run", "--pointer", slow_to_hash(big), "--", "true")
+    wait_until(lambda: holds_open(run.pid, big), what="ferry to hash the input")
     run.send_signal(signal.SIGINT)
     assert run.wait(timeout=60) == 130
     assert ferry.tasks() == []

@@ -18,6 +18,7 @@ import orjson
 import pytest
 from clikit import Ferry, wait_until
 from crashkit import counting_task, runs, wait_task_gone
+from hardkit import holds_open, slow_to_hash
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -172,22 +173,10 @@ def test_a_task_s_end_is_not_held_back_while_the_next_one_s_inputs_are_hashed(
     lose an end already known. Here the worker is killed while it hashes 4 GiB."""
     first = submit(ferry, tmp_path / "a")
     big = tmp_path / "big"
-    with big.open("wb") as f:  # sparse: made at once, hashed in seconds
-        f.truncate(4 << 30)
-    digest = "8479e43911dc45e89f934fe48d01297e16f51d17aa561d4d1c216b1ae0fcddca"  # 4 GiB of 0
-    ferry.ok("submit", "--pointer", f"{big}={digest}", "--", "true")
+    ferry.ok("submit", "--pointer", slow_to_hash(big), "--", "true")
     worker = ferry.start("work", "--drain", "-j", "1")
     try:
-
-        def hashing() -> bool:
-            with contextlib.suppress(OSError):
-                for fd in os.listdir(f"/proc/{worker.pid}/fd"):
-                    with contextlib.suppress(OSError):
-                        if os.readlink(f"/proc/{worker.pid}/fd/{fd}") == str(big):
-                            return True
-            return False
-
-        wait_until(hashing, what="the worker to hash the second task's input")
+        wait_until(lambda: holds_open(worker.pid, big), what="the worker to hash the input")
         worker.send_signal(signal.SIGKILL)
     finally:
         worker.kill()
