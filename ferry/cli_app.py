@@ -97,7 +97,8 @@ def _emit(ctx: Ctx, human: str | None, payload: Any) -> None:
 )
 @click.option(
     "--home",
-    type=click.Path(file_okay=False),
+    type=click.Path(),  # (a file here is the state directory check's to refuse: 125)
+    metavar="DIRECTORY",
     help="State directory (default: $FERRY_HOME, else $XDG_STATE_HOME/ferry, else "
     "~/.local/state/ferry).",
 )

@@ -13,7 +13,6 @@ from click. The rule is to accept only what is certain and to leave all doubt to
 from __future__ import annotations
 
 import os
-import stat
 from typing import Any
 
 SECONDS_MAX = 10**9  # the click FloatRange bound of --timeout/--kill-grace/--heartbeat
@@ -78,12 +77,13 @@ def _seconds(text: str, *, zero_ok: bool) -> float | None:
 
 
 def _home_ok(path: str) -> bool:
-    """click.Path(file_okay=False) would accept it: missing, or a readable non-file."""
+    """click.Path() would accept it: missing, or readable (a file too: the state
+    directory check refuses that, as for $FERRY_HOME)."""
     try:
-        st = os.stat(path)
+        os.stat(path)
     except OSError:
         return True
-    return not stat.S_ISREG(st.st_mode) and os.access(path, os.R_OK)
+    return os.access(path, os.R_OK)
 
 
 def parse_run(args: list[str]) -> FastRun | None:

@@ -727,6 +727,20 @@ def test_run_before_the_task_starts_exits_125_also_with_home_option(
     assert "error[journal." in by_option.err
 
 
+def test_a_file_as_the_home_is_refused_alike_by_option_and_by_environment(
+    ferry: Ferry, tmp_path: Path
+) -> None:
+    """exit-codes.md: the state directory behaves the same however it is given. A file
+    given with --home was click's usage error (2), while $FERRY_HOME gave 125."""
+    a_file = tmp_path / "not-a-home"
+    a_file.write_text("")
+    for command in (["ls"], ["run", "--", "true"]):
+        by_option = ferry("--home", str(a_file), *command)
+        assert by_option.code == 125, by_option
+        assert by_option.error_code() == "state_dir.not_a_directory"
+        assert str(a_file) in by_option.err
+
+
 # -- the state directory, seen from the user's side ---------------------------------------------
 
 

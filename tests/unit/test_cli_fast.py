@@ -73,7 +73,6 @@ LEFT_TO_CLICK = [
     ["run", "--name", "a", "--name", "b", "--", "x"],
     ["run", "--shell=yes", "--", "x"],
     ["run", "--json", "--", "x"],
-    ["--home", "/etc/hostname", "run", "--", "x"],
     ["-v", "-q", "run", "--", "x"],
     ["submit", "--", "x"],
 ]
