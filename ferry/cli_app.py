@@ -137,7 +137,11 @@ def invoke(args: list[str], *, as_json: bool, command: str) -> int:
     except click.UsageError as exc:
         known = command in cli.commands
         hint = f" (see 'ferry {command} --help')" if known else " (see 'ferry --help')"
-        report(errors.UsageError(exc.format_message() + hint), as_json)
+        missing_cmd = (
+            isinstance(exc, click.MissingParameter) and getattr(exc.param, "name", "") == "argv"
+        )
+        code = "usage.missing_command" if missing_cmd else "usage.invalid"
+        report(errors.UsageError(exc.format_message() + hint, code=code), as_json)
         return errors.EX_USAGE
     except click.exceptions.Abort:
         report(errors.FerryError("interrupted", code="interrupted", exit_code=130), as_json)

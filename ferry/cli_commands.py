@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from ferry.cli import run_command, task_opts
+from ferry.errors import UsageError
 
 Emit = Callable[[Any, str | None, Any], None]
 
@@ -93,7 +94,11 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
             tasks = svc.submit_many(from_file.read(), source=from_file.name)
         else:
             if not argv:
-                raise click.UsageError("missing CMD: ferry submit [OPTIONS] -- CMD [ARG...]")
+                raise UsageError(
+                    "missing CMD: ferry submit [OPTIONS] -- CMD [ARG...]"
+                    " (see 'ferry submit --help')",
+                    code="usage.missing_command",
+                )
             tasks = svc.submit([task_opts(kw, argv)])
         if ctx.as_json:
             objs = [render.task_json(t) for t in tasks]
