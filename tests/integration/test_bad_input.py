@@ -294,8 +294,6 @@ def test_a_from_batch_follows_the_key_rules_of_a_single_submit(cli: Ferry) -> No
 
 
 @pytest.mark.parametrize("args", [["run"], ["run", "--"], ["submit"], ["submit", "--"]])
-def test_a_missing_command_has_one_code_however_it_is_missing(
-    cli: Ferry, args: list[str]
-) -> None:
+def test_a_missing_command_has_one_code_however_it_is_missing(cli: Ferry, args: list[str]) -> None:
     """``run -- ''`` said usage.missing_command; ``run`` and ``run --`` said usage.invalid."""
     unchanged(cli, 2, "usage.missing_command", *args)
