@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from ferry.cli import run_command, task_opts
 from ferry.errors import UsageError
@@ -91,6 +92,18 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
         if from_file is not None:
             if argv:
                 raise click.UsageError("give either CMD or --from, not both")
+            click_ctx = click.get_current_context()
+            given = [
+                param.opts[0]
+                for param in click_ctx.command.params
+                if param.name in kw
+                and click_ctx.get_parameter_source(param.name) is ParameterSource.COMMANDLINE
+            ]
+            if given:
+                raise click.UsageError(
+                    f"with --from, each line carries its task's options: {', '.join(given)}"
+                    " would be ignored"
+                )
             tasks = svc.submit_many(from_file.read(), source=from_file.name)
         else:
             if not argv:

@@ -297,3 +297,11 @@ def test_a_from_batch_follows_the_key_rules_of_a_single_submit(cli: Ferry) -> No
 def test_a_missing_command_has_one_code_however_it_is_missing(cli: Ferry, args: list[str]) -> None:
     """``run -- ''`` said usage.missing_command; ``run`` and ``run --`` said usage.invalid."""
     unchanged(cli, 2, "usage.missing_command", *args)
+
+
+def test_task_options_beside_from_are_refused_not_ignored(cli: Ferry) -> None:
+    """``submit --from FILE --name X`` queued the file's tasks without X, in silence:
+    with --from, every task's options are in its own line."""
+    line = b'{"argv": ["true"]}\n'
+    refused = cli.refused(2, "usage.invalid", "submit", "--from", "-", "--name", "x", stdin=line)
+    assert "--name" in refused.err
