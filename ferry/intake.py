@@ -58,6 +58,29 @@ _DEFAULTS: dict[str, Any] = {
 }
 
 
+# execve refuses any single argument longer than MAX_ARG_STRLEN (32 pages, its NUL
+# included) with E2BIG, and an argument list (with the environment) beyond ARG_MAX.
+_ARG_BYTES_MAX = 32 * os.sysconf("SC_PAGE_SIZE") - 1
+_ARGV_BYTES_MAX = os.sysconf("SC_ARG_MAX")
+
+
+def _check_exec_sizes(argv: Sequence[str]) -> None:
+    """Refuse at submit what execve would refuse at the spawn (E2BIG)."""
+    sizes = [len(arg.encode("utf-8", "surrogateescape")) for arg in argv]
+    if max(sizes) > _ARG_BYTES_MAX:
+        raise UsageError(
+            f"an argument of {max(sizes)} bytes: execve refuses any over {_ARG_BYTES_MAX}"
+            " (E2BIG); pass it in a file instead",
+            code="usage.bad_argv",
+        )
+    if sum(sizes) + len(sizes) > _ARGV_BYTES_MAX:
+        raise UsageError(
+            f"arguments of {sum(sizes) + len(sizes)} bytes in all: execve refuses over"
+            f" {_ARGV_BYTES_MAX} with the environment (E2BIG); pass them in a file instead",
+            code="usage.bad_argv",
+        )
+
+
 def _check_argv(argv: Sequence[Any]) -> tuple[str, ...]:
     if not argv:
         raise UsageError("missing CMD: give the command after --", code="usage.missing_command")
@@ -76,6 +99,7 @@ def _check_argv(argv: Sequence[Any]) -> tuple[str, ...]:
         out.append(arg)
     if out[0] == "":
         raise UsageError("the command is an empty string", code="usage.missing_command")
+    _check_exec_sizes(out)
     return tuple(out)
 
 

@@ -201,16 +201,20 @@ def test_100000_arguments_run_and_are_journaled_exactly(cli: Ferry) -> None:
 
 
 def test_a_spec_larger_than_the_journal_takes_is_refused_whole(cli: Ferry) -> None:
-    line = json.dumps({"argv": ["true", *["y" * 100_000] * 180]}).encode()  # 18 MB
+    # 18 MB of environment (argv that large is refused before: exec could not take it)
+    line = json.dumps({"argv": ["true"], "env": [f"V{i}=" + "y" * 100_000 for i in range(180)]})
+    line = line.encode()
     before = tree(cli.home)
     cli.refused(2, "usage.too_large", "submit", "--from", "-", stdin=b'{"argv": ["true"]}\n' + line)
     assert tree(cli.home) == before
 
 
 def test_an_argv_that_exec_refuses_fails_spawn_failed_at_dispatch(cli: Ferry) -> None:
-    # 3 MB of arguments: over exec's limit here (a quarter of the 8 MiB stack), well
-    # under the journal's. Only --from can carry it: ferry itself could not be exec'd.
-    line = json.dumps({"argv": ["true", *["y" * 100_000] * 30]}).encode()
+    # 3 MB of environment: over exec's limit here (a quarter of the 8 MiB stack), well
+    # under the journal's; arguments that large are refused at submit already. Only
+    # --from can carry it: ferry itself could not be exec'd.
+    line = json.dumps({"argv": ["true"], "env": [f"V{i}=" + "y" * 100_000 for i in range(30)]})
+    line = line.encode()
     task_id = cli("submit", "--from", "-", stdin=line).text.strip()
     assert cli("work", "--drain").code == 0
     task = cli.task(task_id)
@@ -305,3 +309,16 @@ def test_task_options_beside_from_are_refused_not_ignored(cli: Ferry) -> None:
     line = b'{"argv": ["true"]}\n'
     refused = cli.refused(2, "usage.invalid", "submit", "--from", "-", "--name", "x", stdin=line)
     assert "--name" in refused.err
+
+
+def test_an_argument_the_kernel_cannot_exec_is_refused_at_submit(cli: Ferry) -> None:
+    """execve refuses any single argument over 128 KiB (E2BIG): a task with one was
+    queued and failed only when claimed (spawn.other). Refused at once, naming why."""
+    import json
+
+    def line(size: int) -> bytes:  # (through --from: ferry itself could not be exec'd)
+        return json.dumps({"argv": ["echo", "x" * size]}).encode() + b"\n"
+
+    refused = cli.refused(2, "usage.bad_argv", "submit", "--from", "-", stdin=line(200 << 10))
+    assert "E2BIG" in refused.err
+    cli.ok("submit", "--from", "-", stdin=line(100 << 10))  # within the limit: queued
