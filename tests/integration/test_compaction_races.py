@@ -103,7 +103,8 @@ def test_a_runner_left_behind_by_a_compaction_still_settles_its_task(tmp_path: P
             assert time.monotonic() < deadline, "the task never ran"
             time.sleep(0.05)
         big = tmp_path / "big.jsonl"
-        big.write_text(json.dumps({"argv": ["echo", "x" * (3 << 20)]}) + "\n")
+        env = [f"V{i}=" + "x" * (100 << 10) for i in range(30)]  # 3 MiB (never run)
+        big.write_text(json.dumps({"argv": ["true"], "env": env}) + "\n")
         for _ in range(8):  # ~24 MiB: the runner's segment is sealed, and two after it
             assert ferry(home, "submit", "--from", str(big)).returncode == 0
         compacted = ferry(home, "--json", "journal", "compact")
