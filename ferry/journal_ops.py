@@ -13,7 +13,7 @@ import orjson
 
 import journal
 from ferry.errors import EX_JOURNAL, FerryError, JournalIntegrityError
-from ferry.store import Store, check_snapshot, journal_error
+from ferry.store import Store, check_table, journal_error
 
 
 def verify(directory: Path) -> dict[str, Any]:
@@ -45,40 +45,30 @@ def verify(directory: Path) -> dict[str, Any]:
         out["error"] = journal_error(report.corruption).to_json()
         out["exit_code"] = EX_JOURNAL
         return out
-    mismatch = _check_snapshot(directory) if report.snapshot_seq is not None else None
+    mismatch, anomalies = _check_with_ferry(directory.parent)
     if mismatch is not None:
         out.update(status="corrupt", error=mismatch.to_json(), exit_code=EX_JOURNAL)
     else:
-        out["anomalies"] = _anomalies(directory.parent)
+        out["anomalies"] = anomalies
     return out
 
 
-def _anomalies(home: Path) -> list[dict[str, Any]]:
-    """The records the fold skipped (a sound line, an illegal or malformed event): every
-    command goes on without them; verify names them (the last ANOMALIES_KEPT_MAX)."""
+def _check_with_ferry(home: Path) -> tuple[FerryError | None, list[dict[str, Any]]]:
+    """The journal library found the records intact; can ferry read them: the snapshot,
+    the settled-task archives it names, every task (else every command that needs
+    history fails)? And which records did the fold skip (a sound line whose event is
+    illegal or malformed: every command goes on without them, verify names them)?"""
     try:
         store = Store.open(home)
-    except FerryError:
-        return []  # (what stops the store is reported by the checks above)
+    except JournalIntegrityError as error:
+        return error, []
     try:
-        return [anomaly.to_json() for anomaly in store.table.anomalies]
+        check_table(store.table)
+        return None, [anomaly.to_json() for anomaly in store.table.anomalies]
+    except JournalIntegrityError as error:
+        return error, []
     finally:
         store.close()
-
-
-def _check_snapshot(directory: Path) -> FerryError | None:
-    """The journal library found the snapshot intact; can ferry read it, with the
-    settled-task archives it names? (Else every command that needs history fails.)"""
-    try:
-        with journal.Journal.open(directory) as wal:
-            snapshot = wal.latest_snapshot()
-        if snapshot is not None:
-            check_snapshot(directory.parent, snapshot.data)
-    except journal.JournalError as error:
-        return journal_error(error)
-    except JournalIntegrityError as error:
-        return error
-    return None
 
 
 def repair(directory: Path) -> dict[str, Any]:

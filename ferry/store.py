@@ -394,10 +394,10 @@ def _table_from_snapshot(home: Path, blob: bytes) -> Table:
         raise _undecodable_snapshot(error) from error
 
 
-def check_snapshot(home: Path, blob: bytes) -> None:
-    """Raise ``journal.snapshot_mismatch`` (exit 4) unless the snapshot decodes into a task
-    table and every settled-task archive it names is there with its recorded hash."""
-    table = _table_from_snapshot(home, blob)
+def check_table(table: Table) -> None:
+    """Raise ``journal.snapshot_mismatch`` (exit 4) unless every task of ``table`` decodes,
+    the settled ones included: every archive its snapshot names is loaded, and checked
+    against its recorded hash (``Store.open`` decodes those only when asked)."""
     try:
         for _ in table.tasks():  # loads the archives, and decodes every task in them
             pass
