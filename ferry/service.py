@@ -86,48 +86,47 @@ class Service:
                 )
 
     def submit(self, batch: Sequence[Mapping[str, Any]]) -> list[Task]:
-        specs = [build_spec(opts, self.home) for opts in batch]
-        self._refuse_key_beside_an_orphan([spec.key for spec in specs])
-        if len(specs) == 1 and specs[0].key is not None:
-            # The contract's --key rule, as for `run`: a key that SUCCEEDED is not queued
-            # again (exit 0, a notice); the task that did it is returned instead.
-            done = self.store.table.succeeded_with_key(specs[0].key)
-            if done is not None:
-                self.notice(f"key {specs[0].key!r} already succeeded (task {done}); not queued")
-                return [self._get(done)]
-        events = [self._new_task(spec) for spec in specs]
-        self.store.commit(*events)
-        return [self._get(e.task) for e in events]
+        return self._queue([build_spec(opts, self.home) for opts in batch])
 
     def submit_many(self, data: bytes, *, source: str) -> list[Task]:
         lines = parse_from_lines(data, "stdin" if source == "<stdin>" else source)
-        events = []
+        specs = []
         first_with: dict[str, int] = {}  # key -> the number of its first task
         for number, opts in enumerate(lines, start=1):
             try:
-                event = self._new_task(build_spec(opts, self.home))
+                spec = build_spec(opts, self.home)
             except FerryError as error:
                 error.message = f"task {number} of {source}: {error.message}"
                 raise
-            key = event.spec.key
-            if key is not None and first_with.setdefault(key, number) != number:
+            if spec.key is not None and first_with.setdefault(spec.key, number) != number:
                 raise UsageError(
-                    f"tasks {first_with[key]} and {number} of {source} have the same key"
-                    f" {key!r}: only one of them could ever run",
+                    f"tasks {first_with[spec.key]} and {number} of {source} have the same"
+                    f" key {spec.key!r}: only one of them could ever run",
                     code="usage.duplicate_key",
-                    details={"key": key, "tasks": [first_with[key], number]},
+                    details={"key": spec.key, "tasks": [first_with[spec.key], number]},
                 )
-            events.append(event)
-        self._refuse_key_beside_an_orphan(list(first_with))
-        # As for `submit --key`: a task whose key SUCCEEDED is not queued; its place in
-        # the output goes to the task that did it.
-        done = {key: self.store.table.succeeded_with_key(key) for key in first_with}
-        ids = [(e.spec.key is not None and done[e.spec.key]) or e.task for e in events]
+            specs.append(spec)
+        return self._queue(specs)
+
+    def _queue(self, specs: Sequence[TaskSpec]) -> list[Task]:
+        """Queue ``specs`` in one write, under the contract's --key rule: a task whose key
+        SUCCEEDED is not queued (a notice; its place in the result goes to the task that
+        did it), nor one whose key's quarantined orphan still runs (exit 75)."""
+        keys = [spec.key for spec in specs if spec.key is not None]
+        self._refuse_key_beside_an_orphan(keys)  # (and refresh)
+        done = {key: self.store.table.succeeded_with_key(key) for key in keys}
         for key, task_id in done.items():
             if task_id is not None:
                 self.notice(f"key {key!r} already succeeded (task {task_id}); not queued")
-        if queued := [e for e, task_id in zip(events, ids, strict=True) if task_id == e.task]:
-            self.store.commit(*queued)
+        events, ids = [], []
+        for spec in specs:
+            task_id = done[spec.key] if spec.key is not None else None
+            if task_id is None:
+                events.append(self._new_task(spec))
+                task_id = events[-1].task
+            ids.append(task_id)
+        if events:
+            self.store.commit(*events)
         return [self._get(task_id) for task_id in ids]
 
     def run(self, opts: Mapping[str, Any], *, as_json: bool = False) -> int:
