@@ -14,7 +14,7 @@ import click
 from click.core import ParameterSource
 
 from ferry.cli import run_command, task_opts
-from ferry.errors import UsageError
+from ferry.errors import LeaseHeldError, UsageError
 
 Emit = Callable[[Any, str | None, Any], None]
 
@@ -200,8 +200,6 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
         Takes the lease (exit 75 if a live leader holds it), replays the journal, decides
         each task whose runner is gone (quarantine, fail, requeue), journals the decisions.
         """
-        from ferry.errors import LeaseHeldError
-
         try:
             report = ctx.service().recover(
                 dry_run=dry_run,

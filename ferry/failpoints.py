@@ -31,7 +31,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 from ferry.events import EventType
 
@@ -70,26 +70,29 @@ def event_points(event_types: Iterable[str]) -> tuple[str, ...]:
 FAILPOINTS: frozenset[str] = frozenset(event_points(EVENT_TYPES) + SIDE_EFFECT_POINTS)
 
 
+def _items(text: str | None) -> Iterator[tuple[str, str | None]]:
+    """``"a,b=3"`` -> ("a", None), ("b", "3")."""
+    for item in (text or "").split(","):
+        name, sep, value = item.strip().partition("=")
+        if name:
+            yield name.strip(), value.strip() if sep else None
+
+
 def parse(text: str | None) -> Mapping[str, int]:
     """``"a,b=3,c=stop"`` -> ``{"a": 1, "b": 3, "c": 1}`` (crash on the Nth hit; ``stop``:
     the 1st, see :data:`STOPS`). Bad counts raise ValueError."""
     points: dict[str, int] = {}
-    for item in (text or "").split(","):
-        item = item.strip()
-        if not item:
-            continue
-        name, sep, count = item.partition("=")
-        nth = 1 if not sep or count.strip() == "stop" else int(count)
+    for name, value in _items(text):
+        nth = 1 if value is None or value == "stop" else int(value)
         if nth < 1:
-            raise ValueError(f"{ENV}: hit count must be >= 1 in {item!r}")
-        points[name.strip()] = nth
+            raise ValueError(f"{ENV}: hit count must be >= 1 in {name}={value}")
+        points[name] = nth
     return points
 
 
 def stops(text: str | None) -> frozenset[str]:
     """The names armed with ``=stop``: they SIGSTOP this process instead of killing it."""
-    items = (item.partition("=") for item in (text or "").split(","))
-    return frozenset(name.strip() for name, _, how in items if how.strip() == "stop")
+    return frozenset(name for name, value in _items(text) if value == "stop")
 
 
 _NTH: Mapping[str, int] = parse(os.environ.get(ENV))
