@@ -82,7 +82,8 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
         "--from",
         "from_file",
         type=click.File("rb"),
-        help="Queue many tasks, one JSON object per line (- for stdin), all or none.",
+        help="Queue many tasks, one JSON object of task options per line (- for stdin), in"
+        " one write; a bad line queues none.",
     )
     @click.argument("argv", nargs=-1, metavar="-- CMD [ARG...]")
     @click.pass_obj
@@ -323,7 +324,10 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
     @journal.command(epilog=_example("ferry journal verify || alert 'journal corrupt'"))
     @click.pass_obj
     def verify(ctx: Any) -> int:
-        """Check every record: exit 0 clean (a torn tail is reported, untouched), 4 corrupt."""
+        """Check every record: exit 0 clean (a torn tail is reported, untouched), 4 corrupt.
+
+        Also names the records every command skips (a sound line whose event is illegal).
+        """
         report = ctx.service().journal_verify()
         emit(ctx, render.verify_text(report), render.verify_json(report))
         if report.get("error"):  # corrupt: also the one coded error line on stderr
