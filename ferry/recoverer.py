@@ -93,13 +93,8 @@ def reachable(task: Task, lock: Path) -> bool:
     one by marker, session, group or the alive-lock it holds? (A task alive by its lock
     alone, held on a descriptor marked close-on-exec, is not.)"""
     leader = leader_identity(task)
-    if leader is not None:
-        try:
-            st = read_stat(leader.pid)
-        except (OSError, ValueError):
-            return True  # cannot tell: try
-        if st is not None and st.start_time == leader.start_time and not st.exited:
-            return True
+    if leader is not None and probe(leader) is not Liveness.DEAD:  # (UNKNOWN: try)
+        return True
     scan = scan_processes(task_marker(task), session_of=leader, holding=lock)
     return bool(scan.alive or scan.unreadable)
 
