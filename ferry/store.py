@@ -17,7 +17,6 @@ history (``ls``, ``show`` of an old task, a key lookup).
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import os
 import threading
@@ -65,9 +64,6 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW
 _ARCHIVE_PREFIX = "settled-"
 
 
-_NO_LOCK_ERRNOS = frozenset({errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP})
-
-
 def journal_error(error: journal.JournalError) -> FerryError:
     """A journal library error as ferry's coded error. Corruption and format trouble
     exit 4; a fenced write 75 (another leader is responsible); a record too large is
@@ -90,7 +86,7 @@ def journal_error(error: journal.JournalError) -> FerryError:
         cause = error.__cause__
         if isinstance(cause, OSError):
             details["errno"] = cause.errno
-            if cause.errno in _NO_LOCK_ERRNOS:  # the append lock (flock) failed
+            if cause.errno in journal.NO_LOCK_ERRNOS:  # the append lock (flock) failed
                 return StateDirError(
                     f"file locks do not work on the journal's filesystem: {cause.strerror}",
                     code="state_dir.no_locks",

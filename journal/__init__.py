@@ -88,6 +88,7 @@ from journal._errors import (
     TornTailError,
     WriterFailedError,
 )
+from journal._fsutil import NO_LOCK_ERRNOS
 from journal._reader import TornTail
 from journal._repair import RepairReport, repair
 from journal._segment import LOCK_NAME, list_segments
@@ -98,6 +99,7 @@ from journal._writer import Fence, Hook, Subscriber, Writer
 
 __all__ = [
     "FORMAT_VERSION",
+    "NO_LOCK_ERRNOS",
     "CompactedError",
     "CorruptionError",
     "Fence",

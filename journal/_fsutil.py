@@ -62,7 +62,8 @@ LOCK_EX = fcntl.LOCK_EX
 LOCK_SH = fcntl.LOCK_SH
 LOCK_NB = fcntl.LOCK_NB
 LOCK_UN = fcntl.LOCK_UN
-# flock errors that mean "locks do not work on this file system" (not "held").
+# flock errors that mean "locks do not work on this file system" (not "held"); public as
+# journal.NO_LOCK_ERRNOS, for callers that tell that failure apart.
 NO_LOCK_ERRNOS = frozenset({errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP})
 
 PathArg = str | Path
