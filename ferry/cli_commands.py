@@ -302,6 +302,27 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
         task = ctx.service().retry(task_id, force=force)
         emit(ctx, f"{task.id} attempt {task.attempt} QUEUED", render.task_json(task))
 
+    @cli.command(epilog=_example("ferry resolve 01jq3 --as succeeded   # I checked: it deployed"))
+    @click.argument("task_id", metavar="ID")
+    @click.option(
+        "--as",
+        "verdict",
+        required=True,
+        type=click.Choice(["succeeded", "failed"]),
+        help="What the task really did, as far as you know.",
+    )
+    @click.option("--force", is_flag=True, help="Even while a quarantined orphan is alive.")
+    @click.pass_obj
+    def resolve(ctx: Any, task_id: str, verdict: str, force: bool) -> None:
+        """Record your verdict on a FAILED or CANCELLED task (journaled, in its evidence).
+
+        A --key whose latest task ended unsafe (MARKED_FAILED_MUTATION_UNSAFE,
+        QUARANTINED_ORPHAN_ALIVE) is not run again until you retry or resolve that task;
+        resolved as succeeded, the key is skipped like any succeeded key; as failed, the
+        key runs again."""
+        task = ctx.service().resolve(task_id, verdict=verdict, force=force)
+        emit(ctx, f"{task.id} resolved as {verdict}", render.task_json(task))
+
     @cli.command(epilog=_example("ferry kill 01jq3 --signal KILL"))
     @click.argument("task_id", metavar="ID")
     @click.option(

@@ -9,6 +9,7 @@ The tree (codes are part of the observable contract; scripts match on them)::
     +-- IllegalTransitionError      task.illegal_transition  1         125
     +-- RefusedError                task.refused     1 (or its own)    125
     +-- OperatorNeededError         recovery.*       3                 125
+    |   +-- KeyUnsafeError          task.key_unsafe  3                 3
     +-- LeaseHeldError              lease.held       75                75
     +-- KeyInFlightError            task.key_in_flight 75              75
     +-- JournalIntegrityError       journal.*        4                 125
@@ -21,8 +22,8 @@ The tree (codes are part of the observable contract; scripts match on them)::
 Every error carries ``code`` (stable), ``message`` (one line, for humans) and
 ``details`` (a JSON-able dict, possibly empty).  ``exit_code`` is what a command other
 than ``run``/``claim`` exits with; ``run``/``claim`` map every failure before the task
-starts to 125 except usage errors (2), the EX_TEMPFAIL cases (75) and the exec
-failures 126/127 (see :func:`exit_code_for`).
+starts to 125 except usage errors (2), the EX_TEMPFAIL cases (75), an unsafe key (3)
+and the exec failures 126/127 (see :func:`exit_code_for`).
 """
 
 from __future__ import annotations
@@ -96,6 +97,13 @@ class IllegalTransitionError(RefusedError):
 class OperatorNeededError(FerryError):
     code = "recovery.operator_needed"
     exit_code = EX_OPERATOR
+
+
+class KeyUnsafeError(OperatorNeededError):
+    """The key's latest task ended in a way that may have changed things (unsafe,
+    quarantined): not run again until an operator retries or resolves that task."""
+
+    code = "task.key_unsafe"
 
 
 class LeaseHeldError(FerryError):
@@ -184,6 +192,8 @@ def exit_code_for(error: FerryError, *, runs_task: bool) -> int:
     could start exits 125, except usage errors (2), EX_TEMPFAIL (75) and the exec
     failures 126/127.
     """
+    if runs_task and isinstance(error, KeyUnsafeError):
+        return EX_OPERATOR  # the contract: run refuses such a key with exit 3 too
     if runs_task and error.exit_code not in _RUN_PASSTHROUGH:
         return EX_FERRY_FAILED
     if runs_task and isinstance(error, PatchGateError):

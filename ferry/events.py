@@ -38,6 +38,7 @@ class EventType(enum.StrEnum):
     RESUMED = "RESUMED"
     CANCEL_REQUESTED = "CANCEL_REQUESTED"
     RETRIED = "RETRIED"
+    RESOLVED = "RESOLVED"
     ORPHAN_SIGNALLED = "ORPHAN_SIGNALLED"
     LEASE_ACQUIRED = "LEASE_ACQUIRED"
     LEASE_RELEASED = "LEASE_RELEASED"
@@ -63,7 +64,7 @@ def _to_json(value: Any) -> Any:
 class _Event(Value):
     """Base of the event types: frozen value objects (``ferry._value.Value``: no
     dataclass code generation at import, which every ``ferry`` command would pay for
-    these thirteen types) with ``encode()``. Equality, hashing and ``repr`` follow
+    these fourteen types) with ``encode()``. Equality, hashing and ``repr`` follow
     ``_FIELDS``, in payload order."""
 
     __slots__ = ()
@@ -234,18 +235,27 @@ class Released(_Event):
 
 
 class Stale(_Event):
-    """RUNNING -> STALE (runner alive, heartbeat older than the stale limit)."""
+    """RUNNING -> STALE (runner alive, heartbeat older than the stale limit). ``token``:
+    the claim recovery judged (null in journals written before it was required)."""
 
-    __slots__ = ("attempt", "evidence", "task")
+    __slots__ = ("attempt", "evidence", "task", "token")
     TYPE: ClassVar[EventType] = EventType.STALE
-    _FIELDS = ("task", "attempt", "evidence")
+    _FIELDS = ("task", "attempt", "token", "evidence")
     task: str
     attempt: int
+    token: str | None
     evidence: Mapping[str, Any]
 
-    def __init__(self, task: str, attempt: int, evidence: Mapping[str, Any] = _NO_EVIDENCE) -> None:
+    def __init__(
+        self,
+        task: str,
+        attempt: int,
+        token: str | None = None,
+        evidence: Mapping[str, Any] = _NO_EVIDENCE,
+    ) -> None:
         _set(self, "task", task)
         _set(self, "attempt", attempt)
+        _set(self, "token", token)
         _set(self, "evidence", evidence)
 
 
@@ -276,17 +286,19 @@ class Resumed(_Event):
 
 class CancelRequested(_Event):
     """A user asked to cancel an in-flight task; its runner signals the group and
-    settles CANCELLED. No state change by itself."""
+    settles CANCELLED. No state change by itself. ``token``: the claim to cancel."""
 
-    __slots__ = ("attempt", "task")
+    __slots__ = ("attempt", "task", "token")
     TYPE: ClassVar[EventType] = EventType.CANCEL_REQUESTED
-    _FIELDS = ("task", "attempt")
+    _FIELDS = ("task", "attempt", "token")
     task: str
     attempt: int
+    token: str | None
 
-    def __init__(self, task: str, attempt: int) -> None:
+    def __init__(self, task: str, attempt: int, token: str | None = None) -> None:
         _set(self, "task", task)
         _set(self, "attempt", attempt)
+        _set(self, "token", token)
 
 
 class Retried(_Event):
@@ -303,21 +315,44 @@ class Retried(_Event):
         _set(self, "attempt", attempt)
 
 
+RESOLVED_AS = ("succeeded", "failed")
+
+
+class Resolved(_Event):
+    """An operator's verdict on a FAILED or CANCELLED task (``ferry resolve``): what it
+    really did, as far as the operator knows. No state change; kept in the evidence,
+    and the task's key follows it (``succeeded``: skipped like a succeeded key)."""
+
+    __slots__ = ("attempt", "task", "verdict")
+    TYPE: ClassVar[EventType] = EventType.RESOLVED
+    _FIELDS = ("task", "attempt", "verdict")
+    task: str
+    attempt: int
+    verdict: str
+
+    def __init__(self, task: str, attempt: int, verdict: str) -> None:
+        _set(self, "task", task)
+        _set(self, "attempt", attempt)
+        _set(self, "verdict", verdict)
+
+
 class OrphanSignalled(_Event):
     """Intent of ``ferry kill``: journaled before a verified signal to an orphan's group
     (no side effect before its intent record). No state change. ``pid``, ``pgid`` and
     ``start_time`` are null when the orphan is known only by its environment marker
-    (found for a DISPATCHING task); 0 is accepted as "unknown" too."""
+    (found for a DISPATCHING task); 0 is accepted as "unknown" too. ``token``: the claim
+    of a task still in flight (its runner dead, recovery not yet run), else null."""
 
-    __slots__ = ("attempt", "pgid", "pid", "signal", "start_time", "task")
+    __slots__ = ("attempt", "pgid", "pid", "signal", "start_time", "task", "token")
     TYPE: ClassVar[EventType] = EventType.ORPHAN_SIGNALLED
-    _FIELDS = ("task", "attempt", "pid", "pgid", "start_time", "signal")
+    _FIELDS = ("task", "attempt", "pid", "pgid", "start_time", "signal", "token")
     task: str
     attempt: int
     pid: int | None
     pgid: int | None
     start_time: float | None
     signal: int
+    token: str | None
 
     def __init__(
         self,
@@ -327,6 +362,7 @@ class OrphanSignalled(_Event):
         pgid: int | None,
         start_time: float | None,
         signal: int,
+        token: str | None = None,
     ) -> None:
         _set(self, "task", task)
         _set(self, "attempt", attempt)
@@ -334,6 +370,7 @@ class OrphanSignalled(_Event):
         _set(self, "pgid", pgid)
         _set(self, "start_time", start_time)
         _set(self, "signal", signal)
+        _set(self, "token", token)
 
 
 class LeaseAcquired(_Event):
@@ -371,6 +408,7 @@ Event = (
     | Resumed
     | CancelRequested
     | Retried
+    | Resolved
     | OrphanSignalled
     | LeaseAcquired
     | LeaseReleased
@@ -386,6 +424,7 @@ TaskEvent = (
     | Resumed
     | CancelRequested
     | Retried
+    | Resolved
     | OrphanSignalled
 )
 
@@ -544,16 +583,25 @@ def decode_checked(record_type: str, data: object) -> Event | None:
             task, attempt, f.text("token", optional=True), reason, f.flag("counted"), evidence
         )
     if kind is EventType.STALE:
-        return Stale(task, attempt, f.mapping("evidence", optional=True))
+        token = f.text("token", optional=True)
+        return Stale(task, attempt, token, f.mapping("evidence", optional=True))
     if kind is EventType.RESUMED:
         token = f.text("token", optional=True)
         return Resumed(task, attempt, token, f.mapping("evidence", optional=True))
     if kind is EventType.CANCEL_REQUESTED:
-        return CancelRequested(task, attempt)
+        return CancelRequested(task, attempt, f.text("token", optional=True))
     if kind is EventType.RETRIED:
         return Retried(task, attempt)
+    if kind is EventType.RESOLVED:
+        verdict = f.text("verdict")
+        if verdict not in RESOLVED_AS:
+            raise _Fields._error(record_type, f"'verdict' is {verdict!r}, not one of {RESOLVED_AS}")
+        return Resolved(task, attempt, verdict)
     assert kind is EventType.ORPHAN_SIGNALLED
     pid = f.integer("pid", minimum=0, optional=True)
     pgid = f.integer("pgid", minimum=0, optional=True)
     start_time = None if f.data.get("start_time") is None else f.number("start_time")
-    return OrphanSignalled(task, attempt, pid, pgid, start_time, f.integer("signal", minimum=1))
+    signal = f.integer("signal", minimum=1)
+    return OrphanSignalled(
+        task, attempt, pid, pgid, start_time, signal, f.text("token", optional=True)
+    )

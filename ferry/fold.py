@@ -1,5 +1,34 @@
-"""One event applied to one task (pure): what is legal (:func:`check_event`) and what it
-makes of the task (:func:`fold_event`). :mod:`ferry.state` runs these over the table.
+"""One event applied to one task (pure): what is legal (:func:`check_event`,
+:func:`check_write`) and what it makes of the task (:func:`fold_event`).
+:mod:`ferry.state` runs these over the table.
+
+THE RULE (every writer follows it; nothing else makes a write legal):
+
+    A write whose legality depends on the state of a task (a claim, a settle, a
+    release, a cancel, a retry, a resolve, a kill's intent, a key check) is decided
+    by the store's ``check`` hook, under the journal's append lock, against the
+    journal's true end, with the writer's claim token or the leader's epoch. A value
+    read from the table before the lock is a guess: the write carries what the guess
+    was about (the attempt, the claim token), and is refused if that is no longer so.
+
+So (:func:`check_write`, at write time only):
+
+* an event about a task in flight (CLAIMED, DISPATCHING, RUNNING, STALE) must name
+  the task's current claim token, whoever writes it: the runner that owns the claim,
+  recovery deciding it, ``cancel``, ``kill``. A token-less settle of an in-flight task
+  is never legal: a ``cancel`` of a task it read QUEUED is refused once a runner
+  claimed it (``task.stale_claim``), and the ``cancel`` then reads again;
+* a release of a task whose cancel was requested is refused (``task.cancel_requested``):
+  recovery decides again and cancels it;
+* a key is checked against every task with that key (:func:`key_refusal`): one that
+  SUCCEEDED (or was resolved as succeeded), one in flight, or a latest task that ended
+  in a way that may have mutated (``task.key_unsafe``) blocks a new task;
+* leader events also carry the lease's epoch, which the journal fences
+  (``ferry.store.LeaseFence``), and a ``LEASE_ACQUIRED`` is accepted only for an epoch
+  no record has used yet (``ferry.store``).
+
+Replay (:meth:`ferry.state.Table.apply`) checks only :func:`check_event`: a journal
+written by an older version, under looser rules, must read back as it was written.
 
 Which event may move a task from which states (then the transition table decides)::
 
@@ -12,6 +41,7 @@ Which event may move a task from which states (then the transition table decides
     STALE             RUNNING                      -> STALE
     RESUMED           STALE                        -> RUNNING
     RETRIED           FAILED | CANCELLED           -> QUEUED (attempt + 1, releases 0)
+    RESOLVED          FAILED | CANCELLED           (no state change; evidence, key)
     CANCEL_REQUESTED  in flight                    (no state change)
     ORPHAN_SIGNALLED  any                          (no state change; evidence)
 
@@ -30,11 +60,20 @@ from ferry.errors import (
     FerryError,
     IllegalTransitionError,
     KeyInFlightError,
+    KeyUnsafeError,
     NotFoundError,
     RefusedError,
 )
-from ferry.model import IN_FLIGHT_STATES, Reason, State, Task, check_transition
+from ferry.model import IN_FLIGHT_STATES, Reason, State, Task, check_transition, rfc3339
 from ferry.spec import TaskSpec
+
+# The refusals that mean "the task is no longer as you read it": a writer that gets one
+# reads again (its failed commit caught the table up) and decides again, this many
+# times at most (each try follows a real change of the task's state).
+MOVED_CODES = frozenset(
+    {"task.stale_claim", "task.stale_attempt", "task.illegal_transition", "task.not_in_flight"}
+)
+RACE_TRIES = 8
 
 _ANY = frozenset(State)
 _FROM: Mapping[type, frozenset[State]] = {
@@ -46,6 +85,7 @@ _FROM: Mapping[type, frozenset[State]] = {
     ev.Stale: frozenset({State.RUNNING}),
     ev.Resumed: frozenset({State.STALE}),
     ev.Retried: frozenset({State.FAILED, State.CANCELLED}),
+    ev.Resolved: frozenset({State.FAILED, State.CANCELLED}),
     ev.CancelRequested: IN_FLIGHT_STATES,
     ev.OrphanSignalled: _ANY,
 }
@@ -122,6 +162,12 @@ def check_event(task: Task | None, event: ev.TaskEvent) -> None:
         )
     if new != task.state:
         check_transition(task.state, new, task=task.id)
+    if isinstance(event, ev.Resolved) and resolution(task) is not None:
+        raise RefusedError(
+            f"task {task.id} was already resolved as {resolution(task)}",
+            code="task.already_resolved",
+            details={"task": task.id, "verdict": resolution(task)},
+        )
     if isinstance(event, ev.Released) and event.counted and task.releases >= task.spec.max_releases:
         raise RefusedError(
             f"task {task.id} was released {task.releases} times (max {task.spec.max_releases})",
@@ -130,18 +176,84 @@ def check_event(task: Task | None, event: ev.TaskEvent) -> None:
         )
 
 
-def key_conflict(key: str, task_id: str, candidates: Sequence[Task]) -> FerryError | None:
-    """A task with ``key`` that SUCCEEDED, or one not yet settled, blocks another."""
-    for other in candidates:
-        if other.id == task_id:
-            continue
-        if other.state is State.SUCCEEDED:
-            return RefusedError(
-                f"key {key!r} already succeeded (task {other.id})",
-                code="task.key_succeeded",
-                details={"key": key, "task": other.id},
-            )
-        if not other.terminal:
+def check_write(task: Task | None, event: ev.TaskEvent) -> None:
+    """The rules a new write must follow beyond :func:`check_event` (see THE RULE
+    above); run at write time only, never on replay."""
+    if task is None or isinstance(event, ev.Submitted | ev.Claimed):
+        return
+    if task.in_flight and getattr(event, "token", None) is None:
+        raise _stale(
+            task, event, "task.stale_claim",
+            f"it is {task.state} under a claim this write does not name",
+        )  # fmt: skip
+    if isinstance(event, ev.Released) and task.cancel_requested:
+        raise RefusedError(
+            f"task {task.id}: a cancel was requested; it is not released to the queue",
+            code="task.cancel_requested",
+            details={"task": task.id, "state": task.state.value},
+        )
+
+
+# A task that ended this way may have changed things and its end is unknown: its key
+# is not run again until an operator retries or resolves it.
+UNSAFE_REASONS = frozenset({Reason.MARKED_FAILED_MUTATION_UNSAFE, Reason.QUARANTINED_ORPHAN_ALIVE})
+_UNSAFE_VALUES = frozenset(reason.value for reason in UNSAFE_REASONS)
+
+
+def resolution(task: Task) -> str | None:
+    """The operator's verdict on the task's current attempt (``ferry resolve``)."""
+    found = task.evidence.get("resolution")
+    return found.get("verdict") if isinstance(found, Mapping) else None
+
+
+def key_outcome(state: str, reason: str | None, evidence: Mapping[str, Any]) -> str | None:
+    """What a task's end means for its key: ``succeeded`` (a later task with the key is
+    skipped), ``unsafe`` (refused until an operator acts), or None (free to run again).
+    From plain values, so archived records need not be decoded."""
+    if state == State.SUCCEEDED.value:
+        return "succeeded"
+    if state not in (State.FAILED.value, State.CANCELLED.value):
+        return None
+    found = evidence.get("resolution")
+    verdict = found.get("verdict") if isinstance(found, Mapping) else None
+    if verdict == "succeeded":
+        return "succeeded"
+    if verdict is None and reason in _UNSAFE_VALUES:
+        return "unsafe"
+    return None
+
+
+def task_key_outcome(task: Task) -> str | None:
+    reason = None if task.reason is None else task.reason.value
+    return key_outcome(task.state.value, reason, task.evidence)
+
+
+def key_refusal(
+    key: str,
+    task_id: str,
+    *,
+    succeeded: str | None,
+    unsafe: str | None,
+    in_flight: Sequence[Task],
+) -> FerryError | None:
+    """Why task ``task_id`` may not run with ``key`` now, if it may not: the task that
+    succeeded with it, the latest task with it if that ended unsafe, or one of them
+    still in flight (each other than ``task_id`` itself)."""
+    if succeeded is not None and succeeded != task_id:
+        return RefusedError(
+            f"key {key!r} already succeeded (task {succeeded})",
+            code="task.key_succeeded",
+            details={"key": key, "task": succeeded},
+        )
+    if unsafe is not None and unsafe != task_id:
+        return KeyUnsafeError(
+            f"key {key!r}: its latest task {unsafe} ended in a way that may have changed"
+            f" things; see 'ferry show {unsafe}', then 'ferry retry {unsafe}' or"
+            f" 'ferry resolve {unsafe} --as succeeded|failed'",
+            details={"key": key, "task": unsafe},
+        )
+    for other in in_flight:
+        if other.id != task_id and not other.terminal:
             return KeyInFlightError(
                 f"key {key!r} is in flight (task {other.id}, {other.state})",
                 details={"key": key, "task": other.id, "state": other.state.value},
@@ -204,6 +316,9 @@ def fold_event(task: Task | None, event: ev.TaskEvent, seq: int, ts: float) -> T
         change.update(_UNCLAIMED, attempt=event.attempt, releases=0, reason=None,
                       exit_code=None, signal=None, ended_at=None, queue_seq=seq,
                       evidence={"previous_attempt": previous})  # fmt: skip
+    elif isinstance(event, ev.Resolved):
+        verdict = {"verdict": event.verdict, "at": rfc3339(ts)}
+        change.update(evidence=_merge(task.evidence, {"resolution": verdict}))
     elif isinstance(event, ev.OrphanSignalled):
         signals = [*task.evidence.get("signals", ()), {
             "pid": event.pid, "pgid": event.pgid, "start_time": event.start_time,

@@ -31,6 +31,7 @@ from ferry.errors import (
     LeaseHeldError,
     RefusedError,
 )
+from ferry.fold import MOVED_CODES, RACE_TRIES
 from ferry.ids import new_claim_token
 from ferry.lease import Lease, LeaseStore
 from ferry.model import State, Task
@@ -48,7 +49,13 @@ def _policy(stale_after_s: float | None, kill_stale: bool) -> Policy:
 
 
 class Leadership:
-    """Holding the lease: acquire (CAS), renew, release; the epoch for every write."""
+    """Holding the lease: acquire (CAS), renew, release; the epoch for every write.
+
+    A leader's first write also journals LEASE_ACQUIRED, in the same batch: the store
+    accepts it only for an epoch no record has used yet, so an epoch handed out twice
+    (``lease.json`` lost or restored while its holder was paused) is written by one
+    holder at most. A leader that writes nothing (a ``recover`` with nothing to
+    decide) journals nothing."""
 
     def __init__(self, service: Service, ttl_s: float) -> None:
         self.service = service
@@ -56,6 +63,8 @@ class Leadership:
         self.me: ProcessIdentity = self_identity()
         self.lease: Lease | None = None
         self.renew_every_s = ttl_s / 3
+        self.renew_at = 0.0  # time.monotonic() of the next renewal
+        self.announced = False  # LEASE_ACQUIRED for this epoch is in the journal
 
     @property
     def epoch(self) -> int:
@@ -66,16 +75,39 @@ class Leadership:
         store = self.service.store
         store.refresh()
         self.lease = self.leases.acquire(self.me, min_epoch=store.wal.max_epoch)
+        self.announced = False
+        self.renew_at = time.monotonic() + self.renew_every_s
         return self.lease
+
+    def commit(self, *events: ev.Event | tuple[str, dict[str, Any]]) -> None:
+        """A leader's write, under its epoch (the journal fences older ones)."""
+        announce = () if self.announced else (ev.LeaseAcquired(self.epoch, self.me.to_json()),)
+        self.service.store.commit(*announce, *events, epoch=self.epoch)
+        self.announced = True
 
     def renew(self) -> None:
         assert self.lease is not None
         self.lease = self.leases.renew(self.lease)
+        self.renew_at = time.monotonic() + self.renew_every_s
+
+    def renew_if_due(self) -> None:
+        """Renew when due: called between the steps of long work (a recovery pass over
+        many tasks), so that the lease does not lapse under a leader still working."""
+        if time.monotonic() >= self.renew_at:
+            self.renew()
 
     def release(self) -> None:
         if self.lease is not None:
             self.leases.release(self.lease)
             self.lease = None
+
+
+def _recover_as(lead: Leadership, policy: Policy) -> RecoverReport:
+    """One recovery pass as the leader: decisions under its epoch, the lease renewed
+    as the pass goes."""
+    return Recoverer(lead.service).recover_all(
+        epoch=lead.epoch, policy=policy, commit=lead.commit, tick=lead.renew_if_due
+    )
 
 
 def recover(
@@ -88,15 +120,11 @@ def recover(
 ) -> RecoverReport:
     """``ferry recover``: exit 75 (LeaseHeldError) if a live leader is responsible."""
     if dry_run:  # decide and print, journal nothing, take nothing
-        return Recoverer(service).recover_all(
-            epoch=0, policy=_policy(stale_after_s, kill_stale), dry_run=True
-        )
+        return Recoverer(service).recover_all(epoch=0, policy=_policy(stale_after_s, kill_stale))
     lead = Leadership(service, lease_ttl_s)
     lead.acquire()
     try:
-        report = Recoverer(service).recover_all(
-            epoch=lead.epoch, policy=_policy(stale_after_s, kill_stale), dry_run=False
-        )
+        report = _recover_as(lead, _policy(stale_after_s, kill_stale))
         service.store.maybe_compact()
         return report
     finally:
@@ -123,18 +151,26 @@ def claim(service: Service, *, lease_ttl_s: float, as_json: bool) -> int:
     lead = Leadership(service, lease_ttl_s)
     lead.acquire()
     try:
-        report = Recoverer(service).recover_all(epoch=lead.epoch, policy=Policy(), dry_run=False)
+        report = _recover_as(lead, Policy())
         for line in (render.recover_text(report, service.verbosity) or "").splitlines():
             service.notice(line)
-        picked = _claim_next(service, "claim", lead.me)
-        if picked is None:
-            if as_json:
-                render.write_json({"task": None})
-            elif service.verbosity > 0:
-                service.notice("the queue is empty")
-            return 0
-        task, token, claimed = picked
-        service.store.commit(claimed, epoch=lead.epoch)
+        for _ in range(RACE_TRIES):
+            picked = _claim_next(service, "claim", lead.me)
+            if picked is None:
+                if as_json:
+                    render.write_json({"task": None})
+                elif service.verbosity > 0:
+                    service.notice("the queue is empty")
+                return 0
+            task, token, claimed = picked
+            try:
+                lead.commit(claimed)
+                break
+            except RefusedError as error:  # cancelled (or claimed) since we read it
+                if error.code not in MOVED_CODES:
+                    raise
+        else:
+            raise InternalError("the queue kept changing under 'ferry claim'")
     finally:
         lead.release()
     task = replace(service.store.get(task.id) or task, state=State.CLAIMED, claim_token=token)
@@ -231,8 +267,8 @@ class Worker:
 
     def _lead(self) -> int:
         epoch = self.lead.epoch
-        self.store.commit(ev.LeaseAcquired(epoch, self.lead.me.to_json()), epoch=epoch)
-        self._recover(epoch)
+        self.lead.commit()  # LEASE_ACQUIRED: before any slot writes with this epoch
+        self._recover()
         slots = [
             threading.Thread(target=self._slot, args=(epoch,), name=f"ferry-slot-{n}", daemon=True)
             for n in range(self.jobs)
@@ -242,7 +278,7 @@ class Worker:
         for slot in slots:
             slot.start()
         try:
-            self._keep_lease(epoch)
+            self._keep_lease()
         finally:
             self.halted = True  # (a lost lease raised: the slots finish their tasks)
             with self._claims:
@@ -257,9 +293,8 @@ class Worker:
             raise self.failures[0]
         return 0
 
-    def _keep_lease(self, epoch: int) -> None:
+    def _keep_lease(self) -> None:
         """Renew the lease and recover other runners' tasks until every slot ended."""
-        renew_at = time.monotonic() + self.lead.renew_every_s
         recover_at = time.monotonic() + self.RECOVER_EVERY_S
         stops_seen = 0
         while self.slots_left:
@@ -267,14 +302,11 @@ class Worker:
             if count > stops_seen:
                 self._on_stop(stops_seen, count)
                 stops_seen = count
-            now = time.monotonic()
-            if now >= renew_at:
-                self.lead.renew()  # lease.lost propagates: we must stop leading
-                renew_at = now + self.lead.renew_every_s
-            if now >= recover_at:
-                self._recover(epoch)
-                recover_at = now + self.RECOVER_EVERY_S
-            self.wake.wait(max(0.0, min(renew_at, recover_at) - time.monotonic()))
+            self.lead.renew_if_due()  # lease.lost propagates: we must stop leading
+            if time.monotonic() >= recover_at:
+                self._recover()
+                recover_at = time.monotonic() + self.RECOVER_EVERY_S
+            self.wake.wait(max(0.0, min(self.lead.renew_at, recover_at) - time.monotonic()))
             self.wake.clear()
 
     def _on_stop(self, seen: int, count: int) -> None:
@@ -291,8 +323,8 @@ class Worker:
             # ask stop.task_signal now, not at their next heartbeat.
             os.write(self._stop_w, b"!")
 
-    def _recover(self, epoch: int) -> None:
-        report = Recoverer(self.service).recover_all(epoch=epoch, policy=self.policy, dry_run=False)
+    def _recover(self) -> None:
+        report = _recover_as(self.lead, self.policy)
         for line in (render.recover_text(report, self.service.verbosity) or "").splitlines():
             self.service.notice(line)
 

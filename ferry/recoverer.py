@@ -13,6 +13,7 @@ import contextlib
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -140,19 +141,34 @@ class Recoverer:
             salvage=salvage,
         )
 
-    def recover_all(self, *, epoch: int, policy: Policy, dry_run: bool) -> RecoverReport:
+    def recover_all(
+        self,
+        *,
+        epoch: int,
+        policy: Policy,
+        commit: Callable[[tuple[str, dict[str, Any]]], object] | None = None,
+        tick: Callable[[], None] | None = None,
+    ) -> RecoverReport:
+        """Decide every in-flight task. ``commit`` journals a decision as the leader (its
+        epoch; None: a dry run, nothing journaled); ``tick`` is called before each task
+        (the leader renews its lease there). A decision is made from probes taken
+        outside the journal's lock: it names the claim it judged, and the store refuses
+        it if that claim moved meanwhile (then it is not ours to make)."""
+        dry_run = commit is None
         report = RecoverReport(epoch=epoch, dry_run=dry_run)
         self.store.refresh()
         for task in self.store.live():
             if not task.in_flight:
                 continue
+            if tick is not None:
+                tick()
             now = time.time()
             decision = decide(task, self.observe(task, now), policy, now)
             if decision.event is None:
                 continue
-            if not dry_run:
+            if commit is not None:
                 try:
-                    self.store.commit(decision.event, epoch=epoch)
+                    commit(decision.event)
                 except RefusedError:
                     continue  # the task moved meanwhile (its runner settled it): not ours
                 if decision.kill_task:
@@ -227,9 +243,8 @@ class Recoverer:
             signal_all(task, self.home, signal.SIGKILL)
             time.sleep(_POLL_S)
         with contextlib.suppress(RefusedError):  # settled meanwhile: fine
-            self.store.commit(
-                ev.Settled(task.id, task.attempt, None, State.CANCELLED, Reason.CANCELLED_BY_USER)
-            )
+            self.store.commit(ev.Settled(task.id, task.attempt, task.claim_token,
+                                         State.CANCELLED, Reason.CANCELLED_BY_USER))  # fmt: skip
         return self.service.show(task.id)
 
 
@@ -296,6 +311,7 @@ def kill_orphan(service: Service, task: Task, sig: int) -> dict[str, Any]:
             pgid=task.pgid or 0,
             start_time=task.start_time or 0,
             signal=sig,
+            token=task.claim_token,  # (a task in flight: the claim this kill is about)
         )
     )
     try:

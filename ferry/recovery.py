@@ -194,16 +194,21 @@ _SETTLE: Mapping[Action, tuple[State, Reason]] = {
 def _event(
     task: Task, action: Action, seen: Observation, evidence: dict[str, Any]
 ) -> ev.TaskEvent | None:
-    # Recovery never owns the claim: its events carry token null (see ferry.fold).
+    # Recovery decides a claim it does not own: its events name that claim's token, so
+    # a decision made from what the probes saw is refused if the claim changed since
+    # (the rule at the top of ferry.fold); the leader's epoch fences it too.
+    token = task.claim_token
     if action in _SETTLE:
         state, reason = _SETTLE[action]
-        return ev.Settled(task.id, task.attempt, None, state, reason,
+        return ev.Settled(task.id, task.attempt, token, state, reason,
                           seen.exit_code, seen.exit_signal, evidence)  # fmt: skip
     if action in (Action.RELEASE, Action.RELEASE_UNCOUNTED):
         counted = action is Action.RELEASE
-        return ev.Released(task.id, task.attempt, None, Reason.RELEASED_TO_QUEUE, counted, evidence)
+        return ev.Released(
+            task.id, task.attempt, token, Reason.RELEASED_TO_QUEUE, counted, evidence
+        )
     if action is Action.MARK_STALE:
-        return ev.Stale(task.id, task.attempt, evidence)
+        return ev.Stale(task.id, task.attempt, token, evidence)
     if action is Action.RESUME:
-        return ev.Resumed(task.id, task.attempt, None, evidence)
+        return ev.Resumed(task.id, task.attempt, token, evidence)
     return None

@@ -259,7 +259,7 @@ class Runner:
         # asked to stop. (The table is current: the commit of plan.event, just before
         # this call, caught up on the journal under its lock.)
         current = self.store.get(task.id)
-        if current is not None and current.cancel_requested and current.attempt == task.attempt:
+        if current is not None and current.cancel_requested and current.claim_token == plan.token:
             cancelled = ev.Settled(
                 task=task.id,
                 attempt=task.attempt,
@@ -396,7 +396,7 @@ class Runner:
                 outcome = supervise(
                     replace(sup, pass_fds=(lock_fd,), log_dir_new=new_dir),
                     on_spawned=on_spawned,
-                    should_stop=self._stopper(task, stop),
+                    should_stop=self._stopper(task, token, stop),
                     on_running=on_running,
                     running_after_s=SPAWNED_AFTER_S,
                     stop_fd=stop_fd,
@@ -416,7 +416,7 @@ class Runner:
         with contextlib.suppress(FerryError):
             self.store.refresh()
         current = self._task(task.id)
-        cancelled = current.cancel_requested and current.attempt == task.attempt
+        cancelled = current.cancel_requested and current.claim_token == token
         stopped = outcome.timed_out or outcome.forwarded_signal or outcome.stop_signal
         escaped = bool(stopped or cancelled) and stop_escapees(env["FERRY_TASK"], spec.kill_grace_s)
         settled = settle_event(task, token, outcome, cancelled, escapees_stopped=escaped)
@@ -425,7 +425,7 @@ class Runner:
         # A task that ended within SPAWNED_AFTER_S gets SPAWNED in the same write.
         return Ending((*unrecorded, settled), exit_status_of(outcome))
 
-    def _stopper(self, task: Task, stop: Callable[[], int | None] | None) -> Any:
+    def _stopper(self, task: Task, token: str, stop: Callable[[], int | None] | None) -> Any:
         """Polled at heartbeat time: the caller's ``stop`` (``work`` shutting down);
         then catch up on the journal: a cancel request stops the task (SIGTERM to its
         group); a STALE mark is answered by RESUMED (we are beating)."""
@@ -438,18 +438,16 @@ class Runner:
             try:
                 store.refresh()
                 current = store.get(task.id)
-                if current is None or current.attempt != task.attempt:
-                    return None
+                if current is None or current.claim_token != token:
+                    return None  # not our claim any more: its end will be refused
                 if current.cancel_requested:
                     return signal.SIGTERM
-                if current.state is State.STALE and current.claim_token is not None:
-                    resumed = ev.Resumed(
-                        task=task.id, attempt=task.attempt, token=current.claim_token
-                    )
-                    store.commit(resumed)
-            except FerryError:
-                # A refused RESUMED (recovery moved first) or a journal hiccup must not
-                # kill a running task: the settle at the end reports what is true.
+                if current.state is State.STALE:
+                    store.commit(ev.Resumed(task=task.id, attempt=task.attempt, token=token))
+            except (FerryError, OSError):
+                # A refused RESUMED (recovery moved first), a journal hiccup or a lack of
+                # descriptors must not kill a running task, nor stop its beats: the
+                # settle at the end reports what is true.
                 return None
             return None
 

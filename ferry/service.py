@@ -17,12 +17,13 @@ from ferry import events as ev
 from ferry import render
 from ferry.errors import (
     FerryError,
-    KeyInFlightError,
+    InternalError,
     NotFoundError,
     OperatorNeededError,
     RefusedError,
     UsageError,
 )
+from ferry.fold import MOVED_CODES, RACE_TRIES
 from ferry.ids import new_claim_token, new_task_id
 from ferry.intake import build_spec, parse_from_lines
 from ferry.model import IN_FLIGHT_STATES, Reason, State, Task
@@ -30,8 +31,6 @@ from ferry.runner import Runner, log_paths
 from ferry.spec import TaskSpec
 from ferry.statedir import ensure_home, resolve_home
 from ferry.store import Store
-
-CANCEL_WAIT_MARGIN_S = 5.0
 
 
 class Service:
@@ -68,22 +67,17 @@ class Service:
         task_id = new_task_id(time.time_ns(), os.urandom(4))
         return ev.Submitted(task=task_id, spec=spec, created_at=time.time())
 
-    def _refuse_key_beside_an_orphan(self, keys: Sequence[str | None], but: str = "") -> None:
-        """A key whose quarantined task's orphan still runs is in flight: a new task with
-        it would run the same work beside the orphan (as ``retry`` of that task may not).
-        The fold's key rule sees only states; this looks at the quarantined tasks' lives
-        (all but task ``but``)."""
-        wanted = {key for key in keys if key is not None}
-        if not wanted:
-            return
-        self.store.refresh()
-        for task in self.store.table.quarantined():
-            if task.spec.key in wanted and task.id != but and self._orphan_alive(task):
-                raise KeyInFlightError(
-                    f"key {task.spec.key!r} is in flight: the orphan of quarantined task"
-                    f" {task.id} still runs; stop it with 'ferry kill {task.id}'",
-                    details={"key": task.spec.key, "task": task.id, "state": task.state.value},
-                )
+    def _succeeded_keys(self, keys: Sequence[str]) -> dict[str, str]:
+        """The keys among ``keys`` that SUCCEEDED (or were resolved as succeeded), with
+        the task that did it. A key found is made sure of before anything acts on it:
+        skipping work because the table says it is done must not rest on a record a
+        power cut can still take back (``Store.sync``)."""
+        table = self.store.table
+        if not any(table.succeeded_with_key(key) for key in keys):
+            return {}
+        self.store.sync()
+        found = {key: table.succeeded_with_key(key) for key in keys}
+        return {key: task_id for key, task_id in found.items() if task_id is not None}
 
     def submit(self, batch: Sequence[Mapping[str, Any]]) -> list[Task]:
         return self._queue([build_spec(opts, self.home) for opts in batch])
@@ -109,25 +103,32 @@ class Service:
         return self._queue(specs)
 
     def _queue(self, specs: Sequence[TaskSpec]) -> list[Task]:
-        """Queue ``specs`` in one write, under the contract's --key rule: a task whose key
+        """Queue ``specs`` in one write, under the contract's --key rules, which the
+        store checks under the journal's lock (``ferry.fold``): a task whose key
         SUCCEEDED is not queued (a notice; its place in the result goes to the task that
-        did it), nor one whose key's quarantined orphan still runs (exit 75)."""
+        did it); a key whose latest task ended unsafe is refused (exit 3), one in flight
+        too (75). A key that succeeds between our read and our write: read again."""
         keys = [spec.key for spec in specs if spec.key is not None]
-        self._refuse_key_beside_an_orphan(keys)  # (and refresh)
-        done = {key: self.store.table.succeeded_with_key(key) for key in keys}
-        for key, task_id in done.items():
-            if task_id is not None:
+        for _ in range(RACE_TRIES):
+            done = self._succeeded_keys(keys)
+            events, ids = [], []
+            for spec in specs:
+                task_id = None if spec.key is None else done.get(spec.key)
+                if task_id is None:
+                    events.append(self._new_task(spec))
+                    task_id = events[-1].task
+                ids.append(task_id)
+            try:
+                if events:
+                    self.store.commit(*events)
+            except RefusedError as error:
+                if error.code != "task.key_succeeded":
+                    raise
+                continue  # it succeeded meanwhile: skip it too
+            for key, task_id in done.items():
                 self.notice(f"key {key!r} already succeeded (task {task_id}); not queued")
-        events, ids = [], []
-        for spec in specs:
-            task_id = done[spec.key] if spec.key is not None else None
-            if task_id is None:
-                events.append(self._new_task(spec))
-                task_id = events[-1].task
-            ids.append(task_id)
-        if events:
-            self.store.commit(*events)
-        return [self._get(task_id) for task_id in ids]
+            return [self._get(task_id) for task_id in ids]
+        raise InternalError("the tasks' keys kept changing while they were queued")
 
     def run(self, opts: Mapping[str, Any], *, as_json: bool = False) -> int:
         """``ferry run``: SUBMITTED + CLAIMED + DISPATCHING in one durable write, then the
@@ -135,21 +136,31 @@ class Service:
         from ferry.process import self_identity
 
         spec = build_spec(opts, self.home)
-        if spec.key is not None:
-            self._refuse_key_beside_an_orphan([spec.key])  # (and refresh)
-            done = self.store.table.succeeded_with_key(spec.key)
-            if done is not None:
-                self.notice(f"key {spec.key!r} already succeeded (task {done}); not run again")
-                if as_json:
-                    render.write_json(render.task_json(self._get(done)))
-                return 0
+        if spec.key is not None and self._already_succeeded(spec.key, as_json):
+            return 0
         submitted = self._new_task(spec)
         token = new_claim_token(os.urandom(10))
         claimed = ev.Claimed(
             task=submitted.task, attempt=1, token=token, runner=self_identity().to_json(), by="run"
         )
         task = Task(id=submitted.task, spec=spec, state=State.CLAIMED, claim_token=token)
-        return self.run_in_foreground(task, token, lead=(submitted, claimed), as_json=as_json)
+        try:
+            return self.run_in_foreground(task, token, lead=(submitted, claimed), as_json=as_json)
+        except RefusedError as error:
+            # The key succeeded between our read and our write (refused under the lock).
+            succeeded_meanwhile = error.code == "task.key_succeeded" and spec.key is not None
+            if succeeded_meanwhile and self._already_succeeded(str(spec.key), as_json):
+                return 0
+            raise
+
+    def _already_succeeded(self, key: str, as_json: bool) -> bool:
+        done = self._succeeded_keys([key]).get(key)
+        if done is None:
+            return False
+        self.notice(f"key {key!r} already succeeded (task {done}); not run again")
+        if as_json:
+            render.write_json(render.task_json(self._get(done)))
+        return True
 
     def run_in_foreground(
         self, task: Task, token: str, *, lead: Sequence[ev.Event] = (), as_json: bool
@@ -279,38 +290,66 @@ class Service:
 
     def cancel(self, prefix: str) -> Task:
         task = self.store.resolve(prefix)
-        if task.state is State.QUEUED:
-            self.store.commit(
-                ev.Settled(task.id, task.attempt, None, State.CANCELLED, Reason.CANCELLED_BY_USER)
-            )
-            return self._get(task.id)
-        if task.state not in IN_FLIGHT_STATES:
-            raise RefusedError(
-                f"task {task.id} is {task.state}: nothing to cancel",
-                code="task.not_cancellable",
-                details={"task": task.id, "state": task.state.value},
-            )
-        if not task.cancel_requested:
-            # Intent first: a runner polling the journal sees it even if our signal is
-            # lost (we crash right after this line).
-            self.store.commit(ev.CancelRequested(task.id, task.attempt))
-        from ferry.recoverer import Recoverer
+        for _ in range(RACE_TRIES):
+            try:
+                if task.state is State.QUEUED:
+                    # Token-less: refused under the lock if a runner claimed it meanwhile.
+                    self.store.commit(ev.Settled(task.id, task.attempt, None, State.CANCELLED,
+                                                 Reason.CANCELLED_BY_USER))  # fmt: skip
+                    return self._get(task.id)
+                if task.state not in IN_FLIGHT_STATES:
+                    raise RefusedError(
+                        f"task {task.id} is {task.state}: nothing to cancel",
+                        code="task.not_cancellable",
+                        details={"task": task.id, "state": task.state.value},
+                    )
+                if not task.cancel_requested:
+                    # Intent first: a runner polling the journal sees it even if our
+                    # signal is lost (we crash right after this line).
+                    self.store.commit(ev.CancelRequested(task.id, task.attempt, task.claim_token))
+            except RefusedError as error:
+                if error.code not in MOVED_CODES:
+                    raise
+                task = self._get(task.id)  # it moved meanwhile: decide again
+                continue
+            from ferry.recoverer import Recoverer
 
-        return Recoverer(self).cancel_in_flight(task)
+            return Recoverer(self).cancel_in_flight(self._get(task.id))
+        raise InternalError(f"task {task.id} kept changing while it was being cancelled")
 
     def retry(self, prefix: str, *, force: bool) -> Task:
         task = self.store.resolve(prefix)
-        quarantined = task.reason is Reason.QUARANTINED_ORPHAN_ALIVE
-        if quarantined and not force and task.terminal and self._orphan_alive(task):
+        self._refuse_beside_a_live_orphan(task, force, "retry")
+        # The key rules (another task with this key unsafe, in flight, or succeeded) and
+        # the attempt are checked under the journal's lock.
+        self.store.commit(ev.Retried(task.id, task.attempt + 1))
+        return self._get(task.id)
+
+    def resolve(self, prefix: str, *, verdict: str, force: bool) -> Task:
+        """``ferry resolve``: record the operator's verdict on a FAILED or CANCELLED task
+        (what it really did); its key then follows the verdict."""
+        task = self.store.resolve(prefix)
+        if task.state is State.SUCCEEDED or not task.terminal:
+            raise RefusedError(
+                f"task {task.id} is {task.state}: only a FAILED or CANCELLED task is resolved",
+                code="task.not_resolvable",
+                details={"task": task.id, "state": task.state.value},
+            )
+        self._refuse_beside_a_live_orphan(task, force, "resolve")
+        self.store.commit(ev.Resolved(task.id, task.attempt, verdict))
+        return self._get(task.id)
+
+    def _refuse_beside_a_live_orphan(self, task: Task, force: bool, action: str) -> None:
+        """A quarantined task's orphan may still be doing the work: neither a new run of
+        it nor a verdict on it, unless the operator insists."""
+        quarantined = task.reason is Reason.QUARANTINED_ORPHAN_ALIVE and task.terminal
+        if quarantined and not force and self._orphan_alive(task):
             raise OperatorNeededError(
                 f"task {task.id}: its quarantined orphan is still alive; stop it with "
-                f"'ferry kill {task.id}' or use --force",
+                f"'ferry kill {task.id}' or {action} with --force",
                 code="task.orphan_alive",
                 details={"task": task.id},
             )
-        self._refuse_key_beside_an_orphan([task.spec.key], but=task.id)
-        self.store.commit(ev.Retried(task.id, task.attempt + 1))
-        return self._get(task.id)
 
     def _orphan_alive(self, task: Task) -> bool:
         from ferry.model import Liveness

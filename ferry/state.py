@@ -5,7 +5,8 @@ Two entry points, two attitudes:
 
 * :meth:`Table.validate` / :meth:`Table.validate_batch` run *before* a write, under the
   journal's append lock against the caught-up table, and raise: an illegal transition,
-  a stale claim (wrong attempt or token), a key conflict. Nothing illegal is written.
+  a stale claim (wrong attempt or token, or none for a task in flight), a key
+  conflict (the rule at the top of :mod:`ferry.fold`). Nothing illegal is written.
 * :meth:`Table.apply` folds a record that is already in the journal. It never raises for
   a bad record (a journal written by an older, buggy version must stay readable): the
   record is skipped and listed in :attr:`Table.anomalies`. Unknown event types are
@@ -13,7 +14,8 @@ Two entry points, two attitudes:
 
 Snapshots make start-up follow live work, not history: :meth:`Table.to_snapshot` keeps
 ``live`` tasks apart from ``settled`` ones, plus a small ``succeeded_keys`` index so the
-key rules work without loading history, and the ``quarantined`` tasks (FAILED
+key rules work without loading history (and ``unsafe_keys``: keys whose latest task
+ended unsafe), and the ``quarantined`` tasks (FAILED
 ``QUARANTINED_ORPHAN_ALIVE``: their orphans may still run, and every ``recover`` checks
 them, so they must be at hand without loading history). :meth:`Table.from_snapshot` may be given the
 snapshot without ``settled`` and a ``load_settled`` callback; the table calls it once,
@@ -30,9 +32,17 @@ from typing import Any, Protocol
 from ferry import events as ev
 from ferry._value import Value, init
 from ferry.errors import FerryError
-from ferry.fold import check_event, fold_event, key_conflict, task_from_record, task_to_record
+from ferry.fold import (
+    check_event,
+    check_write,
+    fold_event,
+    key_outcome,
+    key_refusal,
+    task_from_record,
+    task_key_outcome,
+    task_to_record,
+)
 from ferry.model import TERMINAL_STATES, Reason, State, Task
-from ferry.spec import TaskSpec
 
 SNAPSHOT_FORMAT = 1
 ANOMALIES_KEPT_MAX = 100
@@ -146,6 +156,10 @@ class Table:
         self._settled = _Settled()
         self._keys: dict[str, list[str]] = {}  # key -> ids of loaded tasks, submit order
         self._succeeded_keys: dict[str, str] = {}  # complete even when settled not loaded
+        # key -> its latest task, when that ended unsafe (fold.key_outcome): complete
+        # even when settled tasks are not loaded. None: not known (a snapshot written
+        # before this index existed), rebuilt from every task when first needed.
+        self._unsafe_keys: dict[str, str] | None = {}
         self._quarantined: dict[str, Task] = {}  # complete even when settled not loaded
         self._queue: list[tuple[int, str]] = []  # heap of (queue_seq, id); lazy deletion
         self._load_settled = load_settled
@@ -199,8 +213,13 @@ class Table:
         return [task.id for task in tasks]
 
     def succeeded_with_key(self, key: str) -> str | None:
-        """The id of the task that SUCCEEDED with ``key``, if any (no history load)."""
+        """The id of the task that SUCCEEDED with ``key`` (or was resolved as having
+        succeeded), if any (no history load)."""
         return self._succeeded_keys.get(key)
+
+    def unsafe_with_key(self, key: str) -> str | None:
+        """The id of ``key``'s latest task if it ended unsafe and nobody resolved it."""
+        return self._unsafe_index().get(key)
 
     def quarantined(self) -> list[Task]:
         """FAILED ``QUARANTINED_ORPHAN_ALIVE`` tasks, in id order (no history load)."""
@@ -253,9 +272,15 @@ class Table:
                 continue
             task = overlay.get(event.task) or self._find(event)
             check_event(task, event)
+            check_write(task, event)
             key = _key_of(event, task)
             if key is not None:
-                error = key_conflict(key, event.task, self._key_candidates(key, overlay))
+                error = key_refusal(
+                    key, event.task,
+                    succeeded=self._succeeded_keys.get(key),
+                    unsafe=self._unsafe_index().get(key),
+                    in_flight=self._key_in_flight(key, overlay),
+                )  # fmt: skip
                 if error is not None:
                     raise error
             overlay[event.task] = fold_event(task, event, -(index + 1), 0.0)
@@ -277,7 +302,10 @@ class Table:
                 return
             old = self._find(event)
             check_event(old, event)
-            self._put(old, fold_event(old, event, seq, ts))
+            new = fold_event(old, event, seq, ts)
+            self._put(old, new)
+            if new.spec.key is not None:
+                self._index_outcome(new.spec.key, old, new)
         except FerryError as error:
             anomaly = Anomaly(
                 seq, record_type, task_id if isinstance(task_id, str) else None,
@@ -310,6 +338,7 @@ class Table:
             "anomalies": [anomaly.to_json() for anomaly in self.anomalies],
             "live": [task_to_record(task) for task in self.live()],
             "succeeded_keys": dict(self._succeeded_keys),
+            "unsafe_keys": dict(self._unsafe_index()),
             "quarantined": [task_to_record(t) for t in self.quarantined()],
             "settled_id_max": self._settled_id_max,
         }
@@ -343,6 +372,8 @@ class Table:
         if "settled" in data:
             table._load_settled = None
             table._add_settled(data["settled"])
+        unsafe = data.get("unsafe_keys")
+        table._unsafe_keys = None if unsafe is None else dict(unsafe)
         return table
 
     # ---- internals -----------------------------------------------------------------
@@ -389,7 +420,8 @@ class Table:
             self._quarantined.pop(task_id, None)
             self._settled.add_record(record)
             self._settled_id_max = max(self._settled_id_max, task_id)
-            if state == State.SUCCEEDED.value and key is not None:
+            outcome = key_outcome(state, record.get("reason"), record.get("evidence") or {})
+            if outcome == "succeeded" and key is not None:
                 self._succeeded_keys[key] = task_id
 
     def _put(self, old: Task | None, new: Task) -> None:
@@ -403,23 +435,49 @@ class Table:
             self._live.pop(new.id, None)
             self._settled[new.id] = new
             self._settled_id_max = max(self._settled_id_max, new.id)
-            if new.state is State.SUCCEEDED and new.spec.key is not None:
-                self._succeeded_keys[new.spec.key] = new.id
         else:
             self._settled.pop(new.id)
             self._live[new.id] = new
             if new.state is State.QUEUED and (old is None or old.state is not State.QUEUED):
                 heapq.heappush(self._queue, (new.queue_seq, new.id))
 
-    def _key_candidates(self, key: str, overlay: Mapping[str, Task]) -> list[Task]:
+    def _index_outcome(self, key: str, old: Task | None, new: Task) -> None:
+        """Keep the key outcome indexes true after the fold made ``old`` (None: just
+        submitted) into ``new``. Only the fold moves them: a snapshot carries them
+        whole, and an archive's records are older than what they say."""
+        outcome = task_key_outcome(new)
+        if outcome == "succeeded":
+            self._succeeded_keys[key] = new.id
+        elif self._succeeded_keys.get(key) == new.id:
+            del self._succeeded_keys[key]  # resolved as succeeded, then retried
+        unsafe = self._unsafe_keys
+        if unsafe is not None:
+            if outcome == "unsafe":
+                unsafe[key] = new.id
+            elif old is None or unsafe.get(key) == new.id:
+                # A newer task with the key is its latest now (journals written before
+                # the unsafe rule); or this one was retried or resolved.
+                unsafe.pop(key, None)
+
+    def _unsafe_index(self) -> dict[str, str]:
+        """``_unsafe_keys``, rebuilt from every task (loading history) if not known."""
+        if self._unsafe_keys is None:
+            latest: dict[str, tuple[int, str, str | None]] = {}
+            for task in self.tasks():
+                key = task.spec.key
+                if key is not None and task.submit_seq >= latest.get(key, (-1, "", None))[0]:
+                    latest[key] = (task.submit_seq, task.id, task_key_outcome(task))
+            self._unsafe_keys = {
+                key: task_id for key, (_, task_id, outcome) in latest.items() if outcome == "unsafe"
+            }
+        return self._unsafe_keys
+
+    def _key_in_flight(self, key: str, overlay: Mapping[str, Task]) -> list[Task]:
+        """The live tasks with ``key`` (those of the batch being checked included)."""
         ids = {task_id for task_id in self._keys.get(key, ()) if task_id in self._live}
-        succeeded = self._succeeded_keys.get(key)
         ids.update(task.id for task in overlay.values() if task.spec.key == key)
-        found = [overlay.get(i) or self._live.get(i) or self._settled.get(i) for i in ids]
-        candidates = [task for task in found if task is not None]
-        if succeeded is not None and succeeded not in ids:
-            candidates.append(self._settled.get(succeeded) or _succeeded_stub(succeeded))
-        return candidates
+        found = [overlay.get(i) or self._live.get(i) for i in ids]
+        return [task for task in found if task is not None]
 
 
 def _key_of(event: ev.TaskEvent, task: Task | None) -> str | None:
@@ -428,8 +486,3 @@ def _key_of(event: ev.TaskEvent, task: Task | None) -> str | None:
     if isinstance(event, ev.Retried) and task is not None:
         return task.spec.key
     return None
-
-
-def _succeeded_stub(task_id: str) -> Task:
-    """Stands for a SUCCEEDED task known only from the key index (history not loaded)."""
-    return Task(id=task_id, spec=TaskSpec(argv=("?",), cwd="/"), state=State.SUCCEEDED)

@@ -62,6 +62,7 @@ ARCHIVES_MAX = 160
 _LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW
 _ARCHIVE_PREFIX = "settled-"
+_LEASE_ACQUIRED = ev.EventType.LEASE_ACQUIRED.value
 
 
 def journal_error(error: journal.JournalError) -> FerryError:
@@ -236,6 +237,9 @@ class Store:
 
         def check() -> None:
             with self.lock:
+                for record_type, data in batch:
+                    if record_type == _LEASE_ACQUIRED:
+                        self._check_new_epoch(int(data["epoch"]))
                 self.table.validate_batch(batch)
 
         for record_type, _ in batch:
@@ -248,10 +252,32 @@ class Store:
             failpoint("after:" + record_type)
         return records
 
+    def _check_new_epoch(self, epoch: int) -> None:
+        """A leader announces its epoch (LEASE_ACQUIRED) in its first write: refused if
+        any record already used that epoch. So two processes that were both handed one
+        epoch (``lease.json`` lost or restored from a backup while one was paused)
+        cannot both write with it: the first to journal it is the only holder."""
+        used = self.wal.max_epoch
+        if epoch <= used:
+            raise LeaseHeldError(
+                f"epoch {epoch} was already used in the journal (its highest is {used}):"
+                " another leader holds it",
+                code="journal.fenced",
+                details={"epoch": epoch, "current_epoch": used},
+            )
+
     def refresh(self) -> None:
         """Catch up on what other processes appended."""
         try:
             self.wal.refresh()
+        except journal.JournalError as error:
+            raise journal_error(error) from error
+
+    def sync(self) -> None:
+        """Catch up under the append lock, and make every record read durable
+        (``journal.Journal.sync``): before acting on a read that writes nothing."""
+        try:
+            self.wal.sync()
         except journal.JournalError as error:
             raise journal_error(error) from error
 

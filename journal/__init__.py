@@ -267,8 +267,23 @@ class Journal:
         return self._writer.append_batch(prepared, epoch, check)
 
     def refresh(self) -> None:
-        """Catch up on records other processes appended (feeds the subscribers)."""
+        """Catch up on records other processes appended (feeds the subscribers).  Without
+        the lock: a record another process has written but not yet synced may be seen
+        (and lost to a power cut if that process dies first); see ``sync``."""
         self._writer.refresh()
+
+    def sync(self) -> None:
+        """Catch up under the append lock, then fdatasync the active segment: once this
+        returns, every record this handle has seen is durable.  (Appenders sync before
+        they release the lock, but one that died between its write and its sync leaves
+        records readable that no disk holds yet.)  For a decision taken from what was
+        read that writes nothing ("already done"), so that it cannot rest on a record a
+        power cut then takes back."""
+        writer = self._writer
+        with writer.owned(), writer.locked():
+            writer.catch_up_feeding(locked=True)
+            if writer.pos.fd is not None:
+                _fsutil.sync_data(writer.pos.fd)
 
     def subscribe(
         self, on_record: Subscriber, after_seq: int = 0, *, before_durable: bool = False

@@ -52,6 +52,26 @@ def wait_until(condition: Callable[[], Any], *, what: str, timeout_s: float = WA
         time.sleep(POLL_S)
 
 
+def wait_stopped(proc: subprocess.Popen[bytes], *, what: str) -> None:
+    """Until ``proc`` is stopped (SIGSTOP: state T); fail if it exits instead."""
+
+    def stopped() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(f"{what}: it exited with {proc.returncode} instead")
+        st = read_stat(proc.pid)
+        return st is not None and st.state == "T"
+
+    wait_until(stopped, what=what)
+
+
+def finish(proc: subprocess.Popen[bytes], timeout_s: float = WAIT_S) -> tuple[int, str]:
+    """Continue ``proc`` if it is stopped, wait for its end: its exit status and stderr."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(proc.pid, signal.SIGCONT)
+    _, err = proc.communicate(timeout=timeout_s)
+    return proc.returncode, err.decode("utf-8", "replace")
+
+
 @dataclass
 class Result:
     """A finished ferry command: its arguments, exit status, stdout and stderr."""
@@ -190,6 +210,13 @@ class Ferry:
             preexec_fn=_default_signals,
         )
         self.background.append(proc)
+        return proc
+
+    def start_stopped(self, *args: str, at: str) -> subprocess.Popen[bytes]:
+        """:meth:`start`, with the failpoint ``at`` armed to SIGSTOP the command there;
+        returns once it is stopped (continue it with ``os.kill(pid, SIGCONT)``)."""
+        proc = self.start(*args, failpoints=f"{at}=stop")
+        wait_stopped(proc, what=f"{args[0]} to stop at {at}")
         return proc
 
     # ---- looking -------------------------------------------------------------------

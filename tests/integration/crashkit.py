@@ -60,11 +60,12 @@ def pid_gone(pid: int) -> bool:
 
 
 def decision_records(records: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """Per task, the records recovery journaled about it (token null, leader epoch)."""
+    """Per task, the records recovery journaled about it (a leader's epoch, and the
+    recovery evidence that ``recovery.decide`` puts in each)."""
     decided: dict[str, list[dict[str, Any]]] = {}
     for record in records:
         data = record["data"]
-        by_leader = record["epoch"] > 0 and data.get("token") is None
+        by_leader = record["epoch"] > 0 and "recovery" in (data.get("evidence") or {})
         if record["type"] in ("SETTLED", "RELEASED", "STALE") and by_leader:
             decided.setdefault(data["task"], []).append(record)
     return decided

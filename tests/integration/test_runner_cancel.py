@@ -30,7 +30,7 @@ def test_a_cancel_between_claim_and_spawn_settles_cancelled_without_running(
     store.commit(
         ev.Submitted(task_id, spec, time.time()), ev.Claimed(task_id, 1, token, me, "claim")
     )
-    store.commit(ev.CancelRequested(task_id, 1))  # as `ferry cancel` would, meanwhile
+    store.commit(ev.CancelRequested(task_id, 1, token))  # as `ferry cancel` would, meanwhile
     task = store.get(task_id)
     assert task is not None and task.state is State.CLAIMED
 

@@ -24,11 +24,16 @@ SAMPLES: list[ev.Event] = [
     ev.Settled(T, 1, "tok", State.SUCCEEDED, None, 0, None, {}),
     ev.Settled(T, 1, None, State.FAILED, Reason.SIGNALLED, None, 9, {"x": 1}),
     ev.Released(T, 1, None, Reason.RELEASED_TO_QUEUE, True, {"recovery": {}}),
-    ev.Stale(T, 1, {"recovery": {"decision": "MARK_STALE"}}),
+    ev.Stale(T, 1, "tok", {"recovery": {"decision": "MARK_STALE"}}),
+    ev.Stale(T, 1, None, {}),  # written before recovery named the claim it judged
     ev.Resumed(T, 1, "tok", {}),
+    ev.CancelRequested(T, 1, "tok"),
     ev.CancelRequested(T, 1),
     ev.Retried(T, 2),
+    ev.Resolved(T, 1, "succeeded"),
+    ev.Resolved(T, 2, "failed"),
     ev.OrphanSignalled(T, 1, 100, 100, 12345.5, 15),
+    ev.OrphanSignalled(T, 1, 100, 100, 12345.5, 15, "tok"),
     ev.OrphanSignalled(T, 1, None, None, None, 9),  # known only by its marker
     ev.LeaseAcquired(3, RUNNER),
     ev.LeaseReleased(3, RUNNER),
@@ -74,6 +79,14 @@ _DROP = object()
 CLAIMED, SETTLED, SPAWNED = SAMPLES[1], SAMPLES[4], SAMPLES[3]
 
 
+def _first(kind: type) -> ev.Event:
+    return next(sample for sample in SAMPLES if isinstance(sample, kind))
+
+
+RELEASED, LEASE, ORPHAN = _first(ev.Released), _first(ev.LeaseAcquired), _first(ev.OrphanSignalled)
+RESOLVED, STALE = _first(ev.Resolved), _first(ev.Stale)
+
+
 @pytest.mark.parametrize(
     ("event", "change"),
     [
@@ -97,12 +110,16 @@ CLAIMED, SETTLED, SPAWNED = SAMPLES[1], SAMPLES[4], SAMPLES[3]
         (SETTLED, {"reason": "NOPE", "state": "FAILED"}),
         (SETTLED, {"exit_code": "0"}),
         (SETTLED, {"evidence": []}),
-        (SAMPLES[6], {"counted": 1}),
-        (SAMPLES[6], {"reason": None}),
-        (SAMPLES[13], {"epoch": -1}),
-        (SAMPLES[13], {"holder": None}),
-        (SAMPLES[11], {"signal": 0}),
-        (SAMPLES[11], {"pid": -1}),
+        (RELEASED, {"counted": 1}),
+        (RELEASED, {"reason": None}),
+        (LEASE, {"epoch": -1}),
+        (LEASE, {"holder": None}),
+        (ORPHAN, {"signal": 0}),
+        (ORPHAN, {"pid": -1}),
+        (ORPHAN, {"token": 5}),
+        (RESOLVED, {"verdict": "maybe"}),
+        (RESOLVED, {"verdict": _DROP}),
+        (STALE, {"token": ""}),
     ],
 )
 def test_malformed_known_types_raise(event: ev.Event, change: dict[str, Any]) -> None:

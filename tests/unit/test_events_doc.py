@@ -22,6 +22,7 @@ ONE_OF_EACH: list[ev.Event] = [
     ev.Resumed("t", 1),
     ev.CancelRequested("t", 1),
     ev.Retried("t", 2),
+    ev.Resolved("t", 1, "failed"),
     ev.OrphanSignalled("t", 1, 1, 1, 1.0, 9),
     ev.LeaseAcquired(1, {}),
     ev.LeaseReleased(1, {}),

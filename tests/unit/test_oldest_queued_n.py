@@ -44,9 +44,14 @@ class Journal:
         if action == "claim" and task.state is State.QUEUED:
             self.write(ev.Claimed(task.id, task.attempt, token, RUNNER, "work"))
         elif action == "release" and task.in_flight and task.claim_token is not None:
-            self.write(ev.Released(task.id, task.attempt, None, Reason.RELEASED_TO_QUEUE, False))
+            self.write(
+                ev.Released(
+                    task.id, task.attempt, task.claim_token, Reason.RELEASED_TO_QUEUE, False
+                )
+            )
         elif action == "fail" and (task.in_flight or task.state is State.QUEUED):
-            self.write(ev.Settled(task.id, task.attempt, None, State.FAILED, Reason.TIMEOUT))
+            token = task.claim_token  # (None for a queued task)
+            self.write(ev.Settled(task.id, task.attempt, token, State.FAILED, Reason.TIMEOUT))
         elif action == "retry" and task.state is State.FAILED:
             self.write(ev.Retried(task.id, task.attempt + 1))
 

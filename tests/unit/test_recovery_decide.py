@@ -182,7 +182,9 @@ EXPECTED_RECORD: dict[Action, tuple[str, str | None, str | None]] = {
 }
 
 
-def test_each_decision_journals_the_right_record_with_null_token() -> None:
+def test_each_decision_journals_the_right_record_naming_the_claim_it_decides() -> None:
+    """Recovery's records carry the token of the claim it judged (a token-less write
+    about a task in flight is never legal: ferry.fold), not a token of its own."""
     for task, seen in cases():
         decision = decide(task, seen, POLICY, 0.0)
         if decision.action is Action.LEAVE:
@@ -193,7 +195,7 @@ def test_each_decision_journals_the_right_record_with_null_token() -> None:
         want_type, want_state, want_reason = EXPECTED_RECORD[decision.action]
         assert record_type == want_type
         assert data["task"] == task.id and data["attempt"] == task.attempt
-        assert data.get("token") is None
+        assert data.get("token") == task.claim_token is not None
         if want_state is not None:
             assert data["state"] == want_state
         if want_reason is not None:

@@ -19,9 +19,13 @@ OWNED = (
     "tests/integration/test_faults.py",
     "tests/integration/test_security.py",
     "tests/property/test_fuzz_readers.py",
+    "tests/integration/test_write_races.py",
 )
 REFERENCE = re.compile(r"`(tests/[\w/]+\.py)::(test_\w+)`")
-SECTIONS = ("## Bad input", "## Resource faults", "## Security", "## Fuzzing", "## Crash points")
+SECTIONS = (
+    "## Bad input", "## Resource faults", "## Security", "## Fuzzing", "## Crash points",
+    "## Races",
+)  # fmt: skip
 
 
 def cited() -> set[tuple[str, str]]:

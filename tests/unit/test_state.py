@@ -14,6 +14,7 @@ from ferry.errors import (
     FerryError,
     IllegalTransitionError,
     KeyInFlightError,
+    KeyUnsafeError,
     NotFoundError,
     RefusedError,
 )
@@ -111,7 +112,7 @@ def test_queue_is_fifo_by_submission_and_release_keeps_the_place(h: Harness) -> 
     assert h.table.oldest_queued().id == a  # type: ignore[union-attr]
     h.start(a)
     assert h.table.oldest_queued().id == b  # type: ignore[union-attr]
-    h.write(ev.Released(a, 1, None, Reason.RELEASED_TO_QUEUE, True))
+    h.write(ev.Released(a, 1, "tok", Reason.RELEASED_TO_QUEUE, True))
     assert [t.id for t in h.table.queued()] == [a, b, c]
     assert h.table.oldest_queued().id == a  # type: ignore[union-attr]
     task = h.get(a)
@@ -126,7 +127,7 @@ def test_queue_is_fifo_by_submission_and_release_keeps_the_place(h: Harness) -> 
 def test_uncounted_release_does_not_count(h: Harness) -> None:
     a = h.submit()
     h.write(ev.Claimed(a, 1, "tok", RUNNER, "claim"))
-    h.write(ev.Released(a, 1, None, Reason.RELEASED_TO_QUEUE, False))
+    h.write(ev.Released(a, 1, "tok", Reason.RELEASED_TO_QUEUE, False))
     assert h.get(a).releases == 0
 
 
@@ -140,7 +141,7 @@ def test_empty_queue(h: Harness) -> None:
 def test_retry_is_a_new_attempt_at_the_back_of_the_queue(h: Harness) -> None:
     a, b = h.submit(idempotent=True), h.submit()
     h.start(a)
-    h.write(ev.Released(a, 1, None, Reason.RELEASED_TO_QUEUE, True))
+    h.write(ev.Released(a, 1, "tok", Reason.RELEASED_TO_QUEUE, True))
     h.start(a, token="tok2")
     h.write(ev.Settled(a, 1, "tok2", State.FAILED, Reason.EXIT_NONZERO, 3, None, {"k": 1}))
     h.write(ev.Retried(a, 2))
@@ -159,22 +160,22 @@ def test_retry_is_a_new_attempt_at_the_back_of_the_queue(h: Harness) -> None:
 def test_stale_and_resumed(h: Harness) -> None:
     a = h.submit()
     h.start(a)
-    h.write(ev.Stale(a, 1, {"recovery": {"decision": "MARK_STALE"}}))
+    h.write(ev.Stale(a, 1, "tok", {"recovery": {"decision": "MARK_STALE"}}))
     task = h.get(a)
     assert (task.state, task.reason) == (State.STALE, Reason.HEARTBEAT_STALE)
     h.write(ev.Resumed(a, 1, "tok"))
     task = h.get(a)
     assert (task.state, task.reason, task.heartbeat_at) == (State.RUNNING, None, h.ts)
-    h.write(ev.Stale(a, 1))
+    h.write(ev.Stale(a, 1, "tok"))
     h.write(ev.Settled(a, 1, "tok", State.SUCCEEDED, None, 0))  # a STALE runner may settle
 
 
 def test_cancel_request_then_the_runner_settles_cancelled(h: Harness) -> None:
     a = h.submit()
     h.start(a)
-    h.write(ev.CancelRequested(a, 1))
+    h.write(ev.CancelRequested(a, 1, "tok"))
     assert h.get(a).cancel_requested
-    h.write(ev.CancelRequested(a, 1))  # asking twice is harmless
+    h.write(ev.CancelRequested(a, 1, "tok"))  # asking twice is harmless
     h.write(ev.Settled(a, 1, "tok", State.CANCELLED, Reason.CANCELLED_BY_USER, None, 15))
     assert h.get(a).state is State.CANCELLED
 
@@ -182,7 +183,7 @@ def test_cancel_request_then_the_runner_settles_cancelled(h: Harness) -> None:
 def test_orphan_signals_accumulate_in_evidence(h: Harness) -> None:
     a = h.submit()
     h.start(a)
-    h.write(ev.Settled(a, 1, None, State.FAILED, Reason.QUARANTINED_ORPHAN_ALIVE))
+    h.write(ev.Settled(a, 1, "tok", State.FAILED, Reason.QUARANTINED_ORPHAN_ALIVE))
     h.write(ev.OrphanSignalled(a, 1, 4242, 4242, 99.5, 15))
     h.write(ev.OrphanSignalled(a, 1, 4242, 4242, 99.5, 9))
     assert [s["signal"] for s in h.get(a).evidence["signals"]] == [15, 9]
@@ -201,14 +202,14 @@ def test_lease_events_are_tracked(h: Harness) -> None:
 def test_late_runner_cannot_settle_after_recovery_decided(h: Harness) -> None:
     a = h.submit()
     h.start(a)
-    h.write(ev.Settled(a, 1, None, State.FAILED, Reason.MARKED_FAILED_MUTATION_UNSAFE))
+    h.write(ev.Settled(a, 1, "tok", State.FAILED, Reason.MARKED_FAILED_MUTATION_UNSAFE))
     refused(h, ev.Settled(a, 1, "tok", State.SUCCEEDED, None, 0), RefusedError, "task.stale_claim")
 
 
 def test_old_claim_cannot_act_after_release_and_reclaim(h: Harness) -> None:
     a = h.submit(idempotent=True)
     h.write(ev.Claimed(a, 1, "old", RUNNER, "work"))
-    h.write(ev.Released(a, 1, None, Reason.RELEASED_TO_QUEUE, False))
+    h.write(ev.Released(a, 1, "old", Reason.RELEASED_TO_QUEUE, False))
     h.write(ev.Claimed(a, 1, "new", RUNNER, "work"))
     refused(h, ev.Dispatching(a, 1, "old", "m"), RefusedError, "task.stale_claim")
     h.write(ev.Dispatching(a, 1, "new", "m"))
@@ -259,7 +260,7 @@ def test_refusals(h: Harness, setup: str, event: Any, code: str) -> None:
     elif setup == "failed":
         h.write(ev.Settled(a, 1, "tok", State.FAILED, Reason.EXIT_NONZERO, 1))
     elif setup == "stale":
-        h.write(ev.Stale(a, 1))
+        h.write(ev.Stale(a, 1, "tok"))
     type_, data = event.encode()
     data = {**data, "task": a}
     before = h.table.to_snapshot()
@@ -272,11 +273,11 @@ def test_refusals(h: Harness, setup: str, event: Any, code: str) -> None:
 def test_counted_release_beyond_the_limit_is_refused(h: Harness) -> None:
     a = h.submit(idempotent=True, max_releases=1)
     h.start(a)
-    h.write(ev.Released(a, 1, None, Reason.RELEASED_TO_QUEUE, True))
+    h.write(ev.Released(a, 1, "tok", Reason.RELEASED_TO_QUEUE, True))
     h.start(a, "t2")
-    refused(h, ev.Released(a, 1, None, Reason.RELEASED_TO_QUEUE, True), RefusedError,
+    refused(h, ev.Released(a, 1, "t2", Reason.RELEASED_TO_QUEUE, True), RefusedError,
             "task.release_limit")  # fmt: skip
-    h.write(ev.Released(a, 1, None, Reason.RELEASED_TO_QUEUE, False))  # uncounted is fine
+    h.write(ev.Released(a, 1, "t2", Reason.RELEASED_TO_QUEUE, False))  # uncounted is fine
 
 
 def test_unknown_task_and_unknown_type(h: Harness) -> None:
@@ -345,13 +346,148 @@ def test_batch_validates_against_its_own_earlier_events(h: Harness) -> None:
     assert h.table.get(a) is None
 
 
+# ---- the write rule: decided under the lock, with the claim it is about ------------
+
+
+def test_a_token_less_settle_of_a_task_in_flight_is_refused(h: Harness) -> None:
+    """Bug 2: a ``cancel`` read the task QUEUED, a runner claimed and started it, then the
+    cancel's token-less SETTLED came: refused, so the journal never says CANCELLED of a
+    task that runs (the cancel reads again and asks the runner instead)."""
+    a = h.submit()
+    cancel = ev.Settled(a, 1, None, State.CANCELLED, Reason.CANCELLED_BY_USER)
+    h.table.validate(*cancel.encode())  # (legal while it is QUEUED)
+    h.start(a)
+    refused(h, cancel, RefusedError, "task.stale_claim")
+    for event in (
+        ev.Released(a, 1, None, Reason.RELEASED_TO_QUEUE, False),
+        ev.Stale(a, 1),
+        ev.CancelRequested(a, 1),
+        ev.OrphanSignalled(a, 1, 4242, 4242, 99.5, 9),
+    ):
+        refused(h, event, RefusedError, "task.stale_claim")
+    h.write(ev.CancelRequested(a, 1, "tok"))
+    h.write(ev.Settled(a, 1, "tok", State.CANCELLED, Reason.CANCELLED_BY_USER))
+
+
+def test_a_decision_about_an_older_claim_of_the_task_is_refused(h: Harness) -> None:
+    a = h.submit(idempotent=True)
+    h.start(a, token="old")
+    h.write(ev.Released(a, 1, "old", Reason.RELEASED_TO_QUEUE, True))
+    h.start(a, token="new")
+    refused(h, ev.Settled(a, 1, "old", State.FAILED, Reason.MARKED_FAILED_MUTATION_UNSAFE),
+            RefusedError, "task.stale_claim")  # fmt: skip
+
+
+def test_a_task_whose_cancel_was_requested_is_not_released(h: Harness) -> None:
+    """A ``recover`` that observed the task just before CANCEL_REQUESTED decided to
+    release it: refused; it decides again, and cancels."""
+    a = h.submit(idempotent=True)
+    h.start(a)
+    release = ev.Released(a, 1, "tok", Reason.RELEASED_TO_QUEUE, True)
+    h.table.validate(*release.encode())
+    h.write(ev.CancelRequested(a, 1, "tok"))
+    refused(h, release, RefusedError, "task.cancel_requested")
+    h.write(ev.Settled(a, 1, "tok", State.CANCELLED, Reason.CANCELLED_BY_USER))
+
+
+def test_replay_folds_what_the_write_rule_now_refuses() -> None:
+    """A journal written before the rule (recovery's token-less decisions) reads back
+    as written: the rule is checked at write time only."""
+    h = Harness()
+    a = h.submit()
+    h.start(a)
+    h.force(*ev.Settled(a, 1, None, State.FAILED, Reason.MARKED_FAILED_MUTATION_UNSAFE).encode())
+    assert h.get(a).reason is Reason.MARKED_FAILED_MUTATION_UNSAFE and not h.table.anomalies
+
+
+# ---- keys after an unsafe end, and resolve ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    "reason", [Reason.MARKED_FAILED_MUTATION_UNSAFE, Reason.QUARANTINED_ORPHAN_ALIVE]
+)
+def test_a_key_whose_latest_task_ended_unsafe_is_refused_until_retried(
+    h: Harness, reason: Reason
+) -> None:
+    a = h.submit(key="deploy")
+    h.start(a)
+    h.write(ev.Settled(a, 1, "tok", State.FAILED, reason))
+    with pytest.raises(KeyUnsafeError) as caught:
+        h.submit(key="deploy")
+    error = caught.value
+    assert (error.code, error.exit_code, error.details["task"]) == ("task.key_unsafe", 3, a)
+    assert f"ferry retry {a}" in error.message and f"ferry resolve {a}" in error.message
+    assert h.table.unsafe_with_key("deploy") == a
+    h.submit(key="other")  # other keys are free
+    h.write(ev.Retried(a, 2))  # the operator's way out: run it again
+    assert h.table.unsafe_with_key("deploy") is None
+    with pytest.raises(KeyInFlightError):
+        h.submit(key="deploy")
+
+
+def test_resolve_as_succeeded_skips_the_key_and_as_failed_frees_it(h: Harness) -> None:
+    a, b = h.submit(key="one"), h.submit(key="two")
+    for task_id in (a, b):
+        h.start(task_id)
+        h.write(ev.Settled(task_id, 1, "tok", State.FAILED, Reason.MARKED_FAILED_MUTATION_UNSAFE))
+    h.write(ev.Resolved(a, 1, "succeeded"))
+    h.write(ev.Resolved(b, 1, "failed"))
+    task = h.get(a)
+    assert task.state is State.FAILED and task.evidence["resolution"]["verdict"] == "succeeded"
+    assert task.evidence["resolution"]["at"].endswith("Z")
+    with pytest.raises(RefusedError) as caught:
+        h.submit(key="one")
+    assert caught.value.code == "task.key_succeeded" and caught.value.details["task"] == a
+    assert h.table.succeeded_with_key("one") == a
+    h.submit(key="two")  # resolved as failed: the key runs again
+    refused(h, ev.Resolved(a, 1, "failed"), RefusedError, "task.already_resolved")
+    # retried after all: the verdict goes with the old attempt, and the key is its again
+    h.write(ev.Retried(a, 2))
+    assert h.table.succeeded_with_key("one") is None
+    assert h.get(a).evidence["previous_attempt"]["evidence"]["resolution"]["verdict"] == "succeeded"
+
+
+@pytest.mark.parametrize("state", ["queued", "running", "succeeded"])
+def test_only_a_failed_or_cancelled_task_is_resolved(h: Harness, state: str) -> None:
+    a = h.submit()
+    if state != "queued":
+        h.start(a)
+    if state == "succeeded":
+        h.write(ev.Settled(a, 1, "tok", State.SUCCEEDED, None, 0))
+    with pytest.raises(FerryError):
+        h.write(ev.Resolved(a, 1, "succeeded"))
+
+
+def test_the_unsafe_key_index_survives_snapshots_and_is_rebuilt_from_an_old_one() -> None:
+    h = Harness()
+    a = h.submit(key="k")
+    h.start(a)
+    h.write(ev.Settled(a, 1, "tok", State.FAILED, Reason.MARKED_FAILED_MUTATION_UNSAFE))
+    snapshot = h.table.to_snapshot()
+    assert snapshot["unsafe_keys"] == {"k": a}
+    settled = snapshot.pop("settled")
+    lazy = Table.from_snapshot(snapshot, load_settled=lambda: settled)
+    assert lazy.unsafe_with_key("k") == a
+    old = {k: v for k, v in snapshot.items() if k != "unsafe_keys"}  # before the index
+    calls: list[int] = []
+
+    def load() -> Iterable[Mapping[str, Any]]:
+        calls.append(1)
+        return settled
+
+    rebuilt = Harness(Table.from_snapshot(old, load_settled=load))
+    with pytest.raises(KeyUnsafeError):
+        rebuilt.submit(key="k")
+    assert calls == [1]
+
+
 # ---- replay of a bad journal -----------------------------------------------------
 
 
 def test_illegal_records_in_the_journal_are_skipped_as_anomalies(h: Harness) -> None:
     a = h.submit()
     h.start(a)
-    h.write(ev.Settled(a, 1, None, State.FAILED, Reason.MARKED_FAILED_MUTATION_UNSAFE))
+    h.write(ev.Settled(a, 1, "tok", State.FAILED, Reason.MARKED_FAILED_MUTATION_UNSAFE))
     before = h.get(a)
     late = ev.Settled(a, 1, "tok", State.SUCCEEDED, None, 0).encode()
     h.force(*late)  # an older buggy version wrote this
