@@ -69,6 +69,14 @@ def journal_error(error: journal.JournalError) -> FerryError:
     exit 4; a fenced write 75 (another leader is responsible); a record too large is
     bad input (2); a failed write or fsync (a full disk) is ferry failing (125)."""
     details = dict(error.details)
+    if isinstance(error, journal.WriterFailedError):
+        cause = error.__cause__
+        while cause is not None and not isinstance(cause, FerryError):
+            cause = cause.__cause__
+        if cause is not None:
+            # Our own subscriber (the table's fold) raised: its coded error (a history
+            # load that failed) stops the command, not a vague "handle unusable".
+            return cause
     if isinstance(error, journal.FencedError):
         return LeaseHeldError(
             f"fenced: a newer leader holds the journal ({error})", code=error.code, details=details
@@ -368,26 +376,83 @@ def _undecodable_snapshot(error: Exception) -> JournalIntegrityError:
     )
 
 
-def _table_from_snapshot(home: Path, blob: bytes) -> Table:
-    directory = home / "archive"
+ArchiveRefs = list[tuple[str, str]]  # (file name, SHA-256) of a snapshot's archives
+# Newer snapshots a history load falls back to in a row (each is one whose archives a
+# compaction pruned while this load read them: rare, see _load_history).
+_HISTORY_TRIES = 5
+
+
+def _parse_snapshot(blob: bytes) -> tuple[dict[str, Any], ArchiveRefs]:
+    """The table part of a snapshot and the archives it names."""
     try:
         data = orjson.loads(blob)
         archives = data.pop("settled_archives", [])
-        refs = [(directory / ref["name"], ref["sha256"]) for ref in archives]
+        return data, [(str(ref["name"]), str(ref["sha256"])) for ref in archives]
     except _SNAPSHOT_DECODE_ERRORS as error:
         raise _undecodable_snapshot(error) from error
 
-    def load_settled() -> Iterable[Mapping[str, Any]]:
-        by_id: dict[str, Mapping[str, Any]] = {}
-        for path, sha256 in refs:  # oldest first: a later archive has the newer record
-            for record in _read_archive(path, sha256):
-                by_id[record["id"]] = record
-        return by_id.values()
+
+def _table_from_snapshot(home: Path, blob: bytes) -> Table:
+    data, refs = _parse_snapshot(blob)
+    return _table_from(home, data, refs)
+
+
+def _table_from(home: Path, data: dict[str, Any], refs: ArchiveRefs) -> Table:
+    def load_settled(table_seq: int) -> Iterable[Mapping[str, Any]] | Table:
+        return _load_history(home, refs, table_seq)
 
     try:
         return Table.from_snapshot(data, load_settled=load_settled if refs else None)
     except _SNAPSHOT_DECODE_ERRORS as error:
         raise _undecodable_snapshot(error) from error
+
+
+def _load_history(
+    home: Path, refs: ArchiveRefs, table_seq: int
+) -> Iterable[Mapping[str, Any]] | Table:
+    """The settled tasks of a table loaded from the snapshot naming ``refs``, folded
+    through ``table_seq`` since (a ``state.SettledLoader``).
+
+    A process that keeps its table (``work``) may need history long after it loaded its
+    snapshot: compactions meanwhile may have merged the archives that snapshot names
+    into one and pruned them. Then the newest snapshot's archives serve: they hold every
+    task settled up to that snapshot, and where the table folded a task since, its own
+    version is as new or newer. A newest snapshot past ``table_seq`` could hold a task
+    in a state later than the table's; the table becomes that snapshot's instead (the
+    records in between are covered by it). Missing archives the newest snapshot names
+    too are lost: ``journal.snapshot_mismatch``, never skipped."""
+    directory = home / "archive"
+    try:
+        return _read_archives(directory, refs)
+    except JournalIntegrityError as error:
+        lost = error
+    for _ in range(_HISTORY_TRIES):
+        try:
+            latest = journal.read_latest_snapshot(home / "journal")
+        except journal.JournalError as error:
+            raise journal_error(error) from error
+        if latest is None:
+            break
+        data, newer = _parse_snapshot(latest.data)
+        if newer == refs:
+            break  # the newest snapshot names them too: gone, not superseded
+        if latest.seq > table_seq:
+            return _table_from(home, data, newer)
+        try:
+            return _read_archives(directory, newer)
+        except JournalIntegrityError as error:
+            refs, lost = newer, error  # pruned while read: a newer snapshot replaced them
+    raise lost
+
+
+def _read_archives(directory: Path, refs: ArchiveRefs) -> list[Mapping[str, Any]]:
+    """Every task the archives hold, its newest record each (oldest archive first: a
+    later one has the newer record)."""
+    by_id: dict[str, Mapping[str, Any]] = {}
+    for name, sha256 in refs:
+        for record in _read_archive(directory / name, sha256):
+            by_id[record["id"]] = record
+    return list(by_id.values())
 
 
 def check_table(table: Table) -> None:
@@ -436,7 +501,10 @@ def _read_archive(path: Path, sha256: str) -> Iterator[Mapping[str, Any]]:
             details={"path": str(path)},
         )
     for line in body.splitlines():
-        yield orjson.loads(line)
+        try:
+            yield orjson.loads(line)
+        except ValueError as error:  # it matched its hash: written so by a bug
+            raise _undecodable_snapshot(error) from error
 
 
 def _prune_heartbeats(home: Path, settled: list[dict[str, Any]]) -> None:

@@ -1,5 +1,7 @@
 """Concurrent compactions (cron's `ferry journal compact`, a leader's, `run`'s own) never
-leave a snapshot that names a pruned archive: they are serialised by a lock."""
+leave a snapshot that names a pruned archive: they are serialised by a lock. A process
+that loaded an older snapshot still finds the history it needs once the archives that
+snapshot named were merged and pruned."""
 
 from __future__ import annotations
 
@@ -9,11 +11,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from clikit import Ferry, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
 
-def ferry(home: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
+def cli(home: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
     env = dict(os.environ, FERRY_HOME=str(home))
     return subprocess.run(
         [sys.executable, "-m", "ferry.cli", *args], env=env, capture_output=True, timeout=120
@@ -44,8 +47,8 @@ def test_concurrent_compactions_keep_every_archive_a_snapshot_names(tmp_path: Pa
         ]
         for proc in [worker, *compactors]:
             assert proc.wait(timeout=120) == 0, f"round {round_no}: {proc.args}"
-    assert ferry(home, "journal", "verify").returncode == 0
-    listed = ferry(home, "--json", "ls", "--limit", "0")
+    assert cli(home, "journal", "verify").returncode == 0
+    listed = cli(home, "--json", "ls", "--limit", "0")
     assert listed.returncode == 0, listed.stderr
     assert listed.stdout.count(b'"SUCCEEDED"') == 60
 
@@ -57,7 +60,7 @@ def test_a_compaction_waits_for_the_one_in_progress(tmp_path: Path) -> None:
     import time
 
     home = tmp_path / "home"
-    assert ferry(home, "run", "--", "true").returncode == 0
+    assert cli(home, "run", "--", "true").returncode == 0
     lock_path = home / "compact.lock"
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX)  # "another compaction is in progress"
@@ -99,15 +102,15 @@ def test_a_runner_left_behind_by_a_compaction_still_settles_its_task(tmp_path: P
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 60
-        while b'"RUNNING"' not in ferry(home, "--json", "ls").stdout:
+        while b'"RUNNING"' not in cli(home, "--json", "ls").stdout:
             assert time.monotonic() < deadline, "the task never ran"
             time.sleep(0.05)
         big = tmp_path / "big.jsonl"
         env = [f"V{i}=" + "x" * (100 << 10) for i in range(30)]  # 3 MiB (never run)
         big.write_text(json.dumps({"argv": ["true"], "env": env}) + "\n")
         for _ in range(8):  # ~24 MiB: the runner's segment is sealed, and two after it
-            assert ferry(home, "submit", "--from", str(big)).returncode == 0
-        compacted = ferry(home, "--json", "journal", "compact")
+            assert cli(home, "submit", "--from", str(big)).returncode == 0
+        compacted = cli(home, "--json", "journal", "compact")
         assert compacted.returncode == 0, compacted.stderr
         go.touch()
         assert runner.wait(timeout=60) == 0
@@ -115,8 +118,103 @@ def test_a_runner_left_behind_by_a_compaction_still_settles_its_task(tmp_path: P
         if runner.poll() is None:
             runner.kill()
             runner.wait(timeout=10)
-    states = [t["state"] for t in json.loads(ferry(home, "--json", "ls").stdout)]
+    states = [t["state"] for t in json.loads(cli(home, "--json", "ls").stdout)]
     assert states.count("SUCCEEDED") == 1 and "RUNNING" not in states, states
-    assert ferry(home, "journal", "verify").returncode == 0
-    removed = json.loads(ferry(home, "--json", "journal", "compact").stdout)["removed"]
+    assert cli(home, "journal", "verify").returncode == 0
+    removed = json.loads(cli(home, "--json", "journal", "compact").stdout)["removed"]
     assert removed, "with nobody behind, the sealed segments go"
+
+
+SMALL_ARCHIVES = str(Path(__file__).with_name("small_archives.py"))
+
+
+def compact_small(ferry: Ferry, archives_max: int = 2) -> dict[str, object]:
+    """`ferry journal compact` with ARCHIVES_MAX lowered (merges after a few)."""
+    report: dict[str, object] = ferry.json(
+        "journal", "compact", command=(sys.executable, SMALL_ARCHIVES, str(archives_max))
+    )
+    return report
+
+
+def archive_names(ferry: Ferry) -> set[str]:
+    return {p.name for p in (ferry.home / "archive").glob("settled-*")}
+
+
+@pytest.mark.parametrize("compacted_past_the_leader", [False, True], ids=["caught_up", "behind"])
+def test_a_leader_from_an_older_snapshot_runs_a_retry_after_its_archives_were_pruned(
+    ferry: Ferry, tmp_path: Path, compacted_past_the_leader: bool
+) -> None:
+    """A long-running `work` loaded its snapshot, its history not yet: another process
+    merges the archives that snapshot names and prunes them, then `retry`s an old task.
+    The leader must run it (it skipped the RETRIED as an anomaly: archive missing; the
+    task stayed QUEUED under an idle leader). "behind": a compaction also passed the
+    RETRIED before the leader read it (the leader's table is older than the newest
+    snapshot when it needs history)."""
+    import signal
+
+    flag = tmp_path / "flag"
+    old_id = ferry.ok("--json", "run", "--", "test", "-e", str(flag), codes=(1,)).json()["id"]
+    compact_small(ferry)
+    first_archives = archive_names(ferry)
+    leader = ferry.start("work", "--poll", "0.05")
+    wait_until(
+        lambda: any(r["type"] == "LEASE_ACQUIRED" for r in ferry.records()),
+        what="the leader to lead",
+    )
+    os.kill(leader.pid, signal.SIGSTOP)  # its table stays at the snapshot it loaded
+    try:
+        for _ in range(3):  # a merge, then a prune of what the leader's snapshot named
+            ferry.ok("run", "--", "true")
+            compact_small(ferry)
+        assert not first_archives & archive_names(ferry), "the old archives are pruned"
+        flag.touch()
+        ferry.ok("retry", old_id)
+        if compacted_past_the_leader:
+            compact_small(ferry)
+    finally:
+        os.kill(leader.pid, signal.SIGCONT)
+
+    def retried_and_settled() -> bool:
+        task = ferry.task(old_id)
+        return task["attempt"] == 2 and task["state"] == "SUCCEEDED"
+
+    wait_until(retried_and_settled, what="the leader to run the retried task")
+    os.kill(leader.pid, signal.SIGTERM)
+    _, err = leader.communicate(timeout=60)
+    assert leader.returncode == 0, err
+    assert ferry.task(old_id)["state"] == "SUCCEEDED"
+    assert ferry.verify_clean()["anomalies"] == []
+
+
+def test_a_leader_that_cannot_load_the_history_it_needs_stops_with_the_coded_error(
+    ferry: Ferry,
+) -> None:
+    """The rule: a history load that fails stops the command, never a skipped record.
+    The archive every snapshot names is gone (real damage): the leader that reads a
+    RETRIED of a task in it stops with journal.snapshot_mismatch (exit 4); the RETRIED
+    stays in the journal, and the task is QUEUED again once the archive is back."""
+    import signal
+
+    old_id = ferry.ok("--json", "run", "--", "false", codes=(1,)).json()["id"]
+    ferry.ok("journal", "compact")
+    (archive,) = (ferry.home / "archive").glob("settled-*")
+    leader = ferry.start("work", "--poll", "0.05")
+    wait_until(
+        lambda: any(r["type"] == "LEASE_ACQUIRED" for r in ferry.records()),
+        what="the leader to lead",
+    )
+    os.kill(leader.pid, signal.SIGSTOP)
+    try:
+        ferry.ok("retry", old_id)
+        body = archive.read_bytes()
+        archive.unlink()
+    finally:
+        os.kill(leader.pid, signal.SIGCONT)
+    _, err = leader.communicate(timeout=60)
+    assert leader.returncode == 4, err
+    assert "error[journal.snapshot_mismatch]" in err.decode(), err
+    assert "slot failed" not in err.decode(), err
+    archive.write_bytes(body)
+    archive.chmod(0o600)
+    task = ferry.task(old_id)
+    assert (task["state"], task["attempt"]) == ("QUEUED", 2)
