@@ -10,7 +10,7 @@ written. A late runner whose claim recovery already decided is refused here
 
 Snapshots (``compact``) keep start-up cost following live work, not history: the
 journal snapshot holds live tasks and the small indexes; settled tasks go to a separate
-archive file (``archive/settled-<seq>.jsonl``) that is read only when a command needs
+archive file (``archive/settled-<seq>-<random>.jsonl``) that is read only when a command needs
 history (``ls``, ``show`` of an old task, a key lookup).
 """
 
@@ -337,7 +337,9 @@ class Store:
             if delta:
                 archives.append(_write_archive(directory, seq, delta))
             data["settled_archives"] = archives
+            failpoint("before:snapshot_write")
             self.wal.write_snapshot(seq, orjson.dumps(data))
+            failpoint("after:snapshot_write")
             self.snapshot_seq = seq
             removed = self.wal.compact()
             if previous is not None:
@@ -471,12 +473,25 @@ def _write_archive(
 ) -> dict[str, Any]:
     """Settled tasks as JSON Lines, written atomically BEFORE the snapshot naming them:
     a crash in between leaves an unreferenced file (pruned later), never a snapshot
-    pointing at a missing or half-written archive."""
+    pointing at a missing or half-written archive.
+
+    The name is new: ``settled-<seq>-<random>.jsonl``, never one present. Named by the
+    seq alone, a merge at the seq of the current snapshot (two compactions with nothing
+    in between) replaced the very archive that snapshot names, so it no longer matched
+    its SHA-256: killed before its own snapshot was written, the merge left history
+    unreadable for good. (Compactions are serialised: no other writer picks a name.)"""
     directory.mkdir(mode=0o700, exist_ok=True)
-    name = f"{_ARCHIVE_PREFIX}{seq:020d}.jsonl"
+    present = set(os.listdir(directory))
+    name = _archive_name(seq)
+    while name in present:
+        name = _archive_name(seq)
     body = b"".join(orjson.dumps(record) + b"\n" for record in records)
     write_atomic(directory, name, body)
     return {"name": name, "sha256": _sha256_hex(body), "count": len(records)}
+
+
+def _archive_name(seq: int) -> str:
+    return f"{_ARCHIVE_PREFIX}{seq:020d}-{os.urandom(6).hex()}.jsonl"
 
 
 def _sha256_hex(body: bytes) -> str:

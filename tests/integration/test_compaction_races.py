@@ -6,6 +6,7 @@ snapshot named were merged and pruned."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -218,3 +219,57 @@ def test_a_leader_that_cannot_load_the_history_it_needs_stops_with_the_coded_err
     archive.chmod(0o600)
     task = ferry.task(old_id)
     assert (task["state"], task["attempt"]) == ("QUEUED", 2)
+
+
+def same_seq_merge_due(ferry: Ferry) -> set[str]:
+    """Two compactions, each archiving a task: the next compaction (nothing in between)
+    merges at the seq of the current snapshot. The archives it names, returned."""
+    for _ in range(2):
+        ferry.ok("run", "--", "false", codes=(1,))
+        compact_small(ferry)
+    named = archive_names(ferry)
+    assert len(named) == 2
+    return named
+
+
+def assert_history_readable(ferry: Ferry, tasks: int) -> None:
+    listed = ferry.tasks()
+    assert [t["state"] for t in listed] == ["FAILED"] * tasks
+    ferry.task(listed[0]["id"])
+    ferry.verify_clean()
+    compact_small(ferry)
+    assert len(ferry.tasks()) == tasks
+    ferry.ok("retry", listed[0]["id"])
+    ferry.verify_clean()
+
+
+@pytest.mark.parametrize("point", ["before:snapshot_write", "after:snapshot_write"])
+def test_a_crash_in_a_same_seq_merge_leaves_every_snapshots_archives_intact(
+    ferry: Ferry, point: str
+) -> None:
+    """Archives were named settled-<snapshot seq>: a merge at the seq of the current
+    snapshot replaced the very archive that snapshot names (its SHA-256 no longer
+    matched). Killed before the new snapshot, every command exited 4 for ever."""
+    named = same_seq_merge_due(ferry)
+    killed = ferry(
+        "journal", "compact", failpoints=point,
+        command=(sys.executable, SMALL_ARCHIVES, "2"),
+    )  # fmt: skip
+    assert killed.code == -9, killed
+    if point == "before:snapshot_write":
+        assert named <= archive_names(ferry)  # the current snapshot's, all there
+    assert_history_readable(ferry, 2)
+
+
+@pytest.mark.skipif(not shutil.which("strace"), reason="needs strace")
+def test_a_same_seq_merge_killed_at_its_snapshot_rename_by_strace(ferry: Ferry) -> None:
+    """The issue's reproduction: the 2nd rename of the merging compaction (its archive
+    is the 1st) is the snapshot's; SIGKILL there."""
+    same_seq_merge_due(ferry)
+    strace = (
+        "strace", "-f", "-qq", "-o", os.devnull, "-e", "trace=rename",
+        "-e", "inject=rename:signal=SIGKILL:when=2",
+    )  # fmt: skip
+    killed = ferry("journal", "compact", command=(*strace, sys.executable, SMALL_ARCHIVES, "2"))
+    assert killed.code == -9, killed
+    assert_history_readable(ferry, 2)
