@@ -208,17 +208,33 @@ class Store:
                 on_lock_wait=on_lock_wait,
             )
             snapshot = wal.latest_snapshot()
-            table = _table_from_snapshot(home, snapshot.data) if snapshot else Table()
-            store = cls(home, wal, table)
-            store.fence = fence
-            store.snapshot_seq = snapshot.seq if snapshot else 0
-            # before_durable: every commit carries a check against this table, so the
-            # table must see the batches ahead in a group commit for checked commits of
-            # several threads (work -j N) to share one fsync. The table may then hold a
-            # record for the length of its fsync before it is durable (and keep it if
-            # that fsync fails: the handle is then dead). Nothing acts on the table
-            # alone: every side effect follows its own commit (docs/journal-format.md).
-            wal.subscribe(store._apply, after_seq=table.last_seq, before_durable=True)
+            for attempt in range(1, _OPEN_TRIES + 1):
+                table = _table_from_snapshot(home, snapshot.data) if snapshot else Table()
+                store = cls(home, wal, table)
+                store.fence = fence
+                store.snapshot_seq = snapshot.seq if snapshot else 0
+                failpoint("before:replay")
+                try:
+                    # before_durable: every commit carries a check against this table,
+                    # so the table must see the batches ahead in a group commit for
+                    # checked commits of several threads (work -j N) to share one
+                    # fsync. The table may then hold a record for the length of its
+                    # fsync before it is durable (and keep it if that fsync fails: the
+                    # handle is then dead). Nothing acts on the table alone: every side
+                    # effect follows its own commit (docs/journal-format.md).
+                    wal.subscribe(store._apply, after_seq=table.last_seq, before_durable=True)
+                    break
+                except journal.CompactedError:
+                    # A compaction since we read the snapshot removed the records after
+                    # it: a newer snapshot covers them, start again from that one. No
+                    # newer snapshot: they are lost (journal.corrupt, as before).
+                    newer = wal.latest_snapshot()
+                    if attempt == _OPEN_TRIES or newer is None:
+                        raise
+                    if snapshot is not None and newer.seq <= snapshot.seq:
+                        raise
+                    snapshot = newer
+            failpoint("after:replay")
         except journal.JournalError as error:
             raise journal_error(error) from error
         return store
@@ -379,6 +395,9 @@ def _undecodable_snapshot(error: Exception) -> JournalIntegrityError:
 
 
 ArchiveRefs = list[tuple[str, str]]  # (file name, SHA-256) of a snapshot's archives
+# Opening tries again from a newer snapshot when a compaction removed the records after
+# the one it read (each try needs a compaction to have finished since the last).
+_OPEN_TRIES = 3
 # Newer snapshots a history load falls back to in a row (each is one whose archives a
 # compaction pruned while this load read them: rare, see _load_history).
 _HISTORY_TRIES = 5
