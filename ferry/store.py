@@ -59,6 +59,9 @@ RECORD_BYTES_MAX = 16 << 20
 # Archives are merged into one past this many: a merge reads and rewrites all history,
 # so it should stay rare (about every 160,000 records, with the tail above).
 ARCHIVES_MAX = 160
+# An explicit compaction that waits this long for compact.lock says so (as a writer
+# does for the journal's append lock).
+COMPACT_LOCK_NOTICE_S = 5.0
 _LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW
 _ARCHIVE_PREFIX = "settled-"
@@ -318,7 +321,9 @@ class Store:
         """Records after the snapshot this store loaded (or last wrote): no I/O."""
         return self.wal.last_seq - self.snapshot_seq
 
-    def compact(self) -> dict[str, Any]:
+    def compact(
+        self, *, wait: bool = True, on_lock_wait: Callable[[], None] | None = None
+    ) -> dict[str, Any] | None:
         """Write a snapshot of the table at the journal's end and drop what it covers.
 
         Settled tasks go to archive files: each compaction writes only the tasks that
@@ -326,12 +331,17 @@ class Store:
         merges the archives into one when there are more than ARCHIVES_MAX.
 
         Compactions are serialised by ``compact.lock`` in the state directory: two at
-        once could otherwise each prune an archive the other's (newer) snapshot names."""
+        once could otherwise each prune an archive the other's (newer) snapshot names.
+        When another compaction holds it: ``wait=False`` returns None at once (nothing
+        done); ``wait=True`` waits, calling ``on_lock_wait`` (from a timer thread) once
+        the wait has lasted COMPACT_LOCK_NOTICE_S: its holder may be stopped, and keeps
+        the lock until it is continued or killed."""
         directory = self.home / "archive"
         directory.mkdir(mode=0o700, exist_ok=True)
         lock_fd = os.open(self.home / "compact.lock", _LOCK_FLAGS, 0o600)
         try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            if not _lock_compaction(lock_fd, wait, on_lock_wait):
+                return None
             return self._compact_locked(directory)
         finally:
             os.close(lock_fd)  # releases the flock
@@ -373,12 +383,38 @@ class Store:
             "archives": len(archives),
         }
 
-    def maybe_compact(self) -> None:
+    def maybe_compact(self) -> dict[str, Any] | None:
         """Compact when enough records follow the last snapshot (leaders, and ``run``
         after it settled: so a journal only ever written by ``ferry run`` in CI still
-        keeps start-up cost bounded)."""
+        keeps start-up cost bounded). Skipped, never awaited, while another compaction
+        holds ``compact.lock``: one stopped inside its compaction (Ctrl-Z, a frozen
+        container) made every later ``ferry run`` finish its task and never return.
+        The compaction in progress, or the next, does the work. None if skipped."""
         if self.tail_records() >= SNAPSHOT_TAIL_RECORDS:
-            self.compact()
+            return self.compact(wait=False)
+        return None
+
+
+def _lock_compaction(fd: int, wait: bool, on_wait: Callable[[], None] | None) -> bool:
+    """Take ``compact.lock`` (an flock: released on close and when the process dies).
+    False if another compaction holds it and ``wait`` is False."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        if not wait:
+            return False
+    timer = None
+    if on_wait is not None:
+        timer = threading.Timer(COMPACT_LOCK_NOTICE_S, on_wait)
+        timer.daemon = True
+        timer.start()
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    finally:
+        if timer is not None:
+            timer.cancel()
+    return True
 
 
 # A snapshot that passed the journal's checksums but is not a table ferry can read (from

@@ -313,3 +313,61 @@ def test_a_reader_that_opens_during_a_compaction_is_not_told_the_journal_is_corr
     out, err = reader.communicate(timeout=60)
     assert reader.returncode == 0, err
     assert len(orjson.loads(out)) == 4
+
+
+def stopped(pid: int) -> bool:
+    from ferry.process import read_stat
+
+    st = read_stat(pid)
+    return st is not None and st.state == "T"
+
+
+def test_a_stopped_compaction_is_skipped_by_run_not_awaited(ferry: Ferry) -> None:
+    """`maybe_compact` (after run, claim, work, recover) took compact.lock with a
+    blocking flock: a ferry process stopped inside a compaction (Ctrl-Z, a frozen
+    container) made each later `ferry run` finish its task, journal SUCCEEDED, and never
+    return. Now such a compaction is skipped; the stopped one, continued, ends well."""
+    import signal
+
+    ferry.ok("submit", "--from", "-", stdin=b'{"argv": ["true"]}\n' * 1000)  # a tail due
+    compactor = ferry.start("journal", "compact", failpoints="before:snapshot_write=stop")
+    wait_until(lambda: stopped(compactor.pid), what="the compaction to stop in its lock")
+    try:
+        runner = ferry.start("--json", "run", "--", "true")
+        out, err = runner.communicate(timeout=60)  # (it hung here for ever)
+        assert runner.returncode == 0, err
+        assert orjson.loads(out)["state"] == "SUCCEEDED"
+    finally:
+        os.kill(compactor.pid, signal.SIGCONT)
+    _, err = compactor.communicate(timeout=60)
+    assert compactor.returncode == 0, err
+    ferry.verify_clean()
+    assert len(ferry.tasks()) == 1001
+
+
+def test_an_explicit_compaction_waits_for_a_stopped_one_and_says_so(ferry: Ferry) -> None:
+    """`ferry journal compact` (explicit) waits for compact.lock, and says so after a
+    few seconds (it waited in silence, for ever if the holder stays stopped)."""
+    import signal
+
+    ferry.ok("run", "--", "true")
+    first = ferry.start("journal", "compact", failpoints="before:snapshot_write=stop")
+    wait_until(lambda: stopped(first.pid), what="the compaction to stop in its lock")
+    second = ferry.start("journal", "compact")
+    try:
+        assert second.stderr is not None
+        os.set_blocking(second.stderr.fileno(), False)
+        said = bytearray()
+
+        def notice() -> bool:
+            said.extend(second.stderr.read() or b"")  # type: ignore[union-attr]
+            return b"compact.lock" in said
+
+        wait_until(notice, what="a notice that the compaction waits")
+        assert second.poll() is None  # still waiting
+        assert said.startswith(b"ferry: "), said
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
+    assert first.wait(timeout=60) == 0
+    assert second.wait(timeout=60) == 0
+    ferry.verify_clean()
