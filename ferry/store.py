@@ -73,10 +73,11 @@ def journal_error(error: journal.JournalError) -> FerryError:
     bad input (2); a failed write or fsync (a full disk) is ferry failing (125)."""
     details = dict(error.details)
     if isinstance(error, journal.WriterFailedError):
-        cause = error.__cause__
-        while cause is not None and not isinstance(cause, FerryError):
+        cause, seen = error.__cause__, set()
+        while cause is not None and not isinstance(cause, FerryError) and id(cause) not in seen:
+            seen.add(id(cause))
             cause = cause.__cause__
-        if cause is not None:
+        if isinstance(cause, FerryError):
             # Our own subscriber (the table's fold) raised: its coded error (a history
             # load that failed) stops the command, not a vague "handle unusable".
             return cause
