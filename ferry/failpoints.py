@@ -21,6 +21,11 @@ Naming convention (the registry :data:`FAILPOINTS` lists every name):
   (:func:`ferry.process.signal_verified` calls them itself).
 * ``before:lease_write`` / ``after:lease_write``: around the atomic replace of
   ``lease.json`` (:mod:`ferry.lease` calls them itself).
+* ``before:snapshot_write`` / ``after:snapshot_write``: around a compaction's journal
+  snapshot, with ``compact.lock`` held (``before``: its archive is written, the snapshot
+  not; ``after``: the snapshot is written, nothing pruned yet).
+* ``before:replay`` / ``after:replay``: around the store's replay of the records after
+  the snapshot it read, when it opens (``before``: the snapshot is read, nothing more).
 
 Why SIGKILL and not an exception: a crash must not run ``finally`` blocks, flush
 buffers or release locks politely; SIGKILL is what the OOM killer and ``kill -9`` do.
@@ -58,6 +63,10 @@ SIDE_EFFECT_POINTS: tuple[str, ...] = (
     "after:signal",
     "before:lease_write",
     "after:lease_write",
+    "before:snapshot_write",
+    "after:snapshot_write",
+    "before:replay",
+    "after:replay",
 )
 
 

@@ -349,6 +349,8 @@ class Worker:
                     return
                 # (a picked task that did not start: refused, or settled in its claim
                 # write because a pinned input changed: pick again at once)
+        except FerryError as error:  # (history that could not be loaded): its own code
+            self._fail(error)
         except Exception as exc:  # a bug: say so, stop claiming, let the others end
             self._fail(InternalError(f"a work slot failed: {exc!r}"))
         finally:

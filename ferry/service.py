@@ -376,7 +376,15 @@ class Service:
         return repair(self.home / "journal")
 
     def journal_compact(self) -> dict[str, Any]:
-        return self.store.compact()
+        report = self.store.compact(on_lock_wait=self._compact_wait_notice)
+        assert report is not None  # (it waits for the lock)
+        return report
+
+    def _compact_wait_notice(self) -> None:
+        self.notice(
+            "waiting for compact.lock: another compaction is in progress (one that was"
+            " stopped holds it until it is continued or killed)"
+        )
 
     def journal_dump(self, *, from_seq: int) -> None:
         from ferry.journal_ops import dump

@@ -20,7 +20,9 @@ ended unsafe), and the ``quarantined`` tasks (FAILED
 them, so they must be at hand without loading history). :meth:`Table.from_snapshot` may be given the
 snapshot without ``settled`` and a ``load_settled`` callback; the table calls it once,
 the first time it needs a settled task (``get`` of an unknown id, ``ids``, ``by_key``,
-an event about a task it does not hold, ``to_snapshot``).
+an event about a task it does not hold, ``to_snapshot``). A history load that fails
+raises, in ``apply`` too: the record cannot be judged without it, and skipping it as an
+anomaly would lose a committed record (see :data:`SettledLoader`).
 """
 
 from __future__ import annotations
@@ -49,7 +51,15 @@ ANOMALIES_KEPT_MAX = 100
 _SETTLED_VALUES = frozenset(state.value for state in TERMINAL_STATES)
 _QUARANTINED = Reason.QUARANTINED_ORPHAN_ALIVE.value
 
-SettledLoader = Callable[[], Iterable[Mapping[str, Any]]]
+SettledLoader = Callable[[int], "Iterable[Mapping[str, Any]] | Table"]
+"""Loads a lazy table's settled tasks; called with the seq the table has folded through.
+
+Returns the records of the tasks settled as of that seq (several records of one task:
+the newest ``updated_seq`` wins; tasks the table holds itself, from its own fold, win
+over these), or a table rebuilt from a newer snapshot that this one becomes: when the
+history as of that seq is gone (the archives were merged and pruned by compactions
+since) and the newest snapshot is past the table, the records in between are covered
+by that snapshot (the fold skips them). A load that fails raises (a FerryError)."""
 
 
 class RecordLike(Protocol):
@@ -173,7 +183,7 @@ class Table:
     def get(self, task_id: str) -> Task | None:
         task = self._live.get(task_id) or self._settled.get(task_id)
         if task is None and self._ensure_settled():
-            task = self._settled.get(task_id)
+            task = self._live.get(task_id) or self._settled.get(task_id)
         return task
 
     def live(self) -> list[Task]:
@@ -286,33 +296,50 @@ class Table:
             overlay[event.task] = fold_event(task, event, -(index + 1), 0.0)
 
     def apply(self, record_type: str, data: Mapping[str, Any], seq: int, ts: float) -> None:
-        """Fold one journaled record. Records at or below ``last_seq`` are already in."""
+        """Fold one journaled record. Records at or below ``last_seq`` are already in.
+
+        An illegal or malformed record is skipped (an anomaly); a failure to load the
+        history needed to judge it raises: never skipped, or a committed record (a
+        RETRIED of an old task) would be lost without a word."""
         if seq <= self.last_seq:
             return
-        self.last_seq = seq
-        task_id = data.get("task") if isinstance(data, Mapping) else None
         try:
             event = ev.decode(record_type, data)
-            if event is None:
-                return  # a type from a newer version: ignored on purpose
-            if isinstance(event, ev.LeaseAcquired | ev.LeaseReleased):
-                held = isinstance(event, ev.LeaseAcquired)
-                self.lease = {"epoch": event.epoch, "holder": dict(event.holder),
-                              "held": held, "seq": seq, "ts": ts}  # fmt: skip
-                return
-            old = self._find(event)
+        except FerryError as error:
+            self._skip(seq, record_type, data, error)
+            return
+        old: Task | None = None
+        if event is not None and not isinstance(event, ev.LeaseAcquired | ev.LeaseReleased):
+            old = self._find(event)  # (may load history as of last_seq: raises if it fails)
+            if seq <= self.last_seq:
+                return  # the load moved the table on to a snapshot that covers this record
+        self.last_seq = seq
+        if event is None:
+            return  # a type from a newer version: ignored on purpose
+        if isinstance(event, ev.LeaseAcquired | ev.LeaseReleased):
+            held = isinstance(event, ev.LeaseAcquired)
+            self.lease = {"epoch": event.epoch, "holder": dict(event.holder),
+                          "held": held, "seq": seq, "ts": ts}  # fmt: skip
+            return
+        try:
             check_event(old, event)
             new = fold_event(old, event, seq, ts)
             self._put(old, new)
             if new.spec.key is not None:
                 self._index_outcome(new.spec.key, old, new)
         except FerryError as error:
-            anomaly = Anomaly(
-                seq, record_type, task_id if isinstance(task_id, str) else None,
-                error.code, error.message,
-            )  # fmt: skip
-            self.anomalies.append(anomaly)
-            del self.anomalies[:-ANOMALIES_KEPT_MAX]
+            self._skip(seq, record_type, data, error)
+
+    def _skip(self, seq: int, record_type: str, data: Any, error: FerryError) -> None:
+        """Record ``seq`` is illegal or malformed: skipped, listed as an anomaly."""
+        self.last_seq = seq
+        task_id = data.get("task") if isinstance(data, Mapping) else None
+        anomaly = Anomaly(
+            seq, record_type, task_id if isinstance(task_id, str) else None,
+            error.code, error.message,
+        )  # fmt: skip
+        self.anomalies.append(anomaly)
+        del self.anomalies[:-ANOMALIES_KEPT_MAX]
 
     def apply_record(self, record: RecordLike) -> None:
         """``apply`` for a ``journal.Record`` (usable directly as a subscriber)."""
@@ -390,12 +417,19 @@ class Table:
         return self.get(event.task)
 
     def _ensure_settled(self) -> bool:
-        """Load settled tasks if a loader is pending; True if it just did."""
-        loader, self._load_settled = self._load_settled, None
-        if loader is None:
-            return False
-        self._add_settled(loader())
-        return True
+        """Load settled tasks if a loader is pending; True if it just did. The table may
+        then have become one rebuilt from a newer snapshot (see SettledLoader), with a
+        loader of its own: loaded in turn. A load that fails raises, the loader kept."""
+        loaded = False
+        while self._load_settled is not None:
+            history = self._load_settled(self.last_seq)
+            loaded = True
+            if isinstance(history, Table):
+                self.__dict__.update(history.__dict__)  # this table, moved on
+                continue
+            self._add_settled(history)  # (taking a record twice is harmless)
+            self._load_settled = None
+        return loaded
 
     def _add_settled(self, records: Iterable[Mapping[str, Any]]) -> None:
         """Take archived tasks in.  A plainly settled one stays a record until asked for

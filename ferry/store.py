@@ -10,7 +10,7 @@ written. A late runner whose claim recovery already decided is refused here
 
 Snapshots (``compact``) keep start-up cost following live work, not history: the
 journal snapshot holds live tasks and the small indexes; settled tasks go to a separate
-archive file (``archive/settled-<seq>.jsonl``) that is read only when a command needs
+archive file (``archive/settled-<seq>-<random>.jsonl``) that is read only when a command needs
 history (``ls``, ``show`` of an old task, a key lookup).
 """
 
@@ -59,6 +59,9 @@ RECORD_BYTES_MAX = 16 << 20
 # Archives are merged into one past this many: a merge reads and rewrites all history,
 # so it should stay rare (about every 160,000 records, with the tail above).
 ARCHIVES_MAX = 160
+# An explicit compaction that waits this long for compact.lock says so (as a writer
+# does for the journal's append lock).
+COMPACT_LOCK_NOTICE_S = 5.0
 _LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW
 _ARCHIVE_PREFIX = "settled-"
@@ -70,6 +73,15 @@ def journal_error(error: journal.JournalError) -> FerryError:
     exit 4; a fenced write 75 (another leader is responsible); a record too large is
     bad input (2); a failed write or fsync (a full disk) is ferry failing (125)."""
     details = dict(error.details)
+    if isinstance(error, journal.WriterFailedError):
+        cause, seen = error.__cause__, set()
+        while cause is not None and not isinstance(cause, FerryError) and id(cause) not in seen:
+            seen.add(id(cause))
+            cause = cause.__cause__
+        if isinstance(cause, FerryError):
+            # Our own subscriber (the table's fold) raised: its coded error (a history
+            # load that failed) stops the command, not a vague "handle unusable".
+            return cause
     if isinstance(error, journal.FencedError):
         return LeaseHeldError(
             f"fenced: a newer leader holds the journal ({error})", code=error.code, details=details
@@ -201,17 +213,33 @@ class Store:
                 on_lock_wait=on_lock_wait,
             )
             snapshot = wal.latest_snapshot()
-            table = _table_from_snapshot(home, snapshot.data) if snapshot else Table()
-            store = cls(home, wal, table)
-            store.fence = fence
-            store.snapshot_seq = snapshot.seq if snapshot else 0
-            # before_durable: every commit carries a check against this table, so the
-            # table must see the batches ahead in a group commit for checked commits of
-            # several threads (work -j N) to share one fsync. The table may then hold a
-            # record for the length of its fsync before it is durable (and keep it if
-            # that fsync fails: the handle is then dead). Nothing acts on the table
-            # alone: every side effect follows its own commit (docs/journal-format.md).
-            wal.subscribe(store._apply, after_seq=table.last_seq, before_durable=True)
+            for attempt in range(1, _OPEN_TRIES + 1):
+                table = _table_from_snapshot(home, snapshot.data) if snapshot else Table()
+                store = cls(home, wal, table)
+                store.fence = fence
+                store.snapshot_seq = snapshot.seq if snapshot else 0
+                failpoint("before:replay")
+                try:
+                    # before_durable: every commit carries a check against this table,
+                    # so the table must see the batches ahead in a group commit for
+                    # checked commits of several threads (work -j N) to share one
+                    # fsync. The table may then hold a record for the length of its
+                    # fsync before it is durable (and keep it if that fsync fails: the
+                    # handle is then dead). Nothing acts on the table alone: every side
+                    # effect follows its own commit (docs/journal-format.md).
+                    wal.subscribe(store._apply, after_seq=table.last_seq, before_durable=True)
+                    break
+                except journal.CompactedError:
+                    # A compaction since we read the snapshot removed the records after
+                    # it: a newer snapshot covers them, start again from that one. No
+                    # newer snapshot: they are lost (journal.corrupt, as before).
+                    newer = wal.latest_snapshot()
+                    if attempt == _OPEN_TRIES or newer is None:
+                        raise
+                    if snapshot is not None and newer.seq <= snapshot.seq:
+                        raise
+                    snapshot = newer
+            failpoint("after:replay")
         except journal.JournalError as error:
             raise journal_error(error) from error
         return store
@@ -320,7 +348,9 @@ class Store:
         """Records after the snapshot this store loaded (or last wrote): no I/O."""
         return self.wal.last_seq - self.snapshot_seq
 
-    def compact(self) -> dict[str, Any]:
+    def compact(
+        self, *, wait: bool = True, on_lock_wait: Callable[[], None] | None = None
+    ) -> dict[str, Any] | None:
         """Write a snapshot of the table at the journal's end and drop what it covers.
 
         Settled tasks go to archive files: each compaction writes only the tasks that
@@ -328,12 +358,17 @@ class Store:
         merges the archives into one when there are more than ARCHIVES_MAX.
 
         Compactions are serialised by ``compact.lock`` in the state directory: two at
-        once could otherwise each prune an archive the other's (newer) snapshot names."""
+        once could otherwise each prune an archive the other's (newer) snapshot names.
+        When another compaction holds it: ``wait=False`` returns None at once (nothing
+        done); ``wait=True`` waits, calling ``on_lock_wait`` (from a timer thread) once
+        the wait has lasted COMPACT_LOCK_NOTICE_S: its holder may be stopped, and keeps
+        the lock until it is continued or killed."""
         directory = self.home / "archive"
         directory.mkdir(mode=0o700, exist_ok=True)
         lock_fd = os.open(self.home / "compact.lock", _LOCK_FLAGS, 0o600)
         try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            if not _lock_compaction(lock_fd, wait, on_lock_wait):
+                return None
             return self._compact_locked(directory)
         finally:
             os.close(lock_fd)  # releases the flock
@@ -355,7 +390,9 @@ class Store:
             if delta:
                 archives.append(_write_archive(directory, seq, delta))
             data["settled_archives"] = archives
+            failpoint("before:snapshot_write")
             self.wal.write_snapshot(seq, orjson.dumps(data))
+            failpoint("after:snapshot_write")
             self.snapshot_seq = seq
             removed = self.wal.compact()
             if previous is not None:
@@ -373,12 +410,38 @@ class Store:
             "archives": len(archives),
         }
 
-    def maybe_compact(self) -> None:
+    def maybe_compact(self) -> dict[str, Any] | None:
         """Compact when enough records follow the last snapshot (leaders, and ``run``
         after it settled: so a journal only ever written by ``ferry run`` in CI still
-        keeps start-up cost bounded)."""
+        keeps start-up cost bounded). Skipped, never awaited, while another compaction
+        holds ``compact.lock``: one stopped inside its compaction (Ctrl-Z, a frozen
+        container) made every later ``ferry run`` finish its task and never return.
+        The compaction in progress, or the next, does the work. None if skipped."""
         if self.tail_records() >= SNAPSHOT_TAIL_RECORDS:
-            self.compact()
+            return self.compact(wait=False)
+        return None
+
+
+def _lock_compaction(fd: int, wait: bool, on_wait: Callable[[], None] | None) -> bool:
+    """Take ``compact.lock`` (an flock: released on close and when the process dies).
+    False if another compaction holds it and ``wait`` is False."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        if not wait:
+            return False
+    timer = None
+    if on_wait is not None:
+        timer = threading.Timer(COMPACT_LOCK_NOTICE_S, on_wait)
+        timer.daemon = True
+        timer.start()
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    finally:
+        if timer is not None:
+            timer.cancel()
+    return True
 
 
 # A snapshot that passed the journal's checksums but is not a table ferry can read (from
@@ -394,26 +457,86 @@ def _undecodable_snapshot(error: Exception) -> JournalIntegrityError:
     )
 
 
-def _table_from_snapshot(home: Path, blob: bytes) -> Table:
-    directory = home / "archive"
+ArchiveRefs = list[tuple[str, str]]  # (file name, SHA-256) of a snapshot's archives
+# Opening tries again from a newer snapshot when a compaction removed the records after
+# the one it read (each try needs a compaction to have finished since the last).
+_OPEN_TRIES = 3
+# Newer snapshots a history load falls back to in a row (each is one whose archives a
+# compaction pruned while this load read them: rare, see _load_history).
+_HISTORY_TRIES = 5
+
+
+def _parse_snapshot(blob: bytes) -> tuple[dict[str, Any], ArchiveRefs]:
+    """The table part of a snapshot and the archives it names."""
     try:
         data = orjson.loads(blob)
         archives = data.pop("settled_archives", [])
-        refs = [(directory / ref["name"], ref["sha256"]) for ref in archives]
+        return data, [(str(ref["name"]), str(ref["sha256"])) for ref in archives]
     except _SNAPSHOT_DECODE_ERRORS as error:
         raise _undecodable_snapshot(error) from error
 
-    def load_settled() -> Iterable[Mapping[str, Any]]:
-        by_id: dict[str, Mapping[str, Any]] = {}
-        for path, sha256 in refs:  # oldest first: a later archive has the newer record
-            for record in _read_archive(path, sha256):
-                by_id[record["id"]] = record
-        return by_id.values()
+
+def _table_from_snapshot(home: Path, blob: bytes) -> Table:
+    data, refs = _parse_snapshot(blob)
+    return _table_from(home, data, refs)
+
+
+def _table_from(home: Path, data: dict[str, Any], refs: ArchiveRefs) -> Table:
+    def load_settled(table_seq: int) -> Iterable[Mapping[str, Any]] | Table:
+        return _load_history(home, refs, table_seq)
 
     try:
         return Table.from_snapshot(data, load_settled=load_settled if refs else None)
     except _SNAPSHOT_DECODE_ERRORS as error:
         raise _undecodable_snapshot(error) from error
+
+
+def _load_history(
+    home: Path, refs: ArchiveRefs, table_seq: int
+) -> Iterable[Mapping[str, Any]] | Table:
+    """The settled tasks of a table loaded from the snapshot naming ``refs``, folded
+    through ``table_seq`` since (a ``state.SettledLoader``).
+
+    A process that keeps its table (``work``) may need history long after it loaded its
+    snapshot: compactions meanwhile may have merged the archives that snapshot names
+    into one and pruned them. Then the newest snapshot's archives serve: they hold every
+    task settled up to that snapshot, and where the table folded a task since, its own
+    version is as new or newer. A newest snapshot past ``table_seq`` could hold a task
+    in a state later than the table's; the table becomes that snapshot's instead (the
+    records in between are covered by it). Missing archives the newest snapshot names
+    too are lost: ``journal.snapshot_mismatch``, never skipped."""
+    directory = home / "archive"
+    try:
+        return _read_archives(directory, refs)
+    except JournalIntegrityError as error:
+        lost = error
+    for _ in range(_HISTORY_TRIES):
+        try:
+            latest = journal.read_latest_snapshot(home / "journal")
+        except journal.JournalError as error:
+            raise journal_error(error) from error
+        if latest is None:
+            break
+        data, newer = _parse_snapshot(latest.data)
+        if newer == refs:
+            break  # the newest snapshot names them too: gone, not superseded
+        if latest.seq > table_seq:
+            return _table_from(home, data, newer)
+        try:
+            return _read_archives(directory, newer)
+        except JournalIntegrityError as error:
+            refs, lost = newer, error  # pruned while read: a newer snapshot replaced them
+    raise lost
+
+
+def _read_archives(directory: Path, refs: ArchiveRefs) -> list[Mapping[str, Any]]:
+    """Every task the archives hold, its newest record each (oldest archive first: a
+    later one has the newer record)."""
+    by_id: dict[str, Mapping[str, Any]] = {}
+    for name, sha256 in refs:
+        for record in _read_archive(directory / name, sha256):
+            by_id[record["id"]] = record
+    return list(by_id.values())
 
 
 def check_table(table: Table) -> None:
@@ -432,12 +555,25 @@ def _write_archive(
 ) -> dict[str, Any]:
     """Settled tasks as JSON Lines, written atomically BEFORE the snapshot naming them:
     a crash in between leaves an unreferenced file (pruned later), never a snapshot
-    pointing at a missing or half-written archive."""
+    pointing at a missing or half-written archive.
+
+    The name is new: ``settled-<seq>-<random>.jsonl``, never one present. Named by the
+    seq alone, a merge at the seq of the current snapshot (two compactions with nothing
+    in between) replaced the very archive that snapshot names, so it no longer matched
+    its SHA-256: killed before its own snapshot was written, the merge left history
+    unreadable for good. (Compactions are serialised: no other writer picks a name.)"""
     directory.mkdir(mode=0o700, exist_ok=True)
-    name = f"{_ARCHIVE_PREFIX}{seq:020d}.jsonl"
+    present = set(os.listdir(directory))
+    name = _archive_name(seq)
+    while name in present:
+        name = _archive_name(seq)
     body = b"".join(orjson.dumps(record) + b"\n" for record in records)
     write_atomic(directory, name, body)
     return {"name": name, "sha256": _sha256_hex(body), "count": len(records)}
+
+
+def _archive_name(seq: int) -> str:
+    return f"{_ARCHIVE_PREFIX}{seq:020d}-{os.urandom(6).hex()}.jsonl"
 
 
 def _sha256_hex(body: bytes) -> str:
@@ -462,7 +598,10 @@ def _read_archive(path: Path, sha256: str) -> Iterator[Mapping[str, Any]]:
             details={"path": str(path)},
         )
     for line in body.splitlines():
-        yield orjson.loads(line)
+        try:
+            yield orjson.loads(line)
+        except ValueError as error:  # it matched its hash: written so by a bug
+            raise _undecodable_snapshot(error) from error
 
 
 def _prune_heartbeats(home: Path, settled: list[dict[str, Any]]) -> None:

@@ -92,7 +92,14 @@ from journal._fsutil import NO_LOCK_ERRNOS
 from journal._reader import TornTail
 from journal._repair import RepairReport, repair
 from journal._segment import LOCK_NAME, list_segments
-from journal._snapshot import Snapshot, compact, headers_epoch_max, latest_snapshot, write_snapshot
+from journal._snapshot import (
+    Snapshot,
+    compact,
+    headers_epoch_max,
+    latest_snapshot,
+    read_latest_snapshot,
+    write_snapshot,
+)
 from journal._survey import iter_records, survey
 from journal._verify import VerifyReport, verify
 from journal._writer import Fence, Hook, Subscriber, Writer
@@ -119,6 +126,7 @@ __all__ = [
     "TornTailError",
     "VerifyReport",
     "WriterFailedError",
+    "read_latest_snapshot",
     "read_records",
     "repair",
     "verify",

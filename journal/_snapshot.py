@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import sys
 import zlib
 from pathlib import Path
 from typing import NamedTuple
@@ -164,6 +165,14 @@ def latest_snapshot(directory: Path, last_seq: int) -> LatestSnapshot:
             )
         return LatestSnapshot(snapshot, epoch_max, path, damaged)
     return LatestSnapshot(None, 0, None, damaged)
+
+
+def read_latest_snapshot(directory: str | Path) -> Snapshot | None:
+    """The newest snapshot in the journal at ``directory`` that passes its checks, read
+    without a handle (lock-free): for a reader that must not call back into its own
+    handle, such as a subscriber that loads history.  Unlike
+    ``Journal.latest_snapshot`` it does not compare it with the journal's end."""
+    return latest_snapshot(Path(directory), sys.maxsize).snapshot
 
 
 def headers_epoch_max(directory: Path, names: list[str]) -> tuple[int, int]:

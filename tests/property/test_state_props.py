@@ -13,7 +13,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -179,8 +179,23 @@ def test_apply_folds_exactly_what_validate_accepts(data: st.DataObject) -> None:
     assert resumed.to_snapshot() == table.to_snapshot()
     # ... also when the settled part is loaded lazily
     settled = prefix.pop("settled")
-    lazy = replay(journal[cut:], Table.from_snapshot(prefix, load_settled=lambda: settled))
+    lazy = replay(journal[cut:], Table.from_snapshot(prefix, load_settled=lambda _seq: settled))
     assert lazy.to_snapshot() == table.to_snapshot()
+    # ... and when that history is gone, by a later snapshot's (what the store falls
+    # back to once compactions merged and pruned the archives): its archives when the
+    # table is past it (the old ones kept beside, or merged away), else that snapshot
+    later = data.draw(st.integers(cut, len(journal)))
+    newer = replay(journal[:later]).to_snapshot()
+    merged = newer.pop("settled")
+    archives = merged if data.draw(st.booleans()) else [*settled, *merged]
+
+    def fallback(table_seq: int) -> Iterable[Mapping[str, Any]] | Table:
+        if table_seq >= later:
+            return archives
+        return Table.from_snapshot(newer, load_settled=lambda _seq: archives)
+
+    moved = replay(journal[cut:], Table.from_snapshot(prefix, load_settled=fallback))
+    assert moved.to_snapshot() == table.to_snapshot()
 
 
 @settings(max_examples=200, deadline=None)

@@ -13,6 +13,7 @@ from ferry import state as state_module
 from ferry.errors import (
     FerryError,
     IllegalTransitionError,
+    JournalIntegrityError,
     KeyInFlightError,
     KeyUnsafeError,
     NotFoundError,
@@ -570,7 +571,7 @@ def test_snapshot_without_settled_loads_history_only_when_needed() -> None:
     settled = snapshot.pop("settled")
     calls: list[int] = []
 
-    def load() -> Iterable[Mapping[str, Any]]:
+    def load(_seq: int) -> Iterable[Mapping[str, Any]]:
         calls.append(1)
         return settled
 
@@ -598,7 +599,7 @@ def test_lazy_history_is_loaded_once_by_whatever_needs_it(trigger: str) -> None:
     settled = snapshot.pop("settled")
     calls: list[int] = []
 
-    def load() -> Iterable[Mapping[str, Any]]:
+    def load(_seq: int) -> Iterable[Mapping[str, Any]]:
         calls.append(1)
         return settled
 
@@ -630,7 +631,7 @@ def test_duplicate_id_of_an_unloaded_settled_task_is_still_refused() -> None:
     settled = snapshot.pop("settled")
     calls: list[int] = []
 
-    def load() -> Iterable[Mapping[str, Any]]:
+    def load(_seq: int) -> Iterable[Mapping[str, Any]]:
         calls.append(1)
         return settled
 
@@ -652,7 +653,7 @@ def test_settled_archives_may_overlap_the_newest_record_wins() -> None:
     newer = snapshot.pop("settled")
     # the store may hand over several archive deltas, oldest first or not
     for chunks in ([*old, *newer], [*newer, *old]):
-        lazy = Table.from_snapshot(snapshot, load_settled=lambda c=chunks: c)
+        lazy = Table.from_snapshot(snapshot, load_settled=lambda _seq, c=chunks: c)
         assert lazy.get(ids["failed"]) == h.table.get(ids["failed"])
         assert lazy.by_key("f") == [ids["failed"]]
         assert lazy.to_snapshot()["settled"] == newer
@@ -662,11 +663,69 @@ def test_a_task_retried_after_archiving_stays_live_when_history_loads() -> None:
     h, ids = busy_harness()
     snapshot = h.table.to_snapshot()
     archived = snapshot.pop("settled")
-    lazy = Harness(Table.from_snapshot(snapshot, load_settled=lambda: archived))
+    lazy = Harness(Table.from_snapshot(snapshot, load_settled=lambda _seq: archived))
     lazy.write(ev.Retried(ids["failed"], 2))  # loads history, then the retry applies
     task = lazy.get(ids["failed"])
     assert (task.state, task.attempt) == (State.QUEUED, 2)
     assert ids["failed"] in {t.id for t in lazy.table.live()}
+
+
+def test_a_history_load_that_fails_raises_and_skips_nothing() -> None:
+    """The rule: a record that needs history which cannot be loaded stops the fold with
+    the loader's coded error; it is never an anomaly (a RETRIED skipped so was lost:
+    the task stayed QUEUED under an idle leader, then a snapshot dropped it)."""
+    h, ids = busy_harness()
+    snapshot = h.table.to_snapshot()
+    archived = snapshot.pop("settled")
+    gone = [True]
+
+    def load(_seq: int) -> Iterable[Mapping[str, Any]]:
+        if gone[0]:
+            raise JournalIntegrityError("archive missing", code="journal.snapshot_mismatch")
+        return archived
+
+    lazy = Table.from_snapshot(snapshot, load_settled=load)
+    retried = ev.Retried(ids["failed"], 2).encode()
+    with pytest.raises(JournalIntegrityError):
+        lazy.apply(*retried, snapshot["last_seq"] + 1, 1.0)
+    assert lazy.anomalies == h.table.anomalies and lazy.last_seq == snapshot["last_seq"]
+    with pytest.raises(JournalIntegrityError):  # before a write too
+        lazy.validate(*retried)
+    with pytest.raises(JournalIntegrityError):  # and the loader is kept: not "no history"
+        lazy.get(ids["done"])
+    gone[0] = False
+    lazy.apply(*retried, snapshot["last_seq"] + 1, 1.0)
+    assert lazy.get(ids["failed"]).state is State.QUEUED  # type: ignore[union-attr]
+    assert lazy.anomalies == h.table.anomalies
+
+
+def test_a_history_load_may_move_the_table_on_to_a_newer_snapshot() -> None:
+    """When the history as of the table's seq is gone and the newest snapshot is past
+    the table, the loader hands that snapshot's table: the table becomes it, and the
+    records it covers are skipped (folded already)."""
+    h, ids = busy_harness()
+    old = h.table.to_snapshot()
+    old.pop("settled")
+    h.write(ev.Retried(ids["failed"], 2))
+    retried_at = h.seq
+    h.write(ev.Settled(ids["failed"], 2, None, State.CANCELLED, Reason.CANCELLED_BY_USER))
+    newer = h.table.to_snapshot()
+    newer_settled = newer.pop("settled")
+    asked: list[int] = []
+
+    def load(table_seq: int) -> Iterable[Mapping[str, Any]] | Table:
+        asked.append(table_seq)
+        if table_seq < newer["last_seq"]:
+            return Table.from_snapshot(newer, load_settled=load)
+        return newer_settled
+
+    lazy = Table.from_snapshot(old, load_settled=load)
+    lazy.apply(*ev.Retried(ids["failed"], 2).encode(), retried_at, 1.0)
+    assert asked == [old["last_seq"], newer["last_seq"]]
+    assert lazy.last_seq == newer["last_seq"]
+    ended = ev.Settled(ids["failed"], 2, None, State.CANCELLED, Reason.CANCELLED_BY_USER)
+    lazy.apply(*ended.encode(), retried_at + 1, 1.0)  # covered: skipped, no anomaly
+    assert lazy.to_snapshot() == h.table.to_snapshot()
 
 
 def test_newest_decodes_only_the_tasks_it_returns(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -676,7 +735,7 @@ def test_newest_decodes_only_the_tasks_it_returns(monkeypatch: pytest.MonkeyPatc
         h.write(ev.Settled(task_id, 1, None, State.CANCELLED, Reason.CANCELLED_BY_USER))
     snapshot = h.table.to_snapshot()
     archived = snapshot.pop("settled")
-    lazy = Table.from_snapshot(snapshot, load_settled=lambda: archived)
+    lazy = Table.from_snapshot(snapshot, load_settled=lambda _seq: archived)
     decoded: list[str] = []
     real = state_module.task_from_record
 
