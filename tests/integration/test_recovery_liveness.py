@@ -440,18 +440,19 @@ def test_cancel_without_a_runner_never_settles_a_live_orphan_cancelled(
 def test_a_key_does_not_run_again_beside_its_live_quarantined_orphan(ferry: Ferry) -> None:
     """``run --key K`` (and ``submit --key K``) after K's task was quarantined with its
     orphan alive would run K's work twice at once, which a retry of that task may not
-    do either. Exit 75 (the key's work is in flight); once the orphan is killed, K runs."""
+    do either. Exit 3 (keys after an unsafe end: the operator decides); killing the
+    orphan is no verdict; once the task is resolved (here: as failed), K runs."""
     lingers = ["/bin/sh", "-c", "[ -e /nonexistent ] || exec sleep 300"]
     assert ferry("run", "--key", "build-abc", "--", *lingers, failpoints="after:SPAWNED").code == -9
     first = ferry.tasks()[-1]
     ferry.end_at_close(int(str(first["pid"])))
     assert ferry.recover()[0] == 3
     for command in ("run", "submit"):
-        refused = ferry.refused(
-            75, "task.key_in_flight", command, "--key", "build-abc", "--", "true"
-        )
-        assert str(first["id"]) in refused.err and "kill" in refused.err
+        refused = ferry.refused(3, "task.key_unsafe", command, "--key", "build-abc", "--", "true")
+        assert str(first["id"]) in refused.err and "resolve" in refused.err
     assert len(ferry.tasks()) == 1, "nothing was submitted"
     ferry.ok("kill", str(first["id"]))
     wait_until(lambda: pid_gone_or_zombie(int(str(first["pid"]))), what="the orphan to end")
+    ferry.refused(3, "task.key_unsafe", "run", "--key", "build-abc", "--", "true")
+    ferry.ok("resolve", str(first["id"]), "--as", "failed")
     ferry.ok("run", "--key", "build-abc", "--", "true")
