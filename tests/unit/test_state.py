@@ -467,12 +467,12 @@ def test_the_unsafe_key_index_survives_snapshots_and_is_rebuilt_from_an_old_one(
     snapshot = h.table.to_snapshot()
     assert snapshot["unsafe_keys"] == {"k": a}
     settled = snapshot.pop("settled")
-    lazy = Table.from_snapshot(snapshot, load_settled=lambda: settled)
+    lazy = Table.from_snapshot(snapshot, load_settled=lambda _seq: settled)
     assert lazy.unsafe_with_key("k") == a
     old = {k: v for k, v in snapshot.items() if k != "unsafe_keys"}  # before the index
     calls: list[int] = []
 
-    def load() -> Iterable[Mapping[str, Any]]:
+    def load(_seq: int) -> Iterable[Mapping[str, Any]]:
         calls.append(1)
         return settled
 
