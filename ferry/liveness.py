@@ -17,6 +17,11 @@ re-running something that may still be running.
 
 from __future__ import annotations
 
+import os
+import time
+from pathlib import Path
+
+from ferry.alivelock import read_beat
 from ferry.model import Liveness
 from ferry.process import (
     ProcessIdentity,
@@ -24,9 +29,29 @@ from ferry.process import (
     pid_absent,
     read_stat,
     scan_processes,
+    time_namespace,
 )
 
-__all__ = ["Liveness", "probe", "probe_task"]
+__all__ = [
+    "WALL_STEP_ENV",
+    "Liveness",
+    "heartbeat_age",
+    "probe",
+    "probe_task",
+    "wall_clock",
+]
+
+# Test-only: the wall clock recovery judges by, stepped by this many seconds (as NTP or
+# a manual `date` would step it), so that a test can step one ferry process's clock
+# without touching the machine's. Read once, at import, like FERRY_FAILPOINTS; unset
+# in production (then wall_clock() is time.time()).
+WALL_STEP_ENV = "FERRY_TEST_WALL_STEP_S"
+_WALL_STEP_S = float(os.environ.get(WALL_STEP_ENV) or 0.0)
+
+
+def wall_clock() -> float:
+    """Unix seconds, as recovery reads them (``time.time()``; see WALL_STEP_ENV)."""
+    return time.time() + _WALL_STEP_S
 
 
 def probe(identity: ProcessIdentity) -> Liveness:
@@ -70,3 +95,24 @@ def probe_task(
     if leader_liveness is Liveness.UNKNOWN or not scan.complete:
         return Liveness.UNKNOWN
     return Liveness.DEAD
+
+
+def heartbeat_age(path: Path, wall_now: float) -> tuple[float, str] | None:
+    """How long ago the runner beat (the file ``path``), and on which clock.
+
+    ``"boot"``: on CLOCK_BOOTTIME, from the file's beat record when it is sound and was
+    written in this boot and this time namespace; no step of the wall clock moves it.
+    ``"wall"``: ``wall_now`` minus the file's mtime, as ferry always did: for a file
+    without a sound record of ours (written by an older ferry, torn, from a container
+    with its own time namespace). None: no such file. Raises OSError when the file
+    cannot be read.
+    """
+    seen = read_beat(path)
+    if seen is None:
+        return None
+    beat, mtime = seen
+    ours = beat is not None and beat.boot_id == boot_id()
+    if beat is not None and ours and beat.time_namespace == (time_namespace() or 0):
+        now_ns = time.clock_gettime_ns(time.CLOCK_BOOTTIME)  # after the read: never negative
+        return (now_ns - beat.boot_clock_ns) / 1e9, "boot"
+    return wall_now - mtime, "wall"

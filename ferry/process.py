@@ -52,6 +52,7 @@ __all__ = [
     "self_identity",
     "signal_task",
     "signal_verified",
+    "time_namespace",
 ]
 
 MARKER_ENV = "FERRY_TASK"
@@ -198,6 +199,21 @@ def boot_id() -> str:
         import psutil
 
         return f"boot-time-{int(psutil.boot_time())}"
+
+
+def _namespace(kind: str) -> int | None:
+    try:  # stat follows the magic link to the namespace's nsfs inode
+        return os.stat(f"{_PROC}/self/ns/{kind}").st_ino
+    except OSError:  # pragma: no cover - a kernel without this namespace, or no /proc
+        return None
+
+
+@functools.cache
+def time_namespace() -> int | None:
+    """The inode of this process's time namespace (None: the kernel has none). Two
+    processes read the same CLOCK_BOOTTIME, and the same start times in /proc, only in
+    the same time namespace: it offsets both. Cached: a process cannot change its own."""
+    return _namespace("time")
 
 
 def _host() -> str:

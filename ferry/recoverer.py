@@ -21,7 +21,7 @@ from ferry import alivelock
 from ferry import events as ev
 from ferry.alivelock import alive_path
 from ferry.errors import FerryError, OperatorNeededError, RefusedError
-from ferry.liveness import probe, probe_task
+from ferry.liveness import heartbeat_age, probe, probe_task, wall_clock
 from ferry.model import Liveness, Reason, State, Task
 from ferry.process import ProcessIdentity, marker_prefix, read_stat, scan_processes, signal_task
 from ferry.recovery import Observation, Policy, decide
@@ -122,15 +122,20 @@ class Recoverer:
         if task.state is not State.CLAIMED:  # a CLAIMED task never started anything
             process_seen = task_liveness(task, self.home)
         try:
-            beat = heartbeat_path(self.home, task.id, task.attempt).stat().st_mtime
-            age: float | None = now - beat
+            beat = heartbeat_age(heartbeat_path(self.home, task.id, task.attempt), now)
         except OSError:
-            age = None if task.started_at is None else now - task.started_at
+            beat = None
+        age: float | None
+        if beat is None:  # no heartbeat file (or none readable): since the start, if known
+            age, clock = (None if task.started_at is None else now - task.started_at), "wall"
+        else:
+            age, clock = beat
         stdout_log, stderr_log = log_paths(self.home, task.id, task.attempt)
         salvage = {
             "stdout_tail": _tail(stdout_log),
             "stderr_tail": _tail(stderr_log),
             "heartbeat_age_s": age,
+            "heartbeat_clock": clock,
         }
         return Observation(
             runner=runner_seen,
@@ -146,7 +151,7 @@ class Recoverer:
         for task in self.store.live():
             if not task.in_flight:
                 continue
-            now = time.time()
+            now = wall_clock()
             decision = decide(task, self.observe(task, now), policy, now)
             if decision.event is None:
                 continue

@@ -29,6 +29,8 @@ from crashkit import (
     wait_task_gone,
 )
 
+from ferry.alivelock import Beat, beat_record, parse_beat
+from ferry.liveness import WALL_STEP_ENV
 from ferry.process import read_stat
 
 pytestmark = pytest.mark.timeout(120)
@@ -212,6 +214,107 @@ def test_kill_stale_kills_a_stale_task_s_processes_but_not_its_runner(
     assert runner.wait(timeout=60) == 128 + signal.SIGKILL
     task = ferry.task(task_id)
     assert (task["state"], task["reason"], task["signal"]) == ("FAILED", "SIGNALLED", 9)
+    ferry.verify_clean()
+
+
+# ---- a step of the wall clock ---------------------------------------------------------
+
+CLOCK_STEP_S = 120.0  # NTP stepping a clock two minutes
+
+
+def clock_stepped(ferry: Ferry, step_s: float) -> Ferry:
+    """ferry on the same state directory, its wall clock stepped by ``step_s`` seconds
+    (``FERRY_TEST_WALL_STEP_S``: the machine's clock is left alone)."""
+    stepped = Ferry(ferry.home, ferry.workdir)
+    stepped.env[WALL_STEP_ENV] = str(step_s)
+    return stepped
+
+
+def start_gated_task(ferry: Ferry, gate: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """A ``ferry run --heartbeat 1`` whose task runs until ``gate`` exists, once RUNNING."""
+    wait_for_gate = ["/bin/sh", "-c", 'while [ ! -e "$0" ]; do sleep 0.05; done', str(gate)]
+    runner = ferry.start("run", "--heartbeat", "1", "--", *wait_for_gate)
+    return runner, ferry.wait_running()["id"]
+
+
+@pytest.mark.parametrize("step_s", [CLOCK_STEP_S, -CLOCK_STEP_S], ids=["forward", "back"])
+def test_a_wall_clock_step_does_not_make_a_beating_task_stale(
+    ferry: Ferry, tmp_path: Path, step_s: float
+) -> None:
+    """The runner beats every second; the clock of ``recover --kill-stale`` is stepped
+    two minutes: the task is neither marked STALE nor killed (heartbeat age is measured
+    on CLOCK_BOOTTIME, which no wall-clock step moves)."""
+    gate = tmp_path / "gate"
+    runner, task_id = start_gated_task(ferry, gate)
+    stepped = clock_stepped(ferry, step_s)
+    for _ in range(2):
+        code, report = stepped.recover("--kill-stale", "--stale-after", "30")
+        assert (code, report["decisions"]) == (0, []), report
+    assert ferry.task(task_id)["state"] == "RUNNING"
+    assert task_processes(task_id), "a healthy task was killed"
+    gate.touch()
+    assert runner.wait(timeout=60) == 0
+    assert ferry.task(task_id)["state"] == "SUCCEEDED"
+    ferry.verify_clean()
+
+
+@pytest.mark.parametrize("step_s", [CLOCK_STEP_S, -CLOCK_STEP_S], ids=["forward", "back"])
+def test_a_stopped_runner_is_stale_whatever_the_wall_clock_says(
+    ferry: Ferry, tmp_path: Path, step_s: float
+) -> None:
+    """A runner SIGSTOPped past the stale limit is marked STALE by a recover whose clock
+    was stepped either way (stepped back, the mtime's age was negative: 'fresh')."""
+    gate = tmp_path / "gate"
+    runner, task_id = start_gated_task(ferry, gate)
+    os.kill(runner.pid, signal.SIGSTOP)
+    try:
+        wait_until(lambda: heartbeat_age_s(ferry, task_id) > 1.5, what="a 1.5 s old heartbeat")
+        code, report = clock_stepped(ferry, step_s).recover("--stale-after", "1")
+        assert code == 0 and [d["decision"] for d in report["decisions"]] == ["MARK_STALE"]
+        recovery = ferry.task(task_id)["evidence"]["recovery"]
+        decided_at = datetime.fromisoformat(recovery["decided_at"]).timestamp()
+        assert abs(decided_at - time.time() - step_s) < CLOCK_STEP_S / 2, "the clock was stepped"
+        assert 1 < recovery["heartbeat_age_s"] < CLOCK_STEP_S / 2, recovery
+    finally:
+        os.kill(runner.pid, signal.SIGCONT)
+    wait_until(lambda: ferry.task(task_id)["state"] == "RUNNING", what="RUNNING again")
+    gate.touch()
+    assert runner.wait(timeout=60) == 0
+    assert ferry.task(task_id)["state"] == "SUCCEEDED"
+    ferry.verify_clean()
+
+
+def test_a_torn_beat_record_gives_no_age_the_mtime_decides(ferry: Ferry, tmp_path: Path) -> None:
+    """Garbage where the beat record should be (a crash, a read that met a write half
+    done) is never read as a beat: the mtime decides, and a fresh one keeps the task
+    RUNNING, whatever the garbage would say. A sound record decides over the mtime."""
+    gate = tmp_path / "gate"
+    runner, task_id = start_gated_task(ferry, gate)
+    heartbeat = ferry.home / "heartbeats" / f"{task_id}.1"
+    os.kill(runner.pid, signal.SIGSTOP)  # no beat rewrites the record meanwhile
+    try:
+        beat = parse_beat(heartbeat.read_bytes())
+        assert beat is not None
+        at_boot = beat_record(Beat(beat.boot_id, beat.time_namespace, 0))  # a beat at boot
+        assert at_boot is not None
+        digit = at_boot.index(b" 0 ") + 1
+        flipped = at_boot[:digit] + b"1" + at_boot[digit + 1 :]  # (its CRC fails)
+        for garbage in (at_boot[:60], flipped, b"\0" * len(at_boot)):
+            heartbeat.write_bytes(garbage)  # (the mtime: now)
+            code, report = ferry.recover("--stale-after", "30", "--kill-stale")
+            assert (code, report["decisions"]) == (0, []), (garbage, report)
+        heartbeat.write_bytes(at_boot)  # sound: aged on the boot clock, whatever the mtime
+        code, report = ferry.recover("--stale-after", "1")
+        assert code == 0 and [d["decision"] for d in report["decisions"]] == ["MARK_STALE"]
+        recovery = ferry.task(task_id)["evidence"]["recovery"]
+        uptime_s = time.clock_gettime(time.CLOCK_BOOTTIME)
+        assert uptime_s - 60 < recovery["heartbeat_age_s"] <= uptime_s, recovery
+    finally:
+        os.kill(runner.pid, signal.SIGCONT)
+    wait_until(lambda: ferry.task(task_id)["state"] == "RUNNING", what="RUNNING again")
+    gate.touch()
+    assert runner.wait(timeout=60) == 0
+    assert ferry.task(task_id)["state"] == "SUCCEEDED"
     ferry.verify_clean()
 
 
