@@ -11,8 +11,11 @@ Proof of death, for a :class:`~ferry.process.ProcessIdentity`:
   design notes first listed zombies as "unknown"; the contract and the issue settle it.)
 
 Anything unclear (a permission error, an unparseable /proc file, an incomplete marker
-scan) is UNKNOWN, and callers treat UNKNOWN as alive: recovery quarantines rather than
-re-running something that may still be running.
+scan, a pid of another PID namespace that cannot be translated to ours) is UNKNOWN,
+and callers treat UNKNOWN as alive: recovery quarantines rather than re-running
+something that may still be running. A pid recorded in another PID namespace (a
+container's) is judged by the pid it has in ours (``ferry.process.local_identity``),
+then as above.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from ferry.model import Liveness
 from ferry.process import (
     ProcessIdentity,
     boot_id,
+    local_identity,
     pid_absent,
     read_stat,
     scan_processes,
@@ -55,10 +59,16 @@ def wall_clock() -> float:
 
 
 def probe(identity: ProcessIdentity) -> Liveness:
-    """Liveness of one process (the runner, or a task's first process)."""
+    """Liveness of one process (the runner, or a task's first process). One recorded in
+    another PID namespace (a container's) is probed by the pid it has in ours, if it
+    can be translated; if not, UNKNOWN (``ferry.process.local_identity``)."""
     try:
         if identity.boot_id != boot_id():
             return Liveness.DEAD
+        local = local_identity(identity)
+        if local is None:
+            return Liveness.UNKNOWN
+        identity = local
         st = read_stat(identity.pid)
     except (OSError, ValueError):
         return Liveness.UNKNOWN

@@ -4,7 +4,9 @@ A pid alone names a process only until it exits: the kernel hands the number to 
 next process that asks. ferry therefore names a process by :class:`ProcessIdentity`:
 pid + start time (clock ticks since boot, field 22 of ``/proc/<pid>/stat``, exact) +
 the kernel's boot id + host name (informative only: the boot id decides, and the host
-name can change without a reboot).
+name can change without a reboot) + the PID namespace the pid is a number of (a
+``ferry run`` in a container records its own pids: 1 for itself, maybe; a ``ferry
+recover`` on the host must translate them before it looks, see :func:`local_identity`).
 
 Signals are never sent to a bare pid. :func:`signal_verified` opens a pidfd first,
 then re-reads the start time: if it still matches, the pidfd is bound to the recorded
@@ -43,10 +45,12 @@ __all__ = [
     "boot_id",
     "find_by_marker",
     "identity_of",
+    "local_identity",
     "make_marker",
     "marker_prefix",
     "parse_stat",
     "pid_absent",
+    "pid_namespace",
     "read_stat",
     "scan_processes",
     "self_identity",
@@ -65,38 +69,51 @@ _PF_KTHREAD = 0x00200000  # include/linux/sched.h: a kernel thread (stat field 9
 
 
 class ProcessIdentity(Value):
-    __slots__ = ("boot_id", "host", "pid", "start_time")
-    _FIELDS = ("pid", "start_time", "boot_id", "host")
+    """``pid`` is the number the process has in the PID namespace ``pid_ns`` (the inode
+    of its ``/proc/<pid>/ns/pid``); None: not recorded (an older journal), taken to be
+    the reader's own, as ferry always did."""
+
+    __slots__ = ("boot_id", "host", "pid", "pid_ns", "start_time")
+    _FIELDS = ("pid", "start_time", "boot_id", "host", "pid_ns")
     pid: int
     start_time: int  # clock ticks since boot (/proc/<pid>/stat field 22)
     boot_id: str
     host: str
+    pid_ns: int | None
 
-    def __init__(self, pid: int, start_time: int, boot_id: str, host: str) -> None:
+    def __init__(
+        self, pid: int, start_time: int, boot_id: str, host: str, pid_ns: int | None = None
+    ) -> None:
         init(self, "pid", pid)
         init(self, "start_time", start_time)
         init(self, "boot_id", boot_id)
         init(self, "host", host)
+        init(self, "pid_ns", pid_ns)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "pid": self.pid,
             "start_time": self.start_time,
             "boot_id": self.boot_id,
             "host": self.host,
         }
+        if self.pid_ns is not None:
+            data["pid_ns"] = self.pid_ns
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ProcessIdentity:
-        """Strict: raises ValueError on a missing field or a wrong type."""
+        """Strict: raises ValueError on a missing field or a wrong type (``pid_ns`` may
+        be missing: an identity recorded before ferry recorded it)."""
         pid, start, boot, host = (data.get(k) for k in ("pid", "start_time", "boot_id", "host"))
+        pid_ns = data.get("pid_ns")
         if not (
             _is_int(pid) and _is_int(start) and isinstance(boot, str) and isinstance(host, str)
         ):
             raise ValueError(f"not a process identity: {dict(data)!r}")
-        if pid <= 0 or start < 0:
+        if pid <= 0 or start < 0 or not (pid_ns is None or (_is_int(pid_ns) and pid_ns > 0)):
             raise ValueError(f"not a process identity: {dict(data)!r}")
-        return cls(pid=pid, start_time=start, boot_id=boot, host=host)
+        return cls(pid=pid, start_time=start, boot_id=boot, host=host, pid_ns=pid_ns)
 
 
 def _is_int(value: object) -> TypeGuard[int]:
@@ -209,6 +226,14 @@ def _namespace(kind: str) -> int | None:
 
 
 @functools.cache
+def pid_namespace() -> int | None:
+    """The inode of this process's PID namespace (None: the kernel has none): the
+    namespace its pids, and those /proc shows it, are numbers in. Cached: a process
+    cannot change its own."""
+    return _namespace("pid")
+
+
+@functools.cache
 def time_namespace() -> int | None:
     """The inode of this process's time namespace (None: the kernel has none). Two
     processes read the same CLOCK_BOOTTIME, and the same start times in /proc, only in
@@ -227,7 +252,7 @@ def identity_of(pid: int) -> ProcessIdentity | None:
     st = read_stat(pid)
     if st is None:
         return None
-    return ProcessIdentity(pid=pid, start_time=st.start_time, boot_id=boot_id(), host=_host())
+    return ProcessIdentity(pid, st.start_time, boot_id(), _host(), pid_namespace())
 
 
 def self_identity() -> ProcessIdentity:
@@ -245,6 +270,54 @@ def _psutil_identity(pid: int) -> ProcessIdentity | None:  # pragma: no cover - 
         return None
     # Milliseconds since the epoch: comparable on this platform, not with Linux ticks.
     return ProcessIdentity(pid, round(created_s * 1000), boot_id(), _host())
+
+
+# --- PID namespaces ------------------------------------------------------------------
+
+
+def local_identity(identity: ProcessIdentity) -> ProcessIdentity | None:
+    """``identity`` as this process sees it: with the pid it has in our PID namespace.
+
+    Recorded in our namespace (or with none recorded: an older journal, read as ferry
+    always did): itself. Recorded in another one, say by a ``ferry run`` in a
+    container: the process of that namespace whose ``NSpid`` (``/proc/<pid>/status``:
+    its pid in each namespace, ours first, its own last) ends with the recorded pid,
+    if one can be seen here (the namespace is then below ours, and /proc shows its
+    processes), renamed with our pid; its start time is the caller's to compare (ticks
+    since boot: the same from every PID namespace of a boot). None: no such process can
+    be seen, and nothing is proven either way (a namespace we cannot see into, such as
+    the host's from inside a container, or a sibling's; or the process is gone). A
+    process whose pid could not be translated is never signalled.
+    """
+    ours = pid_namespace()
+    if identity.pid_ns == ours:
+        return identity
+    pid = identity.pid if identity.pid_ns is None else _translate(identity.pid_ns, identity.pid)
+    if pid is None:
+        return None
+    return ProcessIdentity(pid, identity.start_time, identity.boot_id, identity.host, ours)
+
+
+def _translate(pid_ns: int, pid: int) -> int | None:
+    """Our pid of the process that has ``pid`` in the PID namespace ``pid_ns``; None
+    when no process visible here is that one."""
+    for name in os.listdir(_PROC):
+        if not name.isdigit():
+            continue
+        try:
+            # The namespace first: one stat, where status is some 50 lines to format.
+            if os.stat(f"{_PROC}/{name}/ns/pid").st_ino != pid_ns:
+                continue
+            with open(f"{_PROC}/{name}/status", "rb", buffering=0) as f:
+                status = f.read()
+        except OSError:
+            continue  # gone, or not ours to look at (then not ours to name either)
+        for line in status.splitlines():
+            if line.startswith(b"NSpid:"):
+                if int(line.split()[-1]) == pid:
+                    return int(name)
+                break
+    return None
 
 
 # --- markers -------------------------------------------------------------------------
@@ -265,7 +338,9 @@ def marker_prefix(task_id: str, attempt: int | None = None) -> str:
 
 class ProcessScan(Value):
     """What a scan of /proc found. ``complete`` is False when some process that could
-    belong to the task could not be read: the caller must then not conclude "none"."""
+    belong to the task could not be read (``unreadable``: their pids; -1 when the
+    leader's session and group could not be looked for, its pid being one of a PID
+    namespace we cannot translate): the caller must then not conclude "none"."""
 
     __slots__ = ("alive", "unreadable", "zombies")
     _FIELDS = ("alive", "zombies", "unreadable")
@@ -323,15 +398,22 @@ def scan_processes(
     if not os.path.isdir(_PROC):  # pragma: no cover - not Linux: fail closed
         return ProcessScan((), (), (-1,))
     needle = f"{MARKER_ENV}={marker_prefix}".encode() if marker_prefix else None
-    me = boot_id()
-    leader = session_of if session_of is not None and _session_id_valid(session_of) else None
+    me, ours = boot_id(), pid_namespace()
+    alive: list[ProcessIdentity] = []
+    zombies: list[ProcessIdentity] = []
+    unreadable: list[int] = []
+    leader = None
+    if session_of is not None and session_of.boot_id == me:
+        # Session and group ids here are our pids: the leader's, translated.
+        leader = local_identity(session_of)
+        if leader is None:
+            unreadable.append(-1)  # its members cannot be told by number: not complete
+        elif not _session_id_valid(leader):
+            leader = None
     if not_before_ticks is None and session_of is not None and session_of.boot_id == me:
         not_before_ticks = session_of.start_time
     euid = os.geteuid()
     held_file = _file_key(holding) if holding is not None else None
-    alive: list[ProcessIdentity] = []
-    zombies: list[ProcessIdentity] = []
-    unreadable: list[int] = []
     for name in os.listdir(_PROC):
         if not name.isdigit() or name == "1":
             continue
@@ -352,7 +434,7 @@ def scan_processes(
         if found is False and held_file is not None and pid != os.getpid():
             found = _look(_holds, pid, held_file, euid, unreadable)
         if found:
-            ident = ProcessIdentity(pid, st.start_time, me, _host())
+            ident = ProcessIdentity(pid, st.start_time, me, _host(), ours)
             (zombies if st.exited else alive).append(ident)
     return ProcessScan(tuple(alive), tuple(zombies), tuple(unreadable))
 
@@ -361,8 +443,7 @@ def _session_id_valid(leader: ProcessIdentity) -> bool:
     # The kernel does not reuse a number while a process still has it as its group or
     # session id. So if the number now belongs to another process, the leader's group
     # and session emptied out at some point, and whoever uses the id now is not ours.
-    if leader.boot_id != boot_id():
-        return False
+    # (``leader``: translated to our PID namespace, of this boot.)
     try:
         st = read_stat(leader.pid)
     except (OSError, ValueError):
@@ -447,14 +528,20 @@ class NotGroupLeaderError(ValueError):
 def signal_verified(identity: ProcessIdentity, sig: int, *, group: bool) -> bool:
     """Send ``sig`` to the process ``identity`` names (``group``: to its process group).
 
-    Returns True when sent; False when the process is provably gone (no such pid,
-    another start time, another boot; for a single process also a zombie) and nothing
-    was sent. Raises PermissionError when we may not signal it, and
-    :class:`NotGroupLeaderError` for ``group=True`` on a process that leads no group.
-    Calls the ``before:signal`` / ``after:signal`` failpoints around the send.
+    Returns True when sent; False when nothing was sent: the process is provably gone
+    (no such pid, another start time, another boot; for a single process also a
+    zombie), or its pid is one of another PID namespace that cannot be translated to
+    ours (``local_identity``: never a number we cannot name). Raises PermissionError
+    when we may not signal it, and :class:`NotGroupLeaderError` for ``group=True`` on a
+    process that leads no group. Calls the ``before:signal`` / ``after:signal``
+    failpoints around the send.
     """
     if identity.boot_id != boot_id():
         return False
+    local = local_identity(identity)
+    if local is None:
+        return False
+    identity = local
     if not os.path.isdir(_PROC):  # pragma: no cover - not Linux
         return _signal_psutil(identity, sig, group=group)
     try:
@@ -539,6 +626,8 @@ def signal_task(
     """
     sent = 0
     group_signalled = False
+    if leader is not None and leader.boot_id == boot_id():
+        leader = local_identity(leader)  # (None: another PID namespace, not translated)
     if leader is not None:
         try:
             group_signalled = signal_verified(leader, sig, group=True)

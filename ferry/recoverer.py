@@ -60,11 +60,14 @@ def runner_identity(task: Task) -> ProcessIdentity | None:
 
 
 def leader_identity(task: Task) -> ProcessIdentity | None:
-    """The task's first process as SPAWNED recorded it (same boot and host as its runner)."""
+    """The task's first process as SPAWNED recorded it: the runner's child, so of the
+    same boot and host, and its pid one of the runner's PID namespace."""
     runner = runner_identity(task)
     if task.pid is None or task.start_time is None or runner is None:
         return None
-    return ProcessIdentity(task.pid, int(task.start_time), runner.boot_id, runner.host)
+    return ProcessIdentity(
+        task.pid, int(task.start_time), runner.boot_id, runner.host, runner.pid_ns
+    )
 
 
 def task_marker(task: Task) -> str:

@@ -31,7 +31,7 @@ from crashkit import (
 
 from ferry.alivelock import Beat, beat_record, parse_beat
 from ferry.liveness import WALL_STEP_ENV
-from ferry.process import read_stat
+from ferry.process import ProcessIdentity, local_identity, read_stat
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -315,6 +315,79 @@ def test_a_torn_beat_record_gives_no_age_the_mtime_decides(ferry: Ferry, tmp_pat
     gate.touch()
     assert runner.wait(timeout=60) == 0
     assert ferry.task(task_id)["state"] == "SUCCEEDED"
+    ferry.verify_clean()
+
+
+# ---- a runner in another PID namespace -------------------------------------------------
+
+# A container: ferry as pid 1 of a PID namespace of its own, with its own /proc; the
+# state directory is the same (a bind mount, in a real one). --kill-child: the namespace
+# ends with the unshare process the test reaps.
+IN_A_CONTAINER = ("unshare", "--pid", "--fork", "--mount-proc", "--kill-child")
+
+
+def pid_namespaces_or_skip() -> None:
+    done = subprocess.run([*IN_A_CONTAINER, "true"], capture_output=True, timeout=60, check=False)
+    if done.returncode != 0:
+        pytest.skip(f"no PID namespace can be made here: {done.stderr.decode()[-200:]!r}")
+
+
+def test_a_runner_in_another_pid_namespace_is_not_judged_dead(ferry: Ferry, tmp_path: Path) -> None:
+    """``ferry run`` in a container, ``ferry recover`` from the host's cron: the runner's
+    recorded pid (1, inside) means another process here. Its identity carries its PID
+    namespace, and recovery translates the pid (NSpid) before it judges: the live runner
+    is alive, its healthy task left alone, and its real end journaled SUCCEEDED."""
+    pid_namespaces_or_skip()
+    gate = tmp_path / "gate"
+    wait_for_gate = ["/bin/sh", "-c", 'while [ ! -e "$0" ]; do sleep 0.05; done', str(gate)]
+    container = Ferry(ferry.home, ferry.workdir, command=(*IN_A_CONTAINER, *ferry.command))
+    try:
+        runner = container.start("run", "--heartbeat", "1", "--", *wait_for_gate)
+        task_id = ferry.wait_running()["id"]
+        claimed = [r["data"] for r in ferry.records() if r["type"] == "CLAIMED"]
+        assert [c["runner"]["pid"] for c in claimed] == [1], claimed
+        for _ in range(2):
+            code, report = ferry.recover("--kill-stale")
+            assert (code, report["decisions"], report["orphans_alive"]) == (0, [], []), report
+        assert ferry.task(task_id)["state"] == "RUNNING"
+        gate.touch()
+        assert runner.wait(timeout=60) == 0
+    finally:
+        container.close()
+    task = ferry.task(task_id)
+    assert (task["state"], task["exit_code"]) == ("SUCCEEDED", 0)
+    ferry.verify_clean()
+
+
+def test_kill_stale_reaches_a_task_in_another_pid_namespace_but_not_its_runner(
+    ferry: Ferry,
+) -> None:
+    """The runner in the container stopped past the stale limit: the host's ``recover
+    --kill-stale`` sees it alive (translated), marks the task STALE, and kills the
+    task's processes by the pids they have here, never the runner (nor our pid 1)."""
+    pid_namespaces_or_skip()
+    container = Ferry(ferry.home, ferry.workdir, command=(*IN_A_CONTAINER, *ferry.command))
+    try:
+        container.start("run", "--heartbeat", "0.2", "--", "/bin/sh", "-c", "sleep 300")
+        task_id = ferry.wait_running()["id"]
+        claimed = [r["data"]["runner"] for r in ferry.records() if r["type"] == "CLAIMED"]
+        runner = local_identity(ProcessIdentity.from_json(claimed[0]))
+        assert runner is not None and runner.pid != 1
+        os.kill(runner.pid, signal.SIGSTOP)
+        try:
+            wait_until(lambda: heartbeat_age_s(ferry, task_id) > 1.5, what="an old heartbeat")
+            code, report = ferry.recover("--stale-after", "1", "--kill-stale")
+            assert code == 0 and [d["decision"] for d in report["decisions"]] == ["MARK_STALE"]
+            assert ferry.task(task_id)["evidence"]["recovery"]["runner"] == "ALIVE"
+            wait_task_gone(task_id)
+            assert (st := read_stat(runner.pid)) is not None and st.state == "T", "runner spared"
+        finally:
+            os.kill(runner.pid, signal.SIGCONT)
+        wait_until(lambda: ferry.task(task_id)["state"] == "FAILED", what="the runner's end")
+        task = ferry.task(task_id)
+        assert (task["reason"], task["signal"]) == ("SIGNALLED", 9)
+    finally:
+        container.close()
     ferry.verify_clean()
 
 

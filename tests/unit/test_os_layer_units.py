@@ -61,11 +61,29 @@ def test_parse_stat_rejects_garbage(raw: bytes) -> None:
         {"pid": 1, "start_time": 1.5, "boot_id": "b", "host": "h"},
         {"pid": 0, "start_time": 1, "boot_id": "b", "host": "h"},
         {"pid": 1, "start_time": 1, "boot_id": None, "host": "h"},
+        *(
+            {"pid": 1, "start_time": 1, "boot_id": "b", "host": "h", "pid_ns": ns}
+            for ns in (0, -4026531836, "4026531836", True, 1.5)
+        ),
     ],
 )
 def test_identity_from_json_is_strict(bad: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         ProcessIdentity.from_json(bad)
+
+
+def test_an_identity_without_a_pid_namespace_is_read_as_before() -> None:
+    """Journals and lease files written before ferry recorded the PID namespace: the
+    same identity, without one (probed in the reader's namespace, as ever); written
+    without one too, so an older ferry reads exactly what it wrote."""
+    old = {"pid": 7, "start_time": 100, "boot_id": "b", "host": "h"}
+    for data in (old, {**old, "pid_ns": None}):
+        ident = ProcessIdentity.from_json(data)
+        assert ident == ProcessIdentity(7, 100, "b", "h") and ident.pid_ns is None
+        assert ident.to_json() == old
+    new = ProcessIdentity.from_json({**old, "pid_ns": 4026531836})
+    assert new.pid_ns == 4026531836 and new.to_json() == {**old, "pid_ns": 4026531836}
+    assert new != ProcessIdentity(7, 100, "b", "h")
 
 
 def test_markers() -> None:
