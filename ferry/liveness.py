@@ -5,7 +5,8 @@ Proof of death, for a :class:`~ferry.process.ProcessIdentity`:
 * it belongs to another boot (the boot id differs): every process of that boot is gone;
 * no process has its pid (``kill(pid, 0)`` says ESRCH; /proc alone is not trusted,
   since ``hidepid`` can hide live processes);
-* the pid belongs to a process with another start time (the pid was reused);
+* the pid belongs to a process with another start time (the pid was reused), both
+  read in one time namespace (the kernel offsets start times by the reader's);
 * it has exited and not yet been reaped (a zombie): it runs no code and writes nothing,
   so for the runner and for the task alike "a zombie is not alive" (contract). (The
   design notes first listed zombies as "unknown"; the contract and the issue settle it.)
@@ -32,6 +33,7 @@ from ferry.process import (
     local_identity,
     pid_absent,
     read_stat,
+    same_clock,
     scan_processes,
     time_namespace,
 )
@@ -78,7 +80,8 @@ def probe(identity: ProcessIdentity) -> Liveness:
         except OSError:
             return Liveness.UNKNOWN
     if st.start_time != identity.start_time:
-        return Liveness.DEAD
+        # Reused, where start times are read on one clock; else the offset may be all.
+        return Liveness.DEAD if same_clock(identity) else Liveness.UNKNOWN
     if st.exited:
         return Liveness.DEAD
     return Liveness.ALIVE

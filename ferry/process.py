@@ -52,6 +52,7 @@ __all__ = [
     "pid_absent",
     "pid_namespace",
     "read_stat",
+    "same_clock",
     "scan_processes",
     "self_identity",
     "signal_task",
@@ -70,25 +71,35 @@ _PF_KTHREAD = 0x00200000  # include/linux/sched.h: a kernel thread (stat field 9
 
 class ProcessIdentity(Value):
     """``pid`` is the number the process has in the PID namespace ``pid_ns`` (the inode
-    of its ``/proc/<pid>/ns/pid``); None: not recorded (an older journal), taken to be
-    the reader's own, as ferry always did."""
+    of its ``/proc/<pid>/ns/pid``), and ``start_time`` as /proc reads it in the time
+    namespace ``time_ns`` (the kernel offsets start times by the reader's; a container
+    may have its own). Either None: not recorded (an older journal), taken to be the
+    reader's own, as ferry always did."""
 
-    __slots__ = ("boot_id", "host", "pid", "pid_ns", "start_time")
-    _FIELDS = ("pid", "start_time", "boot_id", "host", "pid_ns")
+    __slots__ = ("boot_id", "host", "pid", "pid_ns", "start_time", "time_ns")
+    _FIELDS = ("pid", "start_time", "boot_id", "host", "pid_ns", "time_ns")
     pid: int
     start_time: int  # clock ticks since boot (/proc/<pid>/stat field 22)
     boot_id: str
     host: str
     pid_ns: int | None
+    time_ns: int | None
 
     def __init__(
-        self, pid: int, start_time: int, boot_id: str, host: str, pid_ns: int | None = None
+        self,
+        pid: int,
+        start_time: int,
+        boot_id: str,
+        host: str,
+        pid_ns: int | None = None,
+        time_ns: int | None = None,
     ) -> None:
         init(self, "pid", pid)
         init(self, "start_time", start_time)
         init(self, "boot_id", boot_id)
         init(self, "host", host)
         init(self, "pid_ns", pid_ns)
+        init(self, "time_ns", time_ns)
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -99,21 +110,27 @@ class ProcessIdentity(Value):
         }
         if self.pid_ns is not None:
             data["pid_ns"] = self.pid_ns
+        if self.time_ns is not None:
+            data["time_ns"] = self.time_ns
         return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ProcessIdentity:
-        """Strict: raises ValueError on a missing field or a wrong type (``pid_ns`` may
-        be missing: an identity recorded before ferry recorded it)."""
+        """Strict: raises ValueError on a missing field or a wrong type (``pid_ns`` and
+        ``time_ns`` may be missing: an identity recorded before ferry recorded them)."""
         pid, start, boot, host = (data.get(k) for k in ("pid", "start_time", "boot_id", "host"))
-        pid_ns = data.get("pid_ns")
+        pid_ns, time_ns = data.get("pid_ns"), data.get("time_ns")
         if not (
             _is_int(pid) and _is_int(start) and isinstance(boot, str) and isinstance(host, str)
         ):
             raise ValueError(f"not a process identity: {dict(data)!r}")
-        if pid <= 0 or start < 0 or not (pid_ns is None or (_is_int(pid_ns) and pid_ns > 0)):
+        if pid <= 0 or start < 0 or not (_namespace_id(pid_ns) and _namespace_id(time_ns)):
             raise ValueError(f"not a process identity: {dict(data)!r}")
-        return cls(pid=pid, start_time=start, boot_id=boot, host=host, pid_ns=pid_ns)
+        return cls(pid, start, boot, host, pid_ns, time_ns)
+
+
+def _namespace_id(value: object) -> bool:
+    return value is None or (_is_int(value) and value > 0)
 
 
 def _is_int(value: object) -> TypeGuard[int]:
@@ -252,7 +269,9 @@ def identity_of(pid: int) -> ProcessIdentity | None:
     st = read_stat(pid)
     if st is None:
         return None
-    return ProcessIdentity(pid, st.start_time, boot_id(), _host(), pid_namespace())
+    return ProcessIdentity(
+        pid, st.start_time, boot_id(), _host(), pid_namespace(), time_namespace()
+    )
 
 
 def self_identity() -> ProcessIdentity:
@@ -295,7 +314,17 @@ def local_identity(identity: ProcessIdentity) -> ProcessIdentity | None:
     pid = identity.pid if identity.pid_ns is None else _translate(identity.pid_ns, identity.pid)
     if pid is None:
         return None
-    return ProcessIdentity(pid, identity.start_time, identity.boot_id, identity.host, ours)
+    return ProcessIdentity(
+        pid, identity.start_time, identity.boot_id, identity.host, ours, identity.time_ns
+    )
+
+
+def same_clock(identity: ProcessIdentity) -> bool:
+    """Can ``identity``'s start time be compared with the ones /proc shows us? Only if it
+    was read in our time namespace (or none was recorded: an older journal, as before):
+    the kernel offsets start times by the reader's CLOCK_BOOTTIME offset. Elsewhere, a
+    start time that differs proves nothing (not a reuse: maybe the offset)."""
+    return identity.time_ns is None or identity.time_ns == time_namespace()
 
 
 def _translate(pid_ns: int, pid: int) -> int | None:
@@ -339,8 +368,10 @@ def marker_prefix(task_id: str, attempt: int | None = None) -> str:
 class ProcessScan(Value):
     """What a scan of /proc found. ``complete`` is False when some process that could
     belong to the task could not be read (``unreadable``: their pids; -1 when the
-    leader's session and group could not be looked for, its pid being one of a PID
-    namespace we cannot translate): the caller must then not conclude "none"."""
+    leader's session and group could not be looked for: its pid is one of a PID
+    namespace we cannot translate, or its number is used and its start time, read in
+    another time namespace, cannot tell whether by it): the caller must then not
+    conclude "none"."""
 
     __slots__ = ("alive", "unreadable", "zombies")
     _FIELDS = ("alive", "zombies", "unreadable")
@@ -387,9 +418,9 @@ def scan_processes(
     its environment.
 
     Never part of a task, so never looked at: pid 1, kernel threads, and processes that
-    started before ``not_before_ticks`` (default: the leader's start time; a task's
-    processes all descend from its leader). Pass the runner's start time when the
-    leader is unknown.
+    started before ``not_before_ticks`` (default: the leader's start time, if read in
+    our time namespace; a task's processes all descend from its leader). Pass the
+    runner's start time when the leader is unknown.
 
     An environment we may not read counts as unreadable only when the process runs as
     our own user: another user's process cannot carry our task's marker unless the task
@@ -398,7 +429,7 @@ def scan_processes(
     if not os.path.isdir(_PROC):  # pragma: no cover - not Linux: fail closed
         return ProcessScan((), (), (-1,))
     needle = f"{MARKER_ENV}={marker_prefix}".encode() if marker_prefix else None
-    me, ours = boot_id(), pid_namespace()
+    me, ours, clock = boot_id(), pid_namespace(), time_namespace()
     alive: list[ProcessIdentity] = []
     zombies: list[ProcessIdentity] = []
     unreadable: list[int] = []
@@ -406,12 +437,13 @@ def scan_processes(
     if session_of is not None and session_of.boot_id == me:
         # Session and group ids here are our pids: the leader's, translated.
         leader = local_identity(session_of)
-        if leader is None:
+        valid = None if leader is None else _session_id_valid(leader)
+        if valid is None:
             unreadable.append(-1)  # its members cannot be told by number: not complete
-        elif not _session_id_valid(leader):
+        if not valid:
             leader = None
-    if not_before_ticks is None and session_of is not None and session_of.boot_id == me:
-        not_before_ticks = session_of.start_time
+        if not_before_ticks is None and same_clock(session_of):
+            not_before_ticks = session_of.start_time
     euid = os.geteuid()
     held_file = _file_key(holding) if holding is not None else None
     for name in os.listdir(_PROC):
@@ -434,21 +466,24 @@ def scan_processes(
         if found is False and held_file is not None and pid != os.getpid():
             found = _look(_holds, pid, held_file, euid, unreadable)
         if found:
-            ident = ProcessIdentity(pid, st.start_time, me, _host(), ours)
+            ident = ProcessIdentity(pid, st.start_time, me, _host(), ours, clock)
             (zombies if st.exited else alive).append(ident)
     return ProcessScan(tuple(alive), tuple(zombies), tuple(unreadable))
 
 
-def _session_id_valid(leader: ProcessIdentity) -> bool:
+def _session_id_valid(leader: ProcessIdentity) -> bool | None:
     # The kernel does not reuse a number while a process still has it as its group or
     # session id. So if the number now belongs to another process, the leader's group
     # and session emptied out at some point, and whoever uses the id now is not ours.
-    # (``leader``: translated to our PID namespace, of this boot.)
+    # (``leader``: translated to our PID namespace, of this boot.) None: cannot tell,
+    # its start time being of another time namespace.
     try:
         st = read_stat(leader.pid)
     except (OSError, ValueError):
         return True  # fail closed: keep looking at members
-    return st is None or st.start_time == leader.start_time
+    if st is None or st.start_time == leader.start_time:
+        return True
+    return False if same_clock(leader) else None
 
 
 def _in_session(st: ProcStat, leader: ProcessIdentity) -> bool:
@@ -530,8 +565,9 @@ def signal_verified(identity: ProcessIdentity, sig: int, *, group: bool) -> bool
 
     Returns True when sent; False when nothing was sent: the process is provably gone
     (no such pid, another start time, another boot; for a single process also a
-    zombie), or its pid is one of another PID namespace that cannot be translated to
-    ours (``local_identity``: never a number we cannot name). Raises PermissionError
+    zombie), or cannot be told from another: its pid is one of another PID namespace
+    that cannot be translated to ours (``local_identity``), or its start time, read in
+    another time namespace, is not the one we read (``same_clock``). Raises PermissionError
     when we may not signal it, and :class:`NotGroupLeaderError` for ``group=True`` on a
     process that leads no group. Calls the ``before:signal`` / ``after:signal``
     failpoints around the send.

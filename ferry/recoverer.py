@@ -23,7 +23,14 @@ from ferry.alivelock import alive_path
 from ferry.errors import FerryError, OperatorNeededError, RefusedError
 from ferry.liveness import heartbeat_age, probe, probe_task, wall_clock
 from ferry.model import Liveness, Reason, State, Task
-from ferry.process import ProcessIdentity, marker_prefix, read_stat, scan_processes, signal_task
+from ferry.process import (
+    ProcessIdentity,
+    marker_prefix,
+    read_stat,
+    same_clock,
+    scan_processes,
+    signal_task,
+)
 from ferry.recovery import Observation, Policy, decide
 from ferry.runner import heartbeat_path, log_paths
 
@@ -61,12 +68,13 @@ def runner_identity(task: Task) -> ProcessIdentity | None:
 
 def leader_identity(task: Task) -> ProcessIdentity | None:
     """The task's first process as SPAWNED recorded it: the runner's child, so of the
-    same boot and host, and its pid one of the runner's PID namespace."""
+    same boot and host, its pid one of the runner's PID namespace and its start time
+    read in the runner's time namespace."""
     runner = runner_identity(task)
     if task.pid is None or task.start_time is None or runner is None:
         return None
     return ProcessIdentity(
-        task.pid, int(task.start_time), runner.boot_id, runner.host, runner.pid_ns
+        task.pid, int(task.start_time), runner.boot_id, runner.host, runner.pid_ns, runner.time_ns
     )
 
 
@@ -81,7 +89,8 @@ def task_liveness(task: Task, home: Path) -> Liveness:
     if alivelock.held(alive_path(home, task.id, task.attempt)):
         return Liveness.ALIVE
     runner = runner_identity(task)
-    not_before = runner.start_time if runner is not None else None
+    # (A start time read in another time namespace is offset: no bound at all then.)
+    not_before = runner.start_time if runner is not None and same_clock(runner) else None
     return probe_task(task_marker(task), leader_identity(task), not_before_ticks=not_before)
 
 

@@ -458,3 +458,40 @@ def test_a_pid_whose_namespace_cannot_be_seen_is_never_signalled(children: Child
     assert signal_task(elsewhere, "no-such-task:1:x", signal.SIGKILL) == 0
     assert child.poll() is None
     assert probe(real) is Liveness.ALIVE
+
+
+IN_A_TIME_NAMESPACE = ("unshare", "--time", "--boottime", "100000", "--fork", "--kill-child")
+
+
+def test_a_process_of_another_time_namespace_is_unknown_while_it_lives(
+    children: Children,
+) -> None:
+    """Its start time, read in its time namespace, is offset by 100000 s from the one we
+    read: a difference that proves no pid reuse. UNKNOWN while the pid is used, never
+    signalled on that identity (the marker scan, which reads start times here, still
+    finds and names it); DEAD once no process has the pid."""
+    done = subprocess.run([*IN_A_TIME_NAMESPACE, "true"], capture_output=True, timeout=60)
+    if done.returncode != 0:
+        pytest.skip(f"no time namespace can be made here: {done.stderr.decode()[-200:]!r}")
+    marker = make_marker("TIMENS", 1, "tok")
+    env = {**os.environ, MARKER_ENV: marker}
+    inside = subprocess.Popen(
+        [*IN_A_TIME_NAMESPACE, sys.executable, "-c", SAY_WHO_AND_WAIT],
+        stdout=subprocess.PIPE,
+        env=env,
+    )
+    children.procs.append(inside)
+    assert inside.stdout is not None
+    there = ProcessIdentity.from_json(json.loads(inside.stdout.readline()))
+    here = live_identity(there.pid)
+    assert there.time_ns != here.time_ns and there.start_time - here.start_time >= 100000 * 99
+    assert probe(there) is Liveness.UNKNOWN and probe(here) is Liveness.ALIVE
+    assert probe_task(marker, there) is Liveness.ALIVE  # the marker scan: its pid here
+    assert here in find_by_marker(marker).alive  # (with unshare, its parent)
+    for sig in (signal.SIGKILL, signal.SIGTERM):
+        assert signal_verified(there, sig, group=False) is False
+    assert inside.poll() is None
+    os.kill(there.pid, signal.SIGKILL)  # (the test's own child's child: by number)
+    inside.wait(timeout=10)
+    wait_until(lambda: probe(there) is Liveness.DEAD)
+    assert probe_task(marker, there) is Liveness.DEAD

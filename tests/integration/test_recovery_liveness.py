@@ -391,6 +391,38 @@ def test_kill_stale_reaches_a_task_in_another_pid_namespace_but_not_its_runner(
     ferry.verify_clean()
 
 
+# A container with a time namespace of its own (CRIU restores, LXC): CLOCK_BOOTTIME, and
+# the start times /proc shows, are offset there by 100000 s.
+IN_A_TIME_NAMESPACE = ("unshare", "--time", "--boottime", "100000", "--fork", "--kill-child")
+
+
+def test_a_runner_in_another_time_namespace_is_not_judged_dead(
+    ferry: Ferry, tmp_path: Path
+) -> None:
+    """The runner's start time, read in its time namespace, is not the one the host
+    reads for it: no proof of pid reuse. Recovery on the host must not call the live
+    runner DEAD (and quarantine its healthy task, refusing its real end)."""
+    done = subprocess.run([*IN_A_TIME_NAMESPACE, "true"], capture_output=True, timeout=60)
+    if done.returncode != 0:
+        pytest.skip(f"no time namespace can be made here: {done.stderr.decode()[-200:]!r}")
+    gate = tmp_path / "gate"
+    wait_for_gate = ["/bin/sh", "-c", 'while [ ! -e "$0" ]; do sleep 0.05; done', str(gate)]
+    container = Ferry(ferry.home, ferry.workdir, command=(*IN_A_TIME_NAMESPACE, *ferry.command))
+    try:
+        runner = container.start("run", "--heartbeat", "1", "--", *wait_for_gate)
+        task_id = ferry.wait_running()["id"]
+        for _ in range(2):
+            code, report = ferry.recover("--kill-stale", "--stale-after", "30")
+            assert (code, report["decisions"], report["orphans_alive"]) == (0, [], []), report
+        assert ferry.task(task_id)["state"] == "RUNNING"
+        gate.touch()
+        assert runner.wait(timeout=60) == 0
+    finally:
+        container.close()
+    assert ferry.task(task_id)["state"] == "SUCCEEDED"
+    ferry.verify_clean()
+
+
 # ---- a quarantined orphan -------------------------------------------------------------
 
 
