@@ -5,10 +5,10 @@ Before the spawn the runner opens the task's heartbeat file
 attempt, not two) and takes an exclusive ``flock`` on it; the descriptor is passed to
 the child (not close-on-exec), so the child and every descendant that does not close
 it share that one open file, and the lock stays held until the last of them exits (or
-closes it). After a runner crash,
-recovery asks: can I take the lock? If not, some process of the task still runs, even
-one that called ``setsid`` and replaced its environment (where the FERRY_TASK marker
-scan is blind). Zombies hold no descriptors, so they do not count: as the contract says.
+closes it). After a runner crash, recovery asks: can I take the lock? If not, some
+process of the task still runs, even one that called ``setsid`` and replaced its
+environment (where the FERRY_TASK marker scan is blind). Zombies hold no descriptors,
+so they do not count: as the contract says.
 
 The same descriptor also leads to the processes: ``ferry.process.scan_processes``
 (``holding=``) finds those that hold the file open read-write and inheritable, so that
@@ -178,7 +178,7 @@ def read_beat(path: Path) -> tuple[Beat | None, float] | None:
 
 def release(fd: int) -> None:
     """The runner is done with the task: drop its hold (the file stays: it is the
-    heartbeat, whose mtime is the task's last beat)."""
+    heartbeat, whose record and mtime tell the task's last beat)."""
     os.close(fd)
 
 

@@ -124,8 +124,7 @@ def heartbeat_age(path: Path, wall_now: float) -> tuple[float, str] | None:
     if seen is None:
         return None
     beat, mtime = seen
-    ours = beat is not None and beat.boot_id == boot_id()
-    if beat is not None and ours and beat.time_namespace == (time_namespace() or 0):
-        now_ns = time.clock_gettime_ns(time.CLOCK_BOOTTIME)  # after the read: never negative
-        return (now_ns - beat.boot_clock_ns) / 1e9, "boot"
-    return wall_now - mtime, "wall"
+    if beat is None or (beat.boot_id, beat.time_namespace) != (boot_id(), time_namespace() or 0):
+        return wall_now - mtime, "wall"
+    now_ns = time.clock_gettime_ns(time.CLOCK_BOOTTIME)  # after the read: never negative
+    return (now_ns - beat.boot_clock_ns) / 1e9, "boot"

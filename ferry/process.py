@@ -343,7 +343,8 @@ def _translate(pid_ns: int, pid: int) -> int | None:
             continue  # gone, or not ours to look at (then not ours to name either)
         for line in status.splitlines():
             if line.startswith(b"NSpid:"):
-                if int(line.split()[-1]) == pid:
+                # Its pid in each namespace from ours down: the last is in its own.
+                if line.split()[-1] == b"%d" % pid:
                     return int(name)
                 break
     return None
@@ -672,12 +673,17 @@ def signal_task(
             sent += signal_verified(leader, sig, group=False)
     scan = scan_processes(marker, session_of=leader, holding=holding)
     for ident in scan.alive:
-        if ident.pid == os.getpid() or (leader is not None and ident == leader):
+        if ident.pid == os.getpid() or (leader is not None and _same(ident, leader)):
             continue
         if group_signalled and leader is not None and _in_group(ident.pid, leader.pid):
             continue  # already reached through the group: one SIGINT must stay one
         sent += signal_verified(ident, sig, group=False)
     return sent
+
+
+def _same(found: ProcessIdentity, leader: ProcessIdentity) -> bool:
+    # (pid and start time: the namespaces a record has, or lacks, do not matter here.)
+    return (found.pid, found.start_time) == (leader.pid, leader.start_time)
 
 
 def _in_group(pid: int, pgrp: int) -> bool:

@@ -164,3 +164,33 @@ def test_a_beat_from_another_time_namespace_is_aged_by_its_mtime(tmp_path: Path)
     assert beat is not None and beat.time_namespace != time_namespace()
     age, clock = heartbeat_age(path, time.time()) or (None, None)
     assert clock == "wall" and age is not None and abs(age) < STEP_S  # not -100000
+
+
+BEAT_AGAIN_AND_AGAIN = (
+    "import pathlib, sys, ferry.alivelock as a\n"
+    "path = pathlib.Path(sys.argv[1])\n"
+    "print('beating', flush=True)\n"
+    "while True: a.beat(path)\n"
+)
+
+
+def test_reads_racing_a_beating_runner_give_true_ages_only(tmp_path: Path) -> None:
+    """A runner beating as fast as it can, recovery reading meanwhile: every age read is
+    one of a beat just written (on the boot clock) or, had a read met every write half
+    done, the mtime's; never one made of two records."""
+    from ferry.liveness import heartbeat_age
+
+    path = tmp_path / "t.1"
+    sound_record(path)
+    writer = subprocess.Popen(
+        [sys.executable, "-c", BEAT_AGAIN_AND_AGAIN, str(path)], stdout=subprocess.PIPE
+    )
+    try:
+        assert writer.stdout is not None and writer.stdout.readline() == b"beating\n"
+        for _ in range(20000):
+            age, clock = heartbeat_age(path, time.time()) or (None, None)
+            assert age is not None and clock in ("boot", "wall"), (age, clock)
+            assert 0 <= age < STEP_S / 2 if clock == "boot" else abs(age) < STEP_S / 2
+    finally:
+        writer.kill()
+        writer.wait(timeout=10)

@@ -339,6 +339,20 @@ def test_signal_task_signals_a_group_member_once(children: Children) -> None:
     wait_until(lambda: probe(member) is Liveness.DEAD)
 
 
+def test_signal_task_signals_a_leader_recorded_without_namespaces_once(
+    children: Children,
+) -> None:
+    """A leader that leads no group (signalled alone) and carries the marker, as an older
+    journal records it (no pid_ns, time_ns): the scan finds it under its full identity,
+    and must know it for the leader already signalled."""
+    marker = make_marker("T0OLDREC", 1, "tok")
+    child = children.start(SLEEPER, marker=marker, session=False)
+    wait_until(lambda: any(i.pid == child.pid for i in find_by_marker(marker).alive))
+    now = live_identity(child.pid)
+    recorded = ProcessIdentity(now.pid, now.start_time, now.boot_id, now.host)
+    assert signal_task(recorded, marker, signal.SIGCONT) == 1
+
+
 SIGNALLER = """
 import sys
 from ferry.process import ProcessIdentity, signal_verified
