@@ -8,7 +8,6 @@ together.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import threading
@@ -32,17 +31,6 @@ _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLO
 def create_private(path: Path) -> None:
     """Create ``path`` 0600 if missing (a symlink there is refused), leave it as is."""
     os.close(os.open(path, _CREATE_FLAGS, 0o600))
-
-
-def touch(path: Path) -> None:
-    # A heartbeat is evidence, not a reason to stop the task: errors are ignored.
-    try:
-        os.utime(path, follow_symlinks=False)
-    except FileNotFoundError:
-        with contextlib.suppress(OSError):
-            create_private(path)
-    except OSError:
-        pass
 
 
 def fsync_dirs(directories: Iterable[Path]) -> str | None:

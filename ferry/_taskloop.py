@@ -17,10 +17,11 @@ import threading
 import time
 from collections.abc import Callable
 
-from ferry._outputs import SignalTrap, touch
+from ferry._outputs import SignalTrap
 from ferry._sink import ECHO_BACKLOG_BYTES, Sink
 from ferry._supervise_types import Outcome, SuperviseSpec
 from ferry._tasktree import TaskGroup
+from ferry.alivelock import beat
 
 CHUNK_BYTES = 1 << 20
 DRAIN_TIMEOUT_S = 2.0  # read the pipes this long after the group died, at most
@@ -138,7 +139,7 @@ class TaskLoop:
             if self.on_running is not None:
                 self.on_running()
         if now >= self.next_beat:
-            touch(self.spec.heartbeat_path)
+            beat(self.spec.heartbeat_path)
             self.next_beat += self.spec.heartbeat_s
             if self.next_beat <= now:  # fell behind (a stalled passthrough): no burst
                 self.next_beat = now + self.spec.heartbeat_s

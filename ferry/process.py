@@ -4,7 +4,9 @@ A pid alone names a process only until it exits: the kernel hands the number to 
 next process that asks. ferry therefore names a process by :class:`ProcessIdentity`:
 pid + start time (clock ticks since boot, field 22 of ``/proc/<pid>/stat``, exact) +
 the kernel's boot id + host name (informative only: the boot id decides, and the host
-name can change without a reboot).
+name can change without a reboot) + the PID namespace the pid is a number of (a
+``ferry run`` in a container records its own pids: 1 for itself, maybe; a ``ferry
+recover`` on the host must translate them before it looks, see :func:`local_identity`).
 
 Signals are never sent to a bare pid. :func:`signal_verified` opens a pidfd first,
 then re-reads the start time: if it still matches, the pidfd is bound to the recorded
@@ -43,15 +45,19 @@ __all__ = [
     "boot_id",
     "find_by_marker",
     "identity_of",
+    "local_identity",
     "make_marker",
     "marker_prefix",
     "parse_stat",
     "pid_absent",
+    "pid_namespace",
     "read_stat",
+    "same_clock",
     "scan_processes",
     "self_identity",
     "signal_task",
     "signal_verified",
+    "time_namespace",
 ]
 
 MARKER_ENV = "FERRY_TASK"
@@ -64,38 +70,67 @@ _PF_KTHREAD = 0x00200000  # include/linux/sched.h: a kernel thread (stat field 9
 
 
 class ProcessIdentity(Value):
-    __slots__ = ("boot_id", "host", "pid", "start_time")
-    _FIELDS = ("pid", "start_time", "boot_id", "host")
+    """``pid`` is the number the process has in the PID namespace ``pid_ns`` (the inode
+    of its ``/proc/<pid>/ns/pid``), and ``start_time`` as /proc reads it in the time
+    namespace ``time_ns`` (the kernel offsets start times by the reader's; a container
+    may have its own). Either None: not recorded (an older journal), taken to be the
+    reader's own, as ferry always did."""
+
+    __slots__ = ("boot_id", "host", "pid", "pid_ns", "start_time", "time_ns")
+    _FIELDS = ("pid", "start_time", "boot_id", "host", "pid_ns", "time_ns")
     pid: int
     start_time: int  # clock ticks since boot (/proc/<pid>/stat field 22)
     boot_id: str
     host: str
+    pid_ns: int | None
+    time_ns: int | None
 
-    def __init__(self, pid: int, start_time: int, boot_id: str, host: str) -> None:
+    def __init__(
+        self,
+        pid: int,
+        start_time: int,
+        boot_id: str,
+        host: str,
+        pid_ns: int | None = None,
+        time_ns: int | None = None,
+    ) -> None:
         init(self, "pid", pid)
         init(self, "start_time", start_time)
         init(self, "boot_id", boot_id)
         init(self, "host", host)
+        init(self, "pid_ns", pid_ns)
+        init(self, "time_ns", time_ns)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "pid": self.pid,
             "start_time": self.start_time,
             "boot_id": self.boot_id,
             "host": self.host,
         }
+        if self.pid_ns is not None:
+            data["pid_ns"] = self.pid_ns
+        if self.time_ns is not None:
+            data["time_ns"] = self.time_ns
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ProcessIdentity:
-        """Strict: raises ValueError on a missing field or a wrong type."""
+        """Strict: raises ValueError on a missing field or a wrong type (``pid_ns`` and
+        ``time_ns`` may be missing: an identity recorded before ferry recorded them)."""
         pid, start, boot, host = (data.get(k) for k in ("pid", "start_time", "boot_id", "host"))
+        pid_ns, time_ns = data.get("pid_ns"), data.get("time_ns")
         if not (
             _is_int(pid) and _is_int(start) and isinstance(boot, str) and isinstance(host, str)
         ):
             raise ValueError(f"not a process identity: {dict(data)!r}")
-        if pid <= 0 or start < 0:
+        if pid <= 0 or start < 0 or not (_namespace_id(pid_ns) and _namespace_id(time_ns)):
             raise ValueError(f"not a process identity: {dict(data)!r}")
-        return cls(pid=pid, start_time=start, boot_id=boot, host=host)
+        return cls(pid, start, boot, host, pid_ns, time_ns)
+
+
+def _namespace_id(value: object) -> bool:
+    return value is None or (_is_int(value) and value > 0)
 
 
 def _is_int(value: object) -> TypeGuard[int]:
@@ -200,6 +235,29 @@ def boot_id() -> str:
         return f"boot-time-{int(psutil.boot_time())}"
 
 
+def _namespace(kind: str) -> int | None:
+    try:  # stat follows the magic link to the namespace's nsfs inode
+        return os.stat(f"{_PROC}/self/ns/{kind}").st_ino
+    except OSError:  # pragma: no cover - a kernel without this namespace, or no /proc
+        return None
+
+
+@functools.cache
+def pid_namespace() -> int | None:
+    """The inode of this process's PID namespace (None: the kernel has none): the
+    namespace its pids, and those /proc shows it, are numbers in. Cached: a process
+    cannot change its own."""
+    return _namespace("pid")
+
+
+@functools.cache
+def time_namespace() -> int | None:
+    """The inode of this process's time namespace (None: the kernel has none). Two
+    processes read the same CLOCK_BOOTTIME, and the same start times in /proc, only in
+    the same time namespace: it offsets both. Cached: a process cannot change its own."""
+    return _namespace("time")
+
+
 def _host() -> str:
     return os.uname().nodename
 
@@ -211,7 +269,9 @@ def identity_of(pid: int) -> ProcessIdentity | None:
     st = read_stat(pid)
     if st is None:
         return None
-    return ProcessIdentity(pid=pid, start_time=st.start_time, boot_id=boot_id(), host=_host())
+    return ProcessIdentity(
+        pid, st.start_time, boot_id(), _host(), pid_namespace(), time_namespace()
+    )
 
 
 def self_identity() -> ProcessIdentity:
@@ -229,6 +289,65 @@ def _psutil_identity(pid: int) -> ProcessIdentity | None:  # pragma: no cover - 
         return None
     # Milliseconds since the epoch: comparable on this platform, not with Linux ticks.
     return ProcessIdentity(pid, round(created_s * 1000), boot_id(), _host())
+
+
+# --- PID namespaces ------------------------------------------------------------------
+
+
+def local_identity(identity: ProcessIdentity) -> ProcessIdentity | None:
+    """``identity`` as this process sees it: with the pid it has in our PID namespace.
+
+    Recorded in our namespace (or with none recorded: an older journal, read as ferry
+    always did): itself. Recorded in another one, say by a ``ferry run`` in a
+    container: the process of that namespace whose ``NSpid`` (``/proc/<pid>/status``:
+    its pid in each namespace, ours first, its own last) ends with the recorded pid,
+    if one can be seen here (the namespace is then below ours, and /proc shows its
+    processes), renamed with our pid; its start time is the caller's to compare (ticks
+    since boot: the same from every PID namespace of a boot). None: no such process can
+    be seen, and nothing is proven either way (a namespace we cannot see into, such as
+    the host's from inside a container, or a sibling's; or the process is gone). A
+    process whose pid could not be translated is never signalled.
+    """
+    ours = pid_namespace()
+    if identity.pid_ns == ours:
+        return identity
+    pid = identity.pid if identity.pid_ns is None else _translate(identity.pid_ns, identity.pid)
+    if pid is None:
+        return None
+    return ProcessIdentity(
+        pid, identity.start_time, identity.boot_id, identity.host, ours, identity.time_ns
+    )
+
+
+def same_clock(identity: ProcessIdentity) -> bool:
+    """Can ``identity``'s start time be compared with the ones /proc shows us? Only if it
+    was read in our time namespace (or none was recorded: an older journal, as before):
+    the kernel offsets start times by the reader's CLOCK_BOOTTIME offset. Elsewhere, a
+    start time that differs proves nothing (not a reuse: maybe the offset)."""
+    return identity.time_ns is None or identity.time_ns == time_namespace()
+
+
+def _translate(pid_ns: int, pid: int) -> int | None:
+    """Our pid of the process that has ``pid`` in the PID namespace ``pid_ns``; None
+    when no process visible here is that one."""
+    for name in os.listdir(_PROC):
+        if not name.isdigit():
+            continue
+        try:
+            # The namespace first: one stat, where status is some 50 lines to format.
+            if os.stat(f"{_PROC}/{name}/ns/pid").st_ino != pid_ns:
+                continue
+            with open(f"{_PROC}/{name}/status", "rb", buffering=0) as f:
+                status = f.read()
+        except OSError:
+            continue  # gone, or not ours to look at (then not ours to name either)
+        for line in status.splitlines():
+            if line.startswith(b"NSpid:"):
+                # Its pid in each namespace from ours down: the last is in its own.
+                if line.split()[-1] == b"%d" % pid:
+                    return int(name)
+                break
+    return None
 
 
 # --- markers -------------------------------------------------------------------------
@@ -249,7 +368,11 @@ def marker_prefix(task_id: str, attempt: int | None = None) -> str:
 
 class ProcessScan(Value):
     """What a scan of /proc found. ``complete`` is False when some process that could
-    belong to the task could not be read: the caller must then not conclude "none"."""
+    belong to the task could not be read (``unreadable``: their pids; -1 when the
+    leader's session and group could not be looked for: its pid is one of a PID
+    namespace we cannot translate, or its number is used and its start time, read in
+    another time namespace, cannot tell whether by it): the caller must then not
+    conclude "none"."""
 
     __slots__ = ("alive", "unreadable", "zombies")
     _FIELDS = ("alive", "zombies", "unreadable")
@@ -296,9 +419,9 @@ def scan_processes(
     its environment.
 
     Never part of a task, so never looked at: pid 1, kernel threads, and processes that
-    started before ``not_before_ticks`` (default: the leader's start time; a task's
-    processes all descend from its leader). Pass the runner's start time when the
-    leader is unknown.
+    started before ``not_before_ticks`` (default: the leader's start time, if read in
+    our time namespace; a task's processes all descend from its leader). Pass the
+    runner's start time when the leader is unknown.
 
     An environment we may not read counts as unreadable only when the process runs as
     our own user: another user's process cannot carry our task's marker unless the task
@@ -307,15 +430,23 @@ def scan_processes(
     if not os.path.isdir(_PROC):  # pragma: no cover - not Linux: fail closed
         return ProcessScan((), (), (-1,))
     needle = f"{MARKER_ENV}={marker_prefix}".encode() if marker_prefix else None
-    me = boot_id()
-    leader = session_of if session_of is not None and _session_id_valid(session_of) else None
-    if not_before_ticks is None and session_of is not None and session_of.boot_id == me:
-        not_before_ticks = session_of.start_time
-    euid = os.geteuid()
-    held_file = _file_key(holding) if holding is not None else None
+    me, ours, clock = boot_id(), pid_namespace(), time_namespace()
     alive: list[ProcessIdentity] = []
     zombies: list[ProcessIdentity] = []
     unreadable: list[int] = []
+    leader = None
+    if session_of is not None and session_of.boot_id == me:
+        # Session and group ids here are our pids: the leader's, translated.
+        leader = local_identity(session_of)
+        valid = None if leader is None else _session_id_valid(leader)
+        if valid is None:
+            unreadable.append(-1)  # its members cannot be told by number: not complete
+        if not valid:
+            leader = None
+        if not_before_ticks is None and same_clock(session_of):
+            not_before_ticks = session_of.start_time
+    euid = os.geteuid()
+    held_file = _file_key(holding) if holding is not None else None
     for name in os.listdir(_PROC):
         if not name.isdigit() or name == "1":
             continue
@@ -336,22 +467,24 @@ def scan_processes(
         if found is False and held_file is not None and pid != os.getpid():
             found = _look(_holds, pid, held_file, euid, unreadable)
         if found:
-            ident = ProcessIdentity(pid, st.start_time, me, _host())
+            ident = ProcessIdentity(pid, st.start_time, me, _host(), ours, clock)
             (zombies if st.exited else alive).append(ident)
     return ProcessScan(tuple(alive), tuple(zombies), tuple(unreadable))
 
 
-def _session_id_valid(leader: ProcessIdentity) -> bool:
+def _session_id_valid(leader: ProcessIdentity) -> bool | None:
     # The kernel does not reuse a number while a process still has it as its group or
     # session id. So if the number now belongs to another process, the leader's group
     # and session emptied out at some point, and whoever uses the id now is not ours.
-    if leader.boot_id != boot_id():
-        return False
+    # (``leader``: translated to our PID namespace, of this boot.) None: cannot tell,
+    # its start time being of another time namespace.
     try:
         st = read_stat(leader.pid)
     except (OSError, ValueError):
         return True  # fail closed: keep looking at members
-    return st is None or st.start_time == leader.start_time
+    if st is None or st.start_time == leader.start_time:
+        return True
+    return False if same_clock(leader) else None
 
 
 def _in_session(st: ProcStat, leader: ProcessIdentity) -> bool:
@@ -431,14 +564,21 @@ class NotGroupLeaderError(ValueError):
 def signal_verified(identity: ProcessIdentity, sig: int, *, group: bool) -> bool:
     """Send ``sig`` to the process ``identity`` names (``group``: to its process group).
 
-    Returns True when sent; False when the process is provably gone (no such pid,
-    another start time, another boot; for a single process also a zombie) and nothing
-    was sent. Raises PermissionError when we may not signal it, and
-    :class:`NotGroupLeaderError` for ``group=True`` on a process that leads no group.
-    Calls the ``before:signal`` / ``after:signal`` failpoints around the send.
+    Returns True when sent; False when nothing was sent: the process is provably gone
+    (no such pid, another start time, another boot; for a single process also a
+    zombie), or cannot be told from another: its pid is one of another PID namespace
+    that cannot be translated to ours (``local_identity``), or its start time, read in
+    another time namespace, is not the one we read (``same_clock``). Raises PermissionError
+    when we may not signal it, and :class:`NotGroupLeaderError` for ``group=True`` on a
+    process that leads no group. Calls the ``before:signal`` / ``after:signal``
+    failpoints around the send.
     """
     if identity.boot_id != boot_id():
         return False
+    local = local_identity(identity)
+    if local is None:
+        return False
+    identity = local
     if not os.path.isdir(_PROC):  # pragma: no cover - not Linux
         return _signal_psutil(identity, sig, group=group)
     try:
@@ -523,6 +663,8 @@ def signal_task(
     """
     sent = 0
     group_signalled = False
+    if leader is not None and leader.boot_id == boot_id():
+        leader = local_identity(leader)  # (None: another PID namespace, not translated)
     if leader is not None:
         try:
             group_signalled = signal_verified(leader, sig, group=True)
@@ -531,12 +673,17 @@ def signal_task(
             sent += signal_verified(leader, sig, group=False)
     scan = scan_processes(marker, session_of=leader, holding=holding)
     for ident in scan.alive:
-        if ident.pid == os.getpid() or (leader is not None and ident == leader):
+        if ident.pid == os.getpid() or (leader is not None and _same(ident, leader)):
             continue
         if group_signalled and leader is not None and _in_group(ident.pid, leader.pid):
             continue  # already reached through the group: one SIGINT must stay one
         sent += signal_verified(ident, sig, group=False)
     return sent
+
+
+def _same(found: ProcessIdentity, leader: ProcessIdentity) -> bool:
+    # (pid and start time: the namespaces a record has, or lacks, do not matter here.)
+    return (found.pid, found.start_time) == (leader.pid, leader.start_time)
 
 
 def _in_group(pid: int, pgrp: int) -> bool:

@@ -22,9 +22,16 @@ from ferry import alivelock
 from ferry import events as ev
 from ferry.alivelock import alive_path
 from ferry.errors import FerryError, OperatorNeededError, RefusedError
-from ferry.liveness import probe, probe_task
+from ferry.liveness import heartbeat_age, probe, probe_task, wall_clock
 from ferry.model import Liveness, Reason, State, Task
-from ferry.process import ProcessIdentity, marker_prefix, read_stat, scan_processes, signal_task
+from ferry.process import (
+    ProcessIdentity,
+    marker_prefix,
+    read_stat,
+    same_clock,
+    scan_processes,
+    signal_task,
+)
 from ferry.recovery import Observation, Policy, decide
 from ferry.runner import heartbeat_path, log_paths
 
@@ -61,11 +68,15 @@ def runner_identity(task: Task) -> ProcessIdentity | None:
 
 
 def leader_identity(task: Task) -> ProcessIdentity | None:
-    """The task's first process as SPAWNED recorded it (same boot and host as its runner)."""
+    """The task's first process as SPAWNED recorded it: the runner's child, so of the
+    same boot and host, its pid one of the runner's PID namespace and its start time
+    read in the runner's time namespace."""
     runner = runner_identity(task)
     if task.pid is None or task.start_time is None or runner is None:
         return None
-    return ProcessIdentity(task.pid, int(task.start_time), runner.boot_id, runner.host)
+    return ProcessIdentity(
+        task.pid, int(task.start_time), runner.boot_id, runner.host, runner.pid_ns, runner.time_ns
+    )
 
 
 def task_marker(task: Task) -> str:
@@ -79,7 +90,8 @@ def task_liveness(task: Task, home: Path) -> Liveness:
     if alivelock.held(alive_path(home, task.id, task.attempt)):
         return Liveness.ALIVE
     runner = runner_identity(task)
-    not_before = runner.start_time if runner is not None else None
+    # (A start time read in another time namespace is offset: no bound at all then.)
+    not_before = runner.start_time if runner is not None and same_clock(runner) else None
     return probe_task(task_marker(task), leader_identity(task), not_before_ticks=not_before)
 
 
@@ -123,15 +135,20 @@ class Recoverer:
         if task.state is not State.CLAIMED:  # a CLAIMED task never started anything
             process_seen = task_liveness(task, self.home)
         try:
-            beat = heartbeat_path(self.home, task.id, task.attempt).stat().st_mtime
-            age: float | None = now - beat
+            beat = heartbeat_age(heartbeat_path(self.home, task.id, task.attempt), now)
         except OSError:
-            age = None if task.started_at is None else now - task.started_at
+            beat = None
+        age: float | None
+        if beat is None:  # no heartbeat file (or none readable): since the start, if known
+            age, clock = (None if task.started_at is None else now - task.started_at), "wall"
+        else:
+            age, clock = beat
         stdout_log, stderr_log = log_paths(self.home, task.id, task.attempt)
         salvage = {
             "stdout_tail": _tail(stdout_log),
             "stderr_tail": _tail(stderr_log),
             "heartbeat_age_s": age,
+            "heartbeat_clock": clock,
         }
         return Observation(
             runner=runner_seen,
@@ -162,7 +179,7 @@ class Recoverer:
                 continue
             if tick is not None:
                 tick()
-            now = time.time()
+            now = wall_clock()
             decision = decide(task, self.observe(task, now), policy, now)
             if decision.event is None:
                 continue

@@ -49,10 +49,11 @@ Choices where the brief is silent (the contract of this module):
   is not synced (an empty file that a crash removes tells the same story), so a task
   that prints nothing costs no fsync here. Logs are opened ``O_APPEND|O_NOFOLLOW``,
   created 0600; the heartbeat file too.
-* Heartbeats. ``heartbeat_path`` is touched (``utime``, not following a symlink, and
-  re-created if removed) every ``heartbeat_s`` on the monotonic clock, whatever the
-  task prints; a missed beat is not caught up in a burst. Errors are ignored: a
-  heartbeat is evidence, not a reason to stop the task.
+* Heartbeats. A beat record (``ferry.alivelock.beat``: the boot clock, in place, which
+  also sets the mtime; not through a symlink, and re-created if removed) is written to
+  ``heartbeat_path`` every ``heartbeat_s`` on the monotonic clock, whatever the task
+  prints; a missed beat is not caught up in a burst. Errors are ignored: a heartbeat
+  is evidence, not a reason to stop the task.
 * Spawn failures. ``not_found`` (127) is ENOENT (or ENOTDIR for a bare name searched in
   PATH); ``not_executable`` (126) is EACCES/EPERM/ENOEXEC/EISDIR/ENOTDIR/ETXTBSY, as a
   shell decides; anything else, a missing ``cwd`` and unopenable log files included,

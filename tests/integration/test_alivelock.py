@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import pytest
 
 from ferry import alivelock
 
@@ -31,8 +35,6 @@ def test_a_child_that_escaped_its_session_and_environment_keeps_it_held(tmp_path
     fd = alivelock.hold(path)
     child = subprocess.Popen([sys.executable, "-c", SETSID_AND_CLEAR_ENV], pass_fds=(fd,))
     try:
-        import os
-
         os.close(fd)  # the runner "dies": only the child holds the lock now
         assert alivelock.held(path) is True
     finally:
@@ -57,8 +59,6 @@ def test_the_holder_scan_finds_the_processes_that_inherited_the_lock_only(
     environment by the lock it inherited. Not every process with the file open is the
     task's: the runner's own descriptor is close-on-exec, ferry's probes open it
     read-only; neither may be taken for the task (and signalled)."""
-    import os
-
     from ferry.process import scan_processes
 
     path = tmp_path / "t.1"
@@ -84,3 +84,113 @@ def test_the_holder_scan_finds_the_processes_that_inherited_the_lock_only(
         for child in (heir, *others):
             child.kill()
             child.communicate(timeout=10)
+
+
+# ---- the beat record ------------------------------------------------------------------
+
+STEP_S = 1000.0  # a wall clock far off: an age measured on it would show
+
+
+def test_a_beat_is_aged_on_the_boot_clock_an_old_file_by_its_mtime(tmp_path: Path) -> None:
+    """The record ``hold`` and ``beat`` write is aged on CLOCK_BOOTTIME, whatever the
+    wall clock says; a file without one (an older ferry's) by its mtime, as before."""
+    from ferry.liveness import heartbeat_age
+
+    path = tmp_path / "t.1"
+    assert heartbeat_age(path, time.time()) is None  # no file
+    fd = alivelock.hold(path)
+    try:
+        for _ in range(2):
+            age, clock = heartbeat_age(path, time.time() + STEP_S) or (None, None)
+            assert clock == "boot" and age is not None and 0 <= age < STEP_S / 2
+            alivelock.beat(path)
+    finally:
+        alivelock.release(fd)
+    old = tmp_path / "old.1"
+    old.touch()
+    age, clock = heartbeat_age(old, time.time() + STEP_S) or (None, None)
+    assert clock == "wall" and age is not None and age > STEP_S / 2
+
+
+def sound_record(path: Path) -> bytes:
+    alivelock.beat(path)
+    raw = path.read_bytes()
+    assert alivelock.parse_beat(raw) is not None and len(raw) == alivelock.BEAT_BYTES
+    return raw
+
+
+def test_a_torn_or_foreign_beat_record_falls_back_to_the_mtime(tmp_path: Path) -> None:
+    """Never a crash, never an age read from garbage: a record cut anywhere (a read that
+    met a write half done), with any byte changed, mixed with an earlier one, or from
+    another boot or time namespace gives the mtime's age."""
+    from ferry.liveness import heartbeat_age
+    from ferry.process import boot_id, time_namespace
+
+    path = tmp_path / "t.1"
+    raw = sound_record(path)
+    earlier = alivelock.beat_record(alivelock.Beat(boot_id(), time_namespace() or 0, 12345))
+    assert earlier is not None
+    foreign = [
+        alivelock.beat_record(alivelock.Beat("another-boot", time_namespace() or 0, 1)),
+        alivelock.beat_record(alivelock.Beat(boot_id(), (time_namespace() or 0) + 1, 1)),
+    ]
+    damaged = [raw[:cut] for cut in range(len(raw))]
+    damaged += [raw[:i] + bytes([raw[i] ^ 0x20]) + raw[i + 1 :] for i in range(len(raw))]
+    mixed = {raw[:cut] + earlier[cut:] for cut in range(len(raw))}  # a write half done
+    damaged += sorted(mixed - {raw, earlier})
+    damaged += [r for r in foreign if r is not None]
+    damaged += [b"\0" * len(raw), b"x" * 4096, raw.replace(b" ", b"\t")]
+    assert len(foreign) == 2 and all(foreign)
+    for content in damaged:
+        path.write_bytes(content)
+        os.utime(path, (1.0, 1.0))  # an mtime long ago: the wall clock's age shows it
+        age, clock = heartbeat_age(path, 1.0 + STEP_S) or (None, None)
+        assert (clock, age) == ("wall", STEP_S), content
+
+
+def test_a_beat_from_another_time_namespace_is_aged_by_its_mtime(tmp_path: Path) -> None:
+    """A runner in a container with its own time namespace reads another CLOCK_BOOTTIME
+    (offset by the namespace): its record's clock means nothing here. A real one."""
+    path = tmp_path / "t.1"
+    beat_there = f"import pathlib, ferry.alivelock as a; a.beat(pathlib.Path({str(path)!r}))"
+    command = ["unshare", "--time", "--boottime", "100000", "--fork", sys.executable, "-c"]
+    done = subprocess.run([*command, beat_there], capture_output=True, timeout=60, check=False)
+    if done.returncode != 0:
+        pytest.skip(f"no time namespace here: {done.stderr.decode(errors='replace')[-200:]}")
+    from ferry.liveness import heartbeat_age
+    from ferry.process import time_namespace
+
+    beat = alivelock.parse_beat(path.read_bytes())
+    assert beat is not None and beat.time_namespace != time_namespace()
+    age, clock = heartbeat_age(path, time.time()) or (None, None)
+    assert clock == "wall" and age is not None and abs(age) < STEP_S  # not -100000
+
+
+BEAT_AGAIN_AND_AGAIN = (
+    "import pathlib, sys, ferry.alivelock as a\n"
+    "path = pathlib.Path(sys.argv[1])\n"
+    "print('beating', flush=True)\n"
+    "while True: a.beat(path)\n"
+)
+
+
+def test_reads_racing_a_beating_runner_give_true_ages_only(tmp_path: Path) -> None:
+    """A runner beating as fast as it can, recovery reading meanwhile: every age read is
+    one of a beat just written (on the boot clock) or, had a read met every write half
+    done, the mtime's; never one made of two records."""
+    from ferry.liveness import heartbeat_age
+
+    path = tmp_path / "t.1"
+    sound_record(path)
+    writer = subprocess.Popen(
+        [sys.executable, "-c", BEAT_AGAIN_AND_AGAIN, str(path)], stdout=subprocess.PIPE
+    )
+    try:
+        assert writer.stdout is not None and writer.stdout.readline() == b"beating\n"
+        for _ in range(20000):
+            age, clock = heartbeat_age(path, time.time()) or (None, None)
+            assert age is not None and clock in ("boot", "wall"), (age, clock)
+            assert 0 <= age < STEP_S / 2 if clock == "boot" else abs(age) < STEP_S / 2
+    finally:
+        writer.kill()
+        writer.wait(timeout=10)

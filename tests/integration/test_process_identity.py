@@ -339,6 +339,20 @@ def test_signal_task_signals_a_group_member_once(children: Children) -> None:
     wait_until(lambda: probe(member) is Liveness.DEAD)
 
 
+def test_signal_task_signals_a_leader_recorded_without_namespaces_once(
+    children: Children,
+) -> None:
+    """A leader that leads no group (signalled alone) and carries the marker, as an older
+    journal records it (no pid_ns, time_ns): the scan finds it under its full identity,
+    and must know it for the leader already signalled."""
+    marker = make_marker("T0OLDREC", 1, "tok")
+    child = children.start(SLEEPER, marker=marker, session=False)
+    wait_until(lambda: any(i.pid == child.pid for i in find_by_marker(marker).alive))
+    now = live_identity(child.pid)
+    recorded = ProcessIdentity(now.pid, now.start_time, now.boot_id, now.host)
+    assert signal_task(recorded, marker, signal.SIGCONT) == 1
+
+
 SIGNALLER = """
 import sys
 from ferry.process import ProcessIdentity, signal_verified
@@ -370,3 +384,128 @@ def test_signal_failpoints_crash_on_the_right_side_of_the_send(
         assert victim.poll() is None and probe(ident) is Liveness.ALIVE
     else:
         assert victim.wait(timeout=10) == -signal.SIGTERM
+
+
+# --- PID namespaces (real ones: ``unshare``, as root or with user namespaces) ----------
+
+IN_A_CONTAINER = ("unshare", "--pid", "--fork", "--mount-proc", "--kill-child")
+# Inside: say who I am (pid 1 there), note SIGUSR1 (an init ignores signals it does not
+# handle), then wait.
+SAY_WHO_AND_WAIT = (
+    "import json, signal, sys\n"
+    "from ferry.process import self_identity\n"
+    "signal.signal(signal.SIGUSR1, lambda *_: print('got SIGUSR1', flush=True))\n"
+    "print(json.dumps(self_identity().to_json()), flush=True)\n"
+    "while True: signal.pause()\n"
+)
+PROBE_THESE = (
+    "import json, sys\n"
+    "from ferry.liveness import probe\n"
+    "from ferry.process import ProcessIdentity\n"
+    "print(json.dumps([probe(ProcessIdentity.from_json(i)).value"
+    " for i in json.loads(sys.argv[1])]))\n"
+)
+
+
+def in_a_container(children: Children, code: str, *args: str) -> subprocess.Popen[bytes]:
+    """``code`` run by python as pid 1 of a new PID namespace with its own /proc."""
+    done = subprocess.run([*IN_A_CONTAINER, "true"], capture_output=True, timeout=60)
+    if done.returncode != 0:
+        pytest.skip(f"no PID namespace can be made here: {done.stderr.decode()[-200:]!r}")
+    proc: subprocess.Popen[bytes] = subprocess.Popen(
+        [*IN_A_CONTAINER, sys.executable, "-c", code, *args], stdout=subprocess.PIPE
+    )
+    children.procs.append(proc)
+    return proc
+
+
+def test_a_process_of_a_nested_pid_namespace_is_probed_and_signalled_by_translation(
+    children: Children,
+) -> None:
+    """Its identity says pid 1 of its namespace; here (the host) pid 1 is init. Probes
+    and signals go to the pid it has here (NSpid), never to our pid 1; once it is gone,
+    nothing proves where the number went: UNKNOWN, not DEAD."""
+    inside = in_a_container(children, SAY_WHO_AND_WAIT)
+    assert inside.stdout is not None
+    there = ProcessIdentity.from_json(json.loads(inside.stdout.readline()))
+    assert there.pid == 1 and there.pid_ns not in (None, self_identity().pid_ns)
+    assert probe(there) is Liveness.ALIVE
+    init = identity_of(1)
+    assert init is not None and init.start_time != there.start_time  # a DEAD, before
+    assert signal_verified(there, signal.SIGUSR1, group=False) is True
+    assert inside.stdout.readline() == b"got SIGUSR1\n"
+    assert signal_verified(there, signal.SIGKILL, group=False) is True
+    inside.wait(timeout=10)
+    wait_until(lambda: probe(there) is not Liveness.ALIVE)
+    assert probe(there) is Liveness.UNKNOWN
+    assert signal_verified(there, signal.SIGKILL, group=False) is False
+
+
+def test_from_inside_a_container_the_host_s_processes_are_unknown(children: Children) -> None:
+    """The other way: a ferry in a container cannot see the host's PID namespace, so it
+    can neither prove a host process alive nor dead; by the number alone (a record
+    without its namespace, as older journals hold) it judges as before: here, DEAD,
+    wrongly (pid 1 inside is another process; our pid does not exist there)."""
+    host = [self_identity(), live_identity(1)]
+    for recorded, expected in (
+        ([i.to_json() for i in host], ["UNKNOWN", "UNKNOWN"]),
+        ([ProcessIdentity(i.pid, i.start_time, i.boot_id, i.host).to_json() for i in host],
+         ["DEAD", "DEAD"]),
+    ):  # fmt: skip
+        inside = in_a_container(children, PROBE_THESE, json.dumps(recorded))
+        out, _ = inside.communicate(timeout=60)
+        assert json.loads(out) == expected
+
+
+def test_a_pid_whose_namespace_cannot_be_seen_is_never_signalled(children: Children) -> None:
+    """Our own child, recorded as in a PID namespace no process here is in: the same
+    number and start time, yet not provably the same process. UNKNOWN, never
+    signalled (neither alone nor as a group, nor as a task's leader)."""
+    child = children.start(SLEEPER)
+    real = live_identity(child.pid)
+    elsewhere = ProcessIdentity(real.pid, real.start_time, real.boot_id, real.host, 1)
+    assert probe(elsewhere) is Liveness.UNKNOWN
+    assert probe_task("no-such-task:1:x", elsewhere) is Liveness.UNKNOWN
+    for sig in (signal.SIGKILL, signal.SIGTERM):
+        assert signal_verified(elsewhere, sig, group=False) is False
+        assert signal_verified(elsewhere, sig, group=True) is False
+    assert signal_task(elsewhere, "no-such-task:1:x", signal.SIGKILL) == 0
+    assert child.poll() is None
+    assert probe(real) is Liveness.ALIVE
+
+
+IN_A_TIME_NAMESPACE = ("unshare", "--time", "--boottime", "100000", "--fork", "--kill-child")
+
+
+def test_a_process_of_another_time_namespace_is_unknown_while_it_lives(
+    children: Children,
+) -> None:
+    """Its start time, read in its time namespace, is offset by 100000 s from the one we
+    read: a difference that proves no pid reuse. UNKNOWN while the pid is used, never
+    signalled on that identity (the marker scan, which reads start times here, still
+    finds and names it); DEAD once no process has the pid."""
+    done = subprocess.run([*IN_A_TIME_NAMESPACE, "true"], capture_output=True, timeout=60)
+    if done.returncode != 0:
+        pytest.skip(f"no time namespace can be made here: {done.stderr.decode()[-200:]!r}")
+    marker = make_marker("TIMENS", 1, "tok")
+    env = {**os.environ, MARKER_ENV: marker}
+    inside = subprocess.Popen(
+        [*IN_A_TIME_NAMESPACE, sys.executable, "-c", SAY_WHO_AND_WAIT],
+        stdout=subprocess.PIPE,
+        env=env,
+    )
+    children.procs.append(inside)
+    assert inside.stdout is not None
+    there = ProcessIdentity.from_json(json.loads(inside.stdout.readline()))
+    here = live_identity(there.pid)
+    assert there.time_ns != here.time_ns and there.start_time - here.start_time >= 100000 * 99
+    assert probe(there) is Liveness.UNKNOWN and probe(here) is Liveness.ALIVE
+    assert probe_task(marker, there) is Liveness.ALIVE  # the marker scan: its pid here
+    assert here in find_by_marker(marker).alive  # (with unshare, its parent)
+    for sig in (signal.SIGKILL, signal.SIGTERM):
+        assert signal_verified(there, sig, group=False) is False
+    assert inside.poll() is None
+    os.kill(there.pid, signal.SIGKILL)  # (the test's own child's child: by number)
+    inside.wait(timeout=10)
+    wait_until(lambda: probe(there) is Liveness.DEAD)
+    assert probe_task(marker, there) is Liveness.DEAD

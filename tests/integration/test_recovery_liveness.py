@@ -29,7 +29,9 @@ from crashkit import (
     wait_task_gone,
 )
 
-from ferry.process import read_stat
+from ferry.alivelock import Beat, beat_record, parse_beat
+from ferry.liveness import WALL_STEP_ENV
+from ferry.process import ProcessIdentity, local_identity, read_stat
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -212,6 +214,212 @@ def test_kill_stale_kills_a_stale_task_s_processes_but_not_its_runner(
     assert runner.wait(timeout=60) == 128 + signal.SIGKILL
     task = ferry.task(task_id)
     assert (task["state"], task["reason"], task["signal"]) == ("FAILED", "SIGNALLED", 9)
+    ferry.verify_clean()
+
+
+# ---- a step of the wall clock ---------------------------------------------------------
+
+CLOCK_STEP_S = 120.0  # NTP stepping a clock two minutes
+
+
+def clock_stepped(ferry: Ferry, step_s: float) -> Ferry:
+    """ferry on the same state directory, its wall clock stepped by ``step_s`` seconds
+    (``FERRY_TEST_WALL_STEP_S``: the machine's clock is left alone)."""
+    stepped = Ferry(ferry.home, ferry.workdir)
+    stepped.env[WALL_STEP_ENV] = str(step_s)
+    return stepped
+
+
+def start_gated_task(ferry: Ferry, gate: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """A ``ferry run --heartbeat 1`` whose task runs until ``gate`` exists, once RUNNING."""
+    wait_for_gate = ["/bin/sh", "-c", 'while [ ! -e "$0" ]; do sleep 0.05; done', str(gate)]
+    runner = ferry.start("run", "--heartbeat", "1", "--", *wait_for_gate)
+    return runner, ferry.wait_running()["id"]
+
+
+@pytest.mark.parametrize("step_s", [CLOCK_STEP_S, -CLOCK_STEP_S], ids=["forward", "back"])
+def test_a_wall_clock_step_does_not_make_a_beating_task_stale(
+    ferry: Ferry, tmp_path: Path, step_s: float
+) -> None:
+    """The runner beats every second; the clock of ``recover --kill-stale`` is stepped
+    two minutes: the task is neither marked STALE nor killed (heartbeat age is measured
+    on CLOCK_BOOTTIME, which no wall-clock step moves)."""
+    gate = tmp_path / "gate"
+    runner, task_id = start_gated_task(ferry, gate)
+    stepped = clock_stepped(ferry, step_s)
+    for _ in range(2):
+        code, report = stepped.recover("--kill-stale", "--stale-after", "30")
+        assert (code, report["decisions"]) == (0, []), report
+    assert ferry.task(task_id)["state"] == "RUNNING"
+    assert task_processes(task_id), "a healthy task was killed"
+    gate.touch()
+    assert runner.wait(timeout=60) == 0
+    assert ferry.task(task_id)["state"] == "SUCCEEDED"
+    ferry.verify_clean()
+
+
+@pytest.mark.parametrize("step_s", [CLOCK_STEP_S, -CLOCK_STEP_S], ids=["forward", "back"])
+def test_a_stopped_runner_is_stale_whatever_the_wall_clock_says(
+    ferry: Ferry, tmp_path: Path, step_s: float
+) -> None:
+    """A runner SIGSTOPped past the stale limit is marked STALE by a recover whose clock
+    was stepped either way (stepped back, the mtime's age was negative: 'fresh')."""
+    gate = tmp_path / "gate"
+    runner, task_id = start_gated_task(ferry, gate)
+    os.kill(runner.pid, signal.SIGSTOP)
+    try:
+        wait_until(lambda: heartbeat_age_s(ferry, task_id) > 1.5, what="a 1.5 s old heartbeat")
+        code, report = clock_stepped(ferry, step_s).recover("--stale-after", "1")
+        assert code == 0 and [d["decision"] for d in report["decisions"]] == ["MARK_STALE"]
+        recovery = ferry.task(task_id)["evidence"]["recovery"]
+        decided_at = datetime.fromisoformat(recovery["decided_at"]).timestamp()
+        assert abs(decided_at - time.time() - step_s) < CLOCK_STEP_S / 2, "the clock was stepped"
+        assert 1 < recovery["heartbeat_age_s"] < CLOCK_STEP_S / 2, recovery
+    finally:
+        os.kill(runner.pid, signal.SIGCONT)
+    wait_until(lambda: ferry.task(task_id)["state"] == "RUNNING", what="RUNNING again")
+    gate.touch()
+    assert runner.wait(timeout=60) == 0
+    assert ferry.task(task_id)["state"] == "SUCCEEDED"
+    ferry.verify_clean()
+
+
+def test_a_torn_beat_record_gives_no_age_the_mtime_decides(ferry: Ferry, tmp_path: Path) -> None:
+    """Garbage where the beat record should be (a crash, a read that met a write half
+    done) is never read as a beat: the mtime decides, and a fresh one keeps the task
+    RUNNING, whatever the garbage would say. A sound record decides over the mtime."""
+    gate = tmp_path / "gate"
+    runner, task_id = start_gated_task(ferry, gate)
+    heartbeat = ferry.home / "heartbeats" / f"{task_id}.1"
+    os.kill(runner.pid, signal.SIGSTOP)  # no beat rewrites the record meanwhile
+    try:
+        beat = parse_beat(heartbeat.read_bytes())
+        assert beat is not None
+        at_boot = beat_record(Beat(beat.boot_id, beat.time_namespace, 0))  # a beat at boot
+        assert at_boot is not None
+        digit = at_boot.index(b" 0 ") + 1
+        flipped = at_boot[:digit] + b"1" + at_boot[digit + 1 :]  # (its CRC fails)
+        for garbage in (at_boot[:60], flipped, b"\0" * len(at_boot)):
+            heartbeat.write_bytes(garbage)  # (the mtime: now)
+            code, report = ferry.recover("--stale-after", "30", "--kill-stale")
+            assert (code, report["decisions"]) == (0, []), (garbage, report)
+        heartbeat.write_bytes(at_boot)  # sound: aged on the boot clock, whatever the mtime
+        code, report = ferry.recover("--stale-after", "1")
+        assert code == 0 and [d["decision"] for d in report["decisions"]] == ["MARK_STALE"]
+        recovery = ferry.task(task_id)["evidence"]["recovery"]
+        uptime_s = time.clock_gettime(time.CLOCK_BOOTTIME)
+        assert uptime_s - 60 < recovery["heartbeat_age_s"] <= uptime_s, recovery
+    finally:
+        os.kill(runner.pid, signal.SIGCONT)
+    wait_until(lambda: ferry.task(task_id)["state"] == "RUNNING", what="RUNNING again")
+    gate.touch()
+    assert runner.wait(timeout=60) == 0
+    assert ferry.task(task_id)["state"] == "SUCCEEDED"
+    ferry.verify_clean()
+
+
+# ---- a runner in another PID namespace -------------------------------------------------
+
+# A container: ferry as pid 1 of a PID namespace of its own, with its own /proc; the
+# state directory is the same (a bind mount, in a real one). --kill-child: the namespace
+# ends with the unshare process the test reaps.
+IN_A_CONTAINER = ("unshare", "--pid", "--fork", "--mount-proc", "--kill-child")
+
+
+def pid_namespaces_or_skip() -> None:
+    done = subprocess.run([*IN_A_CONTAINER, "true"], capture_output=True, timeout=60, check=False)
+    if done.returncode != 0:
+        pytest.skip(f"no PID namespace can be made here: {done.stderr.decode()[-200:]!r}")
+
+
+def test_a_runner_in_another_pid_namespace_is_not_judged_dead(ferry: Ferry, tmp_path: Path) -> None:
+    """``ferry run`` in a container, ``ferry recover`` from the host's cron: the runner's
+    recorded pid (1, inside) means another process here. Its identity carries its PID
+    namespace, and recovery translates the pid (NSpid) before it judges: the live runner
+    is alive, its healthy task left alone, and its real end journaled SUCCEEDED."""
+    pid_namespaces_or_skip()
+    gate = tmp_path / "gate"
+    wait_for_gate = ["/bin/sh", "-c", 'while [ ! -e "$0" ]; do sleep 0.05; done', str(gate)]
+    container = Ferry(ferry.home, ferry.workdir, command=(*IN_A_CONTAINER, *ferry.command))
+    try:
+        runner = container.start("run", "--heartbeat", "1", "--", *wait_for_gate)
+        task_id = ferry.wait_running()["id"]
+        claimed = [r["data"] for r in ferry.records() if r["type"] == "CLAIMED"]
+        assert [c["runner"]["pid"] for c in claimed] == [1], claimed
+        for _ in range(2):
+            code, report = ferry.recover("--kill-stale")
+            assert (code, report["decisions"], report["orphans_alive"]) == (0, [], []), report
+        assert ferry.task(task_id)["state"] == "RUNNING"
+        gate.touch()
+        assert runner.wait(timeout=60) == 0
+    finally:
+        container.close()
+    task = ferry.task(task_id)
+    assert (task["state"], task["exit_code"]) == ("SUCCEEDED", 0)
+    ferry.verify_clean()
+
+
+def test_kill_stale_reaches_a_task_in_another_pid_namespace_but_not_its_runner(
+    ferry: Ferry,
+) -> None:
+    """The runner in the container stopped past the stale limit: the host's ``recover
+    --kill-stale`` sees it alive (translated), marks the task STALE, and kills the
+    task's processes by the pids they have here, never the runner (nor our pid 1)."""
+    pid_namespaces_or_skip()
+    container = Ferry(ferry.home, ferry.workdir, command=(*IN_A_CONTAINER, *ferry.command))
+    try:
+        container.start("run", "--heartbeat", "0.2", "--", "/bin/sh", "-c", "sleep 300")
+        task_id = ferry.wait_running()["id"]
+        claimed = [r["data"]["runner"] for r in ferry.records() if r["type"] == "CLAIMED"]
+        runner = local_identity(ProcessIdentity.from_json(claimed[0]))
+        assert runner is not None and runner.pid != 1
+        os.kill(runner.pid, signal.SIGSTOP)
+        try:
+            wait_until(lambda: heartbeat_age_s(ferry, task_id) > 1.5, what="an old heartbeat")
+            code, report = ferry.recover("--stale-after", "1", "--kill-stale")
+            assert code == 0 and [d["decision"] for d in report["decisions"]] == ["MARK_STALE"]
+            assert ferry.task(task_id)["evidence"]["recovery"]["runner"] == "ALIVE"
+            wait_task_gone(task_id)
+            assert (st := read_stat(runner.pid)) is not None and st.state == "T", "runner spared"
+        finally:
+            os.kill(runner.pid, signal.SIGCONT)
+        wait_until(lambda: ferry.task(task_id)["state"] == "FAILED", what="the runner's end")
+        task = ferry.task(task_id)
+        assert (task["reason"], task["signal"]) == ("SIGNALLED", 9)
+    finally:
+        container.close()
+    ferry.verify_clean()
+
+
+# A container with a time namespace of its own (CRIU restores, LXC): CLOCK_BOOTTIME, and
+# the start times /proc shows, are offset there by 100000 s.
+IN_A_TIME_NAMESPACE = ("unshare", "--time", "--boottime", "100000", "--fork", "--kill-child")
+
+
+def test_a_runner_in_another_time_namespace_is_not_judged_dead(
+    ferry: Ferry, tmp_path: Path
+) -> None:
+    """The runner's start time, read in its time namespace, is not the one the host
+    reads for it: no proof of pid reuse. Recovery on the host must not call the live
+    runner DEAD (and quarantine its healthy task, refusing its real end)."""
+    done = subprocess.run([*IN_A_TIME_NAMESPACE, "true"], capture_output=True, timeout=60)
+    if done.returncode != 0:
+        pytest.skip(f"no time namespace can be made here: {done.stderr.decode()[-200:]!r}")
+    gate = tmp_path / "gate"
+    wait_for_gate = ["/bin/sh", "-c", 'while [ ! -e "$0" ]; do sleep 0.05; done', str(gate)]
+    container = Ferry(ferry.home, ferry.workdir, command=(*IN_A_TIME_NAMESPACE, *ferry.command))
+    try:
+        runner = container.start("run", "--heartbeat", "1", "--", *wait_for_gate)
+        task_id = ferry.wait_running()["id"]
+        for _ in range(2):
+            code, report = ferry.recover("--kill-stale", "--stale-after", "30")
+            assert (code, report["decisions"], report["orphans_alive"]) == (0, [], []), report
+        assert ferry.task(task_id)["state"] == "RUNNING"
+        gate.touch()
+        assert runner.wait(timeout=60) == 0
+    finally:
+        container.close()
+    assert ferry.task(task_id)["state"] == "SUCCEEDED"
     ferry.verify_clean()
 
 

@@ -1,5 +1,6 @@
-"""Any bytes given to the lease reader or the /proc stat parser yield a value or a
-coded error: never a crash of another kind, never a hang."""
+"""Any bytes given to the lease reader, the /proc stat parser or the heartbeat's beat
+record parser yield a value or a coded error (the record: a beat or None): never a
+crash of another kind, never a hang."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ferry.alivelock import BEAT_BYTES, Beat, beat_record, parse_beat
 from ferry.lease import Lease, LeaseUnreadableError, parse_lease
 from ferry.process import parse_stat
 
@@ -85,3 +87,35 @@ def test_stat_parser_any_bytes(raw: bytes) -> None:
 def test_non_finite_times_are_unreadable(nan: str) -> None:
     raw = json.dumps(GOOD).replace('"expires_boot_s": 4.0', f'"expires_boot_s": {nan}').encode()
     assert read_or_coded_error(raw) is None
+
+
+BEAT = Beat("3f1665a7-b332-4ff0-b2fc-a5e6c3e2ae56", 4026531834, 123_456_789_012)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=2 * BEAT_BYTES))
+def test_beat_parser_any_bytes(raw: bytes) -> None:
+    beat = parse_beat(raw)
+    assert beat is None or beat_record(beat) == raw[:BEAT_BYTES]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.text(st.characters(codec="ascii"), max_size=60),
+    st.integers(min_value=0, max_value=2**64),
+    st.integers(min_value=0, max_value=2**63),
+)
+def test_beat_records_round_trip_or_are_not_written(boot: str, ns: int, clock: int) -> None:
+    record = beat_record(Beat(boot, ns, clock))
+    if record is not None:
+        assert len(record) == BEAT_BYTES and parse_beat(record) == Beat(boot, ns, clock)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(min_value=0, max_value=BEAT_BYTES - 1), st.integers(1, 255))
+def test_every_one_byte_change_of_a_beat_record_is_refused(at: int, flip: int) -> None:
+    """CRC-32 catches every error burst up to 32 bits: a torn or damaged record is never
+    read as a beat (recovery falls back to the file's mtime)."""
+    raw = bytearray(beat_record(BEAT) or b"")
+    raw[at] ^= flip
+    assert parse_beat(bytes(raw)) is None

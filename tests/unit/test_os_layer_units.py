@@ -61,11 +61,31 @@ def test_parse_stat_rejects_garbage(raw: bytes) -> None:
         {"pid": 1, "start_time": 1.5, "boot_id": "b", "host": "h"},
         {"pid": 0, "start_time": 1, "boot_id": "b", "host": "h"},
         {"pid": 1, "start_time": 1, "boot_id": None, "host": "h"},
+        *(
+            {"pid": 1, "start_time": 1, "boot_id": "b", "host": "h", kind: ns}
+            for ns in (0, -4026531836, "4026531836", True, 1.5)
+            for kind in ("pid_ns", "time_ns")
+        ),
     ],
 )
 def test_identity_from_json_is_strict(bad: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         ProcessIdentity.from_json(bad)
+
+
+def test_an_identity_without_namespaces_is_read_as_before() -> None:
+    """Journals and lease files written before ferry recorded the PID and time
+    namespaces: the same identity, without them (probed in the reader's namespaces, as
+    ever); written without them too, so an older ferry reads exactly what it wrote."""
+    old = {"pid": 7, "start_time": 100, "boot_id": "b", "host": "h"}
+    for data in (old, {**old, "pid_ns": None, "time_ns": None}):
+        ident = ProcessIdentity.from_json(data)
+        assert ident == ProcessIdentity(7, 100, "b", "h") and ident.pid_ns is None
+        assert ident.time_ns is None and ident.to_json() == old
+    spaces = {"pid_ns": 4026531836, "time_ns": 4026531834}
+    new = ProcessIdentity.from_json({**old, **spaces})
+    assert (new.pid_ns, new.time_ns) == (4026531836, 4026531834)
+    assert new.to_json() == {**old, **spaces} and new != ProcessIdentity(7, 100, "b", "h")
 
 
 def test_markers() -> None:
