@@ -93,7 +93,10 @@ def _spawned(data: Mapping[str, Any]) -> ev.Event | None:
         return None
     if not (_int_at_least(pid, 1) and _int_at_least(pgid, 1)):
         return None
-    return ev.Spawned(head[0], head[1], token, pid, pgid, start_time)
+    started_at = data.get("started_at")
+    if started_at is not None and (started_at := _number(started_at)) is None:
+        return None
+    return ev.Spawned(head[0], head[1], token, pid, pgid, start_time, started_at)
 
 
 def _settled(data: Mapping[str, Any]) -> ev.Event | None:
@@ -117,8 +120,11 @@ def _settled(data: Mapping[str, Any]) -> ev.Event | None:
         return None
     if signal is not None and not _int_at_least(signal, 1):
         return None
+    ended_at = data.get("ended_at")
+    if ended_at is not None and (ended_at := _number(ended_at)) is None:
+        return None
     assert state is not None
-    return ev.Settled(head[0], head[1], token, state, reason, exit_code, signal, evidence)
+    return ev.Settled(head[0], head[1], token, state, reason, exit_code, signal, evidence, ended_at)
 
 
 FAST: Mapping[str, Callable[[Mapping[str, Any]], ev.Event | None]] = {

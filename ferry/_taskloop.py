@@ -16,6 +16,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from ferry._outputs import SignalTrap
 from ferry._sink import ECHO_BACKLOG_BYTES, Sink
@@ -44,8 +45,21 @@ def _read_buffer() -> tuple[bytearray, memoryview]:
     return found
 
 
+class Control(Protocol):
+    """A descriptor the loop also waits on (a supervisor's channel to its launcher):
+    ``on_readable`` is called each time it is readable and may ask for the task to be
+    stopped (a signal number); once ``done`` it is no longer waited on."""
+
+    @property
+    def fd(self) -> int: ...
+    @property
+    def done(self) -> bool: ...
+    def on_readable(self) -> int | None: ...
+
+
 class TaskLoop:
-    """The poll loop over the two pipes, the leader's pidfd and the signal wakeup fd."""
+    """The poll loop over the two pipes, the leader's pidfd, the signal wakeup fd and
+    the control descriptor."""
 
     def __init__(
         self,
@@ -57,11 +71,11 @@ class TaskLoop:
         started_at: float,
         on_running: Callable[[], None] | None = None,
         running_after_s: float = 0.0,
-        stop_fd: int | None = None,
+        control: Control | None = None,
     ) -> None:
         self.spec, self.proc, self.trap, self.should_stop = spec, proc, trap, should_stop
         self.on_running = on_running
-        self.stop_fd = stop_fd  # readable: ask should_stop now, not at the next beat
+        self.control = control
         self.started_at = started_at
         self.group = TaskGroup(proc.pid)
         self.sel = selectors.DefaultSelector()
@@ -77,8 +91,8 @@ class TaskLoop:
             self.sel.register(self.group.pidfd, selectors.EVENT_READ)
         if trap.wakeup_fd is not None:
             self.sel.register(trap.wakeup_fd, selectors.EVENT_READ)
-        if stop_fd is not None and should_stop is not None:
-            self.sel.register(stop_fd, selectors.EVENT_READ)
+        if control is not None and not control.done:
+            self.sel.register(control.fd, selectors.EVENT_READ)
         now = time.monotonic()
         # on_running is due then, unless the leader exited first (then never).
         self.running_at = None if on_running is None else now + running_after_s
@@ -153,10 +167,21 @@ class TaskLoop:
 
     def _ask_should_stop(self, now: float) -> None:
         if self.should_stop is not None and not self.stopping and not self.leader_exited:
-            sig = self.should_stop()
-            if sig:
-                self.stop_signal = sig
-                self._stop(sig, now)
+            self._stop_for(self.should_stop(), now)
+
+    def _stop_for(self, sig: int | None, now: float) -> None:
+        """Stop the task with ``sig`` (if any) at the caller's request, once."""
+        if sig and not self.stopping and not self.leader_exited:
+            self.stop_signal = sig
+            self._stop(sig, now)
+
+    def _on_control(self, now: float) -> None:
+        assert self.control is not None
+        sig = self.control.on_readable()
+        if self.control.done:
+            self.sel.unregister(self.control.fd)
+            self.control = None
+        self._stop_for(sig, now)
 
     # -- the leader and the group ------------------------------------------------------
 
@@ -287,11 +312,8 @@ class TaskLoop:
                     self._on_leader_exit(time.monotonic())
                 elif fd == wakeup_fd:
                     self._on_signals(time.monotonic())
-                elif fd == self.stop_fd:
-                    # Left readable for every task that shares it: look at it once.
-                    self.sel.unregister(fd)
-                    self.stop_fd = None
-                    self._ask_should_stop(time.monotonic())
+                elif self.control is not None and fd == self.control.fd:
+                    self._on_control(time.monotonic())
         self._close()
         return self._outcome()
 

@@ -16,7 +16,7 @@ import enum
 import math
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, ClassVar
+from typing import Any, ClassVar, overload
 
 from ferry._value import Value
 from ferry.errors import InternalError, UsageError
@@ -144,20 +144,30 @@ class Dispatching(_Event):
 
 
 class Spawned(_Event):
-    """DISPATCHING -> RUNNING, with the child's identity (pid + start time)."""
+    """DISPATCHING -> RUNNING, with the child's identity (pid + start time).
+    ``started_at``: the wall-clock time of the spawn (the task's ``started_at``; the
+    record is written a moment later; null in journals written before it was kept)."""
 
-    __slots__ = ("attempt", "pgid", "pid", "start_time", "task", "token")
+    __slots__ = ("attempt", "pgid", "pid", "start_time", "started_at", "task", "token")
     TYPE: ClassVar[EventType] = EventType.SPAWNED
-    _FIELDS = ("task", "attempt", "token", "pid", "pgid", "start_time")
+    _FIELDS = ("task", "attempt", "token", "pid", "pgid", "start_time", "started_at")
     task: str
     attempt: int
     token: str
     pid: int
     pgid: int
     start_time: float
+    started_at: float | None
 
     def __init__(
-        self, task: str, attempt: int, token: str, pid: int, pgid: int, start_time: float
+        self,
+        task: str,
+        attempt: int,
+        token: str,
+        pid: int,
+        pgid: int,
+        start_time: float,
+        started_at: float | None = None,
     ) -> None:
         _set(self, "task", task)
         _set(self, "attempt", attempt)
@@ -165,15 +175,24 @@ class Spawned(_Event):
         _set(self, "pid", pid)
         _set(self, "pgid", pgid)
         _set(self, "start_time", start_time)
+        _set(self, "started_at", started_at)
 
 
 class Settled(_Event):
-    """-> SUCCEEDED | FAILED | CANCELLED. ``token`` is null when recovery or a cancel of
-    an unowned (queued) task decides."""
+    """-> SUCCEEDED | FAILED | CANCELLED. ``token`` is null only for a task nobody
+    claimed (a cancel of a queued task). ``ended_at``: when the task's process ended
+    (the task's ``ended_at``; null when no process ran, or in older journals: then the
+    record's time)."""
 
-    __slots__ = ("attempt", "evidence", "exit_code", "reason", "signal", "state", "task", "token")
+    __slots__ = (
+        "attempt", "ended_at", "evidence", "exit_code", "reason", "signal", "state", "task",
+        "token",
+    )  # fmt: skip
     TYPE: ClassVar[EventType] = EventType.SETTLED
-    _FIELDS = ("task", "attempt", "token", "state", "reason", "exit_code", "signal", "evidence")
+    _FIELDS = (
+        "task", "attempt", "token", "state", "reason", "exit_code", "signal", "evidence",
+        "ended_at",
+    )  # fmt: skip
     task: str
     attempt: int
     token: str | None
@@ -182,6 +201,7 @@ class Settled(_Event):
     exit_code: int | None
     signal: int | None
     evidence: Mapping[str, Any]
+    ended_at: float | None
 
     def __init__(
         self,
@@ -193,6 +213,7 @@ class Settled(_Event):
         exit_code: int | None = None,
         signal: int | None = None,
         evidence: Mapping[str, Any] = _NO_EVIDENCE,
+        ended_at: float | None = None,
     ) -> None:
         _set(self, "task", task)
         _set(self, "attempt", attempt)
@@ -202,6 +223,7 @@ class Settled(_Event):
         _set(self, "exit_code", exit_code)
         _set(self, "signal", signal)
         _set(self, "evidence", evidence)
+        _set(self, "ended_at", ended_at)
 
 
 class Released(_Event):
@@ -470,8 +492,14 @@ class _Fields:
             raise self._error(self.record_type, f"{name!r} is below {minimum}")
         return value
 
-    def number(self, name: str) -> float:
-        value = self._get(name, False)
+    @overload
+    def number(self, name: str) -> float: ...
+    @overload
+    def number(self, name: str, *, optional: bool) -> float | None: ...
+    def number(self, name: str, *, optional: bool = False) -> float | None:
+        value = self._get(name, optional)
+        if value is None and optional:
+            return None
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise self._error(self.record_type, f"{name!r} is not a number")
         if not math.isfinite(value):
@@ -558,7 +586,10 @@ def decode_checked(record_type: str, data: object) -> Event | None:
         return Dispatching(task, attempt, f.text("token"), f.text("marker"), evidence)
     if kind is EventType.SPAWNED:
         pid, pgid = f.integer("pid", minimum=1), f.integer("pgid", minimum=1)
-        return Spawned(task, attempt, f.text("token"), pid, pgid, f.number("start_time"))
+        started_at = f.number("started_at", optional=True)
+        return Spawned(
+            task, attempt, f.text("token"), pid, pgid, f.number("start_time"), started_at
+        )
     if kind is EventType.SETTLED:
         state, reason = f.state("state"), f.reason("reason", optional=True)
         if state not in _SETTLED_STATES:
@@ -574,6 +605,7 @@ def decode_checked(record_type: str, data: object) -> Event | None:
             f.integer("exit_code", optional=True),
             f.integer("signal", minimum=1, optional=True),
             f.mapping("evidence", optional=True),
+            f.number("ended_at", optional=True),
         )
     if kind is EventType.RELEASED:
         reason = f.reason("reason", optional=False)

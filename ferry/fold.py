@@ -292,11 +292,13 @@ def fold_event(task: Task | None, event: ev.TaskEvent, seq: int, ts: float) -> T
     elif isinstance(event, ev.Dispatching):
         change.update(marker=event.marker, evidence=_merge(task.evidence, event.evidence))
     elif isinstance(event, ev.Spawned):
+        started = ts if event.started_at is None else event.started_at
         change.update(pid=event.pid, pgid=event.pgid, start_time=event.start_time,
-                      started_at=ts, heartbeat_at=ts)  # fmt: skip
+                      started_at=started, heartbeat_at=ts)  # fmt: skip
     elif isinstance(event, ev.Settled):
+        ended = ts if event.ended_at is None else event.ended_at
         change.update(reason=event.reason, exit_code=event.exit_code, signal=event.signal,
-                      ended_at=ts, claim_token=None,
+                      ended_at=ended, claim_token=None,
                       evidence=_merge(task.evidence, event.evidence))  # fmt: skip
     elif isinstance(event, ev.Released):
         change.update(_UNCLAIMED, reason=event.reason,

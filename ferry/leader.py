@@ -79,10 +79,13 @@ class Leadership:
         self.renew_at = time.monotonic() + self.renew_every_s
         return self.lease
 
+    def announcement(self) -> tuple[ev.Event, ...]:
+        """LEASE_ACQUIRED, for the leader's first write (then nothing)."""
+        return () if self.announced else (ev.LeaseAcquired(self.epoch, self.me.to_json()),)
+
     def commit(self, *events: ev.Event | tuple[str, dict[str, Any]]) -> None:
         """A leader's write, under its epoch (the journal fences older ones)."""
-        announce = () if self.announced else (ev.LeaseAcquired(self.epoch, self.me.to_json()),)
-        self.service.store.commit(*announce, *events, epoch=self.epoch)
+        self.service.store.commit(*self.announcement(), *events, epoch=self.epoch)
         self.announced = True
 
     def renew(self) -> None:
@@ -131,23 +134,10 @@ def recover(
         lead.release()
 
 
-def _claim_next(
-    service: Service, by: str, me: ProcessIdentity
-) -> tuple[Task, str, ev.Claimed] | None:
-    """The oldest QUEUED task and a CLAIMED event for it (not yet committed)."""
-    task = service.store.table.oldest_queued()
-    if task is None:
-        return None
-    token = new_claim_token(os.urandom(10))
-    claimed = ev.Claimed(
-        task=task.id, attempt=task.attempt, token=token, runner=me.to_json(), by=by
-    )
-    return task, token, claimed
-
-
 def claim(service: Service, *, lease_ttl_s: float, as_json: bool) -> int:
-    """``ferry claim``: lead briefly, recover, claim the oldest queued task, release the
-    lease, then run the task in the foreground like ``run``."""
+    """``ferry claim``: lead briefly, recover, claim the oldest queued task (the claim
+    names the task's supervisor as its runner, and goes with the intent in one write),
+    release the lease, then run the task in the foreground like ``run``."""
     lead = Leadership(service, lease_ttl_s)
     lead.acquire()
     try:
@@ -155,26 +145,37 @@ def claim(service: Service, *, lease_ttl_s: float, as_json: bool) -> int:
         for line in (render.recover_text(report, service.verbosity) or "").splitlines():
             service.notice(line)
         for _ in range(RACE_TRIES):
-            picked = _claim_next(service, "claim", lead.me)
-            if picked is None:
+            task = service.store.table.oldest_queued()
+            if task is None:
                 if as_json:
                     render.write_json({"task": None})
                 elif service.verbosity > 0:
                     service.notice("the queue is empty")
                 return 0
-            task, token, claimed = picked
+            token = new_claim_token(os.urandom(10))
+            claimed: list[bool] = []
+
+            def lead_events(runner: ProcessIdentity, task: Task = task) -> list[ev.Event]:
+                event = ev.Claimed(task.id, task.attempt, token, runner.to_json(), "claim")
+                return [*lead.announcement(), event]
+
+            def on_claimed(claimed: list[bool] = claimed) -> None:
+                claimed.append(True)
+                lead.announced = True
+                lead.release()  # the task runs under its claim token, not the lease
+
+            ours = replace(task, state=State.CLAIMED, claim_token=token)
             try:
-                lead.commit(claimed)
-                break
+                return service.run_in_foreground(
+                    ours, token, lead=lead_events, epoch=lead.epoch, on_claimed=on_claimed,
+                    as_json=as_json,
+                )  # fmt: skip
             except RefusedError as error:  # cancelled (or claimed) since we read it
-                if error.code not in MOVED_CODES:
+                if claimed or error.code not in MOVED_CODES:
                     raise
-        else:
-            raise InternalError("the queue kept changing under 'ferry claim'")
+        raise InternalError("the queue kept changing under 'ferry claim'")
     finally:
         lead.release()
-    task = replace(service.store.get(task.id) or task, state=State.CLAIMED, claim_token=token)
-    return service.run_in_foreground(task, token, as_json=as_json)
 
 
 class _Stop:

@@ -9,9 +9,9 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ferry import events as ev
 from ferry import render
@@ -27,10 +27,13 @@ from ferry.fold import MOVED_CODES, RACE_TRIES
 from ferry.ids import new_claim_token, new_task_id
 from ferry.intake import build_spec, parse_from_lines
 from ferry.model import IN_FLIGHT_STATES, Reason, State, Task
-from ferry.runner import Runner, log_paths
+from ferry.runner import log_paths
 from ferry.spec import TaskSpec
 from ferry.statedir import ensure_home, resolve_home
 from ferry.store import Store
+
+if TYPE_CHECKING:
+    from ferry.process import ProcessIdentity
 
 
 class Service:
@@ -131,21 +134,22 @@ class Service:
         raise InternalError("the tasks' keys kept changing while they were queued")
 
     def run(self, opts: Mapping[str, Any], *, as_json: bool = False) -> int:
-        """``ferry run``: SUBMITTED + CLAIMED + DISPATCHING in one durable write, then the
-        child, then SETTLED. Returns the exit status to pass through."""
-        from ferry.process import self_identity
-
+        """``ferry run``: SUBMITTED + CLAIMED + DISPATCHING in one durable write (the
+        claim names the task's supervisor as its runner), then the child, then SETTLED.
+        Returns the exit status to pass through."""
         spec = build_spec(opts, self.home)
         if spec.key is not None and self._already_succeeded(spec.key, as_json):
             return 0
         submitted = self._new_task(spec)
         token = new_claim_token(os.urandom(10))
-        claimed = ev.Claimed(
-            task=submitted.task, attempt=1, token=token, runner=self_identity().to_json(), by="run"
-        )
+
+        def lead(runner: ProcessIdentity) -> tuple[ev.Event, ...]:
+            claimed = ev.Claimed(submitted.task, 1, token, runner.to_json(), "run")
+            return submitted, claimed
+
         task = Task(id=submitted.task, spec=spec, state=State.CLAIMED, claim_token=token)
         try:
-            return self.run_in_foreground(task, token, lead=(submitted, claimed), as_json=as_json)
+            return self.run_in_foreground(task, token, lead=lead, as_json=as_json)
         except RefusedError as error:
             # The key succeeded between our read and our write (refused under the lock).
             succeeded_meanwhile = error.code == "task.key_succeeded" and spec.key is not None
@@ -163,13 +167,27 @@ class Service:
         return True
 
     def run_in_foreground(
-        self, task: Task, token: str, *, lead: Sequence[ev.Event] = (), as_json: bool
+        self,
+        task: Task,
+        token: str,
+        *,
+        lead: Callable[[ProcessIdentity], Sequence[ev.Event]],
+        epoch: int = 0,
+        on_claimed: Callable[[], None] = lambda: None,
+        as_json: bool,
     ) -> int:
-        """The foreground half shared by ``run`` and ``claim``: dispatch the claimed task
-        with output passed through, compact if due, report, and return the exit status
-        to pass through (or raise the error that kept the task from starting)."""
-        runner = Runner(self.store, passthrough=True, warn=self.notice, stdout_to_stderr=as_json)
-        result = runner.dispatch(task, token, lead=lead, trap_signals=True)
+        """The foreground half shared by ``run`` and ``claim``: launch the task's
+        supervisor, write ``lead`` (the claim, naming it) with the intent, pass the
+        output through, compact if due, report, and return the exit status to pass
+        through (or raise the error that kept the task from starting)."""
+        from ferry.launch import run_foreground
+
+        # Under --json ferry's stdout carries one JSON document: the task's stdout is
+        # echoed to stderr instead (and kept byte-exact in its log as always).
+        result = run_foreground(
+            self.store, task, token, lead=lead, epoch=epoch, on_claimed=on_claimed,
+            stdout_echo_fd=2 if as_json else 1, notice=self.notice,
+        )  # fmt: skip
         self._compact_quietly()
         if result.error is not None:  # (--json: the error object is the one document)
             result.error.details.setdefault("task", result.task.id)

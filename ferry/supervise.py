@@ -63,10 +63,10 @@ Choices where the brief is silent (the contract of this module):
 * Signal handlers can only be installed from the main thread; elsewhere ferry does not
   trap signals and the caller stops tasks through ``should_stop``. A signal ferry
   inherited as ignored (``nohup``) stays ignored and is not forwarded.
-* ``should_stop`` is polled at every heartbeat, and at once when ``stop_fd`` becomes
-  readable (``work`` makes it so on its second stop signal: its tasks run in threads,
-  where no signal arrives); its signal is sent like a forwarded one and reported in
-  ``stop_signal``, not in ``forwarded_signal``.
+* ``should_stop`` is polled at every heartbeat; ``control`` (a supervisor's channel to
+  its launcher) is read whenever it is readable and may ask for a stop too. Their
+  signal is sent like a forwarded one and reported in ``stop_signal``, not in
+  ``forwarded_signal``.
 """
 
 from __future__ import annotations
@@ -88,10 +88,11 @@ from ferry._outputs import (
 from ferry._sink import Sink
 from ferry._spawn import SpawnFailed, kill_unsupervised, spawn
 from ferry._supervise_types import Outcome, SuperviseSpec
-from ferry._taskloop import DRAIN_TIMEOUT_S, SIGKILL_WAIT_S, TaskLoop
+from ferry._taskloop import DRAIN_TIMEOUT_S, SIGKILL_WAIT_S, Control, TaskLoop
 
 __all__ = [
     "DRAIN_TIMEOUT_S",
+    "Control",
     "SIGKILL_WAIT_S",
     "Outcome",
     "SpawnFailed",
@@ -123,15 +124,14 @@ def supervise(
     should_stop: Callable[[], int | None] | None = None,
     on_running: Callable[[], None] | None = None,
     running_after_s: float = 0.0,
-    stop_fd: int | None = None,
+    control: Control | None = None,
     trap: SignalTrap | None = None,
 ) -> Outcome:
     """Run ``spec`` to its end and say how it ended (see the module docstring).
 
     ``on_spawned(pid, pgid)`` is called once the child exists; ``on_running()`` once
     the leader has run for ``running_after_s`` (if it exits sooner, never).
-    ``should_stop`` is asked at every heartbeat, and at once when ``stop_fd`` (if
-    given) becomes readable.
+    ``should_stop`` is asked at every heartbeat; ``control`` whenever it is readable.
 
     Raises ValueError for a nonsensical spec (empty argv, heartbeat_s <= 0...) and
     :class:`SpawnFailed` when the command cannot start (kind ``other`` also when the
@@ -177,7 +177,7 @@ def supervise(
             try:
                 run = TaskLoop(
                     spec, proc, sinks, trap, should_stop, started_at,
-                    on_running, running_after_s, stop_fd,
+                    on_running, running_after_s, control,
                 )  # fmt: skip
             except BaseException as e:
                 # No pidfd or selector (EMFILE, say): the child must not run on alone.

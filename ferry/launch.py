@@ -1,0 +1,387 @@
+"""Launching tasks: a supervisor per task, forked by the command that runs it.
+
+``run``, ``claim`` and ``work`` (the launchers) never hold a task's child themselves:
+each task gets a supervisor (:mod:`ferry.supervisor`), forked from the launcher, that
+plans, spawns and watches it. The launcher writes the journal records, its own
+(CLAIMED, naming the supervisor as the task's runner) and the supervisor's (SPAWNED,
+SETTLED, handed over the control channel), so that they share its group commits; it
+asks the supervisor to stop the task on a cancel request, and answers STALE marks.
+When the launcher dies, the supervisor carries on alone (see its module).
+
+Why a fork and not a new interpreter: 10 to 40 ms per task here. Why this is safe:
+the launchers are single-threaded when they fork (``work``'s loop is one thread), so
+no lock held by another thread is copied into the child held for ever; the child
+drops every inherited descriptor but its channel and stdio at once.
+
+:class:`Launch` is one supervisor seen from its launcher; :func:`run_foreground` is
+the launcher of ``run`` and ``claim`` (one task, its output passed through).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from ferry import events as ev
+from ferry import failpoints
+from ferry._control import Channel, ChannelClosed, channel_pair
+from ferry._outputs import SignalTrap
+from ferry.errors import EX_FERRY_FAILED, FerryError, InternalError, RefusedError
+from ferry.model import State, Task
+from ferry.process import ProcessIdentity, identity_of
+from ferry.runner import RunResult, as_cancelled, before_spawn_event, child_environ
+from ferry.store import Store
+from ferry.supervisor import error_from_json
+
+Record = tuple[str, dict[str, Any]]
+# A supervisor reaped this long after its channel ended, at most (it exits at once).
+REAP_WAIT_S = 5.0
+
+
+class SupervisorDied(FerryError):
+    """The task's supervisor died before the task's end was known (``kill -9`` of it,
+    or a crash): recovery decides the task (exit 125 for ``run``)."""
+
+    code = "supervisor.died"
+    exit_code = EX_FERRY_FAILED
+
+
+class Launch:
+    """One task's supervisor, seen from its launcher: what it has said, and how to
+    answer it. The launcher polls it (``poll``) when its channel is readable."""
+
+    def __init__(
+        self,
+        home: Path,
+        task: Task,
+        token: str,
+        environ: dict[str, str],
+        *,
+        passthrough: bool = False,
+        stdout_echo_fd: int = 1,
+    ) -> None:
+        from ferry import supervisor
+
+        self.task, self.token = task, token
+        ours, theirs = channel_pair()
+        for stream in (sys.stdout, sys.stderr):  # our buffered bytes must not be copied
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        pid = os.fork()
+        if pid == 0:  # the supervisor: never returns into the launcher's code
+            status = EX_FERRY_FAILED
+            try:
+                status = supervisor.main(
+                    theirs, home, task, token, environ,
+                    passthrough=passthrough, stdout_echo_fd=stdout_echo_fd,
+                )  # fmt: skip
+            finally:
+                os._exit(status)
+        theirs.close()
+        failpoints.companion(pid)
+        self.pid = pid
+        identity = identity_of(pid)
+        if identity is None:  # (it exists: it is our unreaped child)
+            raise InternalError(f"cannot read the new supervisor's identity (pid {pid})")
+        self.identity: ProcessIdentity = identity
+        self.channel = Channel(ours)
+        self.plan: dict[str, Any] | None = None  # its "plan" message
+        self.spawned: Record | None = None  # SPAWNED, until written
+        self.spawned_due = False  # the task has run long enough: SPAWNED is to be written
+        self.spawned_written = False
+        self.ended: dict[str, Any] | None = None  # its "ended" message, until written
+        self.stop_sent = False
+        self.gone = False  # its channel ended (it exited, or died)
+        self.reaped = False
+        self.exit_status: int | None = None
+
+    # -- what it says -------------------------------------------------------------------
+
+    def fileno(self) -> int:
+        return self.channel.fileno()
+
+    def poll(self) -> None:
+        """Take in every message that arrived; ``gone`` once the channel ended."""
+        try:
+            messages = self.channel.receive()
+        except ChannelClosed:
+            self.gone = True
+            return
+        for message in messages:
+            kind = message["t"]
+            if kind == "plan":
+                self.plan = message
+            elif kind == "spawned":
+                self.spawned = _record(message["record"])
+            elif kind == "running":
+                self.spawned_due = True
+            elif kind == "ended":
+                self.ended = message
+                self.exit_status = int(message["exit_status"])
+
+    def wait(self, timeout_s: float | None) -> None:
+        """Block until a message arrives or the channel ends (or ``timeout_s``)."""
+        if not self.gone:
+            select.select([self.channel.sock], [], [], timeout_s)
+            self.poll()
+
+    @property
+    def plan_record(self) -> Record | None:
+        assert self.plan is not None
+        record = self.plan["record"]
+        return None if record is None else _record(record)
+
+    @property
+    def plan_error(self) -> FerryError | None:
+        assert self.plan is not None
+        return error_from_json(self.plan["error"])
+
+    @property
+    def warnings(self) -> list[str]:
+        return [] if self.plan is None else list(self.plan["warnings"])
+
+    def due_spawned(self) -> Record | None:
+        """SPAWNED, if it is due and not yet written."""
+        if self.spawned_due and self.spawned is not None and not self.spawned_written:
+            return self.spawned
+        return None
+
+    def end_records(self, cancelled: bool) -> list[Record]:
+        """The supervisor's end (SETTLED, and SPAWNED if still unwritten), CANCELLED
+        if its cancel is known now (``cancelled``)."""
+        assert self.ended is not None
+        records = []
+        for raw in self.ended["records"]:
+            record_type, data = _record(raw)
+            if record_type == "SPAWNED" and self.spawned_written:
+                continue
+            if record_type == "SETTLED" and cancelled:
+                settled = ev.decode_checked(record_type, data)
+                assert isinstance(settled, ev.Settled)
+                record_type, data = as_cancelled(settled).encode()
+            records.append((record_type, data))
+        return records
+
+    @property
+    def end_error(self) -> FerryError | None:
+        return None if self.ended is None else error_from_json(self.ended["error"])
+
+    # -- answers --------------------------------------------------------------------------
+
+    def go(self) -> None:
+        self.channel.send("go")
+
+    def abort(self) -> None:
+        self.channel.send("abort")
+
+    def written(self, record_type: str) -> None:
+        """A record of the supervisor's is durable."""
+        if record_type == "SPAWNED":
+            self.spawned_written = True
+            self.channel.send("durable", type="SPAWNED")
+
+    def ack(self) -> None:
+        """Its end is durable: it may exit."""
+        self.ended = None
+        self.channel.send("ack")
+
+    def stop(self, sig: int, *, cancel: bool = False) -> None:
+        """Ask it to stop the task (SIGTERM, then SIGKILL after the task's grace)."""
+        self.stop_sent = True
+        self.channel.send("stop", signal=sig, cancel=cancel)
+
+    def forward(self, sig: int) -> None:
+        """A signal ferry got (SIGINT, SIGTERM, SIGHUP), for the task: sent to the
+        supervisor, whose own trap forwards it to the task's group."""
+        if not self.reaped:  # (an unreaped child: its number cannot be reused)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def reap(self, timeout_s: float = REAP_WAIT_S) -> None:
+        """Wait for the supervisor to exit (its channel has ended, or is about to)."""
+        if self.reaped:
+            return
+        deadline = time.monotonic() + timeout_s
+        while True:
+            pid, _ = os.waitpid(self.pid, os.WNOHANG)
+            if pid or time.monotonic() > deadline:
+                break
+            time.sleep(0.005)
+        if pid:
+            self.reaped = True
+            failpoints.companion(self.pid, alive=False)
+
+    def release(self) -> None:
+        """Let go without waiting: close our end (the supervisor, if it still runs,
+        carries on alone and writes its own records)."""
+        self.channel.close()
+        self.gone = True
+
+
+def _record(raw: Sequence[Any]) -> Record:
+    record_type, data = raw
+    return str(record_type), dict(data)
+
+
+# ---- run and claim: one task, in the foreground --------------------------------------
+
+
+def run_foreground(
+    store: Store,
+    task: Task,
+    token: str,
+    *,
+    lead: Callable[[ProcessIdentity], Sequence[ev.Event]] = lambda runner: (),
+    epoch: int = 0,
+    on_claimed: Callable[[], None] = lambda: None,
+    stdout_echo_fd: int = 1,
+    notice: Callable[[str], None] = lambda message: None,
+) -> RunResult:
+    """``run`` and ``claim``: fork the task's supervisor, write the claim (``lead``'s
+    records, which name the supervisor as the runner, then the plan's DISPATCHING) in
+    one commit (then ``on_claimed``: ``claim`` releases its lease), let it spawn, write
+    its records as they come, and return once its end is durable. SIGINT, SIGTERM and SIGHUP are trapped from before the intent is
+    written: before the spawn they settle the task without running it; after, they are
+    forwarded to the supervisor (which forwards them to the task's group)."""
+    with SignalTrap() as trap:
+        launch = Launch(store.home, task, token, child_environ(),
+                        passthrough=True, stdout_echo_fd=stdout_echo_fd)  # fmt: skip
+        try:
+            return _Foreground(store, launch, trap, notice).run(lead, epoch, on_claimed)
+        finally:
+            launch.release()
+            launch.reap(timeout_s=0 if launch.ended is not None else REAP_WAIT_S)
+
+
+class _Foreground:
+    def __init__(
+        self, store: Store, launch: Launch, trap: SignalTrap, notice: Callable[[str], None]
+    ) -> None:
+        self.store, self.launch, self.trap, self.notice = store, launch, trap, notice
+        self.task = launch.task
+        self.signals_seen = 0
+
+    def run(
+        self,
+        lead: Callable[[ProcessIdentity], Sequence[ev.Event]],
+        epoch: int,
+        on_claimed: Callable[[], None],
+    ) -> RunResult:
+        launch, task = self.launch, self.task
+        while launch.plan is None and not launch.gone:
+            launch.wait(None)
+        if launch.plan is None:
+            raise SupervisorDied("the task's supervisor died before it started the task")
+        for warning in launch.warnings:
+            self.notice(warning)
+        record = launch.plan_record
+        if record is None:  # the plan itself failed: nothing to write
+            error = launch.plan_error
+            assert error is not None
+            raise error
+        try:
+            self.store.commit(*lead(launch.identity), record, epoch=epoch)
+        except BaseException:
+            launch.abort()
+            raise
+        on_claimed()
+        if record[0] == "SETTLED":  # a pinned input changed: settled FAILED, not run
+            return RunResult(self._task(), EX_FERRY_FAILED, launch.plan_error)
+        if self._before_spawn():
+            return RunResult(self._task(), self.before_spawn_status)
+        launch.go()
+        return self._watch()
+
+    def _before_spawn(self) -> bool:
+        """A cancel landed since the claim, or ``run`` was signalled: do not start the
+        task (the table is current: the commit just made caught up on the journal)."""
+        current = self._task()
+        cancelled = current.cancel_requested and current.claim_token == self.launch.token
+        if not cancelled and not self.trap.received:
+            return False
+        signum = None if cancelled else self.trap.received[0]
+        event = before_spawn_event(self.task, self.launch.token, cancelled=cancelled, signum=signum)
+        self.before_spawn_status = 128 + (signal.SIGTERM if signum is None else signum)
+        self.store.commit(event)  # (then the supervisor may go: a crash between leaves
+        self.launch.abort()  # it to find the task settled, and do nothing)
+        return True
+
+    def _watch(self) -> RunResult:
+        launch, store = self.launch, self.store
+        poll_s = self.task.spec.heartbeat_s
+        next_poll = time.monotonic() + poll_s
+        watched = [launch.channel.sock]
+        if self.trap.wakeup_fd is not None:
+            watched.append(self.trap.wakeup_fd)  # type: ignore[arg-type]
+        while True:
+            ready, _, _ = select.select(watched, [], [], max(0.0, next_poll - time.monotonic()))
+            if self.trap.wakeup_fd in ready:
+                self._forward_signals()
+            launch.poll()
+            spawned = launch.due_spawned()
+            if spawned is not None:
+                store.commit(spawned)
+                launch.written("SPAWNED")
+            if launch.ended is not None:
+                return self._end()
+            if launch.gone:
+                raise SupervisorDied(
+                    "the task's supervisor died before the task ended; 'ferry recover'"
+                    " decides the task"
+                )
+            if time.monotonic() >= next_poll:
+                watch_journal(store, launch)
+                next_poll = time.monotonic() + poll_s
+
+    def _forward_signals(self) -> None:
+        self.trap.drain()
+        for sig in self.trap.received[self.signals_seen :]:
+            self.launch.forward(sig)
+        self.signals_seen = len(self.trap.received)
+
+    def _end(self) -> RunResult:
+        launch, store = self.launch, self.store
+        error, status = launch.end_error, launch.exit_status
+        assert status is not None
+        write_end(store, launch)
+        launch.ack()
+        launch.reap()
+        return RunResult(self._task(), status, error)
+
+    def _task(self) -> Task:
+        task = self.store.get(self.task.id)
+        assert task is not None
+        return task
+
+
+def watch_journal(store: Store, launch: Launch) -> None:
+    """What the journal asks of a running task: its cancel (stop it), a STALE mark
+    (RESUMED: its supervisor beats). Errors do not stop the task."""
+    with contextlib.suppress(FerryError, OSError):
+        store.refresh()
+        current = store.get(launch.task.id)
+        if current is None or current.claim_token != launch.token:
+            return
+        if current.cancel_requested and not launch.stop_sent:
+            launch.stop(signal.SIGTERM, cancel=True)
+        elif current.state is State.STALE:
+            store.commit(ev.Resumed(launch.task.id, launch.task.attempt, launch.token))
+
+
+def write_end(store: Store, launch: Launch, *, epoch: int = 0) -> None:
+    """Write a supervisor's end (after catching up: a cancel that landed meanwhile makes
+    it CANCELLED). Refused because the claim moved (the supervisor wrote it itself, its
+    launcher having been silent too long; or recovery decided): nothing to write."""
+    with contextlib.suppress(FerryError):
+        store.refresh()
+    current = store.get(launch.task.id)
+    cancelled = bool(current and current.claim_token == launch.token and current.cancel_requested)
+    with contextlib.suppress(RefusedError):
+        store.commit(*launch.end_records(cancelled), epoch=epoch)

@@ -1,0 +1,393 @@
+"""``ferry work``: the leader loop, one thread, one supervisor per task.
+
+Standby until it can lead (the CAS lease), recover, then keep up to ``jobs`` tasks
+running: each task is launched with a supervisor of its own (:mod:`ferry.launch`),
+forked from this loop. The loop is single-threaded on purpose: a process with other
+threads cannot fork safely (only the forking thread survives in the child; a lock
+another thread held stays held there for ever).
+
+One loop turn: take in what the supervisors said; renew the lease; recover other
+runners' tasks every ``RECOVER_EVERY_S``; catch up on the journal every ``poll_s`` (a
+cancel request: ask that task's supervisor to stop it; a STALE mark: RESUMED); fork a
+supervisor for each free slot; then ONE commit of everything pending: the claims
+(CLAIMED, naming the supervisor, with its DISPATCHING), the supervisors' SPAWNED and
+SETTLED, the RESUMED marks. Only after that commit returns does a supervisor get its
+``go`` (spawn) or its ``ack`` (its end is durable: exit).
+
+Survivors: tasks still running under the supervisors of an earlier ``work`` (killed
+with -9, say) count against ``jobs`` until they end; they write their own ends.
+
+Signals (SIGTERM, SIGINT, SIGHUP): the first stops claiming (running tasks finish);
+the second asks every supervisor to stop its task (SIGTERM, then SIGKILL after its
+``--kill-grace``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ferry import events as ev
+from ferry import render
+from ferry._outputs import SignalTrap
+from ferry.errors import FerryError, InternalError, LeaseHeldError, RefusedError
+from ferry.ids import new_claim_token
+from ferry.launch import Launch, Record, watch_journal, write_end
+from ferry.leader import Leadership, policy_of, recover_as
+from ferry.liveness import probe
+from ferry.model import IN_FLIGHT_STATES, Liveness, State, Task
+from ferry.recoverer import runner_identity
+from ferry.runner import before_spawn_event, child_environ
+
+if TYPE_CHECKING:
+    from ferry.service import Service
+
+
+class _Unit:
+    """Records of one supervisor (or a claim) for the next commit, and what to tell the
+    supervisor once they are durable."""
+
+    __slots__ = ("kind", "launch", "records")
+
+    def __init__(self, kind: str, launch: Launch, records: Sequence[Record]) -> None:
+        self.kind, self.launch, self.records = kind, launch, list(records)
+
+
+class Worker:
+    RECOVER_EVERY_S = 5.0  # how often the leader checks other runners' tasks
+
+    def __init__(self, service: Service, *, jobs: int, drain: bool, poll_s: float,
+                 lease_ttl_s: float, stale_after_s: float | None,
+                 kill_stale: bool = False) -> None:  # fmt: skip
+        self.service = service
+        self.store = service.store
+        self.jobs, self.drain, self.poll_s = jobs, drain, poll_s
+        self.policy = policy_of(stale_after_s, kill_stale)
+        self.lead = Leadership(service, lease_ttl_s)
+        self.environ = child_environ()
+        self.launches: dict[str, Launch] = {}  # task id -> its supervisor (ours)
+        self.survivors: dict[int, str] = {}  # pidfd -> task id (an earlier work's)
+        self.signals_seen = 0
+        self.halted = False  # no more claims: the lease is lost, or the journal failed us
+        self.failures: list[FerryError] = []
+        self.trap: SignalTrap | None = None
+        self._cancel_before_spawn: set[str] = set()
+
+    # -- the outer life -------------------------------------------------------------------
+
+    def run(self) -> int:
+        with SignalTrap() as trap:
+            self.trap = trap
+            if not self._standby():
+                return 0
+            try:
+                return self._lead()
+            finally:
+                self.lead.release()
+                for pidfd in self.survivors:
+                    os.close(pidfd)
+
+    @property
+    def stopping(self) -> bool:
+        return self.trap is not None and bool(self.trap.received)
+
+    def _standby(self) -> bool:
+        while True:
+            try:
+                self.lead.acquire()
+                return True
+            except LeaseHeldError:
+                if self.stopping or (self.drain and not self._queue_nonempty()):
+                    return False
+            self._sleep(self.poll_s)
+
+    def _sleep(self, timeout_s: float, channels: Sequence[Any] = ()) -> list[Any]:
+        assert self.trap is not None
+        watched: list[Any] = [*channels, *self.survivors]
+        if self.trap.wakeup_fd is not None:
+            watched.append(self.trap.wakeup_fd)
+        ready, _, _ = select.select(watched, [], [], max(0.0, timeout_s))
+        if self.trap.wakeup_fd in ready:
+            self.trap.drain()
+        return ready
+
+    def _queue_nonempty(self) -> bool:
+        self.store.refresh()
+        return self.store.table.oldest_queued() is not None
+
+    def _lead(self) -> int:
+        epoch = self.lead.epoch
+        self.lead.commit()  # LEASE_ACQUIRED: before anything is written under this epoch
+        self._recover()
+        self._find_survivors()
+        next_recover = time.monotonic() + self.RECOVER_EVERY_S
+        next_poll = time.monotonic() + self.poll_s
+        try:
+            while True:
+                self._on_signals()
+                try:
+                    self.lead.renew_if_due()
+                except LeaseHeldError as error:  # lost: finish what runs, claim nothing
+                    self._halt(error, fail=True)
+                now = time.monotonic()
+                if now >= next_recover and not self.halted:
+                    self._recover()
+                    next_recover = now + self.RECOVER_EVERY_S
+                if now >= next_poll:
+                    self._watch_journal()
+                    next_poll = time.monotonic() + self.poll_s
+                self._fill_slots()
+                self._write()
+                self._let_go()
+                if self._finished():
+                    break
+                wake_at = min(next_recover, next_poll, self.lead.renew_at)
+                ready = self._sleep(wake_at - time.monotonic(), list(self.launches.values()))
+                self._take_in(ready)
+        finally:
+            for launch in self.launches.values():
+                launch.release()  # (an error: they carry on alone)
+        if not self.failures or not isinstance(self.failures[0], LeaseHeldError):
+            self.store.commit(ev.LeaseReleased(epoch, self.lead.me.to_json()), epoch=epoch)
+        self.store.maybe_compact()
+        if self.failures:
+            raise self.failures[0]
+        return 0
+
+    def _finished(self) -> bool:
+        if self.launches:
+            return False
+        if self.halted or self.stopping:
+            return True
+        return self.drain and not self.survivors and not self._queue_nonempty()
+
+    # -- signals, recovery, the journal ---------------------------------------------------
+
+    def _on_signals(self) -> None:
+        assert self.trap is not None
+        count = len(self.trap.received)
+        if count == self.signals_seen:
+            return
+        if self.signals_seen == 0:
+            self.service.notice(
+                "stopping: no new tasks; running ones finish (signal again to stop them)"
+            )
+        if self.signals_seen < 2 <= count:
+            self.service.notice("stopping the running tasks")
+            for launch in self.launches.values():
+                if launch.plan is not None and not launch.stop_sent:
+                    launch.stop(signal.SIGTERM)
+        self.signals_seen = count
+
+    def _recover(self) -> None:
+        report = recover_as(self.lead, self.policy)
+        for line in (render.recover_text(report, self.service.verbosity) or "").splitlines():
+            self.service.notice(line)
+
+    def _watch_journal(self) -> None:
+        with contextlib.suppress(FerryError, OSError):
+            self.store.refresh()
+        for launch in self.launches.values():
+            if launch.plan is not None and launch.ended is None and self._claimed(launch):
+                watch_journal(self.store, launch)
+
+    def _claimed(self, launch: Launch) -> bool:
+        task = self.store.get(launch.task.id)
+        return task is not None and task.claim_token == launch.token
+
+    def _find_survivors(self) -> None:
+        """Tasks in flight whose supervisor (their runner) is alive: an earlier work's,
+        killed or stopped. They hold slots until their supervisor exits."""
+        for task in self.store.live():
+            identity = runner_identity(task)
+            if task.state not in IN_FLIGHT_STATES or identity is None:
+                continue
+            if probe(identity) is not Liveness.ALIVE:
+                continue  # (UNKNOWN: recovery leaves it alone, but it is not ours to count)
+            try:
+                pidfd = os.pidfd_open(identity.pid)
+            except OSError:
+                continue
+            if probe(identity) is Liveness.ALIVE:  # still the same process, now held
+                self.survivors[pidfd] = task.id
+            else:
+                os.close(pidfd)
+        if self.survivors:
+            self.service.notice(
+                f"{len(self.survivors)} task(s) still run under an earlier work's"
+                " supervisors: they hold slots until they end"
+            )
+
+    # -- the supervisors ------------------------------------------------------------------
+
+    def _fill_slots(self) -> None:
+        if self.halted or self.stopping:
+            return
+        free = self.jobs - len(self.launches) - len(self.survivors)
+        if free <= 0:
+            return
+        with self.store.lock:
+            candidates = self.store.table.oldest_queued_n(len(self.launches) + free)
+        for task in candidates:
+            if free == 0:
+                break
+            if task.id in self.launches:
+                continue
+            token = new_claim_token(os.urandom(10))
+            claimed = Task(**{**task.__dict__, "state": State.CLAIMED, "claim_token": token})
+            self.launches[task.id] = Launch(self.store.home, claimed, token, self.environ)
+            free -= 1
+
+    def _take_in(self, ready: list[Any]) -> None:
+        for fd in ready:
+            if fd in self.survivors:
+                os.close(fd)
+                del self.survivors[fd]
+        for launch in list(self.launches.values()):
+            if launch in ready:
+                launch.poll()
+            if launch.plan is not None:
+                for warning in launch.warnings:
+                    self.service.notice(warning)
+                launch.plan["warnings"] = []
+
+    def _let_go(self) -> None:
+        """Forget the supervisors that exited (reaped)."""
+        for task_id, launch in list(self.launches.items()):
+            if launch.gone and launch.ended is None:
+                if launch.plan is None or launch.plan_record is None:
+                    error = launch.plan_error if launch.plan is not None else None
+                    self._halt(error or InternalError(f"task {task_id}: its supervisor died"
+                                                      " before it planned the task"))  # fmt: skip
+                launch.reap()
+                del self.launches[task_id]
+
+    def _units(self) -> list[_Unit]:
+        """What is waiting to be written, per supervisor."""
+        units = []
+        for launch in self.launches.values():
+            if launch.gone and launch.ended is None:
+                continue
+            plan = launch.plan
+            if plan is not None and not plan.get("committed") and plan["record"] is not None:
+                if not self.halted and not self.stopping:
+                    runner = launch.identity.to_json()
+                    claimed = ev.Claimed(launch.task.id, launch.task.attempt, launch.token,
+                                         runner, "work").encode()  # fmt: skip
+                    units.append(_Unit("claim", launch, [claimed, launch.plan_record]))  # type: ignore[list-item]
+                continue
+            if launch.task.id in self._cancel_before_spawn:
+                event = before_spawn_event(launch.task, launch.token, cancelled=True)
+                units.append(_Unit("cancelled", launch, [event.encode()]))
+                continue
+            spawned = launch.due_spawned()
+            if spawned is not None:
+                units.append(_Unit("spawned", launch, [spawned]))
+            if launch.ended is not None:
+                units.append(_Unit("end", launch, []))
+        return units
+
+    def _write(self) -> None:
+        """One commit for everything pending; then each supervisor is told."""
+        units = self._units()
+        for launch in self.launches.values():
+            if launch.plan is not None and launch.plan.get("committed") is None:
+                if launch.plan["record"] is not None and (self.halted or self.stopping):
+                    launch.plan["committed"] = False  # not claimed: the supervisor ends
+                    launch.abort()
+        if not units:
+            return
+        ends = [u for u in units if u.kind == "end"]
+        if ends:
+            with contextlib.suppress(FerryError):
+                self.store.refresh()  # a cancel that landed makes an end CANCELLED
+        for unit in ends:
+            unit.records = unit.launch.end_records(self._cancelled(unit.launch))
+        records = [record for unit in units for record in unit.records]
+        try:
+            self.store.commit(*records, epoch=self.lead.epoch if not self.halted else 0)
+        except LeaseHeldError as error:  # fenced: a newer leader claims now
+            self._halt(error, fail=True)
+            self._write_each(units)
+            return
+        except RefusedError:  # one unit's record is no longer legal: find which
+            self._write_each(units)
+            return
+        except FerryError as error:  # the journal failed us (a full disk, corruption)
+            self._halt(error, fail=True)
+            return
+        for unit in units:
+            self._done(unit, None)
+
+    def _write_each(self, units: list[_Unit]) -> None:
+        for unit in units:
+            if unit.kind == "claim" and self.halted:
+                self._done(unit, LeaseHeldError("not claimed: the lease is lost"))
+                continue
+            epoch = self.lead.epoch if unit.kind == "claim" else 0
+            try:
+                self.store.commit(*unit.records, epoch=epoch)
+            except (RefusedError, LeaseHeldError) as error:
+                self._done(unit, error)
+                continue
+            except FerryError as error:
+                self._halt(error, fail=True)
+                return
+            self._done(unit, None)
+
+    def _done(self, unit: _Unit, error: FerryError | None) -> None:
+        launch = unit.launch
+        if unit.kind == "claim":
+            assert launch.plan is not None
+            launch.plan["committed"] = error is None
+            if error is not None:
+                self.service.notice(f"task {launch.task.id}: {error.message}")
+                launch.abort()
+            elif launch.plan_record is not None and launch.plan_record[0] == "SETTLED":
+                pass  # a pinned input changed: settled FAILED in the claim's write
+            elif self._cancelled(launch):
+                self._cancel_before_spawn.add(launch.task.id)  # written next, then abort
+            else:
+                launch.go()
+        elif unit.kind == "cancelled":
+            self._cancel_before_spawn.discard(launch.task.id)
+            launch.abort()
+        elif unit.kind == "spawned":
+            if error is None:
+                launch.written("SPAWNED")
+            else:
+                launch.spawned_written = True  # (refused: decided meanwhile; not again)
+        elif unit.kind == "end":
+            if error is not None:
+                self.service.notice(f"task {launch.task.id}: {error.message}")
+            launch.ack()
+
+    def _cancelled(self, launch: Launch) -> bool:
+        task = self.store.get(launch.task.id)
+        return bool(task and task.claim_token == launch.token and task.cancel_requested)
+
+    def _halt(self, error: FerryError | None, *, fail: bool = False) -> None:
+        if not self.halted and error is not None:
+            self.service.notice(f"stopping: {error.message}")
+        self.halted = True
+        if fail and error is not None:
+            self.failures.append(error)
+
+
+def work(service: Service, **options: Any) -> int:
+    return Worker(service, **options).run()
+
+
+__all__ = ["Worker", "end_records_of", "work"]
+
+
+def end_records_of(launch: Launch) -> list[Record]:  # pragma: no cover - kept for tests
+    return launch.end_records(False)
+
+
+_ = write_end  # (the foreground launcher's; the loop writes ends in its batch)
