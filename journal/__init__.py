@@ -55,10 +55,12 @@ Guarantees
 * Creating, renaming and removing segments and snapshots fsync the directory.
 * Each handle pins its active segment (a shared ``flock``); compaction removes no
   pinned segment nor any after it, so a handle that fell behind finds every record.
-* Damage: bytes after the last valid record of the last segment that contain no valid
-  line and are not all NUL are a *torn tail*: cut before the next append (a ``.broken``
-  copy is kept).
-  Anything else (a bad record followed by valid ones, a bad record in a sealed segment,
+* Damage: bytes after the last valid record of the last segment that a torn write can
+  leave (no valid line in them; no whole line, but one whose NULs are sectors that
+  never landed) and that are not all NUL are a *torn tail*: cut before the next append
+  (a ``.broken`` copy is kept).
+  Anything else (a whole line that does not check, e.g. a committed last record with
+  a flipped bit; a bad record followed by valid ones, a bad record in a sealed segment,
   a gap, a missing segment) is *corruption*: CorruptionError with segment, byte offset
   and seq; never skipped, never repaired, never reset to empty.
 * Not protected: disks or controllers that lie about flushes (volatile write caches),

@@ -49,7 +49,9 @@ from pathlib import Path
 # same values.
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-READ_FLAGS = os.O_RDONLY | _CLOEXEC
+# Reads do not follow a symlink either: the journal never makes one, and a segment or a
+# snapshot planted as one must not be read as the journal's (ELOOP).
+READ_FLAGS = os.O_RDONLY | _CLOEXEC | _NOFOLLOW
 RDWR_FLAGS = os.O_RDWR | _CLOEXEC | _NOFOLLOW
 CREATE_RDWR_FLAGS = RDWR_FLAGS | os.O_CREAT | os.O_EXCL
 CREATE_NEW_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _CLOEXEC | _NOFOLLOW

@@ -25,7 +25,8 @@ How it works (trace, then simulate):
     - unsynced writes of each file: dropped, kept as an in-order prefix, the next write
       torn at a few byte offsets, or NUL-filled (the size reached the disk, the data did
       not), or torn and then NUL-filled, or landed from a 512-byte sector boundary on
-      while the sectors before it did not (a disk may write them in any order).
+      while the sectors before it did not, or landed but for one sector inside it (a
+      disk may write them in any order).
   Choices are combined across files and directories (deterministically sampled when
   there are too many) and deduplicated.
 * `materialise(state, path)` writes one surviving state into a real directory, so the
@@ -484,6 +485,16 @@ def file_outcomes(durable: bytes, pending: list[FileOp]) -> list[bytes]:
                 suffix = bytearray(content)
                 _apply(suffix, Write(op.ino, boundary, op.data[boundary - op.offset :]))
                 outcomes.append(bytes(suffix))
+            # Or one sector inside it lost, every other one landed (the smallest case of
+            # any subset landing: NULs inside a whole line, records of the write after
+            # them).
+            for boundary in range(first, landed_end, SECTOR_BYTES):
+                holed = bytearray(content)
+                _apply(holed, op)
+                lost_end = min(boundary + SECTOR_BYTES, op.offset + n)
+                old = bytes(content[boundary:lost_end]).ljust(lost_end - boundary, b"\0")
+                holed[boundary:lost_end] = old
+                outcomes.append(bytes(holed))
         _apply(content, op)
         outcomes.append(bytes(content))
     return list(dict.fromkeys(outcomes))
