@@ -27,7 +27,8 @@ has ``v`` 1 and the expected seq.  Files are read in binary and split on ``b"\\n
 NUL bytes from the end of a segment's last record to the end of the file are its *zero
 tail*: space the writer preallocated, not records and not damage.
 NaN/Infinity, non-JSON values and lines longer than ``record_bytes_max`` are refused
-before anything is written.  A record or snapshot with a newer ``v`` raises
+before anything is written; ``record_bytes_max`` is at most 64 MiB, the longest line
+readers take (a longer one is damage).  A record or snapshot with a newer ``v`` raises
 FormatVersionError.
 
 Snapshot file ``snapshot-{seq:020d}.snap``: a header line
@@ -76,7 +77,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from journal import _fsutil
+from journal import _fsutil, _reader
 from journal._codec import FORMAT_VERSION, Record, prepare, prepare_batch
 from journal._errors import (
     CompactedError,
@@ -190,9 +191,17 @@ class Journal:
         Reads and checks every record from the latest snapshot's seq on (all of them
         when there is none; ``verify`` reads everything).  Lock-free, and nothing is
         modified: a torn tail is cut only before the next append.  Raises
-        CorruptionError or FormatVersionError."""
+        CorruptionError or FormatVersionError; ValueError for a ``record_bytes_max``
+        above the longest line readers take (64 MiB: a longer one is damage)."""
         if segment_bytes_max < 1 or record_bytes_max < 64:
             raise ValueError("segment_bytes_max must be >= 1 and record_bytes_max >= 64")
+        if record_bytes_max > _reader.LINE_BYTES_MAX_READ:
+            # A longer line is damage to every reader: the next handle's append would
+            # cut a record this one committed (a torn tail), or refuse it (corruption).
+            raise ValueError(
+                f"record_bytes_max={record_bytes_max} is more than readers take in one"
+                f" line ({_reader.LINE_BYTES_MAX_READ} bytes, newline included)"
+            )
         directory = Path(directory)
         try:
             _fsutil.makedirs(directory)
