@@ -41,7 +41,7 @@ from ferry.failpoints import failpoint
 from ferry.ids import resolve_prefix
 from ferry.model import Reason, Task
 from ferry.state import Table
-from ferry.statedir import fsync_dir, private_open, write_atomic
+from ferry.statedir import fsync_dir, make_dir_durable, private_open, write_atomic
 
 # Compact once this many records follow the last snapshot. Every command folds them
 # (about 14 µs each): at 5,000, `ferry run -- true` took 140 ms just before a compaction
@@ -304,7 +304,7 @@ class Store:
         Compactions are serialised by ``compact.lock`` in the state directory: two at
         once could otherwise each prune an archive the other's (newer) snapshot names."""
         directory = self.home / "archive"
-        directory.mkdir(mode=0o700, exist_ok=True)
+        make_dir_durable(directory)
         lock_fd = os.open(self.home / "compact.lock", _LOCK_FLAGS, 0o600)
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX)
@@ -407,7 +407,7 @@ def _write_archive(
     """Settled tasks as JSON Lines, written atomically BEFORE the snapshot naming them:
     a crash in between leaves an unreferenced file (pruned later), never a snapshot
     pointing at a missing or half-written archive."""
-    directory.mkdir(mode=0o700, exist_ok=True)
+    make_dir_durable(directory)
     name = f"{_ARCHIVE_PREFIX}{seq:020d}.jsonl"
     body = b"".join(orjson.dumps(record) + b"\n" for record in records)
     write_atomic(directory, name, body)

@@ -53,7 +53,10 @@ Guarantees
 * ``Journal.open`` checks every record from the latest snapshot's seq on (the line of a
   seq is found by bisection, ``_seek``) and changes nothing; ``verify`` checks
   everything; ``repair`` cuts only a torn tail.
-* Creating, renaming and removing segments and snapshots fsync the directory.
+* Creating, renaming and removing segments and snapshots fsync the directory.  The
+  journal's first segment also fsyncs the directory's parent (whoever made the
+  directory may not have: a power cut would drop it, records and all); a directory
+  ``open`` creates has each new one's parent fsynced.
 * Each handle pins its active segment (a shared ``flock``); compaction removes no
   pinned segment nor any after it, so a handle that fell behind finds every record.
 * Damage: bytes after the last valid record of the last segment that a torn write can
@@ -132,7 +135,12 @@ _OPEN_TRIES = 3  # surveys at open that a concurrent compaction may spoil, in a 
 
 
 def _open_writer(
-    directory: Path, lock_fd: int, segment_bytes_max: int, fence: Fence | None
+    directory: Path,
+    lock_fd: int,
+    segment_bytes_max: int,
+    fence: Fence | None,
+    *,
+    entry_durable: bool,
 ) -> Writer:
     """Survey the journal (lock-free) and stand at its end.  FileNotFoundError: a
     compaction removed a segment the survey listed (the caller looks again)."""
@@ -161,6 +169,7 @@ def _open_writer(
         max_epoch=max(found.max_epoch, snapshot_epoch),
         segment_bytes_max=segment_bytes_max,
         fence=fence,
+        entry_durable=entry_durable,
     )
 
 
@@ -204,14 +213,16 @@ class Journal:
             )
         directory = Path(directory)
         try:
-            _fsutil.makedirs(directory)
+            made = _fsutil.makedirs(directory)
             # The lock file's name need not survive a crash (it is recreated): no dir fsync.
             lock_fd = _fsutil.open_lockfile(directory / LOCK_NAME)
         except OSError as exc:
             raise JournalError(f"cannot open the journal at {directory}: {exc}") from exc
         for attempt in range(_OPEN_TRIES):
             try:
-                writer = _open_writer(directory, lock_fd, segment_bytes_max, fence)
+                writer = _open_writer(
+                    directory, lock_fd, segment_bytes_max, fence, entry_durable=made
+                )
                 writer.on_lock_wait = on_lock_wait
                 return cls(writer, record_bytes_max)
             except FileNotFoundError as exc:

@@ -184,9 +184,11 @@ def fsync_dir(path: PathArg) -> None:
         os.close(fd)
 
 
-def makedirs(path: Path) -> None:
+def makedirs(path: Path) -> bool:
     """Create ``path`` and missing parents (mode 0700), fsyncing each parent whose entry
-    we added, so that the directory itself survives a power cut."""
+    we added, so that the directory itself survives a power cut.  True if ``path`` was
+    missing (its entry is now durable); False if it was there (made by someone who may
+    not have fsynced its parent)."""
     missing: list[Path] = []
     probe = path
     while True:
@@ -206,6 +208,7 @@ def makedirs(path: Path) -> None:
             os.mkdir(directory, DIR_MODE)
         # The new entry lives in the parent: without this a crash can lose the directory.
         fsync_dir(directory.parent)
+    return bool(missing)
 
 
 def atomic_replace(path: Path, data: bytes) -> None:

@@ -144,6 +144,8 @@ _READ_ONLY = frozenset(
         "isatty",
         "kill",
         "getenv",
+        "geteuid",
+        "getuid",
     }
 )
 
@@ -365,14 +367,26 @@ class SimDisk:
     def mkdir(self, path: Any, mode: int = 0o777, *, dir_fd: Any = None) -> None:
         self._before("mkdir", path)
         if dir_fd is not None:
-            raise NotImplementedError("simdisk: dir_fd is not modelled")
-        real_os.mkdir(path, mode)
+            # Relative to a directory descriptor: traced when that directory is.
+            real_os.mkdir(path, mode, dir_fd=dir_fd)
+            base = self._fds.get(dir_fd)
+            if not isinstance(base, str):
+                return
+            path = real_os.path.join(base, real_os.fspath(path))
+        else:
+            real_os.mkdir(path, mode)
         where = self._split(path)
         if where is not None:
             child = real_os.path.realpath(real_os.fspath(path))
             self._dirs[where[0]][where[1]] = child
             self._dirs[child] = {}
             self.events.append(Mkdir(where[0], where[1], child))
+
+    def chmod(
+        self, path: Any, mode: int, *, dir_fd: Any = None, follow_symlinks: bool = True
+    ) -> None:
+        # Permission bits are not modelled (what survives is entries and bytes).
+        real_os.chmod(path, mode, dir_fd=dir_fd, follow_symlinks=follow_symlinks)
 
     def makedirs(self, path: Any, mode: int = 0o777, exist_ok: bool = False) -> None:
         # os.makedirs calls the real os.mkdir internally; walk it here so every
