@@ -15,7 +15,9 @@
   ``flock`` and ``fsync`` do not give the guarantees the journal and the lease need.
 
 ``ferry run`` calls ``ensure_home`` on every start, so it is a handful of system calls
-and one read of ``/proc/self/mountinfo``.
+and one read of ``/proc/self/mountinfo``. Each directory it creates is made durable
+(its parent fsynced after it: a power cut would drop a directory whose entry never
+reached the disk, with everything in it); a home that exists pays no fsync.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ __all__ = [
     "filesystem_type",
     "fsync_dir",
     "is_network_fs",
+    "make_dir_durable",
     "private_open",
     "resolve_home",
 ]
@@ -111,22 +114,28 @@ def ensure_home(path: Path, *, mountinfo: str | None = None) -> Path:
     ``mountinfo`` is the text of /proc/self/mountinfo (read when None; tests pass a sample).
     """
     path = path.absolute()
-    if not path.parent.exists():
+    if not os.path.exists(path.parent):
         # Parents (~/.local/state, say) are created private too; they are not checked.
-        try:
-            path.parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
-        except OSError as e:
-            raise _refusal(path.parent, e) from e
-    _mkdir_private(path, None)
+        _make_parents(path.parent)
+    if _mkdir_private(path, None):
+        _fsync_parent(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as e:
         raise _refusal(path, e) from e
     try:
         _check_dir(path, os.fstat(fd))
+        made = False
         for name in SUBDIRS:
-            _mkdir_private(Path(name), fd)
+            made = _mkdir_private(Path(name), fd) or made
             _check_dir(path / name, os.stat(name, dir_fd=fd, follow_symlinks=False))
+        if made:
+            # Their entries live in the home: durable before anything goes in them (a
+            # journal record reported committed in journal/, say).
+            try:
+                os.fsync(fd)
+            except OSError as e:
+                raise _refusal(path, e) from e
         # os.access reports a read-only mount (EROFS) as not writable, also for root.
         if not os.access(path, os.W_OK | os.X_OK):
             raise StateDirError(
@@ -164,15 +173,56 @@ def private_open(path: str | os.PathLike[str], flags: int, *, dir_fd: int | None
         raise
 
 
-def _mkdir_private(path: Path, dir_fd: int | None) -> None:
+def _mkdir_private(path: Path, dir_fd: int | None) -> bool:
+    """Create the directory 0700; False if it was there already.  The caller makes a
+    new one's entry durable (fsyncs its parent)."""
     try:
         os.mkdir(path, DIR_MODE, dir_fd=dir_fd)
     except FileExistsError:
-        return
+        return False
     except OSError as e:
         raise _refusal(path, e) from e
     # mkdir's mode passed through the umask; make it exactly 0700 (only what we created).
     os.chmod(path, DIR_MODE, dir_fd=dir_fd, follow_symlinks=False)
+    return True
+
+
+def _fsync_parent(path: Path) -> None:
+    """Make the entry of ``path``, a directory just created, durable: a directory
+    survives a power cut only once its parent was fsynced after its creation (else the
+    cut drops it, and everything written below it, fsynced or not)."""
+    try:
+        fsync_dir(path.parent)
+    except OSError as e:
+        raise _refusal(path.parent, e) from e
+
+
+def _make_parents(directory: Path) -> None:
+    """Create ``directory`` and its missing parents (mode 0700), each new one's parent
+    fsynced after it, up to the first that existed."""
+    missing: list[Path] = []
+    probe = directory
+    while not os.path.exists(probe) and probe.parent != probe:
+        missing.append(probe)
+        probe = probe.parent
+    for new in reversed(missing):
+        try:
+            os.mkdir(new, DIR_MODE)
+        except FileExistsError:
+            pass  # made meanwhile (its maker may not have fsynced yet: we do)
+        except OSError as e:
+            raise _refusal(new, e) from e
+        _fsync_parent(new)
+
+
+def make_dir_durable(directory: Path) -> None:
+    """Create ``directory`` (0700) if it is missing, fsyncing its parent when it does
+    (see ``_fsync_parent``): for a subdirectory of the home made after ``ensure_home``."""
+    try:
+        os.mkdir(directory, DIR_MODE)
+    except FileExistsError:
+        return
+    fsync_dir(directory.parent)
 
 
 def _check_dir(path: Path, st: os.stat_result) -> None:

@@ -41,7 +41,7 @@ from ferry.failpoints import failpoint
 from ferry.ids import resolve_prefix
 from ferry.model import Reason, Task
 from ferry.state import Table
-from ferry.statedir import fsync_dir, private_open, write_atomic
+from ferry.statedir import fsync_dir, make_dir_durable, private_open, write_atomic
 
 # Compact once this many records follow the last snapshot. Every command folds them
 # (about 14 µs each): at 5,000, `ferry run -- true` took 140 ms just before a compaction
@@ -364,7 +364,7 @@ class Store:
         the wait has lasted COMPACT_LOCK_NOTICE_S: its holder may be stopped, and keeps
         the lock until it is continued or killed."""
         directory = self.home / "archive"
-        directory.mkdir(mode=0o700, exist_ok=True)
+        make_dir_durable(directory)
         lock_fd = os.open(self.home / "compact.lock", _LOCK_FLAGS, 0o600)
         try:
             if not _lock_compaction(lock_fd, wait, on_lock_wait):
@@ -562,7 +562,7 @@ def _write_archive(
     in between) replaced the very archive that snapshot names, so it no longer matched
     its SHA-256: killed before its own snapshot was written, the merge left history
     unreadable for good. (Compactions are serialised: no other writer picks a name.)"""
-    directory.mkdir(mode=0o700, exist_ok=True)
+    make_dir_durable(directory)
     present = set(os.listdir(directory))
     name = _archive_name(seq)
     while name in present:

@@ -27,7 +27,8 @@ has ``v`` 1 and the expected seq.  Files are read in binary and split on ``b"\\n
 NUL bytes from the end of a segment's last record to the end of the file are its *zero
 tail*: space the writer preallocated, not records and not damage.
 NaN/Infinity, non-JSON values and lines longer than ``record_bytes_max`` are refused
-before anything is written.  A record or snapshot with a newer ``v`` raises
+before anything is written; ``record_bytes_max`` is at most 64 MiB, the longest line
+readers take (a longer one is damage).  A record or snapshot with a newer ``v`` raises
 FormatVersionError.
 
 Snapshot file ``snapshot-{seq:020d}.snap``: a header line
@@ -52,13 +53,18 @@ Guarantees
 * ``Journal.open`` checks every record from the latest snapshot's seq on (the line of a
   seq is found by bisection, ``_seek``) and changes nothing; ``verify`` checks
   everything; ``repair`` cuts only a torn tail.
-* Creating, renaming and removing segments and snapshots fsync the directory.
+* Creating, renaming and removing segments and snapshots fsync the directory.  The
+  journal's first segment also fsyncs the directory's parent (whoever made the
+  directory may not have: a power cut would drop it, records and all); a directory
+  ``open`` creates has each new one's parent fsynced.
 * Each handle pins its active segment (a shared ``flock``); compaction removes no
   pinned segment nor any after it, so a handle that fell behind finds every record.
-* Damage: bytes after the last valid record of the last segment that contain no valid
-  line and are not all NUL are a *torn tail*: cut before the next append (a ``.broken``
-  copy is kept).
-  Anything else (a bad record followed by valid ones, a bad record in a sealed segment,
+* Damage: bytes after the last valid record of the last segment that a torn write can
+  leave (no valid line in them; no whole line, but one whose NULs are sectors that
+  never landed) and that are not all NUL are a *torn tail*: cut before the next append
+  (a ``.broken`` copy is kept).
+  Anything else (a whole line that does not check, e.g. a committed last record with
+  a flipped bit; a bad record followed by valid ones, a bad record in a sealed segment,
   a gap, a missing segment) is *corruption*: CorruptionError with segment, byte offset
   and seq; never skipped, never repaired, never reset to empty.
 * Not protected: disks or controllers that lie about flushes (volatile write caches),
@@ -74,7 +80,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from journal import _fsutil
+from journal import _fsutil, _reader
 from journal._codec import FORMAT_VERSION, Record, prepare, prepare_batch
 from journal._errors import (
     CompactedError,
@@ -137,7 +143,12 @@ _OPEN_TRIES = 3  # surveys at open that a concurrent compaction may spoil, in a 
 
 
 def _open_writer(
-    directory: Path, lock_fd: int, segment_bytes_max: int, fence: Fence | None
+    directory: Path,
+    lock_fd: int,
+    segment_bytes_max: int,
+    fence: Fence | None,
+    *,
+    entry_durable: bool,
 ) -> Writer:
     """Survey the journal (lock-free) and stand at its end.  FileNotFoundError: a
     compaction removed a segment the survey listed (the caller looks again)."""
@@ -166,6 +177,7 @@ def _open_writer(
         max_epoch=max(found.max_epoch, snapshot_epoch),
         segment_bytes_max=segment_bytes_max,
         fence=fence,
+        entry_durable=entry_durable,
     )
 
 
@@ -196,19 +208,29 @@ class Journal:
         Reads and checks every record from the latest snapshot's seq on (all of them
         when there is none; ``verify`` reads everything).  Lock-free, and nothing is
         modified: a torn tail is cut only before the next append.  Raises
-        CorruptionError or FormatVersionError."""
+        CorruptionError or FormatVersionError; ValueError for a ``record_bytes_max``
+        above the longest line readers take (64 MiB: a longer one is damage)."""
         if segment_bytes_max < 1 or record_bytes_max < 64:
             raise ValueError("segment_bytes_max must be >= 1 and record_bytes_max >= 64")
+        if record_bytes_max > _reader.LINE_BYTES_MAX_READ:
+            # A longer line is damage to every reader: the next handle's append would
+            # cut a record this one committed (a torn tail), or refuse it (corruption).
+            raise ValueError(
+                f"record_bytes_max={record_bytes_max} is more than readers take in one"
+                f" line ({_reader.LINE_BYTES_MAX_READ} bytes, newline included)"
+            )
         directory = Path(directory)
         try:
-            _fsutil.makedirs(directory)
+            made = _fsutil.makedirs(directory)
             # The lock file's name need not survive a crash (it is recreated): no dir fsync.
             lock_fd = _fsutil.open_lockfile(directory / LOCK_NAME)
         except OSError as exc:
             raise JournalError(f"cannot open the journal at {directory}: {exc}") from exc
         for attempt in range(_OPEN_TRIES):
             try:
-                writer = _open_writer(directory, lock_fd, segment_bytes_max, fence)
+                writer = _open_writer(
+                    directory, lock_fd, segment_bytes_max, fence, entry_durable=made
+                )
                 writer.on_lock_wait = on_lock_wait
                 return cls(writer, record_bytes_max)
             except FileNotFoundError as exc:

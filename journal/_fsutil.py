@@ -49,7 +49,9 @@ from pathlib import Path
 # same values.
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-READ_FLAGS = os.O_RDONLY | _CLOEXEC
+# Reads do not follow a symlink either: the journal never makes one, and a segment or a
+# snapshot planted as one must not be read as the journal's (ELOOP).
+READ_FLAGS = os.O_RDONLY | _CLOEXEC | _NOFOLLOW
 RDWR_FLAGS = os.O_RDWR | _CLOEXEC | _NOFOLLOW
 CREATE_RDWR_FLAGS = RDWR_FLAGS | os.O_CREAT | os.O_EXCL
 CREATE_NEW_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _CLOEXEC | _NOFOLLOW
@@ -182,9 +184,11 @@ def fsync_dir(path: PathArg) -> None:
         os.close(fd)
 
 
-def makedirs(path: Path) -> None:
+def makedirs(path: Path) -> bool:
     """Create ``path`` and missing parents (mode 0700), fsyncing each parent whose entry
-    we added, so that the directory itself survives a power cut."""
+    we added, so that the directory itself survives a power cut.  True if ``path`` was
+    missing (its entry is now durable); False if it was there (made by someone who may
+    not have fsynced its parent)."""
     missing: list[Path] = []
     probe = path
     while True:
@@ -204,6 +208,7 @@ def makedirs(path: Path) -> None:
             os.mkdir(directory, DIR_MODE)
         # The new entry lives in the parent: without this a crash can lose the directory.
         fsync_dir(directory.parent)
+    return bool(missing)
 
 
 def atomic_replace(path: Path, data: bytes) -> None:

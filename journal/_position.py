@@ -27,8 +27,20 @@ Feed = Callable[[Record], None]
 
 
 class Position:
-    def __init__(self, directory: Path, lock_fd: int, found: Survey, *, max_epoch: int) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        lock_fd: int,
+        found: Survey,
+        *,
+        max_epoch: int,
+        entry_durable: bool = False,
+    ) -> None:
         self.directory = directory
+        # Is the directory's own entry (in its parent) known durable?  Yes if this
+        # handle made it (``_fsutil.makedirs`` fsynced the parent), or once a handle
+        # made the first segment (below); unknown for a directory found empty.
+        self.entry_durable = entry_durable
         self.lock_fd = lock_fd
         self.first_seq = found.first_seq
         self.last_seq = found.last_seq
@@ -72,7 +84,8 @@ class Position:
 
     def new_segment(self) -> None:
         """Create the next segment (named by the next seq) and make it the active one."""
-        if self.fd is not None:
+        first = self.fd is None  # the journal's first segment (none was there to follow)
+        if not first:
             self._seal()
         # Count it in the lock file *before* it exists: a creator that dies in between
         # must never leave a segment the others do not know of (they would go on
@@ -86,6 +99,13 @@ class Position:
         # The new name must be durable before a record in it is reported committed:
         # else a power cut can drop the whole file with its committed records.
         _fsutil.fsync_dir(self.directory)
+        if first and not self.entry_durable:
+            # And so must the journal directory's own entry, once: whoever made the
+            # directory (a caller; ferry's ensure_home did) may not have fsynced its
+            # parent, and a power cut drops a directory whose entry never reached the
+            # disk, with everything in it.  (Its parent's own entry is the caller's.)
+            _fsutil.fsync_dir(self.directory.parent)
+            self.entry_durable = True
         self.durable = True
 
     def _seal(self) -> None:

@@ -3,21 +3,32 @@
 Memory is bounded by one read chunk plus the longest line (lines longer than
 LINE_BYTES_MAX_READ are damage by definition and skipped without being held).
 
-Classification of the first bad line at byte ``offset`` of a segment:
+Classification of the first bad line at byte ``offset`` of a segment.  What a torn
+write can leave decides it: the writer writes records only (never a NUL byte, never an
+empty line), over zeros (its preallocated tail; a file grown by the write reads as
+zeros where its data did not land).  A crash mid-write leaves a prefix of the write
+(whole records, then part of one with no newline after it), and sectors of it that
+never landed read as NULs: whole sectors, so each run of NULs a tear puts in a line
+begins where the line does or at a sector boundary, and ends at one (``_torn_shape``).
 
 * a line whose checksum matches but is not the record expected there (wrong seq, bad
   fields): corruption, always;
-* bytes that do not check (incomplete last line, NUL bytes, garbage, bad checksum):
-  a *torn tail* if the segment is the last one and no checksummed line follows them
-  up to its end; otherwise corruption;
+* a *whole* line (a newline follows it) that does not check and that no tear leaves: no
+  NUL in it, or NULs off the sector boundaries; and a record that checks followed by a
+  byte other than its newline: corruption, always, in the last segment too.  Every
+  byte of it landed as written, so it was damaged after it was written (a committed
+  record with a flipped bit: erasing it as a torn tail erased a commit) or written by
+  something else;
+* other bytes that do not check (an incomplete last line; whole lines whose NULs are
+  sectors that never landed): a *torn tail* if the segment is the last one and neither
+  a checksummed line nor a whole line that no tear leaves follows them up to its end;
+  otherwise corruption;
 * one exception, the mark of a write whose sectors reached the disk out of order
-  before a power cut (the earlier ones lost, later ones landed): the bad bytes begin
-  with NULs that run up to a sector boundary, and the records after them have seqs
-  above the one expected, rising.  Those records were never committed (a commit's
-  fdatasync returns once every sector is on disk, and nothing is written after a
-  commit that did not return), so in the last segment this too is a torn tail.  A
-  bad line written by the writer never starts with a NUL byte, and no bit flip turns
-  the ``{`` that starts every line into one.
+  before a power cut (some lost, later ones landed): after a whole line holding such
+  NULs, the records that follow have seqs above the one expected, rising.  Those
+  records were never committed (a commit's fdatasync returns once every sector is on
+  disk, and nothing is written after a commit that did not return), so in the last
+  segment this too is a torn tail.
 
 A segment's records end where only NUL bytes follow up to the end of the file: that
 *zero tail* is space the writer preallocated (``_writer``), not damage, in any segment.
@@ -27,6 +38,7 @@ An incomplete line before it is a torn tail all the same, and the tail's length
 
 from __future__ import annotations
 
+import re
 import sys
 import zlib
 from array import array
@@ -138,19 +150,13 @@ def _held_seq(line: bytes) -> int | None:
     return seq if type(seq) is int else 0
 
 
-def _hole_at(line: bytes, offset: int) -> bool:
-    """Does the bad line at byte ``offset`` begin with NULs up to a sector boundary?"""
-    run = len(line) - len(line.lstrip(b"\0"))
-    return run > 0 and (offset + run) % SECTOR_BYTES == 0
-
-
 class Damage(NamedTuple):
     offset: int  # first byte of the first bad line
     seq: int  # the seq expected there
     reason: str
-    corrupt: bool  # True: can never be a torn tail (a checksummed line is involved)
+    corrupt: bool  # True: can never be a torn tail
     tail_bytes: int = 0  # bytes from offset to the end of the segment as scanned
-    hole: bool = False  # it starts with NULs up to a sector boundary (see above)
+    hole: bool = False  # a whole line with NULs of sectors that never landed (see above)
     top: int = 0  # with ``hole``: the highest seq of the records after it so far
 
 
@@ -188,6 +194,7 @@ class SegmentScan:
         pos = line_start = self.end_offset
         pending = b""
         skipping = False  # inside an over-long line already counted as damage
+        long_start, long_nul = 0, False  # where that line began; has it held a NUL?
         damage: Damage | None = None
         while True:
             chunk = _fsutil.pread(fd, CHUNK_BYTES, pos)
@@ -201,6 +208,10 @@ class SegmentScan:
             if skipping and lines:  # the rest of an over-long line
                 skipping = False
                 line_start += len(lines[0]) + 1
+                if not long_nul and b"\0" not in lines[0]:
+                    assert damage is not None
+                    self.damage = _whole_bad_line(damage, long_start)
+                    return
                 del lines[0]
             if damage is None and lines and _checksums_match(lines):
                 # The fast path: every checksum matched; check the rest in runs, and
@@ -245,6 +256,11 @@ class SegmentScan:
                             reason=f"{damage.reason}; a valid line follows at byte {line_start}",
                         )
                         return
+                elif not _torn_shape(line, line_start):
+                    # A whole line that does not check, after the damage, and that no
+                    # tear leaves (see _torn_shape).
+                    self.damage = _whole_bad_line(damage, line_start)
+                    return
                 line_start += len(line) + 1
             if (
                 pending[-1:] == b"\0"
@@ -254,20 +270,22 @@ class SegmentScan:
                 # The zero tail: the segment's bytes end where the NULs begin.
                 data_bytes = len(pending.rstrip(b"\0"))
                 if data_bytes and damage is None:
-                    damage = Damage(line_start, self.next_seq, "incomplete last line", False)
+                    damage = _incomplete(line_start, self.next_seq, pending[:data_bytes])
                 pos, pending = line_start + data_bytes, b""
                 break
             if skipping and pending:
+                long_nul = long_nul or b"\0" in pending
                 line_start += len(pending)
                 pending = b""
             elif len(pending) > LINE_BYTES_MAX_READ:
                 if damage is None:
                     damage = Damage(line_start, self.next_seq, "line too long", False)
+                long_start, long_nul = line_start, b"\0" in pending
                 line_start += len(pending)
                 pending = b""
                 skipping = True
         if pending and damage is None:
-            damage = Damage(line_start, self.next_seq, "incomplete last line", False)
+            damage = _incomplete(line_start, self.next_seq, pending)
         if damage is not None:
             self.damage = damage._replace(tail_bytes=pos - damage.offset)
 
@@ -280,18 +298,68 @@ class SegmentScan:
             return decode_line(line, expected), None
         except LineProblem as problem:
             reason, corrupt = problem.reason, problem.checks
-            hole = not corrupt and _hole_at(line, offset)
+            if not corrupt and not _torn_shape(line, offset):
+                reason, corrupt = f"{reason}; {_WHOLE}", True
+            # A whole line a tear leaves holds NULs of sectors that never landed.
+            hole = not corrupt
             held = None if corrupt else _held_seq(line)
             if held is not None and not (hole and held > expected):
                 reason, corrupt = f"{reason}; a valid record follows inside the same line", True
-            if hole:
-                reason = f"{reason} up to a sector boundary (a write that never completed)"
+            if hole and not corrupt:
+                reason = f"{reason} on sector boundaries (a write that never completed)"
             top = max(held or 0, expected)
             return None, Damage(offset, expected, reason, corrupt, hole=hole, top=top)
         except FormatVersionError as exc:
             raise FormatVersionError(
                 exc.message, segment=self.path, offset=offset, seq=expected
             ) from None
+
+
+_WHOLE = "a whole line that no torn write leaves (see docs/journal-format.md)"
+_NUL_RUN = re.compile(rb"\0+")
+
+
+def _torn_shape(line: bytes, offset: int) -> bool:
+    """Can a torn write leave ``line``, a whole line (a newline follows it) at byte
+    ``offset`` that does not check?  Only with NULs in it, in runs that are sectors of
+    the write that never landed: each run begins where the line does or at a sector
+    boundary, and ends at one (where the next sector, which landed, begins).
+
+    Why: the writer writes records only (no NUL in them), over zeros, and a crash leaves
+    a prefix of the write (no newline at its end: never a whole line) or sectors of it
+    that never landed (they read as NULs).  A whole line with no NUL landed whole as
+    written: if it does not check, it was damaged after it was written (a committed
+    record with a flipped bit) or written by something else; one whose NULs do not sit
+    on sector boundaries was damaged too (a flipped bit turns a space into a NUL).
+    Cutting such a line could erase a committed record: it is corruption."""
+    nul = line.find(b"\0")
+    if nul < 0:
+        return False
+    for run in _NUL_RUN.finditer(line, nul):
+        start, end = run.span()
+        if (start and (offset + start) % SECTOR_BYTES) or (offset + end) % SECTOR_BYTES:
+            return False
+    return True
+
+
+def _whole_bad_line(damage: Damage, offset: int) -> Damage:
+    """``damage`` (not corrupt so far) made corruption by the whole line at ``offset``,
+    which does not check and which no torn write leaves (``_torn_shape``)."""
+    if damage.offset == offset:
+        return damage._replace(corrupt=True, reason=f"{damage.reason}; {_WHOLE}")
+    return damage._replace(
+        corrupt=True,
+        reason=f"{damage.reason}; a whole line that does not check follows at byte {offset}",
+    )
+
+
+def _incomplete(offset: int, seq: int, data: bytes) -> Damage:
+    """The damage of ``data``, the bytes after the last line (no newline after them,
+    no NUL at their end).  A tear leaves a prefix of what was written: never a record
+    that checks followed by a byte other than its newline (a flipped newline)."""
+    if len(data) > _TAIL_BYTES and line_checks(data[:-1]):
+        return Damage(offset, seq, "a record whose newline is damaged", True)
+    return Damage(offset, seq, "incomplete last line", False)
 
 
 def _zeros_to_end(fd: int, pos: int) -> bool:

@@ -116,6 +116,7 @@ class Writer:
         max_epoch: int,
         segment_bytes_max: int,
         fence: Fence | None,
+        entry_durable: bool = False,
     ) -> None:
         self.directory = directory
         self._lock_fd = lock_fd
@@ -125,7 +126,9 @@ class Writer:
         self.on_lock_wait: Callable[[], None] | None = None
         self.subscribers: list[Subscriber] = []  # fed once a record is durable
         self.early_subscribers: list[Subscriber] = []  # fed once its batch is accepted
-        self.pos = Position(directory, lock_fd, found, max_epoch=max_epoch)
+        self.pos = Position(
+            directory, lock_fd, found, max_epoch=max_epoch, entry_durable=entry_durable
+        )
         # _mutex guards _busy, _owner, _queue, _waiting; _cond waits on the same lock.
         self._mutex = threading.Lock()
         self._cond = threading.Condition(self._mutex)

@@ -25,7 +25,8 @@ How it works (trace, then simulate):
     - unsynced writes of each file: dropped, kept as an in-order prefix, the next write
       torn at a few byte offsets, or NUL-filled (the size reached the disk, the data did
       not), or torn and then NUL-filled, or landed from a 512-byte sector boundary on
-      while the sectors before it did not (a disk may write them in any order).
+      while the sectors before it did not, or landed but for one sector inside it (a
+      disk may write them in any order).
   Choices are combined across files and directories (deterministically sampled when
   there are too many) and deduplicated.
 * `materialise(state, path)` writes one surviving state into a real directory, so the
@@ -143,6 +144,8 @@ _READ_ONLY = frozenset(
         "isatty",
         "kill",
         "getenv",
+        "geteuid",
+        "getuid",
     }
 )
 
@@ -364,14 +367,26 @@ class SimDisk:
     def mkdir(self, path: Any, mode: int = 0o777, *, dir_fd: Any = None) -> None:
         self._before("mkdir", path)
         if dir_fd is not None:
-            raise NotImplementedError("simdisk: dir_fd is not modelled")
-        real_os.mkdir(path, mode)
+            # Relative to a directory descriptor: traced when that directory is.
+            real_os.mkdir(path, mode, dir_fd=dir_fd)
+            base = self._fds.get(dir_fd)
+            if not isinstance(base, str):
+                return
+            path = real_os.path.join(base, real_os.fspath(path))
+        else:
+            real_os.mkdir(path, mode)
         where = self._split(path)
         if where is not None:
             child = real_os.path.realpath(real_os.fspath(path))
             self._dirs[where[0]][where[1]] = child
             self._dirs[child] = {}
             self.events.append(Mkdir(where[0], where[1], child))
+
+    def chmod(
+        self, path: Any, mode: int, *, dir_fd: Any = None, follow_symlinks: bool = True
+    ) -> None:
+        # Permission bits are not modelled (what survives is entries and bytes).
+        real_os.chmod(path, mode, dir_fd=dir_fd, follow_symlinks=follow_symlinks)
 
     def makedirs(self, path: Any, mode: int = 0o777, exist_ok: bool = False) -> None:
         # os.makedirs calls the real os.mkdir internally; walk it here so every
@@ -484,6 +499,16 @@ def file_outcomes(durable: bytes, pending: list[FileOp]) -> list[bytes]:
                 suffix = bytearray(content)
                 _apply(suffix, Write(op.ino, boundary, op.data[boundary - op.offset :]))
                 outcomes.append(bytes(suffix))
+            # Or one sector inside it lost, every other one landed (the smallest case of
+            # any subset landing: NULs inside a whole line, records of the write after
+            # them).
+            for boundary in range(first, landed_end, SECTOR_BYTES):
+                holed = bytearray(content)
+                _apply(holed, op)
+                lost_end = min(boundary + SECTOR_BYTES, op.offset + n)
+                old = bytes(content[boundary:lost_end]).ljust(lost_end - boundary, b"\0")
+                holed[boundary:lost_end] = old
+                outcomes.append(bytes(holed))
         _apply(content, op)
         outcomes.append(bytes(content))
     return list(dict.fromkeys(outcomes))

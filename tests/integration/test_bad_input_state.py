@@ -281,6 +281,38 @@ def test_a_sealed_segment_missing_in_the_middle_is_corruption(cli: Ferry) -> Non
     cli.refused(4, "journal.corrupt", "journal", "repair")  # never "repaired" by cutting
 
 
+@pytest.mark.parametrize("where", ["state", "checksum", "newline"])
+def test_a_flipped_bit_in_the_last_committed_record_is_corruption_never_cut(
+    cli: Ferry, where: str
+) -> None:
+    """A committed SETTLED, the journal's newest record, with one bit flipped (in its
+    body, its checksum, its newline): every command calls it corrupt (verify 4, run
+    125), repair refuses, and the next ``ferry run`` neither cuts it nor reuses its seq.
+    (It was taken for a torn tail: cut at the next append, and the task it settled then
+    marked unsafe by recovery.)"""
+    cli.ok("run", "--name", "settled", "--", "true")
+    segment = only_segment(cli)
+    lines = record_lines(segment)
+    settled = lines[-1]
+    assert b'"type":"SETTLED"' in settled and b'"SUCCEEDED"' in settled
+    at = {
+        "state": settled.index(b'"SUCCEEDED"') + 3,
+        "checksum": settled.rindex(b'"crc":"') + 9,
+        "newline": len(settled) - 1,
+    }[where]
+    offset = sum(map(len, lines[:-1])) + at
+    with segment.open("r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)[0]
+        f.seek(offset)
+        f.write(bytes([byte ^ 0x08]))
+    _refused_everywhere(cli, "journal.corrupt")
+    report = cli("--json", "journal", "verify").json()
+    assert report["status"] == "corrupt", report
+    assert report["error"]["details"]["offset"] == sum(map(len, lines[:-1])), report
+    assert not list(journal_dir(cli).glob("*.broken*")), "nothing was cut"
+
+
 def _snapshot(cli: Ferry) -> Path:
     cli.ok("journal", "compact")
     (path,) = journal_dir(cli).glob("snapshot-*.snap")

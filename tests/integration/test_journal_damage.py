@@ -3,13 +3,14 @@
 Each test damages one copy of a real journal (built once per module) in one small
 "corrupt this way" function and asserts how verify, reading and repair classify it:
 
-* cut, NUL-filled or garbage bytes at the end of the last segment: a torn tail; repair
-  cuts exactly those bytes, keeps them in a `.broken` copy, and every record whose line
-  was complete before the damage is still there;
+* cut, NUL-filled or garbage bytes at the end of the last segment, as a torn write
+  leaves them (no whole line among them but one whose NULs are a lost sector): a torn
+  tail; repair cuts exactly those bytes, keeps them in a `.broken` copy, and every
+  record whose line was complete before the damage is still there;
 * NUL bytes alone up to the end of a segment: its zero tail (preallocated space), not
   damage: nothing is cut, and appends write over them;
-* anything else (a flipped bit in a sealed segment, a bad record followed by valid
-  ones, a truncated sealed segment): corruption, reported with segment, offset and seq;
+* anything else (a flipped bit anywhere, the last record included; a whole garbage
+  line; a bad record followed by valid ones, a truncated sealed segment): corruption, reported with segment, offset and seq;
   reading stops there with CorruptionError, repair refuses, and no file changes.
 """
 
@@ -240,14 +241,30 @@ def test_torn_write_over_the_zero_tail_is_torn(work: Path, written: int) -> None
 
 @pytest.mark.parametrize("seed", range(12))
 def test_random_garbage_tail_is_torn(work: Path, seed: int) -> None:
+    """Garbage with no newline after it (a prefix of a write), or after a whole line
+    whose NULs are a sector that never landed: what a torn write can leave."""
     rng = random.Random(seed)
-    garbage = rng.randbytes(rng.randint(1, 300))
-    if seed % 3 == 0:
-        garbage = b"\n" + garbage + b"\n"  # garbage in whole "lines" too
+    garbage = rng.randbytes(rng.randint(1, 300)).replace(b"\n", b"n")
     last = segments(work)[-1]
     end = last.stat().st_size
+    if seed % 3 == 0:  # a whole "line" too: NULs up to a sector boundary, then bytes
+        whole = b"\0" * (-end % 512 or 512) + garbage.replace(b"\0", b"z") + b"\n"
+        garbage = whole + garbage
     append_bytes(last, garbage)
     assert_torn_and_repairable(work, end, TOTAL)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_garbage_tail_with_a_complete_line_is_corruption(work: Path, seed: int) -> None:
+    """A complete line (newline-terminated) with no NUL that does not check, after the
+    last record: no tear makes that (its bytes all landed, and the writer wrote only
+    records), so it is corruption, never cut."""
+    rng = random.Random(seed)
+    garbage = rng.randbytes(rng.randint(0, 300)).replace(b"\n", b"").replace(b"\0", b"")
+    last = segments(work)[-1]
+    append_bytes(last, garbage + b"\n" + rng.randbytes(seed * 10))
+    error = assert_corrupt_and_untouched(work, last)
+    assert error.seq == TOTAL + 1
 
 
 def test_partial_then_garbage_after_a_crash_and_repeated_repairs(work: Path) -> None:
@@ -322,13 +339,47 @@ def test_bad_record_followed_by_valid_ones_in_the_last_segment_is_corruption(
     assert last.read_bytes() == content
 
 
-def test_bit_flip_in_the_very_last_record_reads_as_a_torn_tail(work: Path) -> None:
-    """Known limit, by design: damage to the last record of the last segment cannot be
-    told from a torn write. It is cut (and kept in .broken); nothing before it is lost."""
+@pytest.mark.parametrize("zero_tail", [0, 4096], ids=["at-the-end", "before-a-zero-tail"])
+def test_a_bit_flip_anywhere_in_the_very_last_record_is_corruption(
+    work: Path, zero_tail: int
+) -> None:
+    """A committed last record with one bit flipped, at every byte of its line (its
+    newline too): corruption, never a torn tail cut at the next append (it was: the
+    record vanished and its seq was reused).  A tear cannot make such a line: it leaves
+    a prefix of the write (no newline at its end) or NULs where sectors did not land."""
     last = segments(work)[-1]
-    starts = line_starts(last.read_bytes())
-    flip_bit(last, (starts[-2] + starts[-1]) // 2, 2)
-    assert_torn_and_repairable(work, starts[-2], TOTAL - 1)
+    append_bytes(last, b"\0" * zero_tail)  # (as the writer leaves it: preallocated zeros)
+    content = last.read_bytes()
+    starts = line_starts(content.rstrip(b"\0"))
+    for offset in range(starts[-2], starts[-1]):
+        bit = (offset * 5) % 8
+        flip_bit(last, offset, bit)
+        error = assert_corrupt_and_untouched(work, last)
+        assert (error.offset, error.seq) == (starts[-2], TOTAL), (offset, bit, error)
+        flip_bit(last, offset, bit)  # undo
+    assert last.read_bytes() == content
+
+
+def test_a_handle_catching_up_refuses_a_flipped_last_record_rather_than_cut_it(
+    work: Path,
+) -> None:
+    """A handle opened before another committed a record finds that record damaged
+    when it catches up, before its own append: it refuses (CorruptionError, nothing
+    written, nothing cut) and stays usable once the damage is gone."""
+    with journal.Journal.open(work) as behind, journal.Journal.open(work) as ahead:
+        committed = ahead.append("SETTLED", {"state": "SUCCEEDED"})
+        last = segments(work)[-1]
+        content = last.read_bytes()
+        starts = line_starts(content.rstrip(b"\0"))
+        flip_bit(last, starts[-2] + 30, 3)
+        before = fingerprint(work)
+        with pytest.raises(journal.CorruptionError) as caught:
+            behind.append("next", {})
+        assert (caught.value.offset, caught.value.seq) == (starts[-2], committed.seq)
+        assert fingerprint(work) == before, "nothing cut, nothing written"
+        flip_bit(last, starts[-2] + 30, 3)  # undo
+        assert behind.append("next", {}).seq == committed.seq + 1
+    assert [r.type for r in read_all(work)[-2:]] == ["SETTLED", "next"]
 
 
 def test_truncated_sealed_segment_is_corruption(work: Path) -> None:

@@ -259,6 +259,16 @@ def process_deaths_workload(d: Driver) -> None:
     d.append(13, h=0)
 
 
+def sectors_workload(d: Driver) -> None:
+    """Batches whose one write spans several 512-byte sectors: a power cut may lose a
+    sector inside it while later ones land (NULs inside a whole line, then records of
+    the same, uncommitted, write)."""
+    d.append(0)
+    d.batch(list(range(1, 31)))
+    d.append(31)
+    d.batch(list(range(32, 62)))
+
+
 # Where a process may die inside an append: (call, target kind, after its write).
 DEATH_POINTS = [
     ("pwrite", "file", False),  # nothing written
@@ -295,7 +305,10 @@ def random_workload(seed: int, steps: int) -> Workload:
                 d.die_mid_append([i], h, at, kind, after_write=after_write, required=False)
                 i += 1
             else:
-                tear = rng.choice([b'{"v":1,"seq', b"\0" * rng.randint(1, 300), rng.randbytes(50)])
+                # (What a crash mid-write leaves: no whole line, since a whole line
+                # that does not check is corruption, never a torn tail.)
+                garbage = rng.randbytes(50).replace(b"\n", b" ")
+                tear = rng.choice([b'{"v":1,"seq', b"\0" * rng.randint(1, 300), garbage])
                 d.crash_with_torn_tail(tear, repair=rng.random() < 0.5)
         d.append(i)
 
@@ -309,7 +322,11 @@ def trace(
     segment_bytes_max: int,
     skip_sync: Callable[[int | str], bool] | None = None,
     handles: int = 1,
+    make_directory: Callable[[simdisk.SimDisk, Path, pytest.MonkeyPatch], Path] | None = None,
 ) -> Run:
+    """``make_directory(sim, root, patch)``: makes the journal's directory (traced) and
+    returns it, before the first handle opens (default: ``root/journal``, made by
+    ``Journal.open``)."""
     root = tmp / "disk"
     root.mkdir()
     sim = simdisk.SimDisk(root, content_irrelevant=frozenset({".lock"}))
@@ -317,6 +334,8 @@ def trace(
     run = Run(sim, root / "journal")
     with monkeypatch.context() as patch:
         patch.setattr(_fsutil, "os", sim)
+        if make_directory is not None:
+            run.directory = make_directory(sim, root, patch)
         driver = Driver(run, segment_bytes_max, handles)
         workload(driver)
         driver.close()
@@ -462,6 +481,92 @@ def test_no_committed_record_is_lost_when_a_process_dies_mid_append(
     assert_no_loss(run, states_dir)
 
 
+def test_no_committed_record_is_lost_when_a_sector_inside_a_write_is_lost(
+    workdir: Path, states_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = trace(workdir, monkeypatch, sectors_workload, segment_bytes_max=1 << 16)
+    holed = 0
+    for cut in simdisk.power_cuts(run.sim):
+        for state in cut.states:
+            for name, content in state.items():
+                records = (content or b"").rstrip(b"\0")
+                if name.endswith(".jsonl") and b"\0" in records[: records.rfind(b"\n")]:
+                    holed += 1  # a whole line holding NULs: the states this is about
+    assert holed, "a sector lost inside a write, with its later sectors landed"
+    assert_no_loss(run, states_dir)
+
+
+def made_by_its_caller(sim: simdisk.SimDisk, root: Path, patch: pytest.MonkeyPatch) -> Path:
+    """The journal's directory made before Journal.open, by a caller that did not fsync
+    its parent (as ferry's ensure_home did): Journal.open finds it there."""
+    sim.mkdir(root / "journal", 0o700)
+    return root / "journal"
+
+
+def short_workload(d: Driver) -> None:
+    d.append(0)
+    d.batch([1, 2])
+    d.append(3)
+
+
+def test_a_journal_directory_made_by_its_caller_is_durable_before_a_commit(
+    workdir: Path, states_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first segment of a journal makes the journal directory's own entry durable
+    (its parent fsynced): whoever made the directory may not have."""
+    run = trace(workdir, monkeypatch, short_workload, 1 << 16, make_directory=made_by_its_caller)
+    assert_no_loss_of_the_directory(run, states_dir)
+
+
+def fresh_ferry_home(
+    sim: simdisk.SimDisk, root: Path, patch: pytest.MonkeyPatch, home: Path
+) -> Path:
+    """A ferry home made by ensure_home, traced (its os calls through the simulated
+    disk too): its directories, and those it made on the way to it."""
+    from ferry import statedir
+
+    patch.setattr(statedir, "os", sim)
+    return statedir.ensure_home(home, mountinfo="") / "journal"
+
+
+@pytest.mark.parametrize("where", ["home", "home/in/new/parents"])
+def test_a_fresh_ferry_home_is_durable_before_its_first_record_is_committed(
+    workdir: Path, states_dir: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """ensure_home made the home, its parents and journal/ without fsyncing their
+    parents, and the journal found journal/ there: records were reported committed
+    while a power cut could still drop journal/'s entry in the home (or the home's in
+    its parent), and with it everything below."""
+
+    def make(sim: simdisk.SimDisk, root: Path, patch: pytest.MonkeyPatch) -> Path:
+        return fresh_ferry_home(sim, root, patch, root / where)
+
+    run = trace(workdir, monkeypatch, short_workload, 1 << 16, make_directory=make)
+    made = {e.child for e in run.sim.events if isinstance(e, simdisk.Mkdir)}
+    assert str(run.directory) in made and str(Path(run.sim.root, where)) in made
+    assert_no_loss_of_the_directory(run, states_dir)
+
+
+def assert_no_loss_of_the_directory(run: Run, states_dir: Path) -> None:
+    """No committed record lost, and the model did drop the journal directory's entry
+    at some cut (it must, before that entry's parent is fsynced)."""
+    verdict = check_power_cuts(run, states_dir)
+    assert verdict.violations == [], "\n".join(verdict.violations[:20])
+    rel = str(run.directory.relative_to(run.sim.root))
+    (made,) = [
+        k
+        for k, e in enumerate(run.sim.events, start=1)
+        if isinstance(e, simdisk.Mkdir) and e.child == str(run.directory)
+    ]
+    dropped = any(
+        rel not in state
+        for cut in simdisk.power_cuts(run.sim)
+        if cut.k >= made
+        for state in cut.states
+    )
+    assert dropped, "a state without the journal directory, after it was made"
+
+
 @pytest.mark.crash
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("seed", range(20))
@@ -474,13 +579,11 @@ def test_no_committed_record_is_lost_long_random_workloads(
     assert_no_loss(run, states_dir, max_states_per_cut=400)
 
 
-def called_from(site: str) -> bool:
-    """True if a function named `site` in the journal package is on the call stack."""
+def called_from(site: str, package: str = "journal") -> bool:
+    """True if a function named `site` in `package` is on the call stack."""
     frame = sys._getframe(1)
     while frame is not None:
-        if frame.f_code.co_name == site and frame.f_globals.get("__name__", "").startswith(
-            "journal"
-        ):
+        if frame.f_code.co_name == site and frame.f_globals.get("__name__", "").startswith(package):
             return True
         frame = frame.f_back
     return False
@@ -508,3 +611,39 @@ def test_harness_catches_one_removed_fsync(
     verdict = check_power_cuts(run, states_dir, stop_at_first=True)
     lost = [v for v in verdict.violations if "lost committed records" in v or "refused" in v]
     assert lost, f"removing the {kind} fsync in {site} went unnoticed: the model is too kind"
+
+
+# (setup, call site, its package): fsyncs that make a new directory's entry durable.
+DIRECTORY_FSYNC_SITES = [
+    ("by its caller", "new_segment", "journal"),  # the journal directory's, at its first
+    ("ferry home", "_fsync_parent", "ferry"),  # ensure_home's, for the home and its parents
+]
+
+
+@pytest.mark.parametrize(("setup", "site", "package"), DIRECTORY_FSYNC_SITES)
+def test_harness_catches_a_removed_fsync_of_a_new_directorys_parent(
+    workdir: Path,
+    states_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    setup: str,
+    site: str,
+    package: str,
+) -> None:
+    """Meta-test, as above: without the parent's fsync the new directory's entry (and
+    with it every record below it) is lost at some power cut, and the harness says so."""
+    root = os.path.realpath(workdir / "disk")
+
+    def skip(target: int | str) -> bool:
+        # (new_segment also fsyncs the journal directory itself: that one stays.)
+        parent = isinstance(target, str) and (setup != "by its caller" or target == root)
+        return parent and called_from(site, package)
+
+    def make(sim: simdisk.SimDisk, disk: Path, patch: pytest.MonkeyPatch) -> Path:
+        if setup == "by its caller":
+            return made_by_its_caller(sim, disk, patch)
+        return fresh_ferry_home(sim, disk, patch, disk / "a" / "home")
+
+    run = trace(workdir, monkeypatch, short_workload, 1 << 16, skip_sync=skip, make_directory=make)
+    verdict = check_power_cuts(run, states_dir, stop_at_first=True)
+    lost = [v for v in verdict.violations if "lost committed records" in v]
+    assert lost, f"removing the parent fsyncs in {site} went unnoticed: the model is too kind"

@@ -150,3 +150,73 @@ def test_not_writable_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     home = ensure_home(tmp_path / "home")
     monkeypatch.setattr(os, "access", lambda *_a, **_k: False)
     assert refused(home) == "state_dir.not_writable"
+
+
+class FsyncSpy:
+    """Stands in for ``os`` in ferry.statedir: real calls, noting which directories
+    were fsynced (by path)."""
+
+    def __init__(self) -> None:
+        self.paths: dict[int, str] = {}
+        self.fsynced: list[str] = []
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(os, name)
+
+    def open(self, path: object, flags: int, *args: object, **kwargs: object) -> int:
+        fd = os.open(path, flags, *args, **kwargs)  # type: ignore[arg-type]
+        self.paths[fd] = os.path.realpath(os.fspath(path))  # type: ignore[arg-type]
+        return fd
+
+    def fsync(self, fd: int) -> None:
+        os.fsync(fd)
+        self.fsynced.append(self.paths[fd])
+
+
+@pytest.fixture
+def spy(monkeypatch: pytest.MonkeyPatch) -> FsyncSpy:
+    from ferry import statedir
+
+    watching = FsyncSpy()
+    monkeypatch.setattr(statedir, "os", watching)
+    return watching
+
+
+def test_each_directory_a_fresh_home_makes_is_fsynced_in_its_parent(
+    tmp_path: Path, spy: FsyncSpy
+) -> None:
+    """A directory survives a power cut only once its parent was fsynced after it was
+    made: the parents made on the way, the home (in its parent), its subdirectories
+    (in the home, once for all)."""
+    home = tmp_path / "a" / "b" / "ferry"
+    ensure_home(home)
+    real = os.path.realpath
+    assert sorted(spy.fsynced) == sorted(
+        real(p) for p in (tmp_path, tmp_path / "a", tmp_path / "a" / "b", home)
+    )
+
+
+def test_an_existing_home_pays_no_fsync(tmp_path: Path, spy: FsyncSpy) -> None:
+    """ensure_home runs at every command's start (ferry run's start-up cost)."""
+    home = ensure_home(tmp_path / "home")
+    spy.fsynced.clear()
+    ensure_home(home)
+    assert spy.fsynced == []
+    (home / "logs").rmdir()  # a subdirectory gone: made again, and made durable
+    ensure_home(home)
+    assert spy.fsynced == [os.path.realpath(home)]
+
+
+def test_a_subdirectory_made_after_ensure_home_is_made_durable(
+    tmp_path: Path, spy: FsyncSpy
+) -> None:
+    """archive/ made again by compaction, if it went missing after ensure_home."""
+    from ferry.statedir import make_dir_durable
+
+    home = ensure_home(tmp_path / "home")
+    (home / "archive").rmdir()
+    spy.fsynced.clear()
+    make_dir_durable(home / "archive")
+    make_dir_durable(home / "archive")  # there: nothing to make durable
+    assert (home / "archive").is_dir() and mode(home / "archive") == 0o700
+    assert spy.fsynced == [os.path.realpath(home)]

@@ -154,3 +154,43 @@ def test_small_journal_every_byte_offset(records: list[dict[str, Any]]) -> None:
         for cut in range(records_end + 2):
             check_cut(directory, last, full, cut, 0)
             check_cut(directory, last, full, cut, 0, zero_fill=True)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    records=st.lists(payloads, min_size=1, max_size=6),
+    at=st.floats(0, 1, exclude_max=True),
+    bit=st.integers(0, 7),
+)
+def test_one_flipped_bit_in_the_last_record_is_corruption_never_a_torn_tail(
+    records: list[dict[str, Any]], at: float, bit: int
+) -> None:
+    """The converse of the truncations above: a committed last record (zero tail after
+    it, as the writer leaves it) with any one bit flipped is no tear; it is reported as
+    corruption at its line, and neither repair nor the next append cuts it."""
+    with built_journal(records, 1 << 20) as directory:
+        last = segments(directory)[-1]
+        full = last.read_bytes()
+        ends = line_ends(full.rstrip(b"\x00"))
+        start = ends[-2]
+        offset = start + int(at * (ends[-1] - start))
+        damaged = bytearray(full)
+        damaged[offset] ^= 1 << bit
+        last.write_bytes(bytes(damaged))
+        report = journal.verify(directory)
+        assert report.status == "corrupt" and report.corruption is not None, (offset, report)
+        assert (report.corruption.offset, report.corruption.seq) == (start, len(records))
+        try:
+            journal.repair(directory)
+        except journal.CorruptionError:
+            pass
+        else:
+            raise AssertionError("repair cut a committed record")
+        try:
+            journal.Journal.open(directory).close()
+        except journal.CorruptionError:
+            pass
+        else:
+            raise AssertionError("opened a journal whose last record is corrupt")
+        assert last.read_bytes() == bytes(damaged)
+        assert not list(directory.glob("*.broken*"))

@@ -72,6 +72,14 @@ class Journal3:
         run = -self.size(segment) % 512 or 512
         self.append(segment, b"\x00" * (run - short) + data)
 
+    def sector_lost_inside(self, segment: int, data: bytes, *, shift: int = 0) -> None:
+        """Append ``data`` with the 512 bytes from the first sector boundary in it (moved
+        by ``shift``) turned into NULs: an unsynced write whose middle sector never
+        landed (``shift`` != 0: NULs a lost sector cannot make)."""
+        start = (-self.size(segment) % 512) + shift
+        assert start + 512 < len(data)
+        self.append(segment, data[:start] + b"\x00" * 512 + data[start + 512 :])
+
     def truncate_end(self, segment: int, n: int) -> None:
         path = self.paths[segment]
         path.write_bytes(path.read_bytes()[:-n])
@@ -117,6 +125,7 @@ def _checked(body: bytes) -> bytes:
 
 
 LAST_LINE = len(line(10))
+LONG_LINE = encode_record(11, 0, 1.0, "T", {"pad": "p" * 1500}) + line(12)  # (one write)
 CASES: dict[str, tuple[Callable[[Journal3], object], Expect]] = {
     "clean": (lambda j: None, clean()),
     "truncated-1-byte (no newline)": (
@@ -143,9 +152,41 @@ CASES: dict[str, tuple[Callable[[Journal3], object], Expect]] = {
         lambda j: j.append(2, line(11)[:30] + b"\x00" * 4096),
         torn(10, 2, lambda j: j.offset(2, 4), lambda j: 30),
     ),
+    # A complete line (it ends in a newline) holding no NUL that does not check: never
+    # left by a tear (its bytes all landed, and the writer writes records only).
     "garbage-line-then-zero-tail": (
         lambda j: j.append(2, b"junk\n" + b"\x00" * 300),
-        torn(10, 2, lambda j: j.offset(2, 4), lambda j: 5),
+        corrupt(10, 2, lambda j: j.offset(2, 4), 11),
+    ),
+    "bit-flip-in-the-last-record": (
+        lambda j: j.flip(2, 3),
+        corrupt(9, 2, lambda j: j.offset(2, 3), 10),
+    ),
+    "bit-flip-in-the-last-record-then-zero-tail": (
+        lambda j: (j.flip(2, 3), j.append(2, b"\x00" * 4096)),
+        corrupt(9, 2, lambda j: j.offset(2, 3), 10),
+    ),
+    "bit-flip-in-the-crc-of-the-last-record": (
+        lambda j: j.flip(2, 3, at=LAST_LINE - 5),
+        corrupt(9, 2, lambda j: j.offset(2, 3), 10),
+    ),
+    # The newline itself flipped: the record's bytes check, but a byte that is not a
+    # newline follows them (a tear leaves a prefix of the line: never that).
+    "flipped-newline-of-the-last-record": (
+        lambda j: j.flip(2, 3, at=LAST_LINE - 1),
+        corrupt(9, 2, lambda j: j.offset(2, 3), 10),
+    ),
+    "flipped-newline-of-the-last-record-then-zero-tail": (
+        lambda j: (j.flip(2, 3, at=LAST_LINE - 1), j.append(2, b"\x00" * 4096)),
+        corrupt(9, 2, lambda j: j.offset(2, 3), 10),
+    ),
+    "a-byte-of-the-last-record-flipped-into-a-newline": (
+        lambda j: j.replace_line(2, 3, line(10)[:40] + b"\n" + line(10)[41:]),
+        corrupt(9, 2, lambda j: j.offset(2, 3), 10),
+    ),
+    "nul-line-then-a-complete-garbage-line": (
+        lambda j: j.append(2, b"\x00" * 10 + b"torn\njunk\n"),
+        corrupt(10, 2, lambda j: j.offset(2, 4), 11),
     ),
     "nul-then-garbage-to-the-end": (
         lambda j: j.append(2, b"\x00" * 300 + b"junk"),
@@ -155,17 +196,44 @@ CASES: dict[str, tuple[Callable[[Journal3], object], Expect]] = {
         lambda j: j.append(2, b"\x00" * 300 + b"junk" + b"\x00" * 300),
         torn(10, 2, lambda j: j.offset(2, 4), lambda j: 304),
     ),
+    # NULs in a whole line that end off a sector boundary: no lost sector made them.
     "nul-filled-with-newline": (
         lambda j: j.replace_line(2, 3, b"\x00" * (LAST_LINE - 1) + b"\n"),
-        torn(9, 2, lambda j: j.offset(2, 3), lambda j: LAST_LINE),
+        corrupt(9, 2, lambda j: j.offset(2, 3), 10),
+    ),
+    "a-byte-of-the-last-record-turned-into-a-nul": (
+        lambda j: j.replace_line(2, 3, line(10)[:40] + b"\x00" + line(10)[41:]),
+        corrupt(9, 2, lambda j: j.offset(2, 3), 10),
+    ),
+    # A write whose middle sector never landed: the line it cuts through is whole, and
+    # its NULs are that sector's.
+    "a-lost-sector-inside-a-whole-line": (
+        lambda j: j.sector_lost_inside(2, LONG_LINE),
+        torn(10, 2, lambda j: j.offset(2, 4), lambda j: len(LONG_LINE)),
+    ),
+    "nuls-inside-a-whole-line-off-the-sector-boundaries": (
+        lambda j: j.sector_lost_inside(2, LONG_LINE, shift=1),
+        corrupt(10, 2, lambda j: j.offset(2, 4), 11),
     ),
     "garbage-tail": (
-        lambda j: j.append(2, b"garbage\nmore \xff\xfe garbage"),
+        lambda j: j.append(2, b"garbage more \xff\xfe garbage"),
         torn(10, 2, lambda j: j.offset(2, 4), lambda j: 23),
+    ),
+    "garbage-lines-with-nuls-off-the-sector-boundaries": (
+        lambda j: j.append(2, b"garbage\x00\nmore\x00 \xff\xfe\n garbage"),
+        corrupt(10, 2, lambda j: j.offset(2, 4), 11),
+    ),
+    "garbage-tail-with-a-complete-line": (
+        lambda j: j.append(2, b"garbage\nmore \xff\xfe garbage"),
+        corrupt(10, 2, lambda j: j.offset(2, 4), 11),
     ),
     "half-record-with-newline": (
         lambda j: j.append(2, line(11)[:30] + b"\n"),
-        torn(10, 2, lambda j: j.offset(2, 4), lambda j: 31),
+        corrupt(10, 2, lambda j: j.offset(2, 4), 11),
+    ),
+    "half-record-then-nuls-and-a-newline": (
+        lambda j: j.append(2, line(11)[:30] + b"\x00" * 20 + b"\n"),
+        corrupt(10, 2, lambda j: j.offset(2, 4), 11),
     ),
     "last-segment-only-garbage": (
         lambda j: j.paths[2].write_bytes(b"xx"),
@@ -395,6 +463,25 @@ def test_an_over_long_bad_line_followed_by_a_valid_one_is_corrupt(
     report = verify(j3.dir)
     assert report.status == "corrupt" and report.corruption is not None
     assert report.corruption.offset == j3.offset(2, 3)
+
+
+@pytest.mark.parametrize("nul", [False, True], ids=["no-nul", "a-nul-inside"])
+def test_an_over_long_whole_line_is_corrupt_unless_it_holds_a_nul(
+    j3: Journal3, monkeypatch: pytest.MonkeyPatch, nul: bool
+) -> None:
+    """Skipped without being held, an over-long line is still judged whole: with a
+    newline at its end and no NUL it is no tear (two records glued by a flipped newline
+    look like that), with a NUL in it it may be one."""
+    monkeypatch.setattr(reader_module, "LINE_BYTES_MAX_READ", 300)
+    monkeypatch.setattr(reader_module, "CHUNK_BYTES", 50)
+    j3.append(2, b"z" * 500 + (b"\x00" if nul else b"z") + b"z" * 499 + b"\n")
+    report = verify(j3.dir)
+    if nul:
+        assert report.status == "torn_tail" and report.torn_tail is not None
+        assert (report.torn_tail.offset, report.torn_tail.tail_bytes) == (j3.offset(2, 4), 1001)
+    else:
+        assert report.status == "corrupt" and report.corruption is not None
+        assert (report.corruption.offset, report.corruption.seq) == (j3.offset(2, 4), 11)
 
 
 def test_leftover_broken_and_temp_files_are_ignored(j3: Journal3) -> None:

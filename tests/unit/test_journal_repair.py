@@ -35,9 +35,9 @@ def snapshot_of(directory: Path) -> dict[str, bytes]:
         b"\x00" * 1000 + b"x",
         b"garbage",
         b'{"v":1,"seq":8,"epoch":0,"ts":1.0,"type":"T","da',
-        b"bad line\nanother bad line\n",
+        b"garbage" + b"\x00" * 40 + b"more",
     ],
-    ids=["nul-then-garbage", "garbage", "half-record", "bad-lines"],
+    ids=["nul-then-garbage", "garbage", "half-record", "garbage-nuls-garbage"],
 )
 def test_cuts_exactly_the_torn_tail_and_keeps_the_bytes(tmp_path: Path, tail: bytes) -> None:
     paths = build(tmp_path / "j")
@@ -116,6 +116,20 @@ def test_refuses_corruption_and_touches_nothing(tmp_path: Path) -> None:
     with pytest.raises(CorruptionError) as caught:
         repair(tmp_path / "j")
     assert caught.value.segment == paths[0] and caught.value.seq == 1
+    assert snapshot_of(tmp_path / "j") == before
+
+
+def test_refuses_to_cut_a_last_record_with_a_flipped_bit(tmp_path: Path) -> None:
+    """Whole (newline-terminated, no NUL) and not checking: damage after it was
+    committed, not a tear.  Cutting it would erase a committed record."""
+    paths = build(tmp_path / "j")
+    data = bytearray(paths[-1].read_bytes())
+    data[-30] ^= 0x02
+    paths[-1].write_bytes(bytes(data))
+    before = snapshot_of(tmp_path / "j")
+    with pytest.raises(CorruptionError) as caught:
+        repair(tmp_path / "j")
+    assert caught.value.segment == paths[-1] and caught.value.seq == 7
     assert snapshot_of(tmp_path / "j") == before
 
 

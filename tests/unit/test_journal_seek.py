@@ -192,9 +192,12 @@ def test_a_torn_tail_after_the_snapshot_seq_is_still_found(tmp_path: Path) -> No
     directory = tmp_path / "j"
     segment, _ = big_journal_with_a_late_snapshot(directory)
     end = line_starts(segment)[-1]
+    records_end = len(segment.read_bytes().rstrip(b"\0"))
     with open(segment, "r+b") as f:
+        # The last record torn: its first 30 bytes landed, then garbage, NULs after it
+        # (its newline among them: a tear leaves no whole line that does not check).
         f.seek(end + 30)
-        f.write(b"\0" * 5 + b"garbage")  # the last record torn
+        f.write(b"garbage" + b"\0" * (records_end - end - 37))
     with Journal.open(directory) as j:
         assert j.last_seq == RECORDS - 1
         assert j.append("after", {}).seq == RECORDS  # the torn record was cut first

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 import journal._fsutil as fsutil
+import journal._reader as reader_module
 from journal import (
     FencedError,
     InvalidRecordError,
@@ -28,7 +29,7 @@ from journal import (
     read_records,
     verify,
 )
-from journal._codec import encode_record
+from journal._codec import encode_record, prepare
 from journal._segment import list_segments, segment_name
 
 
@@ -633,6 +634,42 @@ def test_closed_handle_refuses(jdir: Path) -> None:
 def test_bad_open_arguments(jdir: Path) -> None:
     with pytest.raises(ValueError):
         Journal.open(jdir, segment_bytes_max=0)
+
+
+def test_open_refuses_a_record_bytes_max_its_own_reader_would_call_damage(jdir: Path) -> None:
+    """The reader takes a line longer than LINE_BYTES_MAX_READ (64 MiB) for damage: a
+    handle allowed longer records committed a 65 MiB record that the next handle's
+    append then cut as a torn tail."""
+    with pytest.raises(ValueError, match="record_bytes_max"):
+        Journal.open(jdir, record_bytes_max=(64 << 20) + 1)
+    Journal.open(jdir, record_bytes_max=64 << 20).close()
+
+
+def test_the_largest_record_a_handle_accepts_is_read_back_never_cut(
+    jdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Scaled down (the reader's bound at 600 bytes, reads of 100): a record as large as
+    the handle takes is committed, read back, and survives another handle's append
+    (with record_bytes_max=1000 an 800-byte record was cut by it, its seq reused)."""
+    monkeypatch.setattr(reader_module, "LINE_BYTES_MAX_READ", 600)
+    monkeypatch.setattr(reader_module, "CHUNK_BYTES", 100)
+    with pytest.raises(ValueError, match="record_bytes_max"):
+        Journal.open(jdir, record_bytes_max=601)
+    with (
+        Journal.open(jdir, record_bytes_max=600) as writer,
+        Journal.open(jdir, record_bytes_max=600) as other,
+    ):
+        pad = 400
+        while True:  # the largest record this handle takes
+            try:
+                prepare("T", {"pad": "p" * (pad + 1)}, 0, 600)
+            except RecordTooLargeError:
+                break
+            pad += 1
+        big = writer.append("T", {"pad": "p" * pad})
+        other.append("next", {})
+    assert verify(jdir).clean
+    assert [r.data for r in read_records(jdir)] == [big.data, {}]
 
 
 def test_snapshot_seq_must_be_known(journal: Journal) -> None:
