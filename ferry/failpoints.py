@@ -69,17 +69,17 @@ from ferry.events import EventType
 
 __all__ = [
     "ENV",
-    "TRACE_ENV",
-    "Armed",
-    "companion",
-    "supervisor_armed",
     "EVENT_TYPES",
     "FAILPOINTS",
     "SIDE_EFFECT_POINTS",
+    "TRACE_ENV",
+    "Armed",
     "armed",
+    "companion",
     "event_points",
     "failpoint",
     "parse",
+    "supervisor_armed",
 ]
 
 ENV = "FERRY_FAILPOINTS"

@@ -274,7 +274,7 @@ class _Foreground:
         epoch: int,
         on_claimed: Callable[[], None],
     ) -> RunResult:
-        launch, task = self.launch, self.task
+        launch = self.launch
         while launch.plan is None and not launch.gone:
             launch.wait(None)
         if launch.plan is None:
@@ -317,12 +317,13 @@ class _Foreground:
         launch, store = self.launch, self.store
         poll_s = self.task.spec.heartbeat_s
         next_poll = time.monotonic() + poll_s
-        watched = [launch.channel.sock]
-        if self.trap.wakeup_fd is not None:
-            watched.append(self.trap.wakeup_fd)  # type: ignore[arg-type]
+        wakeup_fd = self.trap.wakeup_fd
+        watched: list[Any] = [launch.channel.sock]
+        if wakeup_fd is not None:
+            watched.append(wakeup_fd)
         while True:
             ready, _, _ = select.select(watched, [], [], max(0.0, next_poll - time.monotonic()))
-            if self.trap.wakeup_fd in ready:
+            if wakeup_fd is not None and wakeup_fd in ready:
                 self._forward_signals()
             launch.poll()
             spawned = launch.due_spawned()

@@ -125,7 +125,7 @@ def plan_task(task: Task, token: str, environ: dict[str, str]) -> Plan:
         if not verdict.run:
             settled = ev.Settled(
                 task=task.id, attempt=task.attempt, token=token, state=State.FAILED,
-                reason=Reason(verdict.reason), evidence=dict(verdict.evidence),
+                reason=Reason(str(verdict.reason)), evidence=dict(verdict.evidence),
             )  # fmt: skip
             return Plan(task, token, settled, None, verdict.error())
         env.update(verdict.env)
@@ -152,7 +152,9 @@ def make_log_directory(stdout_log: Path) -> bool:
             # logs/<id>/ exists from an earlier attempt: a symlink planted there in its
             # place must not redirect the logs (O_NOFOLLOW follows a directory link).
             if stat.S_ISLNK(os.lstat(stdout_log.parent).st_mode):
-                raise OSError(errno.ELOOP, "a symlink, not followed", str(stdout_log.parent)) from None
+                raise OSError(
+                    errno.ELOOP, "a symlink, not followed", str(stdout_log.parent)
+                ) from None
             return False
     except OSError as e:
         message = f"cannot create the task's log directory: {e}"

@@ -212,7 +212,7 @@ class Service:
         return claim(self, lease_ttl_s=lease_ttl_s, as_json=as_json)
 
     def work(self, **options: Any) -> int:
-        from ferry.leader import work
+        from ferry.worker import work
 
         return work(self, **options)
 

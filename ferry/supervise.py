@@ -92,8 +92,8 @@ from ferry._taskloop import DRAIN_TIMEOUT_S, SIGKILL_WAIT_S, Control, TaskLoop
 
 __all__ = [
     "DRAIN_TIMEOUT_S",
-    "Control",
     "SIGKILL_WAIT_S",
+    "Control",
     "Outcome",
     "SpawnFailed",
     "SuperviseSpec",

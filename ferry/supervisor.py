@@ -140,8 +140,8 @@ class Supervisor:
     def run(self) -> int:
         try:
             plan = plan_task(self.task, self.token, self.environ)
-        except FerryError as error:  # (an unreadable pinned input, say)
-            self.channel.send("plan", record=None, error=error_to_json(error), warnings=[])
+        except FerryError as failed:  # (an unreadable pinned input, say)
+            self.channel.send("plan", record=None, error=error_to_json(failed), warnings=[])
             return EX_FERRY_FAILED
         self.channel.send(
             "plan", record=list(plan.event.encode()), error=error_to_json(plan.error),
@@ -214,8 +214,8 @@ class Supervisor:
                 )  # fmt: skip
             finally:
                 alivelock.release(lock_fd)
-        except SpawnFailed as error:
-            return [spawn_failed_event(task, token, error)], error.exit_code, error
+        except SpawnFailed as failed:
+            return [spawn_failed_event(task, token, failed)], failed.exit_code, failed
         stopped = outcome.timed_out or outcome.forwarded_signal or outcome.stop_signal
         cancelled = self.cancelled or self._cancel_seen()
         marker = plan.env["FERRY_TASK"]
@@ -302,15 +302,17 @@ class Supervisor:
             return
         with contextlib.suppress(FerryError, OSError):  # already written, or decided
             current = self.store.get(self.task.id)
-            if current is not None and current.claim_token == self.token:
-                if current.state is State.DISPATCHING:
-                    self.store.commit(self.spawned)
-                    failpoint("after:SPAWNED")
+            ours = current is not None and current.claim_token == self.token
+            if ours and current.state is State.DISPATCHING:
+                self.store.commit(self.spawned)
+                failpoint("after:SPAWNED")
         self.spawned = None
 
     # -- the end ----------------------------------------------------------------------
 
-    def _hand_over(self, records: list[ev.Event], exit_status: int, error: FerryError | None) -> None:
+    def _hand_over(
+        self, records: list[ev.Event], exit_status: int, error: FerryError | None
+    ) -> None:
         """The end to the launcher, for its group commit, and its word that it is
         durable; failing that (gone, or silent for ACK_WAIT_S), written here."""
         failpoint("before:SETTLED")
@@ -372,7 +374,3 @@ class _Control:
         for message in messages:
             stop = supervisor._on_message(message) or stop
         return stop
-
-
-def exit_code_for(error: FerryError | None, exit_status: int) -> int:
-    return exit_status if error is None else error.exit_code

@@ -37,7 +37,7 @@ from ferry import render
 from ferry._outputs import SignalTrap
 from ferry.errors import FerryError, InternalError, LeaseHeldError, RefusedError
 from ferry.ids import new_claim_token
-from ferry.launch import Launch, Record, watch_journal, write_end
+from ferry.launch import Launch, Record, watch_journal
 from ferry.leader import Leadership, policy_of, recover_as
 from ferry.liveness import probe
 from ferry.model import IN_FLIGHT_STATES, Liveness, State, Task
@@ -295,11 +295,12 @@ class Worker:
     def _write(self) -> None:
         """One commit for everything pending; then each supervisor is told."""
         units = self._units()
+        closing = self.halted or self.stopping
         for launch in self.launches.values():
-            if launch.plan is not None and launch.plan.get("committed") is None:
-                if launch.plan["record"] is not None and (self.halted or self.stopping):
-                    launch.plan["committed"] = False  # not claimed: the supervisor ends
-                    launch.abort()
+            plan = launch.plan
+            if closing and plan is not None and plan.get("committed") is None:
+                plan["committed"] = False  # not claimed: the supervisor ends
+                launch.abort()
         if not units:
             return
         ends = [u for u in units if u.kind == "end"]
@@ -381,13 +382,3 @@ class Worker:
 
 def work(service: Service, **options: Any) -> int:
     return Worker(service, **options).run()
-
-
-__all__ = ["Worker", "end_records_of", "work"]
-
-
-def end_records_of(launch: Launch) -> list[Record]:  # pragma: no cover - kept for tests
-    return launch.end_records(False)
-
-
-_ = write_end  # (the foreground launcher's; the loop writes ends in its batch)

@@ -247,10 +247,20 @@ def test_filesystem_type_of_garbage_is_none() -> None:
 # --- failpoint spec ------------------------------------------------------------------
 
 
+def _parsed(text: str | None) -> dict[str, tuple[int, str, str | None]]:
+    return {name: (p.nth, p.action, p.scope) for name, p in parse(text).items()}
+
+
 def test_failpoint_spec_parsing() -> None:
     assert parse(None) == {}
     assert parse("") == {}
-    assert parse("a, before:SPAWNED=3 ,,") == {"a": 1, "before:SPAWNED": 3}
-    for bad in ("a=0", "a=x", "a=-1"):
+    assert _parsed("a, before:SPAWNED=3 ,,") == {
+        "a": (1, "kill", None), "before:SPAWNED": (3, "kill", None),
+    }  # fmt: skip
+    assert _parsed("a=stop,b=2=stop,c=self,supervisor:after:spawn=self,launcher:d") == {
+        "a": (1, "stop", None), "b": (2, "stop", None), "c": (1, "self", None),
+        "after:spawn": (1, "self", "supervisor"), "d": (1, "kill", "launcher"),
+    }  # fmt: skip
+    for bad in ("a=0", "a=x", "a=-1", "a=2=later"):
         with pytest.raises(ValueError):
             parse(bad)
