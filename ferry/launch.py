@@ -98,6 +98,7 @@ class Launch:
         self.spawned_written = False
         self.ended: dict[str, Any] | None = None  # its "ended" message, until written
         self.stop_sent = False
+        self.claimed = False  # its claim is in the journal
         self.gone = False  # its channel ended (it exited, or died)
         self.reaped = False
         self.exit_status: int | None = None
@@ -218,6 +219,12 @@ class Launch:
             self.reaped = True
             failpoints.companion(self.pid, alive=False)
 
+    def kill(self) -> None:
+        """End a supervisor whose claim was never written: it has started nothing."""
+        if not self.reaped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+
     def release(self) -> None:
         """Let go without waiting: close our end (the supervisor, if it still runs,
         carries on alone and writes its own records)."""
@@ -247,17 +254,25 @@ def run_foreground(
     """``run`` and ``claim``: fork the task's supervisor, write the claim (``lead``'s
     records, which name the supervisor as the runner, then the plan's DISPATCHING) in
     one commit (then ``on_claimed``: ``claim`` releases its lease), let it spawn, write
-    its records as they come, and return once its end is durable. SIGINT, SIGTERM and SIGHUP are trapped from before the intent is
-    written: before the spawn they settle the task without running it; after, they are
-    forwarded to the supervisor (which forwards them to the task's group)."""
-    with SignalTrap() as trap:
-        launch = Launch(store.home, task, token, child_environ(),
-                        passthrough=True, stdout_echo_fd=stdout_echo_fd)  # fmt: skip
-        try:
+    its records as they come, and return once its end is durable.
+
+    SIGINT, SIGTERM and SIGHUP are trapped from just before the intent is written:
+    before the spawn they settle the task without running it; after, they are forwarded
+    to the supervisor (which forwards them to the task's group). Before that (while the
+    supervisor hashes pinned inputs, say) a Ctrl-C just interrupts: nothing exists yet,
+    and the supervisor, which has started nothing, is killed."""
+    launch = Launch(store.home, task, token, child_environ(),
+                    passthrough=True, stdout_echo_fd=stdout_echo_fd)  # fmt: skip
+    try:
+        while launch.plan is None and not launch.gone:
+            launch.wait(None)
+        with SignalTrap() as trap:
             return _Foreground(store, launch, trap, notice).run(lead, epoch, on_claimed)
-        finally:
-            launch.release()
-            launch.reap(timeout_s=0 if launch.ended is not None else REAP_WAIT_S)
+    finally:
+        if not launch.claimed:
+            launch.kill()
+        launch.release()
+        launch.reap(timeout_s=0 if launch.ended is not None else REAP_WAIT_S)
 
 
 class _Foreground:
@@ -275,8 +290,6 @@ class _Foreground:
         on_claimed: Callable[[], None],
     ) -> RunResult:
         launch = self.launch
-        while launch.plan is None and not launch.gone:
-            launch.wait(None)
         if launch.plan is None:
             raise SupervisorDied("the task's supervisor died before it started the task")
         for warning in launch.warnings:
@@ -291,6 +304,7 @@ class _Foreground:
         except BaseException:
             launch.abort()
             raise
+        launch.claimed = True
         on_claimed()
         if record[0] == "SETTLED":  # a pinned input changed: settled FAILED, not run
             return RunResult(self._task(), EX_FERRY_FAILED, launch.plan_error)

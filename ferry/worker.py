@@ -48,6 +48,11 @@ if TYPE_CHECKING:
     from ferry.service import Service
 
 
+# How long a turn waits for the plans of supervisors it just forked (tasks without
+# pinned inputs: a fork and an environment, a millisecond or so).
+PLAN_WAIT_S = 1.0
+
+
 class _Unit:
     """Records of one supervisor (or a claim) for the next commit, and what to tell the
     supervisor once they are durable."""
@@ -142,6 +147,7 @@ class Worker:
                     self._watch_journal()
                     next_poll = time.monotonic() + self.poll_s
                 self._fill_slots()
+                self._await_plans()
                 self._write()
                 self._let_go()
                 if self._finished():
@@ -226,9 +232,12 @@ class Worker:
     # -- the supervisors ------------------------------------------------------------------
 
     def _fill_slots(self) -> None:
+        """Fork a supervisor for each free slot (a slot whose task ended is free, even
+        before its end is written: the next claim goes in the same write)."""
         if self.halted or self.stopping:
             return
-        free = self.jobs - len(self.launches) - len(self.survivors)
+        busy = sum(1 for launch in self.launches.values() if launch.ended is None)
+        free = self.jobs - busy - len(self.survivors)
         if free <= 0:
             return
         with self.store.lock:
@@ -242,6 +251,23 @@ class Worker:
             claimed = Task(**{**task.__dict__, "state": State.CLAIMED, "claim_token": token})
             self.launches[task.id] = Launch(self.store.home, claimed, token, self.environ)
             free -= 1
+
+    def _await_plans(self) -> None:
+        """Wait (briefly) for the plans of the supervisors just forked for tasks without
+        pinned inputs: planning them is building an environment, and their claims can
+        then share this turn's write with the ends that freed their slots. (A task with
+        pinned inputs is hashed again first, which may take long: an end does not wait
+        for that.)"""
+        waiting = [
+            launch for launch in self.launches.values()
+            if launch.plan is None and not launch.gone and not launch.task.spec.pointers
+        ]  # fmt: skip
+        deadline = time.monotonic() + PLAN_WAIT_S
+        while waiting and time.monotonic() < deadline:
+            ready, _, _ = select.select(waiting, [], [], max(0.0, deadline - time.monotonic()))
+            for launch in ready:
+                launch.poll()
+            waiting = [launch for launch in waiting if launch.plan is None and not launch.gone]
 
     def _take_in(self, ready: list[Any]) -> None:
         for fd in ready:

@@ -162,3 +162,20 @@ def holds_open(pid: int, path: Path) -> bool:
                 if os.readlink(f"/proc/{pid}/fd/{fd}") == str(path):
                     return True
     return False
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (a launcher's supervisors)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            with contextlib.suppress(OSError, ValueError):
+                stat = Path(f"/proc/{name}/stat").read_bytes()
+                if int(stat.rsplit(b")", 1)[1].split()[1]) == pid:
+                    found.append(int(name))
+    return found
+
+
+def holds_open_below(pid: int, path: Path) -> bool:
+    """Does ``pid``, or one of its children (ferry's supervisors), hold ``path`` open?"""
+    return any(holds_open(p, path) for p in (pid, *children(pid)))

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from clikit import CLI_TIMEOUT_S, Ferry, wait_until
-from hardkit import holds_open, pid_alive, slow_to_hash, wait_for
+from hardkit import holds_open_below, pid_alive, slow_to_hash, wait_for
 from taskscripts import TREE_LEAF
 
 from ferry.process import read_stat
@@ -789,11 +789,11 @@ def test_ctrl_c_while_pinned_inputs_are_hashed_interrupts_before_anything_exists
     ferry: Ferry, tmp_path: Path
 ) -> None:
     """The signal trap goes in just before the intent is written, not earlier: a Ctrl-C
-    while ``run`` hashes its pinned inputs (here 4 GiB) ends ferry at once (130), and no
-    task was created."""
+    while ``run`` hashes its pinned inputs (here 4 GiB; its supervisor does) ends ferry
+    at once (130), and no task was created."""
     big = tmp_path / "big"
     run = ferry.start("run", "--pointer", slow_to_hash(big), "--", "true")
-    wait_until(lambda: holds_open(run.pid, big), what="ferry to hash the input")
+    wait_until(lambda: holds_open_below(run.pid, big), what="ferry to hash the input")
     run.send_signal(signal.SIGINT)
     assert run.wait(timeout=60) == 130
     assert ferry.tasks() == []

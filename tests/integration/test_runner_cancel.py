@@ -9,9 +9,9 @@ from pathlib import Path
 
 from ferry import events as ev
 from ferry.ids import new_claim_token, new_task_id
+from ferry.launch import run_foreground
 from ferry.model import Reason, State
 from ferry.process import self_identity
-from ferry.runner import Runner
 from ferry.spec import TaskSpec
 from ferry.statedir import ensure_home
 from ferry.store import Store
@@ -34,7 +34,7 @@ def test_a_cancel_between_claim_and_spawn_settles_cancelled_without_running(
     task = store.get(task_id)
     assert task is not None and task.state is State.CLAIMED
 
-    result = Runner(store, passthrough=False).dispatch(replace(task, claim_token=token), token)
+    result = run_foreground(store, replace(task, claim_token=token), token)
 
     assert (result.task.state, result.task.reason) == (State.CANCELLED, Reason.CANCELLED_BY_USER)
     assert not marker.exists(), "the cancelled task was started"

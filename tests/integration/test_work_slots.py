@@ -18,7 +18,7 @@ import orjson
 import pytest
 from clikit import Ferry, wait_until
 from crashkit import counting_task, runs, wait_task_gone
-from hardkit import holds_open, slow_to_hash
+from hardkit import holds_open_below, slow_to_hash
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -77,10 +77,12 @@ def test_slots_run_every_queued_task_once_and_end_when_drained(
 def test_a_claim_refused_because_the_task_was_cancelled_meanwhile_is_skipped(
     ferry: Ferry, tmp_path: Path
 ) -> None:
-    """The race between a slot's pick and its claim write, played step by step on a
-    real state directory: another process cancels the picked task in between."""
-    from ferry.leader import Worker
+    """The race between the loop's pick (a supervisor forked, the task planned) and
+    its claim write, played step by step on a real state directory: another process
+    cancels the picked task in between. The claim is refused, that supervisor told to
+    stop (it started nothing), and the next task is claimed."""
     from ferry.service import Service
+    from ferry.worker import Worker
 
     first, second = submit(ferry, tmp_path / "a"), submit(ferry, tmp_path / "b")
     notices: list[str] = []
@@ -90,21 +92,32 @@ def test_a_claim_refused_because_the_task_was_cancelled_meanwhile_is_skipped(
                     stale_after_s=None)  # fmt: skip
     worker.lead.acquire()
     try:
-        chosen = worker._choose()
-        assert chosen is not None and chosen.id == first
-        picked = worker._plan(chosen)
+        worker.lead.commit()
+        worker._fill_slots()
+        worker._await_plans()
+        picked = worker.launches[first]
         ferry.ok("cancel", first)  # lands between the pick and the write
-        assert worker._write((), picked, worker.lead.epoch) is None
+        worker._write()
         assert notices and first in notices[0] and not worker.failures
-        chosen = worker._choose()  # the table caught up during the refused write
-        assert chosen is not None and chosen.id == second
-        again = worker._plan(chosen)
-        assert worker._write((), again, worker.lead.epoch) is again
+        wait_until(lambda: picked.wait(0.1) or picked.gone, what="the refused one to end")
+        worker._let_go()
+        assert list(worker.launches) == []
+        worker._fill_slots()  # the table caught up during the refused write
+        worker._await_plans()
+        assert list(worker.launches) == [second]
+        worker._write()
+        assert states(ferry)[second] in ("DISPATCHING", "RUNNING", "SUCCEEDED")
+        launch = worker.launches[second]
+        while launch.ended is None and not launch.gone:  # let it run, and write its end
+            launch.wait(1.0)
+            worker._write()
     finally:
+        for launch in worker.launches.values():
+            launch.release()
         worker.lead.release()
         service.store.close()
-    assert states(ferry) == {first: "CANCELLED", second: "DISPATCHING"}
-    assert (runs(tmp_path / "a"), runs(tmp_path / "b")) == (0, 0)
+    assert states(ferry) == {first: "CANCELLED", second: "SUCCEEDED"}
+    assert (runs(tmp_path / "a"), runs(tmp_path / "b")) == (0, 1)
     ferry.verify_clean()
 
 
@@ -170,13 +183,14 @@ def test_a_task_s_end_is_not_held_back_while_the_next_one_s_inputs_are_hashed(
 ) -> None:
     """The end of a task waits to share the next claim's write, but checking the next
     task's pinned inputs (hashing them again) may take long: a crash then must not
-    lose an end already known. Here the worker is killed while it hashes 4 GiB."""
+    lose an end already known. Here the worker is killed while the next task's
+    supervisor hashes 4 GiB."""
     first = submit(ferry, tmp_path / "a")
     big = tmp_path / "big"
     ferry.ok("submit", "--pointer", slow_to_hash(big), "--", "true")
     worker = ferry.start("work", "--drain", "-j", "1")
     try:
-        wait_until(lambda: holds_open(worker.pid, big), what="the worker to hash the input")
+        wait_until(lambda: holds_open_below(worker.pid, big), what="ferry to hash the input")
         worker.send_signal(signal.SIGKILL)
     finally:
         worker.kill()
