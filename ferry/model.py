@@ -168,6 +168,15 @@ def rfc3339(ts: float | None) -> str | None:
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 
+def _runner_json(runner: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The task's runner (its supervisor): pid, start time, and ``alive`` as last
+    proven (set by whoever probed it; null when unknown)."""
+    if runner is None:
+        return None
+    return {"pid": runner.get("pid"), "start_time": runner.get("start_time"),
+            "alive": runner.get("alive")}  # fmt: skip
+
+
 def task_to_json(task: Task, *, show_env_values: bool = False) -> dict[str, Any]:
     """The contract's task object (``show --json``, each entry of ``ls --json``)."""
     spec = task.spec
@@ -202,6 +211,7 @@ def task_to_json(task: Task, *, show_env_values: bool = False) -> dict[str, Any]
         if spec.patch is None
         else {"path": spec.patch.path, "sha256": spec.patch.sha256},
         "claimed_by": task.claimed_by,
+        "runner": _runner_json(task.runner),
         "cancel_requested": task.cancel_requested,
         "evidence": dict(task.evidence),
     }

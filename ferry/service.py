@@ -230,13 +230,25 @@ class Service:
         return self._with_heartbeat(task)
 
     def _with_heartbeat(self, task: Task) -> Task:
-        """heartbeat_at comes from the heartbeat file (beats are not journaled)."""
-        if not task.in_flight:
+        """What the journal does not hold, for a task in flight: heartbeat_at from the
+        heartbeat file (beats are not journaled), and whether its runner (the task's
+        supervisor) is alive now, as a probe proves it (``runner.alive``: true, false,
+        or null when it cannot be proven either way). A settled task's runner is done."""
+        if task.runner is None:
             return task
         from dataclasses import replace
 
+        if not task.in_flight:
+            return replace(task, runner={**task.runner, "alive": False})
+        from ferry.liveness import probe
+        from ferry.model import Liveness
+        from ferry.recoverer import runner_identity
         from ferry.runner import heartbeat_path
 
+        identity = runner_identity(task)
+        seen = Liveness.UNKNOWN if identity is None else probe(identity)
+        alive = None if seen is Liveness.UNKNOWN else seen is Liveness.ALIVE
+        task = replace(task, runner={**task.runner, "alive": alive})
         try:
             beat = heartbeat_path(self.home, task.id, task.attempt).stat().st_mtime
         except OSError:

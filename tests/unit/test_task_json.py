@@ -10,7 +10,7 @@ from ferry.spec import TaskSpec
 CONTRACT_FIELDS = {
     "id", "name", "key", "argv", "cwd", "idempotent", "state", "reason", "attempt",
     "releases", "max_releases", "exit_code", "signal", "created_at", "started_at",
-    "ended_at", "heartbeat_at", "pid", "evidence",
+    "ended_at", "heartbeat_at", "pid", "evidence", "runner",
 }  # fmt: skip
 
 TASK = Task(
@@ -61,3 +61,14 @@ def test_a_fresh_task_has_nulls_not_missing_fields() -> None:
     data = task_to_json(Task(id="x", spec=TaskSpec(argv=("true",), cwd="/")))
     assert data["state"] == "QUEUED" and data["reason"] is None
     assert data["started_at"] is None and data["ended_at"] is None and data["pid"] is None
+
+
+def test_the_runner_is_its_pid_start_time_and_liveness_as_last_proven() -> None:
+    """The task's runner (its supervisor): who it was, and ``alive`` as whoever probed it
+    last said (null: not proven either way, or never probed)."""
+    runner = {"pid": 7, "start_time": 123, "boot_id": "b", "host": "h"}
+    task = Task(id="x", spec=TaskSpec(argv=("true",), cwd="/"), runner=runner)
+    assert task_to_json(task)["runner"] == {"pid": 7, "start_time": 123, "alive": None}
+    probed = Task(id="x", spec=TaskSpec(argv=("true",), cwd="/"), runner={**runner, "alive": True})
+    assert task_to_json(probed)["runner"]["alive"] is True
+    assert task_to_json(Task(id="x", spec=TaskSpec(argv=("true",), cwd="/")))["runner"] is None

@@ -1,0 +1,318 @@
+"""Tasks outlive the ferry process that started them: one small supervisor per task.
+
+``run``, ``claim`` and ``work`` launch a supervisor per task and wait for it; the
+supervisor holds the child, its output and its heartbeat, and journals its end. Each
+test kills a launcher (``kill -9``, or a failpoint armed with ``=self``: that process
+only) at a phase of a task's life and checks that the task is not disturbed: it runs
+to its end, its output is whole, and its true end is journaled by its supervisor with
+no other ferry command run. Killing the supervisor itself leaves the task to recovery,
+as before.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from clikit import Ferry, finish, wait_until
+from crashkit import counting_task, runs, task_processes, wait_task_gone
+
+pytestmark = pytest.mark.timeout(120)
+
+TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
+
+
+def lines_task(count: int, every_s: float = 0.1) -> list[str]:
+    """A task that writes one line every ``every_s`` (and never dies of SIGPIPE: if it
+    did, the test would show it by a short log)."""
+    return ["/bin/sh", "-c", f"for i in $(seq 1 {count}); do echo line $i; sleep {every_s}; done"]
+
+
+def settled(ferry: Ferry, task_id: str) -> dict[str, object]:
+    """The task, once it is settled (its supervisor wrote its end)."""
+
+    def done() -> dict[str, object] | None:
+        task = ferry.task(task_id)
+        return task if task["state"] in TERMINAL else None
+
+    task: dict[str, object] = wait_until(done, what=f"task {task_id} to settle")
+    return task
+
+
+def wait_for_output(ferry: Ferry, task_id: str, text: str) -> None:
+    """Until the task's stdout log holds ``text`` (read from the file: cheap, so that a
+    loaded machine does not make the wait miss a short task's running)."""
+    log = ferry.home / "logs" / task_id / "1.stdout"
+    wait_until(lambda: log.exists() and text in log.read_text(), what=f"{text!r} in the log")
+
+
+def only_id(ferry: Ferry) -> str:
+    return str(wait_until(lambda: ferry.tasks() and ferry.tasks()[-1]["id"], what="a task"))
+
+
+def nothing_left_for_recovery(ferry: Ferry) -> None:
+    code, report = ferry.recover()
+    assert (code, report.get("decisions", [])) == (0, []), report
+
+
+# ---- kill -9 of the launcher -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["run", "claim"])
+def test_kill_9_of_the_launcher_while_its_task_writes_loses_no_line(
+    ferry: Ferry, command: str
+) -> None:
+    """Before: the task died of SIGPIPE at its next write (its stdout was a pipe to the
+    killed ferry), and recovery then marked it unsafe."""
+    if command == "claim":
+        ferry.ok("submit", "--", *lines_task(30))
+        launcher = ferry.start("claim")
+    else:
+        launcher = ferry.start("run", "--", *lines_task(30))
+    task_id = only_id(ferry)
+    wait_for_output(ferry, task_id, "line 2\n")
+    launcher.send_signal(signal.SIGKILL)
+    assert launcher.wait(timeout=30) == -signal.SIGKILL
+    assert launcher.stdout is not None
+    launcher.stdout.close()  # and its reader goes away too (a closed terminal)
+    task = settled(ferry, task_id)
+    assert (task["state"], task["exit_code"]) == ("SUCCEEDED", 0), task
+    log = ferry.ok("logs", task_id).out.decode().splitlines()
+    assert log == [f"line {i}" for i in range(1, 31)]
+    nothing_left_for_recovery(ferry)
+    ferry.verify_clean()
+
+
+# The launcher killed at each phase of a task's life: the failpoint (armed in the
+# launcher only, killing it alone), and what the task's journal must end up saying.
+PHASES = {
+    # the intent is durable, the supervisor not yet told to spawn: nothing starts; the
+    # supervisor gives the claim back (uncounted), and the next worker runs the task
+    "before the spawn": "launcher:after:DISPATCHING=self",
+    # spawned, running past 50 ms, SPAWNED not yet written: the supervisor writes it
+    "between the spawn and SPAWNED": "launcher:before:SPAWNED=self",
+    # the end known, not yet written: the supervisor writes it
+    "while settling": "launcher:before:SETTLED=self",
+}
+
+
+@pytest.mark.parametrize("command", ["run", "claim", "work"])
+@pytest.mark.parametrize("phase", [*PHASES, "while running"])
+def test_the_launcher_killed_at_each_phase_leaves_the_task_undisturbed(
+    ferry: Ferry, tmp_path: Path, command: str, phase: str
+) -> None:
+    mark = tmp_path / "runs"
+    armed = PHASES.get(phase)
+    argv = counting_task(mark, linger="; sleep 0.5" if armed else "; sleep 2")
+    if command == "run":
+        launcher = ferry.start("run", "--", *argv, failpoints=armed)
+    else:
+        ferry.ok("submit", "--", *argv)
+        args = ("claim",) if command == "claim" else ("work", "-j", "1", "--poll", "0.05")
+        launcher = ferry.start(*args, failpoints=armed)
+    task_id = only_id(ferry)
+    if armed is None:  # (its marker file says it runs: no ferry command in the wait)
+        wait_until(lambda: runs(mark) == 1, what="the task to run")
+        launcher.send_signal(signal.SIGKILL)
+    assert launcher.wait(timeout=60) == -signal.SIGKILL, finish(launcher)
+    if phase == "before the spawn":
+        # Nothing was started: the claim is back in the queue, not counted.
+        task = wait_until(lambda: (t := ferry.task(task_id))["state"] == "QUEUED" and t,
+                          what="the claim to be released")  # fmt: skip
+        assert (task["reason"], task["releases"], runs(mark)) == ("RELEASED_TO_QUEUE", 0, 0)
+        ferry.ok("work", "--drain")
+    task = settled(ferry, task_id)
+    assert (task["state"], task["exit_code"], task["attempt"]) == ("SUCCEEDED", 0, 1), task
+    assert runs(mark) == 1
+    nothing_left_for_recovery(ferry)
+    ferry.verify_clean()
+
+
+@pytest.mark.parametrize("ending", ["exit 0", "exit 3", "killed by SIGTERM"])
+def test_an_end_after_the_worker_s_death_is_journaled_as_if_nothing_had_happened(
+    ferry: Ferry, tmp_path: Path, ending: str
+) -> None:
+    """The worker dies while its task runs: the task's state, reason, exit code, signal
+    and times are those of a task whose worker lived."""
+    how = {"exit 0": "exit 0", "exit 3": "exit 3", "killed by SIGTERM": "kill -TERM $$"}[ending]
+    argv = ["/bin/sh", "-c", f"sleep 0.6; {how}"]
+    want = {
+        "exit 0": ("SUCCEEDED", None, 0, None),
+        "exit 3": ("FAILED", "EXIT_NONZERO", 3, None),
+        "killed by SIGTERM": ("FAILED", "SIGNALLED", None, signal.SIGTERM),
+    }[ending]
+    # the same task, its launcher alive
+    reference = ferry.ok("--json", "run", "--", *argv, codes=(0, 3, 143)).json()
+    assert (reference["state"], reference["reason"], reference["exit_code"],
+            reference["signal"]) == want  # fmt: skip
+
+    task_id = ferry.ok("submit", "--", *argv).text.strip()
+    worker = ferry.start("work", "-j", "1")
+    wait_until(lambda: ferry.task(task_id)["state"] == "RUNNING", what="the task to run")
+    worker.send_signal(signal.SIGKILL)
+    worker.wait(timeout=30)
+    task = settled(ferry, task_id)
+    assert (task["state"], task["reason"], task["exit_code"], task["signal"]) == want, task
+    for done in (task, reference):
+        started = time.mktime(time.strptime(str(done["started_at"])[:19], "%Y-%m-%dT%H:%M:%S"))
+        ended = time.mktime(time.strptime(str(done["ended_at"])[:19], "%Y-%m-%dT%H:%M:%S"))
+        assert 0 <= ended - started <= 60
+    nothing_left_for_recovery(ferry)
+    ferry.verify_clean()
+
+
+def test_started_at_is_the_spawn_and_ended_at_the_end(ferry: Ferry) -> None:
+    """Before: started_at was the time of the SPAWNED record, 50 ms and an fsync after
+    the spawn (a 0.2 s task lasted 0.15 s)."""
+    from datetime import datetime
+
+    task = ferry.json("run", "--", "sleep", "0.3")
+    started = datetime.fromisoformat(str(task["started_at"]).replace("Z", "+00:00"))
+    ended = datetime.fromisoformat(str(task["ended_at"]).replace("Z", "+00:00"))
+    assert (ended - started).total_seconds() >= 0.3
+
+
+def test_the_task_object_names_its_runner_the_supervisor(ferry: Ferry) -> None:
+    launcher = ferry.start("run", "--", "sleep", "300")
+    task_id = only_id(ferry)
+    task = wait_until(lambda: (t := ferry.task(task_id))["state"] == "RUNNING" and t,
+                      what="the task to run")  # fmt: skip
+    runner = task["runner"]
+    assert runner["alive"] is True and runner["pid"] not in (launcher.pid, task["pid"])
+    assert os.getpgid(runner["pid"]) == runner["pid"], "its own session and group"
+    ferry.ok("cancel", task_id)
+    finish(launcher)
+    done = ferry.task(task_id)
+    assert done["state"] == "CANCELLED" and done["runner"]["alive"] is False
+
+
+# ---- -j holds across a restart ---------------------------------------------------------
+
+
+def stamping_task(stamps: Path, n: int, sleep_s: float, mark: Path | None = None) -> list[str]:
+    """A task that appends ``start <n> <time>`` and ``end <n> <time>`` to ``stamps`` (and
+    first counts its execution in ``mark``, as crashkit.counting_task does)."""
+    now = "date +%s.%N"
+    count = 'echo "$FERRY_TASK" >> "$1"; ' if mark is not None else ""
+    script = (f'{count}echo "start {n} $({now})" >> "$0"; sleep {sleep_s}; '
+              f'echo "end {n} $({now})" >> "$0"')  # fmt: skip
+    return ["/bin/sh", "-c", script, str(stamps), *([str(mark)] if mark else [])]
+
+
+def most_at_once(stamps: Path) -> int:
+    """The most tasks running at one time, by their own stamps."""
+    events = []
+    for line in stamps.read_text().splitlines():
+        kind, _, at = line.split()
+        events.append((float(at), 1 if kind == "start" else -1))
+    running = peak = 0
+    for _, step in sorted(events, key=lambda e: (e[0], e[1])):  # an end before a start
+        running += step
+        peak = max(peak, running)
+    return peak
+
+
+def test_jobs_holds_across_a_restart_of_the_worker(ferry: Ferry, tmp_path: Path) -> None:
+    """Before: a worker killed with two tasks running, and a new ``work -j 2`` started at
+    once, ran four tasks at the same time. Now the new worker counts the survivors."""
+    stamps = tmp_path / "stamps"
+    for n in range(6):
+        ferry.ok("submit", "--", *stamping_task(stamps, n, 1.5))
+    first = ferry.start("work", "-j", "2", "--poll", "0.05")
+    wait_until(lambda: stamps.exists() and stamps.read_text().count("start") == 2,
+               what="two tasks to start")  # fmt: skip
+    first.send_signal(signal.SIGKILL)
+    first.wait(timeout=30)
+    ferry.ok("work", "-j", "2", "--drain", "--poll", "0.05")
+    for task in ferry.tasks():
+        wait_task_gone(str(task["id"]))
+    assert [t["state"] for t in ferry.tasks()] == ["SUCCEEDED"] * 6
+    assert stamps.read_text().count("end") == 6
+    assert most_at_once(stamps) <= 2
+    ferry.verify_clean()
+
+
+# ---- the supervisor itself killed: recovery decides, as before ----------------------------
+
+
+@pytest.mark.parametrize("alive", [True, False])
+def test_a_killed_supervisor_leaves_the_task_to_recovery(
+    ferry: Ferry, tmp_path: Path, alive: bool
+) -> None:
+    mark = tmp_path / "runs"
+    linger = "; exec sleep 300" if alive else ""
+    run = ferry("run", "--", *counting_task(mark, linger=linger),
+                failpoints="supervisor:after:spawn=self")  # fmt: skip
+    assert run.code == 125 and run.error_code() == "supervisor.died", run
+    task_id = only_id(ferry)
+    if alive:
+        for ident in task_processes(task_id):
+            ferry.end_at_close(ident.pid)
+    else:
+        wait_task_gone(task_id)
+    code, report = ferry.recover()
+    decision = "QUARANTINE" if alive else "FAIL_UNSAFE"
+    assert code == 3 and [d["decision"] for d in report["decisions"]] == [decision], report
+    assert runs(mark) == 1
+
+
+def test_a_supervisor_killed_with_its_launcher_is_the_crash_of_before(
+    ferry: Ferry, tmp_path: Path
+) -> None:
+    """A plain failpoint kills the whole command (launcher and supervisor): what a crash
+    of ferry did before supervisors, and still must be decided the same way."""
+    mark = tmp_path / "runs"
+    argv = counting_task(mark, linger="; sleep 0.3")
+    assert ferry("run", "--", *argv, failpoints="after:SPAWNED").code == -signal.SIGKILL
+    task_id = only_id(ferry)
+    wait_task_gone(task_id)
+    code, report = ferry.recover()
+    assert code == 3 and [d["decision"] for d in report["decisions"]] == ["FAIL_UNSAFE"]
+
+
+# ---- soak ------------------------------------------------------------------------------
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(900)
+def test_workers_killed_at_random_never_disturb_their_tasks(ferry: Ferry, tmp_path: Path) -> None:
+    """Workers killed at random many times while tasks of 0.05 to 1 s run: no task is
+    disturbed (each runs exactly once, to a SUCCEEDED end written by its supervisor),
+    none is left in flight, and -j holds throughout."""
+    import random
+
+    seed = int(os.environ.get("FERRY_SOAK_SEED", random.randrange(1 << 30)))
+    rng = random.Random(seed)
+    stamps = tmp_path / "stamps"
+    marks = []
+    for n in range(120):
+        mark = tmp_path / f"m{n}"
+        marks.append(mark)
+        sleep_s = rng.choice([0.05, 0.1, 0.3, 0.6, 1.0])
+        ferry.ok("submit", "--", *stamping_task(stamps, n, sleep_s, mark))
+    kills = 0
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        worker = ferry.start("work", "-j", "3", "--drain", "--poll", "0.05")
+        try:
+            worker.wait(timeout=rng.uniform(0.2, 1.5))
+            if worker.returncode == 0 and all(runs(m) == 1 for m in marks):
+                break
+        except subprocess.TimeoutExpired:
+            worker.send_signal(signal.SIGKILL)
+            worker.wait(timeout=30)
+            kills += 1
+    ferry.ok("work", "-j", "3", "--drain", "--poll", "0.05")
+    for task in ferry.tasks():
+        wait_task_gone(str(task["id"]))
+    states = [t["state"] for t in ferry.tasks()]
+    assert states == ["SUCCEEDED"] * len(marks), (seed, states)
+    assert [runs(m) for m in marks] == [1] * len(marks), seed
+    assert most_at_once(stamps) <= 3, seed
+    assert kills >= 5, (seed, kills)
+    nothing_left_for_recovery(ferry)
+    ferry.verify_clean()
