@@ -660,9 +660,12 @@ def test_the_largest_record_a_handle_accepts_is_read_back_never_cut(
         Journal.open(jdir, record_bytes_max=600) as other,
     ):
         pad = 400
-        while True:  # the largest record this handle takes
+        # A timestamp whose text is as long as one can be (17 significant digits): the
+        # record's size depends on it, and the append takes its own.
+        longest_ts = 1796158690.0416532
+        while True:  # the largest record this handle takes, whatever its timestamp
             try:
-                prepare("T", {"pad": "p" * (pad + 1)}, 0, 600)
+                prepare("T", {"pad": "p" * (pad + 1)}, 0, 600, ts=longest_ts)
             except RecordTooLargeError:
                 break
             pad += 1
