@@ -96,6 +96,8 @@ class Launch:
         self.spawned: Record | None = None  # SPAWNED, until written
         self.spawned_due = False  # the task has run long enough: SPAWNED is to be written
         self.spawned_written = False
+        self.beat = False  # it beat since the launcher last looked at the journal for it
+        self.warned: list[str] = []  # warnings about its end (an incomplete log)
         self.ended: dict[str, Any] | None = None  # its "ended" message, until written
         self.stop_sent = False
         self.claimed = False  # its claim is in the journal
@@ -123,9 +125,12 @@ class Launch:
                 self.spawned = _record(message["record"])
             elif kind == "running":
                 self.spawned_due = True
+            elif kind == "beat":
+                self.beat = True
             elif kind == "ended":
                 self.ended = message
                 self.exit_status = int(message["exit_status"])
+                self.warned = list(message.get("warnings", ()))
 
     def wait(self, timeout_s: float | None) -> None:
         """Block until a message arrives or the channel ends (or ``timeout_s``)."""
@@ -329,14 +334,12 @@ class _Foreground:
 
     def _watch(self) -> RunResult:
         launch, store = self.launch, self.store
-        poll_s = self.task.spec.heartbeat_s
-        next_poll = time.monotonic() + poll_s
         wakeup_fd = self.trap.wakeup_fd
         watched: list[Any] = [launch.channel.sock]
         if wakeup_fd is not None:
             watched.append(wakeup_fd)
         while True:
-            ready, _, _ = select.select(watched, [], [], max(0.0, next_poll - time.monotonic()))
+            ready, _, _ = select.select(watched, [], [])
             if wakeup_fd is not None and wakeup_fd in ready:
                 self._forward_signals()
             launch.poll()
@@ -351,9 +354,8 @@ class _Foreground:
                     "the task's supervisor died before the task ended; 'ferry recover'"
                     " decides the task"
                 )
-            if time.monotonic() >= next_poll:
+            if launch.beat:  # (at the task's heartbeat)
                 watch_journal(store, launch)
-                next_poll = time.monotonic() + poll_s
 
     def _forward_signals(self) -> None:
         self.trap.drain()
@@ -364,6 +366,8 @@ class _Foreground:
     def _end(self) -> RunResult:
         launch, store = self.launch, self.store
         error, status = launch.end_error, launch.exit_status
+        for warning in launch.warned:
+            self.notice(warning)
         assert status is not None
         write_end(store, launch)
         launch.ack()
@@ -376,11 +380,13 @@ class _Foreground:
         return task
 
 
-def watch_journal(store: Store, launch: Launch) -> None:
-    """What the journal asks of a running task: its cancel (stop it), a STALE mark
-    (RESUMED: its supervisor beats). Errors do not stop the task."""
+def watch_journal(store: Store, launch: Launch, *, refresh: bool = True) -> None:
+    """What the journal asks of a running task, looked at when its supervisor beats: its
+    cancel (stop it), a STALE mark (RESUMED: it beats). Errors do not stop the task."""
+    launch.beat = False
     with contextlib.suppress(FerryError, OSError):
-        store.refresh()
+        if refresh:
+            store.refresh()
         current = store.get(launch.task.id)
         if current is None or current.claim_token != launch.token:
             return

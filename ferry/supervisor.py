@@ -16,6 +16,8 @@ The conversation with the launcher (:mod:`ferry._control`; S: supervisor, L: lau
     L -> S  go | abort                              the intent is durable / do not run
     S -> L  spawned  {record}                       SPAWNED, held by L until due
     S -> L  running                                 SPAWNED is due: L writes it
+    S -> L  beat                                    at each heartbeat: L looks at the
+                                                    journal (a cancel, a STALE mark)
     L -> S  durable  {type}                         (L wrote a record of ours)
     L -> S  stop     {signal, cancel}               a cancel request; work stopping
     S -> L  ended    {records, exit_status, error}  the end, for L's group commit
@@ -130,6 +132,7 @@ class Supervisor:
         self.spawned: ev.Spawned | None = None  # not yet known durable
         self.spawned_due = False  # it has run SPAWNED_AFTER_S
         self.cancelled = False  # its cancel was asked for (by the launcher, or seen here)
+        self.warnings: list[str] = []  # for the launcher to print (an incomplete log)
 
     @property
     def orphaned(self) -> bool:
@@ -221,6 +224,10 @@ class Supervisor:
         marker = plan.env["FERRY_TASK"]
         escaped = bool(stopped or cancelled) and stop_escapees(marker, spec.kill_grace_s)
         settled = settle_event(task, token, outcome, cancelled, escapees_stopped=escaped)
+        if outcome.log_error:
+            self.warnings.append(
+                f"warning: task {task.id}: its log is incomplete ({outcome.log_error})"
+            )
         records: list[ev.Event] = [settled]
         if self.spawned is not None:  # a task that ended within SPAWNED_AFTER_S
             records.insert(0, self.spawned)
@@ -266,9 +273,11 @@ class Supervisor:
         return self._should_stop()
 
     def _should_stop(self) -> int | None:
-        """At each heartbeat, once the launcher is gone (before, it asks for us): a
-        cancel request stops the task; a STALE mark is answered by RESUMED."""
+        """At each heartbeat: a cancel request stops the task; a STALE mark is answered
+        by RESUMED. While the launcher lives it looks (told of each beat: it answers a
+        STALE mark only while we beat); once it is gone, we do."""
         if not self.orphaned:
+            self.channel.send("beat")
             return None
         try:
             self.store.refresh()
@@ -319,7 +328,7 @@ class Supervisor:
         if not self.orphaned:
             self.channel.send(
                 "ended", records=[list(r.encode()) for r in records],
-                exit_status=exit_status, error=error_to_json(error),
+                exit_status=exit_status, error=error_to_json(error), warnings=self.warnings,
             )  # fmt: skip
             deadline = time.monotonic() + ACK_WAIT_S
             while time.monotonic() < deadline:

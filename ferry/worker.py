@@ -143,9 +143,11 @@ class Worker:
                 if now >= next_recover and not self.halted:
                     self._recover()
                     next_recover = now + self.RECOVER_EVERY_S
-                if now >= next_poll:
-                    self._watch_journal()
+                if now >= next_poll:  # (new tasks in the queue)
+                    with contextlib.suppress(FerryError, OSError):
+                        self.store.refresh()
                     next_poll = time.monotonic() + self.poll_s
+                self._watch_journal()
                 self._fill_slots()
                 self._await_plans()
                 self._write()
@@ -196,15 +198,15 @@ class Worker:
             self.service.notice(line)
 
     def _watch_journal(self) -> None:
+        """For each supervisor that beat since: what the journal asks of its task (a
+        cancel, a STALE mark), after one catch-up for them all."""
+        beating = [launch for launch in self.launches.values() if launch.beat]
+        if not beating:
+            return
         with contextlib.suppress(FerryError, OSError):
             self.store.refresh()
-        for launch in self.launches.values():
-            if launch.plan is not None and launch.ended is None and self._claimed(launch):
-                watch_journal(self.store, launch)
-
-    def _claimed(self, launch: Launch) -> bool:
-        task = self.store.get(launch.task.id)
-        return task is not None and task.claim_token == launch.token
+        for launch in beating:
+            watch_journal(self.store, launch, refresh=False)
 
     def _find_survivors(self) -> None:
         """Tasks in flight whose supervisor (their runner) is alive: an earlier work's,
@@ -281,6 +283,9 @@ class Worker:
                 for warning in launch.warnings:
                     self.service.notice(warning)
                 launch.plan["warnings"] = []
+            for warning in launch.warned:
+                self.service.notice(warning)
+            launch.warned = []
 
     def _let_go(self) -> None:
         """Forget the supervisors that exited (reaped)."""

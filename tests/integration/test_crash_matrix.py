@@ -60,10 +60,9 @@ def stage(path: str, point: str, quick: bool = False) -> str:
         return "none" if point.startswith("before:") else "dispatching"
     if path == "submit":
         return "none" if point == "before:SUBMITTED" else "queued"
-    if path == "work":  # CLAIMED + DISPATCHING are one durable write
-        return "queued" if point.startswith("before:") else "dispatching"
-    # claim: CLAIMED under the lease, then DISPATCHING in a write of its own
-    return "queued" if point == "before:CLAIMED" else "claimed"
+    # work, claim: CLAIMED + DISPATCHING are one durable write (the claim names the
+    # task's supervisor, which planned the task first)
+    return "queued" if point.startswith("before:") else "dispatching"
 
 
 @dataclass(frozen=True)

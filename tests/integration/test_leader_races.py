@@ -34,10 +34,10 @@ def finish(procs: list[subprocess.Popen[bytes]]) -> list[tuple[int, str, str]]:
 def test_twenty_concurrent_recovers_decide_each_crashed_task_exactly_once(
     ferry: Ferry, tmp_path: Path
 ) -> None:
-    # One runner crashed right after its claim (nothing started); then four crashed
-    # with their task done (two mutating, two idempotent). In this order: a claim
-    # recovers first.
-    ferry.ok("submit", "--", *counting_task(tmp_path / "runs-claimed"))
+    # One claim crashed (with its supervisor) right after its claim and intent, nothing
+    # started (an idempotent task: released); then four crashed with their task done
+    # (two mutating, two idempotent). In this order: a claim recovers first.
+    ferry.ok("submit", "--idempotent", "--", *counting_task(tmp_path / "runs-claimed"))
     assert ferry("claim", failpoints="after:CLAIMED").code == -9
     for i, idempotent in enumerate((False, True, False, True)):
         options = ["--idempotent"] if idempotent else []

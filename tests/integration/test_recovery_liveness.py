@@ -66,6 +66,12 @@ def bystanders() -> Iterator[list[subprocess.Popen[str]]]:
         proc.communicate(timeout=30)
 
 
+def supervisor_pid(ferry: Ferry, task_id: str) -> int:
+    """The task's runner: the supervisor that beats its heartbeat (``ferry run`` only
+    waits for it). Stopping it is what stops the beats."""
+    return int(ferry.task(task_id)["runner"]["pid"])
+
+
 def heartbeat_age_s(ferry: Ferry, task_id: str) -> float:
     beat = ferry.task(task_id)["heartbeat_at"]
     return 0.0 if beat is None else time.time() - datetime.fromisoformat(beat).timestamp()
@@ -163,7 +169,8 @@ def test_a_stopped_runner_is_left_alone_then_stale_then_running_again(
         lambda: [t for t in ferry.tasks() if t["state"] == "RUNNING"], what="the task to run"
     )[0]
     task_id = task["id"]
-    os.kill(runner.pid, signal.SIGSTOP)
+    supervisor = supervisor_pid(ferry, task_id)
+    os.kill(supervisor, signal.SIGSTOP)
     try:
         # Alive (stopped is alive) with a fresh heartbeat: left alone, nothing journaled.
         code, report = ferry.recover("--stale-after", "3600")
@@ -181,7 +188,7 @@ def test_a_stopped_runner_is_left_alone_then_stale_then_running_again(
         assert task_processes(task_id), "a STALE task is not killed unless configured"
         nothing_to_recover(ferry, "--stale-after", "1")  # already STALE: no second mark
     finally:
-        os.kill(runner.pid, signal.SIGCONT)
+        os.kill(supervisor, signal.SIGCONT)
     wait_until(lambda: ferry.task(task_id)["state"] == "RUNNING", what="RUNNING again")
     gate.touch()
     assert runner.wait(timeout=60) == 0
@@ -201,16 +208,17 @@ def test_kill_stale_kills_a_stale_task_s_processes_but_not_its_runner(
     task_id = wait_until(
         lambda: [t for t in ferry.tasks() if t["state"] == "RUNNING"], what="the task to run"
     )[0]["id"]
-    os.kill(runner.pid, signal.SIGSTOP)
+    supervisor = supervisor_pid(ferry, task_id)
+    os.kill(supervisor, signal.SIGSTOP)
     try:
         wait_until(lambda: heartbeat_age_s(ferry, task_id) > 1.0, what="a 1 s old heartbeat")
         code, report = ferry.recover("--stale-after", "1", "--kill-stale")
         assert code == 0 and [d["decision"] for d in report["decisions"]] == ["MARK_STALE"]
         assert ferry.task(task_id)["evidence"]["recovery"]["kill_requested"] is True
         wait_task_gone(task_id)
-        assert (st := read_stat(runner.pid)) is not None and st.state == "T", "runner spared"
+        assert (st := read_stat(supervisor)) is not None and st.state == "T", "runner spared"
     finally:
-        os.kill(runner.pid, signal.SIGCONT)
+        os.kill(supervisor, signal.SIGCONT)
     assert runner.wait(timeout=60) == 128 + signal.SIGKILL
     task = ferry.task(task_id)
     assert (task["state"], task["reason"], task["signal"]) == ("FAILED", "SIGNALLED", 9)
@@ -266,7 +274,8 @@ def test_a_stopped_runner_is_stale_whatever_the_wall_clock_says(
     was stepped either way (stepped back, the mtime's age was negative: 'fresh')."""
     gate = tmp_path / "gate"
     runner, task_id = start_gated_task(ferry, gate)
-    os.kill(runner.pid, signal.SIGSTOP)
+    supervisor = supervisor_pid(ferry, task_id)
+    os.kill(supervisor, signal.SIGSTOP)
     try:
         wait_until(lambda: heartbeat_age_s(ferry, task_id) > 1.5, what="a 1.5 s old heartbeat")
         code, report = clock_stepped(ferry, step_s).recover("--stale-after", "1")
@@ -276,7 +285,7 @@ def test_a_stopped_runner_is_stale_whatever_the_wall_clock_says(
         assert abs(decided_at - time.time() - step_s) < CLOCK_STEP_S / 2, "the clock was stepped"
         assert 1 < recovery["heartbeat_age_s"] < CLOCK_STEP_S / 2, recovery
     finally:
-        os.kill(runner.pid, signal.SIGCONT)
+        os.kill(supervisor, signal.SIGCONT)
     wait_until(lambda: ferry.task(task_id)["state"] == "RUNNING", what="RUNNING again")
     gate.touch()
     assert runner.wait(timeout=60) == 0
@@ -291,7 +300,8 @@ def test_a_torn_beat_record_gives_no_age_the_mtime_decides(ferry: Ferry, tmp_pat
     gate = tmp_path / "gate"
     runner, task_id = start_gated_task(ferry, gate)
     heartbeat = ferry.home / "heartbeats" / f"{task_id}.1"
-    os.kill(runner.pid, signal.SIGSTOP)  # no beat rewrites the record meanwhile
+    supervisor = supervisor_pid(ferry, task_id)
+    os.kill(supervisor, signal.SIGSTOP)  # no beat rewrites the record meanwhile
     try:
         beat = parse_beat(heartbeat.read_bytes())
         assert beat is not None
@@ -310,7 +320,7 @@ def test_a_torn_beat_record_gives_no_age_the_mtime_decides(ferry: Ferry, tmp_pat
         uptime_s = time.clock_gettime(time.CLOCK_BOOTTIME)
         assert uptime_s - 60 < recovery["heartbeat_age_s"] <= uptime_s, recovery
     finally:
-        os.kill(runner.pid, signal.SIGCONT)
+        os.kill(supervisor, signal.SIGCONT)
     wait_until(lambda: ferry.task(task_id)["state"] == "RUNNING", what="RUNNING again")
     gate.touch()
     assert runner.wait(timeout=60) == 0
@@ -345,7 +355,8 @@ def test_a_runner_in_another_pid_namespace_is_not_judged_dead(ferry: Ferry, tmp_
         runner = container.start("run", "--heartbeat", "1", "--", *wait_for_gate)
         task_id = ferry.wait_running()["id"]
         claimed = [r["data"] for r in ferry.records() if r["type"] == "CLAIMED"]
-        assert [c["runner"]["pid"] for c in claimed] == [1], claimed
+        # the runner: the task's supervisor, which ferry run (pid 1 in there) forked
+        assert [c["runner"]["pid"] for c in claimed] == [2], claimed
         for _ in range(2):
             code, report = ferry.recover("--kill-stale")
             assert (code, report["decisions"], report["orphans_alive"]) == (0, [], []), report

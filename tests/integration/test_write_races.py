@@ -126,9 +126,10 @@ def test_an_epoch_handed_out_twice_is_used_by_one_leader_only(ferry: Ferry, tmp_
     (LEASE_ACQUIRED), which the journal takes once: the paused one is fenced (exit 75)
     and claims nothing."""
     crashed_mark, next_mark = tmp_path / "crashed", tmp_path / "next"
-    ferry.ok("submit", "--", *counting_task(crashed_mark))
+    ferry.ok("submit", "--idempotent", "--", *counting_task(crashed_mark))
     ferry.ok("submit", "--", *counting_task(next_mark))
-    assert ferry("claim", failpoints="after:CLAIMED").code == -9  # nothing started
+    # (with its supervisor: nothing started; idempotent, so recovery releases it)
+    assert ferry("claim", failpoints="after:CLAIMED").code == -9
     paused = ferry.start_stopped("claim", at="before:RELEASED")
     epoch = ferry.json("lease")["epoch"]
     (ferry.home / "lease.json").unlink()
