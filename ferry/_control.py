@@ -1,11 +1,14 @@
 """The control channel between a launcher (``run``, ``claim``, ``work``) and one task's
 supervisor: messages over a ``SOCK_SEQPACKET`` socket pair (no I/O policy here).
 
-Why a seqpacket socket: each message arrives whole or not at all (no framing to get
-wrong), in order, and the end of the peer (its death included: the kernel closes its
-descriptors) reads as an empty message, at once. Messages are small JSON objects
-(``{"t": <kind>, ...}``); the journal records a supervisor hands its launcher travel
-inside them as ``[type, data]`` pairs.
+Why a seqpacket socket: each packet arrives whole or not at all, in order, and the end
+of the peer (its death included: the kernel closes its descriptors) reads as an empty
+packet, at once. Messages are JSON objects (``{"t": <kind>, ...}``); the journal
+records a supervisor hands its launcher travel inside them as ``[type, data]`` pairs,
+and a task goes to its supervisor as its snapshot record. A packet is one byte of
+framing (``.``: the last of its message; ``+``: more follow) and at most FRAME_BYTES of
+the message: a task may be megabytes (its argv), and a packet may not be larger than
+the socket's send buffer, which is 208 KiB on many systems.
 
 Sends never block: a launcher that is stopped (SIGSTOP) or slow must not pause the
 supervisor, which has a task to watch. What the socket cannot take now waits in an
@@ -22,7 +25,8 @@ from typing import Any
 
 import orjson
 
-MESSAGE_BYTES_MAX = 1 << 20  # a SETTLED record with its evidence fits many times over
+FRAME_BYTES = 64 << 10  # per packet (a SETTLED record with its evidence fits whole)
+_LAST, _MORE = b".", b"+"
 
 
 class ChannelClosed(Exception):
@@ -34,7 +38,6 @@ def channel_pair() -> tuple[socket.socket, socket.socket]:
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     for end in (ours, theirs):
         end.setblocking(False)
-        end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, MESSAGE_BYTES_MAX)
     return ours, theirs
 
 
@@ -44,7 +47,9 @@ class Channel:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.closed = False  # the peer's end is gone
-        self._outbox: deque[bytes] = deque()
+        self._outbox: deque[bytes] = deque()  # packets not yet taken by the socket
+        self._partial: list[bytes] = []  # the frames of a message not yet whole
+        self._inbox: list[dict[str, Any]] = []  # received, handed back unread (unread)
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -57,7 +62,10 @@ class Channel:
     def send(self, kind: str, **fields: Any) -> None:
         """Queue one message and send what the socket takes now. Never blocks; a closed
         peer is remembered (``closed``), not raised: the caller learns it on receive."""
-        self._outbox.append(orjson.dumps({"t": kind, **fields}))
+        body = orjson.dumps({"t": kind, **fields})
+        for start in range(0, len(body), FRAME_BYTES):
+            end = start + FRAME_BYTES
+            self._outbox.append((_LAST if end >= len(body) else _MORE) + body[start:end])
         self.flush()
 
     def flush(self) -> None:
@@ -73,13 +81,27 @@ class Channel:
                 raise
             self._outbox.popleft()
 
+    def flush_all(self) -> None:
+        """Send the whole outbox, waiting for the socket as needed (for a peer that is
+        reading: a supervisor waiting for its task)."""
+        import select
+
+        while self.pending and not self.closed:
+            select.select([], [self.sock], [])
+            self.flush()
+
+    def unread(self, messages: list[dict[str, Any]]) -> None:
+        """Hand back messages received but not for the caller: the next receive returns
+        them first (a waiter for one kind must not lose the next one behind it)."""
+        self._inbox[:0] = messages
+
     def receive(self) -> list[dict[str, Any]]:
         """Every message that has arrived (maybe none). ChannelClosed once the peer is
         gone and nothing is left to read."""
-        messages: list[dict[str, Any]] = []
+        messages, self._inbox = self._inbox, []
         while True:
             try:
-                raw = self.sock.recv(MESSAGE_BYTES_MAX)
+                raw = self.sock.recv(FRAME_BYTES + 1)
             except BlockingIOError:
                 return messages
             except ConnectionResetError:
@@ -89,15 +111,36 @@ class Channel:
                 if messages:
                     return messages
                 raise ChannelClosed("the other end of the control channel is gone")
-            messages.append(orjson.loads(raw))
+            self._partial.append(raw[1:])
+            if raw[:1] == _LAST:
+                messages.append(orjson.loads(b"".join(self._partial)))
+                self._partial = []
 
     def wait(self, timeout_s: float | None) -> list[dict[str, Any]]:
         """Block up to ``timeout_s`` (None: for ever) for messages; ChannelClosed as
         ``receive``. Returns [] on timeout."""
         import select
 
+        if self._inbox:
+            return self.receive()
         ready, _, _ = select.select([self.sock], [], [], timeout_s)
         return self.receive() if ready else []
+
+    def wait_for(self, kinds: tuple[str, ...], timeout_s: float | None) -> dict[str, Any] | None:
+        """The first message of one of ``kinds`` (the others before it are dropped, the
+        ones after it kept), or None after ``timeout_s``; ChannelClosed as ``receive``."""
+        import time
+
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            messages = self.wait(left)
+            for index, message in enumerate(messages):
+                if message["t"] in kinds:
+                    self.unread(messages[index + 1 :])
+                    return message
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
 
     def close(self) -> None:
         self.closed = True

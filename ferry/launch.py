@@ -34,13 +34,16 @@ from ferry import failpoints
 from ferry._control import Channel, ChannelClosed, channel_pair
 from ferry._outputs import SignalTrap
 from ferry.errors import EX_FERRY_FAILED, FerryError, InternalError, RefusedError
+from ferry.fold import task_to_record
 from ferry.model import State, Task
 from ferry.process import ProcessIdentity, identity_of
 from ferry.runner import RunResult, as_cancelled, before_spawn_event, child_environ
+from ferry.spec import TaskSpec
 from ferry.store import Store
 from ferry.supervisor import error_from_json
 
 Record = tuple[str, dict[str, Any]]
+_NO_SPEC = TaskSpec(argv=("-",), cwd="/")  # the task of an idle supervisor (none)
 # A supervisor reaped this long after its channel ended, at most (it exits at once).
 REAP_WAIT_S = 5.0
 
@@ -54,14 +57,14 @@ class SupervisorDied(FerryError):
 
 
 class Launch:
-    """One task's supervisor, seen from its launcher: what it has said, and how to
-    answer it. The launcher polls it (``poll``) when its channel is readable."""
+    """A supervisor, seen from its launcher, and the task it holds now: what it has
+    said, and how to answer it. The launcher polls it (``poll``) when its channel is
+    readable. Once its task's end is durable (``ack``), it may be given another
+    (``assign``): ``work`` keeps one per slot."""
 
     def __init__(
         self,
         home: Path,
-        task: Task,
-        token: str,
         environ: dict[str, str],
         *,
         passthrough: bool = False,
@@ -69,7 +72,6 @@ class Launch:
     ) -> None:
         from ferry import supervisor
 
-        self.task, self.token = task, token
         ours, theirs = channel_pair()
         for stream in (sys.stdout, sys.stderr):  # our buffered bytes must not be copied
             with contextlib.suppress(OSError, ValueError):
@@ -79,7 +81,7 @@ class Launch:
             status = EX_FERRY_FAILED
             try:
                 status = supervisor.main(
-                    theirs, home, task, token, environ,
+                    theirs, home, environ,
                     passthrough=passthrough, stdout_echo_fd=stdout_echo_fd,
                 )  # fmt: skip
             finally:
@@ -92,6 +94,14 @@ class Launch:
             raise InternalError(f"cannot read the new supervisor's identity (pid {pid})")
         self.identity: ProcessIdentity = identity
         self.channel = Channel(ours)
+        self.gone = False  # its channel ended (it exited, or died)
+        self.reaped = False
+        self.forget()
+
+    def forget(self) -> None:
+        """It holds no task any more (its end is durable, or it was told to drop it)."""
+        self.task: Task = Task(id="", spec=_NO_SPEC)  # its task now (none: id "")
+        self.token = ""
         self.plan: dict[str, Any] | None = None  # its "plan" message
         self.spawned: Record | None = None  # SPAWNED, until written
         self.spawned_due = False  # the task has run long enough: SPAWNED is to be written
@@ -101,9 +111,18 @@ class Launch:
         self.ended: dict[str, Any] | None = None  # its "ended" message, until written
         self.stop_sent = False
         self.claimed = False  # its claim is in the journal
-        self.gone = False  # its channel ended (it exited, or died)
-        self.reaped = False
         self.exit_status: int | None = None
+
+    def assign(self, task: Task, token: str) -> None:
+        """Give it a task to plan (it is idle: its last task's end is durable)."""
+        self.forget()
+        self.task, self.token = task, token
+        self.channel.send("task", task=task_to_record(task), token=token)
+        self.channel.flush_all()  # (it waits for it: a large task is read as it goes)
+
+    @property
+    def idle(self) -> bool:
+        return not self.task.id
 
     # -- what it says -------------------------------------------------------------------
 
@@ -194,9 +213,9 @@ class Launch:
             self.channel.send("durable", type="SPAWNED")
 
     def ack(self) -> None:
-        """Its end is durable: it may exit."""
-        self.ended = None
+        """Its task's end is durable: it may take another, or exit."""
         self.channel.send("ack")
+        self.forget()
 
     def stop(self, sig: int, *, cancel: bool = False) -> None:
         """Ask it to stop the task (SIGTERM, then SIGKILL after the task's grace)."""
@@ -266,9 +285,9 @@ def run_foreground(
     to the supervisor (which forwards them to the task's group). Before that (while the
     supervisor hashes pinned inputs, say) a Ctrl-C just interrupts: nothing exists yet,
     and the supervisor, which has started nothing, is killed."""
-    launch = Launch(store.home, task, token, child_environ(),
-                    passthrough=True, stdout_echo_fd=stdout_echo_fd)  # fmt: skip
+    launch = Launch(store.home, child_environ(), passthrough=True, stdout_echo_fd=stdout_echo_fd)
     try:
+        launch.assign(task, token)
         while launch.plan is None and not launch.gone:
             launch.wait(None)
         with SignalTrap() as trap:
@@ -276,8 +295,8 @@ def run_foreground(
     finally:
         if not launch.claimed:
             launch.kill()
-        launch.release()
-        launch.reap(timeout_s=0 if launch.ended is not None else REAP_WAIT_S)
+        launch.release()  # (done: it exits; an error: it carries on alone)
+        launch.reap(timeout_s=REAP_WAIT_S if launch.idle else 0)
 
 
 class _Foreground:
@@ -370,9 +389,9 @@ class _Foreground:
             self.notice(warning)
         assert status is not None
         write_end(store, launch)
+        task = self._task()
         launch.ack()
-        launch.reap()
-        return RunResult(self._task(), status, error)
+        return RunResult(task, status, error)
 
     def _task(self) -> Task:
         task = self.store.get(self.task.id)

@@ -1,7 +1,10 @@
 """A task's supervisor: the small process that holds one task and nothing else.
 
 Forked by the launcher (``run``, ``claim`` or ``work``: :mod:`ferry.launch`), never
-exec'd: it costs a fork, not an interpreter start. It plans the task, waits for the
+exec'd: it costs a fork, not an interpreter start; and once a task is over (its end
+durable), it may be given the next one (``work`` keeps a supervisor per slot: a fork
+costs 4 to 8 ms here, more than most of a short task's life). It holds one task at a
+time, never more. For each, it plans the task, waits for the
 launcher to make the intent durable, spawns the child, captures its output (the log,
 and the live passthrough for ``run``), beats the heartbeat, forwards signals, applies
 ``--timeout`` and ``--kill-grace``, and produces the task's SPAWNED and SETTLED.
@@ -12,6 +15,7 @@ forwards it here) and the child holds only its pipes: so the death of its launch
 
 The conversation with the launcher (:mod:`ferry._control`; S: supervisor, L: launcher)::
 
+    L -> S  task     {task, token}                  the task (its snapshot record)
     S -> L  plan     {record, error, warnings}     the DISPATCHING (or SETTLED FAILED)
     L -> S  go | abort                              the intent is durable / do not run
     S -> L  spawned  {record}                       SPAWNED, held by L until due
@@ -21,7 +25,8 @@ The conversation with the launcher (:mod:`ferry._control`; S: supervisor, L: lau
     L -> S  durable  {type}                         (L wrote a record of ours)
     L -> S  stop     {signal, cancel}               a cancel request; work stopping
     S -> L  ended    {records, exit_status, error}  the end, for L's group commit
-    L -> S  ack                                     durable: S exits
+    L -> S  ack                                     durable: S waits for its next task
+                                                    (the channel's end: it exits)
 
 Without its launcher (the channel ends) the supervisor writes its own records, as the
 owner of the claim token: it opens the store itself (only then: a supervisor whose
@@ -50,6 +55,7 @@ from ferry._control import Channel, ChannelClosed, close_inherited_descriptors
 from ferry._outputs import SignalTrap
 from ferry.errors import EX_FERRY_FAILED, FerryError
 from ferry.failpoints import failpoint, supervisor_armed
+from ferry.fold import task_from_record
 from ferry.model import Reason, State, Task
 from ferry.process import identity_of
 from ferry.runner import (
@@ -90,26 +96,46 @@ def error_from_json(data: dict[str, Any] | None) -> FerryError | None:
 def main(
     sock: socket.socket,
     home: Path,
-    task: Task,
-    token: str,
     environ: dict[str, str],
     *,
     passthrough: bool,
     stdout_echo_fd: int,
 ) -> int:
     """The supervisor's whole life, in the forked child (the caller ``os._exit``s with
-    the returned status: the launcher's stack, copied by the fork, is never unwound)."""
+    the returned status: the launcher's stack, copied by the fork, is never unwound).
+    It serves the tasks its launcher gives it, one at a time, until the launcher has no
+    more for it (the channel ends) or is gone."""
     # Inherited state that is not ours: the launcher's signal wakeup descriptor (a
-    # signal would write into whatever file reuses its number), its garbage (a
+    # signal would write into whatever file reuses its number), its garbage (frozen: a
     # collection could close descriptors we reuse), its descriptors.
     signal.set_wakeup_fd(-1)
-    gc.disable()
+    gc.freeze()
     close_inherited_descriptors({0, 1, 2, sock.fileno()})
     os.setsid()  # not in the launcher's group: the terminal's signals are for it
     supervisor_armed()  # failpoints armed for supervisors only, from here on
+    channel = Channel(sock)
     with SignalTrap() as trap:
-        return Supervisor(Channel(sock), home, task, token, environ, trap,
-                          passthrough=passthrough, stdout_echo_fd=stdout_echo_fd).run()  # fmt: skip
+        while True:
+            assignment = _next_task(channel)
+            if assignment is None:
+                return 0  # no more tasks for us (or the launcher is gone)
+            task, token = assignment
+            trap.drain()
+            trap.received.clear()  # (a signal between tasks was for none of them)
+            supervisor = Supervisor(channel, home, task, token, environ, trap,
+                                    passthrough=passthrough, stdout_echo_fd=stdout_echo_fd)  # fmt: skip
+            supervisor.run()
+            if supervisor.orphaned:
+                return 0
+
+
+def _next_task(channel: Channel) -> tuple[Task, str] | None:
+    try:
+        message = channel.wait_for(("task",), None)
+    except ChannelClosed:
+        return None
+    assert message is not None
+    return task_from_record(message["task"]), str(message["token"])
 
 
 class Supervisor:
@@ -161,15 +187,12 @@ class Supervisor:
     def _wait_for_go(self) -> bool:
         """True once the launcher says the intent is durable. Its death before that:
         nothing was started; the claim is released if it was written."""
-        while True:
-            try:
-                messages = self.channel.wait(None)
-            except ChannelClosed:
-                self._orphaned_before_the_spawn()
-                return False
-            for message in messages:
-                if message["t"] in ("go", "abort"):
-                    return bool(message["t"] == "go")
+        try:
+            message = self.channel.wait_for(("go", "abort"), None)
+        except ChannelClosed:
+            self._orphaned_before_the_spawn()
+            return False
+        return message is not None and message["t"] == "go"
 
     def _orphaned_before_the_spawn(self) -> None:
         store = self._open_store()
@@ -330,15 +353,13 @@ class Supervisor:
                 "ended", records=[list(r.encode()) for r in records],
                 exit_status=exit_status, error=error_to_json(error), warnings=self.warnings,
             )  # fmt: skip
-            deadline = time.monotonic() + ACK_WAIT_S
-            while time.monotonic() < deadline:
-                try:
-                    messages = self.channel.wait(max(0.0, deadline - time.monotonic()))
-                except ChannelClosed:
-                    break
-                if any(message["t"] == "ack" for message in messages):
-                    failpoint("after:SETTLED")
-                    return
+            try:
+                acked = self.channel.wait_for(("ack",), ACK_WAIT_S)
+            except ChannelClosed:
+                acked = None
+            if acked is not None:
+                failpoint("after:SETTLED")
+                return
             self._open_store()
         self._write_end(records)
 

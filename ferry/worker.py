@@ -1,18 +1,24 @@
-"""``ferry work``: the leader loop, one thread, one supervisor per task.
+"""``ferry work``: the leader loop, one thread, a supervisor per running task.
 
 Standby until it can lead (the CAS lease), recover, then keep up to ``jobs`` tasks
-running: each task is launched with a supervisor of its own (:mod:`ferry.launch`),
-forked from this loop. The loop is single-threaded on purpose: a process with other
-threads cannot fork safely (only the forking thread survives in the child; a lock
-another thread held stays held there for ever).
+running, each held by a supervisor of its own (:mod:`ferry.launch`), forked from this
+loop. The loop is single-threaded on purpose: a process with other threads cannot fork
+safely (only the forking thread survives in the child; a lock another thread held
+stays held there for ever).
+
+A supervisor whose task's end is durable waits for another task: forking costs 4 to
+8 ms on the machines measured, more than most of a short task's life, so the loop keeps
+its supervisors (up to two per slot: while one's end is being written, the next task's
+claim goes to a spare, in the same write).
 
 One loop turn: take in what the supervisors said; renew the lease; recover other
-runners' tasks every ``RECOVER_EVERY_S``; catch up on the journal every ``poll_s`` (a
-cancel request: ask that task's supervisor to stop it; a STALE mark: RESUMED); fork a
-supervisor for each free slot; then ONE commit of everything pending: the claims
-(CLAIMED, naming the supervisor, with its DISPATCHING), the supervisors' SPAWNED and
-SETTLED, the RESUMED marks. Only after that commit returns does a supervisor get its
-``go`` (spawn) or its ``ack`` (its end is durable: exit).
+runners' tasks every ``RECOVER_EVERY_S``; catch up on the journal every ``poll_s`` (new
+tasks) and for each supervisor that beat since (a cancel request: ask it to stop its
+task; a STALE mark: RESUMED); give each free slot a task (an idle supervisor, or a new
+one) and wait the moment it takes them to plan; then ONE commit of everything pending:
+the claims (CLAIMED, naming the supervisor, with its DISPATCHING), the supervisors'
+SPAWNED and SETTLED, the RESUMED marks. Only after that commit returns does a supervisor
+get its ``go`` (spawn) or its ``ack`` (its task's end is durable).
 
 Survivors: tasks still running under the supervisors of an earlier ``work`` (killed
 with -9, say) count against ``jobs`` until they end; they write their own ends.
@@ -47,14 +53,13 @@ from ferry.runner import before_spawn_event, child_environ
 if TYPE_CHECKING:
     from ferry.service import Service
 
-
-# How long a turn waits for the plans of supervisors it just forked (tasks without
-# pinned inputs: a fork and an environment, a millisecond or so).
+# How long a turn waits for the plans of the tasks it just gave out (tasks without
+# pinned inputs: building an environment, well under a millisecond).
 PLAN_WAIT_S = 1.0
 
 
 class _Unit:
-    """Records of one supervisor (or a claim) for the next commit, and what to tell the
+    """Records of one supervisor's task for the next commit, and what to tell the
     supervisor once they are durable."""
 
     __slots__ = ("kind", "launch", "records")
@@ -75,13 +80,22 @@ class Worker:
         self.policy = policy_of(stale_after_s, kill_stale)
         self.lead = Leadership(service, lease_ttl_s)
         self.environ = child_environ()
-        self.launches: dict[str, Launch] = {}  # task id -> its supervisor (ours)
+        self.supervisors: list[Launch] = []  # ours: each holds a task, or waits for one
         self.survivors: dict[int, str] = {}  # pidfd -> task id (an earlier work's)
         self.signals_seen = 0
         self.halted = False  # no more claims: the lease is lost, or the journal failed us
         self.failures: list[FerryError] = []
         self.trap: SignalTrap | None = None
         self._cancel_before_spawn: set[str] = set()
+
+    @property
+    def launches(self) -> dict[str, Launch]:
+        """The supervisors holding a task, by task id."""
+        return {launch.task.id: launch for launch in self.supervisors if not launch.idle}
+
+    @property
+    def stopping(self) -> bool:
+        return self.trap is not None and bool(self.trap.received)
 
     # -- the outer life -------------------------------------------------------------------
 
@@ -97,10 +111,6 @@ class Worker:
                 for pidfd in self.survivors:
                     os.close(pidfd)
 
-    @property
-    def stopping(self) -> bool:
-        return self.trap is not None and bool(self.trap.received)
-
     def _standby(self) -> bool:
         while True:
             try:
@@ -111,12 +121,15 @@ class Worker:
                     return False
             self._sleep(self.poll_s)
 
-    def _sleep(self, timeout_s: float, channels: Sequence[Any] = ()) -> list[Any]:
+    def _sleep(self, timeout_s: float) -> list[Any]:
         assert self.trap is not None
-        watched: list[Any] = [*channels, *self.survivors]
+        watched: list[Any] = [*self.supervisors, *self.survivors]
         if self.trap.wakeup_fd is not None:
             watched.append(self.trap.wakeup_fd)
-        ready, _, _ = select.select(watched, [], [], max(0.0, timeout_s))
+        writable = [launch for launch in self.supervisors if launch.channel.pending]
+        ready, out, _ = select.select(watched, writable, [], max(0.0, timeout_s))
+        for launch in out:
+            launch.channel.flush()
         if self.trap.wakeup_fd in ready:
             self.trap.drain()
         return ready
@@ -155,11 +168,12 @@ class Worker:
                 if self._finished():
                     break
                 wake_at = min(next_recover, next_poll, self.lead.renew_at)
-                ready = self._sleep(wake_at - time.monotonic(), list(self.launches.values()))
-                self._take_in(ready)
+                self._take_in(self._sleep(wake_at - time.monotonic()))
         finally:
-            for launch in self.launches.values():
-                launch.release()  # (an error: they carry on alone)
+            for launch in self.supervisors:
+                launch.release()  # idle: they exit; holding a task: they carry on alone
+            for launch in self.supervisors:
+                launch.reap(timeout_s=0 if not launch.idle else 5.0)
         if not self.failures or not isinstance(self.failures[0], LeaseHeldError):
             self.store.commit(ev.LeaseReleased(epoch, self.lead.me.to_json()), epoch=epoch)
         self.store.maybe_compact()
@@ -234,28 +248,36 @@ class Worker:
     # -- the supervisors ------------------------------------------------------------------
 
     def _fill_slots(self) -> None:
-        """Fork a supervisor for each free slot (a slot whose task ended is free, even
-        before its end is written: the next claim goes in the same write)."""
+        """Give each free slot a task (a slot whose task ended is free, even before its
+        end is written: the next claim goes in the same write), to an idle supervisor
+        or, failing one, a new one."""
         if self.halted or self.stopping:
             return
-        busy = sum(1 for launch in self.launches.values() if launch.ended is None)
+        held = self.launches
+        busy = sum(1 for launch in held.values() if launch.ended is None)
         free = self.jobs - busy - len(self.survivors)
         if free <= 0:
             return
         with self.store.lock:
-            candidates = self.store.table.oldest_queued_n(len(self.launches) + free)
+            candidates = self.store.table.oldest_queued_n(len(held) + free)
         for task in candidates:
             if free == 0:
                 break
-            if task.id in self.launches:
+            if task.id in held:
                 continue
+            idle = next((s for s in self.supervisors if s.idle and not s.gone), None)
+            if idle is None:
+                if len(self.supervisors) >= 2 * self.jobs:
+                    break  # (every spare is still busy with an end: next turn)
+                idle = Launch(self.store.home, self.environ)
+                self.supervisors.append(idle)
             token = new_claim_token(os.urandom(10))
             claimed = Task(**{**task.__dict__, "state": State.CLAIMED, "claim_token": token})
-            self.launches[task.id] = Launch(self.store.home, claimed, token, self.environ)
+            idle.assign(claimed, token)
             free -= 1
 
     def _await_plans(self) -> None:
-        """Wait (briefly) for the plans of the supervisors just forked for tasks without
+        """Wait (briefly) for the plans of the tasks just given out, those without
         pinned inputs: planning them is building an environment, and their claims can
         then share this turn's write with the ends that freed their slots. (A task with
         pinned inputs is hashed again first, which may take long: an end does not wait
@@ -276,7 +298,7 @@ class Worker:
             if fd in self.survivors:
                 os.close(fd)
                 del self.survivors[fd]
-        for launch in list(self.launches.values()):
+        for launch in self.supervisors:
             if launch in ready:
                 launch.poll()
             if launch.plan is not None:
@@ -288,29 +310,40 @@ class Worker:
             launch.warned = []
 
     def _let_go(self) -> None:
-        """Forget the supervisors that exited (reaped)."""
-        for task_id, launch in list(self.launches.items()):
-            if launch.gone and launch.ended is None:
-                if launch.plan is None or launch.plan_record is None:
-                    error = launch.plan_error if launch.plan is not None else None
-                    self._halt(error or InternalError(f"task {task_id}: its supervisor died"
-                                                      " before it planned the task"))  # fmt: skip
-                launch.reap()
-                del self.launches[task_id]
+        """Forget the supervisors that exited (reaped). One that died holding a task
+        before its end was known leaves that task to recovery (its runner is dead)."""
+        for launch in list(self.supervisors):
+            if not launch.gone or launch.ended is not None:
+                continue
+            if not launch.idle and (launch.plan is None or launch.plan_record is None):
+                error = launch.plan_error if launch.plan is not None else None
+                self._halt(error or InternalError(
+                    f"task {launch.task.id}: its supervisor died before it planned the task"
+                ))  # fmt: skip
+            launch.reap()
+            self.supervisors.remove(launch)
 
     def _units(self) -> list[_Unit]:
         """What is waiting to be written, per supervisor."""
         units = []
+        closing = self.halted or self.stopping
         for launch in self.launches.values():
             if launch.gone and launch.ended is None:
                 continue
             plan = launch.plan
-            if plan is not None and not plan.get("committed") and plan["record"] is not None:
-                if not self.halted and not self.stopping:
-                    runner = launch.identity.to_json()
-                    claimed = ev.Claimed(launch.task.id, launch.task.attempt, launch.token,
-                                         runner, "work").encode()  # fmt: skip
-                    units.append(_Unit("claim", launch, [claimed, launch.plan_record]))  # type: ignore[list-item]
+            if plan is not None and not launch.claimed:
+                if plan["record"] is None:
+                    continue  # (its plan failed: _let_go or _write deals with it)
+                if closing:  # not claimed: the supervisor drops it
+                    launch.abort()
+                    launch.forget()
+                    continue
+                runner = launch.identity.to_json()
+                claimed = ev.Claimed(launch.task.id, launch.task.attempt, launch.token,
+                                     runner, "work").encode()  # fmt: skip
+                plan_record = launch.plan_record
+                assert plan_record is not None
+                units.append(_Unit("claim", launch, [claimed, plan_record]))
                 continue
             if launch.task.id in self._cancel_before_spawn:
                 event = before_spawn_event(launch.task, launch.token, cancelled=True)
@@ -325,13 +358,12 @@ class Worker:
 
     def _write(self) -> None:
         """One commit for everything pending; then each supervisor is told."""
-        units = self._units()
-        closing = self.halted or self.stopping
         for launch in self.launches.values():
-            plan = launch.plan
-            if closing and plan is not None and plan.get("committed") is None:
-                plan["committed"] = False  # not claimed: the supervisor ends
-                launch.abort()
+            if launch.plan is not None and launch.plan["record"] is None:  # (a bug)
+                error = launch.plan_error or InternalError("a task could not be planned")
+                self._halt(error, fail=True)
+                launch.forget()
+        units = self._units()
         if not units:
             return
         ends = [u for u in units if u.kind == "end"]
@@ -375,13 +407,15 @@ class Worker:
     def _done(self, unit: _Unit, error: FerryError | None) -> None:
         launch = unit.launch
         if unit.kind == "claim":
-            assert launch.plan is not None
-            launch.plan["committed"] = error is None
             if error is not None:
                 self.service.notice(f"task {launch.task.id}: {error.message}")
                 launch.abort()
-            elif launch.plan_record is not None and launch.plan_record[0] == "SETTLED":
-                pass  # a pinned input changed: settled FAILED in the claim's write
+                launch.forget()
+                return
+            launch.claimed = True
+            plan_record = launch.plan_record
+            if plan_record is not None and plan_record[0] == "SETTLED":
+                launch.forget()  # a pinned input changed: settled FAILED, nothing to run
             elif self._cancelled(launch):
                 self._cancel_before_spawn.add(launch.task.id)  # written next, then abort
             else:
@@ -389,6 +423,7 @@ class Worker:
         elif unit.kind == "cancelled":
             self._cancel_before_spawn.discard(launch.task.id)
             launch.abort()
+            launch.forget()
         elif unit.kind == "spawned":
             if error is None:
                 launch.written("SPAWNED")
