@@ -171,9 +171,9 @@ def supervise(
         # and leave the fresh child running unsupervised. (``trap``: the caller's,
         # installed earlier still, before the intent was written.)
         with contextlib.nullcontext(trap) if trap is not None else SignalTrap() as trap:
+            started_at = time.time()  # just before: the task's start is not earlier
             proc = spawn(spec)
             spawned = True
-            started_at = time.time()
             try:
                 run = TaskLoop(
                     spec, proc, sinks, trap, should_stop, started_at,

@@ -159,6 +159,7 @@ class Supervisor:
         self.spawned_due = False  # it has run SPAWNED_AFTER_S
         self.cancelled = False  # its cancel was asked for (by the launcher, or seen here)
         self.warnings: list[str] = []  # for the launcher to print (an incomplete log)
+        self.spawn_at = 0.0  # wall clock, just before the spawn
 
     @property
     def orphaned(self) -> bool:
@@ -232,6 +233,7 @@ class Supervisor:
                 passthrough=self.passthrough, stdout_echo_fd=self.stdout_echo_fd,
                 shell=spec.shell, pass_fds=(lock_fd,), log_dir_new=new_dir,
             )  # fmt: skip
+            self.spawn_at = time.time()  # (a bound on the spawn from below: the task's start)
             try:
                 outcome = supervise(
                     sup, on_spawned=self._on_spawned, should_stop=self._should_stop,
@@ -261,7 +263,7 @@ class Supervisor:
     def _on_spawned(self, pid: int, pgid: int) -> None:
         # The child exists (exec'd) and SPAWNED is not yet durable: a crash here leaves
         # DISPATCHING alone, and the marker scan and the alive-lock find it.
-        started_at = time.time()
+        started_at = self.spawn_at
         failpoint("after:spawn")
         identity = identity_of(pid)
         start_time = identity.start_time if identity is not None else 0

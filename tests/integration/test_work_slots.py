@@ -77,10 +77,10 @@ def test_slots_run_every_queued_task_once_and_end_when_drained(
 def test_a_claim_refused_because_the_task_was_cancelled_meanwhile_is_skipped(
     ferry: Ferry, tmp_path: Path
 ) -> None:
-    """The race between the loop's pick (a supervisor forked, the task planned) and
+    """The race between the loop's pick (a task given to a supervisor, planned) and
     its claim write, played step by step on a real state directory: another process
-    cancels the picked task in between. The claim is refused, that supervisor told to
-    stop (it started nothing), and the next task is claimed."""
+    cancels the picked task in between. The claim is refused, the supervisor told to
+    drop it (it started nothing), and the next task is claimed."""
     from ferry.service import Service
     from ferry.worker import Worker
 
@@ -95,25 +95,24 @@ def test_a_claim_refused_because_the_task_was_cancelled_meanwhile_is_skipped(
         worker.lead.commit()
         worker._fill_slots()
         worker._await_plans()
-        picked = worker.launches[first]
+        assert list(worker.launches) == [first]
         ferry.ok("cancel", first)  # lands between the pick and the write
         worker._write()
         assert notices and first in notices[0] and not worker.failures
-        wait_until(lambda: picked.wait(0.1) or picked.gone, what="the refused one to end")
-        worker._let_go()
-        assert list(worker.launches) == []
+        assert list(worker.launches) == []  # dropped: its supervisor is idle again
         worker._fill_slots()  # the table caught up during the refused write
         worker._await_plans()
         assert list(worker.launches) == [second]
         worker._write()
         assert states(ferry)[second] in ("DISPATCHING", "RUNNING", "SUCCEEDED")
         launch = worker.launches[second]
-        while launch.ended is None and not launch.gone:  # let it run, and write its end
+        while not launch.idle and not launch.gone:  # let it run, and write its end
             launch.wait(1.0)
             worker._write()
     finally:
-        for launch in worker.launches.values():
+        for launch in worker.supervisors:
             launch.release()
+            launch.reap()
         worker.lead.release()
         service.store.close()
     assert states(ferry) == {first: "CANCELLED", second: "SUCCEEDED"}
