@@ -178,14 +178,20 @@ class Launch:
             return self.spawned
         return None
 
-    def end_records(self, cancelled: bool) -> list[Record]:
-        """The supervisor's end (SETTLED, and SPAWNED if still unwritten), CANCELLED
-        if its cancel is known now (``cancelled``)."""
+    def end_records(self, store: Store) -> list[Record]:
+        """The supervisor's end as the journal needs it now (read from ``store``'s
+        table): SETTLED, after its SPAWNED if the task is still DISPATCHING; CANCELLED
+        if its cancel was asked for meanwhile. Nothing if the claim is no longer ours
+        (the supervisor wrote its end itself, or recovery decided)."""
         assert self.ended is not None
+        current = store.get(self.task.id)
+        if current is None or current.claim_token != self.token:
+            return []
+        cancelled = current.cancel_requested
         records = []
         for raw in self.ended["records"]:
             record_type, data = _record(raw)
-            if record_type == "SPAWNED" and self.spawned_written:
+            if record_type == "SPAWNED" and current.state is not State.DISPATCHING:
                 continue
             if record_type == "SETTLED" and cancelled:
                 settled = ev.decode_checked(record_type, data)
@@ -415,13 +421,14 @@ def watch_journal(store: Store, launch: Launch, *, refresh: bool = True) -> None
             store.commit(ev.Resumed(launch.task.id, launch.task.attempt, launch.token))
 
 
-def write_end(store: Store, launch: Launch, *, epoch: int = 0) -> None:
-    """Write a supervisor's end (after catching up: a cancel that landed meanwhile makes
-    it CANCELLED). Refused because the claim moved (the supervisor wrote it itself, its
-    launcher having been silent too long; or recovery decided): nothing to write."""
+def write_end(store: Store, launch: Launch) -> None:
+    """Write a supervisor's end, as the journal needs it after a catch-up (a cancel that
+    landed meanwhile makes it CANCELLED). If the claim moved since (the supervisor wrote
+    it itself, its launcher having been silent too long; or recovery decided): nothing
+    to write, or refused, which is the same."""
     with contextlib.suppress(FerryError):
         store.refresh()
-    current = store.get(launch.task.id)
-    cancelled = bool(current and current.claim_token == launch.token and current.cancel_requested)
-    with contextlib.suppress(RefusedError):
-        store.commit(*launch.end_records(cancelled), epoch=epoch)
+    records = launch.end_records(store)
+    if records:
+        with contextlib.suppress(RefusedError):
+            store.commit(*records)

@@ -349,11 +349,12 @@ class Worker:
                 event = before_spawn_event(launch.task, launch.token, cancelled=True)
                 units.append(_Unit("cancelled", launch, [event.encode()]))
                 continue
+            if launch.ended is not None:  # (its SPAWNED, if unwritten, goes with its end)
+                units.append(_Unit("end", launch, []))
+                continue
             spawned = launch.due_spawned()
             if spawned is not None:
                 units.append(_Unit("spawned", launch, [spawned]))
-            if launch.ended is not None:
-                units.append(_Unit("end", launch, []))
         return units
 
     def _write(self) -> None:
@@ -371,7 +372,7 @@ class Worker:
             with contextlib.suppress(FerryError):
                 self.store.refresh()  # a cancel that landed makes an end CANCELLED
         for unit in ends:
-            unit.records = unit.launch.end_records(self._cancelled(unit.launch))
+            unit.records = unit.launch.end_records(self.store)
         records = [record for unit in units for record in unit.records]
         try:
             self.store.commit(*records, epoch=self.lead.epoch if not self.halted else 0)
@@ -394,6 +395,8 @@ class Worker:
                 self._done(unit, LeaseHeldError("not claimed: the lease is lost"))
                 continue
             epoch = self.lead.epoch if unit.kind == "claim" else 0
+            if unit.kind == "end":  # (as the journal is now: the failed commit caught up)
+                unit.records = unit.launch.end_records(self.store)
             try:
                 self.store.commit(*unit.records, epoch=epoch)
             except (RefusedError, LeaseHeldError) as error:
