@@ -139,7 +139,8 @@ def test_an_end_after_the_worker_s_death_is_journaled_as_if_nothing_had_happened
     """The worker dies while its task runs: the task's state, reason, exit code, signal
     and times are those of a task whose worker lived."""
     how = {"exit 0": "exit 0", "exit 3": "exit 3", "killed by SIGTERM": "kill -TERM $$"}[ending]
-    argv = ["/bin/sh", "-c", f"sleep 0.6; {how}"]
+    started = tmp_path / "started"
+    argv = ["/bin/sh", "-c", f'touch "$0"; sleep 1; {how}', str(started)]
     want = {
         "exit 0": ("SUCCEEDED", None, 0, None),
         "exit 3": ("FAILED", "EXIT_NONZERO", 3, None),
@@ -150,9 +151,10 @@ def test_an_end_after_the_worker_s_death_is_journaled_as_if_nothing_had_happened
     assert (reference["state"], reference["reason"], reference["exit_code"],
             reference["signal"]) == want  # fmt: skip
 
+    started.unlink()
     task_id = ferry.ok("submit", "--", *argv).text.strip()
     worker = ferry.start("work", "-j", "1")
-    wait_until(lambda: ferry.task(task_id)["state"] == "RUNNING", what="the task to run")
+    wait_until(started.exists, what="the task to run")  # (no ferry command in the wait)
     worker.send_signal(signal.SIGKILL)
     worker.wait(timeout=30)
     task = settled(ferry, task_id)
