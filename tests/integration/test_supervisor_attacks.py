@@ -21,12 +21,13 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from clikit import Ferry, finish, wait_stopped, wait_until
-from crashkit import wait_task_gone
+from crashkit import counting_task, runs, wait_task_gone
 from hardkit import children, holds_open, slow_to_hash
 
 pytestmark = pytest.mark.timeout(120)
@@ -266,7 +267,7 @@ def test_work_exits_after_its_journal_failed_with_an_end_pending(
         gate.touch()
         settled(ferry, task_id)  # by its supervisor: its launcher's write failed
         try:
-            code: int | None = worker.wait(timeout=20)
+            code: int | None = worker.wait(timeout=15)
         except subprocess.TimeoutExpired:
             code = None
     finally:
@@ -301,12 +302,13 @@ def test_work_stops_on_sigterm_while_a_supervisor_has_not_planned(
         worker.send_signal(signal.SIGTERM)
         worker.send_signal(signal.SIGTERM)
         try:
-            code: int | None = worker.wait(timeout=20)
+            code: int | None = worker.wait(timeout=15)
         except subprocess.TimeoutExpired:
             code = None
         assert code is not None, "work did not stop"
         assert ferry.task(task_id)["state"] == "QUEUED"
     finally:
+        os.kill(hashing, signal.SIGKILL)  # (it would hash 4 GiB once continued)
         os.kill(hashing, signal.SIGCONT)
 
 
@@ -331,7 +333,252 @@ def test_a_stopped_idle_supervisor_does_not_wedge_the_worker(ferry: Ferry) -> No
         large = ["x" * 1000 + str(n) for n in range(900)]
         ferry.ok("submit", "--", "/bin/sh", "-c", "true", "sh", *large)
         small = ferry.ok("submit", "--", "true").text.strip()
-        task = settled(ferry, small)
+        task = settled(ferry, small, timeout_s=15)
         assert task["state"] == "SUCCEEDED"
     finally:
         os.kill(supervisor, signal.SIGCONT)
+
+
+# ---- attacks that held ---------------------------------------------------------------
+
+
+def gated(gate: Path, *, before: str = "", after: str = "") -> list[str]:
+    """A task that runs ``before``, waits for ``gate`` to exist, then runs ``after``."""
+    wait = f'while [ ! -e "{gate}" ]; do sleep 0.02; done'
+    return ["/bin/sh", "-c", f'trap "" PIPE; {before} {wait}; {after}']
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_run_forwards_a_signal_to_its_task_once_and_exits_with_it(
+    ferry: Ferry, tmp_path: Path, sig: signal.Signals
+) -> None:
+    """The terminal's signal reaches ``ferry run`` alone (the supervisor and the task
+    are in sessions of their own); run forwards it to its supervisor, which forwards it
+    to the task's group: once. The task (which notes it, then dies of it) makes run
+    exit 128+N."""
+    got = tmp_path / "got"
+    name = sig.name[3:]
+    script = (f'trap \'echo {name} >> "{got}"; trap - {name}; kill -{name} $$\' {name}; '
+              f'echo up >> "{got}"; while :; do sleep 0.02; done')  # fmt: skip
+    run = ferry.start("run", "--", "/bin/sh", "-c", script)
+    wait_until(got.exists, what="the task to start")
+    os.killpg(run.pid, sig)  # (as a terminal does: run's whole process group)
+    code, _ = finish(run)
+    assert code == 128 + sig
+    assert got.read_text().split() == ["up", name]
+    task = ferry.only_task()
+    assert (task["state"], task["reason"], task["signal"]) == ("FAILED", "SIGNALLED", sig)
+
+
+@pytest.mark.parametrize("command", ["run", "work"])
+def test_a_task_of_a_megabyte_crosses_the_control_channel_whole(ferry: Ferry, command: str) -> None:
+    """A task travels to its supervisor in 64 KiB frames: 900 arguments of 1 KB each
+    arrive whole and in order (the task prints their count and checksum)."""
+    import hashlib
+
+    args = [f"{n:04d}" + "x" * 1000 for n in range(900)]
+    argv = ["/bin/sh", "-c", 'echo "$#"; printf "%s" "$*" | md5sum', "sh", *args]
+    if command == "run":
+        out = ferry.ok("run", "--", *argv).out
+    else:
+        task_id = ferry.ok("submit", "--", *argv).text.strip()
+        ferry.ok("work", "--drain", "-j", "1")
+        out = ferry.ok("logs", task_id).out
+    want = hashlib.md5(" ".join(args).encode()).hexdigest()
+    assert out.decode().split() == ["900", want, "-"]
+
+
+def descriptors(pid: int) -> dict[int, str]:
+    found = {}
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            found[int(fd)] = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+    return found
+
+
+def test_neither_a_task_nor_a_supervisor_holds_what_is_not_theirs(
+    ferry: Ferry, tmp_path: Path
+) -> None:
+    """work -j 3, three tasks running: each task holds its stdio and its own alive-lock
+    only; each supervisor holds no journal, lock or lease descriptor, and one channel
+    socket (its own: not its siblings')."""
+    gate = tmp_path / "gate"
+    ids = [ferry.ok("submit", "--", *gated(gate)).text.strip() for _ in range(3)]
+    worker = ferry.start("work", "-j", "3", "--poll", "0.05")
+    try:
+        wait_until(lambda: {t["state"] for t in ferry.tasks()} == {"RUNNING"}, what="3 running")
+        supervisors = children(worker.pid)
+        assert len(supervisors) == 3
+        for task_id in ids:
+            task = ferry.task(task_id)
+            held = descriptors(int(task["pid"]))
+            lock = str(ferry.home / "heartbeats" / f"{task_id}.1")
+            assert sorted(held) == [0, 1, 2, *[fd for fd, to in held.items() if to == lock]]
+            assert list(held.values()).count(lock) == 1, held
+        for pid in supervisors:
+            held = descriptors(pid)
+            assert not [to for to in held.values() if str(ferry.home) in to and (
+                "journal" in to or "lease" in to or to.endswith(".lock"))], held  # fmt: skip
+            assert sum(1 for to in held.values() if to.startswith("socket:")) == 1, held
+    finally:
+        gate.touch()
+    for task_id in ids:
+        assert settled(ferry, task_id)["state"] == "SUCCEEDED"
+
+
+def test_output_and_logs_follow_are_whole_after_run_is_killed_mid_stream(
+    ferry: Ferry,
+) -> None:
+    """``kill -9`` of ``ferry run`` while its task writes 16 MB: the reader of run's
+    stdout still gets every byte (the supervisor holds that pipe), the log holds every
+    byte, and ``logs -f`` started after the kill ends with the task, exit 0."""
+    lines = 500_000
+    script = f"import sys\nfor i in range({lines}): sys.stdout.write('%031d\\n' % i)\n"
+    run = ferry.start("run", "--", sys.executable, "-c", script)
+    assert run.stdout is not None
+    got = bytearray()
+
+    def read() -> None:
+        assert run.stdout is not None
+        while chunk := os.read(run.stdout.fileno(), 1 << 20):
+            got.extend(chunk)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        wait_until(lambda: len(got) > 1 << 20, what="a first megabyte")
+        run.kill()
+        run.wait(timeout=30)
+        follow = ferry.start("logs", "-f", first_id(ferry))
+        out, _ = follow.communicate(timeout=60)
+    finally:
+        reader.join(timeout=60)
+    want = b"".join(b"%031d\n" % i for i in range(lines))
+    task_id = first_id(ferry)
+    assert settled(ferry, task_id)["state"] == "SUCCEEDED"
+    assert bytes(got) == want
+    assert (ferry.home / "logs" / task_id / "1.stdout").read_bytes() == want
+    assert (follow.returncode, out == want) == (0, True)
+
+
+def test_an_orphaned_supervisor_honours_cancel_and_recover_leaves_it_alone(
+    ferry: Ferry, tmp_path: Path
+) -> None:
+    """Two ``ferry run``s killed -9 while their tasks run: ``recover`` decides neither
+    (their supervisors live); one is cancelled (its supervisor sees the request at a
+    heartbeat and stops it), the other ends by itself. Nothing is left to recover."""
+    gate = tmp_path / "gate"
+    runs_ = [ferry.start("run", "--heartbeat", "0.2", "--", *gated(gate)) for _ in range(2)]
+    wait_until(lambda: [t["state"] for t in ferry.tasks()] == ["RUNNING"] * 2, what="running")
+    for run in runs_:
+        run.kill()
+        run.wait(timeout=30)
+    code, report = ferry.recover()
+    assert (code, report.get("decisions", [])) == (0, []), report
+    cancelled, ending = (str(t["id"]) for t in ferry.tasks())
+    ferry.ok("cancel", cancelled)
+    assert settled(ferry, cancelled)["state"] == "CANCELLED"
+    gate.touch()
+    assert settled(ferry, ending)["state"] == "SUCCEEDED"
+    code, report = ferry.recover()
+    assert (code, report.get("decisions", [])) == (0, []), report
+    ferry.verify_clean()
+
+
+def test_a_pooled_supervisor_shrugs_off_signals_between_tasks_and_is_replaced_if_killed(
+    ferry: Ferry,
+) -> None:
+    """SIGTERM, SIGINT and SIGHUP sent to an idle pooled supervisor are for no task: its
+    next task runs undisturbed (in the same supervisor). Killed while idle, it is reaped
+    (no zombie child of work) and the next task gets a new one."""
+    from ferry.process import read_stat
+
+    worker = ferry.start("work", "-j", "1", "--poll", "0.05")
+    first = ferry.ok("submit", "--", "true").text.strip()
+    supervisor = int(settled(ferry, first)["runner"]["pid"])  # type: ignore[index]
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        os.kill(supervisor, sig)
+    second = ferry.ok("submit", "--", "sleep", "0.2").text.strip()
+    task = settled(ferry, second)
+    assert (task["state"], task["runner"]["pid"]) == ("SUCCEEDED", supervisor)  # type: ignore[index]
+    os.kill(supervisor, signal.SIGKILL)
+    wait_until(lambda: supervisor not in children(worker.pid), what="work to reap it")
+    assert all(read_stat(pid).state != "Z" for pid in children(worker.pid))  # type: ignore[union-attr]
+    third = ferry.ok("submit", "--", "true").text.strip()
+    assert settled(ferry, third)["state"] == "SUCCEEDED"
+    assert worker.poll() is None
+
+
+@needs_strace
+@pytest.mark.crash
+@pytest.mark.parametrize(
+    ("command", "nth"), [("work", n) for n in range(1, 10)] + [("run", n) for n in range(1, 5)]
+)
+def test_the_launcher_killed_before_each_message_it_sends(
+    ferry: Ferry, tmp_path: Path, command: str, nth: int
+) -> None:
+    """strace kills the launcher as it enters its ``nth`` channel send (task, go,
+    durable, ack, the next task...): every task still runs exactly once, to SUCCEEDED
+    (written by its supervisor, or run by the next worker when it was released before
+    its spawn), and nothing is left to recover."""
+    marks = [tmp_path / f"m{n}" for n in range(3 if command == "work" else 1)]
+    argvs = [counting_task(mark, linger="; sleep 0.2") for mark in marks]
+    strace = ("strace", "-o", str(tmp_path / "strace.log"), "-e", "trace=sendto",
+              "-e", f"inject=sendto:signal=SIGKILL:when={nth}")  # fmt: skip
+    if command == "work":
+        for argv in argvs:
+            ferry.ok("submit", "--", *argv)
+        launcher = ferry("work", "-j", "1", "--drain", "--poll", "0.05",
+                         command=(*strace, *ferry.command))  # fmt: skip
+    else:
+        launcher = ferry("run", "--", *argvs[0], command=(*strace, *ferry.command))
+    assert launcher.code in (0, -signal.SIGKILL), launcher
+    for task in ferry.tasks():
+        wait_task_gone(str(task["id"]))
+    ferry.ok("work", "--drain", "-j", "1")
+    if command == "run" and nth == 1:  # killed before its task reached the supervisor:
+        assert (ferry.tasks(), runs(marks[0])) == ([], 0)  # nothing written, nothing ran
+        return
+    assert [t["state"] for t in ferry.tasks()] == ["SUCCEEDED"] * len(marks)
+    assert [runs(mark) for mark in marks] == [1] * len(marks)
+    code, report = ferry.recover()
+    assert (code, report.get("decisions", [])) == (0, []), report
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(600)
+def test_a_pooled_supervisor_does_not_grow_over_many_tasks(ferry: Ferry) -> None:
+    """work -j 1 runs 600 tiny tasks in its pooled supervisors: their memory and
+    descriptor counts at the end are those after the first tasks (no leak per task)."""
+    lines = b"".join(
+        b'{"argv": ["/bin/sh", "-c", "echo %d; echo e >&2"]}\n' % n for n in range(600)
+    )
+    ferry.ok("submit", "--from", "-", stdin=lines)
+    worker = ferry.start("work", "-j", "1", "--drain", "--poll", "0.05")
+
+    def sample() -> dict[int, tuple[int, int]]:
+        found = {}
+        for pid in children(worker.pid):
+            try:
+                with open(f"/proc/{pid}/status") as status:
+                    rss = next(int(line.split()[1]) for line in status if line.startswith("VmRSS"))
+                found[pid] = (rss, len(os.listdir(f"/proc/{pid}/fd")))
+            except (OSError, StopIteration):
+                continue
+        return found
+
+    def done() -> int:
+        return sum(1 for t in ferry.tasks() if t["state"] == "SUCCEEDED")
+
+    wait_until(lambda: done() >= 20, what="20 tasks", timeout_s=120)
+    early = sample()
+    wait_until(lambda: done() >= 560, what="560 tasks", timeout_s=500)
+    late = sample()
+    assert worker.wait(timeout=120) == 0
+    common = set(early) & set(late)
+    assert common, (early, late)
+    for pid in common:
+        assert late[pid][0] <= early[pid][0] + 2048, (pid, early[pid], late[pid])  # KiB
+        assert late[pid][1] <= 16, (pid, late[pid])
