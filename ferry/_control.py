@@ -81,15 +81,6 @@ class Channel:
                 raise
             self._outbox.popleft()
 
-    def flush_all(self) -> None:
-        """Send the whole outbox, waiting for the socket as needed (for a peer that is
-        reading: a supervisor waiting for its task)."""
-        import select
-
-        while self.pending and not self.closed:
-            select.select([], [self.sock], [])
-            self.flush()
-
     def unread(self, messages: list[dict[str, Any]]) -> None:
         """Hand back messages received but not for the caller: the next receive returns
         them first (a waiter for one kind must not lose the next one behind it)."""
@@ -117,14 +108,24 @@ class Channel:
                 self._partial = []
 
     def wait(self, timeout_s: float | None) -> list[dict[str, Any]]:
-        """Block up to ``timeout_s`` (None: for ever) for messages; ChannelClosed as
-        ``receive``. Returns [] on timeout."""
+        """Block up to ``timeout_s`` (None: for ever) for messages, sending what waits in
+        the outbox meanwhile (a peer that reads only once it hears from us must hear);
+        ChannelClosed as ``receive``. Returns [] on timeout."""
         import select
+        import time
 
-        if self._inbox:
-            return self.receive()
-        ready, _, _ = select.select([self.sock], [], [], timeout_s)
-        return self.receive() if ready else []
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while not self._inbox:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            writable = [self.sock] if self.pending and not self.closed else []
+            ready, out, _ = select.select([self.sock], writable, [], left)
+            if out:
+                self.flush()
+            if ready:
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                return []
+        return self.receive()
 
     def wait_for(self, kinds: tuple[str, ...], timeout_s: float | None) -> dict[str, Any] | None:
         """The first message of one of ``kinds`` (the others before it are dropped, the

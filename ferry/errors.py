@@ -17,6 +17,7 @@ The tree (codes are part of the observable contract; scripts match on them)::
     +-- PatchGateError              patch.*          2                 125
     +-- SpawnError                  spawn.*          125 / 126 / 127   125 / 126 / 127
     +-- ResourceError               io.*             125               125
+    +-- Interrupted                 interrupted      128+N             128+N
     +-- InternalError               internal         125               125
 
 Every error carries ``code`` (stable), ``message`` (one line, for humans) and
@@ -146,6 +147,13 @@ class ResourceError(FerryError):
     exit_code = EX_FERRY_FAILED
 
 
+class Interrupted(FerryError):
+    """SIGINT, SIGTERM or SIGHUP before anything was started: ferry stops, 128+N."""
+
+    code = "interrupted"
+    exit_code = 130
+
+
 class InternalError(FerryError):
     code = "internal"
     exit_code = EX_FERRY_FAILED
@@ -194,6 +202,8 @@ def exit_code_for(error: FerryError, *, runs_task: bool) -> int:
     """
     if runs_task and isinstance(error, KeyUnsafeError):
         return EX_OPERATOR  # the contract: run refuses such a key with exit 3 too
+    if isinstance(error, Interrupted):
+        return error.exit_code  # 128+N, as a signal that killed it would
     if runs_task and error.exit_code not in _RUN_PASSTHROUGH:
         return EX_FERRY_FAILED
     if runs_task and isinstance(error, PatchGateError):

@@ -24,16 +24,18 @@ import os
 import select
 import signal
 import sys
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from ferry import events as ev
 from ferry import failpoints
 from ferry._control import Channel, ChannelClosed, channel_pair
 from ferry._outputs import SignalTrap
-from ferry.errors import EX_FERRY_FAILED, FerryError, InternalError, RefusedError
+from ferry.errors import EX_FERRY_FAILED, FerryError, InternalError, Interrupted, RefusedError
 from ferry.fold import task_to_record
 from ferry.model import State, Task
 from ferry.process import ProcessIdentity, identity_of
@@ -117,8 +119,9 @@ class Launch:
         """Give it a task to plan (it is idle: its last task's end is durable)."""
         self.forget()
         self.task, self.token = task, token
+        # (A large task goes in frames as the supervisor reads them: never block on it,
+        # the launcher has others to answer. The launcher's waits flush the rest.)
         self.channel.send("task", task=task_to_record(task), token=token)
-        self.channel.flush_all()  # (it waits for it: a large task is read as it goes)
 
     @property
     def idle(self) -> bool:
@@ -152,10 +155,17 @@ class Launch:
                 self.warned = list(message.get("warnings", ()))
 
     def wait(self, timeout_s: float | None) -> None:
-        """Block until a message arrives or the channel ends (or ``timeout_s``)."""
-        if not self.gone:
-            select.select([self.channel.sock], [], [], timeout_s)
-            self.poll()
+        """Block until a message arrives or the channel ends (or ``timeout_s``),
+        sending what waits for it meanwhile."""
+        if self.gone:
+            return
+        try:
+            messages = self.channel.wait(timeout_s)
+        except ChannelClosed:
+            self.gone = True
+            return
+        self.channel.unread(messages)
+        self.poll()
 
     @property
     def plan_record(self) -> Record | None:
@@ -294,8 +304,9 @@ def run_foreground(
     launch = Launch(store.home, child_environ(), passthrough=True, stdout_echo_fd=stdout_echo_fd)
     try:
         launch.assign(task, token)
-        while launch.plan is None and not launch.gone:
-            launch.wait(None)
+        with _interruptible():
+            while launch.plan is None and not launch.gone:
+                launch.wait(None)
         with SignalTrap() as trap:
             return _Foreground(store, launch, trap, notice).run(lead, epoch, on_claimed)
     finally:
@@ -303,6 +314,29 @@ def run_foreground(
             launch.kill()
         launch.release()  # (done: it exits; an error: it carries on alone)
         launch.reap(timeout_s=REAP_WAIT_S if launch.idle else 0)
+
+
+@contextlib.contextmanager
+def _interruptible() -> Iterator[None]:
+    """While nothing exists yet (the supervisor plans): SIGTERM and SIGHUP end ferry as
+    SIGINT does, through its ``finally`` blocks (which end the supervisor), not by
+    their default action (which would leave it planning for nothing)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupted(signum: int, frame: FrameType | None) -> None:
+        raise Interrupted(f"interrupted by signal {signum}", exit_code=128 + signum)
+
+    old = {}
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) != signal.SIG_IGN:
+            old[sig] = signal.signal(sig, interrupted)
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 class _Foreground:
@@ -364,13 +398,17 @@ class _Foreground:
         if wakeup_fd is not None:
             watched.append(wakeup_fd)
         while True:
-            ready, _, _ = select.select(watched, [], [])
+            writable = [launch.channel.sock] if launch.channel.pending else []
+            ready, out, _ = select.select(watched, writable, [])
+            if out:
+                launch.channel.flush()
             if wakeup_fd is not None and wakeup_fd in ready:
                 self._forward_signals()
             launch.poll()
             spawned = launch.due_spawned()
-            if spawned is not None:
-                store.commit(spawned)
+            if spawned is not None and launch.ended is None:
+                with contextlib.suppress(RefusedError):  # (it wrote it, once we were silent)
+                    store.commit(spawned)
                 launch.written("SPAWNED")
             if launch.ended is not None:
                 return self._end()

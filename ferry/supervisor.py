@@ -77,6 +77,11 @@ from ferry.supervise import SpawnFailed, SuperviseSpec, supervise
 # before it writes the end itself (a launcher stopped with SIGSTOP, a frozen
 # container). A record the launcher then writes too is refused by the token.
 ACK_WAIT_S = 10.0
+# Without its launcher, a supervisor that cannot open the store (no descriptor left, a
+# stopped process holding the journal's lock) tries again this often, for this long,
+# before an end (or a release) is given up to recovery.
+STORE_OPEN_RETRY_S = 1.0
+STORE_OPEN_PATIENCE_S = 300.0
 
 
 def error_to_json(error: FerryError | None) -> dict[str, Any] | None:
@@ -155,15 +160,12 @@ class Supervisor:
         self.environ, self.trap = environ, trap
         self.passthrough, self.stdout_echo_fd = passthrough, stdout_echo_fd
         self.store: Any = None  # opened only once the launcher is gone (ferry.store.Store)
+        self.orphaned = False  # the launcher is gone: this supervisor writes its records
         self.spawned: ev.Spawned | None = None  # not yet known durable
         self.spawned_due = False  # it has run SPAWNED_AFTER_S
         self.cancelled = False  # its cancel was asked for (by the launcher, or seen here)
         self.warnings: list[str] = []  # for the launcher to print (an incomplete log)
         self.spawn_at = 0.0  # wall clock, just before the spawn
-
-    @property
-    def orphaned(self) -> bool:
-        return self.store is not None
 
     # -- the life -----------------------------------------------------------------------
 
@@ -196,7 +198,10 @@ class Supervisor:
         return message is not None and message["t"] == "go"
 
     def _orphaned_before_the_spawn(self) -> None:
-        store = self._open_store()
+        self.orphaned = True
+        store = self._open_store(patiently=True)
+        if store is None:
+            return  # (nothing was started: recovery decides the claim, if it was written)
         current = store.get(self.task.id)
         if current is None or current.claim_token != self.token:
             return  # the launcher never wrote the claim (or it is decided already)
@@ -291,10 +296,10 @@ class Supervisor:
         return None
 
     def _launcher_gone(self) -> int | None:
-        """The channel ended: from now on this supervisor writes its own records."""
-        self._open_store()
-        if self.spawned_due:
-            self._write_spawned()
+        """The channel ended: from now on this supervisor writes its own records (the
+        store opened now, or at a later heartbeat if it cannot be now: the task runs
+        on whatever the journal's trouble)."""
+        self.orphaned = True
         return self._should_stop()
 
     def _should_stop(self) -> int | None:
@@ -302,8 +307,14 @@ class Supervisor:
         by RESUMED. While the launcher lives it looks (told of each beat: it answers a
         STALE mark only while we beat); once it is gone, we do."""
         if not self.orphaned:
-            self.channel.send("beat")
+            if not self.channel.pending:  # (a silent launcher: one unread beat is enough)
+                self.channel.send("beat")
+            self.channel.flush()
             return None
+        if self._open_store() is None:
+            return None
+        if self.spawned_due:
+            self._write_spawned()
         try:
             self.store.refresh()
             current = self.store.get(self.task.id)
@@ -323,7 +334,7 @@ class Supervisor:
 
     def _cancel_seen(self) -> bool:
         """At the end, without a launcher: was a cancel asked for meanwhile?"""
-        if not self.orphaned:
+        if not self.orphaned or self._open_store() is None:
             return False  # (the launcher looks, when it writes the end)
         with contextlib.suppress(FerryError, OSError):
             self.store.refresh()
@@ -332,7 +343,7 @@ class Supervisor:
         return False
 
     def _write_spawned(self) -> None:
-        if self.spawned is None:
+        if self.spawned is None or self.store is None:
             return
         with contextlib.suppress(FerryError, OSError):  # already written, or decided
             current = self.store.get(self.task.id)
@@ -362,11 +373,13 @@ class Supervisor:
             if acked is not None:
                 failpoint("after:SETTLED")
                 return
-            self._open_store()
+            self.orphaned = True
         self._write_end(records)
 
     def _write_end(self, records: list[ev.Event]) -> None:
-        store = self.store
+        store = self._open_store(patiently=True)
+        if store is None:
+            return  # (the journal stayed out of reach: recovery decides the task)
         with contextlib.suppress(FerryError, OSError):
             store.refresh()
             current = store.get(self.task.id)
@@ -379,11 +392,20 @@ class Supervisor:
             store.commit(*records)
             failpoint("after:SETTLED")
 
-    def _open_store(self) -> Any:
-        if self.store is None:
+    def _open_store(self, *, patiently: bool = False) -> Any:
+        """The store, opened on first use (None if it cannot be now: descriptors short,
+        the journal locked by a stopped process...). ``patiently``: keep trying for
+        STORE_OPEN_PATIENCE_S, as when an end waits to be written."""
+        deadline = time.monotonic() + (STORE_OPEN_PATIENCE_S if patiently else 0.0)
+        while self.store is None:
             from ferry.store import Store
 
-            self.store = Store.open(self.home)
+            try:
+                self.store = Store.open(self.home)
+            except (FerryError, OSError):
+                if time.monotonic() >= deadline:
+                    return None
+                time.sleep(STORE_OPEN_RETRY_S)
         return self.store
 
 

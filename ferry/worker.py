@@ -56,6 +56,7 @@ if TYPE_CHECKING:
 # How long a turn waits for the plans of the tasks it just gave out (tasks without
 # pinned inputs: building an environment, well under a millisecond).
 PLAN_WAIT_S = 1.0
+PLAN_DEATHS_MAX = 3
 
 
 class _Unit:
@@ -87,6 +88,8 @@ class Worker:
         self.failures: list[FerryError] = []
         self.trap: SignalTrap | None = None
         self._cancel_before_spawn: set[str] = set()
+        self._plan_deaths: dict[str, int] = {}  # task id -> supervisors that died planning it
+        self.unreaped: list[Launch] = []  # gone, not yet exited (they hold a task alone)
 
     @property
     def launches(self) -> dict[str, Launch]:
@@ -123,10 +126,11 @@ class Worker:
 
     def _sleep(self, timeout_s: float) -> list[Any]:
         assert self.trap is not None
-        watched: list[Any] = [*self.supervisors, *self.survivors]
+        live = [launch for launch in self.supervisors if not launch.gone]
+        watched: list[Any] = [*live, *self.survivors]
         if self.trap.wakeup_fd is not None:
             watched.append(self.trap.wakeup_fd)
-        writable = [launch for launch in self.supervisors if launch.channel.pending]
+        writable = [launch for launch in live if launch.channel.pending]
         ready, out, _ = select.select(watched, writable, [], max(0.0, timeout_s))
         for launch in out:
             launch.channel.flush()
@@ -202,9 +206,23 @@ class Worker:
         if self.signals_seen < 2 <= count:
             self.service.notice("stopping the running tasks")
             for launch in self.launches.values():
-                if launch.plan is not None and not launch.stop_sent:
+                if launch.claimed and not launch.stop_sent:
                     launch.stop(signal.SIGTERM)
         self.signals_seen = count
+        self._drop_unclaimed()
+
+    def _drop_unclaimed(self) -> None:
+        """Stopping: the tasks given out but not claimed are taken back. A supervisor
+        still planning one (hashing pinned inputs: it may hang on a dead disk) is ended;
+        it has started nothing."""
+        for launch in list(self.launches.values()):
+            if launch.claimed:
+                continue
+            if launch.plan is None:
+                launch.kill()
+            else:
+                launch.abort()
+            launch.forget()
 
     def _recover(self) -> None:
         report = recover_as(self.lead, self.policy)
@@ -288,7 +306,11 @@ class Worker:
         ]  # fmt: skip
         deadline = time.monotonic() + PLAN_WAIT_S
         while waiting and time.monotonic() < deadline:
-            ready, _, _ = select.select(waiting, [], [], max(0.0, deadline - time.monotonic()))
+            writable = [launch for launch in waiting if launch.channel.pending]
+            left = max(0.0, deadline - time.monotonic())
+            ready, out, _ = select.select(waiting, writable, [], left)
+            for launch in out:
+                launch.channel.flush()  # (a large task, sent in frames as it is read)
             for launch in ready:
                 launch.poll()
             waiting = [launch for launch in waiting if launch.plan is None and not launch.gone]
@@ -310,34 +332,48 @@ class Worker:
             launch.warned = []
 
     def _let_go(self) -> None:
-        """Forget the supervisors that exited (reaped). One that died holding a task
-        before its end was known leaves that task to recovery (its runner is dead)."""
+        """Forget the supervisors that exited (reaped). One that died holding a task it
+        had not claimed gave nothing: its task is a candidate again (three such deaths
+        for one task: ferry has a bug, stop). One that died holding a claimed task
+        before its end was known leaves it to recovery (its runner is dead). One whose
+        end waits to be written stays until it is."""
         for launch in list(self.supervisors):
-            if not launch.gone or launch.ended is not None:
+            if not launch.gone or (launch.ended is not None and not self.halted):
                 continue
-            if not launch.idle and (launch.plan is None or launch.plan_record is None):
-                error = launch.plan_error if launch.plan is not None else None
-                self._halt(error or InternalError(
-                    f"task {launch.task.id}: its supervisor died before it planned the task"
-                ))  # fmt: skip
-            launch.reap()
+            if launch.ended is not None:
+                self.service.notice(
+                    f"task {launch.task.id}: its end is left to its supervisor's own write"
+                )
+            elif not launch.idle and not launch.claimed:
+                deaths = self._plan_deaths[launch.task.id] = (
+                    self._plan_deaths.get(launch.task.id, 0) + 1
+                )
+                if deaths >= PLAN_DEATHS_MAX:
+                    self._halt(InternalError(f"task {launch.task.id}: {deaths} supervisors"
+                                             " died planning it"), fail=True)  # fmt: skip
+            launch.forget()
+            launch.reap(timeout_s=0)
             self.supervisors.remove(launch)
+            if not launch.reaped:
+                self.unreaped.append(launch)
+        for launch in list(self.unreaped):
+            launch.reap(timeout_s=0)
+            if launch.reaped:
+                self.unreaped.remove(launch)
 
     def _units(self) -> list[_Unit]:
         """What is waiting to be written, per supervisor."""
         units = []
         closing = self.halted or self.stopping
+        if closing:
+            self._drop_unclaimed()
         for launch in self.launches.values():
             if launch.gone and launch.ended is None:
                 continue
             plan = launch.plan
             if plan is not None and not launch.claimed:
-                if plan["record"] is None:
-                    continue  # (its plan failed: _let_go or _write deals with it)
-                if closing:  # not claimed: the supervisor drops it
-                    launch.abort()
-                    launch.forget()
-                    continue
+                if plan["record"] is None or closing:
+                    continue  # (its plan failed: _write halts; closing: dropped)
                 runner = launch.identity.to_json()
                 claimed = ev.Claimed(launch.task.id, launch.task.attempt, launch.token,
                                      runner, "work").encode()  # fmt: skip
@@ -384,10 +420,18 @@ class Worker:
             self._write_each(units)
             return
         except FerryError as error:  # the journal failed us (a full disk, corruption)
-            self._halt(error, fail=True)
+            self._journal_failed(error)
             return
         for unit in units:
             self._done(unit, None)
+
+    def _journal_failed(self, error: FerryError) -> None:
+        """The journal refuses every write now (the handle failed): claim nothing more,
+        and let every supervisor go (they write their own records, through handles of
+        their own, once they see this one gone)."""
+        self._halt(error, fail=True)
+        for launch in self.supervisors:
+            launch.release()
 
     def _write_each(self, units: list[_Unit]) -> None:
         for unit in units:
@@ -403,7 +447,7 @@ class Worker:
                 self._done(unit, error)
                 continue
             except FerryError as error:
-                self._halt(error, fail=True)
+                self._journal_failed(error)
                 return
             self._done(unit, None)
 
@@ -411,7 +455,7 @@ class Worker:
         launch = unit.launch
         if unit.kind == "claim":
             if error is not None:
-                self.service.notice(f"task {launch.task.id}: {error.message}")
+                self.service.notice(error.message)
                 launch.abort()
                 launch.forget()
                 return
@@ -433,8 +477,8 @@ class Worker:
             else:
                 launch.spawned_written = True  # (refused: decided meanwhile; not again)
         elif unit.kind == "end":
-            if error is not None:
-                self.service.notice(f"task {launch.task.id}: {error.message}")
+            if error is not None:  # (never its own end, which end_records left out)
+                self.service.notice(error.message)
             launch.ack()
 
     def _cancelled(self, launch: Launch) -> bool:

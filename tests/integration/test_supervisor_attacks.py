@@ -3,9 +3,9 @@
 Each test drives the real ``ferry`` (``clikit.Ferry``) and breaks one of the feature's
 guarantees the hard way: a launcher stopped (SIGSTOP) past the supervisor's wait for
 its ``ack``, a supervisor stopped or killed at a chosen point, a syscall failed with
-strace, very large tasks and outputs. A test marked ``xfail(strict=True)`` reproduces
-a bug of the current code (its docstring says how it fails); the others are attacks
-the feature withstood, kept as regression tests.
+strace, very large tasks and outputs. The tests under "bugs" each reproduced a bug of
+the first version of supervisors (its docstring says how it failed) and pass since
+its fix; the others are attacks the feature withstood, kept as regression tests.
 
 ``ACK_WAIT_S`` (10 s) is how long a supervisor waits for its launcher's word that its
 end is durable before it writes the end itself. Tests that need that wait to run out
@@ -16,6 +16,7 @@ so that they stay fast.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -105,11 +106,6 @@ needs_strace = pytest.mark.skipif(shutil.which("strace") is None, reason="needs 
 # ---- bugs ------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="run writes the SPAWNED it held after its supervisor wrote the task's end "
-    "itself: refused, and run exits 125 task.stale_claim instead of the task's status",
-)
 def test_run_stopped_past_the_ack_wait_exits_with_the_task_s_status(
     ferry_short_ack: Ferry,
 ) -> None:
@@ -131,12 +127,6 @@ def test_run_stopped_past_the_ack_wait_exits_with_the_task_s_status(
     assert (code, err) == (0, ""), err
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the supervisor never flushes its outbox while it waits for its ack: the "
-    "'ended' message queued behind beats never reaches a launcher continued in time; "
-    "run exits 125 supervisor.died",
-)
 def test_run_continued_before_the_ack_wait_ends_gets_the_task_s_end(tmp_path: Path) -> None:
     """``ferry run`` stopped for a few seconds while its task runs with a short
     heartbeat: the supervisor's beats fill the channel (about 280 packets), so its
@@ -167,11 +157,6 @@ def test_run_continued_before_the_ack_wait_ends_gets_the_task_s_end(tmp_path: Pa
 
 
 @needs_strace
-@pytest.mark.xfail(
-    strict=True,
-    reason="an orphaned supervisor that cannot open the journal raises out of its "
-    "task loop, which kills the task's group (TaskLoop.abort)",
-)
 def test_a_supervisor_that_cannot_open_the_journal_does_not_kill_its_task(
     ferry: Ferry, tmp_path: Path
 ) -> None:
@@ -205,11 +190,6 @@ def test_a_supervisor_that_cannot_open_the_journal_does_not_kill_its_task(
     assert out.read_text().split() == ["start", "done"], "the task was killed"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a supervisor that dies before its plan halts work: --drain exits 0 with "
-    "every task still QUEUED",
-)
 def test_work_drain_runs_the_queue_after_a_supervisor_died_while_planning(
     ferry: Ferry, tmp_path: Path
 ) -> None:
@@ -235,11 +215,6 @@ def test_work_drain_runs_the_queue_after_a_supervisor_died_while_planning(
 
 
 @needs_strace
-@pytest.mark.xfail(
-    strict=True,
-    reason="after a failed journal write with a task's end pending, work never exits "
-    "and spins on the supervisor's closed channel",
-)
 def test_work_exits_after_its_journal_failed_with_an_end_pending(
     ferry: Ferry, tmp_path: Path
 ) -> None:
@@ -275,11 +250,6 @@ def test_work_exits_after_its_journal_failed_with_an_end_pending(
     assert code is not None, "work --drain did not exit"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="work cannot be stopped (SIGTERM, twice) while a supervisor holds a task "
-    "it has not planned",
-)
 def test_work_stops_on_sigterm_while_a_supervisor_has_not_planned(
     ferry: Ferry, tmp_path: Path
 ) -> None:
@@ -308,15 +278,11 @@ def test_work_stops_on_sigterm_while_a_supervisor_has_not_planned(
         assert code is not None, "work did not stop"
         assert ferry.task(task_id)["state"] == "QUEUED"
     finally:
-        os.kill(hashing, signal.SIGKILL)  # (it would hash 4 GiB once continued)
-        os.kill(hashing, signal.SIGCONT)
+        with contextlib.suppress(ProcessLookupError):  # (work ended it: it had started nothing)
+            os.kill(hashing, signal.SIGKILL)  # (it would hash 4 GiB once continued)
+            os.kill(hashing, signal.SIGCONT)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Launch.assign blocks work's whole loop (Channel.flush_all) while a large "
-    "task is sent to a supervisor that does not read",
-)
 def test_a_stopped_idle_supervisor_does_not_wedge_the_worker(ferry: Ferry) -> None:
     """An idle pooled supervisor is stopped (SIGSTOP, or stuck in D state); work gives
     it the next task, which is larger than the socket's buffer (a long argv: 900 KB).
@@ -339,11 +305,6 @@ def test_a_stopped_idle_supervisor_does_not_wedge_the_worker(ferry: Ferry) -> No
         os.kill(supervisor, signal.SIGCONT)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="work reports a refusal ('task X: task X: claim token is not the current "
-    "claim's; refused') for an end its supervisor wrote itself",
-)
 def test_work_stopped_past_the_ack_wait_reports_no_refusal(tmp_path: Path) -> None:
     """``work`` stopped (SIGSTOP) while its task ends, past the supervisor's ack wait:
     the supervisor writes the end itself, as designed. Continued, work commits the same
