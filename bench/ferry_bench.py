@@ -46,7 +46,7 @@ from pathlib import Path
 from benchkit import REPO, Figure, Options, interleaved, scratch, side_by_side, timed
 
 import journal
-from ferry.store import SNAPSHOT_TAIL_RECORDS
+from ferry.storage.local.store import SNAPSHOT_TAIL_RECORDS
 
 PY = sys.executable
 STEADY_SETTLED_TASKS = 6000  # run-overhead's steady home: 30,000 records
@@ -268,12 +268,12 @@ def _journal_with(home: Path, settled_tasks: int, in_flight: int) -> None:
     records each: SUBMITTED, CLAIMED, DISPATCHING, SPAWNED, SETTLED) and ``in_flight``
     RUNNING tasks of a dead runner. Written through the real store (validated), in
     large batches."""
-    from ferry import events as ev
-    from ferry.ids import new_claim_token, new_task_id
-    from ferry.model import State
-    from ferry.spec import TaskSpec
-    from ferry.statedir import ensure_home
-    from ferry.store import Store
+    from ferry.core import events as ev
+    from ferry.core.ids import new_claim_token, new_task_id
+    from ferry.core.model import State
+    from ferry.core.spec import TaskSpec
+    from ferry.storage.local.statedir import ensure_home
+    from ferry.storage.local.store import Store
 
     ensure_home(home)
     store = Store.open(home)

@@ -1,4 +1,4 @@
-"""Output capture throughput of ferry.supervise (the process-and-bytes part of `run`).
+"""Output capture throughput of ferry.proc.supervise (the process-and-bytes part of `run`).
 
 supervise-capture: a task that writes 1 GiB (times --scale) to its stdout, supervised
 with passthrough on (ferry's fd 1 is /dev/null) and the log on the repository's file
@@ -25,7 +25,7 @@ CHUNK = 1 << 20
 SUPERVISE = r"""
 import os, sys
 from pathlib import Path
-from ferry.supervise import SuperviseSpec, supervise
+from ferry.proc.supervise import SuperviseSpec, supervise
 src, out = sys.argv[1], Path(sys.argv[2])
 for p in (out / "task.out", out / "task.err"):
     p.unlink(missing_ok=True)
@@ -81,7 +81,7 @@ def bench_capture(options: Options) -> Figure:
 
 
 def bench_spawn(options: Options) -> Figure:
-    from ferry.supervise import SuperviseSpec, supervise
+    from ferry.proc.supervise import SuperviseSpec, supervise
 
     n = max(10, int(200 * options.scale))
     with scratch("supervise-spawn-") as work:

@@ -12,7 +12,7 @@ subprocess::
     FERRY_FAILPOINTS="supervisor:after:spawn=self"  # ... armed in supervisors only
 
 A command that runs tasks (``run``, ``claim``, ``work``: the *launcher*) forks one
-supervisor per task (``ferry.supervisor``), which inherits the armed failpoints. A
+supervisor per task (``ferry.app.supervisor``), which inherits the armed failpoints. A
 plain name is armed in both, each counting its own hits; ``supervisor:NAME`` only in
 supervisors, ``launcher:NAME`` only in the launcher. What a hit does:
 
@@ -44,9 +44,9 @@ Naming convention (the registry :data:`FAILPOINTS` lists every name):
 * ``before:spawn`` / ``after:spawn``: around starting a task's child process (in the
   supervisor).
 * ``before:signal`` / ``after:signal``: around sending a verified signal
-  (:func:`ferry.process.signal_verified` calls them itself).
+  (:func:`ferry.proc.process.signal_verified` calls them itself).
 * ``before:lease_write`` / ``after:lease_write``: around the atomic replace of
-  ``lease.json`` (:mod:`ferry.lease` calls them itself).
+  ``lease.json`` (:mod:`ferry.storage.local.lease` calls them itself).
 * ``before:snapshot_write`` / ``after:snapshot_write``: around a compaction's journal
   snapshot, with ``compact.lock`` held (``before``: its archive is written, the snapshot
   not; ``after``: the snapshot is written, nothing pruned yet).
@@ -65,7 +65,7 @@ import signal
 import threading
 from collections.abc import Iterable, Mapping
 
-from ferry.events import EventType
+from ferry.core.events import EventType
 
 __all__ = [
     "ENV",

@@ -29,7 +29,7 @@ from typing import IO, Any
 
 import orjson
 
-from ferry.process import ProcessIdentity, identity_of, read_stat, signal_verified
+from ferry.proc.process import ProcessIdentity, identity_of, read_stat, signal_verified
 
 FERRY = (sys.executable, "-m", "ferry.cli")
 CLI_TIMEOUT_S = 60.0

@@ -15,8 +15,8 @@ from typing import Any
 
 from clikit import WAIT_S, wait_until
 
-from ferry.process import ProcessIdentity, find_by_marker, marker_prefix, read_stat
-from ferry.runner import SPAWNED_AFTER_S
+from ferry.app.runner import SPAWNED_AFTER_S
+from ferry.proc.process import ProcessIdentity, find_by_marker, marker_prefix, read_stat
 
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
 

@@ -1,4 +1,4 @@
-"""Run ferry.supervise.supervise in a process of its own, for tests that need to signal
+"""Run ferry.proc.supervise.supervise in a process of its own, for tests that need to signal
 the supervisor or capture its fd 1/fd 2.
 
 Usage: python supervise_driver.py CONFIG.json
@@ -16,7 +16,7 @@ import signal
 import sys
 from pathlib import Path
 
-from ferry.supervise import SpawnFailed, SuperviseSpec, supervise
+from ferry.proc.supervise import SpawnFailed, SuperviseSpec, supervise
 
 
 def main() -> int:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ferry import alivelock
+from ferry.proc import alivelock
 
 SETSID_AND_CLEAR_ENV = (
     "import os, sys, time; os.setsid(); "
@@ -59,7 +59,7 @@ def test_the_holder_scan_finds_the_processes_that_inherited_the_lock_only(
     environment by the lock it inherited. Not every process with the file open is the
     task's: the runner's own descriptor is close-on-exec, ferry's probes open it
     read-only; neither may be taken for the task (and signalled)."""
-    from ferry.process import scan_processes
+    from ferry.proc.process import scan_processes
 
     path = tmp_path / "t.1"
     fd = alivelock.hold(path)
@@ -94,7 +94,7 @@ STEP_S = 1000.0  # a wall clock far off: an age measured on it would show
 def test_a_beat_is_aged_on_the_boot_clock_an_old_file_by_its_mtime(tmp_path: Path) -> None:
     """The record ``hold`` and ``beat`` write is aged on CLOCK_BOOTTIME, whatever the
     wall clock says; a file without one (an older ferry's) by its mtime, as before."""
-    from ferry.liveness import heartbeat_age
+    from ferry.proc.liveness import heartbeat_age
 
     path = tmp_path / "t.1"
     assert heartbeat_age(path, time.time()) is None  # no file
@@ -123,8 +123,8 @@ def test_a_torn_or_foreign_beat_record_falls_back_to_the_mtime(tmp_path: Path) -
     """Never a crash, never an age read from garbage: a record cut anywhere (a read that
     met a write half done), with any byte changed, mixed with an earlier one, or from
     another boot or time namespace gives the mtime's age."""
-    from ferry.liveness import heartbeat_age
-    from ferry.process import boot_id, time_namespace
+    from ferry.proc.liveness import heartbeat_age
+    from ferry.proc.process import boot_id, time_namespace
 
     path = tmp_path / "t.1"
     raw = sound_record(path)
@@ -152,13 +152,13 @@ def test_a_beat_from_another_time_namespace_is_aged_by_its_mtime(tmp_path: Path)
     """A runner in a container with its own time namespace reads another CLOCK_BOOTTIME
     (offset by the namespace): its record's clock means nothing here. A real one."""
     path = tmp_path / "t.1"
-    beat_there = f"import pathlib, ferry.alivelock as a; a.beat(pathlib.Path({str(path)!r}))"
+    beat_there = f"import pathlib, ferry.proc.alivelock as a; a.beat(pathlib.Path({str(path)!r}))"
     command = ["unshare", "--time", "--boottime", "100000", "--fork", sys.executable, "-c"]
     done = subprocess.run([*command, beat_there], capture_output=True, timeout=60, check=False)
     if done.returncode != 0:
         pytest.skip(f"no time namespace here: {done.stderr.decode(errors='replace')[-200:]}")
-    from ferry.liveness import heartbeat_age
-    from ferry.process import time_namespace
+    from ferry.proc.liveness import heartbeat_age
+    from ferry.proc.process import time_namespace
 
     beat = alivelock.parse_beat(path.read_bytes())
     assert beat is not None and beat.time_namespace != time_namespace()
@@ -167,7 +167,7 @@ def test_a_beat_from_another_time_namespace_is_aged_by_its_mtime(tmp_path: Path)
 
 
 BEAT_AGAIN_AND_AGAIN = (
-    "import pathlib, sys, ferry.alivelock as a\n"
+    "import pathlib, sys, ferry.proc.alivelock as a\n"
     "path = pathlib.Path(sys.argv[1])\n"
     "print('beating', flush=True)\n"
     "while True: a.beat(path)\n"
@@ -178,7 +178,7 @@ def test_reads_racing_a_beating_runner_give_true_ages_only(tmp_path: Path) -> No
     """A runner beating as fast as it can, recovery reading meanwhile: every age read is
     one of a beat just written (on the boot clock) or, had a read met every write half
     done, the mtime's; never one made of two records."""
-    from ferry.liveness import heartbeat_age
+    from ferry.proc.liveness import heartbeat_age
 
     path = tmp_path / "t.1"
     sound_record(path)

@@ -22,7 +22,7 @@ import pytest
 from clikit import Ferry
 from hardkit import cli_in, make_template, read_only_bind, tree
 
-from ferry.lease import Lease
+from ferry.storage.local.lease import Lease
 
 
 @pytest.fixture(scope="module")

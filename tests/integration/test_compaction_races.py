@@ -297,7 +297,7 @@ def test_a_reader_that_opens_during_a_compaction_is_not_told_the_journal_is_corr
     `journal compact` loop). Made certain: `ls` stopped right between the two."""
     import signal
 
-    from ferry.process import read_stat
+    from ferry.proc.process import read_stat
 
     ferry.ok("run", "--", "true")
     ferry.ok("journal", "compact")
@@ -316,7 +316,7 @@ def test_a_reader_that_opens_during_a_compaction_is_not_told_the_journal_is_corr
 
 
 def stopped(pid: int) -> bool:
-    from ferry.process import read_stat
+    from ferry.proc.process import read_stat
 
     st = read_stat(pid)
     return st is not None and st.state == "T"

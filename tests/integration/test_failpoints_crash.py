@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from ferry.failpoints import ENV, FAILPOINTS
-from ferry.lease import LeaseStore
-from ferry.liveness import Liveness, probe
-from ferry.process import self_identity
-from ferry.statedir import ensure_home
+from ferry.proc.liveness import Liveness, probe
+from ferry.proc.process import self_identity
+from ferry.storage.local.lease import LeaseStore
+from ferry.storage.local.statedir import ensure_home
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -85,8 +85,8 @@ def test_the_registry_names_the_side_effects_and_both_sides_of_each_event() -> N
 LEASE_WRITER = """
     import sys
     from pathlib import Path
-    from ferry.lease import LeaseStore
-    from ferry.process import self_identity
+    from ferry.storage.local.lease import LeaseStore
+    from ferry.proc.process import self_identity
     print(self_identity().pid, flush=True)
     LeaseStore(Path(sys.argv[1]), ttl_s=3600.0).acquire(self_identity())
     print("written", flush=True)

@@ -523,7 +523,7 @@ def fresh_ferry_home(
 ) -> Path:
     """A ferry home made by ensure_home, traced (its os calls through the simulated
     disk too): its directories, and those it made on the way to it."""
-    from ferry import statedir
+    from ferry.storage.local import statedir
 
     patch.setattr(statedir, "os", sim)
     return statedir.ensure_home(home, mountinfo="") / "journal"

@@ -17,7 +17,7 @@ import pytest
 from clikit import CLI_TIMEOUT_S, Ferry, wait_until
 from crashkit import OUTLIVES_SPAWNED, counting_task, decision_records, runs, wait_task_gone
 
-from ferry.process import read_stat
+from ferry.proc.process import read_stat
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -17,11 +17,17 @@ from pathlib import Path
 
 import pytest
 
-from ferry.errors import LeaseHeldError, StateDirError
-from ferry.lease import Lease, LeaseLostError, LeaseStore, LeaseUnreadableError, boot_clock
-from ferry.liveness import Liveness, probe
-from ferry.process import ProcessIdentity, identity_of, read_stat, self_identity
-from ferry.statedir import ensure_home
+from ferry.core.errors import LeaseHeldError, StateDirError
+from ferry.proc.liveness import Liveness, probe
+from ferry.proc.process import ProcessIdentity, identity_of, read_stat, self_identity
+from ferry.storage.local.lease import (
+    Lease,
+    LeaseLostError,
+    LeaseStore,
+    LeaseUnreadableError,
+    boot_clock,
+)
+from ferry.storage.local.statedir import ensure_home
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -82,9 +88,9 @@ def read_line(proc: subprocess.Popen[str]) -> str:
 RACER = """
     import sys, time
     from pathlib import Path
-    from ferry.errors import LeaseHeldError
-    from ferry.lease import LeaseStore, boot_clock
-    from ferry.process import self_identity
+    from ferry.core.errors import LeaseHeldError
+    from ferry.storage.local.lease import LeaseStore, boot_clock
+    from ferry.proc.process import self_identity
 
     store = LeaseStore(Path(sys.argv[1]), ttl_s=60.0)
     me = self_identity()
@@ -139,9 +145,9 @@ def test_twenty_racing_processes_get_distinct_epochs_and_never_overlap(
 HOLDER = """
     import os, signal, sys
     from pathlib import Path
-    from ferry.errors import FerryError
-    from ferry.lease import LeaseStore
-    from ferry.process import self_identity
+    from ferry.core.errors import FerryError
+    from ferry.storage.local.lease import LeaseStore
+    from ferry.proc.process import self_identity
 
     store = LeaseStore(Path(sys.argv[1]), ttl_s=float(sys.argv[2]))
     lease = store.acquire(self_identity())

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from ferry.errors import LeaseHeldError
-from ferry.lease import LeaseStore
-from ferry.process import read_stat, self_identity
-from ferry.statedir import ensure_home
+from ferry.core.errors import LeaseHeldError
+from ferry.proc.process import read_stat, self_identity
+from ferry.storage.local.lease import LeaseStore
+from ferry.storage.local.statedir import ensure_home
 from journal import Journal
 
 pytestmark = pytest.mark.timeout(60)
@@ -26,9 +26,9 @@ pytestmark = pytest.mark.timeout(60)
 OLD_LEADER = """
     import os, signal, sys
     from pathlib import Path
-    from ferry.errors import FerryError
-    from ferry.lease import LeaseStore
-    from ferry.process import self_identity
+    from ferry.core.errors import FerryError
+    from ferry.storage.local.lease import LeaseStore
+    from ferry.proc.process import self_identity
     from journal import Journal, JournalError
 
     home = Path(sys.argv[1])
@@ -111,9 +111,9 @@ def test_ferry_fences_by_the_lease_before_the_successor_writes_anything(tmp_path
     the lease but has not journaled yet (``recover`` and ``claim`` probe first) must
     fence the old leader all the same: ferry's store asks lease.json under the append
     lock. Writes that no leader makes (epoch 0: run, submit, cancel) are not fenced."""
-    from ferry import events as ev
-    from ferry.errors import FerryError
-    from ferry.store import Store
+    from ferry.core import events as ev
+    from ferry.core.errors import FerryError
+    from ferry.storage.local.store import Store
 
     home = ensure_home(tmp_path / "home")
     store = Store.open(home)

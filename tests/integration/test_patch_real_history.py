@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from ferry.errors import PatchGateError
-from ferry.patch import EMPTY_PATCH_HUNKS, PATCH_DOES_NOT_COVER_POINTERS, check_gates
+from ferry.core.errors import PatchGateError
+from ferry.core.patch import EMPTY_PATCH_HUNKS, PATCH_DOES_NOT_COVER_POINTERS, check_gates
 
 COMMITS = 320
 SEED = 20240605

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from ferry.liveness import Liveness, probe, probe_task
-from ferry.process import (
+from ferry.proc.liveness import Liveness, probe, probe_task
+from ferry.proc.process import (
     MARKER_ENV,
     NotGroupLeaderError,
     ProcessIdentity,
@@ -355,7 +355,7 @@ def test_signal_task_signals_a_leader_recorded_without_namespaces_once(
 
 SIGNALLER = """
 import sys
-from ferry.process import ProcessIdentity, signal_verified
+from ferry.proc.process import ProcessIdentity, signal_verified
 import json, signal
 ident = ProcessIdentity.from_json(json.loads(sys.argv[1]))
 print("signalling", flush=True)
@@ -393,15 +393,15 @@ IN_A_CONTAINER = ("unshare", "--pid", "--fork", "--mount-proc", "--kill-child")
 # handle), then wait.
 SAY_WHO_AND_WAIT = (
     "import json, signal, sys\n"
-    "from ferry.process import self_identity\n"
+    "from ferry.proc.process import self_identity\n"
     "signal.signal(signal.SIGUSR1, lambda *_: print('got SIGUSR1', flush=True))\n"
     "print(json.dumps(self_identity().to_json()), flush=True)\n"
     "while True: signal.pause()\n"
 )
 PROBE_THESE = (
     "import json, sys\n"
-    "from ferry.liveness import probe\n"
-    "from ferry.process import ProcessIdentity\n"
+    "from ferry.proc.liveness import probe\n"
+    "from ferry.proc.process import ProcessIdentity\n"
     "print(json.dumps([probe(ProcessIdentity.from_json(i)).value"
     " for i in json.loads(sys.argv[1])]))\n"
 )

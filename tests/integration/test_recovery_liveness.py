@@ -29,9 +29,9 @@ from crashkit import (
     wait_task_gone,
 )
 
-from ferry.alivelock import Beat, beat_record, parse_beat
-from ferry.liveness import WALL_STEP_ENV
-from ferry.process import ProcessIdentity, local_identity, read_stat
+from ferry.proc.alivelock import Beat, beat_record, parse_beat
+from ferry.proc.liveness import WALL_STEP_ENV
+from ferry.proc.process import ProcessIdentity, local_identity, read_stat
 
 pytestmark = pytest.mark.timeout(120)
 

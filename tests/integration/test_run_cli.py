@@ -24,7 +24,7 @@ from clikit import CLI_TIMEOUT_S, Ferry, wait_until
 from hardkit import holds_open_below, pid_alive, slow_to_hash, wait_for
 from taskscripts import TREE_LEAF
 
-from ferry.process import read_stat
+from ferry.proc.process import read_stat
 
 PY = sys.executable
 

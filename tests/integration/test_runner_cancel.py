@@ -7,14 +7,14 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from ferry import events as ev
-from ferry.ids import new_claim_token, new_task_id
-from ferry.launch import run_foreground
-from ferry.model import Reason, State
-from ferry.process import self_identity
-from ferry.spec import TaskSpec
-from ferry.statedir import ensure_home
-from ferry.store import Store
+from ferry.app.launch import run_foreground
+from ferry.core import events as ev
+from ferry.core.ids import new_claim_token, new_task_id
+from ferry.core.model import Reason, State
+from ferry.core.spec import TaskSpec
+from ferry.proc.process import self_identity
+from ferry.storage.local.statedir import ensure_home
+from ferry.storage.local.store import Store
 
 
 def test_a_cancel_between_claim_and_spawn_settles_cancelled_without_running(

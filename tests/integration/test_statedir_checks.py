@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ferry.errors import StateDirError
-from ferry.statedir import SUBDIRS, ensure_home, private_open
+from ferry.core.errors import StateDirError
+from ferry.storage.local.statedir import SUBDIRS, ensure_home, private_open
 
 NOBODY = 65534
 
@@ -153,7 +153,7 @@ def test_not_writable_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 
 
 class FsyncSpy:
-    """Stands in for ``os`` in ferry.statedir: real calls, noting which directories
+    """Stands in for ``os`` in ferry.storage.local.statedir: real calls, noting which directories
     were fsynced (by path)."""
 
     def __init__(self) -> None:
@@ -175,7 +175,7 @@ class FsyncSpy:
 
 @pytest.fixture
 def spy(monkeypatch: pytest.MonkeyPatch) -> FsyncSpy:
-    from ferry import statedir
+    from ferry.storage.local import statedir
 
     watching = FsyncSpy()
     monkeypatch.setattr(statedir, "os", watching)
@@ -211,7 +211,7 @@ def test_a_subdirectory_made_after_ensure_home_is_made_durable(
     tmp_path: Path, spy: FsyncSpy
 ) -> None:
     """archive/ made again by compaction, if it went missing after ensure_home."""
-    from ferry.statedir import make_dir_durable
+    from ferry.storage.local.statedir import make_dir_durable
 
     home = ensure_home(tmp_path / "home")
     (home / "archive").rmdir()

@@ -1,4 +1,4 @@
-"""ferry.supervise with real processes: exit status, spawn failures, signals reaching the
+"""ferry.proc.supervise with real processes: exit status, spawn failures, signals reaching the
 whole tree, timeouts, grace and SIGKILL, byte-exact capture, heartbeats, leftovers.
 
 Children are ``sys.executable -c`` scripts. Tests that must signal the supervisor or
@@ -27,8 +27,8 @@ import pytest
 from hardkit import wait_for
 from taskscripts import TREE_LEAF
 
-from ferry._sink import ECHO_BACKLOG_BYTES, Sink
-from ferry.supervise import Outcome, SpawnFailed, SuperviseSpec, supervise
+from ferry.proc._sink import ECHO_BACKLOG_BYTES, Sink
+from ferry.proc.supervise import Outcome, SpawnFailed, SuperviseSpec, supervise
 
 PY = sys.executable
 DRIVER = Path(__file__).with_name("supervise_driver.py")

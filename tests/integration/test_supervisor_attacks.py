@@ -39,7 +39,7 @@ TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 def short_ack(wait_s: float) -> tuple[str, ...]:
     """The ferry CLI with the supervisors' ACK_WAIT_S set to ``wait_s``."""
     code = (
-        "import sys, ferry.supervisor as s\n"
+        "import sys, ferry.app.supervisor as s\n"
         f"s.ACK_WAIT_S = {wait_s!r}\n"
         "from ferry.cli import main\n"
         "sys.exit(main())\n"
@@ -486,7 +486,7 @@ def test_a_pooled_supervisor_shrugs_off_signals_between_tasks_and_is_replaced_if
     """SIGTERM, SIGINT and SIGHUP sent to an idle pooled supervisor are for no task: its
     next task runs undisturbed (in the same supervisor). Killed while idle, it is reaped
     (no zombie child of work) and the next task gets a new one."""
-    from ferry.process import read_stat
+    from ferry.proc.process import read_stat
 
     worker = ferry.start("work", "-j", "1", "--poll", "0.05")
     first = ferry.ok("submit", "--", "true").text.strip()

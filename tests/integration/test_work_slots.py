@@ -81,8 +81,8 @@ def test_a_claim_refused_because_the_task_was_cancelled_meanwhile_is_skipped(
     its claim write, played step by step on a real state directory: another process
     cancels the picked task in between. The claim is refused, the supervisor told to
     drop it (it started nothing), and the next task is claimed."""
-    from ferry.service import Service
-    from ferry.worker import Worker
+    from ferry.app.service import Service
+    from ferry.app.worker import Worker
 
     first, second = submit(ferry, tmp_path / "a"), submit(ferry, tmp_path / "b")
     notices: list[str] = []

@@ -1,4 +1,4 @@
-"""The zero-copy passthrough (tee + splice, ferry._splice) with real processes and pipes:
+"""The zero-copy passthrough (tee + splice, ferry.proc._splice) with real processes and pipes:
 large output reaches a piped stdout and the log byte-exact, after earlier bytes of the
 log; the fast path is really taken; a log that refuses splice, or fails, is handled.
 
@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from ferry import _splice
-from ferry.supervise import SuperviseSpec, supervise
+from ferry.proc import _splice
+from ferry.proc.supervise import SuperviseSpec, supervise
 
 PY = sys.executable
 pytestmark = pytest.mark.skipif(not _splice.available(), reason="needs Linux splice")

@@ -24,13 +24,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import journal
-from ferry import events as ev
-from ferry.errors import FerryError, PatchGateError
-from ferry.lease import Lease, LeaseStore
-from ferry.model import Reason, State
-from ferry.patch import PatchInfo, check_gates
-from ferry.spec import TaskSpec
-from ferry.store import Store
+from ferry.core import events as ev
+from ferry.core.errors import FerryError, PatchGateError
+from ferry.core.model import Reason, State
+from ferry.core.patch import PatchInfo, check_gates
+from ferry.core.spec import TaskSpec
+from ferry.storage.local.lease import Lease, LeaseStore
+from ferry.storage.local.store import Store
 
 SEGMENT = "00000000000000000001.jsonl"
 FUZZ = settings(

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ferry.alivelock import BEAT_BYTES, Beat, beat_record, parse_beat
-from ferry.lease import Lease, LeaseUnreadableError, parse_lease
-from ferry.process import parse_stat
+from ferry.proc.alivelock import BEAT_BYTES, Beat, beat_record, parse_beat
+from ferry.proc.process import parse_stat
+from ferry.storage.local.lease import Lease, LeaseUnreadableError, parse_lease
 
 GOOD: dict[str, Any] = {
     "v": 1,

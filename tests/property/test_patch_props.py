@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from ferry.errors import PatchGateError
-from ferry.patch import (
+from ferry.core.errors import PatchGateError
+from ferry.core.patch import (
     EMPTY_PATCH_HUNKS,
     NOT_A_UNIFIED_DIFF,
     PATCH_DOES_NOT_COVER_POINTERS,

@@ -19,19 +19,19 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ferry import events as ev
-from ferry.errors import FerryError
-from ferry.model import IN_FLIGHT_STATES, Liveness, Reason, State
-from ferry.recovery import Observation, Policy, decide
-from ferry.spec import TaskSpec
-from ferry.state import Table
+from ferry.core import events as ev
+from ferry.core.errors import FerryError
+from ferry.core.model import IN_FLIGHT_STATES, Liveness, Reason, State
+from ferry.core.recovery import Observation, Policy, decide
+from ferry.core.spec import TaskSpec
+from ferry.core.state import Table
 
 IDS = ["01hf7yat00aaaaaa", "01hf7yat00bbbbbb", "01hf7yat00cccccc"]
 TOKENS = ["t1", "t2", "t3"]
 RUNNER = {"pid": 1, "start_time": 2.0, "boot_id": "b", "host": "h"}
 Record = tuple[str, dict[str, Any]]
 E = ev.EventType
-# Refusals that only a new write gets (ferry.fold.check_write, the key rules).
+# Refusals that only a new write gets (ferry.core.fold.check_write, the key rules).
 ADMISSION_CODES = frozenset({"task.stale_claim", "task.cancel_requested"})
 # What usually comes next for a task in each state, so random runs reach deep states.
 NATURAL: dict[State | None, list[ev.EventType]] = {

@@ -1,4 +1,4 @@
-"""ferry.cli_fast.parse_run agrees with click: on every command line it accepts, click
+"""ferry.cli.fast.parse_run agrees with click: on every command line it accepts, click
 accepts it too and hands the ``run`` command exactly the same values; whatever click
 refuses, it leaves to click. And the plain lines a CI job writes take the fast path."""
 
@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ferry import cli_commands
-from ferry.cli_app import cli
-from ferry.cli_fast import parse_run
+from ferry.cli import commands as cli_commands
+from ferry.cli.fast import parse_run
+from ferry.cli.tree import cli
 
 
 def click_parse(args: list[str], monkeypatch: pytest.MonkeyPatch) -> tuple[Any, ...] | None:

@@ -1,4 +1,4 @@
-"""ferry._decode_fast agrees with the checked decoder: it decodes well-formed records of
+"""ferry.core._decode_fast agrees with the checked decoder: it decodes well-formed records of
 the five per-task types to equal events, and on any payload, however broken, it either
 steps aside (None) or returns exactly what the checked decoder returns."""
 
@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ferry import _decode_fast
-from ferry import events as ev
-from ferry.model import Reason, State
-from ferry.spec import PatchRef, TaskSpec
+from ferry.core import _decode_fast
+from ferry.core import events as ev
+from ferry.core.model import Reason, State
+from ferry.core.spec import PatchRef, TaskSpec
 
 T = "01hf7yat00c5h66s"
 RUNNER = {"pid": 10, "start_time": 1.5, "boot_id": "b", "host": "h"}

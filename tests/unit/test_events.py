@@ -8,9 +8,9 @@ from typing import Any
 import orjson
 import pytest
 
-from ferry import events as ev
-from ferry.model import Reason, State
-from ferry.spec import TaskSpec
+from ferry.core import events as ev
+from ferry.core.model import Reason, State
+from ferry.core.spec import TaskSpec
 
 T = "01hf7yat00c5h66s"
 SPEC = TaskSpec(argv=("true",), cwd="/", key="k")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ferry import events as ev
-from ferry.model import Reason, State
-from ferry.spec import TaskSpec
+from ferry.core import events as ev
+from ferry.core.model import Reason, State
+from ferry.core.spec import TaskSpec
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "events.md"
 

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ferry.errors import AmbiguousIdError, NotFoundError, UsageError
-from ferry.ids import (
+from ferry.core.errors import AmbiguousIdError, NotFoundError, UsageError
+from ferry.core.ids import (
     ALPHABET,
     ID_LENGTH,
     id_time_ms,

@@ -7,8 +7,8 @@ import itertools
 
 import pytest
 
-from ferry.errors import IllegalTransitionError, RefusedError
-from ferry.model import (
+from ferry.core.errors import IllegalTransitionError, RefusedError
+from ferry.core.model import (
     IN_FLIGHT_STATES,
     TERMINAL_STATES,
     TRANSITIONS,

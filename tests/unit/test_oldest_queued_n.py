@@ -8,11 +8,11 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ferry import events as ev
-from ferry.ids import new_task_id
-from ferry.model import Reason, State
-from ferry.spec import TaskSpec
-from ferry.state import Table
+from ferry.core import events as ev
+from ferry.core.ids import new_task_id
+from ferry.core.model import Reason, State
+from ferry.core.spec import TaskSpec
+from ferry.core.state import Table
 
 RUNNER = {"pid": 7, "start_time": 100.0, "boot_id": "boot", "host": "h"}
 SPEC = TaskSpec(argv=("true",), cwd="/", max_releases=1000)

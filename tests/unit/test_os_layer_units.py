@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from ferry import liveness, process
 from ferry.failpoints import parse
-from ferry.liveness import Liveness, probe, probe_task
-from ferry.process import (
+from ferry.proc import liveness, process
+from ferry.proc.liveness import Liveness, probe, probe_task
+from ferry.proc.process import (
     ProcessIdentity,
     ProcessScan,
     make_marker,
@@ -20,7 +20,7 @@ from ferry.process import (
     parse_stat,
     self_identity,
 )
-from ferry.statedir import filesystem_type, is_network_fs, resolve_home
+from ferry.storage.local.statedir import filesystem_type, is_network_fs, resolve_home
 
 # --- /proc/<pid>/stat -----------------------------------------------------------------
 

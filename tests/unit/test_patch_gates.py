@@ -7,9 +7,9 @@ import hashlib
 import orjson
 import pytest
 
-from ferry.errors import EX_FERRY_FAILED, EX_USAGE, PatchGateError, exit_code_for
-from ferry.model import Reason
-from ferry.patch import (
+from ferry.core.errors import EX_FERRY_FAILED, EX_USAGE, PatchGateError, exit_code_for
+from ferry.core.model import Reason
+from ferry.core.patch import (
     EMPTY_PATCH_HUNKS,
     GATE_REASONS,
     NOT_A_UNIFIED_DIFF,

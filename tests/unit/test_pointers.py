@@ -14,9 +14,20 @@ from typing import Any
 import orjson
 import pytest
 
-from ferry.errors import EX_FERRY_FAILED, EX_USAGE, PatchGateError, UsageError, exit_code_for
-from ferry.model import Reason
-from ferry.pinning import (
+from ferry.app.pointers import (
+    check_before_dispatch,
+    hash_file,
+    pointers_from_spec,
+    prepare_patch,
+    recheck,
+    resolve_pointer,
+    resolve_pointers,
+    store_patch,
+    store_patch_bytes,
+)
+from ferry.core.errors import EX_FERRY_FAILED, EX_USAGE, PatchGateError, UsageError, exit_code_for
+from ferry.core.model import Reason
+from ferry.core.pinning import (
     ENV_PATCH_FILE,
     ENV_PATCH_MODE,
     PATCH_MODE_NONE,
@@ -28,17 +39,6 @@ from ferry.pinning import (
     PointerObservation,
     StoredPatch,
     decide_dispatch,
-)
-from ferry.pointers import (
-    check_before_dispatch,
-    hash_file,
-    pointers_from_spec,
-    prepare_patch,
-    recheck,
-    resolve_pointer,
-    resolve_pointers,
-    store_patch,
-    store_patch_bytes,
 )
 
 
@@ -436,7 +436,7 @@ def test_concurrent_stores_from_processes_leave_one_whole_copy(tmp_path: Path) -
     data = diff_of(*(f"f{i}.ts" for i in range(2000)))
     (tmp_path / "p.diff").write_bytes(data)
     code = (
-        "import sys; from pathlib import Path; from ferry.pointers import store_patch; "
+        "import sys; from pathlib import Path; from ferry.app.pointers import store_patch; "
         "print(store_patch(Path(sys.argv[1]), Path(sys.argv[2])).path)"
     )
     patches = tmp_path / "patches"

@@ -12,11 +12,11 @@ from typing import Any
 import orjson
 import pytest
 
-from ferry import events as ev
-from ferry.fold import task_to_record
-from ferry.model import Liveness, Reason, State, Task, TaskSpec
-from ferry.recovery import Action, Decision, Observation, Policy, decide
-from ferry.state import Table
+from ferry.core import events as ev
+from ferry.core.fold import task_to_record
+from ferry.core.model import Liveness, Reason, State, Task, TaskSpec
+from ferry.core.recovery import Action, Decision, Observation, Policy, decide
+from ferry.core.state import Table
 
 ALIVE, DEAD, UNKNOWN = Liveness.ALIVE, Liveness.DEAD, Liveness.UNKNOWN
 NOT_DEAD = (ALIVE, UNKNOWN)
@@ -184,7 +184,7 @@ EXPECTED_RECORD: dict[Action, tuple[str, str | None, str | None]] = {
 
 def test_each_decision_journals_the_right_record_naming_the_claim_it_decides() -> None:
     """Recovery's records carry the token of the claim it judged (a token-less write
-    about a task in flight is never legal: ferry.fold), not a token of its own."""
+    about a task in flight is never legal: ferry.core.fold), not a token of its own."""
     for task, seen in cases():
         decision = decide(task, seen, POLICY, 0.0)
         if decision.action is Action.LEAVE:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ferry.model import Liveness, State, Task, TaskSpec
-from ferry.recovery import Action, Observation, Policy, decide
+from ferry.core.model import Liveness, State, Task, TaskSpec
+from ferry.core.recovery import Action, Observation, Policy, decide
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "recovery.md"
 LIMIT_S = 30.0

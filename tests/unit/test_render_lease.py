@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ferry.render import lease_text
+from ferry.cli.render import lease_text
 
 
 def test_lease_times_are_shown_as_rfc3339() -> None:

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ferry.errors import UsageError
-from ferry.spec import SECONDS_MAX, PatchRef, TaskSpec, validate_spec
+from ferry.core.errors import UsageError
+from ferry.core.spec import SECONDS_MAX, PatchRef, TaskSpec, validate_spec
 
 SHA = "ab" * 32
 FULL = TaskSpec(

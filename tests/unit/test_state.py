@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from ferry import events as ev
-from ferry import state as state_module
-from ferry.errors import (
+from ferry.core import events as ev
+from ferry.core import state as state_module
+from ferry.core.errors import (
     FerryError,
     IllegalTransitionError,
     JournalIntegrityError,
@@ -19,10 +19,10 @@ from ferry.errors import (
     NotFoundError,
     RefusedError,
 )
-from ferry.ids import new_task_id
-from ferry.model import Reason, State
-from ferry.spec import TaskSpec
-from ferry.state import Table
+from ferry.core.ids import new_task_id
+from ferry.core.model import Reason, State
+from ferry.core.spec import TaskSpec
+from ferry.core.state import Table
 
 RUNNER = {"pid": 7, "start_time": 100.0, "boot_id": "boot", "host": "h"}
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import orjson
 
-from ferry.model import Reason, State, Task, rfc3339, task_to_json
-from ferry.spec import TaskSpec
+from ferry.core.model import Reason, State, Task, rfc3339, task_to_json
+from ferry.core.spec import TaskSpec
 
 CONTRACT_FIELDS = {
     "id", "name", "key", "argv", "cwd", "idempotent", "state", "reason", "attempt",

@@ -1,0 +1,281 @@
+"""User input -> validated TaskSpec: the TASK OPTIONS of ``run``/``submit`` and the JSON
+lines of ``submit --from``. Everything a user can get wrong is refused here with a
+``usage.*`` code (exit 2) before anything is journaled.
+
+Decisions (also in docs/cli.md):
+* argv elements must be valid UTF-8 (the journal is JSON). Bytes that are not are
+  refused clearly (``usage.bad_argv``) rather than silently altered.
+* ``--cwd`` is resolved to an absolute path at submit time and must be a directory.
+* ``--env`` values are stored in the journal (docs say so plainly) and shown only as
+  keys unless ``show --show-env`` asks for them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from ferry.core.errors import UsageError
+from ferry.core.spec import PatchRef, TaskSpec, validate_spec
+
+# Keys a `submit --from` line may carry: the task options, by their option names.
+_LINE_KEYS = {
+    "argv": "argv",
+    "name": "name",
+    "key": "key",
+    "idempotent": "idempotent",
+    "max_releases": "max_releases",
+    "max-releases": "max_releases",
+    "timeout": "timeout_s",
+    "kill_grace": "kill_grace_s",
+    "kill-grace": "kill_grace_s",
+    "heartbeat": "heartbeat_s",
+    "cwd": "cwd",
+    "env": "env",
+    "pointer": "pointers",
+    "pointers": "pointers",
+    "patch_file": "patch_file",
+    "patch-file": "patch_file",
+    "shell": "shell",
+}
+_DEFAULTS: dict[str, Any] = {
+    "name": None,
+    "key": None,
+    "idempotent": False,
+    "max_releases": 3,
+    "timeout_s": None,
+    "kill_grace_s": 10.0,
+    "heartbeat_s": 5.0,
+    "cwd": None,
+    "env": [],
+    "pointers": [],
+    "patch_file": None,
+    "shell": False,
+}
+
+
+# execve refuses any single argument longer than MAX_ARG_STRLEN (32 pages, its NUL
+# included) with E2BIG, and an argument list (with the environment) beyond ARG_MAX.
+_ARG_BYTES_MAX = 32 * os.sysconf("SC_PAGE_SIZE") - 1
+_ARGV_BYTES_MAX = os.sysconf("SC_ARG_MAX")
+
+
+def _check_exec_sizes(argv: Sequence[str]) -> None:
+    """Refuse at submit what execve would refuse at the spawn (E2BIG)."""
+    sizes = [len(arg.encode("utf-8", "surrogateescape")) for arg in argv]
+    if max(sizes) > _ARG_BYTES_MAX:
+        raise UsageError(
+            f"an argument of {max(sizes)} bytes: execve refuses any over {_ARG_BYTES_MAX}"
+            " (E2BIG); pass it in a file instead",
+            code="usage.bad_argv",
+        )
+    if sum(sizes) + len(sizes) > _ARGV_BYTES_MAX:
+        raise UsageError(
+            f"arguments of {sum(sizes) + len(sizes)} bytes in all: execve refuses over"
+            f" {_ARGV_BYTES_MAX} with the environment (E2BIG); pass them in a file instead",
+            code="usage.bad_argv",
+        )
+
+
+def _check_argv(argv: Sequence[Any]) -> tuple[str, ...]:
+    if not argv:
+        raise UsageError("missing CMD: give the command after --", code="usage.missing_command")
+    out = []
+    for arg in argv:
+        if not isinstance(arg, str):
+            raise UsageError("argv must be a list of strings", code="usage.bad_argv")
+        if not _is_utf8(arg):
+            raise UsageError(
+                f"argument {arg.encode('utf-8', 'surrogateescape')!r} is not valid UTF-8; "
+                "ferry journals argv as JSON and refuses to alter it",
+                code="usage.bad_argv",
+            )
+        if "\0" in arg:
+            raise UsageError("an argument contains a NUL byte", code="usage.bad_argv")
+        out.append(arg)
+    if out[0] == "":
+        raise UsageError("the command is an empty string", code="usage.missing_command")
+    _check_exec_sizes(out)
+    return tuple(out)
+
+
+def _is_utf8(text: str) -> bool:
+    """False for a string holding undecodable bytes (surrogate escapes from argv or the
+    file system): the journal is JSON and ferry refuses to alter what it stores."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _parse_env(items: Any) -> dict[str, str]:
+    if isinstance(items, Mapping):
+        items = [f"{k}={v}" if isinstance(v, str) else None for k, v in items.items()]
+    if not isinstance(items, list | tuple):
+        raise UsageError("env must be KEY=VALUE items or an object", code="usage.bad_env")
+    env: dict[str, str] = {}
+    for item in items:
+        if not isinstance(item, str) or "=" not in item or item.startswith("="):
+            raise UsageError(
+                f"--env {item!r}: expected KEY=VALUE", code="usage.bad_env", details={"env": item}
+            )
+        key, _, value = item.partition("=")
+        if "\0" in item:
+            raise UsageError(f"--env {key}: contains a NUL byte", code="usage.bad_env")
+        if not _is_utf8(item):
+            raise UsageError(
+                f"--env {item.encode('utf-8', 'surrogateescape')!r}: not valid UTF-8",
+                code="usage.bad_env",
+            )
+        env[key] = value
+    return env
+
+
+def _resolve_cwd(cwd: Any) -> str:
+    if cwd is None:
+        try:
+            current = os.getcwd()
+        except FileNotFoundError:
+            raise UsageError(
+                "the current directory no longer exists; give --cwd", code="usage.bad_cwd"
+            ) from None
+        if not _is_utf8(current):
+            raise UsageError(
+                f"the current directory {current.encode('utf-8', 'surrogateescape')!r} is not "
+                "valid UTF-8; give --cwd",
+                code="usage.bad_cwd",
+            )
+        return current
+    if not isinstance(cwd, str) or not cwd:
+        raise UsageError("--cwd must be a path", code="usage.bad_cwd")
+    path = os.path.abspath(cwd)
+    if not _is_utf8(path):
+        raise UsageError(
+            f"--cwd {path.encode('utf-8', 'surrogateescape')!r}: not valid UTF-8",
+            code="usage.bad_cwd",
+        )
+    if not os.path.isdir(path):
+        raise UsageError(f"--cwd {cwd!r}: no such directory", code="usage.bad_cwd")
+    return path
+
+
+def build_spec(opts: Mapping[str, Any], home: Path) -> TaskSpec:
+    """TaskSpec from the TASK OPTIONS (``cli_commands._task_opts`` shape)."""
+    argv = opts.get("argv")
+    if not isinstance(argv, list | tuple):
+        raise UsageError("argv must be a list of strings", code="usage.bad_argv")
+    argv_t = _check_argv(argv)
+    cwd = _resolve_cwd(opts.get("cwd"))
+    env = _parse_env(opts.get("env") or [])
+    pointer_args = opts.get("pointers") or []
+    if not isinstance(pointer_args, list | tuple) or not all(
+        isinstance(p, str) for p in pointer_args
+    ):
+        raise UsageError("pointers must be a list of PATH[=SHA256]", code="usage.bad_pointer")
+    pointers: tuple[tuple[str, str], ...] = ()
+    patch: PatchRef | None = None
+    if pointer_args:
+        from ferry.app.pointers import resolve_pointers
+
+        resolved = resolve_pointers(pointer_args, Path(cwd))
+        pointers = tuple(p.spec_entry() for p in resolved)
+        patch_file = opts.get("patch_file")
+        if patch_file is not None:
+            from ferry.app.pointers import prepare_patch
+
+            if not isinstance(patch_file, str):
+                raise UsageError("patch_file must be a path", code="usage.bad_patch")
+            # Like any file argument, relative to where the user is, not to --cwd.
+            stored, _info = prepare_patch(
+                Path(os.path.abspath(patch_file)), resolved, home / "patches"
+            )
+            patch = PatchRef(stored.path, stored.sha256)
+    elif opts.get("patch_file") is not None:
+        raise UsageError(
+            "--patch-file needs at least one --pointer: a patch stands in only for pinned files",
+            code="usage.patch_without_pointer",
+        )
+    spec = TaskSpec(
+        argv=argv_t,
+        cwd=cwd,
+        name=opts.get("name"),
+        key=opts.get("key"),
+        env=env,
+        idempotent=bool(opts.get("idempotent")),
+        max_releases=opts.get("max_releases", 3),
+        timeout_s=opts.get("timeout_s"),
+        kill_grace_s=opts.get("kill_grace_s", 10.0),
+        heartbeat_s=opts.get("heartbeat_s", 5.0),
+        shell=bool(opts.get("shell")),
+        pointers=pointers,
+        patch=patch,
+    )
+    validate_spec(spec)
+    return spec
+
+
+def parse_from_lines(data: bytes, source: str) -> list[dict[str, Any]]:
+    """``submit --from``: one JSON object per line (blank lines skipped). Any bad line
+    refuses the whole batch, naming the line: nothing is half-queued."""
+    batch: list[dict[str, Any]] = []
+    for number, line in enumerate(data.split(b"\n"), start=1):
+        if not line.strip():
+            continue
+        where = f"{source}:{number}"
+        try:
+            obj = orjson.loads(line)
+        except orjson.JSONDecodeError as error:
+            raise UsageError(
+                f"{where}: not JSON ({error})", code="usage.bad_from_line", details={"line": number}
+            ) from None
+        if not isinstance(obj, dict):
+            raise UsageError(
+                f"{where}: expected a JSON object", code="usage.bad_from_line",
+                details={"line": number},
+            )  # fmt: skip
+        unknown = sorted(set(obj) - set(_LINE_KEYS))
+        if unknown:
+            raise UsageError(
+                f"{where}: unknown key(s) {', '.join(unknown)}",
+                code="usage.bad_from_line",
+                details={"line": number, "unknown": unknown},
+            )
+        opts = dict(_DEFAULTS)
+        for key, value in obj.items():
+            opts[_LINE_KEYS[key]] = value
+        _check_types(opts, where, number)
+        batch.append(opts)
+    if not batch:
+        raise UsageError(f"{source}: no tasks", code="usage.bad_from_line")
+    return batch
+
+
+_TYPES: dict[str, tuple[type, ...]] = {
+    "name": (str, type(None)),
+    "key": (str, type(None)),
+    "idempotent": (bool,),
+    "max_releases": (int,),
+    "timeout_s": (int, float, type(None)),
+    "kill_grace_s": (int, float),
+    "heartbeat_s": (int, float),
+    "cwd": (str, type(None)),
+    "patch_file": (str, type(None)),
+    "shell": (bool,),
+}
+
+
+def _check_types(opts: Mapping[str, Any], where: str, number: int) -> None:
+    for key, types in _TYPES.items():
+        value = opts[key]
+        bad_bool = isinstance(value, bool) and bool not in types
+        if not isinstance(value, types) or bad_bool:
+            raise UsageError(
+                f"{where}: {key} has the wrong type ({type(value).__name__})",
+                code="usage.bad_from_line",
+                details={"line": number, "key": key},
+            )

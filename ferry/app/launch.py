@@ -1,0 +1,472 @@
+"""Launching tasks: a supervisor per task, forked by the command that runs it.
+
+``run``, ``claim`` and ``work`` (the launchers) never hold a task's child themselves:
+each task gets a supervisor (:mod:`ferry.app.supervisor`), forked from the launcher, that
+plans, spawns and watches it. The launcher writes the journal records, its own
+(CLAIMED, naming the supervisor as the task's runner) and the supervisor's (SPAWNED,
+SETTLED, handed over the control channel), so that they share its group commits; it
+asks the supervisor to stop the task on a cancel request, and answers STALE marks.
+When the launcher dies, the supervisor carries on alone (see its module).
+
+Why a fork and not a new interpreter: 10 to 40 ms per task here. Why this is safe:
+the launchers are single-threaded when they fork (``work``'s loop is one thread), so
+no lock held by another thread is copied into the child held for ever; the child
+drops every inherited descriptor but its channel and stdio at once.
+
+:class:`Launch` is one supervisor seen from its launcher; :func:`run_foreground` is
+the launcher of ``run`` and ``claim`` (one task, its output passed through).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from ferry import failpoints
+from ferry.app.runner import RunResult, as_cancelled, before_spawn_event, child_environ
+from ferry.app.supervisor import error_from_json
+from ferry.core import events as ev
+from ferry.core.errors import EX_FERRY_FAILED, FerryError, InternalError, Interrupted, RefusedError
+from ferry.core.fold import task_to_record
+from ferry.core.model import State, Task
+from ferry.core.spec import TaskSpec
+from ferry.proc._control import Channel, ChannelClosed, channel_pair
+from ferry.proc._outputs import SignalTrap
+from ferry.proc.process import ProcessIdentity, identity_of
+from ferry.storage.local.store import Store
+
+Record = tuple[str, dict[str, Any]]
+_NO_SPEC = TaskSpec(argv=("-",), cwd="/")  # the task of an idle supervisor (none)
+# A supervisor reaped this long after its channel ended, at most (it exits at once).
+REAP_WAIT_S = 5.0
+
+
+class SupervisorDied(FerryError):
+    """The task's supervisor died before the task's end was known (``kill -9`` of it,
+    or a crash): recovery decides the task (exit 125 for ``run``)."""
+
+    code = "supervisor.died"
+    exit_code = EX_FERRY_FAILED
+
+
+class Launch:
+    """A supervisor, seen from its launcher, and the task it holds now: what it has
+    said, and how to answer it. The launcher polls it (``poll``) when its channel is
+    readable. Once its task's end is durable (``ack``), it may be given another
+    (``assign``): ``work`` keeps one per slot."""
+
+    def __init__(
+        self,
+        home: Path,
+        environ: dict[str, str],
+        *,
+        passthrough: bool = False,
+        stdout_echo_fd: int = 1,
+    ) -> None:
+        from ferry.app import supervisor
+
+        ours, theirs = channel_pair()
+        for stream in (sys.stdout, sys.stderr):  # our buffered bytes must not be copied
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        pid = os.fork()
+        if pid == 0:  # the supervisor: never returns into the launcher's code
+            status = EX_FERRY_FAILED
+            try:
+                status = supervisor.main(
+                    theirs, home, environ,
+                    passthrough=passthrough, stdout_echo_fd=stdout_echo_fd,
+                )  # fmt: skip
+            finally:
+                os._exit(status)
+        theirs.close()
+        failpoints.companion(pid)
+        self.pid = pid
+        identity = identity_of(pid)
+        if identity is None:  # (it exists: it is our unreaped child)
+            raise InternalError(f"cannot read the new supervisor's identity (pid {pid})")
+        self.identity: ProcessIdentity = identity
+        self.channel = Channel(ours)
+        self.gone = False  # its channel ended (it exited, or died)
+        self.reaped = False
+        self.forget()
+
+    def forget(self) -> None:
+        """It holds no task any more (its end is durable, or it was told to drop it)."""
+        self.task: Task = Task(id="", spec=_NO_SPEC)  # its task now (none: id "")
+        self.token = ""
+        self.plan: dict[str, Any] | None = None  # its "plan" message
+        self.spawned: Record | None = None  # SPAWNED, until written
+        self.spawned_due = False  # the task has run long enough: SPAWNED is to be written
+        self.spawned_written = False
+        self.beat = False  # it beat since the launcher last looked at the journal for it
+        self.warned: list[str] = []  # warnings about its end (an incomplete log)
+        self.ended: dict[str, Any] | None = None  # its "ended" message, until written
+        self.stop_sent = False
+        self.claimed = False  # its claim is in the journal
+        self.exit_status: int | None = None
+
+    def assign(self, task: Task, token: str) -> None:
+        """Give it a task to plan (it is idle: its last task's end is durable)."""
+        self.forget()
+        self.task, self.token = task, token
+        # (A large task goes in frames as the supervisor reads them: never block on it,
+        # the launcher has others to answer. The launcher's waits flush the rest.)
+        self.channel.send("task", task=task_to_record(task), token=token)
+
+    @property
+    def idle(self) -> bool:
+        return not self.task.id
+
+    # -- what it says -------------------------------------------------------------------
+
+    def fileno(self) -> int:
+        return self.channel.fileno()
+
+    def poll(self) -> None:
+        """Take in every message that arrived; ``gone`` once the channel ended."""
+        try:
+            messages = self.channel.receive()
+        except ChannelClosed:
+            self.gone = True
+            return
+        for message in messages:
+            kind = message["t"]
+            if kind == "plan":
+                self.plan = message
+            elif kind == "spawned":
+                self.spawned = _record(message["record"])
+            elif kind == "running":
+                self.spawned_due = True
+            elif kind == "beat":
+                self.beat = True
+            elif kind == "ended":
+                self.ended = message
+                self.exit_status = int(message["exit_status"])
+                self.warned = list(message.get("warnings", ()))
+
+    def wait(self, timeout_s: float | None) -> None:
+        """Block until a message arrives or the channel ends (or ``timeout_s``),
+        sending what waits for it meanwhile."""
+        if self.gone:
+            return
+        try:
+            messages = self.channel.wait(timeout_s)
+        except ChannelClosed:
+            self.gone = True
+            return
+        self.channel.unread(messages)
+        self.poll()
+
+    @property
+    def plan_record(self) -> Record | None:
+        assert self.plan is not None
+        record = self.plan["record"]
+        return None if record is None else _record(record)
+
+    @property
+    def plan_error(self) -> FerryError | None:
+        assert self.plan is not None
+        return error_from_json(self.plan["error"])
+
+    @property
+    def warnings(self) -> list[str]:
+        return [] if self.plan is None else list(self.plan["warnings"])
+
+    def due_spawned(self) -> Record | None:
+        """SPAWNED, if it is due and not yet written."""
+        if self.spawned_due and self.spawned is not None and not self.spawned_written:
+            return self.spawned
+        return None
+
+    def end_records(self, store: Store) -> list[Record]:
+        """The supervisor's end as the journal needs it now (read from ``store``'s
+        table): SETTLED, after its SPAWNED if the task is still DISPATCHING; CANCELLED
+        if its cancel was asked for meanwhile. Nothing if the claim is no longer ours
+        (the supervisor wrote its end itself, or recovery decided)."""
+        assert self.ended is not None
+        current = store.get(self.task.id)
+        if current is None or current.claim_token != self.token:
+            return []
+        cancelled = current.cancel_requested
+        records = []
+        for raw in self.ended["records"]:
+            record_type, data = _record(raw)
+            if record_type == "SPAWNED" and current.state is not State.DISPATCHING:
+                continue
+            if record_type == "SETTLED" and cancelled:
+                settled = ev.decode_checked(record_type, data)
+                assert isinstance(settled, ev.Settled)
+                record_type, data = as_cancelled(settled).encode()
+            records.append((record_type, data))
+        return records
+
+    @property
+    def end_error(self) -> FerryError | None:
+        return None if self.ended is None else error_from_json(self.ended["error"])
+
+    # -- answers --------------------------------------------------------------------------
+
+    def go(self) -> None:
+        self.channel.send("go")
+
+    def abort(self) -> None:
+        self.channel.send("abort")
+
+    def written(self, record_type: str) -> None:
+        """A record of the supervisor's is durable."""
+        if record_type == "SPAWNED":
+            self.spawned_written = True
+            self.channel.send("durable", type="SPAWNED")
+
+    def ack(self) -> None:
+        """Its task's end is durable: it may take another, or exit."""
+        self.channel.send("ack")
+        self.forget()
+
+    def stop(self, sig: int, *, cancel: bool = False) -> None:
+        """Ask it to stop the task (SIGTERM, then SIGKILL after the task's grace)."""
+        self.stop_sent = True
+        self.channel.send("stop", signal=sig, cancel=cancel)
+
+    def forward(self, sig: int) -> None:
+        """A signal ferry got (SIGINT, SIGTERM, SIGHUP), for the task: sent to the
+        supervisor, whose own trap forwards it to the task's group."""
+        if not self.reaped:  # (an unreaped child: its number cannot be reused)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def reap(self, timeout_s: float = REAP_WAIT_S) -> None:
+        """Wait for the supervisor to exit (its channel has ended, or is about to)."""
+        if self.reaped:
+            return
+        deadline = time.monotonic() + timeout_s
+        while True:
+            pid, _ = os.waitpid(self.pid, os.WNOHANG)
+            if pid or time.monotonic() > deadline:
+                break
+            time.sleep(0.005)
+        if pid:
+            self.reaped = True
+            failpoints.companion(self.pid, alive=False)
+
+    def kill(self) -> None:
+        """End a supervisor whose claim was never written: it has started nothing."""
+        if not self.reaped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+
+    def release(self) -> None:
+        """Let go without waiting: close our end (the supervisor, if it still runs,
+        carries on alone and writes its own records)."""
+        self.channel.close()
+        self.gone = True
+
+
+def _record(raw: Sequence[Any]) -> Record:
+    record_type, data = raw
+    return str(record_type), dict(data)
+
+
+# ---- run and claim: one task, in the foreground --------------------------------------
+
+
+def run_foreground(
+    store: Store,
+    task: Task,
+    token: str,
+    *,
+    lead: Callable[[ProcessIdentity], Sequence[ev.Event]] = lambda runner: (),
+    epoch: int = 0,
+    on_claimed: Callable[[], None] = lambda: None,
+    stdout_echo_fd: int = 1,
+    notice: Callable[[str], None] = lambda message: None,
+) -> RunResult:
+    """``run`` and ``claim``: fork the task's supervisor, write the claim (``lead``'s
+    records, which name the supervisor as the runner, then the plan's DISPATCHING) in
+    one commit (then ``on_claimed``: ``claim`` releases its lease), let it spawn, write
+    its records as they come, and return once its end is durable.
+
+    SIGINT, SIGTERM and SIGHUP are trapped from just before the intent is written:
+    before the spawn they settle the task without running it; after, they are forwarded
+    to the supervisor (which forwards them to the task's group). Before that (while the
+    supervisor hashes pinned inputs, say) a Ctrl-C just interrupts: nothing exists yet,
+    and the supervisor, which has started nothing, is killed."""
+    launch = Launch(store.home, child_environ(), passthrough=True, stdout_echo_fd=stdout_echo_fd)
+    try:
+        launch.assign(task, token)
+        with _interruptible():
+            while launch.plan is None and not launch.gone:
+                launch.wait(None)
+        with SignalTrap() as trap:
+            return _Foreground(store, launch, trap, notice).run(lead, epoch, on_claimed)
+    finally:
+        if not launch.claimed:
+            launch.kill()
+        launch.release()  # (done: it exits; an error: it carries on alone)
+        launch.reap(timeout_s=REAP_WAIT_S if launch.idle else 0)
+
+
+@contextlib.contextmanager
+def _interruptible() -> Iterator[None]:
+    """While nothing exists yet (the supervisor plans): SIGTERM and SIGHUP end ferry as
+    SIGINT does, through its ``finally`` blocks (which end the supervisor), not by
+    their default action (which would leave it planning for nothing)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupted(signum: int, frame: FrameType | None) -> None:
+        raise Interrupted(f"interrupted by signal {signum}", exit_code=128 + signum)
+
+    old = {}
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) != signal.SIG_IGN:
+            old[sig] = signal.signal(sig, interrupted)
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+class _Foreground:
+    def __init__(
+        self, store: Store, launch: Launch, trap: SignalTrap, notice: Callable[[str], None]
+    ) -> None:
+        self.store, self.launch, self.trap, self.notice = store, launch, trap, notice
+        self.task = launch.task
+        self.signals_seen = 0
+
+    def run(
+        self,
+        lead: Callable[[ProcessIdentity], Sequence[ev.Event]],
+        epoch: int,
+        on_claimed: Callable[[], None],
+    ) -> RunResult:
+        launch = self.launch
+        if launch.plan is None:
+            raise SupervisorDied("the task's supervisor died before it started the task")
+        for warning in launch.warnings:
+            self.notice(warning)
+        record = launch.plan_record
+        if record is None:  # the plan itself failed: nothing to write
+            error = launch.plan_error
+            assert error is not None
+            raise error
+        try:
+            self.store.commit(*lead(launch.identity), record, epoch=epoch)
+        except BaseException:
+            launch.abort()
+            raise
+        launch.claimed = True
+        on_claimed()
+        if record[0] == "SETTLED":  # a pinned input changed: settled FAILED, not run
+            return RunResult(self._task(), EX_FERRY_FAILED, launch.plan_error)
+        if self._before_spawn():
+            return RunResult(self._task(), self.before_spawn_status)
+        launch.go()
+        return self._watch()
+
+    def _before_spawn(self) -> bool:
+        """A cancel landed since the claim, or ``run`` was signalled: do not start the
+        task (the table is current: the commit just made caught up on the journal)."""
+        current = self._task()
+        cancelled = current.cancel_requested and current.claim_token == self.launch.token
+        if not cancelled and not self.trap.received:
+            return False
+        signum = None if cancelled else self.trap.received[0]
+        event = before_spawn_event(self.task, self.launch.token, cancelled=cancelled, signum=signum)
+        self.before_spawn_status = 128 + (signal.SIGTERM if signum is None else signum)
+        self.store.commit(event)  # (then the supervisor may go: a crash between leaves
+        self.launch.abort()  # it to find the task settled, and do nothing)
+        return True
+
+    def _watch(self) -> RunResult:
+        launch, store = self.launch, self.store
+        wakeup_fd = self.trap.wakeup_fd
+        watched: list[Any] = [launch.channel.sock]
+        if wakeup_fd is not None:
+            watched.append(wakeup_fd)
+        while True:
+            writable = [launch.channel.sock] if launch.channel.pending else []
+            ready, out, _ = select.select(watched, writable, [])
+            if out:
+                launch.channel.flush()
+            if wakeup_fd is not None and wakeup_fd in ready:
+                self._forward_signals()
+            launch.poll()
+            spawned = launch.due_spawned()
+            if spawned is not None and launch.ended is None:
+                with contextlib.suppress(RefusedError):  # (it wrote it, once we were silent)
+                    store.commit(spawned)
+                launch.written("SPAWNED")
+            if launch.ended is not None:
+                return self._end()
+            if launch.gone:
+                raise SupervisorDied(
+                    "the task's supervisor died before the task ended; 'ferry recover'"
+                    " decides the task"
+                )
+            if launch.beat:  # (at the task's heartbeat)
+                watch_journal(store, launch)
+
+    def _forward_signals(self) -> None:
+        self.trap.drain()
+        for sig in self.trap.received[self.signals_seen :]:
+            self.launch.forward(sig)
+        self.signals_seen = len(self.trap.received)
+
+    def _end(self) -> RunResult:
+        launch, store = self.launch, self.store
+        error, status = launch.end_error, launch.exit_status
+        for warning in launch.warned:
+            self.notice(warning)
+        assert status is not None
+        write_end(store, launch)
+        task = self._task()
+        launch.ack()
+        return RunResult(task, status, error)
+
+    def _task(self) -> Task:
+        task = self.store.get(self.task.id)
+        assert task is not None
+        return task
+
+
+def watch_journal(store: Store, launch: Launch, *, refresh: bool = True) -> None:
+    """What the journal asks of a running task, looked at when its supervisor beats: its
+    cancel (stop it), a STALE mark (RESUMED: it beats). Errors do not stop the task."""
+    launch.beat = False
+    with contextlib.suppress(FerryError, OSError):
+        if refresh:
+            store.refresh()
+        current = store.get(launch.task.id)
+        if current is None or current.claim_token != launch.token:
+            return
+        if current.cancel_requested and not launch.stop_sent:
+            launch.stop(signal.SIGTERM, cancel=True)
+        elif current.state is State.STALE:
+            store.commit(ev.Resumed(launch.task.id, launch.task.attempt, launch.token))
+
+
+def write_end(store: Store, launch: Launch) -> None:
+    """Write a supervisor's end, as the journal needs it after a catch-up (a cancel that
+    landed meanwhile makes it CANCELLED). If the claim moved since (the supervisor wrote
+    it itself, its launcher having been silent too long; or recovery decided): nothing
+    to write, or refused, which is the same."""
+    with contextlib.suppress(FerryError):
+        store.refresh()
+    records = launch.end_records(store)
+    if records:
+        with contextlib.suppress(RefusedError):
+            store.commit(*records)

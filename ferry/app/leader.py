@@ -1,0 +1,173 @@
+"""The leader's use cases: ``recover`` and ``claim`` (``work``'s loop: ``ferry.app.worker``).
+
+One leader at a time, by the CAS lease (``ferry.storage.local.lease``). Every leader write (CLAIMED,
+recovery decisions, LEASE_ACQUIRED) carries the lease's epoch; the journal refuses a
+record whose epoch is older than one it already holds, so a leader that was paused
+(SIGSTOP, a VM freeze) and wakes after another took over cannot claim or decide
+anything: it gets ``journal.fenced``, stops claiming and says so. A runner's own records
+about its task (DISPATCHING, SPAWNED, SETTLED) are fenced by the claim token instead:
+they stay valid while the task is still that claim's, so a slow leader's finished task
+is not thrown away, and a task recovery has already decided cannot be settled again.
+
+A new leader finishes recovery before it claims anything.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from ferry.app.recoverer import Recoverer, RecoverReport
+from ferry.cli import render
+from ferry.core import events as ev
+from ferry.core.errors import (
+    InternalError,
+    RefusedError,
+)
+from ferry.core.fold import MOVED_CODES, RACE_TRIES
+from ferry.core.ids import new_claim_token
+from ferry.core.model import State, Task
+from ferry.core.recovery import Policy
+from ferry.proc.process import ProcessIdentity, self_identity
+from ferry.storage.local.lease import Lease, LeaseStore
+
+if TYPE_CHECKING:
+    from ferry.app.service import Service
+
+
+def policy_of(stale_after_s: float | None, kill_stale: bool) -> Policy:
+    return Policy(stale_after_s=stale_after_s, kill_stale=kill_stale)
+
+
+class Leadership:
+    """Holding the lease: acquire (CAS), renew, release; the epoch for every write.
+
+    A leader's first write also journals LEASE_ACQUIRED, in the same batch: the store
+    accepts it only for an epoch no record has used yet, so an epoch handed out twice
+    (``lease.json`` lost or restored while its holder was paused) is written by one
+    holder at most. A leader that writes nothing (a ``recover`` with nothing to
+    decide) journals nothing."""
+
+    def __init__(self, service: Service, ttl_s: float) -> None:
+        self.service = service
+        self.leases = LeaseStore(service.home / "lease.json", ttl_s)
+        self.me: ProcessIdentity = self_identity()
+        self.lease: Lease | None = None
+        self.renew_every_s = ttl_s / 3
+        self.renew_at = 0.0  # time.monotonic() of the next renewal
+        self.announced = False  # LEASE_ACQUIRED for this epoch is in the journal
+
+    @property
+    def epoch(self) -> int:
+        assert self.lease is not None
+        return self.lease.epoch
+
+    def acquire(self) -> Lease:
+        store = self.service.store
+        store.refresh()
+        self.lease = self.leases.acquire(self.me, min_epoch=store.wal.max_epoch)
+        self.announced = False
+        self.renew_at = time.monotonic() + self.renew_every_s
+        return self.lease
+
+    def announcement(self) -> tuple[ev.Event, ...]:
+        """LEASE_ACQUIRED, for the leader's first write (then nothing)."""
+        return () if self.announced else (ev.LeaseAcquired(self.epoch, self.me.to_json()),)
+
+    def commit(self, *events: ev.Event | tuple[str, dict[str, Any]]) -> None:
+        """A leader's write, under its epoch (the journal fences older ones)."""
+        self.service.store.commit(*self.announcement(), *events, epoch=self.epoch)
+        self.announced = True
+
+    def renew(self) -> None:
+        assert self.lease is not None
+        self.lease = self.leases.renew(self.lease)
+        self.renew_at = time.monotonic() + self.renew_every_s
+
+    def renew_if_due(self) -> None:
+        """Renew when due: called between the steps of long work (a recovery pass over
+        many tasks), so that the lease does not lapse under a leader still working."""
+        if time.monotonic() >= self.renew_at:
+            self.renew()
+
+    def release(self) -> None:
+        if self.lease is not None:
+            self.leases.release(self.lease)
+            self.lease = None
+
+
+def recover_as(lead: Leadership, policy: Policy) -> RecoverReport:
+    """One recovery pass as the leader: decisions under its epoch, the lease renewed
+    as the pass goes."""
+    return Recoverer(lead.service).recover_all(
+        epoch=lead.epoch, policy=policy, commit=lead.commit, tick=lead.renew_if_due
+    )
+
+
+def recover(
+    service: Service,
+    *,
+    dry_run: bool,
+    stale_after_s: float | None,
+    lease_ttl_s: float,
+    kill_stale: bool = False,
+) -> RecoverReport:
+    """``ferry recover``: exit 75 (LeaseHeldError) if a live leader is responsible."""
+    if dry_run:  # decide and print, journal nothing, take nothing
+        return Recoverer(service).recover_all(epoch=0, policy=policy_of(stale_after_s, kill_stale))
+    lead = Leadership(service, lease_ttl_s)
+    lead.acquire()
+    try:
+        report = recover_as(lead, policy_of(stale_after_s, kill_stale))
+        service.store.maybe_compact()
+        return report
+    finally:
+        lead.release()
+
+
+def claim(service: Service, *, lease_ttl_s: float, as_json: bool) -> int:
+    """``ferry claim``: lead briefly, recover, claim the oldest queued task (the claim
+    names the task's supervisor as its runner, and goes with the intent in one write),
+    release the lease, then run the task in the foreground like ``run``."""
+    lead = Leadership(service, lease_ttl_s)
+    lead.acquire()
+    try:
+        report = recover_as(lead, Policy())
+        for line in (render.recover_text(report, service.verbosity) or "").splitlines():
+            service.notice(line)
+        for _ in range(RACE_TRIES):
+            task = service.store.table.oldest_queued()
+            if task is None:
+                if as_json:
+                    render.write_json({"task": None})
+                elif service.verbosity > 0:
+                    service.notice("the queue is empty")
+                return 0
+            token = new_claim_token(os.urandom(10))
+            claimed: list[bool] = []
+
+            def lead_events(
+                runner: ProcessIdentity, task: Task = task, token: str = token
+            ) -> list[ev.Event]:
+                event = ev.Claimed(task.id, task.attempt, token, runner.to_json(), "claim")
+                return [*lead.announcement(), event]
+
+            def on_claimed(claimed: list[bool] = claimed) -> None:
+                claimed.append(True)
+                lead.announced = True
+                lead.release()  # the task runs under its claim token, not the lease
+
+            ours = replace(task, state=State.CLAIMED, claim_token=token)
+            try:
+                return service.run_in_foreground(
+                    ours, token, lead=lead_events, epoch=lead.epoch, on_claimed=on_claimed,
+                    as_json=as_json,
+                )  # fmt: skip
+            except RefusedError as error:  # cancelled (or claimed) since we read it
+                if claimed or error.code not in MOVED_CODES:
+                    raise
+        raise InternalError("the queue kept changing under 'ferry claim'")
+    finally:
+        lead.release()

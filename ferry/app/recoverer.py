@@ -1,0 +1,340 @@
+"""Recovery's I/O half: gather what the probes prove about each in-flight task, call the
+pure :func:`ferry.core.recovery.decide`, journal each decision (fenced by the leader's epoch,
+validated under the journal lock so concurrent recoverers decide each task once), then
+apply the only side effect a decision may carry (killing a STALE task when configured).
+
+Also the verified-signal actions on one task: cancelling an in-flight task and
+``ferry kill`` of a quarantined orphan. Nothing here signals a bare pid.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ferry.app.runner import heartbeat_path, log_paths
+from ferry.core import events as ev
+from ferry.core.errors import FerryError, OperatorNeededError, RefusedError
+from ferry.core.model import Liveness, Reason, State, Task
+from ferry.core.recovery import Observation, Policy, decide
+from ferry.proc import alivelock
+from ferry.proc.alivelock import alive_path
+from ferry.proc.liveness import heartbeat_age, probe, probe_task, wall_clock
+from ferry.proc.process import (
+    ProcessIdentity,
+    marker_prefix,
+    read_stat,
+    same_clock,
+    scan_processes,
+    signal_task,
+)
+
+if TYPE_CHECKING:
+    from ferry.app.service import Service
+
+SALVAGE_TAIL_BYTES = 4096
+CANCEL_WAIT_MARGIN_S = 5.0
+_POLL_S = 0.05
+KILL_CONFIRM_S = 2.0  # cancel without a runner: how long SIGKILL may take to empty the task
+
+
+@dataclass
+class RecoverReport:
+    """What one recovery pass decided, under which epoch, and whether an operator is
+    needed (``exit_code``)."""
+
+    epoch: int
+    dry_run: bool
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+    orphans_alive: list[str] = field(default_factory=list)
+    needs_operator: bool = False
+
+    @property
+    def exit_code(self) -> int:
+        return 3 if self.needs_operator or self.orphans_alive else 0
+
+
+def runner_identity(task: Task) -> ProcessIdentity | None:
+    try:
+        return None if task.runner is None else ProcessIdentity.from_json(task.runner)
+    except ValueError:
+        return None
+
+
+def leader_identity(task: Task) -> ProcessIdentity | None:
+    """The task's first process as SPAWNED recorded it: the runner's child, so of the
+    same boot and host, its pid one of the runner's PID namespace and its start time
+    read in the runner's time namespace."""
+    runner = runner_identity(task)
+    if task.pid is None or task.start_time is None or runner is None:
+        return None
+    return ProcessIdentity(
+        task.pid, int(task.start_time), runner.boot_id, runner.host, runner.pid_ns, runner.time_ns
+    )
+
+
+def task_marker(task: Task) -> str:
+    return task.marker or marker_prefix(task.id, task.attempt)
+
+
+def task_liveness(task: Task, home: Path) -> Liveness:
+    """Alive if its inherited alive-lock is still held (pid-free: sees children that
+    called setsid and cleared their environment), or if any process of its session or
+    group, or carrying its marker, is alive (``probe_task``)."""
+    if alivelock.held(alive_path(home, task.id, task.attempt)):
+        return Liveness.ALIVE
+    runner = runner_identity(task)
+    # (A start time read in another time namespace is offset: no bound at all then.)
+    not_before = runner.start_time if runner is not None and same_clock(runner) else None
+    return probe_task(task_marker(task), leader_identity(task), not_before_ticks=not_before)
+
+
+def signal_all(task: Task, home: Path, sig: int) -> int:
+    """Signal every process of the task ``task_liveness`` can see (``signal_task``)."""
+    holding = alive_path(home, task.id, task.attempt)
+    return signal_task(leader_identity(task), task_marker(task), sig, holding=holding)
+
+
+def reachable(task: Task, lock: Path) -> bool:
+    """Can a signal reach a process of the task: its leader is running, or a scan finds
+    one by marker, session, group or the alive-lock it holds? (A task alive by its lock
+    alone, held on a descriptor marked close-on-exec, is not.)"""
+    leader = leader_identity(task)
+    if leader is not None and probe(leader) is not Liveness.DEAD:  # (UNKNOWN: try)
+        return True
+    scan = scan_processes(task_marker(task), session_of=leader, holding=lock)
+    return bool(scan.alive or scan.unreadable)
+
+
+def _tail(path: Path) -> str | None:
+    try:
+        with path.open("rb") as stream:
+            size = stream.seek(0, os.SEEK_END)
+            stream.seek(max(0, size - SALVAGE_TAIL_BYTES))
+            return stream.read().decode("utf-8", "backslashreplace")
+    except OSError:
+        return None
+
+
+class Recoverer:
+    def __init__(self, service: Service) -> None:
+        self.service = service
+        self.store = service.store
+        self.home = service.home
+
+    def observe(self, task: Task, now: float) -> Observation:
+        runner = runner_identity(task)
+        runner_seen = probe(runner) if runner is not None else Liveness.DEAD
+        process_seen = Liveness.DEAD
+        if task.state is not State.CLAIMED:  # a CLAIMED task never started anything
+            process_seen = task_liveness(task, self.home)
+        try:
+            beat = heartbeat_age(heartbeat_path(self.home, task.id, task.attempt), now)
+        except OSError:
+            beat = None
+        age: float | None
+        if beat is None:  # no heartbeat file (or none readable): since the start, if known
+            age, clock = (None if task.started_at is None else now - task.started_at), "wall"
+        else:
+            age, clock = beat
+        stdout_log, stderr_log = log_paths(self.home, task.id, task.attempt)
+        salvage = {
+            "stdout_tail": _tail(stdout_log),
+            "stderr_tail": _tail(stderr_log),
+            "heartbeat_age_s": age,
+            "heartbeat_clock": clock,
+        }
+        return Observation(
+            runner=runner_seen,
+            task_process=process_seen,
+            heartbeat_age_s=age,
+            found_by_marker=task.pid is None and process_seen is not Liveness.DEAD,
+            salvage=salvage,
+        )
+
+    def recover_all(
+        self,
+        *,
+        epoch: int,
+        policy: Policy,
+        commit: Callable[[tuple[str, dict[str, Any]]], object] | None = None,
+        tick: Callable[[], None] | None = None,
+    ) -> RecoverReport:
+        """Decide every in-flight task. ``commit`` journals a decision as the leader (its
+        epoch; None: a dry run, nothing journaled); ``tick`` is called before each task
+        (the leader renews its lease there). A decision is made from probes taken
+        outside the journal's lock: it names the claim it judged, and the store refuses
+        it if that claim moved meanwhile (then it is not ours to make)."""
+        dry_run = commit is None
+        report = RecoverReport(epoch=epoch, dry_run=dry_run)
+        self.store.refresh()
+        for task in self.store.live():
+            if not task.in_flight:
+                continue
+            if tick is not None:
+                tick()
+            now = wall_clock()
+            decision = decide(task, self.observe(task, now), policy, now)
+            if decision.event is None:
+                continue
+            if commit is not None:
+                try:
+                    commit(decision.event)
+                except RefusedError:
+                    continue  # the task moved meanwhile (its runner settled it): not ours
+                if decision.kill_task:
+                    signal_all(task, self.home, signal.SIGKILL)
+            data = decision.event[1]
+            report.decisions.append(
+                {
+                    "task": task.id,
+                    "decision": decision.action.value,
+                    "state": data.get("state") or _state_of(decision.event[0]),
+                    # A STALE record carries no reason field; the task's reason is set by it.
+                    "reason": data.get("reason") or _reason_of(decision.event[0]),
+                }
+            )
+            report.needs_operator |= decision.needs_operator
+        report.orphans_alive = self.quarantined_alive()
+        return report
+
+    def quarantined_alive(self) -> list[str]:
+        """Ids of quarantined tasks whose orphan still runs: its alive-lock is held, or
+        one scan of /proc for FERRY_TASK markers and for the sessions and groups in use
+        finds it may concern the task, and a probe says so. The session matters: an orphan
+        that replaced its environment (``env -i``, sudo) carries no marker."""
+        marked, groups = _marks_and_groups()
+        with self.store.lock:
+            quarantined = self.store.table.quarantined()
+        found = []
+        for task in quarantined:
+            # The alive-lock first: an orphan that left the session and cleared its
+            # environment is in neither index, and shows by nothing else.
+            held = alivelock.held(alive_path(self.home, task.id, task.attempt))
+            maybe = task.id in marked or (task.pid is not None and task.pid in groups)
+            if held or (maybe and task_liveness(task, self.home) is not Liveness.DEAD):
+                found.append(task.id)
+        return found
+
+    def cancel_in_flight(self, task: Task) -> Task:
+        """After CANCEL_REQUESTED is durable: stop the task's processes and see it
+        settle CANCELLED (by its runner if alive, else by us)."""
+        runner = runner_identity(task)
+        runner_alive = runner is not None and probe(runner) is not Liveness.DEAD
+        if task.state is not State.CLAIMED:
+            signal_all(task, self.home, signal.SIGTERM)
+        deadline = time.monotonic() + task.spec.kill_grace_s + CANCEL_WAIT_MARGIN_S
+        while runner_alive and time.monotonic() < deadline:
+            self.store.refresh()
+            current = self.store.get(task.id)
+            if current is None or current.terminal or current.attempt != task.attempt:
+                return self.service.show(task.id)
+            runner_alive = probe(runner) is not Liveness.DEAD if runner else False
+            time.sleep(_POLL_S)
+        if runner_alive:
+            self.service.notice(
+                f"task {task.id}: cancel requested; its runner has not settled it yet"
+            )
+            return self.service.show(task.id)
+        # No runner: make sure nothing of the task is left, then settle it ourselves.
+        grace_end = time.monotonic() + task.spec.kill_grace_s
+        while task_liveness(task, self.home) is not Liveness.DEAD and time.monotonic() < grace_end:
+            time.sleep(_POLL_S)
+        # SIGKILL, again each poll until nothing is left (a process forking successors
+        # escapes one round), for a while; then only proof of death settles it.
+        kill_end = time.monotonic() + KILL_CONFIRM_S
+        while task_liveness(task, self.home) is not Liveness.DEAD:
+            if time.monotonic() > kill_end:
+                raise OperatorNeededError(
+                    f"task {task.id}: cancel requested and SIGKILL sent, but a process of it"
+                    " still runs; 'ferry recover' quarantines it, then 'ferry kill' it",
+                    code="task.orphan_alive",
+                    details={"task": task.id},
+                )
+            signal_all(task, self.home, signal.SIGKILL)
+            time.sleep(_POLL_S)
+        with contextlib.suppress(RefusedError):  # settled meanwhile: fine
+            self.store.commit(ev.Settled(task.id, task.attempt, task.claim_token,
+                                         State.CANCELLED, Reason.CANCELLED_BY_USER))  # fmt: skip
+        return self.service.show(task.id)
+
+
+def _state_of(event_type: str) -> str:
+    return {"RELEASED": "QUEUED", "STALE": "STALE", "RESUMED": "RUNNING"}.get(event_type, "?")
+
+
+def _reason_of(event_type: str) -> str | None:
+    return Reason.HEARTBEAT_STALE.value if event_type == "STALE" else None
+
+
+def _marks_and_groups() -> tuple[set[str], set[int]]:
+    """Task ids named by the FERRY_TASK marker of any live (non-zombie) process, and
+    the session and process-group ids of every live process."""
+    ids: set[str] = set()
+    groups: set[int] = set()
+    needle = b"FERRY_TASK="
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            st = read_stat(int(name))
+            if st is None or st.exited:
+                continue
+            groups.update((st.session, st.pgrp))
+            with open(f"/proc/{name}/environ", "rb", buffering=0) as f:
+                env = f.read()
+        except (OSError, ValueError):
+            continue
+        if needle not in env:
+            continue
+        for var in env.split(b"\0"):
+            if var.startswith(needle):
+                ids.add(var[len(needle) :].split(b":", 1)[0].decode("ascii", "replace"))
+    return ids, groups
+
+
+def kill_orphan(service: Service, task: Task, sig: int) -> dict[str, Any]:
+    """``ferry kill``: journal the intent, then a verified signal to the orphan's group
+    and to every process still carrying the task's marker. Never a bare pid."""
+    runner = runner_identity(task)
+    if task.in_flight and runner is not None and probe(runner) is not Liveness.DEAD:
+        raise RefusedError(
+            f"task {task.id} has a live runner (pid {runner.pid}); use 'ferry cancel'",
+            code="task.runner_alive",
+            details={"task": task.id},
+        )
+    if task_liveness(task, service.home) is Liveness.DEAD:
+        return {"task": task.id, "signal": sig, "signalled": 0,
+                "message": f"{task.id}: no process of the task is alive"}  # fmt: skip
+    lock = alive_path(service.home, task.id, task.attempt)
+    if not reachable(task, lock):
+        raise OperatorNeededError(
+            f"task {task.id}: a process of it still holds its alive-lock {lock}, but none"
+            " can be found to signal; find it ('fuser -v FILE' or 'lsof FILE') and stop it",
+            code="task.orphan_unreachable",
+            details={"task": task.id},
+        )
+    service.store.commit(
+        ev.OrphanSignalled(
+            task=task.id,
+            attempt=task.attempt,
+            pid=task.pid or 0,
+            pgid=task.pgid or 0,
+            start_time=task.start_time or 0,
+            signal=sig,
+            token=task.claim_token,  # (a task in flight: the claim this kill is about)
+        )
+    )
+    try:
+        sent = signal_all(task, service.home, sig)
+    except OSError as error:
+        raise FerryError(f"cannot signal task {task.id}: {error}", code="signal.failed") from error
+    name = signal.Signals(sig).name
+    return {"task": task.id, "signal": sig, "signalled": sent,
+            "message": f"{task.id}: sent {name} to {sent} process group(s)/process(es)"}  # fmt: skip

@@ -1,0 +1,260 @@
+"""One task's life, from a claim to SETTLED, with the write-ahead order:
+
+    CLAIMED (by the launcher, naming the supervisor as the runner, with a token)
+    pointers re-hashed                    (may settle FAILED POINTER_STALE: nothing runs)
+    DISPATCHING  -- durable -->           then, and only then:
+    spawn (by the supervisor: new session, FERRY_TASK marker in the environment)
+    SPAWNED (pid, pgid, start time)       once it has run SPAWNED_AFTER_S; a task
+                                          that ended sooner: in SETTLED's write
+    capture output, heartbeats, signals   (the supervisor: ferry.proc.supervise)
+    SETTLED  -- durable -->               before the supervisor exits
+
+Who does what (``docs/architecture.md``, "A task's processes"): ``run``, ``claim`` and
+``work`` (the *launcher*) fork one small supervisor per task (:mod:`ferry.app.supervisor`)
+and write the records; the supervisor holds the child and plans, spawns, watches and
+ends it. While its launcher lives, the supervisor hands its records (SPAWNED,
+SETTLED) to it, so that they ride in the launcher's group commit; once the launcher
+is gone (kill -9, OOM), the supervisor writes them itself. Either way every record
+about the task carries the claim token: the store refuses one whose claim no longer
+owns the task, so a record is never written twice, nor after recovery decided.
+
+This module holds what both sides share: the plan, the end's records, the paths.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import stat
+import time
+from pathlib import Path
+from typing import Any
+
+from ferry.core import events as ev
+from ferry.core._value import Value, init
+from ferry.core.errors import EX_FERRY_FAILED, EX_TIMEOUT, FerryError
+from ferry.core.model import Reason, State, Task
+from ferry.proc.alivelock import alive_path
+from ferry.proc.process import find_by_marker, make_marker, signal_task
+from ferry.proc.supervise import Outcome, SpawnFailed
+
+ESCAPEE_POLL_S = 0.05
+# SPAWNED is journaled once the task has run this long; a task that ends sooner gets
+# SPAWNED in the write of its SETTLED (one fsync less for every short task). Until
+# then recovery finds the child by its marker and its alive-lock, as it must anyway
+# for a crash between the spawn and SPAWNED's fsync.
+SPAWNED_AFTER_S = 0.05
+
+
+def log_paths(home: Path, task_id: str, attempt: int) -> tuple[Path, Path]:
+    directory = home / "logs" / task_id
+    return directory / f"{attempt}.stdout", directory / f"{attempt}.stderr"
+
+
+# The heartbeat file is also the alive-lock (ferry.proc.alivelock): one file per attempt.
+heartbeat_path = alive_path
+
+
+class Plan(Value):
+    """A task about to be dispatched: ``event`` is DISPATCHING (then ``env`` is the
+    child's environment) or SETTLED FAILED (``env`` None, ``error`` says why)."""
+
+    __slots__ = ("env", "error", "event", "task", "token", "warnings")
+    _FIELDS = ("task", "token", "event", "env", "error", "warnings")
+    task: Task
+    token: str
+    event: ev.Dispatching | ev.Settled
+    env: dict[str, str] | None
+    error: FerryError | None
+    warnings: tuple[str, ...]
+
+    def __init__(
+        self,
+        task: Task,
+        token: str,
+        event: ev.Dispatching | ev.Settled,
+        env: dict[str, str] | None,
+        error: FerryError | None,
+        warnings: tuple[str, ...] = (),
+    ) -> None:
+        init(self, "task", task)
+        init(self, "token", token)
+        init(self, "event", event)
+        init(self, "env", env)
+        init(self, "error", error)
+        init(self, "warnings", warnings)
+
+
+class RunResult(Value):
+    """How the task ended, and the exit status ``run``/``claim`` pass through."""
+
+    __slots__ = ("error", "exit_status", "task")
+    _FIELDS = ("task", "exit_status", "error")
+    task: Task
+    exit_status: int
+    error: FerryError | None  # a failure before the task could start
+
+    def __init__(self, task: Task, exit_status: int, error: FerryError | None = None) -> None:
+        init(self, "task", task)
+        init(self, "exit_status", exit_status)
+        init(self, "error", error)
+
+
+def child_environ() -> dict[str, str]:
+    """ferry's environment, decoded once (os.environ decodes every key and value on
+    each read). A ferry nested inside the task must not crash at our test failpoints."""
+    return {k: v for k, v in os.environ.items() if k != "FERRY_FAILPOINTS"}
+
+
+def plan_task(task: Task, token: str, environ: dict[str, str]) -> Plan:
+    """Everything decided before the intent is written: the pointer verdict, the
+    child's environment, and the record to commit (DISPATCHING, or SETTLED FAILED
+    when a pinned input changed)."""
+    spec = task.spec
+    marker = make_marker(task.id, task.attempt, token)
+    env = dict(environ)
+    env.update(spec.env)
+    evidence: dict[str, Any] = {}
+    warnings: tuple[str, ...] = ()
+    if spec.pointers:
+        from ferry.app.pointers import check_before_dispatch, pointers_from_spec
+
+        pointers = pointers_from_spec(spec.pointers, spec.cwd)
+        verdict = check_before_dispatch(pointers, idempotent=spec.idempotent, patch=spec.patch)
+        if not verdict.run:
+            settled = ev.Settled(
+                task=task.id, attempt=task.attempt, token=token, state=State.FAILED,
+                reason=Reason(str(verdict.reason)), evidence=dict(verdict.evidence),
+            )  # fmt: skip
+            return Plan(task, token, settled, None, verdict.error())
+        env.update(verdict.env)
+        evidence.update(verdict.evidence)
+        warnings = (verdict.warning,) if verdict.warning else ()
+    env["FERRY_TASK"] = marker
+    env["FERRY_TASK_ID"] = task.id
+    env["FERRY_ATTEMPT"] = str(task.attempt)
+    dispatching = ev.Dispatching(
+        task=task.id, attempt=task.attempt, token=token, marker=marker, evidence=evidence
+    )
+    return Plan(task, token, dispatching, env, None, warnings)
+
+
+def make_log_directory(stdout_log: Path) -> bool:
+    """Create the task's log directory; True if this call made it. A full disk (or no
+    inode) is SpawnFailed: the task must settle SPAWN_FAILED, not stay DISPATCHING for
+    recovery to mark unsafe, since nothing has run."""
+    try:
+        try:
+            stdout_log.parent.mkdir(mode=0o700, parents=True)
+            return True
+        except FileExistsError:
+            # logs/<id>/ exists from an earlier attempt: a symlink planted there in its
+            # place must not redirect the logs (O_NOFOLLOW follows a directory link).
+            if stat.S_ISLNK(os.lstat(stdout_log.parent).st_mode):
+                raise OSError(
+                    errno.ELOOP, "a symlink, not followed", str(stdout_log.parent)
+                ) from None
+            return False
+    except OSError as e:
+        message = f"cannot create the task's log directory: {e}"
+        raise SpawnFailed("other", message, errno_=e.errno) from e
+
+
+def exit_status_of(outcome: Outcome) -> int:
+    """The contract's exit status: the task's own, 124 on timeout, 128+N on signal N."""
+    if outcome.timed_out:
+        return EX_TIMEOUT
+    if outcome.signal is not None:
+        return 128 + outcome.signal
+    return outcome.exit_code if outcome.exit_code is not None else EX_FERRY_FAILED
+
+
+def settle_event(
+    task: Task, token: str, outcome: Outcome, cancelled: bool, *, escapees_stopped: bool = False
+) -> ev.Settled:
+    evidence: dict[str, Any] = {
+        "pid": outcome.pid,
+        "started_at": outcome.started_at,
+        "ended_at": outcome.ended_at,
+    }
+    if outcome.forwarded_signal is not None:
+        evidence["forwarded_signal"] = outcome.forwarded_signal
+    if outcome.killed_after_grace:
+        evidence["killed_after_grace"] = True
+    if outcome.leftover_killed:
+        evidence["leftover_killed"] = True
+    if outcome.log_error:
+        evidence["log_error"] = outcome.log_error
+    if escapees_stopped:
+        evidence["escapees_stopped"] = True
+    if cancelled:
+        state, reason = State.CANCELLED, Reason.CANCELLED_BY_USER
+    elif outcome.timed_out:
+        state, reason = State.FAILED, Reason.TIMEOUT
+    elif outcome.signal is not None:
+        state, reason = State.FAILED, Reason.SIGNALLED
+    elif outcome.exit_code == 0:
+        state, reason = State.SUCCEEDED, None
+    else:
+        state, reason = State.FAILED, Reason.EXIT_NONZERO
+    return ev.Settled(
+        task=task.id,
+        attempt=task.attempt,
+        token=token,
+        state=state,
+        reason=reason,
+        exit_code=outcome.exit_code,
+        signal=outcome.signal,
+        evidence=evidence,
+        ended_at=outcome.ended_at,
+    )
+
+
+def spawn_failed_event(task: Task, token: str, error: FerryError) -> ev.Settled:
+    return ev.Settled(
+        task=task.id, attempt=task.attempt, token=token, state=State.FAILED,
+        reason=Reason.SPAWN_FAILED, evidence={"error": error.to_json()},
+    )  # fmt: skip
+
+
+def before_spawn_event(
+    task: Task, token: str, *, cancelled: bool, signum: int | None = None
+) -> ev.Settled:
+    """The end of a task stopped after its DISPATCHING and before its spawn: a cancel
+    landed since the claim, or ``run`` got SIGINT/SIGTERM/SIGHUP (the user asked ferry
+    to stop). Nothing was started."""
+    if cancelled:
+        return ev.Settled(
+            task=task.id, attempt=task.attempt, token=token, state=State.CANCELLED,
+            reason=Reason.CANCELLED_BY_USER, evidence={"cancelled_before_spawn": True},
+        )  # fmt: skip
+    return ev.Settled(
+        task=task.id, attempt=task.attempt, token=token, state=State.FAILED,
+        reason=Reason.SIGNALLED, signal=signum, evidence={"signalled_before_spawn": True},
+    )  # fmt: skip
+
+
+def as_cancelled(settled: ev.Settled) -> ev.Settled:
+    """A task's end once its cancel is known: CANCELLED, whatever it would have been
+    (the user asked for it to stop; what it did is in the evidence and exit status)."""
+    return ev.Settled(
+        settled.task, settled.attempt, settled.token, State.CANCELLED,
+        Reason.CANCELLED_BY_USER, settled.exit_code, settled.signal,
+        settled.evidence, settled.ended_at,
+    )  # fmt: skip
+
+
+def stop_escapees(marker: str, grace_s: float) -> bool:
+    """After ferry stopped a task (timeout, cancel, a signal), end what left its process
+    group with setsid (a daemon): it still carries the task's marker. SIGTERM, up to
+    ``grace_s`` to exit, then SIGKILL, as for the group. True if any was found.
+    A task that exits by itself keeps its deliberately detached daemons."""
+    if not signal_task(None, marker, signal.SIGTERM):
+        return False
+    deadline = time.monotonic() + grace_s
+    while find_by_marker(marker).alive and time.monotonic() < deadline:
+        time.sleep(ESCAPEE_POLL_S)
+    if find_by_marker(marker).alive:
+        signal_task(None, marker, signal.SIGKILL)
+    return True

@@ -1,0 +1,432 @@
+"""A task's supervisor: the small process that holds one task and nothing else.
+
+Forked by the launcher (``run``, ``claim`` or ``work``: :mod:`ferry.app.launch`), never
+exec'd: it costs a fork, not an interpreter start; and once a task is over (its end
+durable), it may be given the next one (``work`` keeps a supervisor per slot: a fork
+costs 4 to 8 ms here, more than most of a short task's life). It holds one task at a
+time, never more. For each, it plans the task, waits for the
+launcher to make the intent durable, spawns the child, captures its output (the log,
+and the live passthrough for ``run``), beats the heartbeat, forwards signals, applies
+``--timeout`` and ``--kill-grace``, and produces the task's SPAWNED and SETTLED.
+
+It is a session of its own (the terminal's Ctrl-C reaches ``ferry run``, which
+forwards it here) and the child holds only its pipes: so the death of its launcher
+(kill -9, OOM) neither signals, pauses nor cuts off the task.
+
+The conversation with the launcher (:mod:`ferry.proc._control`; S: supervisor, L: launcher)::
+
+    L -> S  task     {task, token}                  the task (its snapshot record)
+    S -> L  plan     {record, error, warnings}     the DISPATCHING (or SETTLED FAILED)
+    L -> S  go | abort                              the intent is durable / do not run
+    S -> L  spawned  {record}                       SPAWNED, held by L until due
+    S -> L  running                                 SPAWNED is due: L writes it
+    S -> L  beat                                    at each heartbeat: L looks at the
+                                                    journal (a cancel, a STALE mark)
+    L -> S  durable  {type}                         (L wrote a record of ours)
+    L -> S  stop     {signal, cancel}               a cancel request; work stopping
+    S -> L  ended    {records, exit_status, error}  the end, for L's group commit
+    L -> S  ack                                     durable: S waits for its next task
+                                                    (the channel's end: it exits)
+
+Without its launcher (the channel ends) the supervisor writes its own records, as the
+owner of the claim token: it opens the store itself (only then: a supervisor whose
+launcher lives never reads the journal), catches up on what the launcher may have
+written before it died (a record the journal already holds is not written twice: the
+token fences it), and from then on polls the journal at each heartbeat for a cancel
+request and a STALE mark, as a runner did. Ended before the launcher wrote the intent
+(or while it was the last thing written): nothing was started, and the claim goes back
+to the queue (RELEASED, not counted).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from ferry.app.runner import (
+    SPAWNED_AFTER_S,
+    Plan,
+    as_cancelled,
+    exit_status_of,
+    heartbeat_path,
+    log_paths,
+    make_log_directory,
+    plan_task,
+    settle_event,
+    spawn_failed_event,
+    stop_escapees,
+)
+from ferry.core import events as ev
+from ferry.core.errors import EX_FERRY_FAILED, FerryError
+from ferry.core.fold import task_from_record
+from ferry.core.model import Reason, State, Task
+from ferry.failpoints import failpoint, supervisor_armed
+from ferry.proc import alivelock
+from ferry.proc._control import Channel, ChannelClosed, close_inherited_descriptors
+from ferry.proc._outputs import SignalTrap
+from ferry.proc.process import identity_of
+from ferry.proc.supervise import SpawnFailed, SuperviseSpec, supervise
+
+# How long a supervisor waits for its launcher to confirm that its end is durable,
+# before it writes the end itself (a launcher stopped with SIGSTOP, a frozen
+# container). A record the launcher then writes too is refused by the token.
+ACK_WAIT_S = 10.0
+# Without its launcher, a supervisor that cannot open the store (no descriptor left, a
+# stopped process holding the journal's lock) tries again this often, for this long,
+# before an end (or a release) is given up to recovery.
+STORE_OPEN_RETRY_S = 1.0
+STORE_OPEN_PATIENCE_S = 300.0
+
+
+def error_to_json(error: FerryError | None) -> dict[str, Any] | None:
+    if error is None:
+        return None
+    return {**error.to_json(), "exit_code": error.exit_code}
+
+
+def error_from_json(data: dict[str, Any] | None) -> FerryError | None:
+    if data is None:
+        return None
+    return FerryError(
+        data["message"], code=data["code"], details=data["details"], exit_code=data["exit_code"]
+    )
+
+
+def main(
+    sock: socket.socket,
+    home: Path,
+    environ: dict[str, str],
+    *,
+    passthrough: bool,
+    stdout_echo_fd: int,
+) -> int:
+    """The supervisor's whole life, in the forked child (the caller ``os._exit``s with
+    the returned status: the launcher's stack, copied by the fork, is never unwound).
+    It serves the tasks its launcher gives it, one at a time, until the launcher has no
+    more for it (the channel ends) or is gone."""
+    # Inherited state that is not ours: the launcher's signal wakeup descriptor (a
+    # signal would write into whatever file reuses its number), its garbage (frozen: a
+    # collection could close descriptors we reuse), its descriptors.
+    signal.set_wakeup_fd(-1)
+    gc.freeze()
+    close_inherited_descriptors({0, 1, 2, sock.fileno()})
+    os.setsid()  # not in the launcher's group: the terminal's signals are for it
+    supervisor_armed()  # failpoints armed for supervisors only, from here on
+    channel = Channel(sock)
+    with SignalTrap() as trap:
+        while True:
+            assignment = _next_task(channel)
+            if assignment is None:
+                return 0  # no more tasks for us (or the launcher is gone)
+            task, token = assignment
+            trap.drain()
+            trap.received.clear()  # (a signal between tasks was for none of them)
+            supervisor = Supervisor(channel, home, task, token, environ, trap,
+                                    passthrough=passthrough, stdout_echo_fd=stdout_echo_fd)  # fmt: skip
+            supervisor.run()
+            if supervisor.orphaned:
+                return 0
+
+
+def _next_task(channel: Channel) -> tuple[Task, str] | None:
+    try:
+        message = channel.wait_for(("task",), None)
+    except ChannelClosed:
+        return None
+    assert message is not None
+    return task_from_record(message["task"]), str(message["token"])
+
+
+class Supervisor:
+    def __init__(
+        self,
+        channel: Channel,
+        home: Path,
+        task: Task,
+        token: str,
+        environ: dict[str, str],
+        trap: SignalTrap,
+        *,
+        passthrough: bool,
+        stdout_echo_fd: int,
+    ) -> None:
+        self.channel, self.home, self.task, self.token = channel, home, task, token
+        self.environ, self.trap = environ, trap
+        self.passthrough, self.stdout_echo_fd = passthrough, stdout_echo_fd
+        self.store: Any = (
+            None  # opened only once the launcher is gone (ferry.storage.local.store.Store)
+        )
+        self.orphaned = False  # the launcher is gone: this supervisor writes its records
+        self.spawned: ev.Spawned | None = None  # not yet known durable
+        self.spawned_due = False  # it has run SPAWNED_AFTER_S
+        self.cancelled = False  # its cancel was asked for (by the launcher, or seen here)
+        self.warnings: list[str] = []  # for the launcher to print (an incomplete log)
+        self.spawn_at = 0.0  # wall clock, just before the spawn
+
+    # -- the life -----------------------------------------------------------------------
+
+    def run(self) -> int:
+        try:
+            plan = plan_task(self.task, self.token, self.environ)
+        except FerryError as failed:  # (an unreadable pinned input, say)
+            self.channel.send("plan", record=None, error=error_to_json(failed), warnings=[])
+            return EX_FERRY_FAILED
+        self.channel.send(
+            "plan", record=list(plan.event.encode()), error=error_to_json(plan.error),
+            warnings=list(plan.warnings),
+        )  # fmt: skip
+        if plan.env is None:
+            return 0  # settled FAILED in the launcher's write of the claim
+        if not self._wait_for_go():
+            return 0
+        records, exit_status, error = self._run(plan)
+        self._hand_over(records, exit_status, error)
+        return 0
+
+    def _wait_for_go(self) -> bool:
+        """True once the launcher says the intent is durable. Its death before that:
+        nothing was started; the claim is released if it was written."""
+        try:
+            message = self.channel.wait_for(("go", "abort"), None)
+        except ChannelClosed:
+            self._orphaned_before_the_spawn()
+            return False
+        return message is not None and message["t"] == "go"
+
+    def _orphaned_before_the_spawn(self) -> None:
+        self.orphaned = True
+        store = self._open_store(patiently=True)
+        if store is None:
+            return  # (nothing was started: recovery decides the claim, if it was written)
+        current = store.get(self.task.id)
+        if current is None or current.claim_token != self.token:
+            return  # the launcher never wrote the claim (or it is decided already)
+        if current.cancel_requested:
+            event: ev.Event = ev.Settled(
+                self.task.id, self.task.attempt, self.token, State.CANCELLED,
+                Reason.CANCELLED_BY_USER, evidence={"cancelled_before_spawn": True},
+            )  # fmt: skip
+        else:
+            why = "its launcher died before the spawn: nothing was started"
+            event = ev.Released(self.task.id, self.task.attempt, self.token,
+                                Reason.RELEASED_TO_QUEUE, False, {"supervisor": why})  # fmt: skip
+        with contextlib.suppress(FerryError):
+            store.commit(event)
+
+    def _run(self, plan: Plan) -> tuple[list[ev.Event], int, FerryError | None]:
+        """Spawn and watch the task; its end's records, exit status and error."""
+        task, token = self.task, self.token
+        assert plan.env is not None
+        stdout_log, stderr_log = log_paths(self.home, task.id, task.attempt)
+        failpoint("before:spawn")  # DISPATCHING is durable, no child exists yet
+        try:
+            new_dir = make_log_directory(stdout_log)
+            lock_path = heartbeat_path(self.home, task.id, task.attempt)
+            try:
+                lock_fd = alivelock.hold(lock_path)
+            except OSError as e:
+                raise SpawnFailed("other", f"cannot create the task's alive-lock: {e}") from e
+            spec = task.spec
+            sup = SuperviseSpec(
+                argv=spec.argv, cwd=spec.cwd, env=plan.env, timeout_s=spec.timeout_s,
+                kill_grace_s=spec.kill_grace_s, heartbeat_s=spec.heartbeat_s,
+                stdout_log=stdout_log, stderr_log=stderr_log, heartbeat_path=lock_path,
+                passthrough=self.passthrough, stdout_echo_fd=self.stdout_echo_fd,
+                shell=spec.shell, pass_fds=(lock_fd,), log_dir_new=new_dir,
+            )  # fmt: skip
+            self.spawn_at = time.time()  # (a bound on the spawn from below: the task's start)
+            try:
+                outcome = supervise(
+                    sup, on_spawned=self._on_spawned, should_stop=self._should_stop,
+                    on_running=self._on_running, running_after_s=SPAWNED_AFTER_S,
+                    control=_Control(self), trap=self.trap,
+                )  # fmt: skip
+            finally:
+                alivelock.release(lock_fd)
+        except SpawnFailed as failed:
+            return [spawn_failed_event(task, token, failed)], failed.exit_code, failed
+        stopped = outcome.timed_out or outcome.forwarded_signal or outcome.stop_signal
+        cancelled = self.cancelled or self._cancel_seen()
+        marker = plan.env["FERRY_TASK"]
+        escaped = bool(stopped or cancelled) and stop_escapees(marker, spec.kill_grace_s)
+        settled = settle_event(task, token, outcome, cancelled, escapees_stopped=escaped)
+        if outcome.log_error:
+            self.warnings.append(
+                f"warning: task {task.id}: its log is incomplete ({outcome.log_error})"
+            )
+        records: list[ev.Event] = [settled]
+        if self.spawned is not None:  # a task that ended within SPAWNED_AFTER_S
+            records.insert(0, self.spawned)
+        return records, exit_status_of(outcome), None
+
+    # -- the task's running -----------------------------------------------------------
+
+    def _on_spawned(self, pid: int, pgid: int) -> None:
+        # The child exists (exec'd) and SPAWNED is not yet durable: a crash here leaves
+        # DISPATCHING alone, and the marker scan and the alive-lock find it.
+        started_at = self.spawn_at
+        failpoint("after:spawn")
+        identity = identity_of(pid)
+        start_time = identity.start_time if identity is not None else 0
+        self.spawned = ev.Spawned(
+            self.task.id, self.task.attempt, self.token, pid, pgid, start_time, started_at
+        )
+        self.channel.send("spawned", record=list(self.spawned.encode()))
+
+    def _on_running(self) -> None:
+        """Still running SPAWNED_AFTER_S after the spawn: SPAWNED is due."""
+        self.spawned_due = True
+        if self.orphaned:
+            self._write_spawned()
+        else:
+            self.channel.send("running")
+
+    def _on_message(self, message: dict[str, Any]) -> int | None:
+        kind = message["t"]
+        if kind == "stop":
+            self.cancelled = self.cancelled or bool(message.get("cancel"))
+            return int(message["signal"])
+        if kind == "durable" and message.get("type") == "SPAWNED":
+            self.spawned = None
+            failpoint("after:SPAWNED")
+        return None
+
+    def _launcher_gone(self) -> int | None:
+        """The channel ended: from now on this supervisor writes its own records (the
+        store opened now, or at a later heartbeat if it cannot be now: the task runs
+        on whatever the journal's trouble)."""
+        self.orphaned = True
+        return self._should_stop()
+
+    def _should_stop(self) -> int | None:
+        """At each heartbeat: a cancel request stops the task; a STALE mark is answered
+        by RESUMED. While the launcher lives it looks (told of each beat: it answers a
+        STALE mark only while we beat); once it is gone, we do."""
+        if not self.orphaned:
+            if not self.channel.pending:  # (a silent launcher: one unread beat is enough)
+                self.channel.send("beat")
+            self.channel.flush()
+            return None
+        if self._open_store() is None:
+            return None
+        if self.spawned_due:
+            self._write_spawned()
+        try:
+            self.store.refresh()
+            current = self.store.get(self.task.id)
+            if current is None or current.claim_token != self.token:
+                return None  # not our claim any more: its end will be refused
+            if current.cancel_requested:
+                self.cancelled = True
+                return signal.SIGTERM
+            if current.state is State.STALE:
+                self.store.commit(ev.Resumed(self.task.id, self.task.attempt, self.token))
+        except (FerryError, OSError):
+            # A refused RESUMED (recovery moved first), a journal hiccup or a lack of
+            # descriptors must not kill a running task, nor stop its beats: the end
+            # reports what is true.
+            return None
+        return None
+
+    def _cancel_seen(self) -> bool:
+        """At the end, without a launcher: was a cancel asked for meanwhile?"""
+        if not self.orphaned or self._open_store() is None:
+            return False  # (the launcher looks, when it writes the end)
+        with contextlib.suppress(FerryError, OSError):
+            self.store.refresh()
+            current = self.store.get(self.task.id)
+            return bool(current and current.claim_token == self.token and current.cancel_requested)
+        return False
+
+    def _write_spawned(self) -> None:
+        if self.spawned is None or self.store is None:
+            return
+        with contextlib.suppress(FerryError, OSError):  # already written, or decided
+            current = self.store.get(self.task.id)
+            ours = current is not None and current.claim_token == self.token
+            if ours and current.state is State.DISPATCHING:
+                self.store.commit(self.spawned)
+                failpoint("after:SPAWNED")
+        self.spawned = None
+
+    # -- the end ----------------------------------------------------------------------
+
+    def _hand_over(
+        self, records: list[ev.Event], exit_status: int, error: FerryError | None
+    ) -> None:
+        """The end to the launcher, for its group commit, and its word that it is
+        durable; failing that (gone, or silent for ACK_WAIT_S), written here."""
+        failpoint("before:SETTLED")
+        if not self.orphaned:
+            self.channel.send(
+                "ended", records=[list(r.encode()) for r in records],
+                exit_status=exit_status, error=error_to_json(error), warnings=self.warnings,
+            )  # fmt: skip
+            try:
+                acked = self.channel.wait_for(("ack",), ACK_WAIT_S)
+            except ChannelClosed:
+                acked = None
+            if acked is not None:
+                failpoint("after:SETTLED")
+                return
+            self.orphaned = True
+        self._write_end(records)
+
+    def _write_end(self, records: list[ev.Event]) -> None:
+        store = self._open_store(patiently=True)
+        if store is None:
+            return  # (the journal stayed out of reach: recovery decides the task)
+        with contextlib.suppress(FerryError, OSError):
+            store.refresh()
+            current = store.get(self.task.id)
+            if current is None or current.claim_token != self.token:
+                return  # written by the launcher after all, or decided by recovery
+            if current.state is not State.DISPATCHING:
+                records = [r for r in records if not isinstance(r, ev.Spawned)]
+            if current.cancel_requested:
+                records = [as_cancelled(r) if isinstance(r, ev.Settled) else r for r in records]
+            store.commit(*records)
+            failpoint("after:SETTLED")
+
+    def _open_store(self, *, patiently: bool = False) -> Any:
+        """The store, opened on first use (None if it cannot be now: descriptors short,
+        the journal locked by a stopped process...). ``patiently``: keep trying for
+        STORE_OPEN_PATIENCE_S, as when an end waits to be written."""
+        deadline = time.monotonic() + (STORE_OPEN_PATIENCE_S if patiently else 0.0)
+        while self.store is None:
+            from ferry.storage.local.store import Store
+
+            try:
+                self.store = Store.open(self.home)
+            except (FerryError, OSError):
+                if time.monotonic() >= deadline:
+                    return None
+                time.sleep(STORE_OPEN_RETRY_S)
+        return self.store
+
+
+class _Control:
+    """The channel as the task loop's control descriptor."""
+
+    def __init__(self, supervisor: Supervisor) -> None:
+        self.supervisor = supervisor
+        self.fd = supervisor.channel.fileno()
+        self.done = False
+
+    def on_readable(self) -> int | None:
+        supervisor = self.supervisor
+        try:
+            messages = supervisor.channel.receive()
+        except ChannelClosed:
+            self.done = True
+            return supervisor._launcher_gone()
+        stop = None
+        for message in messages:
+            stop = supervisor._on_message(message) or stop
+        return stop

@@ -1,0 +1,497 @@
+"""``ferry work``: the leader loop, one thread, a supervisor per running task.
+
+Standby until it can lead (the CAS lease), recover, then keep up to ``jobs`` tasks
+running, each held by a supervisor of its own (:mod:`ferry.app.launch`), forked from this
+loop. The loop is single-threaded on purpose: a process with other threads cannot fork
+safely (only the forking thread survives in the child; a lock another thread held
+stays held there for ever).
+
+A supervisor whose task's end is durable waits for another task: forking costs 4 to
+8 ms on the machines measured, more than most of a short task's life, so the loop keeps
+its supervisors (up to two per slot: while one's end is being written, the next task's
+claim goes to a spare, in the same write).
+
+One loop turn: take in what the supervisors said; renew the lease; recover other
+runners' tasks every ``RECOVER_EVERY_S``; catch up on the journal every ``poll_s`` (new
+tasks) and for each supervisor that beat since (a cancel request: ask it to stop its
+task; a STALE mark: RESUMED); give each free slot a task (an idle supervisor, or a new
+one) and wait the moment it takes them to plan; then ONE commit of everything pending:
+the claims (CLAIMED, naming the supervisor, with its DISPATCHING), the supervisors'
+SPAWNED and SETTLED, the RESUMED marks. Only after that commit returns does a supervisor
+get its ``go`` (spawn) or its ``ack`` (its task's end is durable).
+
+Survivors: tasks still running under the supervisors of an earlier ``work`` (killed
+with -9, say) count against ``jobs`` until they end; they write their own ends.
+
+Signals (SIGTERM, SIGINT, SIGHUP): the first stops claiming (running tasks finish);
+the second asks every supervisor to stop its task (SIGTERM, then SIGKILL after its
+``--kill-grace``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ferry.app.launch import Launch, Record, watch_journal
+from ferry.app.leader import Leadership, policy_of, recover_as
+from ferry.app.recoverer import runner_identity
+from ferry.app.runner import before_spawn_event, child_environ
+from ferry.cli import render
+from ferry.core import events as ev
+from ferry.core.errors import FerryError, InternalError, LeaseHeldError, RefusedError
+from ferry.core.ids import new_claim_token
+from ferry.core.model import IN_FLIGHT_STATES, Liveness, State, Task
+from ferry.proc._outputs import SignalTrap
+from ferry.proc.liveness import probe
+
+if TYPE_CHECKING:
+    from ferry.app.service import Service
+
+# How long a turn waits for the plans of the tasks it just gave out (tasks without
+# pinned inputs: building an environment, well under a millisecond).
+PLAN_WAIT_S = 1.0
+PLAN_DEATHS_MAX = 3
+
+
+class _Unit:
+    """Records of one supervisor's task for the next commit, and what to tell the
+    supervisor once they are durable."""
+
+    __slots__ = ("kind", "launch", "records")
+
+    def __init__(self, kind: str, launch: Launch, records: Sequence[Record]) -> None:
+        self.kind, self.launch, self.records = kind, launch, list(records)
+
+
+class Worker:
+    RECOVER_EVERY_S = 5.0  # how often the leader checks other runners' tasks
+
+    def __init__(self, service: Service, *, jobs: int, drain: bool, poll_s: float,
+                 lease_ttl_s: float, stale_after_s: float | None,
+                 kill_stale: bool = False) -> None:  # fmt: skip
+        self.service = service
+        self.store = service.store
+        self.jobs, self.drain, self.poll_s = jobs, drain, poll_s
+        self.policy = policy_of(stale_after_s, kill_stale)
+        self.lead = Leadership(service, lease_ttl_s)
+        self.environ = child_environ()
+        self.supervisors: list[Launch] = []  # ours: each holds a task, or waits for one
+        self.survivors: dict[int, str] = {}  # pidfd -> task id (an earlier work's)
+        self.signals_seen = 0
+        self.halted = False  # no more claims: the lease is lost, or the journal failed us
+        self.failures: list[FerryError] = []
+        self.trap: SignalTrap | None = None
+        self._cancel_before_spawn: set[str] = set()
+        self._plan_deaths: dict[str, int] = {}  # task id -> supervisors that died planning it
+        self.unreaped: list[Launch] = []  # gone, not yet exited (they hold a task alone)
+
+    @property
+    def launches(self) -> dict[str, Launch]:
+        """The supervisors holding a task, by task id."""
+        return {launch.task.id: launch for launch in self.supervisors if not launch.idle}
+
+    @property
+    def stopping(self) -> bool:
+        return self.trap is not None and bool(self.trap.received)
+
+    # -- the outer life -------------------------------------------------------------------
+
+    def run(self) -> int:
+        with SignalTrap() as trap:
+            self.trap = trap
+            if not self._standby():
+                return 0
+            try:
+                return self._lead()
+            finally:
+                self.lead.release()
+                for pidfd in self.survivors:
+                    os.close(pidfd)
+
+    def _standby(self) -> bool:
+        while True:
+            try:
+                self.lead.acquire()
+                return True
+            except LeaseHeldError:
+                if self.stopping or (self.drain and not self._queue_nonempty()):
+                    return False
+            self._sleep(self.poll_s)
+
+    def _sleep(self, timeout_s: float) -> list[Any]:
+        assert self.trap is not None
+        live = [launch for launch in self.supervisors if not launch.gone]
+        watched: list[Any] = [*live, *self.survivors]
+        if self.trap.wakeup_fd is not None:
+            watched.append(self.trap.wakeup_fd)
+        writable = [launch for launch in live if launch.channel.pending]
+        ready, out, _ = select.select(watched, writable, [], max(0.0, timeout_s))
+        for launch in out:
+            launch.channel.flush()
+        if self.trap.wakeup_fd in ready:
+            self.trap.drain()
+        return ready
+
+    def _queue_nonempty(self) -> bool:
+        self.store.refresh()
+        return self.store.table.oldest_queued() is not None
+
+    def _lead(self) -> int:
+        epoch = self.lead.epoch
+        self.lead.commit()  # LEASE_ACQUIRED: before anything is written under this epoch
+        self._recover()
+        self._find_survivors()
+        next_recover = time.monotonic() + self.RECOVER_EVERY_S
+        next_poll = time.monotonic() + self.poll_s
+        try:
+            while True:
+                self._on_signals()
+                try:
+                    self.lead.renew_if_due()
+                except LeaseHeldError as error:  # lost: finish what runs, claim nothing
+                    self._halt(error, fail=True)
+                now = time.monotonic()
+                if now >= next_recover and not self.halted:
+                    self._recover()
+                    next_recover = now + self.RECOVER_EVERY_S
+                if now >= next_poll:  # (new tasks in the queue)
+                    with contextlib.suppress(FerryError, OSError):
+                        self.store.refresh()
+                    next_poll = time.monotonic() + self.poll_s
+                self._watch_journal()
+                self._fill_slots()
+                self._await_plans()
+                self._write()
+                self._let_go()
+                if self._finished():
+                    break
+                wake_at = min(next_recover, next_poll, self.lead.renew_at)
+                self._take_in(self._sleep(wake_at - time.monotonic()))
+        finally:
+            for launch in self.supervisors:
+                launch.release()  # idle: they exit; holding a task: they carry on alone
+            for launch in self.supervisors:
+                launch.reap(timeout_s=0 if not launch.idle else 5.0)
+        if not self.failures or not isinstance(self.failures[0], LeaseHeldError):
+            self.store.commit(ev.LeaseReleased(epoch, self.lead.me.to_json()), epoch=epoch)
+        self.store.maybe_compact()
+        if self.failures:
+            raise self.failures[0]
+        return 0
+
+    def _finished(self) -> bool:
+        if self.launches:
+            return False
+        if self.halted or self.stopping:
+            return True
+        return self.drain and not self.survivors and not self._queue_nonempty()
+
+    # -- signals, recovery, the journal ---------------------------------------------------
+
+    def _on_signals(self) -> None:
+        assert self.trap is not None
+        count = len(self.trap.received)
+        if count == self.signals_seen:
+            return
+        if self.signals_seen == 0:
+            self.service.notice(
+                "stopping: no new tasks; running ones finish (signal again to stop them)"
+            )
+        if self.signals_seen < 2 <= count:
+            self.service.notice("stopping the running tasks")
+            for launch in self.launches.values():
+                if launch.claimed and not launch.stop_sent:
+                    launch.stop(signal.SIGTERM)
+        self.signals_seen = count
+        self._drop_unclaimed()
+
+    def _drop_unclaimed(self) -> None:
+        """Stopping: the tasks given out but not claimed are taken back. A supervisor
+        still planning one (hashing pinned inputs: it may hang on a dead disk) is ended;
+        it has started nothing."""
+        for launch in list(self.launches.values()):
+            if launch.claimed:
+                continue
+            if launch.plan is None:
+                launch.kill()
+            else:
+                launch.abort()
+            launch.forget()
+
+    def _recover(self) -> None:
+        report = recover_as(self.lead, self.policy)
+        for line in (render.recover_text(report, self.service.verbosity) or "").splitlines():
+            self.service.notice(line)
+
+    def _watch_journal(self) -> None:
+        """For each supervisor that beat since: what the journal asks of its task (a
+        cancel, a STALE mark), after one catch-up for them all."""
+        beating = [launch for launch in self.launches.values() if launch.beat]
+        if not beating:
+            return
+        with contextlib.suppress(FerryError, OSError):
+            self.store.refresh()
+        for launch in beating:
+            watch_journal(self.store, launch, refresh=False)
+
+    def _find_survivors(self) -> None:
+        """Tasks in flight whose supervisor (their runner) is alive: an earlier work's,
+        killed or stopped. They hold slots until their supervisor exits."""
+        for task in self.store.live():
+            identity = runner_identity(task)
+            if task.state not in IN_FLIGHT_STATES or identity is None:
+                continue
+            if probe(identity) is not Liveness.ALIVE:
+                continue  # (UNKNOWN: recovery leaves it alone, but it is not ours to count)
+            try:
+                pidfd = os.pidfd_open(identity.pid)
+            except OSError:
+                continue
+            if probe(identity) is Liveness.ALIVE:  # still the same process, now held
+                self.survivors[pidfd] = task.id
+            else:
+                os.close(pidfd)
+        if self.survivors:
+            self.service.notice(
+                f"{len(self.survivors)} task(s) still run under an earlier work's"
+                " supervisors: they hold slots until they end"
+            )
+
+    # -- the supervisors ------------------------------------------------------------------
+
+    def _fill_slots(self) -> None:
+        """Give each free slot a task (a slot whose task ended is free, even before its
+        end is written: the next claim goes in the same write), to an idle supervisor
+        or, failing one, a new one."""
+        if self.halted or self.stopping:
+            return
+        held = self.launches
+        busy = sum(1 for launch in held.values() if launch.ended is None)
+        free = self.jobs - busy - len(self.survivors)
+        if free <= 0:
+            return
+        with self.store.lock:
+            candidates = self.store.table.oldest_queued_n(len(held) + free)
+        for task in candidates:
+            if free == 0:
+                break
+            if task.id in held:
+                continue
+            idle = next((s for s in self.supervisors if s.idle and not s.gone), None)
+            if idle is None:
+                if len(self.supervisors) >= 2 * self.jobs:
+                    break  # (every spare is still busy with an end: next turn)
+                idle = Launch(self.store.home, self.environ)
+                self.supervisors.append(idle)
+            token = new_claim_token(os.urandom(10))
+            claimed = Task(**{**task.__dict__, "state": State.CLAIMED, "claim_token": token})
+            idle.assign(claimed, token)
+            free -= 1
+
+    def _await_plans(self) -> None:
+        """Wait (briefly) for the plans of the tasks just given out, those without
+        pinned inputs: planning them is building an environment, and their claims can
+        then share this turn's write with the ends that freed their slots. (A task with
+        pinned inputs is hashed again first, which may take long: an end does not wait
+        for that.)"""
+        waiting = [
+            launch for launch in self.launches.values()
+            if launch.plan is None and not launch.gone and not launch.task.spec.pointers
+        ]  # fmt: skip
+        deadline = time.monotonic() + PLAN_WAIT_S
+        while waiting and time.monotonic() < deadline:
+            writable = [launch for launch in waiting if launch.channel.pending]
+            left = max(0.0, deadline - time.monotonic())
+            ready, out, _ = select.select(waiting, writable, [], left)
+            for launch in out:
+                launch.channel.flush()  # (a large task, sent in frames as it is read)
+            for launch in ready:
+                launch.poll()
+            waiting = [launch for launch in waiting if launch.plan is None and not launch.gone]
+
+    def _take_in(self, ready: list[Any]) -> None:
+        for fd in ready:
+            if fd in self.survivors:
+                os.close(fd)
+                del self.survivors[fd]
+        for launch in self.supervisors:
+            if launch in ready:
+                launch.poll()
+            if launch.plan is not None:
+                for warning in launch.warnings:
+                    self.service.notice(warning)
+                launch.plan["warnings"] = []
+            for warning in launch.warned:
+                self.service.notice(warning)
+            launch.warned = []
+
+    def _let_go(self) -> None:
+        """Forget the supervisors that exited (reaped). One that died holding a task it
+        had not claimed gave nothing: its task is a candidate again (three such deaths
+        for one task: ferry has a bug, stop). One that died holding a claimed task
+        before its end was known leaves it to recovery (its runner is dead). One whose
+        end waits to be written stays until it is."""
+        for launch in list(self.supervisors):
+            if not launch.gone or (launch.ended is not None and not self.halted):
+                continue
+            if launch.ended is not None:
+                self.service.notice(
+                    f"task {launch.task.id}: its end is left to its supervisor's own write"
+                )
+            elif not launch.idle and not launch.claimed:
+                deaths = self._plan_deaths[launch.task.id] = (
+                    self._plan_deaths.get(launch.task.id, 0) + 1
+                )
+                if deaths >= PLAN_DEATHS_MAX:
+                    self._halt(InternalError(f"task {launch.task.id}: {deaths} supervisors"
+                                             " died planning it"), fail=True)  # fmt: skip
+            launch.forget()
+            launch.reap(timeout_s=0)
+            self.supervisors.remove(launch)
+            if not launch.reaped:
+                self.unreaped.append(launch)
+        for launch in list(self.unreaped):
+            launch.reap(timeout_s=0)
+            if launch.reaped:
+                self.unreaped.remove(launch)
+
+    def _units(self) -> list[_Unit]:
+        """What is waiting to be written, per supervisor."""
+        units = []
+        closing = self.halted or self.stopping
+        if closing:
+            self._drop_unclaimed()
+        for launch in self.launches.values():
+            if launch.gone and launch.ended is None:
+                continue
+            plan = launch.plan
+            if plan is not None and not launch.claimed:
+                if plan["record"] is None or closing:
+                    continue  # (its plan failed: _write halts; closing: dropped)
+                runner = launch.identity.to_json()
+                claimed = ev.Claimed(launch.task.id, launch.task.attempt, launch.token,
+                                     runner, "work").encode()  # fmt: skip
+                plan_record = launch.plan_record
+                assert plan_record is not None
+                units.append(_Unit("claim", launch, [claimed, plan_record]))
+                continue
+            if launch.task.id in self._cancel_before_spawn:
+                event = before_spawn_event(launch.task, launch.token, cancelled=True)
+                units.append(_Unit("cancelled", launch, [event.encode()]))
+                continue
+            if launch.ended is not None:  # (its SPAWNED, if unwritten, goes with its end)
+                units.append(_Unit("end", launch, []))
+                continue
+            spawned = launch.due_spawned()
+            if spawned is not None:
+                units.append(_Unit("spawned", launch, [spawned]))
+        return units
+
+    def _write(self) -> None:
+        """One commit for everything pending; then each supervisor is told."""
+        for launch in self.launches.values():
+            if launch.plan is not None and launch.plan["record"] is None:  # (a bug)
+                error = launch.plan_error or InternalError("a task could not be planned")
+                self._halt(error, fail=True)
+                launch.forget()
+        units = self._units()
+        if not units:
+            return
+        ends = [u for u in units if u.kind == "end"]
+        if ends:
+            with contextlib.suppress(FerryError):
+                self.store.refresh()  # a cancel that landed makes an end CANCELLED
+        for unit in ends:
+            unit.records = unit.launch.end_records(self.store)
+        records = [record for unit in units for record in unit.records]
+        try:
+            self.store.commit(*records, epoch=self.lead.epoch if not self.halted else 0)
+        except LeaseHeldError as error:  # fenced: a newer leader claims now
+            self._halt(error, fail=True)
+            self._write_each(units)
+            return
+        except RefusedError:  # one unit's record is no longer legal: find which
+            self._write_each(units)
+            return
+        except FerryError as error:  # the journal failed us (a full disk, corruption)
+            self._journal_failed(error)
+            return
+        for unit in units:
+            self._done(unit, None)
+
+    def _journal_failed(self, error: FerryError) -> None:
+        """The journal refuses every write now (the handle failed): claim nothing more,
+        and let every supervisor go (they write their own records, through handles of
+        their own, once they see this one gone)."""
+        self._halt(error, fail=True)
+        for launch in self.supervisors:
+            launch.release()
+
+    def _write_each(self, units: list[_Unit]) -> None:
+        for unit in units:
+            if unit.kind == "claim" and self.halted:
+                self._done(unit, LeaseHeldError("not claimed: the lease is lost"))
+                continue
+            epoch = self.lead.epoch if unit.kind == "claim" else 0
+            if unit.kind == "end":  # (as the journal is now: the failed commit caught up)
+                unit.records = unit.launch.end_records(self.store)
+            try:
+                self.store.commit(*unit.records, epoch=epoch)
+            except (RefusedError, LeaseHeldError) as error:
+                self._done(unit, error)
+                continue
+            except FerryError as error:
+                self._journal_failed(error)
+                return
+            self._done(unit, None)
+
+    def _done(self, unit: _Unit, error: FerryError | None) -> None:
+        launch = unit.launch
+        if unit.kind == "claim":
+            if error is not None:
+                self.service.notice(error.message)
+                launch.abort()
+                launch.forget()
+                return
+            launch.claimed = True
+            plan_record = launch.plan_record
+            if plan_record is not None and plan_record[0] == "SETTLED":
+                launch.forget()  # a pinned input changed: settled FAILED, nothing to run
+            elif self._cancelled(launch):
+                self._cancel_before_spawn.add(launch.task.id)  # written next, then abort
+            else:
+                launch.go()
+        elif unit.kind == "cancelled":
+            self._cancel_before_spawn.discard(launch.task.id)
+            launch.abort()
+            launch.forget()
+        elif unit.kind == "spawned":
+            if error is None:
+                launch.written("SPAWNED")
+            else:
+                launch.spawned_written = True  # (refused: decided meanwhile; not again)
+        elif unit.kind == "end":
+            if error is not None:  # (never its own end, which end_records left out)
+                self.service.notice(error.message)
+            launch.ack()
+
+    def _cancelled(self, launch: Launch) -> bool:
+        task = self.store.get(launch.task.id)
+        return bool(task and task.claim_token == launch.token and task.cancel_requested)
+
+    def _halt(self, error: FerryError | None, *, fail: bool = False) -> None:
+        if not self.halted and error is not None:
+            self.service.notice(f"stopping: {error.message}")
+        self.halted = True
+        if fail and error is not None:
+            self.failures.append(error)
+
+
+def work(service: Service, **options: Any) -> int:
+    return Worker(service, **options).run()

@@ -1,0 +1,147 @@
+"""The ``ferry`` entry point: the one place that maps errors to exit codes.
+
+The command line itself is click (:mod:`ferry.cli.tree` and :mod:`ferry.cli.commands`:
+parse, call one service function, render; every command's help ends with an example;
+``docs/cli.md`` is checked against ``--help`` by ``tests/acceptance/test_cli_docs.py``).
+This module imports no click: ``ferry run`` in its plain forms is parsed by
+:mod:`ferry.cli.fast` (importing click and building the command tree costs about as much
+as the rest of ``ferry run -- true``), and everything else, including every usage error
+of ``run``, goes to click. Errors of every kind leave through :func:`main`, which prints
+``ferry: error[<code>]: <message>`` and picks the exit code (via
+:func:`ferry.core.errors.exit_code_for`).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from ferry.core import errors
+
+# Commands that run a task in the foreground: their failures before the task starts exit
+# 125 (see ferry.core.errors.exit_code_for).
+_RUNS_TASK = {"run", "claim"}
+
+
+class Ctx:
+    """What the global options say, handed to every command. ``runs_task`` is set by
+    ``run`` and ``claim``: their failures before the task starts exit 125."""
+
+    current: Ctx | None = None  # the invocation in progress, for main()'s error mapping
+
+    def __init__(self, home: str | None, as_json: bool, verbosity: int) -> None:
+        self.home = home
+        self.as_json = as_json
+        self.verbosity = verbosity
+        self.runs_task = False
+        Ctx.current = self
+
+    def service(self) -> Any:
+        from ferry.app.service import Service  # lazy: keeps `ferry --help` cheap
+
+        return Service.open(self.home, verbosity=self.verbosity)
+
+
+def task_opts(kw: dict[str, Any], argv: tuple[str, ...]) -> dict[str, Any]:
+    """The TASK OPTIONS (as the ``run``/``submit`` commands receive them) in the shape
+    the service's build_spec takes."""
+    return {
+        "argv": list(argv),
+        "name": kw["name"],
+        "key": kw["key"],
+        "idempotent": kw["idempotent"],
+        "max_releases": kw["max_releases"],
+        "timeout_s": kw["timeout"],
+        "kill_grace_s": kw["kill_grace"],
+        "heartbeat_s": kw["heartbeat"],
+        "cwd": kw["cwd"],
+        "env": list(kw["env"]),
+        "pointers": list(kw["pointers"]),
+        "patch_file": kw["patch_file"],
+        "shell": kw["shell"],
+    }
+
+
+def run_command(ctx: Ctx, kw: dict[str, Any], argv: tuple[str, ...]) -> int:
+    """``ferry run``, however it was parsed (click or :mod:`ferry.cli.fast`)."""
+    ctx.runs_task = True
+    return int(ctx.service().run(task_opts(kw, argv), as_json=ctx.as_json))
+
+
+def report(error: errors.FerryError, as_json: bool) -> None:
+    from ferry.cli import render
+
+    render.error(error, as_json=as_json)
+
+
+def command_word(args: list[str]) -> str:
+    """The subcommand's name, for messages before anything is parsed."""
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg == "--home":
+            skip = True
+        elif arg == "--":
+            break
+        elif not arg.startswith("-"):
+            return arg
+    return ""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``ferry`` console script; returns the exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    as_json = "--json" in args[: args.index("--")] if "--" in args else "--json" in args
+    command = command_word(args)
+    Ctx.current = None
+    try:
+        from ferry.cli.fast import parse_run
+
+        fast = parse_run(args)
+        if fast is not None:
+            return run_command(Ctx(fast.home, fast.as_json, fast.verbosity), fast.kw, fast.argv)
+        from ferry.cli.tree import invoke
+
+        return invoke(args, as_json=as_json, command=command)
+    except errors.FerryError as exc:
+        ctx = Ctx.current
+        report(exc, ctx.as_json if ctx else as_json)
+        runs_task = ctx.runs_task if ctx else command in _RUNS_TASK
+        return errors.exit_code_for(exc, runs_task=runs_task)
+    except KeyboardInterrupt:
+        report(errors.FerryError("interrupted", code="interrupted", exit_code=130), as_json)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except OSError as exc:  # ferry's own I/O: disk full, read-only, out of descriptors
+        import os
+
+        if os.environ.get("FERRY_DEBUG"):
+            import traceback
+
+            traceback.print_exc()
+        ctx = Ctx.current
+        error = errors.from_os_error(exc)
+        report(error, ctx.as_json if ctx else as_json)
+        return errors.exit_code_for(
+            error, runs_task=ctx.runs_task if ctx else command in _RUNS_TASK
+        )
+    except Exception as exc:  # the last net: no traceback reaches a user
+        import os
+        import traceback
+
+        if os.environ.get("FERRY_DEBUG"):
+            traceback.print_exc()
+        report(errors.InternalError(f"internal error: {type(exc).__name__}: {exc}"), as_json)
+        return errors.EX_FERRY_FAILED
+
+
+def __getattr__(name: str) -> Any:
+    """``ferry.cli.cli``: the click group, built on first use (see the module docstring)."""
+    if name == "cli":
+        from ferry.cli.tree import cli
+
+        return cli
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,387 @@
+"""The ferry commands. Each one parses, calls one service method, renders.
+
+Kept apart from ``cli_app.py`` (the group and global options) and ``cli.py`` (the entry
+point and error mapping) so that each file stays small.  Every help text ends with an
+example.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import click
+from click.core import ParameterSource
+
+from ferry.cli import run_command, task_opts
+from ferry.core.errors import LeaseHeldError, UsageError
+
+Emit = Callable[[Any, str | None, Any], None]
+
+_STATES = [
+    "QUEUED",
+    "CLAIMED",
+    "DISPATCHING",
+    "RUNNING",
+    "STALE",
+    "SUCCEEDED",
+    "FAILED",
+    "CANCELLED",
+]
+
+
+# The leader commands' shared option (claim, work, recover).
+_LEASE_TTL = click.option(
+    "--lease-ttl",
+    type=click.FloatRange(0.1, 86400),
+    default=30.0,
+    show_default=True,
+    help="Seconds a silent leader keeps the lease before another may take it.",
+)
+_KILL_STALE = click.option(
+    "--kill-stale",
+    is_flag=True,
+    help="Also kill the processes of a task marked STALE (its runner lives but is silent).",
+)
+
+
+def _example(text: str) -> str:
+    return "Example:\n\n\b\n" + "\n".join("  " + line for line in text.strip().splitlines())
+
+
+def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -> None:
+    """Attach every command to the ``cli`` group."""
+    from ferry.cli import render
+
+    @cli.command(
+        context_settings={"allow_interspersed_args": False},
+        epilog=_example("ferry run --key build-$SHA --timeout 3600 -- make test"),
+    )
+    @task_options
+    @click.argument("argv", nargs=-1, required=True, metavar="-- CMD [ARG...]")
+    @click.pass_obj
+    def run(ctx: Any, /, argv: tuple[str, ...], **kw: Any) -> int:
+        """Run CMD now, in the foreground, as a journaled task.
+
+        Output streams live and is kept in full; SIGINT/SIGTERM/SIGHUP reach the task's
+        whole process group; the task's exit status passes through (124 timeout, 125
+        ferry failed before the task started, 126/127 not executable/not found,
+        128+N killed by signal N).
+        """
+        return run_command(ctx, kw, argv)
+
+    @cli.command(
+        context_settings={"allow_interspersed_args": False},
+        epilog=_example(
+            "ferry submit --idempotent --name nightly -- ./nightly.sh\n"
+            'printf \'%s\\n\' \'{"argv": ["make", "docs"]}\' | ferry submit --from -'
+        ),
+    )
+    @task_options
+    @click.option(
+        "--from",
+        "from_file",
+        type=click.File("rb"),
+        help="Queue many tasks, one JSON object of task options per line (- for stdin), in"
+        " one write; a bad line queues none.",
+    )
+    @click.argument("argv", nargs=-1, metavar="-- CMD [ARG...]")
+    @click.pass_obj
+    def submit(ctx: Any, /, argv: tuple[str, ...], from_file: Any, **kw: Any) -> None:
+        """Queue a task (or many with --from) and print its id."""
+        svc = ctx.service()
+        if from_file is not None:
+            if argv:
+                raise click.UsageError("give either CMD or --from, not both")
+            click_ctx = click.get_current_context()
+            given = [
+                param.opts[0]
+                for param in click_ctx.command.params
+                if param.name in kw
+                and click_ctx.get_parameter_source(param.name) is ParameterSource.COMMANDLINE
+            ]
+            if given:
+                raise click.UsageError(
+                    f"with --from, each line carries its task's options: {', '.join(given)}"
+                    " would be ignored"
+                )
+            tasks = svc.submit_many(from_file.read(), source=from_file.name)
+        else:
+            if not argv:
+                raise UsageError(
+                    "missing CMD: ferry submit [OPTIONS] -- CMD [ARG...]"
+                    " (see 'ferry submit --help')",
+                    code="usage.missing_command",
+                )
+            tasks = svc.submit([task_opts(kw, argv)])
+        if ctx.as_json:
+            objs = [render.task_json(t) for t in tasks]
+            emit(ctx, None, objs[0] if from_file is None else objs)
+        else:
+            click.echo("\n".join(t.id for t in tasks))
+
+    @cli.command(epilog=_example('ferry claim || echo "task failed with $?"'))
+    @_LEASE_TTL
+    @click.pass_obj
+    def claim(ctx: Any, lease_ttl: float) -> int:
+        """Become leader briefly, recover, then run the oldest queued task in the foreground.
+
+        Empty queue: exit 0 (--json: {"task": null}).
+        """
+        ctx.runs_task = True
+        return int(ctx.service().claim(lease_ttl_s=lease_ttl, as_json=ctx.as_json))
+
+    @cli.command(epilog=_example("ferry work -j 4 --drain"))
+    @click.option(
+        "-j",
+        "--jobs",
+        type=click.IntRange(1, 256),
+        default=1,
+        show_default=True,
+        help="How many tasks run at once.",
+    )
+    @click.option("--drain", is_flag=True, help="Exit 0 once the queue is empty and nothing runs.")
+    @click.option(
+        "--poll",
+        type=click.FloatRange(0.01, 3600),
+        default=1.0,
+        show_default=True,
+        help="Seconds between looks at the queue (and at the lease, as a standby).",
+    )
+    @_LEASE_TTL
+    @click.option(
+        "--stale-after",
+        type=click.FloatRange(0.1, 10**9),
+        default=None,
+        help="Mark other runners STALE after this many silent seconds (default: 3 heartbeats).",
+    )
+    @_KILL_STALE
+    @click.pass_obj
+    def work(
+        ctx: Any,
+        jobs: int,
+        drain: bool,
+        poll: float,
+        lease_ttl: float,
+        stale_after: float | None,
+        kill_stale: bool,
+    ) -> int:
+        """The leader loop: lead (or wait as standby), recover, run queued tasks, N at a time.
+
+        SIGTERM: stop claiming, let running tasks finish, release the lease. A second
+        signal stops the running tasks at once (SIGTERM, SIGKILL after their --kill-grace).
+        """
+        return int(
+            ctx.service().work(
+                jobs=jobs,
+                drain=drain,
+                poll_s=poll,
+                lease_ttl_s=lease_ttl,
+                stale_after_s=stale_after,
+                kill_stale=kill_stale,
+            )
+        )
+
+    @cli.command(epilog=_example("* * * * * ferry recover   # crontab: silent unless it acts"))
+    @click.option("--dry-run", is_flag=True, help="Decide and print, journal nothing.")
+    @click.option(
+        "--stale-after",
+        type=click.FloatRange(0.1, 10**9),
+        default=None,
+        help="A live runner silent this long is STALE (default: 3 of its heartbeats).",
+    )
+    @_KILL_STALE
+    @_LEASE_TTL
+    @click.pass_obj
+    def recover(
+        ctx: Any, dry_run: bool, stale_after: float | None, kill_stale: bool, lease_ttl: float
+    ) -> int:
+        """Decide every unfinished task after a crash; exit 3 if an operator is needed.
+
+        Takes the lease (exit 75 if a live leader holds it), replays the journal, decides
+        each task whose runner is gone (quarantine, fail, requeue), journals the decisions.
+        """
+        try:
+            report = ctx.service().recover(
+                dry_run=dry_run,
+                stale_after_s=stale_after,
+                kill_stale=kill_stale,
+                lease_ttl_s=lease_ttl,
+            )
+        except LeaseHeldError as error:
+            # A live leader is responsible: nothing for us to do, nothing to say (cron
+            # mails whatever it prints, every minute). -v or --json still say it.
+            if error.code != "lease.held" or ctx.as_json or ctx.verbosity > 0:
+                raise
+            return error.exit_code
+        emit(ctx, render.recover_text(report, ctx.verbosity), render.recover_json(report))
+        return int(report.exit_code)
+
+    @cli.command(name="ls", epilog=_example("ferry ls --state FAILED --limit 20"))
+    @click.option(
+        "--state",
+        type=click.Choice(_STATES, case_sensitive=False),
+        help="Only tasks in this state.",
+    )
+    @click.option("--limit", type=click.IntRange(0), default=100, show_default=True, help="0: all.")
+    @click.pass_obj
+    def ls_(ctx: Any, state: str | None, limit: int) -> None:
+        """List tasks, most recent last."""
+        tasks = ctx.service().ls(state=state.upper() if state else None, limit=limit)
+        emit(ctx, render.table(tasks), [render.task_json(t) for t in tasks])
+
+    @cli.command(epilog=_example("ferry show 01jq3   # any unique prefix of the id"))
+    @click.argument("task_id", metavar="ID")
+    @click.option("--show-env", is_flag=True, help="Also print --env values (secrets!).")
+    @click.pass_obj
+    def show(ctx: Any, task_id: str, show_env: bool) -> None:
+        """Show one task, all of it, including the recovery evidence."""
+        task = ctx.service().show(task_id)
+        obj = render.task_json(task, show_env_values=show_env)
+        emit(ctx, render.detail(obj), obj)
+
+    @cli.command(epilog=_example("ferry logs 01jq3 --stream stderr --tail 50 -f"))
+    @click.argument("task_id", metavar="ID")
+    @click.option(
+        "--stream",
+        type=click.Choice(["stdout", "stderr"]),
+        help="Only this stream, to ferry's stdout (default: both, each to its own).",
+    )
+    @click.option("--tail", type=click.IntRange(0), help="Only the last N lines.")
+    @click.option("-f", "--follow", is_flag=True, help="Keep printing until the task settles.")
+    @click.option("--attempt", type=click.IntRange(1), help="Which attempt (default: latest).")
+    @click.pass_obj
+    def logs(
+        ctx: Any,
+        task_id: str,
+        stream: str | None,
+        tail: int | None,
+        follow: bool,
+        attempt: int | None,
+    ) -> None:
+        """Print a task's captured output, complete and byte-exact."""
+        ctx.service().logs(
+            task_id, stream=stream, tail=tail, follow=follow, attempt=attempt, as_json=ctx.as_json
+        )
+
+    @cli.command(
+        epilog=_example("ferry --json lease\nferry lease --reset   # after error[lease.unreadable]")
+    )
+    @click.option(
+        "--reset",
+        is_flag=True,
+        help="Operator action for an unreadable lease.json: move it aside and write a "
+        "released lease at the journal's highest epoch (a readable lease is left alone).",
+    )
+    @click.pass_obj
+    def lease(ctx: Any, reset: bool) -> None:
+        """Show who leads: holder, epoch, since, expires."""
+        svc = ctx.service()
+        if reset:
+            moved = svc.lease_reset()
+            text = f"moved the unreadable lease to {moved}" if moved else "the lease reads fine"
+            emit(ctx, text, {"reset": moved is not None, "moved_to": moved})
+            return
+        info = svc.lease_info()
+        emit(ctx, render.lease_text(info), info)
+
+    @cli.command(epilog=_example("ferry cancel 01jq3"))
+    @click.argument("task_id", metavar="ID")
+    @click.pass_obj
+    def cancel(ctx: Any, task_id: str) -> None:
+        """Cancel a queued task, or signal a running one's process group and cancel it."""
+        task = ctx.service().cancel(task_id)
+        emit(ctx, f"{task.id} {task.state}", render.task_json(task))
+
+    @cli.command(epilog=_example("ferry retry 01jq3"))
+    @click.argument("task_id", metavar="ID")
+    @click.option("--force", is_flag=True, help="Even while a quarantined orphan is alive.")
+    @click.pass_obj
+    def retry(ctx: Any, task_id: str, force: bool) -> None:
+        """Queue a FAILED or CANCELLED task again as a new attempt (same id)."""
+        task = ctx.service().retry(task_id, force=force)
+        emit(ctx, f"{task.id} attempt {task.attempt} QUEUED", render.task_json(task))
+
+    @cli.command(epilog=_example("ferry resolve 01jq3 --as succeeded   # I checked: it deployed"))
+    @click.argument("task_id", metavar="ID")
+    @click.option(
+        "--as",
+        "verdict",
+        required=True,
+        type=click.Choice(["succeeded", "failed"]),
+        help="What the task really did, as far as you know.",
+    )
+    @click.option("--force", is_flag=True, help="Even while a quarantined orphan is alive.")
+    @click.pass_obj
+    def resolve(ctx: Any, task_id: str, verdict: str, force: bool) -> None:
+        """Record your verdict on a FAILED or CANCELLED task (journaled, in its evidence).
+
+        A --key whose latest task ended unsafe (MARKED_FAILED_MUTATION_UNSAFE,
+        QUARANTINED_ORPHAN_ALIVE) is not run again until you retry or resolve that task;
+        resolved as succeeded, the key is skipped like any succeeded key; as failed, the
+        key runs again."""
+        task = ctx.service().resolve(task_id, verdict=verdict, force=force)
+        emit(ctx, f"{task.id} resolved as {verdict}", render.task_json(task))
+
+    @cli.command(epilog=_example("ferry kill 01jq3 --signal KILL"))
+    @click.argument("task_id", metavar="ID")
+    @click.option(
+        "--signal",
+        "signame",
+        default="TERM",
+        show_default=True,
+        help="A signal name (TERM, SIGKILL, hup) or number.",
+    )
+    @click.pass_obj
+    def kill(ctx: Any, task_id: str, signame: str) -> None:
+        """Signal a quarantined orphan's process group, after proving it is the same process."""
+        result = ctx.service().kill(task_id, signame)
+        emit(ctx, result.get("message"), result)
+
+    @cli.group(epilog=_example("ferry journal verify && ferry journal compact"))
+    def journal() -> None:
+        """Inspect and maintain the journal."""
+
+    @journal.command(epilog=_example("ferry journal verify || alert 'journal corrupt'"))
+    @click.pass_obj
+    def verify(ctx: Any) -> int:
+        """Check every record: exit 0 clean (a torn tail is reported, untouched), 4 corrupt.
+
+        Also names the records every command skips (a sound line whose event is illegal).
+        """
+        report = ctx.service().journal_verify()
+        emit(ctx, render.verify_text(report), render.verify_json(report))
+        if report.get("error"):  # corrupt: also the one coded error line on stderr
+            from ferry.core.errors import FerryError
+
+            error = report["error"]
+            render.error(FerryError(error["message"], code=error["code"]), as_json=False)
+        return int(report.get("exit_code", 0))
+
+    @journal.command(epilog=_example("ferry journal repair"))
+    @click.pass_obj
+    def repair(ctx: Any) -> None:
+        """Cut a torn tail (keeping a .broken copy); refuse to touch corruption elsewhere."""
+        report = ctx.service().journal_repair()
+        emit(ctx, render.repair_text(report), report)
+
+    @journal.command(epilog=_example("ferry journal compact"))
+    @click.pass_obj
+    def compact(ctx: Any) -> None:
+        """Write a snapshot and drop the segments it covers."""
+        report = ctx.service().journal_compact()
+        emit(ctx, render.compact_text(report), report)
+
+    @journal.command(epilog=_example("ferry journal dump --from 1200 | jq .type"))
+    @click.option(
+        "--from",
+        "from_seq",
+        type=click.IntRange(1),
+        default=1,
+        show_default=True,
+        help="Start at this seq (records compacted away are not shown).",
+    )
+    @click.pass_obj
+    def dump(ctx: Any, from_seq: int) -> None:
+        """Print every record as JSON Lines."""
+        ctx.service().journal_dump(from_seq=from_seq)

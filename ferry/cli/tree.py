@@ -1,0 +1,151 @@
+"""The click command tree: the group, its global options, the TASK OPTIONS, and
+:func:`invoke`, which runs it and answers click's own exceptions (usage errors, help,
+``--version``). Imported only when :mod:`ferry.cli.fast` hands a command line over
+(everything but the plain forms of ``ferry run``); errors of every other kind go back to
+:func:`ferry.cli.main`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from ferry.cli import Ctx, report
+from ferry.core import errors
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _pos_float(name: str) -> click.FloatRange:
+    return click.FloatRange(min=0.0, max=10**9, min_open=name != "kill-grace")
+
+
+def task_options(f: F) -> F:
+    """The TASK OPTIONS shared by ``run`` and ``submit`` (contract.md)."""
+    opts = [
+        click.option("--name", help="A human name for the task."),
+        click.option(
+            "--key",
+            help="Idempotency key: a task with this key that SUCCEEDED is not run again "
+            "(exit 0); one in flight is refused (exit 75).",
+        ),
+        click.option(
+            "--idempotent",
+            is_flag=True,
+            help="Safe to re-run after a crash (default: the task may mutate state).",
+        ),
+        click.option(
+            "--max-releases",
+            type=click.IntRange(0, 1000),
+            default=3,
+            show_default=True,
+            help="How many times recovery may requeue an idempotent task.",
+        ),
+        click.option(
+            "--timeout", type=_pos_float("timeout"), help="Kill the task after SECONDS (exit 124)."
+        ),
+        click.option(
+            "--kill-grace",
+            type=_pos_float("kill-grace"),
+            default=10.0,
+            show_default=True,
+            help="Seconds between SIGTERM and SIGKILL to the task's process group.",
+        ),
+        click.option(
+            "--heartbeat",
+            type=_pos_float("heartbeat"),
+            default=5.0,
+            show_default=True,
+            help="How often (seconds) the runner proves it is alive.",
+        ),
+        click.option("--cwd", help="Working directory of the task (default: the current one)."),
+        click.option(
+            "--env", "env", multiple=True, metavar="KEY=VALUE", help="Set a variable (repeatable)."
+        ),
+        click.option(
+            "--pointer",
+            "pointers",
+            multiple=True,
+            metavar="PATH[=SHA256]",
+            help="Pin a file's SHA-256 (taken now unless given); a change fails the task "
+            "POINTER_STALE before it runs (repeatable).",
+        ),
+        click.option(
+            "--patch-file",
+            type=click.Path(dir_okay=False),
+            help="A unified diff covering every pointer: lets an --idempotent task run in "
+            "self-contained mode when pointers are stale.",
+        ),
+        click.option("--shell", is_flag=True, help="Run CMD through /bin/sh -c (never implied)."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def _emit(ctx: Ctx, human: str | None, payload: Any) -> None:
+    from ferry.cli import render
+
+    render.emit(as_json=ctx.as_json, human=human, payload=payload)
+
+
+@click.group(
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+    epilog="Example:\n\n\b\n  ferry --home /var/lib/ferry ls --state RUNNING",
+)
+@click.option(
+    "--home",
+    type=click.Path(),  # (a file here is the state directory check's to refuse: 125)
+    metavar="DIRECTORY",
+    help="State directory (default: $FERRY_HOME, else $XDG_STATE_HOME/ferry, else "
+    "~/.local/state/ferry).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output on stdout.")
+@click.option("--verbose", "-v", "verbosity", flag_value=1, help="Say more on stderr.")
+@click.option("--quiet", "-q", "verbosity", flag_value=-1, help="Say only errors.")
+@click.version_option(package_name="ferry", message="ferry %(version)s")
+@click.pass_context
+def cli(click_ctx: click.Context, home: str | None, as_json: bool, verbosity: int | None) -> None:
+    """ferry: a crash-safe task runner.
+
+    Every task goes through an append-only journal that records the intent durably
+    before each side effect, so that after kill -9, OOM or a reboot `ferry recover`
+    can tell the truth about it.
+    """
+    click_ctx.obj = Ctx(home, as_json, verbosity or 0)
+
+
+from ferry.cli import commands as _commands  # noqa: E402  (registers the commands)
+
+_commands.register(cli, task_options, _emit)
+
+
+def invoke(args: list[str], *, as_json: bool, command: str) -> int:
+    """Run the command line through click; click's own exceptions end here."""
+    try:
+        result = cli.main(args=args, prog_name="ferry", standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as exc:  # pragma: no cover - click >= 8.2
+        click.echo(exc.ctx.get_help() if exc.ctx else "", err=True)
+        if as_json:  # --json promises an error object on stdout for every error
+            from ferry.cli import render
+
+            missing = errors.UsageError("missing command", code="usage.missing_command")
+            render.write_json({"error": missing.to_json()})
+        return errors.EX_USAGE
+    except click.UsageError as exc:
+        known = command in cli.commands
+        hint = f" (see 'ferry {command} --help')" if known else " (see 'ferry --help')"
+        missing_cmd = (
+            isinstance(exc, click.MissingParameter) and getattr(exc.param, "name", "") == "argv"
+        )
+        code = "usage.missing_command" if missing_cmd else "usage.invalid"
+        report(errors.UsageError(exc.format_message() + hint, code=code), as_json)
+        return errors.EX_USAGE
+    except click.exceptions.Abort:
+        report(errors.FerryError("interrupted", code="interrupted", exit_code=130), as_json)
+        return 130
+    except click.exceptions.Exit as exc:
+        return int(exc.exit_code)
+    return int(result or 0)

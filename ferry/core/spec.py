@@ -1,0 +1,215 @@
+"""TaskSpec: what to run and how (pure). Validated once, at submit, with usage.* codes.
+
+The spec is what SUBMITTED journals. It never changes after that: retries reuse it.
+Paths are stored as given; resolving them (``cwd``, relative pointers) is the caller's
+job, before the spec is built.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ferry.core._value import Value, init
+from ferry.core.errors import UsageError
+
+MAX_RELEASES_DEFAULT = 3
+KILL_GRACE_DEFAULT_S = 10.0
+HEARTBEAT_DEFAULT_S = 5.0
+HEARTBEAT_MIN_S = 0.01  # below this a runner would spend its time beating
+# Ten years: far beyond any sane timeout, far below threading.TIMEOUT_MAX (overflow).
+SECONDS_MAX = 10 * 365 * 24 * 3600.0
+MAX_RELEASES_MAX = 1_000_000
+TEXT_CHARS_MAX = 256  # name and key
+_SHA256_HEX = frozenset("0123456789abcdef")
+
+
+class PatchRef(Value):
+    """ferry's private copy of a patch (``path`` in the state directory) and its hash."""
+
+    __slots__ = ("path", "sha256")
+    _FIELDS = ("path", "sha256")
+    path: str
+    sha256: str
+
+    def __init__(self, path: str, sha256: str) -> None:
+        init(self, "path", path)
+        init(self, "sha256", sha256)
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """What to run and how, as submitted: journaled with the task and never changed."""
+
+    argv: tuple[str, ...]
+    cwd: str
+    name: str | None = None
+    key: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    idempotent: bool = False
+    max_releases: int = MAX_RELEASES_DEFAULT
+    timeout_s: float | None = None
+    kill_grace_s: float = KILL_GRACE_DEFAULT_S
+    heartbeat_s: float = HEARTBEAT_DEFAULT_S
+    shell: bool = False
+    pointers: tuple[tuple[str, str], ...] = ()  # (path, sha256 hex)
+    patch: PatchRef | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "argv": list(self.argv),
+            "name": self.name,
+            "key": self.key,
+            "cwd": self.cwd,
+            "env": dict(self.env),
+            "idempotent": self.idempotent,
+            "max_releases": self.max_releases,
+            "timeout_s": self.timeout_s,
+            "kill_grace_s": self.kill_grace_s,
+            "heartbeat_s": self.heartbeat_s,
+            "shell": self.shell,
+            "pointers": [{"path": path, "sha256": sha} for path, sha in self.pointers],
+            "patch": None
+            if self.patch is None
+            else {"path": self.patch.path, "sha256": self.patch.sha256},
+        }
+
+    @classmethod
+    def from_json(
+        cls, data: Mapping[str, Any], *, strict: bool = False, validate: bool = True
+    ) -> TaskSpec:
+        """Build and validate a spec. ``strict`` refuses unknown keys (user input such
+        as a ``submit --from`` line); the default ignores them (a journal written by a
+        newer version). ``validate=False`` only for ferry's own snapshots."""
+        if not isinstance(data, Mapping):
+            raise UsageError("a task spec must be a JSON object", code="usage.bad_spec")
+        if strict:
+            unknown = sorted(set(data) - _FIELDS)
+            if unknown:
+                raise UsageError(
+                    f"unknown task option(s): {', '.join(unknown)}",
+                    code="usage.bad_spec",
+                    details={"unknown": unknown},
+                )
+        for required in ("argv", "cwd"):
+            if required not in data:
+                raise UsageError(f"task spec lacks {required!r}", code="usage.bad_spec")
+        argv = data["argv"]
+        if not isinstance(argv, list | tuple):
+            raise UsageError("argv must be a list of strings", code="usage.bad_argv")
+        env = data.get("env") or {}
+        if not isinstance(env, Mapping):
+            raise UsageError("env must be an object of strings", code="usage.bad_env")
+        pointers = data.get("pointers") or []
+        if not isinstance(pointers, list | tuple) or not all(
+            isinstance(p, Mapping) and "path" in p and "sha256" in p for p in pointers
+        ):
+            raise UsageError("pointers must be [{path, sha256}]", code="usage.bad_pointer")
+        patch = data.get("patch")
+        if patch is not None and not (
+            isinstance(patch, Mapping) and "path" in patch and "sha256" in patch
+        ):
+            raise UsageError("patch must be {path, sha256}", code="usage.bad_patch")
+        spec = cls(
+            argv=tuple(argv),
+            cwd=data["cwd"],
+            name=data.get("name"),
+            key=data.get("key"),
+            env=dict(env),
+            idempotent=data.get("idempotent", False),
+            max_releases=data.get("max_releases", MAX_RELEASES_DEFAULT),
+            timeout_s=data.get("timeout_s"),
+            kill_grace_s=data.get("kill_grace_s", KILL_GRACE_DEFAULT_S),
+            heartbeat_s=data.get("heartbeat_s", HEARTBEAT_DEFAULT_S),
+            shell=data.get("shell", False),
+            pointers=tuple((p["path"], p["sha256"]) for p in pointers),
+            patch=None if patch is None else PatchRef(patch["path"], patch["sha256"]),
+        )
+        if validate:
+            validate_spec(spec)
+        return spec
+
+
+_FIELDS = frozenset(TaskSpec.__dataclass_fields__)
+
+
+def _bad(code: str, message: str, **details: Any) -> UsageError:
+    return UsageError(message, code=code, details=details)
+
+
+def _check_text(value: object, what: str, code: str, *, optional: bool) -> None:
+    if value is None and optional:
+        return
+    if not isinstance(value, str) or not value:
+        raise _bad(code, f"{what} must be a non-empty string", value=repr(value))
+    if len(value) > TEXT_CHARS_MAX:
+        raise _bad(code, f"{what} is longer than {TEXT_CHARS_MAX} characters")
+    if any(not char.isprintable() for char in value):
+        raise _bad(code, f"{what} must be printable (no control characters)", value=value)
+
+
+def _check_seconds(value: object, what: str, *, minimum_s: float, inclusive: bool) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _bad("usage.bad_number", f"{what} must be a number of seconds", value=repr(value))
+    number = float(value)
+    too_small = number < minimum_s if inclusive else number <= minimum_s
+    if math.isnan(number) or too_small or number > SECONDS_MAX:
+        bound = ">=" if inclusive else ">"
+        raise _bad(
+            "usage.bad_number",
+            f"{what} must be {bound} {minimum_s:g} and at most {SECONDS_MAX:g} seconds",
+            value=repr(value),
+        )
+
+
+def validate_spec(spec: TaskSpec) -> None:
+    """Raise UsageError (``usage.*``) unless the spec can be run as written."""
+    if not isinstance(spec.argv, tuple) or not spec.argv:
+        raise _bad("usage.missing_command", "no command given (put it after --)")
+    for arg in spec.argv:
+        if not isinstance(arg, str) or "\0" in arg:
+            raise _bad("usage.bad_argv", "command arguments must be strings without NUL")
+    if not spec.argv[0]:
+        raise _bad("usage.bad_argv", "the command name is empty")
+    if not isinstance(spec.cwd, str) or not spec.cwd or "\0" in spec.cwd:
+        raise _bad("usage.bad_cwd", "cwd must be a non-empty path", value=repr(spec.cwd))
+    _check_text(spec.name, "name", "usage.bad_name", optional=True)
+    _check_text(spec.key, "key", "usage.bad_key", optional=True)
+    for env_key, env_value in spec.env.items():
+        if not isinstance(env_key, str) or not env_key or "=" in env_key or "\0" in env_key:
+            raise _bad("usage.bad_env", f"bad environment name {env_key!r}", key=env_key)
+        if not isinstance(env_value, str) or "\0" in env_value:
+            raise _bad("usage.bad_env", f"bad value for environment {env_key!r}", key=env_key)
+    for flag in ("idempotent", "shell"):
+        if not isinstance(getattr(spec, flag), bool):
+            raise _bad("usage.bad_spec", f"{flag} must be true or false")
+    releases = spec.max_releases
+    if isinstance(releases, bool) or not isinstance(releases, int):
+        raise _bad("usage.bad_number", "max_releases must be an integer", value=repr(releases))
+    if not 0 <= releases <= MAX_RELEASES_MAX:
+        raise _bad(
+            "usage.bad_number", f"max_releases must be 0..{MAX_RELEASES_MAX}", value=releases
+        )
+    if spec.timeout_s is not None:
+        _check_seconds(spec.timeout_s, "timeout", minimum_s=0.0, inclusive=False)
+    _check_seconds(spec.kill_grace_s, "kill grace", minimum_s=0.0, inclusive=True)
+    _check_seconds(spec.heartbeat_s, "heartbeat", minimum_s=HEARTBEAT_MIN_S, inclusive=True)
+    for pointer in spec.pointers:
+        if not (isinstance(pointer, tuple) and len(pointer) == 2):
+            raise _bad("usage.bad_pointer", "a pointer is (path, sha256)")
+        path, sha = pointer
+        if not isinstance(path, str) or not path or "\0" in path:
+            raise _bad("usage.bad_pointer", "pointer path must be a non-empty path")
+        if not is_sha256_hex(sha):
+            raise _bad("usage.bad_pointer", f"pointer {path!r}: not a SHA-256 hex digest")
+    if spec.patch is not None:
+        if not isinstance(spec.patch.path, str) or not spec.patch.path:
+            raise _bad("usage.bad_patch", "patch path must be a non-empty path")
+        if not is_sha256_hex(spec.patch.sha256):
+            raise _bad("usage.bad_patch", "patch sha256 is not a SHA-256 hex digest")
+
+
+def is_sha256_hex(value: object) -> bool:
+    return isinstance(value, str) and len(value) == 64 and set(value) <= _SHA256_HEX

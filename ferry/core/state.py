@@ -1,0 +1,522 @@
+"""Fold journal events into the table of tasks (pure). The journal is the only source of
+truth; this table is a replay of it, kept current by a journal subscriber.
+
+Two entry points, two attitudes:
+
+* :meth:`Table.validate` / :meth:`Table.validate_batch` run *before* a write, under the
+  journal's append lock against the caught-up table, and raise: an illegal transition,
+  a stale claim (wrong attempt or token, or none for a task in flight), a key
+  conflict (the rule at the top of :mod:`ferry.core.fold`). Nothing illegal is written.
+* :meth:`Table.apply` folds a record that is already in the journal. It never raises for
+  a bad record (a journal written by an older, buggy version must stay readable): the
+  record is skipped and listed in :attr:`Table.anomalies`. Unknown event types are
+  ignored (forward compatibility).
+
+Snapshots make start-up follow live work, not history: :meth:`Table.to_snapshot` keeps
+``live`` tasks apart from ``settled`` ones, plus a small ``succeeded_keys`` index so the
+key rules work without loading history (and ``unsafe_keys``: keys whose latest task
+ended unsafe), and the ``quarantined`` tasks (FAILED
+``QUARANTINED_ORPHAN_ALIVE``: their orphans may still run, and every ``recover`` checks
+them, so they must be at hand without loading history). :meth:`Table.from_snapshot` may be given the
+snapshot without ``settled`` and a ``load_settled`` callback; the table calls it once,
+the first time it needs a settled task (``get`` of an unknown id, ``ids``, ``by_key``,
+an event about a task it does not hold, ``to_snapshot``). A history load that fails
+raises, in ``apply`` too: the record cannot be judged without it, and skipping it as an
+anomaly would lose a committed record (see :data:`SettledLoader`).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Protocol
+
+from ferry.core import events as ev
+from ferry.core._value import Value, init
+from ferry.core.errors import FerryError
+from ferry.core.fold import (
+    check_event,
+    check_write,
+    fold_event,
+    key_outcome,
+    key_refusal,
+    task_from_record,
+    task_key_outcome,
+    task_to_record,
+)
+from ferry.core.model import TERMINAL_STATES, Reason, State, Task
+
+SNAPSHOT_FORMAT = 1
+ANOMALIES_KEPT_MAX = 100
+_SETTLED_VALUES = frozenset(state.value for state in TERMINAL_STATES)
+_QUARANTINED = Reason.QUARANTINED_ORPHAN_ALIVE.value
+
+SettledLoader = Callable[[int], "Iterable[Mapping[str, Any]] | Table"]
+"""Loads a lazy table's settled tasks; called with the seq the table has folded through.
+
+Returns the records of the tasks settled as of that seq (several records of one task:
+the newest ``updated_seq`` wins; tasks the table holds itself, from its own fold, win
+over these), or a table rebuilt from a newer snapshot that this one becomes: when the
+history as of that seq is gone (the archives were merged and pruned by compactions
+since) and the newest snapshot is past the table, the records in between are covered
+by that snapshot (the fold skips them). A load that fails raises (a FerryError)."""
+
+
+class RecordLike(Protocol):
+    @property
+    def seq(self) -> int: ...
+    @property
+    def ts(self) -> float: ...
+    @property
+    def type(self) -> str: ...
+    @property
+    def data(self) -> Mapping[str, Any]: ...
+
+
+class Anomaly(Value):
+    """A journaled record the fold skipped because it was illegal or malformed."""
+
+    __slots__ = ("code", "message", "seq", "task", "type")
+    _FIELDS = ("seq", "type", "task", "code", "message")
+    seq: int
+    type: str
+    task: str | None
+    code: str
+    message: str
+
+    def __init__(self, seq: int, type: str, task: str | None, code: str, message: str) -> None:
+        init(self, "seq", seq)
+        init(self, "type", type)
+        init(self, "task", task)
+        init(self, "code", code)
+        init(self, "message", message)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"seq": self.seq, "type": self.type, "task": self.task, "code": self.code,
+                "message": self.message}  # fmt: skip
+
+
+class _Settled:
+    """Settled tasks by id: the ones decoded, and archive records not decoded yet.
+
+    An archive holds every task that ever settled and most commands look at a few of
+    them (``ls`` the newest, ``show`` one), so a record becomes a Task only when it is
+    asked for: decoding is most of what loading history costs.
+    """
+
+    __slots__ = ("_records", "_tasks")
+
+    def __init__(self) -> None:
+        self._tasks: dict[str, Task] = {}
+        self._records: dict[str, Mapping[str, Any]] = {}
+
+    def get(self, task_id: str) -> Task | None:
+        task = self._tasks.get(task_id)
+        if task is None and task_id in self._records:
+            task = self._tasks[task_id] = task_from_record(self._records.pop(task_id))
+        return task
+
+    def __getitem__(self, task_id: str) -> Task:
+        task = self.get(task_id)
+        if task is None:
+            raise KeyError(task_id)
+        return task
+
+    def __setitem__(self, task_id: str, task: Task) -> None:
+        self._records.pop(task_id, None)
+        self._tasks[task_id] = task
+
+    def pop(self, task_id: str) -> None:
+        self._tasks.pop(task_id, None)
+        self._records.pop(task_id, None)
+
+    def __contains__(self, task_id: str) -> bool:
+        return task_id in self._tasks or task_id in self._records
+
+    def ids(self) -> list[str]:
+        return [*self._tasks, *self._records]
+
+    def updated_seq(self, task_id: str) -> int | None:
+        """The task's ``updated_seq`` (None: not held), without decoding it."""
+        task = self._tasks.get(task_id)
+        if task is not None:
+            return task.updated_seq
+        record = self._records.get(task_id)
+        return None if record is None else int(record.get("updated_seq", 0))
+
+    def add_record(self, record: Mapping[str, Any]) -> None:
+        self._tasks.pop(record["id"], None)
+        self._records[record["id"]] = record
+
+    def state_of(self, task_id: str) -> str:
+        record = self._records.get(task_id)
+        return self._tasks[task_id].state.value if record is None else str(record["state"])
+
+    def since(self, seq: int) -> list[Task]:
+        """The tasks whose last change came after journal seq ``seq``."""
+        late = [i for i, r in self._records.items() if int(r.get("updated_seq", 0)) > seq]
+        for task_id in late:
+            self.get(task_id)
+        return [task for task in self._tasks.values() if task.updated_seq > seq]
+
+
+class Table:
+    def __init__(self, *, load_settled: SettledLoader | None = None) -> None:
+        self._live: dict[str, Task] = {}
+        self._settled = _Settled()
+        self._keys: dict[str, list[str]] = {}  # key -> ids of loaded tasks, submit order
+        self._succeeded_keys: dict[str, str] = {}  # complete even when settled not loaded
+        # key -> its latest task, when that ended unsafe (fold.key_outcome): complete
+        # even when settled tasks are not loaded. None: not known (a snapshot written
+        # before this index existed), rebuilt from every task when first needed.
+        self._unsafe_keys: dict[str, str] | None = {}
+        self._quarantined: dict[str, Task] = {}  # complete even when settled not loaded
+        self._queue: list[tuple[int, str]] = []  # heap of (queue_seq, id); lazy deletion
+        self._load_settled = load_settled
+        self._settled_id_max = ""  # the greatest id of any settled task, loaded or not
+        self.last_seq = 0
+        self.lease: dict[str, Any] | None = None  # last LEASE_* event: epoch, holder, state
+        self.anomalies: list[Anomaly] = []
+
+    # ---- reading -------------------------------------------------------------------
+
+    def get(self, task_id: str) -> Task | None:
+        task = self._live.get(task_id) or self._settled.get(task_id)
+        if task is None and self._ensure_settled():
+            task = self._live.get(task_id) or self._settled.get(task_id)
+        return task
+
+    def live(self) -> list[Task]:
+        """Tasks not in a terminal state, in submission order."""
+        return sorted(self._live.values(), key=lambda task: task.submit_seq)
+
+    def ids(self) -> list[str]:
+        """Every task id (loads settled tasks), sorted (= creation order)."""
+        self._ensure_settled()
+        return sorted([*self._live, *self._settled.ids()])
+
+    def newest(self, limit: int, state: str | None = None) -> list[Task]:
+        """The ``limit`` newest tasks (every one for 0), only those in ``state`` if
+        given, oldest first: the others are not decoded (``_Settled``)."""
+        ids = self.ids()
+        if state is not None:
+            ids = [i for i in ids if self._state_of(i) == state]
+        return [self[i] for i in (ids[-limit:] if limit else ids)]
+
+    def _state_of(self, task_id: str) -> str:
+        live = self._live.get(task_id)
+        return self._settled.state_of(task_id) if live is None else live.state.value
+
+    def __getitem__(self, task_id: str) -> Task:
+        return self._live.get(task_id) or self._settled[task_id]
+
+    def tasks(self) -> Iterator[Task]:
+        """Every task (loads settled tasks), in id order."""
+        for task_id in self.ids():
+            yield self[task_id]
+
+    def by_key(self, key: str) -> list[str]:
+        """Ids of every task submitted with ``key``, in submission order."""
+        self._ensure_settled()
+        found = (self.get(task_id) for task_id in self._keys.get(key, ()))
+        tasks = sorted((task for task in found if task is not None), key=lambda t: t.submit_seq)
+        return [task.id for task in tasks]
+
+    def succeeded_with_key(self, key: str) -> str | None:
+        """The id of the task that SUCCEEDED with ``key`` (or was resolved as having
+        succeeded), if any (no history load)."""
+        return self._succeeded_keys.get(key)
+
+    def unsafe_with_key(self, key: str) -> str | None:
+        """The id of ``key``'s latest task if it ended unsafe and nobody resolved it."""
+        return self._unsafe_index().get(key)
+
+    def quarantined(self) -> list[Task]:
+        """FAILED ``QUARANTINED_ORPHAN_ALIVE`` tasks, in id order (no history load)."""
+        return [self._quarantined[i] for i in sorted(self._quarantined)]
+
+    def queued(self) -> list[Task]:
+        """QUEUED tasks, oldest first (submission order; a retry queues at its time)."""
+        tasks = [task for task in self._live.values() if task.state is State.QUEUED]
+        return sorted(tasks, key=lambda task: (task.queue_seq, task.id))
+
+    def oldest_queued(self) -> Task | None:
+        found = self.oldest_queued_n(1)
+        return found[0] if found else None
+
+    def oldest_queued_n(self, limit: int) -> list[Task]:
+        """The ``limit`` oldest QUEUED tasks, as ``queued()[:limit]`` would list them,
+        from the heap: a leader filling a free slot does not sort the whole queue."""
+        found: list[Task] = []
+        kept: list[tuple[int, str]] = []
+        while self._queue and len(found) < limit:
+            entry = heapq.heappop(self._queue)
+            task = self._live.get(entry[1])
+            valid = task is not None and task.state is State.QUEUED
+            if valid and task is not None and task.queue_seq == entry[0] and entry not in kept:
+                found.append(task)
+                kept.append(entry)
+            # else: stale (that task left QUEUED) or a duplicate (it left and came back
+            # before its old entry surfaced): dropped for good, one entry stays
+        for entry in kept:
+            heapq.heappush(self._queue, entry)
+        return found
+
+    # ---- writing -------------------------------------------------------------------
+
+    def validate(self, record_type: str, data: Mapping[str, Any]) -> None:
+        """Raise (a FerryError) unless the event is legal now. Writes nothing."""
+        self.validate_batch([(record_type, data)])
+
+    def validate_batch(self, batch: Sequence[tuple[str, Mapping[str, Any]]]) -> None:
+        """Validate events meant to be appended together, each against the table as the
+        earlier ones of the batch would leave it (e.g. SUBMITTED then CLAIMED)."""
+        overlay: dict[str, Task] = {}
+        for index, (record_type, data) in enumerate(batch):
+            event = ev.decode(record_type, data)
+            if event is None:
+                raise ev.MalformedEventError(
+                    f"unknown event type {record_type!r}", details={"type": record_type}
+                )
+            if isinstance(event, ev.LeaseAcquired | ev.LeaseReleased):
+                continue
+            task = overlay.get(event.task) or self._find(event)
+            check_event(task, event)
+            check_write(task, event)
+            key = _key_of(event, task)
+            if key is not None:
+                error = key_refusal(
+                    key, event.task,
+                    succeeded=self._succeeded_keys.get(key),
+                    unsafe=self._unsafe_index().get(key),
+                    in_flight=self._key_in_flight(key, overlay),
+                )  # fmt: skip
+                if error is not None:
+                    raise error
+            overlay[event.task] = fold_event(task, event, -(index + 1), 0.0)
+
+    def apply(self, record_type: str, data: Mapping[str, Any], seq: int, ts: float) -> None:
+        """Fold one journaled record. Records at or below ``last_seq`` are already in.
+
+        An illegal or malformed record is skipped (an anomaly); a failure to load the
+        history needed to judge it raises: never skipped, or a committed record (a
+        RETRIED of an old task) would be lost without a word."""
+        if seq <= self.last_seq:
+            return
+        try:
+            event = ev.decode(record_type, data)
+        except FerryError as error:
+            self._skip(seq, record_type, data, error)
+            return
+        old: Task | None = None
+        if event is not None and not isinstance(event, ev.LeaseAcquired | ev.LeaseReleased):
+            old = self._find(event)  # (may load history as of last_seq: raises if it fails)
+            if seq <= self.last_seq:
+                return  # the load moved the table on to a snapshot that covers this record
+        self.last_seq = seq
+        if event is None:
+            return  # a type from a newer version: ignored on purpose
+        if isinstance(event, ev.LeaseAcquired | ev.LeaseReleased):
+            held = isinstance(event, ev.LeaseAcquired)
+            self.lease = {"epoch": event.epoch, "holder": dict(event.holder),
+                          "held": held, "seq": seq, "ts": ts}  # fmt: skip
+            return
+        try:
+            check_event(old, event)
+            new = fold_event(old, event, seq, ts)
+            self._put(old, new)
+            if new.spec.key is not None:
+                self._index_outcome(new.spec.key, old, new)
+        except FerryError as error:
+            self._skip(seq, record_type, data, error)
+
+    def _skip(self, seq: int, record_type: str, data: Any, error: FerryError) -> None:
+        """Record ``seq`` is illegal or malformed: skipped, listed as an anomaly."""
+        self.last_seq = seq
+        task_id = data.get("task") if isinstance(data, Mapping) else None
+        anomaly = Anomaly(
+            seq, record_type, task_id if isinstance(task_id, str) else None,
+            error.code, error.message,
+        )  # fmt: skip
+        self.anomalies.append(anomaly)
+        del self.anomalies[:-ANOMALIES_KEPT_MAX]
+
+    def apply_record(self, record: RecordLike) -> None:
+        """``apply`` for a ``journal.Record`` (usable directly as a subscriber)."""
+        self.apply(record.type, record.data, record.seq, record.ts)
+
+    # ---- snapshots -----------------------------------------------------------------
+
+    def to_snapshot(self) -> dict[str, Any]:
+        self._ensure_settled()
+        snapshot = self.live_snapshot()
+        snapshot["settled"] = [
+            task_to_record(self._settled[i]) for i in sorted(self._settled.ids())
+        ]
+        return snapshot
+
+    def live_snapshot(self) -> dict[str, Any]:
+        """The snapshot without settled tasks, and without loading history: what a
+        store keeps in the journal snapshot while settled tasks go to an archive."""
+        return {
+            "format": SNAPSHOT_FORMAT,
+            "last_seq": self.last_seq,
+            "lease": self.lease,
+            "anomalies": [anomaly.to_json() for anomaly in self.anomalies],
+            "live": [task_to_record(task) for task in self.live()],
+            "succeeded_keys": dict(self._succeeded_keys),
+            "unsafe_keys": dict(self._unsafe_index()),
+            "quarantined": [task_to_record(t) for t in self.quarantined()],
+            "settled_id_max": self._settled_id_max,
+        }
+
+    def settled_since(self, seq: int) -> list[dict[str, Any]]:
+        """Records of the tasks that became terminal after journal seq ``seq`` (the
+        archive delta for a new snapshot; needs no history)."""
+        return [task_to_record(t) for t in self._settled.since(seq)]
+
+    @classmethod
+    def from_snapshot(
+        cls, data: Mapping[str, Any], *, load_settled: SettledLoader | None = None
+    ) -> Table:
+        """Rebuild a table. Without ``settled`` in ``data``, settled tasks come from
+        ``load_settled`` when first needed (None: the table holds live tasks only)."""
+        if data.get("format") != SNAPSHOT_FORMAT:
+            raise ev.MalformedEventError(
+                f"unsupported snapshot format {data.get('format')!r}",
+                code="snapshot.format", details={"format": data.get("format")},
+            )  # fmt: skip
+        table = cls(load_settled=load_settled)
+        table.last_seq = int(data["last_seq"])
+        table.lease = data.get("lease")
+        table.anomalies = [Anomaly(**anomaly) for anomaly in data.get("anomalies", ())]
+        table._succeeded_keys = dict(data.get("succeeded_keys", {}))
+        table._settled_id_max = str(data.get("settled_id_max", ""))
+        for record in data["live"]:
+            table._put(None, task_from_record(record))
+        for record in data.get("quarantined", ()):  # settled, but needed without history
+            table._put(None, task_from_record(record))
+        if "settled" in data:
+            table._load_settled = None
+            table._add_settled(data["settled"])
+        unsafe = data.get("unsafe_keys")
+        table._unsafe_keys = None if unsafe is None else dict(unsafe)
+        return table
+
+    # ---- internals -----------------------------------------------------------------
+
+    def _find(self, event: ev.TaskEvent) -> Task | None:
+        if isinstance(event, ev.Submitted):
+            # A new id sorts after every settled one (ids sort by creation time), so
+            # history is loaded only if the clock went back: duplicates are refused
+            # the same way whether or not history is loaded.
+            known = self._live.get(event.task) or self._settled.get(event.task)
+            if known is None and event.task <= self._settled_id_max:
+                return self.get(event.task)
+            return known
+        return self.get(event.task)
+
+    def _ensure_settled(self) -> bool:
+        """Load settled tasks if a loader is pending; True if it just did. The table may
+        then have become one rebuilt from a newer snapshot (see SettledLoader), with a
+        loader of its own: loaded in turn. A load that fails raises, the loader kept."""
+        loaded = False
+        while self._load_settled is not None:
+            history = self._load_settled(self.last_seq)
+            loaded = True
+            if isinstance(history, Table):
+                self.__dict__.update(history.__dict__)  # this table, moved on
+                continue
+            self._add_settled(history)  # (taking a record twice is harmless)
+            self._load_settled = None
+        return loaded
+
+    def _add_settled(self, records: Iterable[Mapping[str, Any]]) -> None:
+        """Take archived tasks in.  A plainly settled one stays a record until asked for
+        (``_Settled``); this indexes it from the record's own fields."""
+        for record in records:
+            task_id = record["id"]
+            if task_id in self._live:
+                continue  # retried since it was archived: the live version is newer
+            known = self._settled.updated_seq(task_id)
+            if known is not None and int(record.get("updated_seq", 0)) <= known:
+                continue  # archived twice: the newer wins
+            state, key = record["state"], record["spec"].get("key")
+            if state not in _SETTLED_VALUES or record.get("reason") == _QUARANTINED:
+                # Not terminal, or quarantined (kept as a Task in its own index): decoded
+                # now, and indexed by _put.
+                old = None if known is None else self._settled.get(task_id)
+                self._put(old, task_from_record(record))
+                continue
+            # What _put does for a settled task, from the record's fields:
+            if known is None and key is not None:
+                self._keys.setdefault(key, []).append(task_id)
+            self._quarantined.pop(task_id, None)
+            self._settled.add_record(record)
+            self._settled_id_max = max(self._settled_id_max, task_id)
+            outcome = key_outcome(state, record.get("reason"), record.get("evidence") or {})
+            if outcome == "succeeded" and key is not None:
+                self._succeeded_keys[key] = task_id
+
+    def _put(self, old: Task | None, new: Task) -> None:
+        if old is None and new.spec.key is not None:
+            self._keys.setdefault(new.spec.key, []).append(new.id)
+        if new.state is State.FAILED and new.reason is Reason.QUARANTINED_ORPHAN_ALIVE:
+            self._quarantined[new.id] = new
+        else:
+            self._quarantined.pop(new.id, None)
+        if new.terminal:
+            self._live.pop(new.id, None)
+            self._settled[new.id] = new
+            self._settled_id_max = max(self._settled_id_max, new.id)
+        else:
+            self._settled.pop(new.id)
+            self._live[new.id] = new
+            if new.state is State.QUEUED and (old is None or old.state is not State.QUEUED):
+                heapq.heappush(self._queue, (new.queue_seq, new.id))
+
+    def _index_outcome(self, key: str, old: Task | None, new: Task) -> None:
+        """Keep the key outcome indexes true after the fold made ``old`` (None: just
+        submitted) into ``new``. Only the fold moves them: a snapshot carries them
+        whole, and an archive's records are older than what they say."""
+        outcome = task_key_outcome(new)
+        if outcome == "succeeded":
+            self._succeeded_keys[key] = new.id
+        elif self._succeeded_keys.get(key) == new.id:
+            del self._succeeded_keys[key]  # resolved as succeeded, then retried
+        unsafe = self._unsafe_keys
+        if unsafe is not None:
+            if outcome == "unsafe":
+                unsafe[key] = new.id
+            elif old is None or unsafe.get(key) == new.id:
+                # A newer task with the key is its latest now (journals written before
+                # the unsafe rule); or this one was retried or resolved.
+                unsafe.pop(key, None)
+
+    def _unsafe_index(self) -> dict[str, str]:
+        """``_unsafe_keys``, rebuilt from every task (loading history) if not known."""
+        if self._unsafe_keys is None:
+            latest: dict[str, tuple[int, str, str | None]] = {}
+            for task in self.tasks():
+                key = task.spec.key
+                if key is not None and task.submit_seq >= latest.get(key, (-1, "", None))[0]:
+                    latest[key] = (task.submit_seq, task.id, task_key_outcome(task))
+            self._unsafe_keys = {
+                key: task_id for key, (_, task_id, outcome) in latest.items() if outcome == "unsafe"
+            }
+        return self._unsafe_keys
+
+    def _key_in_flight(self, key: str, overlay: Mapping[str, Task]) -> list[Task]:
+        """The live tasks with ``key`` (those of the batch being checked included)."""
+        ids = {task_id for task_id in self._keys.get(key, ()) if task_id in self._live}
+        ids.update(task.id for task in overlay.values() if task.spec.key == key)
+        found = [overlay.get(i) or self._live.get(i) for i in ids]
+        return [task for task in found if task is not None]
+
+
+def _key_of(event: ev.TaskEvent, task: Task | None) -> str | None:
+    if isinstance(event, ev.Submitted):
+        return event.spec.key
+    if isinstance(event, ev.Retried) and task is not None:
+        return task.spec.key
+    return None

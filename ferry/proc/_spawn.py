@@ -1,0 +1,99 @@
+"""Start one task's command in a new session, and name why it could not start.
+
+``subprocess.Popen`` reports a failed exec in the parent (through its close-on-exec
+error pipe), so the kind of failure is known before ``supervise`` returns: the exit
+codes 127/126 of the contract, as a shell would choose them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import subprocess
+
+from ferry.core.errors import EX_FERRY_FAILED, EX_NOT_EXECUTABLE, EX_NOT_FOUND_CMD, SpawnError
+from ferry.proc._sink import widen_pipe
+from ferry.proc._supervise_types import SuperviseSpec
+
+PIPE_BYTES = 1 << 20  # the unprivileged maximum (/proc/sys/fs/pipe-max-size) by default
+
+_KIND_EXIT = {"not_found": EX_NOT_FOUND_CMD, "not_executable": EX_NOT_EXECUTABLE}
+_NOT_EXECUTABLE_ERRNOS = frozenset(
+    {errno.EACCES, errno.EPERM, errno.ENOEXEC, errno.EISDIR, errno.ENOTDIR, errno.ETXTBSY}
+)
+
+
+class SpawnFailed(SpawnError):
+    """The command could not be started. ``kind``: not_found (127), not_executable
+    (126, a directory too), other (125: a bad cwd, fork failure, E2BIG...)."""
+
+    def __init__(self, kind: str, message: str, *, errno_: int | None = None) -> None:
+        super().__init__(
+            message,
+            code=f"spawn.{kind}",
+            details={"kind": kind, "errno": errno_},
+            exit_code=_KIND_EXIT.get(kind, EX_FERRY_FAILED),
+        )
+        self.kind = kind
+        self.errno = errno_
+
+
+def spawn_failed(e: OSError | ValueError, spec: SuperviseSpec, program: str) -> SpawnFailed:
+    if isinstance(e, ValueError):  # an env key with "=" or a NUL byte somewhere
+        return SpawnFailed("other", f"cannot start {program!r}: {e}")
+    code = e.errno
+    filename = None if e.filename is None else os.fspath(e.filename)
+    # subprocess names the cwd when chdir failed, the program when exec did; when they
+    # are the same string, whether the directory can be entered tells them apart.
+    chdir_failed = filename == spec.cwd and (
+        filename != program or not (os.path.isdir(filename) and os.access(filename, os.X_OK))
+    )
+    if chdir_failed:
+        return SpawnFailed("other", f"cannot enter {spec.cwd!r}: {e.strerror}", errno_=code)
+    bare_name = "/" not in program
+    if code == errno.ENOENT or (bare_name and code == errno.ENOTDIR):
+        return SpawnFailed("not_found", f"{program}: command not found", errno_=code)
+    if code in _NOT_EXECUTABLE_ERRNOS:
+        return SpawnFailed("not_executable", f"{program}: {e.strerror}", errno_=code)
+    return SpawnFailed("other", f"cannot start {program!r}: {e}", errno_=code)
+
+
+def spawn(spec: SuperviseSpec) -> subprocess.Popen[bytes]:
+    args = ["/bin/sh", "-c", *spec.argv] if spec.shell else list(spec.argv)
+    try:
+        proc = subprocess.Popen(
+            args,
+            cwd=spec.cwd,
+            env=dict(spec.env),
+            stdin=spec.stdin,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # its own session and group: signals reach the tree
+            close_fds=True,
+            pass_fds=spec.pass_fds,
+            bufsize=0,
+        )
+    except (OSError, ValueError) as e:
+        raise spawn_failed(e, spec, args[0]) from e
+    _widen_pipes(proc)
+    return proc
+
+
+def _widen_pipes(proc: subprocess.Popen[bytes]) -> None:
+    # Bigger pipes mean fewer wakeups and 1 MiB reads: the 1 GB throughput target.
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            widen_pipe(stream.fileno(), PIPE_BYTES)
+
+
+def kill_unsupervised(proc: subprocess.Popen[bytes], wait_s: float) -> None:
+    # The leader is unreaped, so its number still names its group: killpg is safe.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=wait_s)
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()

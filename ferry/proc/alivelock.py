@@ -1,0 +1,202 @@
+"""A pid-free liveness signal: a lock the task's processes inherit.
+
+Before the spawn the runner opens the task's heartbeat file
+``heartbeats/<id>.<attempt>`` (the same file it writes its beats into: one file per
+attempt, not two) and takes an exclusive ``flock`` on it; the descriptor is passed to
+the child (not close-on-exec), so the child and every descendant that does not close
+it share that one open file, and the lock stays held until the last of them exits (or
+closes it). After a runner crash, recovery asks: can I take the lock? If not, some
+process of the task still runs, even one that called ``setsid`` and replaced its
+environment (where the FERRY_TASK marker scan is blind). Zombies hold no descriptors,
+so they do not count: as the contract says.
+
+The same descriptor also leads to the processes: ``ferry.proc.process.scan_processes``
+(``holding=``) finds those that hold the file open read-write and inheritable, so that
+``ferry kill`` can reach such an orphan (after checking its identity, as always).
+
+It is one more proof of life, never a proof of death: a daemon that closed all its
+descriptors is invisible here (the marker and the session scan still look for it).
+
+The beat. Every ``--heartbeat`` seconds the runner writes one fixed-size record at the
+start of the file (:func:`beat`; :func:`hold` writes the first)::
+
+    ferry-beat/1 <boot id> <time namespace inode> <CLOCK_BOOTTIME ns> <crc32 hex>
+
+(ASCII, one space between fields, the CRC-32 of what precedes it, in 8 hex digits;
+padded with spaces to 127 bytes, then a newline.)
+
+The write also sets the file's mtime, which ``ferry show`` reports as ``heartbeat_at``
+and which ferry before this record read as the beat. Recovery measures a beat's age
+on CLOCK_BOOTTIME when the record is sound and comes from its own boot and time
+namespace: a step of the wall clock (NTP, ``date -s``) moves the mtime's age, not
+this one. A record that is missing (a file from an older ferry), torn (a read that
+met a write half done, a crash) or from elsewhere gives no age of its own: the mtime
+decides, as before (``ferry.proc.liveness.heartbeat_age``). One ``pwrite`` of 128 bytes
+in place: no rename, no fsync (a beat is evidence of this boot only; after a crash
+the boot id differs anyway).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+import zlib
+from pathlib import Path
+
+from ferry.core._value import Value, init
+from ferry.proc.process import boot_id, time_namespace
+
+_FLAGS = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+# O_NONBLOCK: a FIFO planted in the file's place must not hang a beat or a read.
+_BEAT_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+_READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+BEAT_MAGIC = b"ferry-beat/1"
+BEAT_BYTES = 128  # every record has this size: a shorter one would leave a tail behind
+_BEAT_READS = 3  # a read that met a beat half written is tried again, this many times
+
+
+DIRECTORY = "heartbeats"  # in the state directory
+
+
+def alive_name(task_id: str, attempt: int) -> str:
+    """The heartbeat file's name in DIRECTORY."""
+    return f"{task_id}.{attempt}"
+
+
+def alive_path(home: Path, task_id: str, attempt: int) -> Path:
+    """The heartbeat file, which also carries the lock."""
+    return home / DIRECTORY / alive_name(task_id, attempt)
+
+
+class Beat(Value):
+    """A sound beat record: written in boot ``boot_id``, in the time namespace
+    ``time_namespace`` (0: unknown), at ``boot_clock_ns`` on that CLOCK_BOOTTIME."""
+
+    __slots__ = ("boot_clock_ns", "boot_id", "time_namespace")
+    _FIELDS = ("boot_id", "time_namespace", "boot_clock_ns")
+    boot_id: str
+    time_namespace: int
+    boot_clock_ns: int
+
+    def __init__(self, boot_id: str, time_namespace: int, boot_clock_ns: int) -> None:
+        init(self, "boot_id", boot_id)
+        init(self, "time_namespace", time_namespace)
+        init(self, "boot_clock_ns", boot_clock_ns)
+
+
+def beat_record(beat: Beat) -> bytes | None:
+    """The record's bytes (None: a boot id that does not fit, or is not one word)."""
+    try:
+        boot = beat.boot_id.encode("ascii")
+    except UnicodeEncodeError:
+        return None
+    if boot.split() != [boot]:  # one word, without whitespace (nor empty)
+        return None
+    body = b"%s %s %d %d" % (BEAT_MAGIC, boot, beat.time_namespace, beat.boot_clock_ns)
+    line = b"%s %08x" % (body, zlib.crc32(body))
+    return line.ljust(BEAT_BYTES - 1) + b"\n" if len(line) < BEAT_BYTES else None
+
+
+def parse_beat(raw: bytes) -> Beat | None:
+    """The record at the start of ``raw``, or None: none, torn, or not ours (never raises)."""
+    if len(raw) < BEAT_BYTES or raw[BEAT_BYTES - 1 : BEAT_BYTES] != b"\n":
+        return None
+    fields = raw[: BEAT_BYTES - 1].split(b" ")
+    while fields and fields[-1] == b"":  # the padding
+        fields.pop()
+    if len(fields) != 5 or fields[0] != BEAT_MAGIC:
+        return None
+    _, boot, namespace, clock, crc = fields
+    if not (namespace.isdigit() and clock.isdigit() and boot.isascii() and boot):
+        return None
+    if crc != b"%08x" % zlib.crc32(b" ".join(fields[:4])):
+        return None
+    return Beat(boot.decode("ascii"), int(namespace), int(clock))
+
+
+def _now() -> bytes | None:
+    clock_ns = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+    return beat_record(Beat(boot_id(), time_namespace() or 0, clock_ns))
+
+
+def hold(path: Path) -> int:
+    """Create and lock the file, and write its first beat; the caller passes the fd to
+    the child (pass_fds)."""
+    fd = os.open(path, _FLAGS, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise
+    _write_beat(fd)
+    return fd
+
+
+def beat(path: Path) -> None:
+    """One heartbeat: this moment's record, written in place (re-creating the file if
+    it was removed, never through a symlink)."""
+    try:
+        fd = os.open(path, _BEAT_FLAGS, 0o600)
+    except OSError:
+        return  # a heartbeat is evidence, not a reason to stop the task
+    try:
+        _write_beat(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_beat(fd: int) -> None:
+    record = _now()
+    try:
+        if record is None:
+            os.utime(fd)  # no record to write: the mtime still says when
+        else:
+            os.pwrite(fd, record, 0)
+    except OSError:
+        pass  # (a full disk): the mtime, or the last record, remains
+
+
+def read_beat(path: Path) -> tuple[Beat | None, float] | None:
+    """The file's beat record (None if it has no sound one) and its mtime; None when
+    there is no file. Other OSErrors raise: the caller decides what it cannot see."""
+    try:
+        fd = os.open(path, _READ_FLAGS)
+    except FileNotFoundError:
+        return None
+    try:
+        found = None
+        for _ in range(_BEAT_READS):
+            raw = os.pread(fd, BEAT_BYTES, 0)
+            found = parse_beat(raw)
+            if found is not None or not raw:
+                break  # a record, or an empty file (older ferry): nothing to retry
+        return found, os.fstat(fd).st_mtime
+    finally:
+        os.close(fd)
+
+
+def release(fd: int) -> None:
+    """The runner is done with the task: drop its hold (the file stays: it is the
+    heartbeat, whose record and mtime tell the task's last beat)."""
+    os.close(fd)
+
+
+def held(path: Path) -> bool | None:
+    """True: some process still holds the lock (the task is alive). False: nobody
+    does. None: no lock file (a task dispatched before this existed, or settled)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return True  # cannot tell: fail closed (counts as alive)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # closing drops our lock, if we took it
+    return False

@@ -1,0 +1,642 @@
+"""Typed events over ``journal/``, with the task table kept folded and every write
+validated against the caught-up table under the journal's append lock.
+
+Why the check runs under the lock: two processes (two ``ferry claim``, a runner and a
+``ferry recover``) may race to move the same task. ``journal.append_batch`` catches up
+on what the others wrote, then calls our ``check`` with the cross-process lock held, so
+the table it validates against is the journal's true end, and nothing illegal is ever
+written. A late runner whose claim recovery already decided is refused here
+(``task.stale_claim``), not papered over at read time.
+
+Snapshots (``compact``) keep start-up cost following live work, not history: the
+journal snapshot holds live tasks and the small indexes; settled tasks go to a separate
+archive file (``archive/settled-<seq>-<random>.jsonl``) that is read only when a command needs
+history (``ls``, ``show`` of an old task, a key lookup).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+import journal
+from ferry.core import events as ev
+from ferry.core.errors import (
+    FerryError,
+    JournalIntegrityError,
+    LeaseHeldError,
+    StateDirError,
+    UsageError,
+    from_os_error,
+)
+from ferry.core.ids import resolve_prefix
+from ferry.core.model import Reason, Task
+from ferry.core.state import Table
+from ferry.failpoints import failpoint
+from ferry.proc import alivelock
+from ferry.storage.local.statedir import fsync_dir, make_dir_durable, private_open, write_atomic
+
+# Compact once this many records follow the last snapshot. Every command folds them
+# (about 14 µs each): at 5,000, `ferry run -- true` took 140 ms just before a compaction
+# against 70 ms just after; at 1,000, 82 ms (bench run-overhead, steady=). A compaction
+# with this tail costs a few ms, once in some 200 tasks.
+SNAPSHOT_TAIL_RECORDS = 1_000
+# Small segments: compaction can drop history sooner. Opening finds the snapshot's seq
+# in the active segment by bisection (journal/_seek.py), not by reading up to it.
+SEGMENT_BYTES_MAX = 8 << 20
+# A SUBMITTED record holds the task's argv and env. Linux accepts up to 6 MiB of argv +
+# environment for one exec (a quarter of the stack limit, capped at 3/4 of 8 MiB), so any
+# command the kernel can run fits, with room for JSON escaping; larger is refused up front
+# (usage.too_large), nothing written. Readers have no line limit: this bounds writes only.
+RECORD_BYTES_MAX = 16 << 20
+# Archives are merged into one past this many: a merge reads and rewrites all history,
+# so it should stay rare (about every 160,000 records, with the tail above).
+ARCHIVES_MAX = 160
+# An explicit compaction that waits this long for compact.lock says so (as a writer
+# does for the journal's append lock).
+COMPACT_LOCK_NOTICE_S = 5.0
+_LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW
+_ARCHIVE_PREFIX = "settled-"
+_LEASE_ACQUIRED = ev.EventType.LEASE_ACQUIRED.value
+
+
+def journal_error(error: journal.JournalError) -> FerryError:
+    """A journal library error as ferry's coded error. Corruption and format trouble
+    exit 4; a fenced write 75 (another leader is responsible); a record too large is
+    bad input (2); a failed write or fsync (a full disk) is ferry failing (125)."""
+    details = dict(error.details)
+    if isinstance(error, journal.WriterFailedError):
+        cause, seen = error.__cause__, set()
+        while cause is not None and not isinstance(cause, FerryError) and id(cause) not in seen:
+            seen.add(id(cause))
+            cause = cause.__cause__
+        if isinstance(cause, FerryError):
+            # Our own subscriber (the table's fold) raised: its coded error (a history
+            # load that failed) stops the command, not a vague "handle unusable".
+            return cause
+    if isinstance(error, journal.FencedError):
+        return LeaseHeldError(
+            f"fenced: a newer leader holds the journal ({error})", code=error.code, details=details
+        )
+    if isinstance(error, journal.RecordTooLargeError):
+        return UsageError(
+            f"the task is too large to journal (its argv and env may take at most "
+            f"{RECORD_BYTES_MAX >> 20} MiB as JSON): {error}",
+            code="usage.too_large",
+            details=details,
+        )
+    if isinstance(error, journal.InvalidRecordError):
+        return UsageError(str(error), code=error.code, details=details)
+    if isinstance(error, journal.WriterFailedError):
+        cause = error.__cause__
+        if isinstance(cause, OSError):
+            details["errno"] = cause.errno
+            if cause.errno in journal.NO_LOCK_ERRNOS:  # the append lock (flock) failed
+                return StateDirError(
+                    f"file locks do not work on the journal's filesystem: {cause.strerror}",
+                    code="state_dir.no_locks",
+                    details=details,
+                )
+            mapped = from_os_error(cause)
+            if mapped.code != "io.error":  # a full disk, a read-only one...: say which
+                return type(mapped)(
+                    str(error), code=mapped.code, details={**details, **mapped.details}
+                )
+        return FerryError(str(error), code=error.code, details=details)
+    if isinstance(
+        error, journal.CorruptionError | journal.FormatVersionError | journal.TornTailError
+    ):
+        return JournalIntegrityError(str(error), code=error.code, details=details)
+    if isinstance(error, journal.CompactedError):
+        # ferry always starts from its latest snapshot: records compacted away that it
+        # still needs mean that snapshot is gone or damaged (as 'journal verify' says).
+        return JournalIntegrityError(
+            f"{error}, and no valid snapshot covers them", code="journal.corrupt", details=details
+        )
+    if type(error) is journal.JournalError and isinstance(error.__cause__, OSError):
+        # The journal's files could not be opened: say why (a symlink, a full disk...).
+        mapped = from_os_error(error.__cause__)
+        return type(mapped)(str(error), code=mapped.code, details={**details, **mapped.details})
+    return FerryError(str(error), code=error.code, details=details)
+
+
+def _identity(st: os.stat_result) -> tuple[int, ...]:
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+class LeaseFence:
+    """The journal refuses a write whose epoch is older than the highest it holds; this
+    also refuses one older than the lease's (asked under the append lock). A successor
+    that took the lease and has not journaled yet (``recover`` and ``claim`` probe
+    first) fences a woken old leader all the same. Epoch 0 is no leader's write (run,
+    submit, cancel): not fenced. An unreadable lease refuses every leader's write.
+
+    ferry only ever replaces the lease file (written aside, renamed): the file last
+    read is kept open, and while the path still names it, unchanged (one ``stat``: same
+    inode, size and change time), its epoch is the one read. Holding it open keeps its
+    inode from being reused, so no other file can pass for it. A write then opens no
+    file: a process short of descriptors fails no commit for it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fd = -1
+        self.file: tuple[int, ...] = ()  # _identity() of the file open on fd
+        self.epoch = 0
+
+    def __call__(self, epoch: int) -> None:
+        if epoch <= 0:
+            return
+        current = self.current_epoch()
+        if epoch < current:
+            raise journal.FencedError(
+                f"epoch {epoch} is older than the lease's epoch {current}",
+                epoch=epoch,
+                current_epoch=current,
+            )
+
+    def current_epoch(self) -> int:
+        try:
+            st = os.stat(self.path, follow_symlinks=False)
+        except FileNotFoundError:
+            return 0  # no lease was ever taken (or it was moved aside: epochs go on)
+        if _identity(st) != self.file:
+            from ferry.storage.local.lease import (  # (leaders have it loaded)
+                parse_lease,
+                read_lease_fd,
+            )
+
+            fd = private_open(self.path, os.O_RDONLY)
+            try:
+                opened = os.fstat(fd)
+                epoch = parse_lease(read_lease_fd(fd)).epoch
+            except BaseException:
+                os.close(fd)
+                raise
+            self.close()
+            self.fd, self.file, self.epoch = fd, _identity(opened), epoch
+        return self.epoch
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd, self.file = -1, ()
+
+
+class Store:
+    """The journal plus the folded table. Thread-safe: ``lock`` guards the table."""
+
+    def __init__(self, home: Path, wal: journal.Journal, table: Table) -> None:
+        self.home = home
+        self.wal = wal
+        self.table = table
+        self.lock = threading.RLock()
+        self.snapshot_seq = 0  # the snapshot the table was loaded from (or last written)
+        self.fence: LeaseFence | None = None  # the journal's lease check (see LeaseFence)
+
+    # ---- opening -------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, home: Path, *, on_lock_wait: Callable[[], None] | None = None) -> Store:
+        """``on_lock_wait``: see ``journal.Journal.open`` (a long wait for the lock)."""
+        fence = LeaseFence(home / "lease.json")
+        try:
+            wal = journal.Journal.open(
+                home / "journal",
+                segment_bytes_max=SEGMENT_BYTES_MAX,
+                record_bytes_max=RECORD_BYTES_MAX,
+                fence=fence,
+                on_lock_wait=on_lock_wait,
+            )
+            snapshot = wal.latest_snapshot()
+            for attempt in range(1, _OPEN_TRIES + 1):
+                table = _table_from_snapshot(home, snapshot.data) if snapshot else Table()
+                store = cls(home, wal, table)
+                store.fence = fence
+                store.snapshot_seq = snapshot.seq if snapshot else 0
+                failpoint("before:replay")
+                try:
+                    # before_durable: every commit carries a check against this table,
+                    # so the table must see the batches ahead in a group commit for
+                    # checked commits of several threads (work -j N) to share one
+                    # fsync. The table may then hold a record for the length of its
+                    # fsync before it is durable (and keep it if that fsync fails: the
+                    # handle is then dead). Nothing acts on the table alone: every side
+                    # effect follows its own commit (docs/journal-format.md).
+                    wal.subscribe(store._apply, after_seq=table.last_seq, before_durable=True)
+                    break
+                except journal.CompactedError:
+                    # A compaction since we read the snapshot removed the records after
+                    # it: a newer snapshot covers them, start again from that one. No
+                    # newer snapshot: they are lost (journal.corrupt, as before).
+                    newer = wal.latest_snapshot()
+                    if attempt == _OPEN_TRIES or newer is None:
+                        raise
+                    if snapshot is not None and newer.seq <= snapshot.seq:
+                        raise
+                    snapshot = newer
+            failpoint("after:replay")
+        except journal.JournalError as error:
+            raise journal_error(error) from error
+        return store
+
+    def close(self) -> None:
+        self.wal.close()
+        if self.fence is not None:
+            self.fence.close()
+
+    def _apply(self, record: journal.Record) -> None:
+        with self.lock:
+            self.table.apply_record(record)
+
+    # ---- writing -------------------------------------------------------------------
+
+    def commit(
+        self, *events: ev.Event | tuple[str, dict[str, Any]], epoch: int = 0
+    ) -> list[journal.Record]:
+        """Validate and append ``events`` (Event objects or encoded (type, data) pairs)
+        together: one write, one fsync. Durable on return. Raises the table's coded
+        refusal, or a journal error (fenced, writer failed) as a FerryError."""
+        batch = [e if isinstance(e, tuple) else e.encode() for e in events]
+
+        def check() -> None:
+            with self.lock:
+                for record_type, data in batch:
+                    if record_type == _LEASE_ACQUIRED:
+                        self._check_new_epoch(int(data["epoch"]))
+                self.table.validate_batch(batch)
+
+        for record_type, _ in batch:
+            failpoint("before:" + record_type)
+        try:
+            records = self.wal.append_batch(batch, epoch=epoch, check=check)
+        except journal.JournalError as error:
+            raise journal_error(error) from error
+        for record_type, _ in batch:
+            failpoint("after:" + record_type)
+        return records
+
+    def _check_new_epoch(self, epoch: int) -> None:
+        """A leader announces its epoch (LEASE_ACQUIRED) in its first write: refused if
+        any record already used that epoch. So two processes that were both handed one
+        epoch (``lease.json`` lost or restored from a backup while one was paused)
+        cannot both write with it: the first to journal it is the only holder."""
+        used = self.wal.max_epoch
+        if epoch <= used:
+            raise LeaseHeldError(
+                f"epoch {epoch} was already used in the journal (its highest is {used}):"
+                " another leader holds it",
+                code="journal.fenced",
+                details={"epoch": epoch, "current_epoch": used},
+            )
+
+    def refresh(self) -> None:
+        """Catch up on what other processes appended."""
+        try:
+            self.wal.refresh()
+        except journal.JournalError as error:
+            raise journal_error(error) from error
+
+    def sync(self) -> None:
+        """Catch up under the append lock, and make every record read durable
+        (``journal.Journal.sync``): before acting on a read that writes nothing."""
+        try:
+            self.wal.sync()
+        except journal.JournalError as error:
+            raise journal_error(error) from error
+
+    # ---- reading -------------------------------------------------------------------
+
+    def get(self, task_id: str) -> Task | None:
+        with self.lock:
+            return self.table.get(task_id)
+
+    def resolve(self, prefix: str) -> Task:
+        """The task whose id starts with ``prefix`` (exit 5 if none or several)."""
+        with self.lock:
+            task = self.table.get(prefix)
+            if task is None:
+                task = self.table.get(resolve_prefix(prefix, self.table.ids()))
+            assert task is not None
+            return task
+
+    def live(self) -> list[Task]:
+        with self.lock:
+            return self.table.live()
+
+    def all_tasks(self) -> list[Task]:
+        with self.lock:
+            return list(self.table.tasks())
+
+    def newest(self, limit: int, state: str | None = None) -> list[Task]:
+        """``Table.newest``: the newest ``limit`` tasks (0: all), oldest first."""
+        with self.lock:
+            return self.table.newest(limit, state)
+
+    @property
+    def max_epoch(self) -> int:
+        lease = self.table.lease
+        return int(lease["epoch"]) if lease else 0
+
+    # ---- snapshots -----------------------------------------------------------------
+
+    def tail_records(self) -> int:
+        """Records after the snapshot this store loaded (or last wrote): no I/O."""
+        return self.wal.last_seq - self.snapshot_seq
+
+    def compact(
+        self, *, wait: bool = True, on_lock_wait: Callable[[], None] | None = None
+    ) -> dict[str, Any] | None:
+        """Write a snapshot of the table at the journal's end and drop what it covers.
+
+        Settled tasks go to archive files: each compaction writes only the tasks that
+        settled since the previous snapshot (so its cost follows recent work), and
+        merges the archives into one when there are more than ARCHIVES_MAX.
+
+        Compactions are serialised by ``compact.lock`` in the state directory: two at
+        once could otherwise each prune an archive the other's (newer) snapshot names.
+        When another compaction holds it: ``wait=False`` returns None at once (nothing
+        done); ``wait=True`` waits, calling ``on_lock_wait`` (from a timer thread) once
+        the wait has lasted COMPACT_LOCK_NOTICE_S: its holder may be stopped, and keeps
+        the lock until it is continued or killed."""
+        directory = self.home / "archive"
+        make_dir_durable(directory)
+        lock_fd = os.open(self.home / "compact.lock", _LOCK_FLAGS, 0o600)
+        try:
+            if not _lock_compaction(lock_fd, wait, on_lock_wait):
+                return None
+            return self._compact_locked(directory)
+        finally:
+            os.close(lock_fd)  # releases the flock
+
+    def _compact_locked(self, directory: Path) -> dict[str, Any]:
+        try:
+            self.refresh()
+            previous = self.wal.latest_snapshot()
+            prev_seq, archives = 0, []
+            if previous is not None:
+                prev_seq = previous.seq
+                archives = list(orjson.loads(previous.data).get("settled_archives", []))
+            with self.lock:
+                data = self.table.live_snapshot()
+                seq = self.table.last_seq
+                delta = newly_settled = self.table.settled_since(prev_seq)
+                if len(archives) >= ARCHIVES_MAX:
+                    delta, archives = self.table.to_snapshot()["settled"], []
+            if delta:
+                archives.append(_write_archive(directory, seq, delta))
+            data["settled_archives"] = archives
+            failpoint("before:snapshot_write")
+            self.wal.write_snapshot(seq, orjson.dumps(data))
+            failpoint("after:snapshot_write")
+            self.snapshot_seq = seq
+            removed = self.wal.compact()
+            if previous is not None:
+                keep = {a["name"] for a in archives}
+                keep.update(
+                    a["name"] for a in orjson.loads(previous.data).get("settled_archives", [])
+                )
+                _prune_archives(directory, keep)
+            _prune_heartbeats(self.home, newly_settled)
+        except journal.JournalError as error:
+            raise journal_error(error) from error
+        return {
+            "snapshot_seq": seq,
+            "removed": [str(p) for p in removed],
+            "archives": len(archives),
+        }
+
+    def maybe_compact(self) -> dict[str, Any] | None:
+        """Compact when enough records follow the last snapshot (leaders, and ``run``
+        after it settled: so a journal only ever written by ``ferry run`` in CI still
+        keeps start-up cost bounded). Skipped, never awaited, while another compaction
+        holds ``compact.lock``: one stopped inside its compaction (Ctrl-Z, a frozen
+        container) made every later ``ferry run`` finish its task and never return.
+        The compaction in progress, or the next, does the work. None if skipped."""
+        if self.tail_records() >= SNAPSHOT_TAIL_RECORDS:
+            return self.compact(wait=False)
+        return None
+
+
+def _lock_compaction(fd: int, wait: bool, on_wait: Callable[[], None] | None) -> bool:
+    """Take ``compact.lock`` (an flock: released on close and when the process dies).
+    False if another compaction holds it and ``wait`` is False."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        if not wait:
+            return False
+    timer = None
+    if on_wait is not None:
+        timer = threading.Timer(COMPACT_LOCK_NOTICE_S, on_wait)
+        timer.daemon = True
+        timer.start()
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    finally:
+        if timer is not None:
+            timer.cancel()
+    return True
+
+
+# A snapshot that passed the journal's checksums but is not a table ferry can read (from
+# another tool, or a bug): what decoding it may raise.
+_SNAPSHOT_DECODE_ERRORS = (ValueError, TypeError, KeyError, AttributeError, ev.MalformedEventError)
+
+
+def _undecodable_snapshot(error: Exception) -> JournalIntegrityError:
+    return JournalIntegrityError(
+        f"the journal's snapshot is not a task table this ferry can read "
+        f"({type(error).__name__}: {error})",
+        code="journal.snapshot_mismatch",
+    )
+
+
+ArchiveRefs = list[tuple[str, str]]  # (file name, SHA-256) of a snapshot's archives
+# Opening tries again from a newer snapshot when a compaction removed the records after
+# the one it read (each try needs a compaction to have finished since the last).
+_OPEN_TRIES = 3
+# Newer snapshots a history load falls back to in a row (each is one whose archives a
+# compaction pruned while this load read them: rare, see _load_history).
+_HISTORY_TRIES = 5
+
+
+def _parse_snapshot(blob: bytes) -> tuple[dict[str, Any], ArchiveRefs]:
+    """The table part of a snapshot and the archives it names."""
+    try:
+        data = orjson.loads(blob)
+        archives = data.pop("settled_archives", [])
+        return data, [(str(ref["name"]), str(ref["sha256"])) for ref in archives]
+    except _SNAPSHOT_DECODE_ERRORS as error:
+        raise _undecodable_snapshot(error) from error
+
+
+def _table_from_snapshot(home: Path, blob: bytes) -> Table:
+    data, refs = _parse_snapshot(blob)
+    return _table_from(home, data, refs)
+
+
+def _table_from(home: Path, data: dict[str, Any], refs: ArchiveRefs) -> Table:
+    def load_settled(table_seq: int) -> Iterable[Mapping[str, Any]] | Table:
+        return _load_history(home, refs, table_seq)
+
+    try:
+        return Table.from_snapshot(data, load_settled=load_settled if refs else None)
+    except _SNAPSHOT_DECODE_ERRORS as error:
+        raise _undecodable_snapshot(error) from error
+
+
+def _load_history(
+    home: Path, refs: ArchiveRefs, table_seq: int
+) -> Iterable[Mapping[str, Any]] | Table:
+    """The settled tasks of a table loaded from the snapshot naming ``refs``, folded
+    through ``table_seq`` since (a ``state.SettledLoader``).
+
+    A process that keeps its table (``work``) may need history long after it loaded its
+    snapshot: compactions meanwhile may have merged the archives that snapshot names
+    into one and pruned them. Then the newest snapshot's archives serve: they hold every
+    task settled up to that snapshot, and where the table folded a task since, its own
+    version is as new or newer. A newest snapshot past ``table_seq`` could hold a task
+    in a state later than the table's; the table becomes that snapshot's instead (the
+    records in between are covered by it). Missing archives the newest snapshot names
+    too are lost: ``journal.snapshot_mismatch``, never skipped."""
+    directory = home / "archive"
+    try:
+        return _read_archives(directory, refs)
+    except JournalIntegrityError as error:
+        lost = error
+    for _ in range(_HISTORY_TRIES):
+        try:
+            latest = journal.read_latest_snapshot(home / "journal")
+        except journal.JournalError as error:
+            raise journal_error(error) from error
+        if latest is None:
+            break
+        data, newer = _parse_snapshot(latest.data)
+        if newer == refs:
+            break  # the newest snapshot names them too: gone, not superseded
+        if latest.seq > table_seq:
+            return _table_from(home, data, newer)
+        try:
+            return _read_archives(directory, newer)
+        except JournalIntegrityError as error:
+            refs, lost = newer, error  # pruned while read: a newer snapshot replaced them
+    raise lost
+
+
+def _read_archives(directory: Path, refs: ArchiveRefs) -> list[Mapping[str, Any]]:
+    """Every task the archives hold, its newest record each (oldest archive first: a
+    later one has the newer record)."""
+    by_id: dict[str, Mapping[str, Any]] = {}
+    for name, sha256 in refs:
+        for record in _read_archive(directory / name, sha256):
+            by_id[record["id"]] = record
+    return list(by_id.values())
+
+
+def check_table(table: Table) -> None:
+    """Raise ``journal.snapshot_mismatch`` (exit 4) unless every task of ``table`` decodes,
+    the settled ones included: every archive its snapshot names is loaded, and checked
+    against its recorded hash (``Store.open`` decodes those only when asked)."""
+    try:
+        for _ in table.tasks():  # loads the archives, and decodes every task in them
+            pass
+    except _SNAPSHOT_DECODE_ERRORS as error:
+        raise _undecodable_snapshot(error) from error
+
+
+def _write_archive(
+    directory: Path, seq: int, records: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """Settled tasks as JSON Lines, written atomically BEFORE the snapshot naming them:
+    a crash in between leaves an unreferenced file (pruned later), never a snapshot
+    pointing at a missing or half-written archive.
+
+    The name is new: ``settled-<seq>-<random>.jsonl``, never one present. Named by the
+    seq alone, a merge at the seq of the current snapshot (two compactions with nothing
+    in between) replaced the very archive that snapshot names, so it no longer matched
+    its SHA-256: killed before its own snapshot was written, the merge left history
+    unreadable for good. (Compactions are serialised: no other writer picks a name.)"""
+    make_dir_durable(directory)
+    present = set(os.listdir(directory))
+    name = _archive_name(seq)
+    while name in present:
+        name = _archive_name(seq)
+    body = b"".join(orjson.dumps(record) + b"\n" for record in records)
+    write_atomic(directory, name, body)
+    return {"name": name, "sha256": _sha256_hex(body), "count": len(records)}
+
+
+def _archive_name(seq: int) -> str:
+    return f"{_ARCHIVE_PREFIX}{seq:020d}-{os.urandom(6).hex()}.jsonl"
+
+
+def _sha256_hex(body: bytes) -> str:
+    import hashlib  # lazy: only archives need it, and it costs `ferry run` ~2 ms to load
+
+    return hashlib.sha256(body).hexdigest()
+
+
+def _read_archive(path: Path, sha256: str) -> Iterator[Mapping[str, Any]]:
+    try:
+        body = path.read_bytes()
+    except OSError as error:
+        raise JournalIntegrityError(
+            f"settled-task archive {path.name} is missing or unreadable: {error.strerror}",
+            code="journal.snapshot_mismatch",
+            details={"path": str(path)},
+        ) from error
+    if _sha256_hex(body) != sha256:
+        raise JournalIntegrityError(
+            f"settled-task archive {path.name} does not match its snapshot",
+            code="journal.snapshot_mismatch",
+            details={"path": str(path)},
+        )
+    for line in body.splitlines():
+        try:
+            yield orjson.loads(line)
+        except ValueError as error:  # it matched its hash: written so by a bug
+            raise _undecodable_snapshot(error) from error
+
+
+def _prune_heartbeats(home: Path, settled: list[dict[str, Any]]) -> None:
+    """Remove the heartbeat files of tasks that became terminal: nothing reads such a
+    task's beat or alive-lock again (in-flight tasks are probed, and a retry runs a new
+    attempt with a file of its own), except a quarantined one's.  Its orphan may still
+    run, and an orphan that left the task's session and cleared its environment shows
+    only by the alive-lock it inherited: ``retry`` and ``kill`` look there.  Without
+    this, heartbeats/ would keep a file per attempt forever.  A file a crash leaves
+    behind here costs an inode, nothing else."""
+    settled = [r for r in settled if r.get("reason") != Reason.QUARANTINED_ORPHAN_ALIVE.value]
+    if not settled:
+        return
+    try:
+        directory = os.open(home / alivelock.DIRECTORY, _DIR_FLAGS)
+    except FileNotFoundError:
+        return
+    try:
+        for record in settled:
+            for attempt in range(1, int(record.get("attempt") or 0) + 1):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(alivelock.alive_name(record["id"], attempt), dir_fd=directory)
+    finally:
+        os.close(directory)
+
+
+def _prune_archives(directory: Path, keep: set[str]) -> None:
+    """Drop archives neither the new nor the previous snapshot names: a process that
+    loaded the previous snapshot a moment ago may still read its archives lazily."""
+    if not directory.is_dir():
+        return
+    for entry in os.listdir(directory):
+        if entry.startswith(_ARCHIVE_PREFIX) and entry not in keep:
+            os.unlink(directory / entry)
+    fsync_dir(directory)
