@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ferry import failpoints
 from ferry.app.runner import RunResult, as_cancelled, before_spawn_event, child_environ
@@ -42,7 +42,9 @@ from ferry.core.spec import TaskSpec
 from ferry.proc._control import Channel, ChannelClosed, channel_pair
 from ferry.proc._outputs import SignalTrap
 from ferry.proc.process import ProcessIdentity, identity_of
-from ferry.storage.local.store import Store
+
+if TYPE_CHECKING:
+    from ferry.storage import TaskStore
 
 Record = tuple[str, dict[str, Any]]
 _NO_SPEC = TaskSpec(argv=("-",), cwd="/")  # the task of an idle supervisor (none)
@@ -188,7 +190,7 @@ class Launch:
             return self.spawned
         return None
 
-    def end_records(self, store: Store) -> list[Record]:
+    def end_records(self, store: TaskStore) -> list[Record]:
         """The supervisor's end as the journal needs it now (read from ``store``'s
         table): SETTLED, after its SPAWNED if the task is still DISPATCHING; CANCELLED
         if its cancel was asked for meanwhile. Nothing if the claim is no longer ours
@@ -281,7 +283,8 @@ def _record(raw: Sequence[Any]) -> Record:
 
 
 def run_foreground(
-    store: Store,
+    store: TaskStore,
+    home: Path,
     task: Task,
     token: str,
     *,
@@ -301,7 +304,7 @@ def run_foreground(
     to the supervisor (which forwards them to the task's group). Before that (while the
     supervisor hashes pinned inputs, say) a Ctrl-C just interrupts: nothing exists yet,
     and the supervisor, which has started nothing, is killed."""
-    launch = Launch(store.home, child_environ(), passthrough=True, stdout_echo_fd=stdout_echo_fd)
+    launch = Launch(home, child_environ(), passthrough=True, stdout_echo_fd=stdout_echo_fd)
     try:
         launch.assign(task, token)
         with _interruptible():
@@ -341,7 +344,7 @@ def _interruptible() -> Iterator[None]:
 
 class _Foreground:
     def __init__(
-        self, store: Store, launch: Launch, trap: SignalTrap, notice: Callable[[str], None]
+        self, store: TaskStore, launch: Launch, trap: SignalTrap, notice: Callable[[str], None]
     ) -> None:
         self.store, self.launch, self.trap, self.notice = store, launch, trap, notice
         self.task = launch.task
@@ -443,7 +446,7 @@ class _Foreground:
         return task
 
 
-def watch_journal(store: Store, launch: Launch, *, refresh: bool = True) -> None:
+def watch_journal(store: TaskStore, launch: Launch, *, refresh: bool = True) -> None:
     """What the journal asks of a running task, looked at when its supervisor beats: its
     cancel (stop it), a STALE mark (RESUMED: it beats). Errors do not stop the task."""
     launch.beat = False
@@ -459,7 +462,7 @@ def watch_journal(store: Store, launch: Launch, *, refresh: bool = True) -> None
             store.commit(ev.Resumed(launch.task.id, launch.task.attempt, launch.token))
 
 
-def write_end(store: Store, launch: Launch) -> None:
+def write_end(store: TaskStore, launch: Launch) -> None:
     """Write a supervisor's end, as the journal needs it after a catch-up (a cancel that
     landed meanwhile makes it CANCELLED). If the claim moved since (the supervisor wrote
     it itself, its launcher having been silent too long; or recovery decided): nothing

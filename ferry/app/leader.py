@@ -19,8 +19,9 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from ferry.app.recoverer import Recoverer, RecoverReport
-from ferry.cli import render
+from ferry.app.foreground import run_task
+from ferry.app.recoverer import Recoverer
+from ferry.app.runner import RunResult
 from ferry.core import events as ev
 from ferry.core.errors import (
     InternalError,
@@ -29,12 +30,12 @@ from ferry.core.errors import (
 from ferry.core.fold import MOVED_CODES, RACE_TRIES
 from ferry.core.ids import new_claim_token
 from ferry.core.model import State, Task
-from ferry.core.recovery import Policy
+from ferry.core.recovery import Policy, RecoverReport
 from ferry.proc.process import ProcessIdentity, self_identity
-from ferry.storage.local.lease import Lease, LeaseStore
 
 if TYPE_CHECKING:
-    from ferry.app.service import Service
+    from ferry.app.session import Session
+    from ferry.storage.local.lease import Lease
 
 
 def policy_of(stale_after_s: float | None, kill_stale: bool) -> Policy:
@@ -50,9 +51,9 @@ class Leadership:
     holder at most. A leader that writes nothing (a ``recover`` with nothing to
     decide) journals nothing."""
 
-    def __init__(self, service: Service, ttl_s: float) -> None:
-        self.service = service
-        self.leases = LeaseStore(service.home / "lease.json", ttl_s)
+    def __init__(self, session: Session, ttl_s: float) -> None:
+        self.session = session
+        self.leases = session.leases(ttl_s)
         self.me: ProcessIdentity = self_identity()
         self.lease: Lease | None = None
         self.renew_every_s = ttl_s / 3
@@ -65,9 +66,9 @@ class Leadership:
         return self.lease.epoch
 
     def acquire(self) -> Lease:
-        store = self.service.store
+        store = self.session.store
         store.refresh()
-        self.lease = self.leases.acquire(self.me, min_epoch=store.wal.max_epoch)
+        self.lease = self.leases.acquire(self.me, min_epoch=store.highest_epoch)
         self.announced = False
         self.renew_at = time.monotonic() + self.renew_every_s
         return self.lease
@@ -78,7 +79,7 @@ class Leadership:
 
     def commit(self, *events: ev.Event | tuple[str, dict[str, Any]]) -> None:
         """A leader's write, under its epoch (the journal fences older ones)."""
-        self.service.store.commit(*self.announcement(), *events, epoch=self.epoch)
+        self.session.store.commit(*self.announcement(), *events, epoch=self.epoch)
         self.announced = True
 
     def renew(self) -> None:
@@ -101,13 +102,13 @@ class Leadership:
 def recover_as(lead: Leadership, policy: Policy) -> RecoverReport:
     """One recovery pass as the leader: decisions under its epoch, the lease renewed
     as the pass goes."""
-    return Recoverer(lead.service).recover_all(
+    return Recoverer(lead.session).recover_all(
         epoch=lead.epoch, policy=policy, commit=lead.commit, tick=lead.renew_if_due
     )
 
 
 def recover(
-    service: Service,
+    session: Session,
     *,
     dry_run: bool,
     stale_after_s: float | None,
@@ -116,35 +117,31 @@ def recover(
 ) -> RecoverReport:
     """``ferry recover``: exit 75 (LeaseHeldError) if a live leader is responsible."""
     if dry_run:  # decide and print, journal nothing, take nothing
-        return Recoverer(service).recover_all(epoch=0, policy=policy_of(stale_after_s, kill_stale))
-    lead = Leadership(service, lease_ttl_s)
+        return Recoverer(session).recover_all(epoch=0, policy=policy_of(stale_after_s, kill_stale))
+    lead = Leadership(session, lease_ttl_s)
     lead.acquire()
     try:
         report = recover_as(lead, policy_of(stale_after_s, kill_stale))
-        service.store.maybe_compact()
+        session.store.maybe_compact()
         return report
     finally:
         lead.release()
 
 
-def claim(service: Service, *, lease_ttl_s: float, as_json: bool) -> int:
+def claim(session: Session, *, lease_ttl_s: float, stdout_echo_fd: int = 1) -> RunResult | None:
     """``ferry claim``: lead briefly, recover, claim the oldest queued task (the claim
     names the task's supervisor as its runner, and goes with the intent in one write),
-    release the lease, then run the task in the foreground like ``run``."""
-    lead = Leadership(service, lease_ttl_s)
+    release the lease, then run the task in the foreground like ``run``. None: the
+    queue is empty."""
+    lead = Leadership(session, lease_ttl_s)
     lead.acquire()
     try:
-        report = recover_as(lead, Policy())
-        for line in (render.recover_text(report, service.verbosity) or "").splitlines():
-            service.notice(line)
+        session.reporter.recovered(recover_as(lead, Policy()))
         for _ in range(RACE_TRIES):
-            task = service.store.table.oldest_queued()
-            if task is None:
-                if as_json:
-                    render.write_json({"task": None})
-                elif service.verbosity > 0:
-                    service.notice("the queue is empty")
-                return 0
+            queued = session.store.queued(1)
+            if not queued:
+                return None
+            task = queued[0]
             token = new_claim_token(os.urandom(10))
             claimed: list[bool] = []
 
@@ -161,9 +158,9 @@ def claim(service: Service, *, lease_ttl_s: float, as_json: bool) -> int:
 
             ours = replace(task, state=State.CLAIMED, claim_token=token)
             try:
-                return service.run_in_foreground(
-                    ours, token, lead=lead_events, epoch=lead.epoch, on_claimed=on_claimed,
-                    as_json=as_json,
+                return run_task(
+                    session, ours, token, lead=lead_events, epoch=lead.epoch,
+                    on_claimed=on_claimed, stdout_echo_fd=stdout_echo_fd,
                 )  # fmt: skip
             except RefusedError as error:  # cancelled (or claimed) since we read it
                 if claimed or error.code not in MOVED_CODES:

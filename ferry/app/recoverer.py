@@ -14,7 +14,6 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +21,7 @@ from ferry.app.runner import heartbeat_path, log_paths
 from ferry.core import events as ev
 from ferry.core.errors import FerryError, OperatorNeededError, RefusedError
 from ferry.core.model import Liveness, Reason, State, Task
-from ferry.core.recovery import Observation, Policy, decide
+from ferry.core.recovery import Observation, Policy, RecoverReport, decide
 from ferry.proc import alivelock
 from ferry.proc.alivelock import alive_path
 from ferry.proc.liveness import heartbeat_age, probe, probe_task, wall_clock
@@ -36,28 +35,12 @@ from ferry.proc.process import (
 )
 
 if TYPE_CHECKING:
-    from ferry.app.service import Service
+    from ferry.app.session import Session
 
 SALVAGE_TAIL_BYTES = 4096
 CANCEL_WAIT_MARGIN_S = 5.0
 _POLL_S = 0.05
 KILL_CONFIRM_S = 2.0  # cancel without a runner: how long SIGKILL may take to empty the task
-
-
-@dataclass
-class RecoverReport:
-    """What one recovery pass decided, under which epoch, and whether an operator is
-    needed (``exit_code``)."""
-
-    epoch: int
-    dry_run: bool
-    decisions: list[dict[str, Any]] = field(default_factory=list)
-    orphans_alive: list[str] = field(default_factory=list)
-    needs_operator: bool = False
-
-    @property
-    def exit_code(self) -> int:
-        return 3 if self.needs_operator or self.orphans_alive else 0
 
 
 def runner_identity(task: Task) -> ProcessIdentity | None:
@@ -122,11 +105,36 @@ def _tail(path: Path) -> str | None:
         return None
 
 
+def with_runner_state(task: Task, home: Path) -> Task:
+    """What the journal does not hold, for a task in flight: heartbeat_at from the
+    heartbeat file (beats are not journaled), and whether its runner (the task's
+    supervisor) is alive now, as a probe proves it (``runner.alive``: true, false, or
+    null when it cannot be proven either way). A settled task's runner is done."""
+    if task.runner is None:
+        return task
+    from dataclasses import replace
+
+    if not task.in_flight:
+        return replace(task, runner={**task.runner, "alive": False})
+    identity = runner_identity(task)
+    seen = Liveness.UNKNOWN if identity is None else probe(identity)
+    alive = None if seen is Liveness.UNKNOWN else seen is Liveness.ALIVE
+    task = replace(task, runner={**task.runner, "alive": alive})
+    try:
+        beat = heartbeat_path(home, task.id, task.attempt).stat().st_mtime
+    except OSError:
+        return task
+    return replace(task, heartbeat_at=beat)
+
+
 class Recoverer:
-    def __init__(self, service: Service) -> None:
-        self.service = service
-        self.store = service.store
-        self.home = service.home
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.store = session.store
+        self.home = session.home
+
+    def _show(self, task_id: str) -> Task:
+        return with_runner_state(self.store.resolve(task_id), self.home)
 
     def observe(self, task: Task, now: float) -> Observation:
         runner = runner_identity(task)
@@ -210,10 +218,8 @@ class Recoverer:
         finds it may concern the task, and a probe says so. The session matters: an orphan
         that replaced its environment (``env -i``, sudo) carries no marker."""
         marked, groups = _marks_and_groups()
-        with self.store.lock:
-            quarantined = self.store.table.quarantined()
         found = []
-        for task in quarantined:
+        for task in self.store.quarantined():
             # The alive-lock first: an orphan that left the session and cleared its
             # environment is in neither index, and shows by nothing else.
             held = alivelock.held(alive_path(self.home, task.id, task.attempt))
@@ -234,14 +240,14 @@ class Recoverer:
             self.store.refresh()
             current = self.store.get(task.id)
             if current is None or current.terminal or current.attempt != task.attempt:
-                return self.service.show(task.id)
+                return self._show(task.id)
             runner_alive = probe(runner) is not Liveness.DEAD if runner else False
             time.sleep(_POLL_S)
         if runner_alive:
-            self.service.notice(
+            self.session.notice(
                 f"task {task.id}: cancel requested; its runner has not settled it yet"
             )
-            return self.service.show(task.id)
+            return self._show(task.id)
         # No runner: make sure nothing of the task is left, then settle it ourselves.
         grace_end = time.monotonic() + task.spec.kill_grace_s
         while task_liveness(task, self.home) is not Liveness.DEAD and time.monotonic() < grace_end:
@@ -262,7 +268,7 @@ class Recoverer:
         with contextlib.suppress(RefusedError):  # settled meanwhile: fine
             self.store.commit(ev.Settled(task.id, task.attempt, task.claim_token,
                                          State.CANCELLED, Reason.CANCELLED_BY_USER))  # fmt: skip
-        return self.service.show(task.id)
+        return self._show(task.id)
 
 
 def _state_of(event_type: str) -> str:
@@ -299,7 +305,7 @@ def _marks_and_groups() -> tuple[set[str], set[int]]:
     return ids, groups
 
 
-def kill_orphan(service: Service, task: Task, sig: int) -> dict[str, Any]:
+def kill_orphan(session: Session, task: Task, sig: int) -> dict[str, Any]:
     """``ferry kill``: journal the intent, then a verified signal to the orphan's group
     and to every process still carrying the task's marker. Never a bare pid."""
     runner = runner_identity(task)
@@ -309,10 +315,10 @@ def kill_orphan(service: Service, task: Task, sig: int) -> dict[str, Any]:
             code="task.runner_alive",
             details={"task": task.id},
         )
-    if task_liveness(task, service.home) is Liveness.DEAD:
+    if task_liveness(task, session.home) is Liveness.DEAD:
         return {"task": task.id, "signal": sig, "signalled": 0,
                 "message": f"{task.id}: no process of the task is alive"}  # fmt: skip
-    lock = alive_path(service.home, task.id, task.attempt)
+    lock = alive_path(session.home, task.id, task.attempt)
     if not reachable(task, lock):
         raise OperatorNeededError(
             f"task {task.id}: a process of it still holds its alive-lock {lock}, but none"
@@ -320,7 +326,7 @@ def kill_orphan(service: Service, task: Task, sig: int) -> dict[str, Any]:
             code="task.orphan_unreachable",
             details={"task": task.id},
         )
-    service.store.commit(
+    session.store.commit(
         ev.OrphanSignalled(
             task=task.id,
             attempt=task.attempt,
@@ -332,7 +338,7 @@ def kill_orphan(service: Service, task: Task, sig: int) -> dict[str, Any]:
         )
     )
     try:
-        sent = signal_all(task, service.home, sig)
+        sent = signal_all(task, session.home, sig)
     except OSError as error:
         raise FerryError(f"cannot signal task {task.id}: {error}", code="signal.failed") from error
     name = signal.Signals(sig).name

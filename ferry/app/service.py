@@ -1,6 +1,8 @@
 """The use cases behind the commands: run, submit, ls, show, logs, cancel, retry, kill,
 lease, journal maintenance. The leader's use cases (claim, work, recover) are in
-:mod:`ferry.app.leader`. Each method does one thing and returns values for ``render``.
+:mod:`ferry.app.leader` and :mod:`ferry.app.worker`; this facade hands them its
+:class:`~ferry.app.session.Session`, never itself. Each method does one thing and
+returns values; the command line renders them.
 """
 
 from __future__ import annotations
@@ -9,13 +11,13 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ferry.app.intake import build_spec, parse_from_lines
-from ferry.app.runner import log_paths
-from ferry.cli import render
+from ferry.app.runner import RunResult, log_paths
+from ferry.app.session import Reporter, Session
 from ferry.core import events as ev
 from ferry.core.errors import (
     FerryError,
@@ -29,40 +31,28 @@ from ferry.core.fold import MOVED_CODES, RACE_TRIES
 from ferry.core.ids import new_claim_token, new_task_id
 from ferry.core.model import IN_FLIGHT_STATES, Reason, State, Task
 from ferry.core.spec import TaskSpec
-from ferry.storage.local.statedir import ensure_home, resolve_home
-from ferry.storage.local.store import Store
 
 if TYPE_CHECKING:
+    from ferry.core.recovery import RecoverReport
     from ferry.proc.process import ProcessIdentity
+    from ferry.storage import TaskStore
 
 
 class Service:
-    def __init__(self, home: Path, verbosity: int = 0) -> None:
-        self.home = home
-        self.verbosity = verbosity
-        self._store: Store | None = None
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.home: Path = session.home
 
     @classmethod
-    def open(cls, home: str | None, *, verbosity: int = 0) -> Service:
-        return cls(ensure_home(resolve_home(home, os.environ)), verbosity)
+    def open(cls, home: str | None, reporter: Reporter | None = None) -> Service:
+        return cls(Session.open(home, reporter))
 
     @property
-    def store(self) -> Store:
-        """Opened on first use: ``journal verify``/``repair`` must work without it,
-        since opening replays the journal and refuses a corrupt one."""
-        if self._store is None:
-            self._store = Store.open(self.home, on_lock_wait=self._lock_wait_notice)
-        return self._store
-
-    def _lock_wait_notice(self) -> None:
-        self.notice(
-            "waiting for the journal's append lock: another ferry process holds it (one"
-            " that was stopped holds it until it is continued or killed)"
-        )
+    def store(self) -> TaskStore:
+        return self.session.store
 
     def notice(self, message: str) -> None:
-        if self.verbosity >= 0:
-            render.notice(message)
+        self.session.notice(message)
 
     # ---- creating tasks ------------------------------------------------------------
 
@@ -75,11 +65,11 @@ class Service:
         the task that did it. A key found is made sure of before anything acts on it:
         skipping work because the table says it is done must not rest on a record a
         power cut can still take back (``Store.sync``)."""
-        table = self.store.table
-        if not any(table.succeeded_with_key(key) for key in keys):
+        store = self.store
+        if not any(store.succeeded_with_key(key) for key in keys):
             return {}
-        self.store.sync()
-        found = {key: table.succeeded_with_key(key) for key in keys}
+        store.sync()
+        found = {key: store.succeeded_with_key(key) for key in keys}
         return {key: task_id for key, task_id in found.items() if task_id is not None}
 
     def submit(self, batch: Sequence[Mapping[str, Any]]) -> list[Task]:
@@ -133,13 +123,16 @@ class Service:
             return [self._get(task_id) for task_id in ids]
         raise InternalError("the tasks' keys kept changing while they were queued")
 
-    def run(self, opts: Mapping[str, Any], *, as_json: bool = False) -> int:
+    def run(self, opts: Mapping[str, Any], *, stdout_echo_fd: int = 1) -> RunResult:
         """``ferry run``: SUBMITTED + CLAIMED + DISPATCHING in one durable write (the
         claim names the task's supervisor as its runner), then the child, then SETTLED.
-        Returns the exit status to pass through."""
+        The result carries the exit status to pass through; a task whose key already
+        succeeded is not run (that task, exit 0)."""
+        from ferry.app.foreground import run_task
+
         spec = build_spec(opts, self.home)
-        if spec.key is not None and self._already_succeeded(spec.key, as_json):
-            return 0
+        if spec.key is not None and (done := self._already_succeeded(spec.key)):
+            return done
         submitted = self._new_task(spec)
         token = new_claim_token(os.urandom(10))
 
@@ -149,77 +142,37 @@ class Service:
 
         task = Task(id=submitted.task, spec=spec, state=State.CLAIMED, claim_token=token)
         try:
-            return self.run_in_foreground(task, token, lead=lead, as_json=as_json)
+            return run_task(self.session, task, token, lead=lead, stdout_echo_fd=stdout_echo_fd)
         except RefusedError as error:
             # The key succeeded between our read and our write (refused under the lock).
             succeeded_meanwhile = error.code == "task.key_succeeded" and spec.key is not None
-            if succeeded_meanwhile and self._already_succeeded(str(spec.key), as_json):
-                return 0
+            if succeeded_meanwhile and (done := self._already_succeeded(str(spec.key))):
+                return done
             raise
 
-    def _already_succeeded(self, key: str, as_json: bool) -> bool:
+    def _already_succeeded(self, key: str) -> RunResult | None:
         done = self._succeeded_keys([key]).get(key)
         if done is None:
-            return False
+            return None
         self.notice(f"key {key!r} already succeeded (task {done}); not run again")
-        if as_json:
-            render.write_json(render.task_json(self._get(done)))
-        return True
-
-    def run_in_foreground(
-        self,
-        task: Task,
-        token: str,
-        *,
-        lead: Callable[[ProcessIdentity], Sequence[ev.Event]],
-        epoch: int = 0,
-        on_claimed: Callable[[], None] = lambda: None,
-        as_json: bool,
-    ) -> int:
-        """The foreground half shared by ``run`` and ``claim``: launch the task's
-        supervisor, write ``lead`` (the claim, naming it) with the intent, pass the
-        output through, compact if due, report, and return the exit status to pass
-        through (or raise the error that kept the task from starting)."""
-        from ferry.app.launch import run_foreground
-
-        # Under --json ferry's stdout carries one JSON document: the task's stdout is
-        # echoed to stderr instead (and kept byte-exact in its log as always).
-        result = run_foreground(
-            self.store, task, token, lead=lead, epoch=epoch, on_claimed=on_claimed,
-            stdout_echo_fd=2 if as_json else 1, notice=self.notice,
-        )  # fmt: skip
-        self._compact_quietly()
-        if result.error is not None:  # (--json: the error object is the one document)
-            result.error.details.setdefault("task", result.task.id)
-            raise result.error
-        if as_json:
-            render.write_json(render.task_json(result.task))
-        return result.exit_status
-
-    def _compact_quietly(self) -> None:
-        """After a task settled: keep start-up cost bounded for journals only ever
-        written by ``run`` (CI). A failure here must not change the task's exit status."""
-        try:
-            self.store.maybe_compact()
-        except FerryError as error:
-            self.notice(f"warning: compaction skipped: {error.message}")
+        return RunResult(self._get(done), 0)
 
     # ---- leading (ferry.app.leader) ----------------------------------------------------
 
-    def claim(self, *, lease_ttl_s: float, as_json: bool) -> int:
+    def claim(self, *, lease_ttl_s: float, stdout_echo_fd: int = 1) -> RunResult | None:
         from ferry.app.leader import claim
 
-        return claim(self, lease_ttl_s=lease_ttl_s, as_json=as_json)
+        return claim(self.session, lease_ttl_s=lease_ttl_s, stdout_echo_fd=stdout_echo_fd)
 
     def work(self, **options: Any) -> int:
         from ferry.app.worker import work
 
-        return work(self, **options)
+        return work(self.session, **options)
 
-    def recover(self, **options: Any) -> Any:
+    def recover(self, **options: Any) -> RecoverReport:
         from ferry.app.leader import recover
 
-        return recover(self, **options)
+        return recover(self.session, **options)
 
     # ---- looking -------------------------------------------------------------------
 
@@ -230,30 +183,9 @@ class Service:
         return self._with_heartbeat(task)
 
     def _with_heartbeat(self, task: Task) -> Task:
-        """What the journal does not hold, for a task in flight: heartbeat_at from the
-        heartbeat file (beats are not journaled), and whether its runner (the task's
-        supervisor) is alive now, as a probe proves it (``runner.alive``: true, false,
-        or null when it cannot be proven either way). A settled task's runner is done."""
-        if task.runner is None:
-            return task
-        from dataclasses import replace
+        from ferry.app.recoverer import with_runner_state
 
-        if not task.in_flight:
-            return replace(task, runner={**task.runner, "alive": False})
-        from ferry.app.recoverer import runner_identity
-        from ferry.app.runner import heartbeat_path
-        from ferry.core.model import Liveness
-        from ferry.proc.liveness import probe
-
-        identity = runner_identity(task)
-        seen = Liveness.UNKNOWN if identity is None else probe(identity)
-        alive = None if seen is Liveness.UNKNOWN else seen is Liveness.ALIVE
-        task = replace(task, runner={**task.runner, "alive": alive})
-        try:
-            beat = heartbeat_path(self.home, task.id, task.attempt).stat().st_mtime
-        except OSError:
-            return task
-        return replace(task, heartbeat_at=beat)
+        return with_runner_state(task, self.home)
 
     def ls(self, *, state: str | None, limit: int) -> list[Task]:
         return [self._with_heartbeat(t) for t in self.store.newest(limit, state)]
@@ -296,11 +228,10 @@ class Service:
 
     def lease_info(self) -> dict[str, Any]:
         from ferry.proc.liveness import probe
-        from ferry.storage.local.lease import LeaseStore
 
-        lease = LeaseStore(self.home / "lease.json", ttl_s=30.0).read()
+        lease = self.session.leases(ttl_s=30.0).read()
         if lease is None:
-            return {"epoch": self.store.max_epoch, "holder": None}
+            return {"epoch": self.store.highest_epoch, "holder": None}
         info = lease.to_json()
         if lease.holder is not None:
             info["holder_liveness"] = str(probe(lease.holder))
@@ -308,12 +239,8 @@ class Service:
         return info
 
     def lease_reset(self) -> str | None:
-        from ferry.storage.local.lease import LeaseStore
-
         self.store.refresh()
-        moved = LeaseStore(self.home / "lease.json", ttl_s=30.0).reset(
-            min_epoch=self.store.wal.max_epoch
-        )
+        moved = self.session.leases(ttl_s=30.0).reset(min_epoch=self.store.highest_epoch)
         return None if moved is None else str(moved)
 
     # ---- acting on a task ----------------------------------------------------------
@@ -344,7 +271,7 @@ class Service:
                 continue
             from ferry.app.recoverer import Recoverer
 
-            return Recoverer(self).cancel_in_flight(self._get(task.id))
+            return Recoverer(self.session).cancel_in_flight(self._get(task.id))
         raise InternalError(f"task {task.id} kept changing while it was being cancelled")
 
     def retry(self, prefix: str, *, force: bool) -> Task:
@@ -391,7 +318,7 @@ class Service:
         from ferry.app.recoverer import kill_orphan
 
         sig = _parse_signal(signame)
-        return kill_orphan(self, self.store.resolve(prefix), sig)
+        return kill_orphan(self.session, self.store.resolve(prefix), sig)
 
     # ---- the journal ---------------------------------------------------------------
 
@@ -418,8 +345,12 @@ class Service:
 
     def journal_dump(self, *, from_seq: int) -> None:
         from ferry.storage.local.maintenance import dump
+        from ferry.storage.local.store import Store
 
-        dump(self.store, from_seq, sys.stdout.buffer)
+        store = self.store
+        if not isinstance(store, Store):  # (the journal commands are the local backend's)
+            raise UsageError("'journal dump' reads a local journal", code="usage.not_local")
+        dump(store, from_seq, sys.stdout.buffer)
 
 
 def _parse_signal(name: str) -> int:

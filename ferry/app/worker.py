@@ -42,7 +42,6 @@ from ferry.app.launch import Launch, Record, watch_journal
 from ferry.app.leader import Leadership, policy_of, recover_as
 from ferry.app.recoverer import runner_identity
 from ferry.app.runner import before_spawn_event, child_environ
-from ferry.cli import render
 from ferry.core import events as ev
 from ferry.core.errors import FerryError, InternalError, LeaseHeldError, RefusedError
 from ferry.core.ids import new_claim_token
@@ -51,7 +50,7 @@ from ferry.proc._outputs import SignalTrap
 from ferry.proc.liveness import probe
 
 if TYPE_CHECKING:
-    from ferry.app.service import Service
+    from ferry.app.session import Session
 
 # How long a turn waits for the plans of the tasks it just gave out (tasks without
 # pinned inputs: building an environment, well under a millisecond).
@@ -72,14 +71,14 @@ class _Unit:
 class Worker:
     RECOVER_EVERY_S = 5.0  # how often the leader checks other runners' tasks
 
-    def __init__(self, service: Service, *, jobs: int, drain: bool, poll_s: float,
+    def __init__(self, session: Session, *, jobs: int, drain: bool, poll_s: float,
                  lease_ttl_s: float, stale_after_s: float | None,
                  kill_stale: bool = False) -> None:  # fmt: skip
-        self.service = service
-        self.store = service.store
+        self.session = session
+        self.store = session.store
         self.jobs, self.drain, self.poll_s = jobs, drain, poll_s
         self.policy = policy_of(stale_after_s, kill_stale)
-        self.lead = Leadership(service, lease_ttl_s)
+        self.lead = Leadership(session, lease_ttl_s)
         self.environ = child_environ()
         self.supervisors: list[Launch] = []  # ours: each holds a task, or waits for one
         self.survivors: dict[int, str] = {}  # pidfd -> task id (an earlier work's)
@@ -140,7 +139,7 @@ class Worker:
 
     def _queue_nonempty(self) -> bool:
         self.store.refresh()
-        return self.store.table.oldest_queued() is not None
+        return bool(self.store.queued(1))
 
     def _lead(self) -> int:
         epoch = self.lead.epoch
@@ -200,11 +199,11 @@ class Worker:
         if count == self.signals_seen:
             return
         if self.signals_seen == 0:
-            self.service.notice(
+            self.session.notice(
                 "stopping: no new tasks; running ones finish (signal again to stop them)"
             )
         if self.signals_seen < 2 <= count:
-            self.service.notice("stopping the running tasks")
+            self.session.notice("stopping the running tasks")
             for launch in self.launches.values():
                 if launch.claimed and not launch.stop_sent:
                     launch.stop(signal.SIGTERM)
@@ -225,9 +224,7 @@ class Worker:
             launch.forget()
 
     def _recover(self) -> None:
-        report = recover_as(self.lead, self.policy)
-        for line in (render.recover_text(report, self.service.verbosity) or "").splitlines():
-            self.service.notice(line)
+        self.session.reporter.recovered(recover_as(self.lead, self.policy))
 
     def _watch_journal(self) -> None:
         """For each supervisor that beat since: what the journal asks of its task (a
@@ -258,7 +255,7 @@ class Worker:
             else:
                 os.close(pidfd)
         if self.survivors:
-            self.service.notice(
+            self.session.notice(
                 f"{len(self.survivors)} task(s) still run under an earlier work's"
                 " supervisors: they hold slots until they end"
             )
@@ -276,8 +273,7 @@ class Worker:
         free = self.jobs - busy - len(self.survivors)
         if free <= 0:
             return
-        with self.store.lock:
-            candidates = self.store.table.oldest_queued_n(len(held) + free)
+        candidates = self.store.queued(len(held) + free)
         for task in candidates:
             if free == 0:
                 break
@@ -287,7 +283,7 @@ class Worker:
             if idle is None:
                 if len(self.supervisors) >= 2 * self.jobs:
                     break  # (every spare is still busy with an end: next turn)
-                idle = Launch(self.store.home, self.environ)
+                idle = Launch(self.session.home, self.environ)
                 self.supervisors.append(idle)
             token = new_claim_token(os.urandom(10))
             claimed = Task(**{**task.__dict__, "state": State.CLAIMED, "claim_token": token})
@@ -325,10 +321,10 @@ class Worker:
                 launch.poll()
             if launch.plan is not None:
                 for warning in launch.warnings:
-                    self.service.notice(warning)
+                    self.session.notice(warning)
                 launch.plan["warnings"] = []
             for warning in launch.warned:
-                self.service.notice(warning)
+                self.session.notice(warning)
             launch.warned = []
 
     def _let_go(self) -> None:
@@ -341,7 +337,7 @@ class Worker:
             if not launch.gone or (launch.ended is not None and not self.halted):
                 continue
             if launch.ended is not None:
-                self.service.notice(
+                self.session.notice(
                     f"task {launch.task.id}: its end is left to its supervisor's own write"
                 )
             elif not launch.idle and not launch.claimed:
@@ -455,7 +451,7 @@ class Worker:
         launch = unit.launch
         if unit.kind == "claim":
             if error is not None:
-                self.service.notice(error.message)
+                self.session.notice(error.message)
                 launch.abort()
                 launch.forget()
                 return
@@ -478,7 +474,7 @@ class Worker:
                 launch.spawned_written = True  # (refused: decided meanwhile; not again)
         elif unit.kind == "end":
             if error is not None:  # (never its own end, which end_records left out)
-                self.service.notice(error.message)
+                self.session.notice(error.message)
             launch.ack()
 
     def _cancelled(self, launch: Launch) -> bool:
@@ -487,11 +483,11 @@ class Worker:
 
     def _halt(self, error: FerryError | None, *, fail: bool = False) -> None:
         if not self.halted and error is not None:
-            self.service.notice(f"stopping: {error.message}")
+            self.session.notice(f"stopping: {error.message}")
         self.halted = True
         if fail and error is not None:
             self.failures.append(error)
 
 
-def work(service: Service, **options: Any) -> int:
-    return Worker(service, **options).run()
+def work(session: Session, **options: Any) -> int:
+    return Worker(session, **options).run()

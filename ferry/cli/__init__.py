@@ -1,4 +1,10 @@
-"""The ``ferry`` entry point: the one place that maps errors to exit codes.
+"""The command line: parse, call one use case, render. Nothing else.
+
+May import ``ferry.app`` (the use cases), ``ferry.core`` (errors, the model it renders)
+and the standard library; never ``ferry.storage``, ``ferry.proc`` or ``journal``
+directly.
+
+This module is the ``ferry`` entry point: the one place that maps errors to exit codes.
 
 The command line itself is click (:mod:`ferry.cli.tree` and :mod:`ferry.cli.commands`:
 parse, call one service function, render; every command's help ends with an example;
@@ -17,62 +23,12 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from ferry.cli.context import Ctx, report, run_command
 from ferry.core import errors
 
 # Commands that run a task in the foreground: their failures before the task starts exit
 # 125 (see ferry.core.errors.exit_code_for).
 _RUNS_TASK = {"run", "claim"}
-
-
-class Ctx:
-    """What the global options say, handed to every command. ``runs_task`` is set by
-    ``run`` and ``claim``: their failures before the task starts exit 125."""
-
-    current: Ctx | None = None  # the invocation in progress, for main()'s error mapping
-
-    def __init__(self, home: str | None, as_json: bool, verbosity: int) -> None:
-        self.home = home
-        self.as_json = as_json
-        self.verbosity = verbosity
-        self.runs_task = False
-        Ctx.current = self
-
-    def service(self) -> Any:
-        from ferry.app.service import Service  # lazy: keeps `ferry --help` cheap
-
-        return Service.open(self.home, verbosity=self.verbosity)
-
-
-def task_opts(kw: dict[str, Any], argv: tuple[str, ...]) -> dict[str, Any]:
-    """The TASK OPTIONS (as the ``run``/``submit`` commands receive them) in the shape
-    the service's build_spec takes."""
-    return {
-        "argv": list(argv),
-        "name": kw["name"],
-        "key": kw["key"],
-        "idempotent": kw["idempotent"],
-        "max_releases": kw["max_releases"],
-        "timeout_s": kw["timeout"],
-        "kill_grace_s": kw["kill_grace"],
-        "heartbeat_s": kw["heartbeat"],
-        "cwd": kw["cwd"],
-        "env": list(kw["env"]),
-        "pointers": list(kw["pointers"]),
-        "patch_file": kw["patch_file"],
-        "shell": kw["shell"],
-    }
-
-
-def run_command(ctx: Ctx, kw: dict[str, Any], argv: tuple[str, ...]) -> int:
-    """``ferry run``, however it was parsed (click or :mod:`ferry.cli.fast`)."""
-    ctx.runs_task = True
-    return int(ctx.service().run(task_opts(kw, argv), as_json=ctx.as_json))
-
-
-def report(error: errors.FerryError, as_json: bool) -> None:
-    from ferry.cli import render
-
-    render.error(error, as_json=as_json)
 
 
 def command_word(args: list[str]) -> str:

@@ -1,7 +1,7 @@
 """The ferry commands. Each one parses, calls one service method, renders.
 
-Kept apart from ``cli_app.py`` (the group and global options) and ``cli.py`` (the entry
-point and error mapping) so that each file stays small.  Every help text ends with an
+Kept apart from ``ferry.cli.tree`` (the group and global options) and ``ferry.cli`` (the
+entry point and error mapping) so that each file stays small.  Every help text ends with an
 example.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from ferry.cli import run_command, task_opts
+from ferry.cli.context import run_command, task_opts
 from ferry.core.errors import LeaseHeldError, UsageError
 
 Emit = Callable[[Any, str | None, Any], None]
@@ -129,7 +129,9 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
         Empty queue: exit 0 (--json: {"task": null}).
         """
         ctx.runs_task = True
-        return int(ctx.service().claim(lease_ttl_s=lease_ttl, as_json=ctx.as_json))
+        return int(
+            ctx.ran(ctx.service().claim(lease_ttl_s=lease_ttl, stdout_echo_fd=ctx.stdout_echo_fd))
+        )
 
     @cli.command(epilog=_example("ferry work -j 4 --drain"))
     @click.option(

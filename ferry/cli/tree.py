@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import click
 
-from ferry.cli import Ctx, report
+from ferry.cli.context import Ctx, report
 from ferry.core import errors
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -543,25 +543,10 @@ class _Fields:
             raise self._error(self.record_type, f"bad spec: {error.message}") from None
 
 
-def decode(record_type: str, data: object) -> Event | None:
-    """The typed event, or None for a type this version does not know."""
-    fast = _fast_decode(record_type, data)
-    if fast is not None:
-        return fast
-    return decode_checked(record_type, data)
-
-
-def _fast_decode(record_type: str, data: object) -> Event | None:
-    global _fast_decode
-    from ferry.core._decode_fast import decode as fast_decode  # it imports this module
-
-    _fast_decode = fast_decode
-    return fast_decode(record_type, data)
-
-
 def decode_checked(record_type: str, data: object) -> Event | None:
-    """``decode`` without the fast path (:mod:`ferry.core._decode_fast`): every check spelled
-    out, with a precise MalformedEventError."""
+    """The typed event, or None for a type this version does not know: every check
+    spelled out, with a precise MalformedEventError (:func:`ferry.core.decoding.decode`
+    tries a faster path first)."""
     try:
         kind = EventType(record_type)
     except ValueError:

@@ -212,3 +212,19 @@ def _event(
     if action is Action.RESUME:
         return ev.Resumed(task.id, task.attempt, token, evidence)
     return None
+
+
+@dataclass
+class RecoverReport:
+    """What one recovery pass decided, under which epoch, and whether an operator is
+    needed (``exit_code``)."""
+
+    epoch: int
+    dry_run: bool
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+    orphans_alive: list[str] = field(default_factory=list)
+    needs_operator: bool = False
+
+    @property
+    def exit_code(self) -> int:
+        return 3 if self.needs_operator or self.orphans_alive else 0

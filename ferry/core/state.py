@@ -33,6 +33,7 @@ from typing import Any, Protocol
 
 from ferry.core import events as ev
 from ferry.core._value import Value, init
+from ferry.core.decoding import decode
 from ferry.core.errors import FerryError
 from ferry.core.fold import (
     check_event,
@@ -273,7 +274,7 @@ class Table:
         earlier ones of the batch would leave it (e.g. SUBMITTED then CLAIMED)."""
         overlay: dict[str, Task] = {}
         for index, (record_type, data) in enumerate(batch):
-            event = ev.decode(record_type, data)
+            event = decode(record_type, data)
             if event is None:
                 raise ev.MalformedEventError(
                     f"unknown event type {record_type!r}", details={"type": record_type}
@@ -304,7 +305,7 @@ class Table:
         if seq <= self.last_seq:
             return
         try:
-            event = ev.decode(record_type, data)
+            event = decode(record_type, data)
         except FerryError as error:
             self._skip(seq, record_type, data, error)
             return

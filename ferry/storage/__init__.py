@@ -1,0 +1,139 @@
+"""The storage seam: what the use cases (``ferry.app``) need from a backend, and nothing
+about how a backend keeps it.
+
+Lives here: the protocols (:class:`TaskStore`, :class:`Leases`), the local backend over
+``journal/`` (``ferry.storage.local``) and an in-memory one for unit tests of the use
+cases (``ferry.storage.memory``). May import ``ferry.core``, ``ferry.proc`` (process
+identities, the alive-lock files a compaction prunes), ``ferry.failpoints`` and
+``journal``; never ``ferry.app`` or ``ferry.cli``.
+
+The one rule every backend keeps: **a write is decided at write time, against the true
+end.** ``TaskStore.commit`` validates its events against the state as it is when they
+are written (the fold rules of ``ferry.core.fold``: the claim token of every write about
+a task in flight, the legal transitions, the key rules, the leader's epoch) and either
+writes all of them, durably, or none. The local backend validates under the journal's
+append lock after catching up with what other processes appended; a database backend
+validates in the transaction that writes them, against the rows it locked (a
+conditional update on the claim token and the expected state: zero rows is a refusal).
+A use case never acts on a table read earlier without such a write, or a ``sync``.
+
+Claiming is a commit: the use case picks candidates (``queued``), then commits CLAIMED
+with the claim's DISPATCHING intent; a candidate claimed meanwhile is refused
+(``task.stale_claim`` and the other codes of ``ferry.core.fold.MOVED_CODES``) and the
+next is tried. The candidate query is where backends differ: the local journal reads
+its table (one writer at a time: the append lock); PostgreSQL selects ``FOR UPDATE SKIP
+LOCKED`` in the claim's transaction so that workers on many hosts take different rows.
+
+What stays per host: process probes, signals, the alive-lock files and the logs belong
+to the machine the task runs on (``ferry.proc``, and the state directory). A shared
+backend records the host in the runner identity (``ProcessIdentity.host``) and a host
+decides only its own tasks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from ferry.core.events import Event
+    from ferry.core.model import Task
+    from ferry.proc.process import ProcessIdentity
+    from ferry.storage.local.lease import Lease
+
+EncodedEvent = tuple[str, dict[str, Any]]
+
+
+class TaskStore(Protocol):
+    """The events of every task, folded into the table of tasks."""
+
+    # ---- writing: fenced, validated against the true end, durable on return ----------
+
+    def commit(self, *events: Event | EncodedEvent, epoch: int = 0) -> object:
+        """Write ``events`` together (one durable write) or refuse them all with the
+        coded error of the rule they break (``ferry.core.fold``). ``epoch``: the
+        leader's, for a leader's writes; a write under an epoch older than one already
+        used is refused (``journal.fenced``), and a LEASE_ACQUIRED for an epoch already
+        used too: one holder per epoch."""
+        ...
+
+    def refresh(self) -> None:
+        """Catch up with what other processes wrote."""
+        ...
+
+    def sync(self) -> None:
+        """Catch up, and make everything read durable: before acting on a read that
+        writes nothing (skipping a task whose key already succeeded)."""
+        ...
+
+    # ---- reading: the table as last caught up --------------------------------------
+
+    def get(self, task_id: str) -> Task | None: ...
+
+    def resolve(self, prefix: str) -> Task:
+        """The task whose id is or starts with ``prefix`` (NotFoundError, exit 5, if none
+        or several)."""
+        ...
+
+    def live(self) -> list[Task]:
+        """Tasks not settled (queued and in flight) and those settled since the last
+        snapshot."""
+        ...
+
+    def newest(self, limit: int, state: str | None = None) -> list[Task]:
+        """The newest ``limit`` tasks (0: all), oldest first, optionally of one state."""
+        ...
+
+    def queued(self, limit: int) -> list[Task]:
+        """Up to ``limit`` candidates for a claim, oldest first."""
+        ...
+
+    def quarantined(self) -> list[Task]:
+        """Settled tasks whose orphan was alive when recovery decided (it may be still)."""
+        ...
+
+    def succeeded_with_key(self, key: str) -> str | None:
+        """The task that SUCCEEDED (or was resolved as succeeded) with ``key``, if any."""
+        ...
+
+    @property
+    def highest_epoch(self) -> int:
+        """The highest leader epoch any record was written with: a new lease's epoch
+        must exceed it."""
+        ...
+
+    # ---- housekeeping --------------------------------------------------------------
+
+    def maybe_compact(self) -> dict[str, Any] | None:
+        """Keep start-up cost bounded when due; None when not done (not due, or another
+        process is at it). Never waits."""
+        ...
+
+    def compact(
+        self, *, wait: bool = True, on_lock_wait: Callable[[], None] | None = None
+    ) -> dict[str, Any] | None:
+        """Compact now (``ferry journal compact``): what was done."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class Leases(Protocol):
+    """The leader's lease: compare-and-swap, with an epoch that grows with every new
+    holder. The local backend keeps one per state directory (``lease.json``); a shared
+    backend keeps one per host, renewed from the database's clock."""
+
+    def read(self) -> Lease | None: ...
+
+    def acquire(self, me: ProcessIdentity, *, min_epoch: int = 0) -> Lease:
+        """Take the lease (LeaseHeldError, exit 75, while a live holder has it), with an
+        epoch above ``min_epoch`` and above any handed out before."""
+        ...
+
+    def renew(self, lease: Lease) -> Lease: ...
+
+    def release(self, lease: Lease) -> bool: ...
+
+    def reset(self, *, min_epoch: int) -> object:
+        """Clear a lease whose holder is gone for good (``ferry lease reset``)."""
+        ...

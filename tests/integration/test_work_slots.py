@@ -81,14 +81,18 @@ def test_a_claim_refused_because_the_task_was_cancelled_meanwhile_is_skipped(
     its claim write, played step by step on a real state directory: another process
     cancels the picked task in between. The claim is refused, the supervisor told to
     drop it (it started nothing), and the next task is claimed."""
-    from ferry.app.service import Service
+    from ferry.app.session import Session, Silent
     from ferry.app.worker import Worker
 
     first, second = submit(ferry, tmp_path / "a"), submit(ferry, tmp_path / "b")
     notices: list[str] = []
-    service = Service(ferry.home)
-    service.notice = notices.append  # type: ignore[method-assign]
-    worker = Worker(service, jobs=1, drain=True, poll_s=0.05, lease_ttl_s=30.0,
+
+    class Noting(Silent):
+        def notice(self, message: str) -> None:
+            notices.append(message)
+
+    session = Session(ferry.home, Noting())
+    worker = Worker(session, jobs=1, drain=True, poll_s=0.05, lease_ttl_s=30.0,
                     stale_after_s=None)  # fmt: skip
     worker.lead.acquire()
     try:
@@ -114,7 +118,7 @@ def test_a_claim_refused_because_the_task_was_cancelled_meanwhile_is_skipped(
             launch.release()
             launch.reap()
         worker.lead.release()
-        service.store.close()
+        session.store.close()
     assert states(ferry) == {first: "CANCELLED", second: "SUCCEEDED"}
     assert (runs(tmp_path / "a"), runs(tmp_path / "b")) == (0, 1)
     ferry.verify_clean()

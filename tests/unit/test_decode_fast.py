@@ -1,4 +1,4 @@
-"""ferry.core._decode_fast agrees with the checked decoder: it decodes well-formed records of
+"""ferry.core.decoding agrees with the checked decoder: it decodes well-formed records of
 the five per-task types to equal events, and on any payload, however broken, it either
 steps aside (None) or returns exactly what the checked decoder returns."""
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ferry.core import _decode_fast
+from ferry.core import decoding
 from ferry.core import events as ev
 from ferry.core.model import Reason, State
 from ferry.core.spec import PatchRef, TaskSpec
@@ -45,10 +45,10 @@ def wire(event: ev.Event) -> tuple[str, dict[str, Any]]:
 @pytest.mark.parametrize("event", SAMPLES, ids=repr)
 def test_well_formed_records_take_the_fast_path(event: ev.Event) -> None:
     record_type, data = wire(event)
-    fast = _decode_fast.decode(record_type, data)
+    fast = decoding.decode_fast(record_type, data)
     assert fast is not None
     assert fast == ev.decode_checked(record_type, data) == event
-    assert ev.decode(record_type, data) == event
+    assert decoding.decode(record_type, data) == event
 
 
 ODD = [None, True, False, 0, -1, 1, 2, 1.5, float("nan"), float("inf"), "", "x", "SUCCEEDED",
@@ -78,7 +78,7 @@ def broken(draw: st.DrawFn) -> tuple[str, Any]:
 @given(broken())
 def test_the_fast_path_steps_aside_or_agrees(case: tuple[str, Any]) -> None:
     record_type, data = case
-    fast = _decode_fast.decode(record_type, data)
+    fast = decoding.decode_fast(record_type, data)
     if fast is None:
         return
     assert ev.decode_checked(record_type, data) == fast
@@ -86,4 +86,4 @@ def test_the_fast_path_steps_aside_or_agrees(case: tuple[str, Any]) -> None:
 
 def test_other_types_always_take_the_checked_path() -> None:
     for event in [ev.Retried(T, 2), ev.LeaseAcquired(1, RUNNER), ev.Stale(T, 1)]:
-        assert _decode_fast.decode(*wire(event)) is None
+        assert decoding.decode_fast(*wire(event)) is None

@@ -8,6 +8,7 @@ from typing import Any
 import orjson
 import pytest
 
+from ferry.core import decoding
 from ferry.core import events as ev
 from ferry.core.model import Reason, State
 from ferry.core.spec import TaskSpec
@@ -49,13 +50,13 @@ def test_round_trip(event: ev.Event) -> None:
     record_type, data = event.encode()
     assert record_type == event.TYPE.value
     wire = orjson.loads(orjson.dumps(data))
-    assert ev.decode(record_type, wire) == event
+    assert decoding.decode(record_type, wire) == event
     if not isinstance(event, ev.LeaseAcquired | ev.LeaseReleased):
         assert wire["task"] == T
 
 
 def test_unknown_type_decodes_to_none() -> None:
-    assert ev.decode("FROM_THE_FUTURE", {"task": T}) is None
+    assert decoding.decode("FROM_THE_FUTURE", {"task": T}) is None
 
 
 def _payload(event: ev.Event) -> dict[str, Any]:
@@ -70,7 +71,7 @@ def _malformed(event: ev.Event, **change: Any) -> None:
         else:
             data[name] = value
     with pytest.raises(ev.MalformedEventError) as caught:
-        ev.decode(event.TYPE.value, data)
+        decoding.decode(event.TYPE.value, data)
     assert caught.value.code == "event.malformed"
     assert caught.value.details["type"] == event.TYPE.value
 
@@ -128,14 +129,14 @@ def test_malformed_known_types_raise(event: ev.Event, change: dict[str, Any]) ->
 
 def test_non_object_payload_is_malformed() -> None:
     with pytest.raises(ev.MalformedEventError):
-        ev.decode("SUBMITTED", ["not", "an", "object"])
+        decoding.decode("SUBMITTED", ["not", "an", "object"])
 
 
 def test_optional_fields_may_be_missing() -> None:
     data = _payload(SAMPLES[5])
     for name in ("token", "exit_code", "signal", "evidence"):
         data.pop(name)
-    decoded = ev.decode("SETTLED", data)
+    decoded = decoding.decode("SETTLED", data)
     assert isinstance(decoded, ev.Settled)
     assert decoded.token is None and decoded.evidence == {}
 

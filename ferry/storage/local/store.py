@@ -331,19 +331,26 @@ class Store:
         with self.lock:
             return self.table.live()
 
-    def all_tasks(self) -> list[Task]:
-        with self.lock:
-            return list(self.table.tasks())
-
     def newest(self, limit: int, state: str | None = None) -> list[Task]:
         """``Table.newest``: the newest ``limit`` tasks (0: all), oldest first."""
         with self.lock:
             return self.table.newest(limit, state)
 
+    def queued(self, limit: int) -> list[Task]:
+        with self.lock:
+            return self.table.oldest_queued_n(limit)
+
+    def quarantined(self) -> list[Task]:
+        with self.lock:
+            return self.table.quarantined()
+
+    def succeeded_with_key(self, key: str) -> str | None:
+        with self.lock:
+            return self.table.succeeded_with_key(key)
+
     @property
-    def max_epoch(self) -> int:
-        lease = self.table.lease
-        return int(lease["epoch"]) if lease else 0
+    def highest_epoch(self) -> int:
+        return self.wal.max_epoch
 
     # ---- snapshots -----------------------------------------------------------------
 

@@ -1,8 +1,9 @@
-"""Fast decoders for the five event types every task writes (pure).
+"""Records to typed events (pure): :func:`decode`, with fast decoders for the five
+event types every task writes.
 
 Opening the store folds every record after the snapshot; ``ferry run`` on a journal
-that no leader has compacted yet pays that per record. :func:`ferry.core.events.decode` tries
-these first: each checks exactly what the checked decoder checks, inline, and returns
+that no leader has compacted yet pays that per record. :func:`decode` tries these
+first: each checks exactly what the checked decoder checks, inline, and returns
 None at the first doubt (a missing key, another type, a value out of range), so that
 the checked decoder then decides and raises its precise error. They never return an
 event the checked decoder would refuse or build differently
@@ -136,7 +137,7 @@ FAST: Mapping[str, Callable[[Mapping[str, Any]], ev.Event | None]] = {
 }
 
 
-def decode(record_type: str, data: object) -> ev.Event | None:
+def decode_fast(record_type: str, data: object) -> ev.Event | None:
     """The event, or None: not one of these types, or in doubt (ask the checked path)."""
     fast = FAST.get(record_type)
     if fast is None or type(data) is not dict:
@@ -145,3 +146,11 @@ def decode(record_type: str, data: object) -> ev.Event | None:
         return fast(data)
     except (KeyError, TypeError, ValueError):
         return None
+
+
+def decode(record_type: str, data: object) -> ev.Event | None:
+    """The typed event, or None for a type this version does not know: the fast path
+    for the hot five, else the checked decoder (``events.decode_checked``), which also
+    gives the precise error for a malformed record."""
+    fast = decode_fast(record_type, data)
+    return fast if fast is not None else ev.decode_checked(record_type, data)

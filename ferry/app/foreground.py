@@ -1,0 +1,51 @@
+"""The foreground half shared by ``run`` and ``claim``: launch the task's supervisor
+(:func:`ferry.app.launch.run_foreground`), then compact if due, and hand back how the
+task ended or raise the error that kept it from starting."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from ferry.app.launch import run_foreground
+from ferry.core.errors import FerryError
+
+if TYPE_CHECKING:
+    from ferry.app.runner import RunResult
+    from ferry.app.session import Session
+    from ferry.core import events as ev
+    from ferry.core.model import Task
+    from ferry.proc.process import ProcessIdentity
+
+
+def run_task(
+    session: Session,
+    task: Task,
+    token: str,
+    *,
+    lead: Callable[[ProcessIdentity], Sequence[ev.Event]],
+    epoch: int = 0,
+    on_claimed: Callable[[], None] = lambda: None,
+    stdout_echo_fd: int = 1,
+) -> RunResult:
+    """Write ``lead`` (the claim, naming the supervisor) with the intent, pass the
+    output through (the task's stdout to ``stdout_echo_fd``), and return once the end
+    is durable. Raises the error that kept the task from starting, naming the task."""
+    result = run_foreground(
+        session.store, session.home, task, token, lead=lead, epoch=epoch,
+        on_claimed=on_claimed, stdout_echo_fd=stdout_echo_fd, notice=session.notice,
+    )  # fmt: skip
+    _compact_quietly(session)
+    if result.error is not None:
+        result.error.details.setdefault("task", result.task.id)
+        raise result.error
+    return result
+
+
+def _compact_quietly(session: Session) -> None:
+    """After a task settled: keep start-up cost bounded for journals only ever written
+    by ``run`` (CI). A failure here must not change the task's exit status."""
+    try:
+        session.store.maybe_compact()
+    except FerryError as error:
+        session.notice(f"warning: compaction skipped: {error.message}")

@@ -1,0 +1,110 @@
+"""What every command receives (:class:`Ctx`: the global options, the service), how
+it reports along the way (:class:`CliReporter`), and ``run`` as both parsers call it.
+Imports no click (``ferry.cli.fast`` uses it too)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ferry.app.runner import RunResult
+    from ferry.app.service import Service
+    from ferry.core.errors import FerryError
+    from ferry.core.recovery import RecoverReport
+
+
+class Ctx:
+    """What the global options say, handed to every command. ``runs_task`` is set by
+    ``run`` and ``claim``: their failures before the task starts exit 125."""
+
+    current: Ctx | None = None  # the invocation in progress, for main()'s error mapping
+
+    def __init__(self, home: str | None, as_json: bool, verbosity: int) -> None:
+        self.home = home
+        self.as_json = as_json
+        self.verbosity = verbosity
+        self.runs_task = False
+        Ctx.current = self
+
+    def service(self) -> Service:
+        from ferry.app.service import Service  # lazy: keeps `ferry --help` cheap
+
+        return Service.open(self.home, CliReporter(self.verbosity))
+
+    def ran(self, result: RunResult | None) -> int:
+        """``run``/``claim``: under --json the task is the one document on stdout (the
+        task's own stdout was echoed to stderr); the task's exit status passes through.
+        None: ``claim`` found the queue empty."""
+        from ferry.cli import render
+
+        if result is None:
+            if self.as_json:
+                render.write_json({"task": None})
+            elif self.verbosity > 0:
+                render.notice("the queue is empty")
+            return 0
+        if self.as_json:
+            render.write_json(render.task_json(result.task))
+        return result.exit_status
+
+    @property
+    def stdout_echo_fd(self) -> int:
+        """Under --json ferry's stdout carries one JSON document: the task's stdout is
+        echoed to stderr instead (and kept byte-exact in its log as always)."""
+        return 2 if self.as_json else 1
+
+
+class CliReporter:
+    """The notices of a use case still running, on stderr, as ``--quiet``/``-v`` ask."""
+
+    def __init__(self, verbosity: int) -> None:
+        self.verbosity = verbosity
+
+    def notice(self, message: str) -> None:
+        if self.verbosity >= 0:
+            from ferry.cli import render
+
+            render.notice(message)
+
+    def detail(self, message: str) -> None:
+        if self.verbosity > 0:
+            self.notice(message)
+
+    def recovered(self, report: RecoverReport) -> None:
+        from ferry.cli import render
+
+        for line in (render.recover_text(report, self.verbosity) or "").splitlines():
+            self.notice(line)
+
+
+def task_opts(kw: dict[str, Any], argv: tuple[str, ...]) -> dict[str, Any]:
+    """The TASK OPTIONS (as the ``run``/``submit`` commands receive them) in the shape
+    the service's build_spec takes."""
+    return {
+        "argv": list(argv),
+        "name": kw["name"],
+        "key": kw["key"],
+        "idempotent": kw["idempotent"],
+        "max_releases": kw["max_releases"],
+        "timeout_s": kw["timeout"],
+        "kill_grace_s": kw["kill_grace"],
+        "heartbeat_s": kw["heartbeat"],
+        "cwd": kw["cwd"],
+        "env": list(kw["env"]),
+        "pointers": list(kw["pointers"]),
+        "patch_file": kw["patch_file"],
+        "shell": kw["shell"],
+    }
+
+
+def run_command(ctx: Ctx, kw: dict[str, Any], argv: tuple[str, ...]) -> int:
+    """``ferry run``, however it was parsed (click or :mod:`ferry.cli.fast`)."""
+    ctx.runs_task = True
+    service = ctx.service()
+    return ctx.ran(service.run(task_opts(kw, argv), stdout_echo_fd=ctx.stdout_echo_fd))
+
+
+def report(error: FerryError, as_json: bool) -> None:
+    from ferry.cli import render
+
+    render.error(error, as_json=as_json)
