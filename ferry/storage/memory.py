@@ -1,0 +1,111 @@
+"""The seam in memory, for unit tests of the use cases: the same fold, the same write
+rule (validated against the true end under one lock) and the same epoch fence as the
+local journal, with nothing on disk and nothing durable. Not a backend for users."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ferry.core import events as ev
+from ferry.core.errors import LeaseHeldError
+from ferry.core.ids import resolve_prefix
+from ferry.core.state import Table
+
+if TYPE_CHECKING:
+    from ferry.core.model import Task
+    from ferry.storage import EncodedEvent
+
+_LEASE_ACQUIRED = ev.EventType.LEASE_ACQUIRED.value
+
+
+class MemoryStore:
+    """``ferry.storage.TaskStore`` over a list. ``records`` is what was committed, in
+    order: (seq, epoch, type, data)."""
+
+    def __init__(self) -> None:
+        self.table = Table()
+        self.records: list[tuple[int, int, str, dict[str, Any]]] = []
+        self._highest_epoch = 0
+        self._lock = threading.Lock()
+
+    def commit(self, *events: ev.Event | EncodedEvent, epoch: int = 0) -> list[Any]:
+        batch = [e if isinstance(e, tuple) else e.encode() for e in events]
+        with self._lock:
+            if 0 < epoch < self._highest_epoch:
+                raise LeaseHeldError(
+                    f"fenced: epoch {epoch} is older than the store's {self._highest_epoch}",
+                    code="journal.fenced",
+                    details={"epoch": epoch, "current_epoch": self._highest_epoch},
+                )
+            for record_type, data in batch:
+                if record_type == _LEASE_ACQUIRED and int(data["epoch"]) <= self._highest_epoch:
+                    raise LeaseHeldError(
+                        f"epoch {data['epoch']} was already used", code="journal.fenced"
+                    )
+            self.table.validate_batch(batch)
+            committed = []
+            for record_type, data in batch:
+                seq = len(self.records) + 1
+                self.table.apply(record_type, data, seq, time.time())
+                self.records.append((seq, epoch, record_type, data))
+                committed.append(self.records[-1])
+            self._highest_epoch = max(self._highest_epoch, epoch)
+            return committed
+
+    def refresh(self) -> None:
+        """Nothing to catch up with: every writer shares this object."""
+
+    def sync(self) -> None:
+        """Nothing to make durable."""
+
+    def get(self, task_id: str) -> Task | None:
+        with self._lock:
+            return self.table.get(task_id)
+
+    def resolve(self, prefix: str) -> Task:
+        with self._lock:
+            return self.table.get(prefix) or self.table[resolve_prefix(prefix, self.table.ids())]
+
+    def live(self) -> list[Task]:
+        with self._lock:
+            return self.table.live()
+
+    def newest(self, limit: int, state: str | None = None) -> list[Task]:
+        with self._lock:
+            return self.table.newest(limit, state)
+
+    def queued(self, limit: int) -> list[Task]:
+        with self._lock:
+            return self.table.oldest_queued_n(limit)
+
+    def quarantined(self) -> list[Task]:
+        with self._lock:
+            return self.table.quarantined()
+
+    def succeeded_with_key(self, key: str) -> str | None:
+        with self._lock:
+            return self.table.succeeded_with_key(key)
+
+    @property
+    def highest_epoch(self) -> int:
+        return self._highest_epoch
+
+    def maybe_compact(self) -> dict[str, Any] | None:
+        return None
+
+    def compact(
+        self, *, wait: bool = True, on_lock_wait: Callable[[], None] | None = None
+    ) -> dict[str, Any] | None:
+        return {"snapshot_seq": len(self.records), "removed": [], "archives": 0}
+
+    def close(self) -> None:
+        pass
+
+
+if TYPE_CHECKING:  # mypy checks that it keeps the protocol
+    from ferry.storage import TaskStore
+
+    _: type[TaskStore] = MemoryStore
