@@ -456,6 +456,7 @@ def watch_journal(store: TaskStore, launch: Launch, *, refresh: bool = True) -> 
         current = store.get(launch.task.id)
         if current is None or current.claim_token != launch.token:
             return
+        store.beat(current)
         if current.cancel_requested and not launch.stop_sent:
             launch.stop(signal.SIGTERM, cancel=True)
         elif current.state is State.STALE:

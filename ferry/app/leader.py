@@ -53,6 +53,7 @@ class Leadership:
 
     def __init__(self, session: Session, ttl_s: float) -> None:
         self.session = session
+        self.ttl_s = ttl_s
         self.leases = session.leases(ttl_s)
         self.me: ProcessIdentity = self_identity()
         self.lease: Lease | None = None
@@ -103,7 +104,11 @@ def recover_as(lead: Leadership, policy: Policy) -> RecoverReport:
     """One recovery pass as the leader: decisions under its epoch, the lease renewed
     as the pass goes."""
     return Recoverer(lead.session).recover_all(
-        epoch=lead.epoch, policy=policy, commit=lead.commit, tick=lead.renew_if_due
+        epoch=lead.epoch,
+        policy=policy,
+        commit=lead.commit,
+        tick=lead.renew_if_due,
+        host_ttl_s=lead.ttl_s,
     )
 
 
@@ -117,7 +122,8 @@ def recover(
 ) -> RecoverReport:
     """``ferry recover``: exit 75 (LeaseHeldError) if a live leader is responsible."""
     if dry_run:  # decide and print, journal nothing, take nothing
-        return Recoverer(session).recover_all(epoch=0, policy=policy_of(stale_after_s, kill_stale))
+        policy = policy_of(stale_after_s, kill_stale)
+        return Recoverer(session).recover_all(epoch=0, policy=policy, host_ttl_s=lease_ttl_s)
     lead = Leadership(session, lease_ttl_s)
     lead.acquire()
     try:

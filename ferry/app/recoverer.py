@@ -173,10 +173,13 @@ class Recoverer:
         policy: Policy,
         commit: Callable[[tuple[str, dict[str, Any]]], object] | None = None,
         tick: Callable[[], None] | None = None,
+        host_ttl_s: float = 30.0,
     ) -> RecoverReport:
         """Decide every in-flight task. ``commit`` journals a decision as the leader (its
         epoch; None: a dry run, nothing journaled); ``tick`` is called before each task
-        (the leader renews its lease there). A decision is made from probes taken
+        (the leader renews its lease there). ``host_ttl_s``: on a shared database,
+        how long after its lease expired another host's silent task is decided as
+        lost (the hosts' lease time). A decision is made from probes taken
         outside the journal's lock: it names the claim it judged, and the store refuses
         it if that claim moved meanwhile (then it is not ours to make)."""
         dry_run = commit is None
@@ -187,8 +190,12 @@ class Recoverer:
                 continue
             if tick is not None:
                 tick()
+            lost = self.store.host_lost(task, host_ttl_s)
+            if lost is False:
+                continue  # another host's, alive: its own workers decide it
             now = wall_clock()
-            decision = decide(task, self.observe(task, now), policy, now)
+            seen = self.observe(task, now) if lost is None else _lost_host(task, now)
+            decision = decide(task, seen, policy, now)
             if decision.event is None:
                 continue
             if commit is not None:
@@ -220,6 +227,8 @@ class Recoverer:
         marked, groups = _marks_and_groups()
         found = []
         for task in self.store.quarantined():
+            if self.store.host_lost(task, float("inf")) is not None:
+                continue  # another host's: only its own probes can see its orphan
             # The alive-lock first: an orphan that left the session and cleared its
             # environment is in neither index, and shows by nothing else.
             held = alivelock.held(alive_path(self.home, task.id, task.attempt))
@@ -269,6 +278,15 @@ class Recoverer:
             self.store.commit(ev.Settled(task.id, task.attempt, task.claim_token,
                                          State.CANCELLED, Reason.CANCELLED_BY_USER))  # fmt: skip
         return self._show(task.id)
+
+
+def _lost_host(task: Task, now: float) -> Observation:
+    """What is known of a task whose host was lost: nothing a probe here could see."""
+    age = None if task.heartbeat_at is None else now - task.heartbeat_at
+    return Observation(
+        runner=Liveness.UNKNOWN, task_process=Liveness.UNKNOWN, heartbeat_age_s=age,
+        host_lost=True,
+    )  # fmt: skip
 
 
 def _state_of(event_type: str) -> str:

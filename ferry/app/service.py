@@ -44,8 +44,15 @@ class Service:
         self.home: Path = session.home
 
     @classmethod
-    def open(cls, home: str | None, reporter: Reporter | None = None) -> Service:
-        return cls(Session.open(home, reporter))
+    def open(
+        cls,
+        home: str | None,
+        reporter: Reporter | None = None,
+        *,
+        database: str | None = None,
+        host: str | None = None,
+    ) -> Service:
+        return cls(Session.open(home, reporter, database=database, host=host))
 
     @property
     def store(self) -> TaskStore:
@@ -319,6 +326,40 @@ class Service:
 
         sig = _parse_signal(signame)
         return kill_orphan(self.session, self.store.resolve(prefix), sig)
+
+    # ---- the shared database ---------------------------------------------------------
+
+    def db_init(self) -> dict[str, Any]:
+        """``ferry db init``: create or upgrade the schema (idempotent)."""
+        from ferry.storage.postgres import schema
+        from ferry.storage.postgres.connect import Database
+
+        url = self._database_url()
+        db = Database(url)
+        try:
+            db.check_durable()
+            with db.transaction() as conn:
+                conn.execute("SELECT 1")
+            before, after = schema.migrate(db.connection())
+        finally:
+            db.close()
+        return {"schema_version": after, "previous_version": before, "created": before == 0}
+
+    def db_status(self) -> dict[str, Any]:
+        from ferry.storage.postgres.store import PgStore
+
+        self._database_url()
+        store = self.store
+        assert isinstance(store, PgStore)
+        return store.status()
+
+    def _database_url(self) -> str:
+        if self.session.database is None:
+            raise UsageError(
+                "no database named: give --database URL or set FERRY_DATABASE_URL",
+                code="usage.no_database",
+            )
+        return self.session.database.url
 
     # ---- the journal ---------------------------------------------------------------
 

@@ -8,6 +8,7 @@ render them: the reporter carries only what must be said while a use case still 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -43,35 +44,87 @@ class Silent:
         pass
 
 
+class Database:
+    """A shared database named by ``--database`` (or ``FERRY_DATABASE_URL``), and the
+    id this host has in it."""
+
+    def __init__(self, url: str, host: str | None = None) -> None:
+        from ferry.storage.postgres.connect import host_id
+
+        self.url, self.host = url, host_id(host)
+
+
+# The backend the command opened, for the supervisors it forks: one that outlives its
+# launcher opens the same backend to write its own records.
+_opened: Database | None = None
+
+
+def open_store(home: Path, on_lock_wait: Callable[[], None] | None = None) -> TaskStore:
+    """The backend of this command: the shared database if one was named, else the
+    local journal of ``home``. (The state directory stays in use either way: logs,
+    heartbeats and alive-locks are per host.)"""
+    if _opened is not None:
+        from ferry.storage.postgres.store import PgStore
+
+        return PgStore.open(_opened.url, _opened.host)
+    from ferry.storage.local.store import Store
+
+    return Store.open(home, on_lock_wait=on_lock_wait)
+
+
 class Session:
     """One command's access to one state directory (and, through it, its backend)."""
 
     def __init__(
-        self, home: Path, reporter: Reporter | None = None, store: TaskStore | None = None
+        self,
+        home: Path,
+        reporter: Reporter | None = None,
+        store: TaskStore | None = None,
+        database: Database | None = None,
     ) -> None:
+        global _opened
         self.home = home
         self.reporter: Reporter = reporter or Silent()
         self._store = store
+        self.database = database
+        if database is not None:
+            _opened = database
 
     @classmethod
-    def open(cls, home: str | None, reporter: Reporter | None = None) -> Session:
+    def open(
+        cls,
+        home: str | None,
+        reporter: Reporter | None = None,
+        *,
+        database: str | None = None,
+        host: str | None = None,
+    ) -> Session:
         """The state directory named by ``--home`` (else the environment's), made if
-        missing and refused if unsafe."""
+        missing and refused if unsafe; the database named by ``--database`` (else
+        ``FERRY_DATABASE_URL``), if any."""
         from ferry.storage.local.statedir import ensure_home, resolve_home
+        from ferry.storage.postgres.connect import database_url
 
-        return cls(ensure_home(resolve_home(home, os.environ)), reporter)
+        url = database_url(database)
+        shared = None if url is None else Database(url, host)
+        return cls(ensure_home(resolve_home(home, os.environ)), reporter, database=shared)
 
     @property
     def store(self) -> TaskStore:
         """Opened on first use: ``journal verify``/``repair`` must work without it,
         since opening replays the journal and refuses a corrupt one."""
         if self._store is None:
-            from ferry.storage.local.store import Store
-
-            self._store = Store.open(self.home, on_lock_wait=self._lock_wait_notice)
+            self._store = open_store(self.home, self._lock_wait_notice)
         return self._store
 
     def leases(self, ttl_s: float) -> Leases:
+        if self.database is not None:
+            from ferry.storage.postgres.lease import PgLeases
+            from ferry.storage.postgres.store import PgStore
+
+            store = self.store
+            assert isinstance(store, PgStore)
+            return PgLeases(store.db, store.host, ttl_s)
         from ferry.storage.local.lease import LeaseStore
 
         return LeaseStore(self.home / "lease.json", ttl_s)

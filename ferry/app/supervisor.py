@@ -160,7 +160,7 @@ class Supervisor:
         self.environ, self.trap = environ, trap
         self.passthrough, self.stdout_echo_fd = passthrough, stdout_echo_fd
         self.store: Any = (
-            None  # opened only once the launcher is gone (ferry.storage.local.store.Store)
+            None  # opened only once the launcher is gone (ferry.app.session.open_store)
         )
         self.orphaned = False  # the launcher is gone: this supervisor writes its records
         self.spawned: ev.Spawned | None = None  # not yet known durable
@@ -322,6 +322,7 @@ class Supervisor:
             current = self.store.get(self.task.id)
             if current is None or current.claim_token != self.token:
                 return None  # not our claim any more: its end will be refused
+            self.store.beat(current)
             if current.cancel_requested:
                 self.cancelled = True
                 return signal.SIGTERM
@@ -400,10 +401,10 @@ class Supervisor:
         STORE_OPEN_PATIENCE_S, as when an end waits to be written."""
         deadline = time.monotonic() + (STORE_OPEN_PATIENCE_S if patiently else 0.0)
         while self.store is None:
-            from ferry.storage.local.store import Store
+            from ferry.app.session import open_store
 
             try:
-                self.store = Store.open(self.home)
+                self.store = open_store(self.home)
             except (FerryError, OSError):
                 if time.monotonic() >= deadline:
                     return None

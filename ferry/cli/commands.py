@@ -387,3 +387,24 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
     def dump(ctx: Any, from_seq: int) -> None:
         """Print every record as JSON Lines."""
         ctx.service().journal_dump(from_seq=from_seq)
+
+    @cli.group(epilog=_example("ferry --database postgresql://ferry@db/ferry db init"))
+    def db() -> None:
+        """Set up and inspect a shared PostgreSQL database (--database URL)."""
+
+    @db.command(name="init", epilog=_example('ferry --database "$FERRY_DATABASE_URL" db init'))
+    @click.pass_obj
+    def db_init(ctx: Any) -> None:
+        """Create or upgrade ferry's schema (idempotent; refuses a database that is not durable)."""
+        report = ctx.service().db_init()
+        before, after = report["previous_version"], report["schema_version"]
+        news = "created" if before == 0 else "up to date" if before == after else f"was {before}"
+        human = f"ferry schema version {after} ({news})"
+        emit(ctx, human, report)
+
+    @db.command(name="status", epilog=_example('ferry --database "$FERRY_DATABASE_URL" db status'))
+    @click.pass_obj
+    def db_status(ctx: Any) -> None:
+        """The schema version, the tasks by state, the hosts and their leases."""
+        report = ctx.service().db_status()
+        emit(ctx, render.db_status_text(report), report)

@@ -19,17 +19,26 @@ class Ctx:
 
     current: Ctx | None = None  # the invocation in progress, for main()'s error mapping
 
-    def __init__(self, home: str | None, as_json: bool, verbosity: int) -> None:
+    def __init__(
+        self,
+        home: str | None,
+        as_json: bool,
+        verbosity: int,
+        database: str | None = None,
+        host: str | None = None,
+    ) -> None:
         self.home = home
         self.as_json = as_json
         self.verbosity = verbosity
+        self.database, self.host = database, host
         self.runs_task = False
         Ctx.current = self
 
     def service(self) -> Service:
         from ferry.app.service import Service  # lazy: keeps `ferry --help` cheap
 
-        return Service.open(self.home, CliReporter(self.verbosity))
+        reporter = CliReporter(self.verbosity)
+        return Service.open(self.home, reporter, database=self.database, host=self.host)
 
     def ran(self, result: RunResult | None) -> int:
         """``run``/``claim``: under --json the task is the one document on stdout (the

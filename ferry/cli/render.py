@@ -176,3 +176,15 @@ def repair_text(report: Mapping[str, Any]) -> str:
 
 def compact_text(report: Mapping[str, Any]) -> str:
     return f"snapshot at seq {report['snapshot_seq']}; removed {len(report['removed'])} segment(s)"
+
+
+def db_status_text(report: dict[str, Any]) -> str:
+    lines = [f"schema version {report['schema_version']}; this host: {report['host']}"]
+    tasks = report["tasks"]
+    lines.append("tasks: " + (", ".join(f"{n} {s}" for s, n in tasks.items()) or "none"))
+    for host in report["hosts"]:
+        state = "live" if host["live"] else "expired"
+        lines.append(
+            f"host {host['host']}: epoch {host['epoch']}, lease {state} until {host['expires_at']}"
+        )
+    return "\n".join(lines)

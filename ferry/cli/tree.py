@@ -102,19 +102,37 @@ def _emit(ctx: Ctx, human: str | None, payload: Any) -> None:
     help="State directory (default: $FERRY_HOME, else $XDG_STATE_HOME/ferry, else "
     "~/.local/state/ferry).",
 )
+@click.option(
+    "--database",
+    metavar="URL",
+    help="A shared PostgreSQL database (postgresql://...) for the queue of many hosts "
+    "(default: $FERRY_DATABASE_URL, else the local journal in the state directory).",
+)
+@click.option(
+    "--host-id",
+    metavar="ID",
+    help="This host's name in the shared database (default: $FERRY_HOST_ID, else the machine id).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output on stdout.")
 @click.option("--verbose", "-v", "verbosity", flag_value=1, help="Say more on stderr.")
 @click.option("--quiet", "-q", "verbosity", flag_value=-1, help="Say only errors.")
 @click.version_option(package_name="ferry", message="ferry %(version)s")
 @click.pass_context
-def cli(click_ctx: click.Context, home: str | None, as_json: bool, verbosity: int | None) -> None:
+def cli(
+    click_ctx: click.Context,
+    home: str | None,
+    database: str | None,
+    host_id: str | None,
+    as_json: bool,
+    verbosity: int | None,
+) -> None:
     """ferry: a crash-safe task runner.
 
     Every task goes through an append-only journal that records the intent durably
     before each side effect, so that after kill -9, OOM or a reboot `ferry recover`
     can tell the truth about it.
     """
-    click_ctx.obj = Ctx(home, as_json, verbosity or 0)
+    click_ctx.obj = Ctx(home, as_json, verbosity or 0, database, host_id)
 
 
 from ferry.cli import commands as _commands  # noqa: E402  (registers the commands)

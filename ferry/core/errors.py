@@ -14,6 +14,8 @@ The tree (codes are part of the observable contract; scripts match on them)::
     +-- KeyInFlightError            task.key_in_flight 75              75
     +-- JournalIntegrityError       journal.*        4                 125
     +-- StateDirError               state_dir.*      125               125
+    +-- DatabaseError               db.*             125               125
+    |   +-- DatabaseUnavailableError db.unavailable  75                75
     +-- PatchGateError              patch.*          2                 125
     +-- SpawnError                  spawn.*          125 / 126 / 127   125 / 126 / 127
     +-- ResourceError               io.*             125               125
@@ -125,6 +127,21 @@ class JournalIntegrityError(FerryError):
 class StateDirError(FerryError):
     code = "state_dir.unusable"
     exit_code = EX_FERRY_FAILED
+
+
+class DatabaseError(FerryError):
+    """The shared database is not fit to use: not initialised (``db.not_initialised``),
+    not durable (``db.not_durable``), a schema newer than this ferry (``db.version``)."""
+
+    code = "db.error"
+    exit_code = EX_FERRY_FAILED
+
+
+class DatabaseUnavailableError(DatabaseError):
+    """The database cannot be reached now: try again later (exit 75)."""
+
+    code = "db.unavailable"
+    exit_code = EX_TEMPFAIL
 
 
 class PatchGateError(FerryError):

@@ -68,6 +68,7 @@ class Reason(enum.StrEnum):
     RELEASED_TO_QUEUE = "RELEASED_TO_QUEUE"
     RELEASE_LIMIT_EXCEEDED = "RELEASE_LIMIT_EXCEEDED"
     HEARTBEAT_STALE = "HEARTBEAT_STALE"
+    HOST_LOST = "HOST_LOST"  # a shared database: the host that ran it lost its lease
     POINTER_STALE = "POINTER_STALE"
     NOT_A_UNIFIED_DIFF = "NOT_A_UNIFIED_DIFF"
     PATCH_DOES_NOT_COVER_POINTERS = "PATCH_DOES_NOT_COVER_POINTERS"
@@ -211,6 +212,7 @@ def task_to_json(task: Task, *, show_env_values: bool = False) -> dict[str, Any]
         if spec.patch is None
         else {"path": spec.patch.path, "sha256": spec.patch.sha256},
         "claimed_by": task.claimed_by,
+        "host": None if task.runner is None else task.runner.get("host_id"),
         "runner": _runner_json(task.runner),
         "cancel_requested": task.cancel_requested,
         "evidence": dict(task.evidence),

@@ -38,9 +38,12 @@ class Action(enum.StrEnum):
     RELEASE_UNCOUNTED = "RELEASE_UNCOUNTED"  # QUEUED, RELEASED_TO_QUEUE, not counted
     FAIL_LIMIT = "FAIL_LIMIT"  # FAILED, RELEASE_LIMIT_EXCEEDED
     CANCEL = "CANCEL"  # CANCELLED, CANCELLED_BY_USER (a cancel was asked, nothing runs)
+    FAIL_HOST_LOST = "FAIL_HOST_LOST"  # FAILED, HOST_LOST (its host's lease expired)
 
 
-OPERATOR_ACTIONS = frozenset({Action.QUARANTINE, Action.FAIL_UNSAFE, Action.FAIL_LIMIT})
+OPERATOR_ACTIONS = frozenset(
+    {Action.QUARANTINE, Action.FAIL_UNSAFE, Action.FAIL_LIMIT, Action.FAIL_HOST_LOST}
+)
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,10 @@ class Observation:
     ``heartbeat_age_s``: now minus the runner's last beat; None when unknown.
     ``orphan``: identity (pid, pgid, start_time) of a task process found, if any.
     ``salvage``: what else is known (last lines of output, ...), kept in the evidence.
+    ``host_lost``: a shared database only: the task ran on another host, whose lease
+    expired long enough ago that its workers have stopped their tasks; no probe of this
+    host can see that host's processes (``runner`` and ``task_process`` are then
+    UNKNOWN and mean nothing).
     """
 
     runner: Liveness
@@ -63,6 +70,7 @@ class Observation:
     exit_signal: int | None = None
     orphan: Mapping[str, Any] | None = None
     salvage: Mapping[str, Any] = field(default_factory=dict)
+    host_lost: bool = False
 
 
 @dataclass(frozen=True)
@@ -109,6 +117,8 @@ def _choose(task: Task, seen: Observation, policy: Policy) -> tuple[Action, str]
     """The matrix. Returns the action and one sentence saying why."""
     if task.state not in IN_FLIGHT_STATES:
         return Action.LEAVE, f"task is {task.state}, not in flight"
+    if seen.host_lost:
+        return _choose_host_lost(task)
     if seen.runner is not Liveness.DEAD:  # ALIVE, or UNKNOWN treated as alive
         runner = "runner alive" if seen.runner is Liveness.ALIVE else "runner liveness unknown"
         if task.state in (State.CLAIMED, State.DISPATCHING):
@@ -139,6 +149,18 @@ def _choose(task: Task, seen: Observation, policy: Policy) -> tuple[Action, str]
     return Action.FAIL_LIMIT, f"runner and task dead; released {task.releases} times already"
 
 
+def _choose_host_lost(task: Task) -> tuple[Action, str]:
+    """Another host's task, that host's lease expired: its workers stopped their tasks
+    when they could not renew (or the host is gone). Nothing here can probe it."""
+    if task.state is State.CLAIMED:
+        return Action.RELEASE_UNCOUNTED, "its host was lost before dispatch: nothing was started"
+    if not task.spec.idempotent:
+        return Action.FAIL_HOST_LOST, "its host was lost; the task may have mutated state"
+    if task.releases < task.spec.max_releases:
+        return Action.RELEASE, "its host was lost; idempotent: back to the queue"
+    return Action.FAIL_LIMIT, f"its host was lost; released {task.releases} times already"
+
+
 def _orphan(task: Task, seen: Observation) -> dict[str, Any] | None:
     if seen.orphan is not None:
         return dict(seen.orphan)
@@ -165,6 +187,8 @@ def decide(task: Task, observation: Observation, policy: Policy, now: float) -> 
         "found_by_marker": seen.found_by_marker,
         "orphan": _orphan(task, seen),
     }
+    if seen.host_lost:
+        recovery["host_lost"] = True
     if action is Action.MARK_STALE:
         recovery["kill_requested"] = policy.kill_stale
     salvage = {
@@ -188,6 +212,7 @@ _SETTLE: Mapping[Action, tuple[State, Reason]] = {
     Action.FAIL_UNSAFE: (State.FAILED, Reason.MARKED_FAILED_MUTATION_UNSAFE),
     Action.FAIL_LIMIT: (State.FAILED, Reason.RELEASE_LIMIT_EXCEEDED),
     Action.CANCEL: (State.CANCELLED, Reason.CANCELLED_BY_USER),
+    Action.FAIL_HOST_LOST: (State.FAILED, Reason.HOST_LOST),
 }
 
 

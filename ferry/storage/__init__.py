@@ -61,6 +61,13 @@ class TaskStore(Protocol):
         """Catch up with what other processes wrote."""
         ...
 
+    def beat(self, task: Task) -> bool:
+        """The task's supervisor is alive: a beat other hosts can see. The local backend
+        keeps beats in the heartbeat file the supervisor touches (nothing to do here); a
+        shared one records it with the task, fenced by its claim token. False: the claim
+        moved."""
+        ...
+
     def sync(self) -> None:
         """Catch up, and make everything read durable: before acting on a read that
         writes nothing (skipping a task whose key already succeeded)."""
@@ -100,6 +107,13 @@ class TaskStore(Protocol):
     def highest_epoch(self) -> int:
         """The highest leader epoch any record was written with: a new lease's epoch
         must exceed it."""
+        ...
+
+    def host_lost(self, task: Task, ttl_s: float) -> bool | None:
+        """Whose task is it to decide? None: this host's, by its own probes (the local
+        backend: always). False: another host's, alive: leave it. True: another host's
+        that lost its lease at least ``ttl_s`` ago (its workers have stopped their
+        tasks), the task silent since: recovery decides it as lost (HOST_LOST)."""
         ...
 
     # ---- housekeeping --------------------------------------------------------------

@@ -58,6 +58,14 @@ class MemoryStore:
     def refresh(self) -> None:
         """Nothing to catch up with: every writer shares this object."""
 
+    def beat(self, task: Task) -> bool:
+        """Beats are the heartbeat file the supervisor touches: nothing to record."""
+        return True
+
+    def host_lost(self, task: Task, ttl_s: float) -> bool | None:
+        """One host: every task is this host's to decide."""
+        return None
+
     def sync(self) -> None:
         """Nothing to make durable."""
 

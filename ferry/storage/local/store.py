@@ -304,6 +304,14 @@ class Store:
         except journal.JournalError as error:
             raise journal_error(error) from error
 
+    def beat(self, task: Task) -> bool:
+        """Beats are the heartbeat file the supervisor touches: nothing to record."""
+        return True
+
+    def host_lost(self, task: Task, ttl_s: float) -> bool | None:
+        """One host: every task is this host's to decide."""
+        return None
+
     def sync(self) -> None:
         """Catch up under the append lock, and make every record read durable
         (``journal.Journal.sync``): before acting on a read that writes nothing."""

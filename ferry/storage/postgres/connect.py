@@ -1,0 +1,144 @@
+"""One connection to the shared database, and the database's failures as ferry's
+errors: unreachable is ``db.unavailable`` (exit 75: try again), not durable is
+``db.not_durable``, no schema is ``db.not_initialised``.
+
+Why not psycopg_pool: its pool keeps worker threads, and ``ferry work`` forks a
+supervisor per task from a loop that must stay single-threaded (a fork copies only the
+forking thread; a lock another thread held stays held in the child for ever). One
+connection per process, opened on first use and opened again after a failure, is all a
+ferry process needs: its writes are one transaction at a time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from ferry.core.errors import DatabaseError, DatabaseUnavailableError, UsageError
+
+CONNECT_TIMEOUT_S = 5
+
+
+def database_url(given: str | None) -> str | None:
+    """``--database`` if given, else ``FERRY_DATABASE_URL``, else None (the local journal)."""
+    url = given if given is not None else os.environ.get("FERRY_DATABASE_URL") or None
+    if url is not None and not url.startswith(("postgresql://", "postgres://")):
+        raise UsageError(
+            f"--database must be a postgresql:// URL, not {url[:80]!r}", code="usage.bad_database"
+        )
+    return url
+
+
+def host_id(given: str | None = None) -> str:
+    """``--host-id``, else ``FERRY_HOST_ID``, else this machine's id (/etc/machine-id)."""
+    found = given or os.environ.get("FERRY_HOST_ID")
+    if found:
+        return found
+    for path in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
+        try:
+            with open(path, encoding="ascii") as f:
+                machine = f.read().strip()
+        except OSError:
+            continue
+        if machine:
+            return machine
+    return os.uname().nodename
+
+
+def _psycopg() -> Any:
+    try:
+        import psycopg
+    except ImportError as error:
+        raise UsageError(
+            "a database needs the postgres extra: pip install 'ferry[postgres]'",
+            code="usage.no_postgres_driver",
+        ) from error
+    return psycopg
+
+
+def unavailable(error: Exception, url: str) -> DatabaseUnavailableError:
+    where = _redacted(url)
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return DatabaseUnavailableError(
+        f"the database {where} cannot be reached: {first}", details={"database": where}
+    )
+
+
+def _redacted(url: str) -> str:
+    """The URL without its password."""
+    scheme, sep, rest = url.partition("://")
+    if "@" in rest:
+        credentials, _, host = rest.rpartition("@")
+        user = credentials.split(":", 1)[0]
+        rest = f"{user}@{host}"
+    return f"{scheme}{sep}{rest}"
+
+
+class Database:
+    """A connection opened on first use, reopened after a failure. ``run`` maps the
+    driver's errors: a lost or refused connection is ``db.unavailable``."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._conn: Any = None
+        self._psycopg = _psycopg()
+
+    def connection(self) -> Any:
+        if self._conn is None or self._conn.closed:
+            try:
+                self._conn = self._psycopg.connect(
+                    self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S
+                )
+            except self._psycopg.OperationalError as error:
+                raise unavailable(error, self.url) from error
+        return self._conn
+
+    @contextmanager
+    def transaction(self) -> Iterator[Any]:
+        """A transaction; the connection is dropped (and reopened next time) when the
+        server or the network failed under it. A commit whose answer was lost is
+        unknown: the caller reads back what it wrote (claims carry client-made tokens)."""
+        psycopg = self._psycopg
+        conn = self.connection()
+        try:
+            with conn.transaction():
+                yield conn
+        except (psycopg.OperationalError, psycopg.errors.AdminShutdown) as error:
+            self.close()
+            raise unavailable(error, self.url) from error
+
+    def execute(self, sql: str, params: Any = None) -> Any:
+        """One statement outside any transaction (autocommit), with the errors mapped."""
+        psycopg = self._psycopg
+        try:
+            return self.connection().execute(sql, params)
+        except psycopg.OperationalError as error:
+            self.close()
+            raise unavailable(error, self.url) from error
+
+    def check_durable(self) -> None:
+        """Refuse a database that may lose a commit it acknowledged: ``fsync`` off, or
+        ``synchronous_commit`` off (or ``local`` with synchronous standbys configured
+        is fine: that still flushes the local WAL)."""
+        settings = {
+            name: self.execute(f"SHOW {name}").fetchone()[0]
+            for name in ("fsync", "synchronous_commit")
+        }
+        if settings["fsync"] != "on" or settings["synchronous_commit"] == "off":
+            raise DatabaseError(
+                f"the database {_redacted(self.url)} is not durable (fsync={settings['fsync']},"
+                f" synchronous_commit={settings['synchronous_commit']}): an acknowledged commit"
+                " could be lost in a crash, and ferry records its intent there before every"
+                " spawn; turn both on",
+                code="db.not_durable",
+                details=settings,
+            )
+
+    def close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(Exception):  # (a broken connection closes as it can)
+                self._conn.close()
+            self._conn = None

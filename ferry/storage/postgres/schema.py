@@ -1,0 +1,86 @@
+"""ferry's schema in PostgreSQL: versioned migrations, applied in order by ``db init``
+(idempotent: under an advisory lock, each version once, in its own transaction).
+
+The tables: ``ferry_tasks`` (one row per task: the folded task as JSON, plus the columns
+the queries need), ``ferry_events`` (every event, in commit order of its sequence),
+``ferry_hosts`` (one lease per host). No fencing state lives in an UNLOGGED table: a
+crash truncates those, and an epoch counter there would go back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+MIGRATIONS: tuple[str, ...] = (
+    # 1: the first schema
+    """
+    CREATE TABLE ferry_meta (
+        key text PRIMARY KEY,
+        value text NOT NULL
+    );
+    CREATE TABLE ferry_tasks (
+        id text PRIMARY KEY,
+        state text NOT NULL,
+        reason text,
+        key text,
+        host text,
+        submit_seq bigint NOT NULL,
+        queue_seq bigint NOT NULL,
+        updated_seq bigint NOT NULL,
+        heartbeat_at timestamptz,
+        updated_at timestamptz NOT NULL DEFAULT now(),
+        body jsonb NOT NULL
+    );
+    CREATE INDEX ferry_tasks_queued ON ferry_tasks (queue_seq, id) WHERE state = 'QUEUED';
+    CREATE INDEX ferry_tasks_in_flight ON ferry_tasks (host)
+        WHERE state IN ('CLAIMED', 'DISPATCHING', 'RUNNING', 'STALE');
+    CREATE INDEX ferry_tasks_key ON ferry_tasks (key) WHERE key IS NOT NULL;
+    CREATE INDEX ferry_tasks_quarantined ON ferry_tasks (id)
+        WHERE reason = 'QUARANTINED_ORPHAN_ALIVE';
+    CREATE TABLE ferry_events (
+        seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        epoch bigint NOT NULL,
+        ts double precision NOT NULL,
+        type text NOT NULL,
+        task text,
+        host text,
+        data jsonb NOT NULL
+    );
+    CREATE INDEX ferry_events_task ON ferry_events (task, seq);
+    CREATE SEQUENCE ferry_epochs;
+    CREATE TABLE ferry_hosts (
+        host_id text PRIMARY KEY,
+        epoch bigint NOT NULL,
+        holder jsonb,
+        acquired_at timestamptz NOT NULL,
+        renewed_at timestamptz NOT NULL,
+        expires_at timestamptz NOT NULL
+    );
+    """,
+)
+VERSION = len(MIGRATIONS)
+_LOCK_ID = 0x66657272  # "ferr": serialises concurrent `db init`s
+
+
+def version(conn: Any) -> int:
+    """The schema version in the database (0: none)."""
+    row = conn.execute("SELECT to_regclass('ferry_meta') IS NOT NULL").fetchone()
+    if not row[0]:
+        return 0
+    found = conn.execute("SELECT value FROM ferry_meta WHERE key = 'version'").fetchone()
+    return 0 if found is None else int(found[0])
+
+
+def migrate(conn: Any) -> tuple[int, int]:
+    """Apply the missing migrations; (version before, version after)."""
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_ID,))
+        before = version(conn)
+        for number in range(before + 1, VERSION + 1):
+            conn.execute(MIGRATIONS[number - 1])
+            conn.execute(
+                "INSERT INTO ferry_meta (key, value) VALUES ('version', %s)"
+                " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (str(number),),
+            )
+    return before, VERSION

@@ -1,0 +1,344 @@
+"""``ferry.storage.TaskStore`` on PostgreSQL.
+
+Every commit is one transaction that decides under the locks it takes, against the
+rows as they are (never a table read earlier):
+
+1. a leader's write (``epoch`` > 0) first checks, ``FOR SHARE``, that its host's lease
+   still has that epoch and has not expired (by the database's clock): a worker paused
+   past its lease is fenced (``journal.fenced``) and writes nothing;
+2. the rows of the tasks it is about are locked ``FOR UPDATE`` (claims: ``SKIP LOCKED``,
+   so two claimers never wait for each other: a row another claimer holds is refused at
+   once, and that claimer takes the next task); the keys it touches are serialised by a
+   transaction-scoped advisory lock, and every task with such a key is read;
+3. those rows are folded into a ``ferry.core.state.Table`` and the batch is validated
+   by the same rules as the local journal (``ferry.core.fold``: the claim token of every
+   write about a task in flight, the legal transitions, the key rules). A refusal rolls
+   everything back: zero rows change, the writer is told why;
+4. the events are inserted, folded, and the changed rows written back; COMMIT returns
+   only once the database made it durable (``synchronous_commit``: checked at open).
+
+Reads go to the database each time; ``refresh`` and ``sync`` have nothing to do (what a
+read returns is committed, hence durable).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from ferry.core import events as ev
+from ferry.core.errors import DatabaseError, LeaseHeldError, RefusedError
+from ferry.core.fold import task_from_record, task_to_record
+from ferry.core.ids import resolve_prefix
+from ferry.core.model import IN_FLIGHT_STATES, Reason, State, Task
+from ferry.core.state import SNAPSHOT_FORMAT, Table
+from ferry.storage.postgres import schema
+from ferry.storage.postgres.connect import Database, host_id
+
+if TYPE_CHECKING:
+    from ferry.storage import EncodedEvent
+
+_CLAIMED = ev.EventType.CLAIMED.value
+_SUBMITTED = ev.EventType.SUBMITTED.value
+_IN_FLIGHT = [state.value for state in IN_FLIGHT_STATES]
+_TERMINAL = {State.SUCCEEDED.value, State.FAILED.value, State.CANCELLED.value}
+_COLUMNS = "body"
+
+
+def _task(row: Sequence[Any]) -> Task:
+    return task_from_record(row[0])
+
+
+class PgStore:
+    """The tasks and events of one database, as seen from host ``host``."""
+
+    def __init__(self, db: Database, host: str) -> None:
+        self.db = db
+        self.host = host
+
+    @classmethod
+    def open(cls, url: str, host: str | None = None) -> PgStore:
+        db = Database(url)
+        db.check_durable()
+        found = schema.version(db.connection())
+        if found == 0:
+            raise DatabaseError(
+                "the database has no ferry schema: run 'ferry --database URL db init' first",
+                code="db.not_initialised",
+            )
+        if found > schema.VERSION:
+            raise DatabaseError(
+                f"the database's ferry schema is version {found}, newer than this ferry's"
+                f" ({schema.VERSION}): upgrade ferry",
+                code="db.version",
+                details={"version": found, "supported": schema.VERSION},
+            )
+        return cls(db, host_id(host))
+
+    def close(self) -> None:
+        self.db.close()
+
+    # ---- writing -------------------------------------------------------------------
+
+    def commit(self, *events: ev.Event | EncodedEvent, epoch: int = 0) -> list[Any]:
+        batch = [self._stamped(e if isinstance(e, tuple) else e.encode()) for e in events]
+        ids = sorted({str(data["task"]) for _, data in batch if "task" in data})
+        new_ids = {str(data["task"]) for kind, data in batch if kind == _SUBMITTED}
+        claims = {str(data["task"]) for kind, data in batch if kind == _CLAIMED} - new_ids
+        with self.db.transaction() as conn:
+            if epoch > 0:
+                self._check_lease(conn, epoch)
+            rows = self._lock_tasks(conn, ids, skip_locked=bool(claims))
+            taken = claims - set(rows)
+            if taken and self._existing(conn, sorted(taken)):
+                raise RefusedError(
+                    f"task {sorted(taken)[0]} is being claimed by another worker",
+                    code="task.stale_claim",
+                    details={"task": sorted(taken)[0]},
+                )
+            keys = self._keys_of(batch, rows)
+            for key in keys:
+                conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (key,))
+            keyed = self._with_keys(conn, keys) if keys else {}
+            table = _table({**keyed, **rows})
+            table.validate_batch(batch)
+            records = []
+            for kind, data in batch:
+                ts = time.time()
+                seq = conn.execute(
+                    "INSERT INTO ferry_events (epoch, ts, type, task, host, data)"
+                    " VALUES (%s, %s, %s, %s, %s, %s) RETURNING seq",
+                    (epoch, ts, kind, data.get("task"), self.host, _json(data)),
+                ).fetchone()[0]
+                table.apply(kind, data, seq, ts)
+                records.append((seq, epoch, kind, data))
+            for task_id in ids:
+                task = table.get(task_id)
+                if task is not None:
+                    self._write_task(conn, task)
+        return records
+
+    def _stamped(self, record: EncodedEvent) -> EncodedEvent:
+        """A claim names the host of its runner (``host_id``): recovery is host-aware."""
+        kind, data = record
+        if kind == _CLAIMED and "host_id" not in data.get("runner", {}):
+            data = {**data, "runner": {**data["runner"], "host_id": self.host}}
+        return kind, data
+
+    def _check_lease(self, conn: Any, epoch: int) -> None:
+        row = conn.execute(
+            "SELECT epoch, expires_at > now() FROM ferry_hosts WHERE host_id = %s FOR SHARE",
+            (self.host,),
+        ).fetchone()
+        if row is None or row[0] != epoch or not row[1]:
+            current = None if row is None else row[0]
+            raise LeaseHeldError(
+                f"fenced: host {self.host}'s lease is no longer at epoch {epoch}"
+                + ("" if current is None else f" (it is at {current}, or expired)"),
+                code="journal.fenced",
+                details={"epoch": epoch, "current_epoch": current, "host": self.host},
+            )
+
+    def _lock_tasks(self, conn: Any, ids: list[str], *, skip_locked: bool) -> dict[str, Any]:
+        if not ids:
+            return {}
+        wait = "SKIP LOCKED" if skip_locked else ""
+        found = conn.execute(
+            f"SELECT id, body FROM ferry_tasks WHERE id = ANY(%s) ORDER BY id FOR UPDATE {wait}",
+            (ids,),
+        ).fetchall()
+        return {row[0]: row[1] for row in found}
+
+    def _existing(self, conn: Any, ids: list[str]) -> bool:
+        return bool(conn.execute("SELECT 1 FROM ferry_tasks WHERE id = ANY(%s)", (ids,)).fetchone())
+
+    def _keys_of(self, batch: Iterable[EncodedEvent], rows: Mapping[str, Any]) -> list[str]:
+        """The keys the batch touches: of a task submitted, and of every task locked."""
+        keys = {body["spec"]["key"] for body in rows.values() if body["spec"].get("key")}
+        for kind, data in batch:
+            if kind == _SUBMITTED and data["spec"].get("key"):
+                keys.add(str(data["spec"]["key"]))
+        return sorted(keys)
+
+    def _with_keys(self, conn: Any, keys: list[str]) -> dict[str, Any]:
+        found = conn.execute("SELECT id, body FROM ferry_tasks WHERE key = ANY(%s)", (keys,))
+        return {row[0]: row[1] for row in found.fetchall()}
+
+    def _write_task(self, conn: Any, task: Task) -> None:
+        conn.execute(
+            "INSERT INTO ferry_tasks (id, state, reason, key, host, submit_seq, queue_seq,"
+            " updated_seq, body) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+            " ON CONFLICT (id) DO UPDATE SET state = excluded.state, reason = excluded.reason,"
+            " host = excluded.host, queue_seq = excluded.queue_seq,"
+            " updated_seq = excluded.updated_seq, body = excluded.body, updated_at = now(),"
+            " heartbeat_at = CASE WHEN excluded.state = ANY(%s) THEN ferry_tasks.heartbeat_at"
+            " END",
+            (
+                task.id, task.state.value, None if task.reason is None else task.reason.value,
+                task.spec.key, None if task.runner is None else task.runner.get("host_id"),
+                task.submit_seq, task.queue_seq, task.updated_seq,
+                _json(task_to_record(task)), _IN_FLIGHT,
+            ),
+        )  # fmt: skip
+
+    def beat(self, task: Task) -> bool:
+        """The task's supervisor is alive (its host says so): the beat other hosts'
+        recovery reads. Fenced by the claim token; False if the claim moved."""
+        row = self.db.execute(
+            "UPDATE ferry_tasks SET heartbeat_at = now() WHERE id = %s AND state = ANY(%s)"
+            " AND body->>'claim_token' = %s RETURNING 1",
+            (task.id, _IN_FLIGHT, task.claim_token),
+        ).fetchone()
+        return row is not None
+
+    def refresh(self) -> None:
+        """Reads are of the database itself: nothing to catch up with."""
+
+    def sync(self) -> None:
+        """What a read returns was committed, hence durable: nothing to do."""
+
+    # ---- reading -------------------------------------------------------------------
+
+    def _tasks(self, sql: str, params: Sequence[Any] = ()) -> list[Task]:
+        return [_task(row) for row in self.db.execute(sql, params).fetchall()]
+
+    def get(self, task_id: str) -> Task | None:
+        found = self._tasks("SELECT body FROM ferry_tasks WHERE id = %s", (task_id,))
+        return found[0] if found else None
+
+    def resolve(self, prefix: str) -> Task:
+        exact = self.get(prefix)
+        if exact is not None:
+            return exact
+        wanted = prefix.strip().lower()
+        pattern = wanted.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        rows = self.db.execute(
+            "SELECT id FROM ferry_tasks WHERE id LIKE %s ORDER BY id LIMIT 12", (pattern,)
+        ).fetchall()
+        task = self.get(resolve_prefix(prefix, [row[0] for row in rows]))
+        assert task is not None
+        return task
+
+    def live(self) -> list[Task]:
+        return self._tasks(
+            "SELECT body FROM ferry_tasks WHERE state = ANY(%s) ORDER BY submit_seq",
+            ([*_IN_FLIGHT, State.QUEUED.value],),
+        )
+
+    def newest(self, limit: int, state: str | None = None) -> list[Task]:
+        where = "" if state is None else "WHERE state = %(state)s"
+        bound = "" if not limit else "LIMIT %(limit)s"
+        found = self._tasks(
+            f"SELECT body FROM ferry_tasks {where} ORDER BY id DESC {bound}",
+            {"state": state, "limit": limit},  # type: ignore[arg-type]
+        )
+        return found[::-1]
+
+    def queued(self, limit: int) -> list[Task]:
+        """Claim candidates, oldest first, skipping rows another claimer holds now (a
+        MATERIALIZED CTE: the planner cannot re-run the LIMIT and lock more rows)."""
+        return self._tasks(
+            "WITH next AS MATERIALIZED (SELECT id FROM ferry_tasks WHERE state = 'QUEUED'"
+            " ORDER BY queue_seq, id LIMIT %s FOR UPDATE SKIP LOCKED)"
+            " SELECT body FROM ferry_tasks JOIN next USING (id) ORDER BY queue_seq, id",
+            (limit,),
+        )
+
+    def quarantined(self) -> list[Task]:
+        return self._tasks(
+            "SELECT body FROM ferry_tasks WHERE reason = %s AND state = 'FAILED' ORDER BY id",
+            (Reason.QUARANTINED_ORPHAN_ALIVE.value,),
+        )
+
+    def succeeded_with_key(self, key: str) -> str | None:
+        rows = self.db.execute("SELECT id, body FROM ferry_tasks WHERE key = %s", (key,))
+        return _table({row[0]: row[1] for row in rows.fetchall()}).succeeded_with_key(key)
+
+    @property
+    def highest_epoch(self) -> int:
+        row = self.db.execute("SELECT coalesce(max(epoch), 0) FROM ferry_hosts").fetchone()
+        return int(row[0])
+
+    # ---- hosts ----------------------------------------------------------------------
+
+    def host_lost(self, task: Task, ttl_s: float) -> bool | None:
+        """Whose task is it to decide? None: this host's (decide by probes). True: its
+        host lost its lease at least ``ttl_s`` ago (its workers, unable to renew, have
+        stopped their tasks) and the task has not beaten since: decide it as lost.
+        False: another host's, still alive: leave it alone."""
+        owner = None if task.runner is None else task.runner.get("host_id")
+        if owner is None or owner == self.host:
+            return None
+        row = self.db.execute(
+            "SELECT coalesce((SELECT expires_at FROM ferry_hosts WHERE host_id = %s),"
+            " '-infinity') < now() - make_interval(secs => %s),"
+            " coalesce(heartbeat_at, updated_at) < now() - make_interval(secs => %s)"
+            " FROM ferry_tasks WHERE id = %s",
+            (owner, ttl_s, ttl_s, task.id),
+        ).fetchone()
+        return bool(row is not None and row[0] and row[1])
+
+    # ---- housekeeping --------------------------------------------------------------
+
+    def maybe_compact(self) -> dict[str, Any] | None:
+        """The database keeps its own house (autovacuum): nothing is ever due here."""
+        return None
+
+    def compact(
+        self, *, wait: bool = True, on_lock_wait: Callable[[], None] | None = None
+    ) -> dict[str, Any] | None:
+        return {"snapshot_seq": None, "removed": [], "archives": 0}
+
+    def status(self) -> dict[str, Any]:
+        """``db status``: the schema, the tasks by state, the hosts and their leases."""
+        conn = self.db.connection()
+        counts = dict(conn.execute("SELECT state, count(*) FROM ferry_tasks GROUP BY state"))
+        hosts = conn.execute(
+            "SELECT host_id, epoch, holder, renewed_at, expires_at, expires_at > now()"
+            " FROM ferry_hosts ORDER BY host_id"
+        ).fetchall()
+        return {
+            "schema_version": schema.version(conn),
+            "host": self.host,
+            "tasks": {state: counts.get(state, 0) for state in sorted(counts)},
+            "hosts": [
+                {
+                    "host": h,
+                    "epoch": e,
+                    "holder": holder,
+                    "renewed_at": _iso(r),
+                    "expires_at": _iso(x),
+                    "live": bool(live),
+                }
+                for h, e, holder, r, x, live in hosts
+            ],
+        }
+
+
+def _table(bodies: Mapping[str, Any]) -> Table:
+    """The rows, folded into a table the fold rules can check a batch against."""
+    live: list[Any] = []
+    settled: list[Any] = []
+    for body in bodies.values():
+        (settled if body["state"] in _TERMINAL else live).append(body)
+    return Table.from_snapshot(
+        {
+            "format": SNAPSHOT_FORMAT,
+            "last_seq": 0,
+            "live": live,
+            "settled": settled,
+            "unsafe_keys": None,
+        }
+    )
+
+
+def _json(data: Any) -> Any:
+    from psycopg.types.json import Jsonb
+
+    return Jsonb(data)
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
