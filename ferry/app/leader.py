@@ -88,6 +88,12 @@ class Leadership:
         self.lease = self.leases.renew(self.lease)
         self.renew_at = time.monotonic() + self.renew_every_s
 
+    def expired(self) -> bool:
+        """Past the lease's deadline on this host's clock (CLOCK_BOOTTIME)."""
+        from ferry.storage.local.lease import boot_clock
+
+        return self.lease is None or boot_clock() >= self.lease.expires_boot_s
+
     def renew_if_due(self) -> None:
         """Renew when due: called between the steps of long work (a recovery pass over
         many tasks), so that the lease does not lapse under a leader still working."""

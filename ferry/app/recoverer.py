@@ -326,6 +326,14 @@ def _marks_and_groups() -> tuple[set[str], set[int]]:
 def kill_orphan(session: Session, task: Task, sig: int) -> dict[str, Any]:
     """``ferry kill``: journal the intent, then a verified signal to the orphan's group
     and to every process still carrying the task's marker. Never a bare pid."""
+    owner = None if task.runner is None else task.runner.get("host_id")
+    if session.store.host_lost(task, float("inf")) is not None:
+        raise RefusedError(
+            f"task {task.id} runs on host {owner}: only a ferry on that host can signal"
+            " its processes",
+            code="task.other_host",
+            details={"task": task.id, "host": owner},
+        )
     runner = runner_identity(task)
     if task.in_flight and runner is not None and probe(runner) is not Liveness.DEAD:
         raise RefusedError(

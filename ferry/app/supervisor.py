@@ -322,7 +322,10 @@ class Supervisor:
             current = self.store.get(self.task.id)
             if current is None or current.claim_token != self.token:
                 return None  # not our claim any more: its end will be refused
-            self.store.beat(current)
+            if not self.store.beat(current):
+                # A shared database: our host's lease expired (no worker of this host
+                # renews it): other hosts may decide the task now. Stop it.
+                return signal.SIGTERM
             if current.cancel_requested:
                 self.cancelled = True
                 return signal.SIGTERM

@@ -43,7 +43,13 @@ from ferry.app.leader import Leadership, policy_of, recover_as
 from ferry.app.recoverer import runner_identity
 from ferry.app.runner import before_spawn_event, child_environ
 from ferry.core import events as ev
-from ferry.core.errors import FerryError, InternalError, LeaseHeldError, RefusedError
+from ferry.core.errors import (
+    DatabaseUnavailableError,
+    FerryError,
+    InternalError,
+    LeaseHeldError,
+    RefusedError,
+)
 from ferry.core.ids import new_claim_token
 from ferry.core.model import IN_FLIGHT_STATES, Liveness, State, Task
 from ferry.proc._outputs import SignalTrap
@@ -151,10 +157,7 @@ class Worker:
         try:
             while True:
                 self._on_signals()
-                try:
-                    self.lead.renew_if_due()
-                except LeaseHeldError as error:  # lost: finish what runs, claim nothing
-                    self._halt(error, fail=True)
+                self._renew()
                 now = time.monotonic()
                 if now >= next_recover and not self.halted:
                     self._recover()
@@ -183,6 +186,30 @@ class Worker:
         if self.failures:
             raise self.failures[0]
         return 0
+
+    def _renew(self) -> None:
+        """Renew the lease when due. Lost: claim nothing more; what runs finishes, but
+        on a shared database other hosts may take this host's tasks over once its lease
+        expired, so they are stopped. A database out of reach is retried until the
+        lease's own deadline on this host's clock."""
+        try:
+            self.lead.renew_if_due()
+        except DatabaseUnavailableError as error:
+            if not self.lead.expired():
+                return  # (retried at the next turn; claims fail meanwhile)
+            self._lease_lost(error)
+        except LeaseHeldError as error:
+            self._lease_lost(error)
+
+    def _lease_lost(self, error: FerryError) -> None:
+        first = not self.halted
+        self._halt(error, fail=True)
+        if self.session.database is None or not first:
+            return
+        self.session.notice("the host's lease is lost: stopping its running tasks")
+        for launch in self.launches.values():
+            if launch.claimed and not launch.stop_sent:
+                launch.stop(signal.SIGTERM)
 
     def _finished(self) -> bool:
         if self.launches:

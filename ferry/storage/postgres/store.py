@@ -184,12 +184,14 @@ class PgStore:
         )  # fmt: skip
 
     def beat(self, task: Task) -> bool:
-        """The task's supervisor is alive (its host says so): the beat other hosts'
-        recovery reads. Fenced by the claim token; False if the claim moved."""
+        """The task's supervisor is alive: the beat other hosts' recovery reads. Fenced
+        by the claim token, and by this host's lease: False if the claim moved or the
+        lease expired (other hosts may take the task over: its supervisor stops it)."""
         row = self.db.execute(
             "UPDATE ferry_tasks SET heartbeat_at = now() WHERE id = %s AND state = ANY(%s)"
-            " AND body->>'claim_token' = %s RETURNING 1",
-            (task.id, _IN_FLIGHT, task.claim_token),
+            " AND body->>'claim_token' = %s AND EXISTS (SELECT 1 FROM ferry_hosts"
+            " WHERE host_id = %s AND expires_at > now()) RETURNING 1",
+            (task.id, _IN_FLIGHT, task.claim_token, self.host),
         ).fetchone()
         return row is not None
 
@@ -271,6 +273,8 @@ class PgStore:
         owner = None if task.runner is None else task.runner.get("host_id")
         if owner is None or owner == self.host:
             return None
+        if ttl_s == float("inf"):
+            return False  # (asked only whose task it is)
         row = self.db.execute(
             "SELECT coalesce((SELECT expires_at FROM ferry_hosts WHERE host_id = %s),"
             " '-infinity') < now() - make_interval(secs => %s),"

@@ -1,0 +1,309 @@
+"""ferry on a shared PostgreSQL database (docs/postgres.md), against a real server the
+tests start (``pg_url``: a fresh database per test). Hosts are simulated by distinct
+``FERRY_HOST_ID``s, each with its own state directory (logs, heartbeats, alive-locks).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from ferry.core import events as ev
+from ferry.core.errors import FerryError, LeaseHeldError
+from ferry.core.ids import new_claim_token, new_task_id
+from ferry.core.spec import TaskSpec
+from ferry.proc.process import self_identity
+from ferry.storage.postgres.store import PgStore
+from tests.integration.clikit import Ferry, processes_with_env, wait_until
+
+pytestmark = [pytest.mark.postgres, pytest.mark.timeout(120)]
+
+Hosts = Callable[[str], Ferry]
+
+
+@pytest.fixture
+def hosts(pg_url: str, tmp_path: Path) -> Iterator[Hosts]:
+    """``hosts("a")``: the ferry command of simulated host ``a`` (its own state
+    directory, ``FERRY_HOST_ID=a``), all on the test's database, initialised."""
+    made: dict[str, Ferry] = {}
+
+    def host(name: str) -> Ferry:
+        if name not in made:
+            ferry = Ferry(tmp_path / name)
+            ferry.env.update(FERRY_DATABASE_URL=pg_url, FERRY_HOST_ID=name)
+            made[name] = ferry
+        return made[name]
+
+    host("admin").ok("db", "init")
+    try:
+        yield host
+    finally:
+        for ferry in made.values():
+            ferry.close()
+
+
+def events(pg_url: str, kind: str) -> list[tuple[str, int]]:
+    with psycopg.connect(pg_url) as conn:
+        rows = conn.execute(
+            "SELECT task, (data->>'attempt')::int FROM ferry_events WHERE type = %s", (kind,)
+        ).fetchall()
+    return [(row[0], row[1]) for row in rows]
+
+
+def runs(marks: Path) -> dict[str, int]:
+    """Task id -> how many times it started (each start appends a line)."""
+    counted: dict[str, int] = {}
+    if marks.exists():
+        for line in marks.read_text().splitlines():
+            counted[line] = counted.get(line, 0) + 1
+    return counted
+
+
+# ---- setting up ----------------------------------------------------------------------
+
+
+def test_db_init_is_idempotent_and_every_command_needs_it(pg_url: str, tmp_path: Path) -> None:
+    ferry = Ferry(tmp_path / "a")
+    ferry.env.update(FERRY_DATABASE_URL=pg_url, FERRY_HOST_ID="a")
+    try:
+        ferry.refused(125, "db.not_initialised", "ls")
+        ferry.refused(125, "db.not_initialised", "run", "--", "true")
+        assert ferry.json("db", "init")["created"] is True
+        again = ferry.json("db", "init")
+        assert (again["created"], again["schema_version"]) == (False, 1)
+        ferry.ok("run", "--", "true")
+        status = ferry.json("db", "status")
+        assert status["tasks"] == {"SUCCEEDED": 1} and status["host"] == "a"
+    finally:
+        ferry.close()
+
+
+def test_an_unreachable_database_is_exit_75_for_every_command(tmp_path: Path) -> None:
+    ferry = Ferry(tmp_path / "a")
+    ferry.env["FERRY_DATABASE_URL"] = "postgresql://nobody@127.0.0.1:9/none"  # (discard port)
+    try:
+        for args in (("ls",), ("submit", "--", "true"), ("run", "--", "true"), ("work", "--drain")):
+            ferry.refused(75, "db.unavailable", *args)
+        ferry.refused(2, "usage.bad_database", "--database", "mysql://x", "ls")
+    finally:
+        ferry.close()
+
+
+def test_a_database_that_may_lose_commits_is_refused(hosts: Hosts, pg_url: str) -> None:
+    dbname = pg_url.rsplit("/", 1)[1]
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f'ALTER DATABASE "{dbname}" SET synchronous_commit = off')
+    result = hosts("a").refused(125, "db.not_durable", "run", "--", "true")
+    assert "synchronous_commit=off" in result.err
+
+
+# ---- one queue, many hosts -----------------------------------------------------------
+
+
+def test_a_task_run_on_one_host_is_seen_from_another(hosts: Hosts) -> None:
+    hosts("a").ok("run", "--name", "from-a", "--", "true")
+    [task] = hosts("b").tasks()
+    assert (task["name"], task["state"], task["host"]) == ("from-a", "SUCCEEDED", "a")
+
+
+def test_two_hosts_drain_one_queue_each_task_run_once(
+    hosts: Hosts, pg_url: str, tmp_path: Path
+) -> None:
+    marks = tmp_path / "marks"
+    lines = b"".join(
+        b'{"argv": ["sh", "-c", "echo $FERRY_TASK_ID >> %s"]}\n' % str(marks).encode()
+        for _ in range(60)
+    )
+    hosts("a").ok("submit", "--from", "-", stdin=lines)
+    workers = [hosts(h).start("work", "-j", "2", "--drain") for h in ("a", "a2", "b", "b2")]
+    for proc in workers:
+        proc.wait(timeout=100)
+        assert proc.returncode == 0, proc.stderr.read() if proc.stderr else b""
+    states = {t["id"]: t["state"] for t in hosts("a").tasks()}
+    assert set(states.values()) == {"SUCCEEDED"} and len(states) == 60
+    assert runs(marks) == dict.fromkeys(states, 1)
+    dispatched = events(pg_url, "DISPATCHING")
+    assert sorted(dispatched) == sorted(set(dispatched)) and len(dispatched) == 60
+    assert {t["host"] for t in hosts("a").tasks()} <= {"a", "a2", "b", "b2"}
+
+
+def claim_all(pg_url: str, host: str, stop: threading.Event, claimed: list[str]) -> None:
+    """Claim (CLAIMED + DISPATCHING in one transaction) until the queue is empty."""
+    store = PgStore.open(pg_url, host)
+    me = self_identity().to_json()
+    try:
+        while not stop.is_set():
+            candidates = store.queued(1)
+            if not candidates:
+                return
+            task = candidates[0]
+            token = new_claim_token(os.urandom(10))
+            try:
+                store.commit(
+                    ev.Claimed(task.id, 1, token, me, "claim"),
+                    ev.Dispatching(task.id, 1, token, f"m-{task.id}", {}),
+                )
+            except FerryError:
+                continue  # another claimer won it: the next one
+            claimed.append(task.id)
+    finally:
+        store.close()
+
+
+def exclusive_claims(pg_url: str, claimers: int, tasks: int) -> None:
+    store = PgStore.open(pg_url, "submitter")
+    spec = TaskSpec(argv=("true",), cwd="/")
+    batch = [ev.Submitted(new_task_id(time.time_ns(), os.urandom(4)), spec, time.time())
+             for _ in range(tasks)]  # fmt: skip
+    for start in range(0, tasks, 500):
+        store.commit(*batch[start : start + 500])
+    store.close()
+    stop, results = threading.Event(), [[] for _ in range(claimers)]  # type: list[list[str]]
+    threads = [
+        threading.Thread(target=claim_all, args=(pg_url, f"h{i}", stop, results[i]))
+        for i in range(claimers)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=600)
+    stop.set()
+    claimed = [task_id for found in results for task_id in found]
+    assert sorted(claimed) == sorted(e.task for e in batch)  # each once, none left
+    dispatched = events(pg_url, "DISPATCHING")
+    assert len(dispatched) == len(set(dispatched)) == tasks
+
+
+def test_concurrent_claimers_claim_each_task_exactly_once(hosts: Hosts, pg_url: str) -> None:
+    exclusive_claims(pg_url, claimers=8, tasks=400)
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(900)
+def test_sixteen_claimers_over_twenty_thousand_tasks(hosts: Hosts, pg_url: str) -> None:
+    exclusive_claims(pg_url, claimers=16, tasks=20_000)
+
+
+# ---- fencing ---------------------------------------------------------------------------
+
+
+def test_a_leader_write_after_its_lease_expired_is_fenced(hosts: Hosts, pg_url: str) -> None:
+    from ferry.storage.postgres.lease import PgLeases
+
+    store = PgStore.open(pg_url, "a")
+    try:
+        leases = PgLeases(store.db, "a", ttl_s=0.2)
+        lease = leases.acquire(self_identity())
+        store.commit(ev.LeaseAcquired(lease.epoch, self_identity().to_json()), epoch=lease.epoch)
+        wait_until(lambda: not store.db.execute(
+            "SELECT expires_at > now() FROM ferry_hosts WHERE host_id = 'a'").fetchone()[0],
+            what="the lease to expire")  # fmt: skip
+        with pytest.raises(LeaseHeldError) as fenced:
+            store.commit(
+                ev.LeaseReleased(lease.epoch, self_identity().to_json()), epoch=lease.epoch
+            )
+        assert fenced.value.code == "journal.fenced"
+        with pytest.raises(LeaseHeldError):
+            leases.renew(lease)
+        newer = leases.acquire(self_identity())
+        assert newer.epoch > lease.epoch
+    finally:
+        store.close()
+
+
+# ---- host loss --------------------------------------------------------------------------
+
+
+def kill_host(ferry: Ferry) -> None:
+    """Every process of the host dies at once: its ferry commands, supervisors, tasks."""
+    for proc in ferry.background:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    for identity in processes_with_env(f"FERRY_HOME={ferry.home}".encode()):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(identity.pid, signal.SIGKILL)
+    for proc in ferry.background:
+        proc.wait(timeout=10)
+
+
+def start_two_tasks(hosts: Hosts, ttl: str) -> tuple[str, str, subprocess.Popen[bytes]]:
+    a = hosts("a")
+    mutating = a.ok("submit", "--name", "mutating", "--", "sleep", "60").out.decode().strip()
+    idem = (
+        a.ok("submit", "--idempotent", "--name", "idem", "--", "sleep", "60").out.decode().strip()
+    )
+    worker = a.start("work", "-j", "2", "--lease-ttl", ttl, "--poll", "0.1")
+    wait_until(lambda: {t["state"] for t in a.tasks()} == {"RUNNING"}, what="both tasks running")
+    return mutating, idem, worker
+
+
+def test_a_lost_host_tasks_are_failed_or_requeued_by_another_host(hosts: Hosts) -> None:
+    mutating, idem, _ = start_two_tasks(hosts, ttl="1")
+    kill_host(hosts("a"))
+    b = hosts("b")
+
+    def decided() -> Any:
+        result = b("recover", "--lease-ttl", "1")
+        return result if result.code == 3 else None
+
+    wait_until(decided, what="recovery on b to decide a's tasks")
+    lost, requeued = b.task(mutating), b.task(idem)
+    assert (lost["state"], lost["reason"]) == ("FAILED", "HOST_LOST")
+    assert lost["evidence"]["recovery"]["host_lost"] is True
+    assert (requeued["state"], requeued["releases"]) == ("QUEUED", 1)
+    assert b("recover", "--lease-ttl", "1").code == 0  # decided once
+
+
+def test_a_host_is_left_alone_while_its_lease_lives(hosts: Hosts) -> None:
+    mutating, idem, _ = start_two_tasks(hosts, ttl="30")
+    b = hosts("b")
+    assert b("recover", "--lease-ttl", "1").code == 0
+    assert {b.task(mutating)["state"], b.task(idem)["state"]} == {"RUNNING"}
+    b.refused(1, "task.other_host", "kill", mutating)
+
+
+def test_a_paused_host_writes_nothing_once_another_decided_its_tasks(hosts: Hosts) -> None:
+    a = hosts("a")
+    task_id = a.ok("submit", "--", "sh", "-c", "sleep 3; echo done").out.decode().strip()
+    worker = a.start("work", "-j", "1", "--lease-ttl", "1", "--poll", "0.1", "--drain")
+    wait_until(lambda: a.task(task_id)["state"] == "RUNNING", what="the task to run")
+    paused = [i.pid for i in processes_with_env(f"FERRY_HOME={a.home}".encode())]
+    for pid in paused:
+        os.kill(pid, signal.SIGSTOP)
+    b = hosts("b")
+    try:
+        wait_until(lambda: b("recover", "--lease-ttl", "1").code == 3, what="b to decide")
+    finally:
+        for pid in paused:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+    worker.wait(timeout=60)
+    task = b.task(task_id)
+    assert (task["state"], task["reason"]) == ("FAILED", "HOST_LOST")  # a's end changed nothing
+
+
+def test_two_recovers_on_two_hosts_decide_each_task_once(hosts: Hosts, pg_url: str) -> None:
+    a = hosts("a")
+    for _ in range(4):
+        a.ok("submit", "--", "sleep", "60")
+    a.start("work", "-j", "4", "--lease-ttl", "1", "--poll", "0.1")
+    wait_until(lambda: {t["state"] for t in a.tasks()} == {"RUNNING"}, what="4 running")
+    kill_host(a)
+    wait_until(lambda: hosts("b")("recover", "--lease-ttl", "1", "--dry-run").code == 3,
+               what="a's lease to expire")  # fmt: skip
+    both = [hosts(h).start("recover", "--lease-ttl", "1") for h in ("b", "c")]
+    for proc in both:
+        proc.wait(timeout=60)
+    settled = events(pg_url, "SETTLED")
+    assert len(settled) == len(set(settled)) == 4
+    assert {t["reason"] for t in a.tasks()} == {"HOST_LOST"}
