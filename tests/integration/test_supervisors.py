@@ -107,7 +107,9 @@ def test_the_launcher_killed_at_each_phase_leaves_the_task_undisturbed(
 ) -> None:
     mark = tmp_path / "runs"
     armed = PHASES.get(phase)
-    argv = counting_task(mark, linger="; sleep 0.5" if armed else "; sleep 2")
+    gate = tmp_path / "gate"  # (unarmed: the task lasts until the launcher is killed)
+    wait_gate = f'; while [ ! -e "{gate}" ]; do sleep 0.02; done'
+    argv = counting_task(mark, linger="; sleep 0.5" if armed else wait_gate)
     if command == "run":
         launcher = ferry.start("run", "--", *argv, failpoints=armed)
     else:
@@ -119,6 +121,7 @@ def test_the_launcher_killed_at_each_phase_leaves_the_task_undisturbed(
         wait_until(lambda: runs(mark) == 1, what="the task to run")
         launcher.send_signal(signal.SIGKILL)
     assert launcher.wait(timeout=60) == -signal.SIGKILL, finish(launcher)
+    gate.touch()
     if phase == "before the spawn":
         # Nothing was started: the claim is back in the queue, not counted.
         task = wait_until(lambda: (t := ferry.task(task_id))["state"] == "QUEUED" and t,
