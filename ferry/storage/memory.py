@@ -111,9 +111,3 @@ class MemoryStore:
 
     def close(self) -> None:
         pass
-
-
-if TYPE_CHECKING:  # mypy checks that it keeps the protocol
-    from ferry.storage import TaskStore
-
-    _: type[TaskStore] = MemoryStore

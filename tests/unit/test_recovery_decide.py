@@ -165,7 +165,8 @@ def test_task_not_in_flight__leave(state: State) -> None:
 
 def test_every_combination_is_decided_and_every_action_is_reachable() -> None:
     seen_actions = {decide(t, o, POLICY, 0.0).action for t, o in cases()}
-    assert seen_actions == set(Action)
+    lost = {decide(t, replace(o, host_lost=True), POLICY, 0.0).action for t, o in cases()}
+    assert seen_actions | lost == set(Action)
 
 
 # ---- what gets journaled ---------------------------------------------------------
@@ -179,6 +180,7 @@ EXPECTED_RECORD: dict[Action, tuple[str, str | None, str | None]] = {
     Action.CANCEL: ("SETTLED", "CANCELLED", "CANCELLED_BY_USER"),
     Action.RELEASE: ("RELEASED", None, "RELEASED_TO_QUEUE"),
     Action.RELEASE_UNCOUNTED: ("RELEASED", None, "RELEASED_TO_QUEUE"),
+    Action.FAIL_HOST_LOST: ("SETTLED", "FAILED", "HOST_LOST"),
 }
 
 
@@ -325,3 +327,29 @@ def test_decision_is_a_value() -> None:
     task, seen = make_task(State.RUNNING), Observation(DEAD, DEAD)
     assert decide(task, seen, POLICY, 5.0) == decide(task, seen, POLICY, 5.0)
     assert isinstance(decide(task, seen, POLICY, 5.0), Decision)
+
+
+# ---- a shared database: another host's task, its host lost ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("state", "idempotent", "releases", "action", "reason"),
+    [
+        (State.CLAIMED, False, 0, Action.RELEASE_UNCOUNTED, Reason.RELEASED_TO_QUEUE),
+        (State.DISPATCHING, False, 0, Action.FAIL_HOST_LOST, Reason.HOST_LOST),
+        (State.RUNNING, False, 0, Action.FAIL_HOST_LOST, Reason.HOST_LOST),
+        (State.STALE, True, 0, Action.RELEASE, Reason.RELEASED_TO_QUEUE),
+        (State.RUNNING, True, 3, Action.FAIL_LIMIT, Reason.RELEASE_LIMIT_EXCEEDED),
+    ],
+)
+def test_a_lost_host_s_task_is_decided_by_its_class_never_by_a_probe_here(
+    state: State, idempotent: bool, releases: int, action: Action, reason: Reason
+) -> None:
+    task = make_task(state, idempotent=idempotent, releases=releases)
+    # The probes here say ALIVE (the same machine simulating two hosts): ignored.
+    seen = Observation(Liveness.ALIVE, Liveness.ALIVE, host_lost=True)
+    decision = decide(task, seen, Policy(), 0.0)
+    assert decision.action is action
+    assert decision.event is not None and decision.event[1].get("reason") == reason.value
+    assert decision.evidence["recovery"]["host_lost"] is True
+    assert decision.needs_operator is (action in (Action.FAIL_HOST_LOST, Action.FAIL_LIMIT))

@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeGuard
+from typing import Any, TypeGuard
 
 import orjson
 
@@ -369,9 +369,3 @@ def _lock_refusal(lock_path: Path, e: OSError) -> StateDirError:
     return StateDirError(
         f"cannot lock {lock_path}: {e.strerror}", code="state_dir.unusable", details=details
     )
-
-
-if TYPE_CHECKING:  # mypy checks that it keeps the protocol
-    from ferry.storage import Leases
-
-    _: type[Leases] = LeaseStore

@@ -22,7 +22,7 @@ import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
@@ -655,9 +655,3 @@ def _prune_archives(directory: Path, keep: set[str]) -> None:
         if entry.startswith(_ARCHIVE_PREFIX) and entry not in keep:
             os.unlink(directory / entry)
     fsync_dir(directory)
-
-
-if TYPE_CHECKING:  # mypy checks that it keeps the protocol
-    from ferry.storage import TaskStore
-
-    _: type[TaskStore] = Store
