@@ -26,7 +26,7 @@ from ferry.proc.process import self_identity
 from ferry.storage.postgres.store import PgStore
 from tests.integration.clikit import Ferry, processes_with_env, wait_until
 
-pytestmark = [pytest.mark.postgres, pytest.mark.timeout(120)]
+pytestmark = pytest.mark.timeout(120)
 
 Hosts = Callable[[str], Ferry]
 
