@@ -8,7 +8,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 from pgserver import PgServer, PgServerError
+
+# No timing thresholds in tests: hypothesis's per-example deadline (200 ms) failed a
+# property test on a loaded machine. Examples are bounded by pytest-timeout instead.
+settings.register_profile("ferry", deadline=None)
+settings.load_profile("ferry")
 
 
 @pytest.fixture
