@@ -103,10 +103,13 @@ class Session:
         missing and refused if unsafe; the database named by ``--database`` (else
         ``FERRY_DATABASE_URL``), if any."""
         from ferry.storage.local.statedir import ensure_home, resolve_home
-        from ferry.storage.postgres.connect import database_url
 
-        url = database_url(database)
-        shared = None if url is None else Database(url, host)
+        shared = None
+        if database is not None or os.environ.get("FERRY_DATABASE_URL"):
+            from ferry.storage.postgres.connect import database_url
+
+            url = database_url(database)
+            shared = None if url is None else Database(url, host)
         return cls(ensure_home(resolve_home(home, os.environ)), reporter, database=shared)
 
     @property
