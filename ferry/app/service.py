@@ -217,6 +217,13 @@ class Service:
         if which > task.attempt:
             raise NotFoundError(f"task {task.id} has no attempt {which}", code="task.no_attempt")
         paths = log_paths(self.home, task.id, which)
+        owner = None if task.runner is None else task.runner.get("host_id")
+        if self.store.host_lost(task, float("inf")) is not None and not paths[0].exists():
+            raise NotFoundError(
+                f"task {task.id} ran on host {owner}: its log is there ('ferry logs' on it)",
+                code="logs.other_host",
+                details={"task": task.id, "host": owner},
+            )
 
         def settled() -> bool:
             self.store.refresh()

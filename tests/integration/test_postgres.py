@@ -307,3 +307,31 @@ def test_two_recovers_on_two_hosts_decide_each_task_once(hosts: Hosts, pg_url: s
     settled = events(pg_url, "SETTLED")
     assert len(settled) == len(set(settled)) == 4
     assert {t["reason"] for t in a.tasks()} == {"HOST_LOST"}
+
+
+def test_a_worker_killed_leaves_its_task_to_finish_and_record_its_end(
+    hosts: Hosts, tmp_path: Path
+) -> None:
+    a = hosts("a")
+    gate = tmp_path / "gate"
+    task_id = (
+        a.ok("submit", "--", "sh", "-c", f'while [ ! -e "{gate}" ]; do sleep 0.05; done; echo done')
+        .out.decode()
+        .strip()
+    )
+    worker = a.start("work", "-j", "1", "--poll", "0.1")
+    wait_until(lambda: a.task(task_id)["state"] == "RUNNING", what="the task to run")
+    worker.send_signal(signal.SIGKILL)
+    assert worker.wait(timeout=30) == -signal.SIGKILL
+    gate.touch()
+    task = wait_until(lambda: (t := hosts("b").task(task_id))["state"] == "SUCCEEDED" and t,
+                      what="its supervisor to record the end")  # fmt: skip
+    assert (task["exit_code"], task["host"]) == (0, "a")
+    assert a.ok("logs", task_id).out == b"done\n"
+
+
+def test_logs_of_a_task_run_on_another_host_say_where_the_log_is(hosts: Hosts) -> None:
+    hosts("a").ok("run", "--", "echo", "hello")
+    [task] = hosts("b").tasks()
+    result = hosts("b").refused(5, "logs.other_host", "logs", task["id"])
+    assert "host a" in result.err
