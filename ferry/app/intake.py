@@ -164,13 +164,34 @@ def _resolve_cwd(cwd: Any) -> str:
     return path
 
 
+# What only a shell understands: a single CMD argument holding one of these was meant
+# for /bin/sh (``ferry submit -- 'make test && make dist'``), and execve would not find it.
+_SHELL_SYNTAX = ("&&", "||", "|", ";", "$", " ", ">", "<", "`", "*", "(", "\n")
+
+
+def _refuse_shell_text(argv: tuple[str, ...], cwd: str) -> None:
+    command = argv[0]
+    if len(argv) != 1 or not any(token in command for token in _SHELL_SYNTAX):
+        return
+    if os.path.exists(os.path.join(cwd, command)):
+        return  # a real file whose name has a space in it
+    raise UsageError(
+        f"{command[:80]!r} looks like a shell command, but without --shell it would be run"
+        " as one program of that name; add --shell (or split it into arguments)",
+        code="usage.looks_like_shell",
+        details={"command": command[:200]},
+    )
+
+
 def build_spec(opts: Mapping[str, Any], home: Path) -> TaskSpec:
-    """TaskSpec from the TASK OPTIONS (``cli_commands._task_opts`` shape)."""
+    """TaskSpec from the TASK OPTIONS (``ferry.cli.context.task_opts`` shape)."""
     argv = opts.get("argv")
     if not isinstance(argv, list | tuple):
         raise UsageError("argv must be a list of strings", code="usage.bad_argv")
     argv_t = _check_argv(argv)
     cwd = _resolve_cwd(opts.get("cwd"))
+    if not opts.get("shell"):
+        _refuse_shell_text(argv_t, cwd)
     env = _parse_env(opts.get("env") or [])
     pointer_args = opts.get("pointers") or []
     if not isinstance(pointer_args, list | tuple) or not all(
@@ -279,3 +300,18 @@ def _check_types(opts: Mapping[str, Any], where: str, number: int) -> None:
                 code="usage.bad_from_line",
                 details={"line": number, "key": key},
             )
+
+
+def parse_shell_lines(data: bytes, source: str) -> list[tuple[int, str]]:
+    """``submit --lines``: (line number, command) for each line that is not blank."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise UsageError(
+            f"{source} is not UTF-8 text (byte {error.start})", code="usage.bad_lines"
+        ) from error
+    found = [(n, line.rstrip("\r")) for n, line in enumerate(text.split("\n"), start=1)]
+    commands = [(n, line) for n, line in found if line.strip()]
+    if not commands:
+        raise UsageError(f"{source} has no command in it", code="usage.bad_lines")
+    return commands

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ferry.app.intake import build_spec, parse_from_lines
+from ferry.app.intake import build_spec, parse_from_lines, parse_shell_lines
 from ferry.app.runner import RunResult, log_paths
 from ferry.app.session import Reporter, Session
 from ferry.core import events as ev
@@ -100,6 +100,23 @@ class Service:
                     details={"key": spec.key, "tasks": [first_with[spec.key], number]},
                 )
             specs.append(spec)
+        return self._queue(specs)
+
+    def submit_lines(self, data: bytes, *, source: str, opts: Mapping[str, Any]) -> list[Task]:
+        """``submit --lines``: one task per line that is not blank, each run by
+        /bin/sh, with the same TASK OPTIONS, in one write (a bad line queues none)."""
+        if opts.get("key") is not None:
+            raise UsageError(
+                "--key names one task: it cannot apply to every line of --lines",
+                code="usage.key_with_lines",
+            )
+        specs = []
+        for number, line in parse_shell_lines(data, source):
+            try:
+                specs.append(build_spec({**opts, "argv": [line], "shell": True}, self.home))
+            except FerryError as error:
+                error.message = f"line {number} of {source}: {error.message}"
+                raise
         return self._queue(specs)
 
     def _queue(self, specs: Sequence[TaskSpec]) -> list[Task]:
@@ -194,8 +211,12 @@ class Service:
 
         return with_runner_state(task, self.home)
 
-    def ls(self, *, state: str | None, limit: int) -> list[Task]:
-        return [self._with_heartbeat(t) for t in self.store.newest(limit, state)]
+    def ls(self, *, state: str | None, limit: int) -> tuple[list[Task], int]:
+        """The last ``limit`` tasks submitted (0: all), in submission order, and how
+        many there are in all (in ``state`` if given)."""
+        tasks = [self._with_heartbeat(t) for t in self.store.newest(limit, state)]
+        total = len(tasks) if not limit or len(tasks) < limit else self.store.count(state)
+        return tasks, total
 
     def show(self, prefix: str) -> Task:
         return self._with_heartbeat(self.store.resolve(prefix))

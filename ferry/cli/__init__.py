@@ -31,24 +31,44 @@ from ferry.core import errors
 _RUNS_TASK = {"run", "claim"}
 
 
-def command_word(args: list[str]) -> str:
-    """The subcommand's name, for messages before anything is parsed."""
+_VALUED_GLOBALS = ("--home", "--database", "--host-id")
+
+
+def command_index(args: list[str]) -> int | None:
+    """Where the subcommand's name is, for what must be known before parsing."""
     skip = False
-    for arg in args:
+    for index, arg in enumerate(args):
         if skip:
             skip = False
-        elif arg == "--home":
+        elif arg in _VALUED_GLOBALS:
             skip = True
         elif arg == "--":
             break
         elif not arg.startswith("-"):
-            return arg
-    return ""
+            return index
+    return None
+
+
+def command_word(args: list[str]) -> str:
+    """The subcommand's name, for messages before anything is parsed."""
+    index = command_index(args)
+    return "" if index is None else args[index]
+
+
+def hoist_json(args: list[str]) -> list[str]:
+    """``--json`` after the command (``ferry ls --json``) means what it means before
+    it: moved to the front. Never from after ``--`` (the task's own argv)."""
+    index = command_index(args)
+    end = args.index("--") if "--" in args else len(args)
+    if index is None or "--json" not in args[index + 1 : end]:
+        return args
+    rest = [arg for arg in args[index + 1 : end] if arg != "--json"]
+    return ["--json", *args[: index + 1], *rest, *args[end:]]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``ferry`` console script; returns the exit code."""
-    args = list(sys.argv[1:] if argv is None else argv)
+    args = hoist_json(list(sys.argv[1:] if argv is None else argv))
     as_json = "--json" in args[: args.index("--")] if "--" in args else "--json" in args
     command = command_word(args)
     Ctx.current = None

@@ -74,7 +74,8 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
         context_settings={"allow_interspersed_args": False},
         epilog=_example(
             "ferry submit --idempotent --name nightly -- ./nightly.sh\n"
-            'printf \'%s\\n\' \'{"argv": ["make", "docs"]}\' | ferry submit --from -'
+            'printf \'%s\\n\' \'{"argv": ["make", "docs"]}\' | ferry submit --from -\n'
+            "seq 1 100 | sed 's/.*/./process.sh &/' | ferry submit --idempotent --lines -"
         ),
     )
     @task_options
@@ -85,12 +86,26 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
         help="Queue many tasks, one JSON object of task options per line (- for stdin), in"
         " one write; a bad line queues none.",
     )
+    @click.option(
+        "--lines",
+        "lines_file",
+        type=click.File("rb"),
+        help="Queue one task per non-empty line (- for stdin), each line a shell command run"
+        " by /bin/sh, with this command's TASK OPTIONS, in one write.",
+    )
     @click.argument("argv", nargs=-1, metavar="-- CMD [ARG...]")
     @click.pass_obj
-    def submit(ctx: Any, /, argv: tuple[str, ...], from_file: Any, **kw: Any) -> None:
-        """Queue a task (or many with --from) and print its id."""
+    def submit(
+        ctx: Any, /, argv: tuple[str, ...], from_file: Any, lines_file: Any, **kw: Any
+    ) -> None:
+        """Queue a task (or many with --from or --lines) and print its id."""
         svc = ctx.service()
-        if from_file is not None:
+        if lines_file is not None:
+            if argv or from_file is not None:
+                raise click.UsageError("give one of CMD, --from and --lines")
+            tasks = svc.submit_lines(lines_file.read(), source=lines_file.name,
+                                     opts=task_opts(kw, ()))  # fmt: skip
+        elif from_file is not None:
             if argv:
                 raise click.UsageError("give either CMD or --from, not both")
             click_ctx = click.get_current_context()
@@ -116,7 +131,8 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
             tasks = svc.submit([task_opts(kw, argv)])
         if ctx.as_json:
             objs = [render.task_json(t) for t in tasks]
-            emit(ctx, None, objs[0] if from_file is None else objs)
+            many = from_file is not None or lines_file is not None
+            emit(ctx, None, objs if many else objs[0])
         else:
             click.echo("\n".join(t.id for t in tasks))
 
@@ -228,9 +244,14 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
     @click.option("--limit", type=click.IntRange(0), default=100, show_default=True, help="0: all.")
     @click.pass_obj
     def ls_(ctx: Any, state: str | None, limit: int) -> None:
-        """List tasks, most recent last."""
-        tasks = ctx.service().ls(state=state.upper() if state else None, limit=limit)
+        """List tasks in submission order, the last submitted last.
+
+        When rows are left out (--limit), a line on stderr says how many are shown.
+        """
+        tasks, total = ctx.service().ls(state=state.upper() if state else None, limit=limit)
         emit(ctx, render.table(tasks), [render.task_json(t) for t in tasks])
+        if total > len(tasks) and ctx.verbosity >= 0:
+            render.notice(f"{len(tasks):,} of {total:,} shown; --limit 0 for all")
 
     @cli.command(epilog=_example("ferry show 01jq3   # any unique prefix of the id"))
     @click.argument("task_id", metavar="ID")

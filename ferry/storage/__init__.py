@@ -88,7 +88,12 @@ class TaskStore(Protocol):
         ...
 
     def newest(self, limit: int, state: str | None = None) -> list[Task]:
-        """The newest ``limit`` tasks (0: all), oldest first, optionally of one state."""
+        """The last ``limit`` tasks submitted (0: all), in submission order, optionally
+        of one state."""
+        ...
+
+    def count(self, state: str | None = None) -> int:
+        """How many tasks there are (in ``state`` if given)."""
         ...
 
     def queued(self, limit: int) -> list[Task]:

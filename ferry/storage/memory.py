@@ -85,6 +85,10 @@ class MemoryStore:
         with self._lock:
             return self.table.newest(limit, state)
 
+    def count(self, state: str | None = None) -> int:
+        with self._lock:
+            return self.table.count(state)
+
     def queued(self, limit: int) -> list[Task]:
         with self._lock:
             return self.table.oldest_queued_n(limit)

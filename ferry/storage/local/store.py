@@ -344,6 +344,10 @@ class Store:
         with self.lock:
             return self.table.newest(limit, state)
 
+    def count(self, state: str | None = None) -> int:
+        with self.lock:
+            return self.table.count(state)
+
     def queued(self, limit: int) -> list[Task]:
         with self.lock:
             return self.table.oldest_queued_n(limit)

@@ -233,10 +233,17 @@ class PgStore:
         where = "" if state is None else "WHERE state = %(state)s"
         bound = "" if not limit else "LIMIT %(limit)s"
         found = self._tasks(
-            f"SELECT body FROM ferry_tasks {where} ORDER BY id DESC {bound}",
+            f"SELECT body FROM ferry_tasks {where} ORDER BY submit_seq DESC, id DESC {bound}",
             {"state": state, "limit": limit},  # type: ignore[arg-type]
         )
         return found[::-1]
+
+    def count(self, state: str | None = None) -> int:
+        where = "" if state is None else "WHERE state = %s"
+        row = self.db.execute(
+            f"SELECT count(*) FROM ferry_tasks {where}", (state,) if state else ()
+        )
+        return int(row.fetchone()[0])
 
     def queued(self, limit: int) -> list[Task]:
         """Claim candidates, oldest first, skipping rows another claimer holds now (a

@@ -1,0 +1,74 @@
+"""Daily use (contract.md, "Daily use"): what pueue and GNU parallel users stumbled on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.integration.clikit import Ferry
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_json_after_the_command_works_like_before_it(ferry: Ferry) -> None:
+    ferry.ok("submit", "--", "true")
+    assert ferry.ok("ls", "--json").json() == ferry.ok("--json", "ls").json()
+    [task] = ferry.ok("ls", "--json").json()
+    assert ferry.ok("show", task["id"], "--json").json()["id"] == task["id"]
+    # After --, it is the task's own argument.
+    out = ferry.ok("run", "--", "echo", "--json").out
+    assert out == b"--json\n"
+
+
+def test_ls_lists_in_submission_order_and_says_when_rows_are_left_out(ferry: Ferry) -> None:
+    """Ids made in one millisecond sort at random: a --from batch must still list in
+    the order of its lines."""
+    lines = b"".join(b'{"argv": ["echo", "%d"]}\n' % n for n in range(30))
+    ferry.ok("submit", "--from", "-", stdin=lines)
+    listed = [task["argv"][1] for task in ferry.json("ls", "--limit", "0")]
+    assert listed == [str(n) for n in range(30)]
+    result = ferry.ok("ls", "--limit", "5")
+    assert [line.split()[-1] for line in result.out.decode().splitlines()[1:]] == [
+        "25", "26", "27", "28", "29",
+    ]  # fmt: skip
+    assert "5 of 30 shown; --limit 0 for all" in result.err
+    assert "shown" not in ferry.ok("ls", "--limit", "0").err
+    assert "shown" not in ferry.ok("-q", "ls", "--limit", "5").err
+
+
+def test_submit_lines_queues_one_shell_command_per_line(ferry: Ferry, tmp_path: Any) -> None:
+    out = tmp_path / "out"
+    text = f"echo one >> {out}\n\n   \necho two && echo three >> {out}\r\n".encode()
+    ids = ferry.ok("submit", "--idempotent", "--lines", "-", stdin=text).out.split()
+    assert len(ids) == 2
+    tasks = ferry.tasks()
+    assert [(t["argv"], t["shell"], t["idempotent"]) for t in tasks] == [
+        ([f"echo one >> {out}"], True, True),
+        ([f"echo two && echo three >> {out}"], True, True),
+    ]
+    ferry.ok("work", "--drain")
+    assert out.read_text() == "one\nthree\n"
+
+
+def test_submit_lines_refuses_a_key_and_an_empty_file_queuing_nothing(ferry: Ferry) -> None:
+    ferry.refused(2, "usage.key_with_lines", "submit", "--key", "k", "--lines", "-",
+                  stdin=b"true\nfalse\n")  # fmt: skip
+    ferry.refused(2, "usage.bad_lines", "submit", "--lines", "-", stdin=b"\n  \n")
+    ferry.refused(2, "usage.bad_lines", "submit", "--lines", "-", stdin=b"echo \xff\n")
+    assert ferry.tasks() == []
+
+
+def test_a_shell_command_given_as_one_argument_is_refused_with_a_hint(
+    ferry: Ferry, tmp_path: Any
+) -> None:
+    for command in ("make test && make dist", "echo $HOME", "ls | wc -l", "sleep 1"):
+        result = ferry.refused(2, "usage.looks_like_shell", "submit", "--", command)
+        assert "--shell" in result.err
+        ferry.refused(2, "usage.looks_like_shell", "run", "--", command)
+    assert ferry.tasks() == []
+    ferry.ok("submit", "--shell", "--", "make test && make dist")
+    script = tmp_path / "my script"  # a real file with a space in its name is fine
+    script.write_text("#!/bin/sh\necho ok\n")
+    script.chmod(0o755)
+    assert ferry.ok("run", "--", str(script)).out == b"ok\n"
