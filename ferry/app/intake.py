@@ -240,10 +240,11 @@ def build_spec(opts: Mapping[str, Any], home: Path) -> TaskSpec:
     return spec
 
 
-def parse_from_lines(data: bytes, source: str) -> list[dict[str, Any]]:
-    """``submit --from``: one JSON object per line (blank lines skipped). Any bad line
-    refuses the whole batch, naming the line: nothing is half-queued."""
-    batch: list[dict[str, Any]] = []
+def parse_from_lines(data: bytes, source: str) -> list[tuple[int, dict[str, Any]]]:
+    """``submit --from``: (line number, task options) for each line, one JSON object per
+    line (blank lines skipped). Any bad line refuses the whole batch, naming the line:
+    nothing is half-queued."""
+    batch: list[tuple[int, dict[str, Any]]] = []
     for number, line in enumerate(data.split(b"\n"), start=1):
         if not line.strip():
             continue
@@ -270,7 +271,7 @@ def parse_from_lines(data: bytes, source: str) -> list[dict[str, Any]]:
         for key, value in obj.items():
             opts[_LINE_KEYS[key]] = value
         _check_types(opts, where, number)
-        batch.append(opts)
+        batch.append((number, opts))
     if not batch:
         raise UsageError(f"{source}: no tasks", code="usage.bad_from_line")
     return batch
@@ -290,13 +291,22 @@ _TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
+_JSON_TYPES = {type(None): "null", bool: "a boolean", int: "a number", float: "a number",
+               str: "a string", list: "an array", dict: "an object"}  # fmt: skip
+
+
 def _check_types(opts: Mapping[str, Any], where: str, number: int) -> None:
+    names: dict[str, str] = {}
+    for key, option in _LINE_KEYS.items():
+        names.setdefault(option, key)  # (the first spelling: max_releases, not max-releases)
     for key, types in _TYPES.items():
         value = opts[key]
         bad_bool = isinstance(value, bool) and bool not in types
         if not isinstance(value, types) or bad_bool:
+            wanted = " or ".join(sorted({_JSON_TYPES[t] for t in types}))
+            got = _JSON_TYPES.get(type(value), type(value).__name__)
             raise UsageError(
-                f"{where}: {key} has the wrong type ({type(value).__name__})",
+                f"{where}: {names.get(key, key)} must be {wanted}, not {got}",
                 code="usage.bad_from_line",
                 details={"line": number, "key": key},
             )

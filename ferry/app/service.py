@@ -85,16 +85,18 @@ class Service:
     def submit_many(self, data: bytes, *, source: str) -> list[Task]:
         lines = parse_from_lines(data, "stdin" if source == "<stdin>" else source)
         specs = []
-        first_with: dict[str, int] = {}  # key -> the number of its first task
-        for number, opts in enumerate(lines, start=1):
+        first_with: dict[str, int] = {}  # key -> the line of its first task
+        for number, opts in lines:
             try:
                 spec = build_spec(opts, self.home)
             except FerryError as error:
-                error.message = f"task {number} of {source}: {error.message}"
+                if error.code == "usage.missing_command":  # (no "--" in a JSON line)
+                    error.message = "argv is empty: give the command as a list of strings"
+                error.message = f"line {number} of {source}: {error.message}"
                 raise
             if spec.key is not None and first_with.setdefault(spec.key, number) != number:
                 raise UsageError(
-                    f"tasks {first_with[spec.key]} and {number} of {source} have the same"
+                    f"lines {first_with[spec.key]} and {number} of {source} have the same"
                     f" key {spec.key!r}: only one of them could ever run",
                     code="usage.duplicate_key",
                     details={"key": spec.key, "tasks": [first_with[spec.key], number]},
@@ -311,6 +313,12 @@ class Service:
 
     def retry(self, prefix: str, *, force: bool) -> Task:
         task = self.store.resolve(prefix)
+        if not task.terminal:
+            raise RefusedError(
+                f"task {task.id} is {task.state}: only a settled task is retried",
+                code="task.not_retryable",
+                details={"task": task.id, "state": task.state.value},
+            )
         self._refuse_beside_a_live_orphan(task, force, "retry")
         # The key rules (another task with this key unsafe, in flight, or succeeded) and
         # the attempt are checked under the journal's lock.

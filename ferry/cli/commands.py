@@ -239,16 +239,18 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
     @click.option(
         "--state",
         type=click.Choice(_STATES, case_sensitive=False),
-        help="Only tasks in this state.",
+        multiple=True,
+        help="Only tasks in this state (repeatable: any of them).",
     )
     @click.option("--limit", type=click.IntRange(0), default=100, show_default=True, help="0: all.")
     @click.pass_obj
-    def ls_(ctx: Any, state: str | None, limit: int) -> None:
+    def ls_(ctx: Any, state: tuple[str, ...], limit: int) -> None:
         """List tasks in submission order, the last submitted last.
 
         When rows are left out (--limit), a line on stderr says how many are shown.
         """
-        tasks, total = ctx.service().ls(state=state.upper() if state else None, limit=limit)
+        states = sorted({s.upper() for s in state}) or None
+        tasks, total = ctx.service().ls(state=states, limit=limit)
         emit(ctx, render.table(tasks), [render.task_json(t) for t in tasks])
         if total > len(tasks) and ctx.verbosity >= 0:
             render.notice(f"{len(tasks):,} of {total:,} shown; --limit 0 for all")

@@ -19,7 +19,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _pos_float(name: str) -> click.FloatRange:
-    return click.FloatRange(min=0.0, max=10**9, min_open=name != "kill-grace")
+    from ferry.core.spec import SECONDS_MAX
+
+    return click.FloatRange(min=0.0, max=SECONDS_MAX, min_open=name != "kill-grace")
 
 
 def task_options(f: F) -> F:
@@ -153,8 +155,9 @@ def invoke(args: list[str], *, as_json: bool, command: str) -> int:
             render.write_json({"error": missing.to_json()})
         return errors.EX_USAGE
     except click.UsageError as exc:
-        known = command in cli.commands
-        hint = f" (see 'ferry {command} --help')" if known else " (see 'ferry --help')"
+        # The command that refused, subcommand included ('ferry journal dump --help').
+        path = exc.ctx.command_path if exc.ctx is not None else "ferry"
+        hint = f" (see '{path} --help')"
         missing_cmd = (
             isinstance(exc, click.MissingParameter) and getattr(exc.param, "name", "") == "argv"
         )

@@ -65,6 +65,15 @@ def is_task_id(text: str) -> bool:
     return len(text) == ID_LENGTH and all(char in ALPHABET for char in text)
 
 
+def shown(text: str, limit: int = 40) -> str:
+    """A user's text as an error message may echo it: bytes that are not UTF-8 as
+    ``\\xff`` (not Python's surrogates), and at most ``limit`` characters of it."""
+    raw = text.encode("utf-8", "surrogateescape")
+    decoded = raw.decode("utf-8", "backslashreplace")
+    body = decoded[:limit] + ("..." if len(decoded) > limit else "")
+    return "'" + body.replace("'", "\\'") + "'"
+
+
 def resolve_prefix(prefix: str, ids: Iterable[str]) -> str:
     """The one id among ``ids`` that starts with ``prefix`` (case-insensitive).
 
@@ -76,7 +85,7 @@ def resolve_prefix(prefix: str, ids: Iterable[str]) -> str:
         raise UsageError("empty task id", code="usage.bad_id", details={"prefix": prefix})
     matches = sorted({task_id for task_id in ids if task_id.startswith(wanted)})
     if not matches:
-        raise NotFoundError(f"no task matches {prefix!r}", details={"prefix": prefix})
+        raise NotFoundError(f"no task matches {shown(prefix)}", details={"prefix": shown(prefix)})
     if len(matches) == 1:
         return matches[0]
     listed = matches[:AMBIGUOUS_LISTED_MAX]
@@ -84,6 +93,6 @@ def resolve_prefix(prefix: str, ids: Iterable[str]) -> str:
     if len(matches) > len(listed):
         text += f" and {len(matches) - len(listed)} more"
     raise AmbiguousIdError(
-        f"task id prefix {prefix!r} is ambiguous: {text}",
+        f"task id prefix {shown(prefix)} is ambiguous: {text}",
         details={"prefix": prefix, "matches": listed, "count": len(matches)},
     )

@@ -168,6 +168,10 @@ class _Settled:
         return [task for task in self._tasks.values() if task.updated_seq > seq]
 
 
+# A state, several (any of them), or None (every state).
+States = str | Iterable[str] | None
+
+
 class Table:
     def __init__(self, *, load_settled: SettledLoader | None = None) -> None:
         self._live: dict[str, Task] = {}
@@ -203,21 +207,24 @@ class Table:
         self._ensure_settled()
         return sorted([*self._live, *self._settled.ids()])
 
-    def newest(self, limit: int, state: str | None = None) -> list[Task]:
+    def newest(self, limit: int, state: States = None) -> list[Task]:
         """The ``limit`` last submitted tasks (every one for 0), only those in ``state``
-        if given, in submission order (ids made in one millisecond sort at random): the
+        (a state, or several) if given, in submission order (ids made in one millisecond sort at random): the
         others are not decoded (``_Settled``)."""
         ids = self._ids_in(state)
         ids.sort(key=self._submit_seq)
         return [self[i] for i in (ids[-limit:] if limit else ids)]
 
-    def count(self, state: str | None = None) -> int:
+    def count(self, state: States = None) -> int:
         """How many tasks (in ``state`` if given) there are."""
         return len(self._ids_in(state))
 
-    def _ids_in(self, state: str | None) -> list[str]:
+    def _ids_in(self, state: States) -> list[str]:
         ids = self.ids()
-        return ids if state is None else [i for i in ids if self._state_of(i) == state]
+        if state is None:
+            return ids
+        wanted = {state} if isinstance(state, str) else set(state)
+        return [i for i in ids if self._state_of(i) in wanted]
 
     def _submit_seq(self, task_id: str) -> tuple[int, str]:
         live = self._live.get(task_id)

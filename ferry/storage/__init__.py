@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from ferry.core.events import Event
     from ferry.core.model import Task
+    from ferry.core.state import States
     from ferry.proc.process import ProcessIdentity
     from ferry.storage.local.lease import Lease
 
@@ -87,12 +88,12 @@ class TaskStore(Protocol):
         snapshot."""
         ...
 
-    def newest(self, limit: int, state: str | None = None) -> list[Task]:
+    def newest(self, limit: int, state: States = None) -> list[Task]:
         """The last ``limit`` tasks submitted (0: all), in submission order, optionally
         of one state."""
         ...
 
-    def count(self, state: str | None = None) -> int:
+    def count(self, state: States = None) -> int:
         """How many tasks there are (in ``state`` if given)."""
         ...
 

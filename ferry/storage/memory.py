@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from ferry.core import events as ev
 from ferry.core.errors import LeaseHeldError
 from ferry.core.ids import resolve_prefix
-from ferry.core.state import Table
+from ferry.core.state import States, Table
 
 if TYPE_CHECKING:
     from ferry.core.model import Task
@@ -81,11 +81,11 @@ class MemoryStore:
         with self._lock:
             return self.table.live()
 
-    def newest(self, limit: int, state: str | None = None) -> list[Task]:
+    def newest(self, limit: int, state: States = None) -> list[Task]:
         with self._lock:
             return self.table.newest(limit, state)
 
-    def count(self, state: str | None = None) -> int:
+    def count(self, state: States = None) -> int:
         with self._lock:
             return self.table.count(state)
 

@@ -282,7 +282,7 @@ def test_a_from_batch_follows_the_key_rules_of_a_single_submit(cli: Ferry) -> No
         b'{"argv": ["true"], "key": "k1"}\n{"argv": ["true"]}\n{"argv": ["true"], "key": "k1"}\n'
     )
     result = cli.refused(2, "usage.duplicate_key", "submit", "--from", "-", stdin=twice)
-    assert "tasks 1 and 3 of <stdin>" in result.err, result.err
+    assert "lines 1 and 3 of <stdin>" in result.err, result.err
     done = cli("run", "--key", "k2", "--", "true")
     assert done.code == 0
     done_id = cli.tasks()[-1]["id"]

@@ -72,3 +72,32 @@ def test_a_shell_command_given_as_one_argument_is_refused_with_a_hint(
     script.write_text("#!/bin/sh\necho ok\n")
     script.chmod(0o755)
     assert ferry.ok("run", "--", str(script)).out == b"ok\n"
+
+
+def test_the_small_stumbles(ferry: Ferry) -> None:
+    """Each of issue 17's small things, as a user met it."""
+    # --from errors name the line (after blank lines too), in JSON's words.
+    bad = b'{"argv": ["true"]}\n\n\n{"argv": []}\n'
+    result = ferry.refused(2, "usage.missing_command", "submit", "--from", "-", stdin=bad)
+    assert "line 4 of <stdin>" in result.err and "after --" not in result.err
+    result = ferry.refused(2, "usage.bad_from_line", "submit", "--from", "-",
+                           stdin=b'{"argv": ["true"], "max_releases": null}\n')  # fmt: skip
+    assert "max_releases must be a number, not null" in result.err and "None" not in result.err
+    # A usage error points at the help of the command that refused.
+    result = ferry.refused(2, "usage.invalid", "journal", "dump", "--from", "0")
+    assert "(see 'ferry journal dump --help')" in result.err
+    # --timeout's help states the real limit.
+    assert "315360000" in ferry.ok("submit", "--help").out.decode()
+    # An id that is not UTF-8, or very long, is echoed readably and briefly.
+    result = ferry.refused(5, "task.not_found", "show", b"\xff")
+    assert "'\\xff'" in result.err and "udc" not in result.err
+    result = ferry.refused(5, "task.not_found", "show", "a" * 100_000)
+    assert len(result.err) < 200
+    # retry of a task not settled says so.
+    task_id = ferry.ok("submit", "--", "true").out.decode().strip()
+    result = ferry.refused(1, "task.not_retryable", "retry", task_id)
+    assert "QUEUED -> QUEUED" not in result.err
+    # ls --state twice lists both states.
+    ferry.ok("run", "--", "false", codes=(1,))
+    states = {t["state"] for t in ferry.json("ls", "--state", "QUEUED", "--state", "failed")}
+    assert states == {"QUEUED", "FAILED"}

@@ -38,7 +38,7 @@ from ferry.core.errors import (
 )
 from ferry.core.ids import resolve_prefix
 from ferry.core.model import Reason, Task
-from ferry.core.state import Table
+from ferry.core.state import States, Table
 from ferry.failpoints import failpoint
 from ferry.proc import alivelock
 from ferry.storage.local.statedir import fsync_dir, make_dir_durable, private_open, write_atomic
@@ -339,12 +339,12 @@ class Store:
         with self.lock:
             return self.table.live()
 
-    def newest(self, limit: int, state: str | None = None) -> list[Task]:
+    def newest(self, limit: int, state: States = None) -> list[Task]:
         """``Table.newest``: the newest ``limit`` tasks (0: all), oldest first."""
         with self.lock:
             return self.table.newest(limit, state)
 
-    def count(self, state: str | None = None) -> int:
+    def count(self, state: States = None) -> int:
         with self.lock:
             return self.table.count(state)
 

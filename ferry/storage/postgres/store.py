@@ -33,7 +33,7 @@ from ferry.core.errors import DatabaseError, LeaseHeldError, RefusedError
 from ferry.core.fold import task_from_record, task_to_record
 from ferry.core.ids import resolve_prefix
 from ferry.core.model import IN_FLIGHT_STATES, Reason, State, Task
-from ferry.core.state import SNAPSHOT_FORMAT, Table
+from ferry.core.state import SNAPSHOT_FORMAT, States, Table
 from ferry.storage.postgres import schema
 from ferry.storage.postgres.connect import Database, host_id
 
@@ -229,7 +229,7 @@ class PgStore:
             ([*_IN_FLIGHT, State.QUEUED.value],),
         )
 
-    def newest(self, limit: int, state: str | None = None) -> list[Task]:
+    def newest(self, limit: int, state: States = None) -> list[Task]:
         where = "" if state is None else "WHERE state = %(state)s"
         bound = "" if not limit else "LIMIT %(limit)s"
         found = self._tasks(
@@ -238,7 +238,7 @@ class PgStore:
         )
         return found[::-1]
 
-    def count(self, state: str | None = None) -> int:
+    def count(self, state: States = None) -> int:
         where = "" if state is None else "WHERE state = %s"
         row = self.db.execute(
             f"SELECT count(*) FROM ferry_tasks {where}", (state,) if state else ()
