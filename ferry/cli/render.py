@@ -57,7 +57,7 @@ def _short_time(rfc3339: str | None) -> str:
 
 
 def table(tasks: Sequence[Any]) -> str:
-    header = ("ID", "STATE", "REASON", "ATT", "EXIT", "CREATED", "NAME/COMMAND")
+    header = ("#", "ID", "STATE", "REASON", "ATT", "EXIT", "CREATED", "NAME/COMMAND")
     rows = [header]
     for task in tasks:
         obj = task_json(task)
@@ -69,6 +69,7 @@ def table(tasks: Sequence[Any]) -> str:
         label = obj["name"] or " ".join(obj["argv"])
         rows.append(
             (
+                str(obj["number"] or "-"),
                 obj["id"],
                 obj["state"],
                 obj["reason"] or "-",

@@ -343,7 +343,7 @@ def _evolve(task: Task, change: Mapping[str, Any]) -> Task:
 _SCALARS = ("id", "attempt", "releases", "exit_code", "signal", "created_at", "started_at",
             "ended_at", "heartbeat_at", "pid", "pgid", "start_time", "claimed_by",
             "claim_token", "marker", "cancel_requested", "submit_seq", "queue_seq",
-            "updated_seq")  # fmt: skip
+            "updated_seq", "number")  # fmt: skip
 
 
 def _is_empty(value: Any) -> bool:

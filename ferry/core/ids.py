@@ -65,6 +65,15 @@ def is_task_id(text: str) -> bool:
     return len(text) == ID_LENGTH and all(char in ALPHABET for char in text)
 
 
+LAST = "last"  # names the task submitted most recently
+
+
+def task_number(text: str) -> int | None:
+    """The task number ``text`` names: a decimal without a leading zero (ids start with
+    a zero for centuries yet, so a number is never an id prefix). None: not a number."""
+    return int(text) if text.isascii() and text.isdigit() and text[0] != "0" else None
+
+
 def shown(text: str, limit: int = 40) -> str:
     """A user's text as an error message may echo it: bytes that are not UTF-8 as
     ``\\xff`` (not Python's surrogates), and at most ``limit`` characters of it."""

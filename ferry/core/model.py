@@ -151,6 +151,7 @@ class Task:
     submit_seq: int = 0  # journal seq of SUBMITTED
     queue_seq: int = 0  # queue position: SUBMITTED's seq, or RETRIED's (a release keeps it)
     updated_seq: int = 0  # journal seq of the last event that changed this task
+    number: int = 0  # 1, 2, 3, ... in submission order (0: submitted before numbers)
 
     @property
     def terminal(self) -> bool:
@@ -184,6 +185,7 @@ def task_to_json(task: Task, *, show_env_values: bool = False) -> dict[str, Any]
     env: Any = dict(spec.env) if show_env_values else sorted(spec.env)
     return {
         "id": task.id,
+        "number": task.number or None,
         "name": spec.name,
         "key": spec.key,
         "argv": list(spec.argv),

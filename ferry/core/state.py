@@ -29,12 +29,13 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Protocol
 
 from ferry.core import events as ev
 from ferry.core._value import Value, init
 from ferry.core.decoding import decode
-from ferry.core.errors import FerryError
+from ferry.core.errors import FerryError, NotFoundError
 from ferry.core.fold import (
     check_event,
     check_write,
@@ -45,6 +46,7 @@ from ferry.core.fold import (
     task_key_outcome,
     task_to_record,
 )
+from ferry.core.ids import LAST, resolve_prefix, shown, task_number
 from ferry.core.model import TERMINAL_STATES, Reason, State, Task
 
 SNAPSHOT_FORMAT = 1
@@ -186,6 +188,8 @@ class Table:
         self._queue: list[tuple[int, str]] = []  # heap of (queue_seq, id); lazy deletion
         self._load_settled = load_settled
         self._settled_id_max = ""  # the greatest id of any settled task, loaded or not
+        self._numbers: dict[int, str] = {}  # task number -> id (loaded tasks)
+        self.submitted = 0  # tasks ever submitted: the number of the last one
         self.last_seq = 0
         self.lease: dict[str, Any] | None = None  # last LEASE_* event: epoch, holder, state
         self.anomalies: list[Anomaly] = []
@@ -242,6 +246,30 @@ class Table:
         """Every task (loads settled tasks), in id order."""
         for task_id in self.ids():
             yield self[task_id]
+
+    def resolve(self, reference: str) -> Task:
+        """The task ``reference`` names: its id or a unique prefix of it, its number, or
+        ``last`` (NotFoundError / AmbiguousIdError, exit 5, otherwise)."""
+        number = task_number(reference)
+        if reference == LAST or number is not None:
+            task = self.by_number(self.submitted if number is None else number)
+            if task is None:
+                raise NotFoundError(
+                    f"no task {shown(reference)}"
+                    + (" (none submitted yet)" if not self.submitted else ""),
+                    details={"prefix": shown(reference)},
+                )
+            return task
+        task = self.get(reference) or self.get(resolve_prefix(reference, self.ids()))
+        assert task is not None
+        return task
+
+    def by_number(self, number: int) -> Task | None:
+        """The task with that number (loads history if it is not a live one's)."""
+        task_id = self._numbers.get(number)
+        if task_id is None and number <= self.submitted and self._ensure_settled():
+            task_id = self._numbers.get(number)
+        return None if task_id is None else self.get(task_id)
 
     def by_key(self, key: str) -> list[str]:
         """Ids of every task submitted with ``key``, in submission order."""
@@ -352,6 +380,9 @@ class Table:
         try:
             check_event(old, event)
             new = fold_event(old, event, seq, ts)
+            if isinstance(event, ev.Submitted):
+                self.submitted += 1
+                new = replace(new, number=self.submitted)
             self._put(old, new)
             if new.spec.key is not None:
                 self._index_outcome(new.spec.key, old, new)
@@ -396,6 +427,7 @@ class Table:
             "unsafe_keys": dict(self._unsafe_index()),
             "quarantined": [task_to_record(t) for t in self.quarantined()],
             "settled_id_max": self._settled_id_max,
+            "submitted": self.submitted,
         }
 
     def settled_since(self, seq: int) -> list[dict[str, Any]]:
@@ -420,6 +452,7 @@ class Table:
         table.anomalies = [Anomaly(**anomaly) for anomaly in data.get("anomalies", ())]
         table._succeeded_keys = dict(data.get("succeeded_keys", {}))
         table._settled_id_max = str(data.get("settled_id_max", ""))
+        table.submitted = int(data.get("submitted", 0))
         for record in data["live"]:
             table._put(None, task_from_record(record))
         for record in data.get("quarantined", ()):  # settled, but needed without history
@@ -479,6 +512,8 @@ class Table:
             # What _put does for a settled task, from the record's fields:
             if known is None and key is not None:
                 self._keys.setdefault(key, []).append(task_id)
+            if record.get("number"):
+                self._numbers[int(record["number"])] = task_id
             self._quarantined.pop(task_id, None)
             self._settled.add_record(record)
             self._settled_id_max = max(self._settled_id_max, task_id)
@@ -489,6 +524,8 @@ class Table:
     def _put(self, old: Task | None, new: Task) -> None:
         if old is None and new.spec.key is not None:
             self._keys.setdefault(new.spec.key, []).append(new.id)
+        if new.number:
+            self._numbers[new.number] = new.id
         if new.state is State.FAILED and new.reason is Reason.QUARANTINED_ORPHAN_ALIVE:
             self._quarantined[new.id] = new
         else:

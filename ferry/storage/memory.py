@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 
 from ferry.core import events as ev
 from ferry.core.errors import LeaseHeldError
-from ferry.core.ids import resolve_prefix
 from ferry.core.state import States, Table
 
 if TYPE_CHECKING:
@@ -74,8 +73,9 @@ class MemoryStore:
             return self.table.get(task_id)
 
     def resolve(self, prefix: str) -> Task:
+        """The task ``prefix`` names: an id or a unique prefix of it, a number, ``last``."""
         with self._lock:
-            return self.table.get(prefix) or self.table[resolve_prefix(prefix, self.table.ids())]
+            return self.table.resolve(prefix)
 
     def live(self) -> list[Task]:
         with self._lock:

@@ -108,7 +108,7 @@ def test_the_readme_command(installed: Installed, home: Path, tmp_path: Path) ->
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0] == "hello from ferry"
-    assert lines[1].split()[:2] == ["ID", "STATE"]
+    assert lines[1].split()[:3] == ["#", "ID", "STATE"]
     row = lines[2].split()
     assert row[1] == "SUCCEEDED" and row[-1] == "hello"
     assert len(lines) == 3

@@ -101,3 +101,19 @@ def test_the_small_stumbles(ferry: Ferry) -> None:
     ferry.ok("run", "--", "false", codes=(1,))
     states = {t["state"] for t in ferry.json("ls", "--state", "QUEUED", "--state", "failed")}
     assert states == {"QUEUED", "FAILED"}
+
+
+def test_task_numbers_and_last_name_tasks_and_survive_compaction(ferry: Ferry) -> None:
+    first = ferry.ok("submit", "--", "true").out.decode().strip()
+    lines = b'{"argv": ["echo", "x"]}\n' * 3
+    ferry.ok("submit", "--from", "-", stdin=lines)
+    assert [t["number"] for t in ferry.tasks()] == [1, 2, 3, 4]
+    assert ferry.task("1")["id"] == first
+    assert ferry.task("last")["number"] == 4
+    ferry.ok("work", "--drain")
+    ferry.ok("journal", "compact")
+    assert ferry.task("1")["id"] == first  # (now from the archive)
+    fifth = ferry.ok("submit", "--", "true").out.decode().strip()
+    assert ferry.task("last")["id"] == fifth and ferry.task("5")["id"] == fifth
+    ferry.refused(5, "task.not_found", "show", "6")
+    assert ferry.ok("ls").out.decode().splitlines()[1].split()[0] == "1"

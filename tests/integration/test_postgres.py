@@ -335,3 +335,13 @@ def test_logs_of_a_task_run_on_another_host_say_where_the_log_is(hosts: Hosts) -
     [task] = hosts("b").tasks()
     result = hosts("b").refused(5, "logs.other_host", "logs", task["id"])
     assert "host a" in result.err
+
+
+def test_task_numbers_are_one_sequence_across_hosts(hosts: Hosts) -> None:
+    hosts("a").ok("submit", "--", "true")
+    hosts("b").ok("submit", "--", "true")
+    hosts("a").ok("run", "--", "true")
+    assert [t["number"] for t in hosts("b").tasks()] == [1, 2, 3]
+    assert hosts("b").task("last")["number"] == 3
+    assert hosts("a").task("2")["number"] == 2
+    hosts("a").refused(5, "task.not_found", "show", "9")

@@ -36,7 +36,6 @@ from ferry.core.errors import (
     UsageError,
     from_os_error,
 )
-from ferry.core.ids import resolve_prefix
 from ferry.core.model import Reason, Task
 from ferry.core.state import States, Table
 from ferry.failpoints import failpoint
@@ -327,13 +326,9 @@ class Store:
             return self.table.get(task_id)
 
     def resolve(self, prefix: str) -> Task:
-        """The task whose id starts with ``prefix`` (exit 5 if none or several)."""
+        """The task ``prefix`` names: an id or a unique prefix of it, a number, ``last``."""
         with self.lock:
-            task = self.table.get(prefix)
-            if task is None:
-                task = self.table.get(resolve_prefix(prefix, self.table.ids()))
-            assert task is not None
-            return task
+            return self.table.resolve(prefix)
 
     def live(self) -> list[Task]:
         with self.lock:

@@ -57,6 +57,12 @@ MIGRATIONS: tuple[str, ...] = (
         expires_at timestamptz NOT NULL
     );
     """,
+    # 2: task numbers (1, 2, 3, ... in submission order; contract.md, "Daily use")
+    """
+    CREATE SEQUENCE ferry_task_numbers;
+    ALTER TABLE ferry_tasks ADD COLUMN number bigint;
+    CREATE UNIQUE INDEX ferry_tasks_number ON ferry_tasks (number);
+    """,
 )
 VERSION = len(MIGRATIONS)
 _LOCK_ID = 0x66657272  # "ferr": serialises concurrent `db init`s

@@ -29,9 +29,9 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from ferry.core import events as ev
-from ferry.core.errors import DatabaseError, LeaseHeldError, RefusedError
+from ferry.core.errors import DatabaseError, LeaseHeldError, NotFoundError, RefusedError
 from ferry.core.fold import task_from_record, task_to_record
-from ferry.core.ids import resolve_prefix
+from ferry.core.ids import LAST, resolve_prefix, shown, task_number
 from ferry.core.model import IN_FLIGHT_STATES, Reason, State, Task
 from ferry.core.state import SNAPSHOT_FORMAT, States, Table
 from ferry.storage.postgres import schema
@@ -106,6 +106,9 @@ class PgStore:
             table.validate_batch(batch)
             records = []
             for kind, data in batch:
+                if kind == _SUBMITTED:  # its number: the fold gives it submitted + 1
+                    number = conn.execute("SELECT nextval('ferry_task_numbers')").fetchone()[0]
+                    table.submitted = int(number) - 1
                 ts = time.time()
                 seq = conn.execute(
                     "INSERT INTO ferry_events (epoch, ts, type, task, host, data)"
@@ -169,7 +172,7 @@ class PgStore:
     def _write_task(self, conn: Any, task: Task) -> None:
         conn.execute(
             "INSERT INTO ferry_tasks (id, state, reason, key, host, submit_seq, queue_seq,"
-            " updated_seq, body) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+            " updated_seq, body, number) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
             " ON CONFLICT (id) DO UPDATE SET state = excluded.state, reason = excluded.reason,"
             " host = excluded.host, queue_seq = excluded.queue_seq,"
             " updated_seq = excluded.updated_seq, body = excluded.body, updated_at = now(),"
@@ -179,7 +182,7 @@ class PgStore:
                 task.id, task.state.value, None if task.reason is None else task.reason.value,
                 task.spec.key, None if task.runner is None else task.runner.get("host_id"),
                 task.submit_seq, task.queue_seq, task.updated_seq,
-                _json(task_to_record(task)), _IN_FLIGHT,
+                _json(task_to_record(task)), task.number or None, _IN_FLIGHT,
             ),
         )  # fmt: skip
 
@@ -211,6 +214,13 @@ class PgStore:
         return found[0] if found else None
 
     def resolve(self, prefix: str) -> Task:
+        number = task_number(prefix)
+        if prefix == LAST or number is not None:
+            by = "ORDER BY submit_seq DESC LIMIT 1" if number is None else "WHERE number = %s"
+            found = self._tasks(f"SELECT body FROM ferry_tasks {by}", () if number is None else (number,))
+            if not found:
+                raise NotFoundError(f"no task {shown(prefix)}", details={"prefix": shown(prefix)})
+            return found[0]
         exact = self.get(prefix)
         if exact is not None:
             return exact
