@@ -110,7 +110,7 @@ def test_the_readme_command(installed: Installed, home: Path, tmp_path: Path) ->
     assert lines[0] == "hello from ferry"
     assert lines[1].split()[:3] == ["#", "ID", "STATE"]
     row = lines[2].split()
-    assert row[1] == "SUCCEEDED" and row[-1] == "hello"
+    assert row[2] == "SUCCEEDED" and row[-1] == "hello"
     assert len(lines) == 3
     assert home.is_dir() and (home.stat().st_mode & 0o777) == 0o700
 

@@ -23,6 +23,7 @@ from ferry.core.errors import FerryError, LeaseHeldError
 from ferry.core.ids import new_claim_token, new_task_id
 from ferry.core.spec import TaskSpec
 from ferry.proc.process import self_identity
+from ferry.storage.postgres import schema
 from ferry.storage.postgres.store import PgStore
 from tests.integration.clikit import Ferry, processes_with_env, wait_until
 
@@ -80,7 +81,7 @@ def test_db_init_is_idempotent_and_every_command_needs_it(pg_url: str, tmp_path:
         ferry.refused(125, "db.not_initialised", "run", "--", "true")
         assert ferry.json("db", "init")["created"] is True
         again = ferry.json("db", "init")
-        assert (again["created"], again["schema_version"]) == (False, 1)
+        assert (again["created"], again["schema_version"]) == (False, schema.VERSION)
         ferry.ok("run", "--", "true")
         status = ferry.json("db", "status")
         assert status["tasks"] == {"SUCCEEDED": 1} and status["host"] == "a"
@@ -272,9 +273,13 @@ def test_a_host_is_left_alone_while_its_lease_lives(hosts: Hosts) -> None:
     b.refused(1, "task.other_host", "kill", mutating)
 
 
-def test_a_paused_host_writes_nothing_once_another_decided_its_tasks(hosts: Hosts) -> None:
+def test_a_paused_host_writes_nothing_once_another_decided_its_tasks(
+    hosts: Hosts, tmp_path: Path
+) -> None:
     a = hosts("a")
-    task_id = a.ok("submit", "--", "sh", "-c", "sleep 3; echo done").out.decode().strip()
+    gate = tmp_path / "gate"  # (the task ends only once the host is continued)
+    script = f'while [ ! -e "{gate}" ]; do sleep 0.05; done; echo done'
+    task_id = a.ok("submit", "--", "sh", "-c", script).out.decode().strip()
     worker = a.start("work", "-j", "1", "--lease-ttl", "1", "--poll", "0.1", "--drain")
     wait_until(lambda: a.task(task_id)["state"] == "RUNNING", what="the task to run")
     paused = [i.pid for i in processes_with_env(f"FERRY_HOME={a.home}".encode())]
@@ -284,6 +289,7 @@ def test_a_paused_host_writes_nothing_once_another_decided_its_tasks(hosts: Host
     try:
         wait_until(lambda: b("recover", "--lease-ttl", "1").code == 3, what="b to decide")
     finally:
+        gate.touch()
         for pid in paused:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
