@@ -235,10 +235,13 @@ class Launch:
         self.channel.send("ack")
         self.forget()
 
-    def stop(self, sig: int, *, cancel: bool = False) -> None:
-        """Ask it to stop the task (SIGTERM, then SIGKILL after the task's grace)."""
+    def stop(
+        self, sig: int, *, cancel: bool = False, evidence: dict[str, Any] | None = None
+    ) -> None:
+        """Ask it to stop the task (SIGTERM, then SIGKILL after the task's grace);
+        ``evidence``: why, for the task's end (``work --halt now``)."""
         self.stop_sent = True
-        self.channel.send("stop", signal=sig, cancel=cancel)
+        self.channel.send("stop", signal=sig, cancel=cancel, evidence=evidence or {})
 
     def forward(self, sig: int) -> None:
         """A signal ferry got (SIGINT, SIGTERM, SIGHUP), for the task: sent to the

@@ -28,6 +28,7 @@ import os
 import signal
 import stat
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -171,12 +172,21 @@ def exit_status_of(outcome: Outcome) -> int:
 
 
 def settle_event(
-    task: Task, token: str, outcome: Outcome, cancelled: bool, *, escapees_stopped: bool = False
+    task: Task,
+    token: str,
+    outcome: Outcome,
+    cancelled: bool,
+    *,
+    escapees_stopped: bool = False,
+    stopped_because: Mapping[str, Any] | None = None,
 ) -> ev.Settled:
+    """``stopped_because``: why the launcher stopped the task, for its evidence
+    (``work --halt now``: ``halted_after``, the failed task)."""
     evidence: dict[str, Any] = {
         "pid": outcome.pid,
         "started_at": outcome.started_at,
         "ended_at": outcome.ended_at,
+        **(stopped_because or {}),
     }
     if outcome.forwarded_signal is not None:
         evidence["forwarded_signal"] = outcome.forwarded_signal

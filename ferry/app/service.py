@@ -1,5 +1,5 @@
-"""The use cases behind the commands: run, submit, ls, show, logs, cancel, retry, kill,
-lease, journal maintenance. The leader's use cases (claim, work, recover) are in
+"""The use cases behind the commands: run, submit, ls, show, wait, logs, cancel, retry,
+kill, lease, journal maintenance. The leader's use cases (claim, work, recover) are in
 :mod:`ferry.app.leader` and :mod:`ferry.app.worker`; this facade hands them its
 :class:`~ferry.app.session.Session`, never itself. Each method does one thing and
 returns values; the command line renders them.
@@ -33,6 +33,7 @@ from ferry.core.model import IN_FLIGHT_STATES, Reason, State, Task
 from ferry.core.spec import TaskSpec
 
 if TYPE_CHECKING:
+    from ferry.app.tally import WaitReport, WorkReport
     from ferry.core.recovery import RecoverReport
     from ferry.proc.process import ProcessIdentity
     from ferry.storage import TaskStore
@@ -190,7 +191,7 @@ class Service:
 
         return claim(self.session, lease_ttl_s=lease_ttl_s, stdout_echo_fd=stdout_echo_fd)
 
-    def work(self, **options: Any) -> int:
+    def work(self, **options: Any) -> WorkReport:
         from ferry.app.worker import work
 
         return work(self.session, **options)
@@ -222,6 +223,11 @@ class Service:
 
     def show(self, prefix: str) -> Task:
         return self._with_heartbeat(self.store.resolve(prefix))
+
+    def wait(self, prefixes: Sequence[str], *, timeout_s: float | None) -> WaitReport:
+        from ferry.app.waiting import wait
+
+        return wait(self.session, prefixes, timeout_s=timeout_s)
 
     def logs(
         self,

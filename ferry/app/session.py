@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from ferry.app.tally import Progress
+    from ferry.core.model import Task
     from ferry.core.recovery import RecoverReport
     from ferry.storage import Leases, TaskStore
 
@@ -30,6 +32,15 @@ class Reporter(Protocol):
         """A recovery pass made on the way (``claim``, ``work``): what it decided."""
         ...
 
+    def settled(self, task: Task) -> None:
+        """A task's end, durable: one ``work`` settled (its supervisors' ends, its
+        recovery's decisions), one ``wait`` waited for. Said once per task."""
+        ...
+
+    def progress(self, progress: Progress) -> None:
+        """How far a ``work`` is (only when it was asked to tell: ``progress_s``)."""
+        ...
+
 
 class Silent:
     """A reporter that says nothing (a library use, a test)."""
@@ -41,6 +52,12 @@ class Silent:
         pass
 
     def recovered(self, report: RecoverReport) -> None:
+        pass
+
+    def settled(self, task: Task) -> None:
+        pass
+
+    def progress(self, progress: Progress) -> None:
         pass
 
 

@@ -23,7 +23,7 @@ The conversation with the launcher (:mod:`ferry.proc._control`; S: supervisor, L
     S -> L  beat                                    at each heartbeat: L looks at the
                                                     journal (a cancel, a STALE mark)
     L -> S  durable  {type}                         (L wrote a record of ours)
-    L -> S  stop     {signal, cancel}               a cancel request; work stopping
+    L -> S  stop     {signal, cancel, evidence}     a cancel request; work stopping
     S -> L  ended    {records, exit_status, error}  the end, for L's group commit
     L -> S  ack                                     durable: S waits for its next task
                                                     (the channel's end: it exits)
@@ -166,6 +166,7 @@ class Supervisor:
         self.spawned: ev.Spawned | None = None  # not yet known durable
         self.spawned_due = False  # it has run SPAWNED_AFTER_S
         self.cancelled = False  # its cancel was asked for (by the launcher, or seen here)
+        self.stopped_because: dict[str, Any] = {}  # the launcher's why, for the evidence
         self.warnings: list[str] = []  # for the launcher to print (an incomplete log)
         self.spawn_at = 0.0  # wall clock, just before the spawn
 
@@ -255,7 +256,8 @@ class Supervisor:
         cancelled = self.cancelled or self._cancel_seen()
         marker = plan.env["FERRY_TASK"]
         escaped = bool(stopped or cancelled) and stop_escapees(marker, spec.kill_grace_s)
-        settled = settle_event(task, token, outcome, cancelled, escapees_stopped=escaped)
+        settled = settle_event(task, token, outcome, cancelled, escapees_stopped=escaped,
+                               stopped_because=self.stopped_because)  # fmt: skip
         if outcome.log_error:
             self.warnings.append(
                 f"warning: task {task.id}: its log is incomplete ({outcome.log_error})"
@@ -291,6 +293,7 @@ class Supervisor:
         kind = message["t"]
         if kind == "stop":
             self.cancelled = self.cancelled or bool(message.get("cancel"))
+            self.stopped_because.update(message.get("evidence") or {})
             return int(message["signal"])
         if kind == "durable" and message.get("type") == "SPAWNED":
             self.spawned = None

@@ -26,6 +26,16 @@ with -9, say) count against ``jobs`` until they end; they write their own ends.
 Signals (SIGTERM, SIGINT, SIGHUP): the first stops claiming (running tasks finish);
 the second asks every supervisor to stop its task (SIGTERM, then SIGKILL after its
 ``--kill-grace``).
+
+What it settled: each task whose end this loop wrote (or its supervisor wrote, or its
+recovery decided) is told to the session's reporter once its end is durable
+(``Reporter.settled``), and counted; ``run`` returns the counts (a
+:class:`~ferry.app.tally.WorkReport`), from which the command line chooses the exit
+status. ``halt`` (``--halt soon|now``): after the first task it settled FAILED, claim
+nothing more (a slot freed by a failure is not refilled in the write of that end: the
+next claim waits until the end is durable and known); ``now`` also stops the running
+tasks, which settle CANCELLED (the user asked for that; their evidence says
+``halted_after``: the failed task).
 """
 
 from __future__ import annotations
@@ -40,8 +50,9 @@ from typing import TYPE_CHECKING, Any
 
 from ferry.app.launch import Launch, Record, watch_journal
 from ferry.app.leader import Leadership, policy_of, recover_as
-from ferry.app.recoverer import runner_identity
+from ferry.app.recoverer import runner_identity, with_runner_state
 from ferry.app.runner import before_spawn_event, child_environ
+from ferry.app.tally import Progress, Tally, WorkReport
 from ferry.core import events as ev
 from ferry.core.errors import (
     DatabaseUnavailableError,
@@ -51,7 +62,7 @@ from ferry.core.errors import (
     RefusedError,
 )
 from ferry.core.ids import new_claim_token
-from ferry.core.model import IN_FLIGHT_STATES, Liveness, State, Task
+from ferry.core.model import IN_FLIGHT_STATES, TERMINAL_STATES, Liveness, State, Task
 from ferry.proc._outputs import SignalTrap
 from ferry.proc.liveness import probe
 
@@ -62,6 +73,7 @@ if TYPE_CHECKING:
 # pinned inputs: building an environment, well under a millisecond).
 PLAN_WAIT_S = 1.0
 PLAN_DEATHS_MAX = 3
+HALTS = ("soon", "now")
 
 
 class _Unit:
@@ -79,7 +91,12 @@ class Worker:
 
     def __init__(self, session: Session, *, jobs: int, drain: bool, poll_s: float,
                  lease_ttl_s: float, stale_after_s: float | None,
-                 kill_stale: bool = False) -> None:  # fmt: skip
+                 kill_stale: bool = False, halt: str | None = None,
+                 progress_s: float | None = None) -> None:  # fmt: skip
+        """``halt``: None, "soon" or "now" (see the module); ``progress_s``: tell the
+        reporter how far the work is at most this often (None: never)."""
+        if halt is not None and halt not in HALTS:
+            raise ValueError(f"halt must be one of {HALTS}, not {halt!r}")
         self.session = session
         self.store = session.store
         self.jobs, self.drain, self.poll_s = jobs, drain, poll_s
@@ -95,6 +112,11 @@ class Worker:
         self._cancel_before_spawn: set[str] = set()
         self._plan_deaths: dict[str, int] = {}  # task id -> supervisors that died planning it
         self.unreaped: list[Launch] = []  # gone, not yet exited (they hold a task alone)
+        self.halt, self.progress_s = halt, progress_s
+        self.tally = Tally()
+        self.halted_after: str | None = None  # the failed task after which --halt stopped us
+        self._reported: set[tuple[str, int]] = set()  # (task, attempt): settled, told
+        self._next_progress = 0.0
 
     @property
     def launches(self) -> dict[str, Launch]:
@@ -105,19 +127,26 @@ class Worker:
     def stopping(self) -> bool:
         return self.trap is not None and bool(self.trap.received)
 
+    @property
+    def closing(self) -> bool:
+        """No more claims: the lease is lost, the journal failed us, a signal, --halt."""
+        return self.halted or self.stopping or self.halted_after is not None
+
     # -- the outer life -------------------------------------------------------------------
 
-    def run(self) -> int:
+    def run(self) -> WorkReport:
         with SignalTrap() as trap:
             self.trap = trap
-            if not self._standby():
-                return 0
-            try:
-                return self._lead()
-            finally:
-                self.lead.release()
-                for pidfd in self.survivors:
-                    os.close(pidfd)
+            if self._standby():
+                try:
+                    self._lead()
+                finally:
+                    self.lead.release()
+                    for pidfd in self.survivors:
+                        os.close(pidfd)
+        tally = self.tally
+        return WorkReport(tally.succeeded, tally.failed, tally.cancelled, tally.elapsed_s,
+                          self.halted_after)  # fmt: skip
 
     def _standby(self) -> bool:
         while True:
@@ -147,7 +176,7 @@ class Worker:
         self.store.refresh()
         return bool(self.store.queued(1))
 
-    def _lead(self) -> int:
+    def _lead(self) -> None:
         epoch = self.lead.epoch
         self.lead.commit()  # LEASE_ACQUIRED: before anything is written under this epoch
         self._recover()
@@ -170,7 +199,9 @@ class Worker:
                 self._fill_slots()
                 self._await_plans()
                 self._write()
+                self._stop_if_halted_now()
                 self._let_go()
+                self._progress()
                 if self._finished():
                     break
                 wake_at = min(next_recover, next_poll, self.lead.renew_at)
@@ -185,7 +216,6 @@ class Worker:
         self.store.maybe_compact()
         if self.failures:
             raise self.failures[0]
-        return 0
 
     def _renew(self) -> None:
         """Renew the lease when due. Lost: claim nothing more; what runs finishes, but
@@ -214,7 +244,7 @@ class Worker:
     def _finished(self) -> bool:
         if self.launches:
             return False
-        if self.halted or self.stopping:
+        if self.closing:
             return True
         return self.drain and not self.survivors and not self._queue_nonempty()
 
@@ -251,7 +281,61 @@ class Worker:
             launch.forget()
 
     def _recover(self) -> None:
-        self.session.reporter.recovered(recover_as(self.lead, self.policy))
+        report = recover_as(self.lead, self.policy)
+        self.session.reporter.recovered(report)
+        terminal = {state.value for state in TERMINAL_STATES}
+        for decision in report.decisions:
+            if decision["state"] in terminal:  # (a task it decided FAILED: a failure)
+                self._settled(decision["task"])
+
+    # -- what it settled ------------------------------------------------------------------
+
+    def _settled(self, task_id: str, attempt: int | None = None) -> None:
+        """A task whose end we (or our supervisor, or our recovery) made durable: tell
+        the reporter, count it, and halt after a failure if asked to. ``attempt``: the
+        one we ran (None: as the journal says, for a recovery decision)."""
+        try:
+            task = self.store.get(task_id)
+        except (FerryError, OSError):  # (a database out of reach: not told, not counted)
+            return
+        if task is None or not task.terminal or attempt not in (None, task.attempt):
+            return
+        if (task.id, task.attempt) in self._reported:
+            return
+        self._reported.add((task.id, task.attempt))
+        self.tally.add(task)
+        self.session.reporter.settled(with_runner_state(task, self.session.home))
+        if task.state is State.FAILED and self.halt and self.halted_after is None:
+            self.halted_after = task.id
+            then = "stopping the running tasks" if self.halt == "now" else "running ones finish"
+            self.session.notice(f"halting: task {task.id} failed; no new tasks, {then}")
+            self._stop_if_halted_now()
+
+    def _stop_if_halted_now(self) -> None:
+        """``--halt now``: every task we claimed is stopped (SIGTERM, then SIGKILL after
+        its grace), as cancelled; a claim written in the same write as the failure's end
+        too."""
+        if self.halt != "now" or self.halted_after is None:
+            return
+        for launch in self.launches.values():
+            if launch.claimed and not launch.stop_sent and launch.ended is None:
+                launch.stop(signal.SIGTERM, cancel=True,
+                            evidence={"halted_after": self.halted_after})  # fmt: skip
+
+    def _progress(self) -> None:
+        """Tell the reporter how far we are, if asked to and due."""
+        now = time.monotonic()
+        if self.progress_s is None or now < self._next_progress:
+            return
+        self._next_progress = now + self.progress_s
+        try:
+            queued = sum(1 for task in self.store.live() if task.state is State.QUEUED)
+        except (FerryError, OSError):
+            return
+        running = sum(1 for launch in self.launches.values() if launch.claimed)
+        tally = self.tally
+        self.session.reporter.progress(Progress(tally.succeeded, tally.failed, tally.cancelled,
+                                                running, queued, tally.elapsed_s))  # fmt: skip
 
     def _watch_journal(self) -> None:
         """For each supervisor that beat since: what the journal asks of its task (a
@@ -293,9 +377,11 @@ class Worker:
         """Give each free slot a task (a slot whose task ended is free, even before its
         end is written: the next claim goes in the same write), to an idle supervisor
         or, failing one, a new one."""
-        if self.halted or self.stopping:
+        if self.closing:
             return
         held = self.launches
+        if self.halt and any(_ends_failed(launch) for launch in held.values()):
+            return  # (--halt: a claim now would share the failure's write; see the module)
         busy = sum(1 for launch in held.values() if launch.ended is None)
         free = self.jobs - busy - len(self.survivors)
         if free <= 0:
@@ -387,7 +473,7 @@ class Worker:
     def _units(self) -> list[_Unit]:
         """What is waiting to be written, per supervisor."""
         units = []
-        closing = self.halted or self.stopping
+        closing = self.closing
         if closing:
             self._drop_unclaimed()
         for launch in self.launches.values():
@@ -485,15 +571,20 @@ class Worker:
             launch.claimed = True
             plan_record = launch.plan_record
             if plan_record is not None and plan_record[0] == "SETTLED":
+                task_id, attempt = launch.task.id, launch.task.attempt
                 launch.forget()  # a pinned input changed: settled FAILED, nothing to run
+                self._settled(task_id, attempt)
             elif self._cancelled(launch):
                 self._cancel_before_spawn.add(launch.task.id)  # written next, then abort
             else:
                 launch.go()
         elif unit.kind == "cancelled":
-            self._cancel_before_spawn.discard(launch.task.id)
+            task_id, attempt = launch.task.id, launch.task.attempt
+            self._cancel_before_spawn.discard(task_id)
             launch.abort()
             launch.forget()
+            if error is None:
+                self._settled(task_id, attempt)
         elif unit.kind == "spawned":
             if error is None:
                 launch.written("SPAWNED")
@@ -502,7 +593,11 @@ class Worker:
         elif unit.kind == "end":
             if error is not None:  # (never its own end, which end_records left out)
                 self.session.notice(error.message)
+            task_id, attempt = launch.task.id, launch.task.attempt
             launch.ack()
+            # Ours even when end_records found it written already (by the supervisor,
+            # its launcher having been silent too long): the attempt we ran, settled.
+            self._settled(task_id, attempt)
 
     def _cancelled(self, launch: Launch) -> bool:
         task = self.store.get(launch.task.id)
@@ -516,5 +611,15 @@ class Worker:
             self.failures.append(error)
 
 
-def work(session: Session, **options: Any) -> int:
+def _ends_failed(launch: Launch) -> bool:
+    """Its task's end is known (not yet written) and says FAILED."""
+    if launch.ended is None:
+        return False
+    return any(
+        kind == "SETTLED" and data.get("state") == State.FAILED.value
+        for kind, data in launch.ended["records"]
+    )
+
+
+def work(session: Session, **options: Any) -> WorkReport:
     return Worker(session, **options).run()

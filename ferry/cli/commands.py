@@ -14,9 +14,10 @@ import click
 from click.core import ParameterSource
 
 from ferry.cli.context import run_command, task_opts
-from ferry.core.errors import LeaseHeldError, UsageError
+from ferry.core.errors import EX_TIMEOUT, LeaseHeldError, UsageError
 
 Emit = Callable[[Any, str | None, Any], None]
+_PROGRESS_S = 0.25  # how often work's live progress line is redrawn, at most
 
 _STATES = [
     "QUEUED",
@@ -149,7 +150,12 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
             ctx.ran(ctx.service().claim(lease_ttl_s=lease_ttl, stdout_echo_fd=ctx.stdout_echo_fd))
         )
 
-    @cli.command(epilog=_example("ferry work -j 4 --drain"))
+    @cli.command(
+        epilog=_example(
+            "ferry work -j 4 --drain --halt soon || echo 'a task did not succeed'\n"
+            "ferry --json work --drain | jq -r 'select(.state != \"SUCCEEDED\") | .id'"
+        )
+    )
     @click.option(
         "-j",
         "--jobs",
@@ -158,7 +164,19 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
         show_default=True,
         help="How many tasks run at once.",
     )
-    @click.option("--drain", is_flag=True, help="Exit 0 once the queue is empty and nothing runs.")
+    @click.option(
+        "--drain",
+        is_flag=True,
+        help="Exit once the queue is empty and nothing runs: 0 if every task this worker"
+        " settled SUCCEEDED, else 1.",
+    )
+    @click.option(
+        "--halt",
+        type=click.Choice(["soon", "now"]),
+        help="After the first task that FAILED, claim no more and exit 1: soon lets the"
+        " running tasks end; now also stops them (SIGTERM, SIGKILL after their"
+        " --kill-grace; they settle CANCELLED).",
+    )
     @click.option(
         "--poll",
         type=click.FloatRange(0.01, 3600),
@@ -179,6 +197,7 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
         ctx: Any,
         jobs: int,
         drain: bool,
+        halt: str | None,
         poll: float,
         lease_ttl: float,
         stale_after: float | None,
@@ -186,19 +205,66 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
     ) -> int:
         """The leader loop: lead (or wait as standby), recover, run queued tasks, N at a time.
 
+        Each task it settles is one line on stderr (id, state, exit status or signal,
+        duration, name); with --json, its task object on stdout (JSON Lines) instead.
+        With --drain on a terminal, a live progress line too. At the end, a summary
+        line: N succeeded, M failed, K cancelled in T s. -q: none of them.
+
         SIGTERM: stop claiming, let running tasks finish, release the lease. A second
         signal stops the running tasks at once (SIGTERM, SIGKILL after their --kill-grace).
         """
-        return int(
-            ctx.service().work(
+        reporter = ctx.reporter
+        reporter.json_lines = True
+        draw = drain and ctx.verbosity >= 0 and render.stderr_is_terminal()
+        try:
+            report = ctx.service().work(
                 jobs=jobs,
                 drain=drain,
                 poll_s=poll,
                 lease_ttl_s=lease_ttl,
                 stale_after_s=stale_after,
                 kill_stale=kill_stale,
+                halt=halt,
+                progress_s=_PROGRESS_S if draw else None,
             )
+        finally:
+            reporter.end_progress()
+        if ctx.verbosity >= 0:
+            render.stderr_line(render.summary(report))
+        failed = report.halted_after is not None or (drain and not report.all_succeeded)
+        return 1 if failed else 0
+
+    @cli.command(
+        epilog=_example(
+            "ferry wait $(ferry submit -- make test) && echo passed\n"
+            "ferry wait --timeout 3600   # every task not yet settled"
         )
+    )
+    @click.argument("task_ids", nargs=-1, metavar="[ID]...")
+    @click.option(
+        "--timeout",
+        type=click.FloatRange(0, 10**9),
+        help="Give up after this many seconds: exit 124.",
+    )
+    @click.pass_obj
+    def wait(ctx: Any, task_ids: tuple[str, ...], timeout: float | None) -> int:
+        """Wait until tasks settle: exit 0 if all SUCCEEDED, 1 if not, 124 on --timeout.
+
+        No ID: every task not settled when it starts. Each task is one line on stderr as
+        it settles, then a summary; with --json, the tasks' objects as one array on stdout
+        at the end (on a timeout too, as they are then).
+        """
+        report = ctx.service().wait(list(task_ids), timeout_s=timeout)
+        if ctx.as_json:
+            render.write_json([render.task_json(task) for task in report.tasks])
+        if report.timed_out:
+            count, total = len(report.unsettled), len(report.tasks)
+            tasks = "task" if total == 1 else "tasks"
+            ctx.reporter.notice(f"{count} of {total} {tasks} not settled after {timeout or 0:g} s")
+            return EX_TIMEOUT
+        if ctx.verbosity >= 0:
+            render.stderr_line(render.summary(report))
+        return 0 if report.all_succeeded else 1
 
     @cli.command(epilog=_example("* * * * * ferry recover   # crontab: silent unless it acts"))
     @click.option("--dry-run", is_flag=True, help="Decide and print, journal nothing.")

@@ -7,9 +7,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ferry.app.runner import RunResult
     from ferry.app.service import Service
+    from ferry.app.tally import Progress
     from ferry.core.errors import FerryError
+    from ferry.core.model import Task
     from ferry.core.recovery import RecoverReport
 
 
@@ -32,13 +36,13 @@ class Ctx:
         self.verbosity = verbosity
         self.database, self.host = database, host
         self.runs_task = False
+        self.reporter = CliReporter(verbosity, as_json=as_json)
         Ctx.current = self
 
     def service(self) -> Service:
         from ferry.app.service import Service  # lazy: keeps `ferry --help` cheap
 
-        reporter = CliReporter(self.verbosity)
-        return Service.open(self.home, reporter, database=self.database, host=self.host)
+        return Service.open(self.home, self.reporter, database=self.database, host=self.host)
 
     def ran(self, result: RunResult | None) -> int:
         """``run``/``claim``: under --json the task is the one document on stdout (the
@@ -64,16 +68,58 @@ class Ctx:
 
 
 class CliReporter:
-    """The notices of a use case still running, on stderr, as ``--quiet``/``-v`` ask."""
+    """The notices of a use case still running, on stderr, as ``--quiet``/``-v`` ask;
+    the tasks it settled, one line each on stderr (not under ``--quiet``), or, when
+    ``json_lines`` (``work --json``), each one's task object on stdout; and a live
+    progress line on stderr, redrawn in place, which every other line first clears."""
 
-    def __init__(self, verbosity: int) -> None:
+    def __init__(self, verbosity: int, *, as_json: bool = False) -> None:
         self.verbosity = verbosity
+        self.as_json = as_json
+        self.json_lines = False  # settled tasks as JSON Lines on stdout (work --json)
+        self.live_line = ""  # the progress line drawn now ("": none)
 
     def notice(self, message: str) -> None:
         if self.verbosity >= 0:
             from ferry.cli import render
 
-            render.notice(message)
+            self._around_live_line(lambda: render.notice(message))
+
+    def settled(self, task: Task) -> None:
+        from ferry.cli import render
+
+        if self.as_json:
+            if self.json_lines:
+                render.write_json(render.task_json(task))
+        elif self.verbosity >= 0:
+            self._around_live_line(lambda: render.stderr_line(render.settled_line(task)))
+
+    def progress(self, progress: Progress) -> None:
+        if self.verbosity >= 0:
+            from ferry.cli import render
+
+            text = render.progress_text(progress)
+            if text != self.live_line:
+                self.live_line = text
+                render.redraw(text)
+
+    def end_progress(self) -> None:
+        """Clear the progress line for good (the command's own last words follow)."""
+        if self.live_line:
+            from ferry.cli import render
+
+            render.redraw("")
+            self.live_line = ""
+
+    def _around_live_line(self, write: Callable[[], None]) -> None:
+        if not self.live_line:
+            write()
+            return
+        from ferry.cli import render
+
+        render.redraw("")
+        write()
+        render.redraw(self.live_line)
 
     def detail(self, message: str) -> None:
         if self.verbosity > 0:

@@ -88,6 +88,92 @@ def table(tasks: Sequence[Any]) -> str:
     )
 
 
+# ---- work and wait: each settled task, the progress, the summary -------------------
+
+
+def settled_line(task: Any) -> str:
+    """One settled task: id, state, exit status or signal (and the reason when they do
+    not tell it), duration, name or command."""
+    from ferry.core.model import Reason
+
+    parts = []
+    if task.exit_code is not None:
+        parts.append(f"exit {task.exit_code}")
+    elif task.signal is not None:
+        parts.append(f"signal {task.signal}")
+    if task.reason is not None and task.reason not in (Reason.EXIT_NONZERO, Reason.SIGNALLED):
+        parts.append(str(task.reason))
+    ended = ", ".join(parts) or "-"
+    took = "-"
+    if task.started_at is not None and task.ended_at is not None:
+        took = duration(max(0.0, task.ended_at - task.started_at))
+    label = task.spec.name or " ".join(task.spec.argv)
+    label = label if len(label) <= 80 else label[:77] + "..."
+    return f"{task.id}  {task.state:<9}  {ended:<12}  {took:>6}  {label}"
+
+
+def duration(seconds: float) -> str:
+    if seconds < 10:
+        return f"{seconds:.2f}s"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    whole = round(seconds)
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+
+
+def progress_text(progress: Any) -> str:
+    """``work``'s live line: done/total, running, failed, the time left at the pace so
+    far (? before the first task settled)."""
+    eta = progress.eta_s
+    left = "?" if eta is None else duration(eta)
+    return (
+        f"{progress.done}/{progress.total} done, {progress.running} running,"
+        f" {progress.failed} failed, ETA {left}"
+    )
+
+
+def summary(report: Any) -> str:
+    """``N succeeded[, M failed][, K cancelled] in T s`` (a work's or a wait's report):
+    the counts beyond succeeded only when not zero."""
+    text = f"{report.succeeded} succeeded"
+    if report.failed:
+        text += f", {report.failed} failed"
+    if report.cancelled:
+        text += f", {report.cancelled} cancelled"
+    return f"{text} in {report.elapsed_s:.1f} s"
+
+
+def stderr_line(text: str) -> None:
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
+def stderr_is_terminal() -> bool:
+    """Whether a live line may be redrawn in place on stderr (not on a dumb one)."""
+    import os
+
+    try:
+        return sys.stderr.isatty() and os.environ.get("TERM") != "dumb"
+    except ValueError:  # (closed)
+        return False
+
+
+def redraw(text: str) -> None:
+    """Replace the live line on stderr with ``text`` (empty: clear it): back to the
+    line's start, clear to its end, write, no newline. Cut to the terminal's width: a
+    line that wrapped could not be redrawn in place."""
+    import os
+
+    try:
+        width = os.get_terminal_size(sys.stderr.fileno()).columns or 80  # (0: not set)
+    except (OSError, ValueError):
+        width = 80
+    sys.stderr.write("\r\x1b[K" + text[: max(0, width - 1)])
+    sys.stderr.flush()
+
+
 def detail(obj: Mapping[str, Any]) -> str:
     lines = []
     for key, value in obj.items():

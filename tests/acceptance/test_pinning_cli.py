@@ -132,7 +132,7 @@ def test_stale_pointer_without_a_patch_never_runs_the_command(ferry: Ferry, work
     assert submitted.returncode == 0, submitted.stderr
     (work / "calc.ts").write_bytes(NEW)
     drained = ferry("work", "--drain")
-    assert drained.returncode == 0, drained.stderr
+    assert drained.returncode == 1, drained.stderr  # (the task it settled FAILED)
     assert child_ran(work) is None
     task = ferry.only_task()
     assert (task["state"], task["reason"]) == ("FAILED", "POINTER_STALE")

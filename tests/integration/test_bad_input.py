@@ -216,7 +216,7 @@ def test_an_argv_that_exec_refuses_fails_spawn_failed_at_dispatch(cli: Ferry) ->
     line = json.dumps({"argv": ["true"], "env": [f"V{i}=" + "y" * 100_000 for i in range(30)]})
     line = line.encode()
     task_id = cli("submit", "--from", "-", stdin=line).text.strip()
-    assert cli("work", "--drain").code == 0
+    assert cli("work", "--drain").code == 1  # (a task it settled FAILED)
     task = cli.task(task_id)
     assert (task["state"], task["reason"]) == ("FAILED", "SPAWN_FAILED")
     assert task["evidence"]["error"]["code"] == "spawn.other"

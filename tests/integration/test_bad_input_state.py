@@ -142,8 +142,8 @@ PLANTS: dict[str, tuple[str, str, list[str], int, str]] = {
                          "state_dir.symlink"),
     "the archive directory": ("archive", "dir", ["journal", "compact"], 125,
                               "state_dir.symlink"),
-    "the log directory": ("logs/{retried}", "dir", ["work", "--drain"], 0, ""),
-    "the heartbeat file": ("heartbeats/{retried}.2", "file", ["work", "--drain"], 0, ""),
+    "the log directory": ("logs/{retried}", "dir", ["work", "--drain"], 1, ""),
+    "the heartbeat file": ("heartbeats/{retried}.2", "file", ["work", "--drain"], 1, ""),
 }  # fmt: skip
 
 
@@ -161,10 +161,10 @@ def test_a_planted_symlink_is_never_followed(cli: Ferry, tmp_path: Path, name: s
     elif link.exists():
         link.unlink()
     link.symlink_to(target if kind == "dir" else target / "bait")
-    if exit_code:
+    if code:
         cli.refused(exit_code, code, *args)
-    else:  # the runner refuses the link: the attempt fails, nothing runs
-        assert cli(*args).code == 0
+    else:  # the runner refuses the link: the attempt fails (so work --drain exits 1)
+        assert cli(*args).code == exit_code
         task = cli.task(retried)
         assert (task["state"], task["reason"], task["attempt"]) == ("FAILED", "SPAWN_FAILED", 2)
     assert sorted(os.listdir(target)) == ["bait"]

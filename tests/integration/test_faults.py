@@ -195,8 +195,9 @@ def test_too_few_file_descriptors_for_work_fails_tasks_it_cannot_start(cli: Ferr
     for _ in range(6):
         cli.ok("submit", "--", "sh", "-c", "echo hi")
     result = cli("work", "--drain", "-j", "4", preexec=fd_limit(16))
-    assert result.code == 0, result.err
     tasks = cli.tasks()
+    failed = any(t["state"] == "FAILED" for t in tasks)
+    assert result.code == (1 if failed else 0), result.err  # (1: a task it settled FAILED)
     assert {t["state"] for t in tasks} <= TERMINAL
     cli.verify_clean()
     for task in tasks:

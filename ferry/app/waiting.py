@@ -1,0 +1,62 @@
+"""``ferry wait [ID ...]``: until the tasks settle, or a timeout.
+
+It only reads: a catch-up on the journal (``refresh``; a database is read as it is)
+and a look at each task still awaited, every ``POLL_S``, asleep in between. Each task
+that settles is told to the reporter at once (``Reporter.settled``); the result says
+how each ended, or which had not settled by the deadline.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from ferry.app.recoverer import with_runner_state
+from ferry.app.tally import WaitReport
+from ferry.core.model import Task
+
+if TYPE_CHECKING:
+    from ferry.app.session import Session
+
+# How often the store is looked at: a settle is seen within this, and an idle wait
+# costs a catch-up (a stat of the journal's tail, for the local one) this often.
+POLL_S = 0.1
+
+
+def wait(
+    session: Session, prefixes: Sequence[str], *, timeout_s: float | None = None
+) -> WaitReport:
+    """Wait for the tasks ``prefixes`` name (ids, or unique prefixes of them; none:
+    every task not settled now) to settle, ``timeout_s`` at most (None: for ever)."""
+    started = time.monotonic()
+    store = session.store
+    store.refresh()
+    if prefixes:
+        found = [store.resolve(prefix) for prefix in prefixes]
+        tasks = list({task.id: task for task in found}.values())  # (named twice: once)
+    else:
+        tasks = sorted(store.live(), key=lambda task: task.submit_seq)
+    count = len(tasks)
+    session.reporter.detail(f"waiting for {count} task{'' if count == 1 else 's'}")
+    latest: dict[str, Task] = {task.id: task for task in tasks}
+    awaited = [task.id for task in tasks]
+    deadline = None if timeout_s is None else started + timeout_s
+    while True:
+        for task_id in list(awaited):
+            current = store.get(task_id)
+            if current is None:  # (never: tasks are not deleted)
+                continue
+            latest[task_id] = current
+            if current.terminal:
+                awaited.remove(task_id)
+                session.reporter.settled(with_runner_state(current, session.home))
+        if not awaited:
+            break
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            break
+        time.sleep(POLL_S if left is None else min(POLL_S, left))
+        store.refresh()
+    result = [with_runner_state(latest[task.id], session.home) for task in tasks]
+    return WaitReport(result, awaited, time.monotonic() - started)

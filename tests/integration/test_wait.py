@@ -1,0 +1,100 @@
+"""``ferry wait [ID ...]`` (issue 17): block until the tasks settle; exit 0 if all
+SUCCEEDED, 1 otherwise, 124 when ``--timeout`` passes first; no ids: every task not
+settled when it starts. ``--json``: the tasks' objects, one array, at the end."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+
+import orjson
+import pytest
+from clikit import Ferry, finish, wait_until
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def submit(ferry: Ferry, *argv: str) -> str:
+    task: dict[str, str] = orjson.loads(ferry.ok("--json", "submit", "--", *argv).text)
+    return task["id"]
+
+
+def read_until(proc: subprocess.Popen[bytes], text: str) -> str:
+    """Read ``proc``'s stderr until ``text`` appears (or fail at the deadline)."""
+    assert proc.stderr is not None
+    fd = proc.stderr.fileno()
+    os.set_blocking(fd, False)
+    seen = b""
+
+    def found() -> bool:
+        nonlocal seen
+        with contextlib.suppress(BlockingIOError):
+            seen += os.read(fd, 65536) or b""
+        return text.encode() in seen
+
+    try:
+        wait_until(found, what=f"{text!r} from ferry wait")
+    finally:
+        os.set_blocking(fd, True)
+    return seen.decode()
+
+
+def test_wait_for_a_task_that_succeeds_exits_0(ferry: Ferry) -> None:
+    task_id = submit(ferry, "true")
+    waiter = ferry.start("-v", "--json", "wait", task_id[:12])  # (a prefix, as elsewhere)
+    read_until(waiter, "waiting for 1 task")
+    assert waiter.poll() is None  # the task is queued: it waits
+    ferry.ok("work", "--drain")
+    out, err = waiter.communicate(timeout=60)
+    assert waiter.returncode == 0, err
+    [obj] = orjson.loads(out)
+    assert obj == ferry.task(task_id)
+
+
+def test_wait_for_a_task_that_fails_exits_1(ferry: Ferry) -> None:
+    good, bad = submit(ferry, "true"), submit(ferry, "false")
+    waiter = ferry.start("-v", "wait", good, bad)
+    read_until(waiter, "waiting for 2 tasks")
+    ferry("work", "--drain")
+    code, err = finish(waiter)
+    assert code == 1, err
+    assert any(line.startswith(bad) and " FAILED " in line for line in err.splitlines()), err
+    assert err.splitlines()[-1].startswith("1 succeeded, 1 failed in "), err
+
+
+def test_wait_for_a_settled_task_answers_at_once(ferry: Ferry) -> None:
+    failed = ferry("--json", "run", "--", "false").json()["id"]
+    result = ferry("--json", "wait", failed)
+    assert result.code == 1, result
+    assert [obj["id"] for obj in result.json()] == [failed]
+
+
+def test_wait_times_out_with_124(ferry: Ferry) -> None:
+    queued = submit(ferry, "true")  # no worker: it stays queued
+    result = ferry("--json", "wait", "--timeout", "0.3", queued)
+    assert result.code == 124, result
+    assert [(obj["id"], obj["state"]) for obj in result.json()] == [(queued, "QUEUED")]
+    assert "1 of 1 task" in result.err and "not settled" in result.err, result.err
+
+
+def test_wait_without_ids_waits_for_every_task_not_settled_when_it_starts(
+    ferry: Ferry,
+) -> None:
+    ferry("run", "--", "false")  # settled before: not waited for (else the exit is 1)
+    first, second = submit(ferry, "true"), submit(ferry, "true")
+    waiter = ferry.start("-v", "--json", "wait")
+    read_until(waiter, "waiting for 2 tasks")
+    ferry.ok("work", "--drain")
+    out, err = waiter.communicate(timeout=60)
+    assert waiter.returncode == 0, err
+    assert [obj["id"] for obj in orjson.loads(out)] == [first, second]
+
+
+def test_wait_without_ids_and_nothing_unsettled_exits_0(ferry: Ferry) -> None:
+    ferry.ok("run", "--", "true")
+    assert ferry.json("wait") == []
+
+
+def test_wait_for_an_unknown_task_is_refused(ferry: Ferry) -> None:
+    ferry.refused(5, "task.not_found", "wait", "0123456789abcdef")
