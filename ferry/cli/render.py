@@ -92,8 +92,8 @@ def table(tasks: Sequence[Any]) -> str:
 
 
 def settled_line(task: Any) -> str:
-    """One settled task: id, state, exit status or signal (and the reason when they do
-    not tell it), duration, name or command."""
+    """One settled task: number, id, state, exit status or signal (and the reason when
+    they do not tell it), duration, name or command."""
     from ferry.core.model import Reason
 
     parts = []
@@ -109,7 +109,8 @@ def settled_line(task: Any) -> str:
         took = duration(max(0.0, task.ended_at - task.started_at))
     label = task.spec.name or " ".join(task.spec.argv)
     label = label if len(label) <= 80 else label[:77] + "..."
-    return f"{task.id}  {task.state:<9}  {ended:<12}  {took:>6}  {label}"
+    number = f"#{task.number}" if task.number else "#-"
+    return f"{number:<5} {task.id}  {task.state:<9}  {ended:<12}  {took:>6}  {label}"
 
 
 def duration(seconds: float) -> str:

@@ -59,7 +59,7 @@ def test_wait_for_a_task_that_fails_exits_1(ferry: Ferry) -> None:
     ferry("work", "--drain")
     code, err = finish(waiter)
     assert code == 1, err
-    assert any(line.startswith(bad) and " FAILED " in line for line in err.splitlines()), err
+    assert any(bad in line.split() and " FAILED " in line for line in err.splitlines()), err
     assert err.splitlines()[-1].startswith("1 succeeded, 1 failed in "), err
 
 

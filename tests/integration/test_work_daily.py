@@ -75,10 +75,11 @@ def test_drain_exits_1_says_what_each_task_did_and_sums_up(ferry: Ferry) -> None
     assert result.out == b""
     lines = result.err.splitlines()
     assert len(lines) == 5, result.err  # one per task, then the summary; nothing else
-    by_task = {line.split()[0]: line for line in lines[:4]}
+    by_task = {line.split()[1]: line for line in lines[:4]}  # (#number, id, state, ...)
     assert sorted(by_task) == sorted(expected)
     for task_id, state in expected.items():
-        assert by_task[task_id].split()[1] == state, by_task[task_id]
+        assert by_task[task_id].split()[2] == state, by_task[task_id]
+    assert sorted(line.split()[0] for line in lines[:4]) == ["#1", "#2", "#3", "#4"]
     exits = {task_id: ferry.task(task_id)["exit_code"] for task_id in expected}
     for task_id, code in exits.items():
         if code is not None:
@@ -96,7 +97,7 @@ def test_drain_exits_0_when_every_task_succeeded(ferry: Ferry) -> None:
     result = ferry.ok("work", "--drain")
     lines = result.err.splitlines()
     assert len(lines) == 3, result.err
-    assert lines[0].startswith(named) and lines[0].endswith("the first")
+    assert lines[0].split()[:2] == ["#1", named] and lines[0].endswith("the first")
     match = SUMMARY.match(lines[-1])
     assert match is not None and match.groups() == ("2", None, None), lines[-1]
 
@@ -125,8 +126,8 @@ def test_a_worker_without_drain_prints_each_end_and_exits_0_when_stopped(ferry: 
     proc.send_signal(signal.SIGTERM)
     code, rest = finish(proc)
     assert code == 0, seen + rest
-    line = next(line for line in (seen + rest).splitlines() if line.startswith(failing))
-    assert line.split()[1:4] == ["FAILED", "exit", "1"], line
+    line = next(line for line in (seen + rest).splitlines() if failing in line.split())
+    assert line.split()[2:5] == ["FAILED", "exit", "1"], line
     assert "\x1b[K" not in seen + rest  # no progress line: stderr is not a terminal
 
 

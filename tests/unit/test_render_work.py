@@ -28,13 +28,13 @@ def test_a_settled_line_says_id_state_exit_duration_and_command() -> None:
             ended_at=112.5,
         )
     )
-    assert line.split() == ["01m8t1qmfxw2b61d", "FAILED", "exit", "3", "12.5s",
+    assert line.split() == ["#-", "01m8t1qmfxw2b61d", "FAILED", "exit", "3", "12.5s",
                             "/bin/sh", "-c", "exit", "3"]  # fmt: skip
 
 
 def test_a_settled_line_names_the_reason_the_exit_does_not_tell() -> None:
     never_ran = render.settled_line(task(state=State.FAILED, reason=Reason.SPAWN_FAILED))
-    assert never_ran.split()[1:4] == ["FAILED", "SPAWN_FAILED", "-"]
+    assert never_ran.split()[2:5] == ["FAILED", "SPAWN_FAILED", "-"]
     halted = render.settled_line(
         task(
             state=State.CANCELLED,

@@ -217,7 +217,9 @@ class PgStore:
         number = task_number(prefix)
         if prefix == LAST or number is not None:
             by = "ORDER BY submit_seq DESC LIMIT 1" if number is None else "WHERE number = %s"
-            found = self._tasks(f"SELECT body FROM ferry_tasks {by}", () if number is None else (number,))
+            found = self._tasks(
+                f"SELECT body FROM ferry_tasks {by}", () if number is None else (number,)
+            )
             if not found:
                 raise NotFoundError(f"no task {shown(prefix)}", details={"prefix": shown(prefix)})
             return found[0]
