@@ -183,7 +183,7 @@ def _quiet(cmd: list[str], env: dict[str, str], log: IO[bytes]) -> subprocess.Po
     )
 
 
-def _wait_all(procs: list[subprocess.Popen[bytes]], what: str) -> None:
+def _wait_all(procs: list[subprocess.Popen[bytes]], what: str, log: Path) -> None:
     deadline = time.monotonic() + WORKER_TIMEOUT_S
     try:
         for proc in procs:
@@ -195,7 +195,8 @@ def _wait_all(procs: list[subprocess.Popen[bytes]], what: str) -> None:
                 proc.wait()
     codes = [proc.returncode for proc in procs]
     if any(codes):
-        raise RuntimeError(f"{what} exited {codes}")
+        tail = log.read_text(errors="replace")[-4000:]
+        raise RuntimeError(f"{what} exited {codes}; its stderr (tail):\n{tail}")
 
 
 def _ferry_run(server: Any, tmp: Path, n: int, run_no: int) -> tuple[float, dict[str, float]]:
@@ -219,7 +220,7 @@ def _ferry_run(server: Any, tmp: Path, n: int, run_no: int) -> tuple[float, dict
             _quiet(work, _ferry_env(url, root / f"h{i}", f"h{i}"), log)
             for i in range(1, THROUGHPUT_WORKERS + 1)
         ]
-        _wait_all(procs, f"ferry work (see {root / 'workers.log'})")
+        _wait_all(procs, "ferry work", root / "workers.log")
         seconds = time.perf_counter() - start
     counts = counters.per_task(n)
     done = server.execute(
@@ -254,7 +255,7 @@ def _procrastinate_run(
     with log_path.open("wb") as log:
         start = time.perf_counter()
         procs = [_quiet(cmd, env, log) for _ in range(THROUGHPUT_WORKERS)]
-        _wait_all(procs, f"procrastinate worker (see {log_path})")
+        _wait_all(procs, "procrastinate worker", log_path)
         seconds = time.perf_counter() - start
     counts = counters.per_task(n)
     done = server.execute(
