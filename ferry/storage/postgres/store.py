@@ -6,9 +6,10 @@ rows as they are (never a table read earlier):
 1. a leader's write (``epoch`` > 0) first checks, ``FOR SHARE``, that its host's lease
    still has that epoch and has not expired (by the database's clock): a worker paused
    past its lease is fenced (``journal.fenced``) and writes nothing;
-2. the rows of the tasks it is about are locked ``FOR UPDATE`` (claims: ``SKIP LOCKED``,
-   so two claimers never wait for each other: a row another claimer holds is refused at
-   once, and that claimer takes the next task); the keys it touches are serialised by a
+2. the rows of the tasks it is about are locked ``FOR UPDATE`` (the rows it claims:
+   ``SKIP LOCKED``, so two claimers never wait for each other: a row another claimer
+   holds is refused at once, and that claimer takes the next task; its other rows are
+   waited for, first); the keys it touches are serialised by a
    transaction-scoped advisory lock, and every task with such a key is read;
 3. those rows are folded into a ``ferry.core.state.Table`` and the batch is validated
    by the same rules as the local journal (``ferry.core.fold``: the claim token of every
@@ -90,7 +91,13 @@ class PgStore:
         with self.db.transaction() as conn:
             if epoch > 0:
                 self._check_lease(conn, epoch)
-            rows = self._lock_tasks(conn, ids, skip_locked=bool(claims))
+            # SKIP LOCKED for the claimed rows only: another claimer holding one has
+            # it (refused at once). The batch's other rows (a worker's ends, written
+            # with its next claim) are waited for: a claimer that picked one from the
+            # queue a moment before it was claimed holds it until refused. They are
+            # locked first, in id order; the claimed rows after them never wait.
+            rows = self._lock_tasks(conn, [i for i in ids if i not in claims], skip_locked=False)
+            rows.update(self._lock_tasks(conn, sorted(claims), skip_locked=True))
             taken = claims - set(rows)
             if taken and self._existing(conn, sorted(taken)):
                 raise RefusedError(
