@@ -195,6 +195,28 @@ def test_sixteen_claimers_over_twenty_thousand_tasks(hosts: Hosts, pg_url: str) 
     exclusive_claims(pg_url, claimers=16, tasks=20_000)
 
 
+def test_a_batch_s_events_are_numbered_in_batch_order(hosts: Hosts, pg_url: str) -> None:
+    """A commit inserts its events in one statement: the seqs it reports are the rows'
+    own, rising in the batch's order (every fold follows seq), not the ids' order."""
+    store = PgStore.open(pg_url, "a")
+    spec = TaskSpec(argv=("true",), cwd="/")
+    batch = [ev.Submitted(new_task_id(time.time_ns(), os.urandom(4)), spec, time.time())
+             for _ in range(300)]  # fmt: skip
+    try:
+        records = store.commit(*batch)
+        with psycopg.connect(pg_url) as conn:
+            rows = conn.execute(
+                "SELECT seq, task FROM ferry_events WHERE type = 'SUBMITTED' ORDER BY seq"
+            ).fetchall()
+        assert (
+            [task for _, task in rows] == [e.task for e in batch] != sorted(e.task for e in batch)
+        )
+        assert [(seq, data["task"]) for seq, _, _, data in records] == rows
+        assert [t.id for t in store.queued(300)] == [e.task for e in batch]
+    finally:
+        store.close()
+
+
 def test_a_claim_batch_waits_for_a_locked_row_it_does_not_claim(hosts: Hosts, pg_url: str) -> None:
     """A worker's one write per turn: the end of its task X and the claim of the next
     task Y. Meanwhile another host's claimer, which picked X from the queue a moment

@@ -30,7 +30,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from ferry.core import events as ev
-from ferry.core.errors import DatabaseError, LeaseHeldError, RefusedError
+from ferry.core.errors import DatabaseError, InternalError, LeaseHeldError, RefusedError
 from ferry.core.fold import task_from_record, task_to_record
 from ferry.core.ids import resolve_prefix
 from ferry.core.model import IN_FLIGHT_STATES, Reason, State, Task
@@ -111,21 +111,35 @@ class PgStore:
             keyed = self._with_keys(conn, keys) if keys else {}
             table = _table({**keyed, **rows})
             table.validate_batch(batch)
+            ts = time.time()  # (one for the batch: its records commit together)
+            seqs = self._insert_events(conn, batch, epoch, ts)
             records = []
-            for kind, data in batch:
-                ts = time.time()
-                seq = conn.execute(
-                    "INSERT INTO ferry_events (epoch, ts, type, task, host, data)"
-                    " VALUES (%s, %s, %s, %s, %s, %s) RETURNING seq",
-                    (epoch, ts, kind, data.get("task"), self.host, _json(data)),
-                ).fetchone()[0]
+            for (kind, data), seq in zip(batch, seqs, strict=True):
                 table.apply(kind, data, seq, ts)
                 records.append((seq, epoch, kind, data))
-            for task_id in ids:
-                task = table.get(task_id)
-                if task is not None:
-                    self._write_task(conn, task)
+            self._write_tasks(conn, [t for t in map(table.get, ids) if t is not None])
         return records
+
+    def _insert_events(
+        self, conn: Any, batch: Sequence[EncodedEvent], epoch: int, ts: float
+    ) -> list[int]:
+        """The batch's events in one statement (not one round trip each), sent as one
+        JSON array (an array of jsonb would be escaped element by element, in Python);
+        their seqs, in batch order. The rows are inserted in the order of their position
+        (ORDER BY), so the identity numbers them in that order: sorted, the seqs
+        returned are the batch's, whatever order RETURNING gives them in."""
+        if not batch:
+            return []
+        found = conn.execute(
+            "INSERT INTO ferry_events (epoch, ts, type, task, host, data)"
+            " SELECT %s, %s, e.event->>'type', e.event->'data'->>'task', %s, e.event->'data'"
+            " FROM jsonb_array_elements(%s) WITH ORDINALITY AS e(event, position)"
+            " ORDER BY e.position RETURNING seq",
+            (epoch, ts, self.host, _json([{"type": kind, "data": data} for kind, data in batch])),
+        ).fetchall()
+        if len(found) != len(batch):  # (cannot happen: an INSERT inserts them all or fails)
+            raise InternalError(f"{len(batch)} events sent, {len(found)} inserted")
+        return sorted(row[0] for row in found)
 
     def _stamped(self, record: EncodedEvent) -> EncodedEvent:
         """A claim names the host of its runner (``host_id``): recovery is host-aware."""
@@ -173,22 +187,33 @@ class PgStore:
         found = conn.execute("SELECT id, body FROM ferry_tasks WHERE key = ANY(%s)", (keys,))
         return {row[0]: row[1] for row in found.fetchall()}
 
-    def _write_task(self, conn: Any, task: Task) -> None:
+    def _write_tasks(self, conn: Any, tasks: Sequence[Task]) -> None:
+        """The batch's tasks as they are now, in one statement (each id once), sent as
+        one JSON array of rows."""
+        if not tasks:
+            return
+        rows = [
+            {
+                "id": t.id, "state": t.state.value,
+                "reason": None if t.reason is None else t.reason.value, "key": t.spec.key,
+                "host": None if t.runner is None else t.runner.get("host_id"),
+                "submit_seq": t.submit_seq, "queue_seq": t.queue_seq,
+                "updated_seq": t.updated_seq, "body": task_to_record(t),
+            }
+            for t in tasks
+        ]  # fmt: skip
         conn.execute(
             "INSERT INTO ferry_tasks (id, state, reason, key, host, submit_seq, queue_seq,"
-            " updated_seq, body) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+            " updated_seq, body) SELECT * FROM jsonb_to_recordset(%s) AS t(id text,"
+            " state text, reason text, key text, host text, submit_seq bigint,"
+            " queue_seq bigint, updated_seq bigint, body jsonb)"
             " ON CONFLICT (id) DO UPDATE SET state = excluded.state, reason = excluded.reason,"
             " host = excluded.host, queue_seq = excluded.queue_seq,"
             " updated_seq = excluded.updated_seq, body = excluded.body, updated_at = now(),"
             " heartbeat_at = CASE WHEN excluded.state = ANY(%s) THEN ferry_tasks.heartbeat_at"
             " END",
-            (
-                task.id, task.state.value, None if task.reason is None else task.reason.value,
-                task.spec.key, None if task.runner is None else task.runner.get("host_id"),
-                task.submit_seq, task.queue_seq, task.updated_seq,
-                _json(task_to_record(task)), _IN_FLIGHT,
-            ),
-        )  # fmt: skip
+            (_json(rows), _IN_FLIGHT),
+        )
 
     def beat(self, task: Task) -> bool:
         """The task's supervisor is alive: the beat other hosts' recovery reads. Fenced
@@ -247,13 +272,19 @@ class PgStore:
 
     def queued(self, limit: int) -> list[Task]:
         """Claim candidates, oldest first, skipping rows another claimer holds now (a
-        MATERIALIZED CTE: the planner cannot re-run the LIMIT and lock more rows)."""
-        return self._tasks(
-            "WITH next AS MATERIALIZED (SELECT id FROM ferry_tasks WHERE state = 'QUEUED'"
-            " ORDER BY queue_seq, id LIMIT %s FOR UPDATE SKIP LOCKED)"
-            " SELECT body FROM ferry_tasks JOIN next USING (id) ORDER BY queue_seq, id",
-            (limit,),
-        )
+        MATERIALIZED CTE: the planner cannot re-run the LIMIT and lock more rows).
+
+        The locks are only for SKIP LOCKED and are let go at once, by a rollback: a row
+        lock gives the transaction an id, and its COMMIT would wait for a WAL flush
+        (as long as a claim's own) for nothing durable."""
+        with self.db.transaction(rollback=True) as conn:
+            rows = conn.execute(
+                "WITH next AS MATERIALIZED (SELECT id FROM ferry_tasks WHERE state = 'QUEUED'"
+                " ORDER BY queue_seq, id LIMIT %s FOR UPDATE SKIP LOCKED)"
+                " SELECT body FROM ferry_tasks JOIN next USING (id) ORDER BY queue_seq, id",
+                (limit,),
+            ).fetchall()
+        return [_task(row) for row in rows]
 
     def quarantined(self) -> list[Task]:
         return self._tasks(
