@@ -44,6 +44,7 @@ import importlib.util
 import json
 import math
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -108,10 +109,13 @@ class Counters:
     after, once that side's sessions are all gone (a backend reports its transaction
     counts when it exits)."""
 
-    FIELDS = ("commits", "writes", "round_trips", "wal_syncs", "sessions")
+    FIELDS = ("commits", "writes", "round_trips", "wal_syncs", "sessions", "db_cpu_ms")
 
     def __init__(self, server: Any, dbname: str) -> None:
         self.server, self.dbname = server, dbname
+        backend = int(server.execute("SELECT pg_backend_pid()")[0][0])
+        status = Path(f"/proc/{backend}/status").read_text()
+        self.postmaster = int(status.split("PPid:", 1)[1].split()[0])
         self.statements = bool(
             server.execute(
                 "SELECT count(*) FROM pg_extension WHERE extname = 'pg_stat_statements'"
@@ -128,6 +132,11 @@ class Counters:
         # The next transaction id (this statement takes one itself: counted out below).
         counts["writes"] = int(execute("SELECT pg_current_xact_id()::text::bigint")[0][0])
         counts["wal_syncs"] = int(execute("SELECT wal_sync FROM pg_stat_wal")[0][0])
+        # The server's processes that exited (backends, autovacuum workers), reaped by
+        # the postmaster: its children's CPU.
+        fields = Path(f"/proc/{self.postmaster}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks = int(fields[13]) + int(fields[14])  # cutime, cstime
+        counts["db_cpu_ms"] = ticks * 1000 // os.sysconf("SC_CLK_TCK")
         counts["round_trips"] = 0
         if self.statements:
             counts["round_trips"] = int(
@@ -177,6 +186,12 @@ def _ferry_env(url: str, home: Path, host: str = "admin") -> dict[str, str]:
     return env
 
 
+def _children_cpu_s() -> float:
+    """User and system CPU of every child process reaped so far (and of theirs)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _quiet(cmd: list[str], env: dict[str, str], log: IO[bytes]) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log
@@ -214,6 +229,7 @@ def _ferry_run(server: Any, tmp: Path, n: int, run_no: int) -> tuple[float, dict
     counters = Counters(server, dbname)
     log = (root / "workers.log").open("wb")
     with log:
+        cpu = _children_cpu_s()
         start = time.perf_counter()
         work = [*ferry, "work", "-j", str(THROUGHPUT_JOBS), "--drain"]
         procs = [
@@ -222,7 +238,9 @@ def _ferry_run(server: Any, tmp: Path, n: int, run_no: int) -> tuple[float, dict
         ]
         _wait_all(procs, "ferry work", root / "workers.log")
         seconds = time.perf_counter() - start
+        cpu = _children_cpu_s() - cpu
     counts = counters.per_task(n)
+    counts["cpu_ms"] = cpu * 1000 / n
     done = server.execute(
         "SELECT count(*) FROM ferry_tasks WHERE state = 'SUCCEEDED'", dbname=dbname
     )[0][0]
@@ -253,11 +271,14 @@ def _procrastinate_run(
            "worker", f"--concurrency={THROUGHPUT_JOBS}", "--one-shot"]  # fmt: skip
     log_path = tmp / f"procrastinate{run_no}.log"
     with log_path.open("wb") as log:
+        cpu = _children_cpu_s()
         start = time.perf_counter()
         procs = [_quiet(cmd, env, log) for _ in range(THROUGHPUT_WORKERS)]
         _wait_all(procs, "procrastinate worker", log_path)
         seconds = time.perf_counter() - start
+        cpu = _children_cpu_s() - cpu
     counts = counters.per_task(n)
+    counts["cpu_ms"] = cpu * 1000 / n
     done = server.execute(
         "SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'", dbname=dbname
     )[0][0]
@@ -277,6 +298,8 @@ def _count_fields(prefix: str, counts: dict[str, float]) -> dict[str, str]:
         f"{prefix}round_trips_per_task": f"{counts['round_trips']:.2f}",
         f"{prefix}wal_syncs_per_task": f"{counts['wal_syncs']:.2f}",
         f"{prefix}sessions": f"{counts['sessions']:.0f}",
+        f"{prefix}cpu_ms_per_task": f"{counts['cpu_ms']:.1f}",
+        f"{prefix}db_cpu_ms_per_task": f"{counts['db_cpu_ms']:.1f}",
     }
 
 
