@@ -18,11 +18,13 @@ pg-throughput     four `ferry work -j 2 --drain` processes, four simulated hosts
                   workers' run (submission excluded): `commits_per_task` (transactions
                   committed in the database, read-only ones in autocommit included;
                   pg_stat_database.xact_commit), `writes_per_task` (transactions that
-                  got a transaction id: each one's COMMIT waits for a WAL flush; a row
-                  lock is enough to get one), `round_trips_per_task` (statements
-                  executed, BEGIN and COMMIT included: pg_stat_statements calls; the
-                  connections' start-up not counted), `wal_syncs_per_task` (WAL fsyncs,
-                  several commits may share one) and `sessions`.
+                  got a transaction id, rolled-back ones included: each one's COMMIT
+                  waits for a WAL flush; a row lock is enough to get one),
+                  `round_trips_per_task` (statements executed, BEGIN and COMMIT
+                  included: pg_stat_statements calls; the connections' start-up not
+                  counted), `wal_syncs_per_task` (WAL fsyncs, several commits may share
+                  one), `sessions`, `cpu_ms_per_task` (the side's own processes: the
+                  children's rusage) and `db_cpu_ms_per_task` (the server's backends).
 pg-claim-latency  eight claimer processes (hosts c1..c8, each its own PgStore connection
                   and its host's lease, as `ferry work` claims) drain a queue of 2,000
                   tasks; each claim is timed from asking (`store.queued(1)`) until
