@@ -21,6 +21,7 @@ import pytest
 from ferry.core import events as ev
 from ferry.core.errors import FerryError, LeaseHeldError
 from ferry.core.ids import new_claim_token, new_task_id
+from ferry.core.model import State
 from ferry.core.spec import TaskSpec
 from ferry.proc.process import self_identity
 from ferry.storage.postgres import schema
@@ -193,6 +194,82 @@ def test_concurrent_claimers_claim_each_task_exactly_once(hosts: Hosts, pg_url: 
 @pytest.mark.timeout(900)
 def test_sixteen_claimers_over_twenty_thousand_tasks(hosts: Hosts, pg_url: str) -> None:
     exclusive_claims(pg_url, claimers=16, tasks=20_000)
+
+
+def test_a_batch_s_events_are_numbered_in_batch_order(hosts: Hosts, pg_url: str) -> None:
+    """A commit inserts its events in one statement: the seqs it reports are the rows'
+    own, rising in the batch's order (every fold follows seq), not the ids' order."""
+    store = PgStore.open(pg_url, "a")
+    spec = TaskSpec(argv=("true",), cwd="/")
+    batch = [ev.Submitted(new_task_id(time.time_ns(), os.urandom(4)), spec, time.time())
+             for _ in range(300)]  # fmt: skip
+    try:
+        records = store.commit(*batch)
+        with psycopg.connect(pg_url) as conn:
+            rows = conn.execute(
+                "SELECT seq, task FROM ferry_events WHERE type = 'SUBMITTED' ORDER BY seq"
+            ).fetchall()
+        assert (
+            [task for _, task in rows] == [e.task for e in batch] != sorted(e.task for e in batch)
+        )
+        assert [(seq, data["task"]) for seq, _, _, data in records] == rows
+        assert [t.id for t in store.queued(300)] == [e.task for e in batch]
+    finally:
+        store.close()
+
+
+def test_a_claim_batch_waits_for_a_locked_row_it_does_not_claim(hosts: Hosts, pg_url: str) -> None:
+    """A worker's one write per turn: the end of its task X and the claim of the next
+    task Y. Meanwhile another host's claimer, which picked X from the queue a moment
+    before X was claimed, holds X's row in its own claim attempt (refused soon after).
+    Only the claimed rows are locked SKIP LOCKED: the write waits for X's row. (It was
+    skipped too: X was missing from the rows the batch was checked against, and the
+    commit raised task.not_found; `ferry work` stopped with exit 5, four workers over
+    2,000 tasks in bench/pg_bench.py.)"""
+    store = PgStore.open(pg_url, "a")
+    me = self_identity().to_json()
+    spec = TaskSpec(argv=("true",), cwd="/")
+    x, y = (new_task_id(time.time_ns(), os.urandom(4)) for _ in range(2))
+    token_x, token_y = (new_claim_token(os.urandom(10)) for _ in range(2))
+    outcome: list[BaseException | None] = []
+
+    def write_turn() -> None:
+        try:
+            store.commit(
+                ev.Spawned(x, 1, token_x, 4242, 4242, 1),
+                ev.Settled(x, 1, token_x, State.SUCCEEDED, None, 0),
+                ev.Claimed(y, 1, token_y, me, "work"),
+                ev.Dispatching(y, 1, token_y, f"m-{y}", {}),
+            )
+            outcome.append(None)
+        except BaseException as error:  # (reported by the test's thread below)
+            outcome.append(error)
+
+    def waiting_for_a_lock() -> bool:
+        row = store_reader.execute(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        ).fetchone()
+        return bool(row[0])
+
+    try:
+        store.commit(ev.Submitted(x, spec, time.time()), ev.Submitted(y, spec, time.time()))
+        store.commit(ev.Claimed(x, 1, token_x, me, "work"),
+                     ev.Dispatching(x, 1, token_x, f"m-{x}", {}))  # fmt: skip
+        with (
+            psycopg.connect(pg_url, autocommit=True) as store_reader,
+            psycopg.connect(pg_url) as other_claimer,
+        ):
+            other_claimer.execute("SELECT 1 FROM ferry_tasks WHERE id = %s FOR UPDATE", (x,))
+            writer = threading.Thread(target=write_turn)
+            writer.start()
+            wait_until(lambda: outcome or waiting_for_a_lock(), what="the write to wait or end")
+            other_claimer.rollback()  # its claim of X refused: X's row is free again
+            writer.join(timeout=30)
+        assert outcome == [None]
+        assert (store.get(x).state, store.get(y).state) == (State.SUCCEEDED, State.DISPATCHING)
+    finally:
+        store.close()
 
 
 # ---- fencing ---------------------------------------------------------------------------

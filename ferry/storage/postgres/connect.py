@@ -97,14 +97,16 @@ class Database:
         return self._conn
 
     @contextmanager
-    def transaction(self) -> Iterator[Any]:
+    def transaction(self, *, rollback: bool = False) -> Iterator[Any]:
         """A transaction; the connection is dropped (and reopened next time) when the
         server or the network failed under it. A commit whose answer was lost is
-        unknown: the caller reads back what it wrote (claims carry client-made tokens)."""
+        unknown: the caller reads back what it wrote (claims carry client-made tokens).
+        ``rollback``: rolled back at the end, for a read that takes row locks only to
+        hold them while it runs (committing them would wait for a WAL flush)."""
         psycopg = self._psycopg
         conn = self.connection()
         try:
-            with conn.transaction():
+            with conn.transaction(force_rollback=rollback):
                 yield conn
         except (psycopg.OperationalError, psycopg.errors.AdminShutdown) as error:
             self.close()

@@ -6,9 +6,10 @@ rows as they are (never a table read earlier):
 1. a leader's write (``epoch`` > 0) first checks, ``FOR SHARE``, that its host's lease
    still has that epoch and has not expired (by the database's clock): a worker paused
    past its lease is fenced (``journal.fenced``) and writes nothing;
-2. the rows of the tasks it is about are locked ``FOR UPDATE`` (claims: ``SKIP LOCKED``,
-   so two claimers never wait for each other: a row another claimer holds is refused at
-   once, and that claimer takes the next task); the keys it touches are serialised by a
+2. the rows of the tasks it is about are locked ``FOR UPDATE`` (the rows it claims:
+   ``SKIP LOCKED``, so two claimers never wait for each other: a row another claimer
+   holds is refused at once, and that claimer takes the next task; its other rows are
+   waited for, first); the keys it touches are serialised by a
    transaction-scoped advisory lock, and every task with such a key is read;
 3. those rows are folded into a ``ferry.core.state.Table`` and the batch is validated
    by the same rules as the local journal (``ferry.core.fold``: the claim token of every
@@ -29,7 +30,13 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from ferry.core import events as ev
-from ferry.core.errors import DatabaseError, LeaseHeldError, NotFoundError, RefusedError
+from ferry.core.errors import (
+    DatabaseError,
+    InternalError,
+    LeaseHeldError,
+    NotFoundError,
+    RefusedError,
+)
 from ferry.core.fold import task_from_record, task_to_record
 from ferry.core.ids import LAST, resolve_prefix, shown, task_number
 from ferry.core.model import IN_FLIGHT_STATES, Reason, State, Task
@@ -90,7 +97,13 @@ class PgStore:
         with self.db.transaction() as conn:
             if epoch > 0:
                 self._check_lease(conn, epoch)
-            rows = self._lock_tasks(conn, ids, skip_locked=bool(claims))
+            # SKIP LOCKED for the claimed rows only: another claimer holding one has
+            # it (refused at once). The batch's other rows (a worker's ends, written
+            # with its next claim) are waited for: a claimer that picked one from the
+            # queue a moment before it was claimed holds it until refused. They are
+            # locked first, in id order; the claimed rows after them never wait.
+            rows = self._lock_tasks(conn, [i for i in ids if i not in claims], skip_locked=False)
+            rows.update(self._lock_tasks(conn, sorted(claims), skip_locked=True))
             taken = claims - set(rows)
             if taken and self._existing(conn, sorted(taken)):
                 raise RefusedError(
@@ -104,24 +117,49 @@ class PgStore:
             keyed = self._with_keys(conn, keys) if keys else {}
             table = _table({**keyed, **rows})
             table.validate_batch(batch)
+            ts = time.time()  # (one for the batch: its records commit together)
+            seqs = self._insert_events(conn, batch, epoch, ts)
             records = []
-            for kind, data in batch:
+            numbers = iter(self._task_numbers(conn, batch))
+            for (kind, data), seq in zip(batch, seqs, strict=True):
                 if kind == _SUBMITTED:  # its number: the fold gives it submitted + 1
-                    number = conn.execute("SELECT nextval('ferry_task_numbers')").fetchone()[0]
-                    table.submitted = int(number) - 1
-                ts = time.time()
-                seq = conn.execute(
-                    "INSERT INTO ferry_events (epoch, ts, type, task, host, data)"
-                    " VALUES (%s, %s, %s, %s, %s, %s) RETURNING seq",
-                    (epoch, ts, kind, data.get("task"), self.host, _json(data)),
-                ).fetchone()[0]
+                    table.submitted = next(numbers) - 1
                 table.apply(kind, data, seq, ts)
                 records.append((seq, epoch, kind, data))
-            for task_id in ids:
-                task = table.get(task_id)
-                if task is not None:
-                    self._write_task(conn, task)
+            self._write_tasks(conn, [t for t in map(table.get, ids) if t is not None])
         return records
+
+    def _task_numbers(self, conn: Any, batch: Sequence[EncodedEvent]) -> list[int]:
+        """A number for each task the batch submits, in batch order (one sequence for
+        every host: 1, 2, 3, ...)."""
+        count = sum(1 for kind, _ in batch if kind == _SUBMITTED)
+        if not count:
+            return []
+        found = conn.execute(
+            "SELECT nextval('ferry_task_numbers') FROM generate_series(1, %s)", (count,)
+        ).fetchall()
+        return sorted(int(row[0]) for row in found)
+
+    def _insert_events(
+        self, conn: Any, batch: Sequence[EncodedEvent], epoch: int, ts: float
+    ) -> list[int]:
+        """The batch's events in one statement (not one round trip each), sent as one
+        JSON array (an array of jsonb would be escaped element by element, in Python);
+        their seqs, in batch order. The rows are inserted in the order of their position
+        (ORDER BY), so the identity numbers them in that order: sorted, the seqs
+        returned are the batch's, whatever order RETURNING gives them in."""
+        if not batch:
+            return []
+        found = conn.execute(
+            "INSERT INTO ferry_events (epoch, ts, type, task, host, data)"
+            " SELECT %s, %s, e.event->>'type', e.event->'data'->>'task', %s, e.event->'data'"
+            " FROM jsonb_array_elements(%s) WITH ORDINALITY AS e(event, position)"
+            " ORDER BY e.position RETURNING seq",
+            (epoch, ts, self.host, _json([{"type": kind, "data": data} for kind, data in batch])),
+        ).fetchall()
+        if len(found) != len(batch):  # (cannot happen: an INSERT inserts them all or fails)
+            raise InternalError(f"{len(batch)} events sent, {len(found)} inserted")
+        return sorted(row[0] for row in found)
 
     def _stamped(self, record: EncodedEvent) -> EncodedEvent:
         """A claim names the host of its runner (``host_id``): recovery is host-aware."""
@@ -169,22 +207,34 @@ class PgStore:
         found = conn.execute("SELECT id, body FROM ferry_tasks WHERE key = ANY(%s)", (keys,))
         return {row[0]: row[1] for row in found.fetchall()}
 
-    def _write_task(self, conn: Any, task: Task) -> None:
+    def _write_tasks(self, conn: Any, tasks: Sequence[Task]) -> None:
+        """The batch's tasks as they are now, in one statement (each id once), sent as
+        one JSON array of rows."""
+        if not tasks:
+            return
+        rows = [
+            {
+                "id": t.id, "state": t.state.value,
+                "reason": None if t.reason is None else t.reason.value, "key": t.spec.key,
+                "host": None if t.runner is None else t.runner.get("host_id"),
+                "submit_seq": t.submit_seq, "queue_seq": t.queue_seq,
+                "updated_seq": t.updated_seq, "body": task_to_record(t),
+                "number": t.number or None,
+            }
+            for t in tasks
+        ]  # fmt: skip
         conn.execute(
             "INSERT INTO ferry_tasks (id, state, reason, key, host, submit_seq, queue_seq,"
-            " updated_seq, body, number) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+            " updated_seq, body, number) SELECT * FROM jsonb_to_recordset(%s) AS t(id text,"
+            " state text, reason text, key text, host text, submit_seq bigint,"
+            " queue_seq bigint, updated_seq bigint, body jsonb, number bigint)"
             " ON CONFLICT (id) DO UPDATE SET state = excluded.state, reason = excluded.reason,"
             " host = excluded.host, queue_seq = excluded.queue_seq,"
             " updated_seq = excluded.updated_seq, body = excluded.body, updated_at = now(),"
             " heartbeat_at = CASE WHEN excluded.state = ANY(%s) THEN ferry_tasks.heartbeat_at"
             " END",
-            (
-                task.id, task.state.value, None if task.reason is None else task.reason.value,
-                task.spec.key, None if task.runner is None else task.runner.get("host_id"),
-                task.submit_seq, task.queue_seq, task.updated_seq,
-                _json(task_to_record(task)), task.number or None, _IN_FLIGHT,
-            ),
-        )  # fmt: skip
+            (_json(rows), _IN_FLIGHT),
+        )
 
     def beat(self, task: Task) -> bool:
         """The task's supervisor is alive: the beat other hosts' recovery reads. Fenced
@@ -259,13 +309,19 @@ class PgStore:
 
     def queued(self, limit: int) -> list[Task]:
         """Claim candidates, oldest first, skipping rows another claimer holds now (a
-        MATERIALIZED CTE: the planner cannot re-run the LIMIT and lock more rows)."""
-        return self._tasks(
-            "WITH next AS MATERIALIZED (SELECT id FROM ferry_tasks WHERE state = 'QUEUED'"
-            " ORDER BY queue_seq, id LIMIT %s FOR UPDATE SKIP LOCKED)"
-            " SELECT body FROM ferry_tasks JOIN next USING (id) ORDER BY queue_seq, id",
-            (limit,),
-        )
+        MATERIALIZED CTE: the planner cannot re-run the LIMIT and lock more rows).
+
+        The locks are only for SKIP LOCKED and are let go at once, by a rollback: a row
+        lock gives the transaction an id, and its COMMIT would wait for a WAL flush
+        (as long as a claim's own) for nothing durable."""
+        with self.db.transaction(rollback=True) as conn:
+            rows = conn.execute(
+                "WITH next AS MATERIALIZED (SELECT id FROM ferry_tasks WHERE state = 'QUEUED'"
+                " ORDER BY queue_seq, id LIMIT %s FOR UPDATE SKIP LOCKED)"
+                " SELECT body FROM ferry_tasks JOIN next USING (id) ORDER BY queue_seq, id",
+                (limit,),
+            ).fetchall()
+        return [_task(row) for row in rows]
 
     def quarantined(self) -> list[Task]:
         return self._tasks(
