@@ -212,7 +212,9 @@ def test_a_terminal_gets_a_live_progress_line_redrawn_in_place(
         gate.touch()
         wait_until(lambda: read_some() and proc.poll() is not None, what="the worker's end")
     finally:
-        gate.touch()  # (a failed test leaves no task running)
+        gate.touch()  # (a failed test leaves no task running: the drain ends them all)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=60)
         os.close(primary)
     assert proc.wait(timeout=30) == 1
     text = bytes(seen).decode()
