@@ -183,14 +183,16 @@ def _refuse_shell_text(argv: tuple[str, ...], cwd: str) -> None:
     )
 
 
-def build_spec(opts: Mapping[str, Any], home: Path) -> TaskSpec:
-    """TaskSpec from the TASK OPTIONS (``ferry.cli.context.task_opts`` shape)."""
+def build_spec(opts: Mapping[str, Any], home: Path, *, queued: bool = False) -> TaskSpec:
+    """TaskSpec from the TASK OPTIONS (``ferry.cli.context.task_opts`` shape).
+    ``queued``: for a task that runs later (``submit``), a CMD that only a shell could
+    run is refused now, with a hint; ``run`` says so at once anyway (exit 127)."""
     argv = opts.get("argv")
     if not isinstance(argv, list | tuple):
         raise UsageError("argv must be a list of strings", code="usage.bad_argv")
     argv_t = _check_argv(argv)
     cwd = _resolve_cwd(opts.get("cwd"))
-    if not opts.get("shell"):
+    if queued and not opts.get("shell"):
         _refuse_shell_text(argv_t, cwd)
     env = _parse_env(opts.get("env") or [])
     pointer_args = opts.get("pointers") or []

@@ -81,7 +81,7 @@ class Service:
         return {key: task_id for key, task_id in found.items() if task_id is not None}
 
     def submit(self, batch: Sequence[Mapping[str, Any]]) -> list[Task]:
-        return self._queue([build_spec(opts, self.home) for opts in batch])
+        return self._queue([build_spec(opts, self.home, queued=True) for opts in batch])
 
     def submit_many(self, data: bytes, *, source: str) -> list[Task]:
         lines = parse_from_lines(data, "stdin" if source == "<stdin>" else source)
@@ -89,7 +89,7 @@ class Service:
         first_with: dict[str, int] = {}  # key -> the line of its first task
         for number, opts in lines:
             try:
-                spec = build_spec(opts, self.home)
+                spec = build_spec(opts, self.home, queued=True)
             except FerryError as error:
                 if error.code == "usage.missing_command":  # (no "--" in a JSON line)
                     error.message = "argv is empty: give the command as a list of strings"
