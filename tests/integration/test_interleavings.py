@@ -296,6 +296,29 @@ def test_a_paused_work_stops_at_its_point_not_after_it(ferry: Ferry, round_no: i
     assert not x.locks_held(proc.pid, ferry.home)
 
 
+@pytest.mark.parametrize("command", ["run", "claim"])
+def test_a_supervisor_whose_end_is_durable_is_not_killed(ferry: Ferry, command: str) -> None:
+    """Found by the explorer (``run@supervisor:after:SETTLED``, never reached): once
+    the launcher has acked its supervisor's end, it forgot the task (its ``claimed``
+    flag included) and then SIGKILLed the supervisor as one "whose claim was never
+    written". The supervisor, paused just after the ack, must still be alive when its
+    launcher has exited, and exit 0 by itself once continued."""
+    trace_file = ferry.home.parent / "trace"
+    ferry.env[x.TRACE_ENV] = str(trace_file)
+    argv = ("run", "--", "true") if command == "run" else ("claim",)
+    if command == "claim":
+        ferry.ok("submit", "--", "true")
+    proc = ferry.start(*argv, failpoints="supervisor:after:SETTLED=stop")
+    del ferry.env[x.TRACE_ENV]
+    assert proc.wait(timeout=x.END_S) == 0
+    lines = [line.split() for line in trace_file.read_text().splitlines()]
+    [supervisor] = [int(pid) for pid, name, _ in lines if name == "supervisor"]
+    assert [supervisor, "after:SETTLED"] in [[int(pid), name] for pid, name, _ in lines]
+    assert x.stopped(supervisor), x.read_stat(supervisor)
+    os.kill(supervisor, signal.SIGCONT)
+    x.wait_until(lambda: x.read_stat(supervisor) is None, what="the supervisor to exit")
+
+
 def test_default_interleavings(tmp_path: Path, report: Report) -> None:
     """The default subset: each KNOWN_BUGS case in it fails as listed (bugs 2 and 4
     among them), and nothing else fails."""
