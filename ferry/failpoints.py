@@ -29,7 +29,10 @@ call costs one frozenset membership test: no string building, no lock.
 
 Test-only tracing: ``FERRY_FAILPOINTS_TRACE=FILE`` appends one line per failpoint this
 process reaches, ``<pid> <name> <hit>`` (``hit``: 1 for the first time ``name`` is
-reached, 2 for the second...), before acting on an armed one. Read once at import like
+reached, 2 for the second...), before acting on an armed one; and a supervisor, as it
+starts, ``<pid> supervisor <launcher pid>`` (its hits are counted from there: a
+supervisor's points are told from its launcher's by the pid). Supervisors inherit the
+file, so it lists every process of one command. Read once at import like
 ``FERRY_FAILPOINTS``; when it is unset the untraced :func:`failpoint` is the one
 defined, so it costs nothing.
 
@@ -178,6 +181,8 @@ def supervisor_armed() -> None:
     _hits.clear()
     _companions.clear()
     _launcher = os.getppid()
+    if _TRACE_PATH is not None:
+        _trace(_TRACE_PATH, f"{os.getpid()} supervisor {_launcher}\n")
 
 
 def companion(pid: int, *, alive: bool = True) -> None:

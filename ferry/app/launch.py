@@ -316,7 +316,10 @@ def run_foreground(
         with SignalTrap() as trap:
             return _Foreground(store, launch, trap, notice).run(lead, epoch, on_claimed)
     finally:
-        if not launch.claimed:
+        if not launch.claimed and not launch.idle:
+            # Its claim was never written: it started nothing. (Idle: its end is
+            # durable and acked, which forgot the task, its claim flag with it; it is
+            # on its way out and must not be killed on the way.)
             launch.kill()
         launch.release()  # (done: it exits; an error: it carries on alone)
         launch.reap(timeout_s=REAP_WAIT_S if launch.idle else 0)
