@@ -133,7 +133,7 @@ def read_state(home: Path) -> Snapshot:
     snap = read_records(home)
     store = Store.open(home)
     try:
-        snap.tasks = {t.id: task_to_json(t) for t in store.all_tasks()}
+        snap.tasks = {t.id: task_to_json(t) for t in store.newest(0)}
     finally:
         store.close()
     if snap.first_seq == 1:
