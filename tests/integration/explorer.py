@@ -49,10 +49,14 @@ pause is found by running it once alone, in the same world, with
 file of its own too, which names its supervisors (``<pid> supervisor <launcher>``): a
 task's runner, its ``$PPID`` and the journal's ``runner``, is one of them.
 
-Every ferry process here is single-threaded where it reaches a failpoint (``work`` is
-one loop; a supervisor is a fork of one thread), so ``=stop``'s SIGSTOP, sent to the
-process, stops the very thread that reached the point before it goes on (the kernel
-delivers a signal a thread sends its own process to that thread when it can take it).
+Every ferry process reaches its failpoints in its main thread (``work`` is one loop; a
+supervisor is a fork of one thread), so ``=stop``'s ``kill(getpid(), SIGSTOP)`` stops
+the very thread that reached the point before it goes on: Linux hands a signal sent to
+a process to its main thread first when that thread can take it (it is running: it
+sent it), and the stop takes effect on the return from ``kill``. (The first explorer
+met ``work`` with a thread per slot: the kernel often chose the main thread while the
+slot's thread ran on into the append; failpoints then stopped the calling thread with
+``pthread_kill``. Single-threaded, that is not needed.)
 """
 
 from __future__ import annotations
@@ -688,20 +692,43 @@ def _open_gates(command: Command, world: World) -> None:
 
 
 def _blocked_on(command: Command, other: Command | None, home: Path) -> str | None:
-    """Why ``command`` waits for ``other`` (paused), if it does: it waits for a lock
-    (``flock``: the journal's, the lease's, compaction's) a paused process of
-    ``other`` holds, or it is ``work`` standing by while ``other``'s launcher leads
-    (its supervisor is paused, not it: it renews the lease)."""
+    """Why ``command`` waits for ``other`` (paused, or with its tasks at the gate), if
+    it does: it waits for a lock
+    (``flock``: the journal's, compaction's) a paused process of ``other`` holds; or
+    it is ``work``, standing by while ``other`` holds the lease's lock or leads (its
+    supervisor is paused, not it: it renews the lease), or with its slot taken by a
+    task ``other`` runs."""
     if other is None:
         return None
     if locks_waited(command.pids(), set(other.stopped())):
         return "a lock"
     if command.name == "work":
+        if any("lease lock" in locks_held(pid, home) for pid in other.stopped()):
+            # (lease.json's lock is taken by polling: no waiter in /proc/locks; claim
+            # and recover give up after 10 s, work stands by for ever)
+            return "the lease's lock"
         held = _lease_holder(home)
         leads = held is not None and held[0] == other.pid and boot_clock() < held[1]
         if leads and other.alive(other.pid) and not stopped(other.pid):
             return "the lease"
+        if _runs_a_task(other, home):
+            # A task in flight under a live runner when work took the lead counts
+            # against its -j (a "survivor", whoever launched it): work -j 1 waits.
+            return "a slot"
     return None
+
+
+def _runs_a_task(command: Command, home: Path) -> bool:
+    """Has one of ``command``'s supervisors, alive, a claim not yet ended?"""
+    records = read_records(home).records.values()
+    ended = {r["data"].get("token") for r in records if r["type"] in ("SETTLED", "RELEASED")}
+    runners = {pid for pid in command.supervisors() if command.alive(pid)}
+    return any(
+        r["type"] == "CLAIMED"
+        and r["data"]["runner"].get("pid") in runners
+        and r["data"]["token"] not in ended
+        for r in records
+    )
 
 
 def _done(command: Command, world: World, waits_for: Command | None = None) -> bool:
@@ -814,6 +841,7 @@ def _run_case(case: Case, root: Path, outcome: Outcome) -> None:
     world = build_world(root, pair.parts)
     seen: list[Snapshot] = []
     problems: list[Violation | None] = []
+    done = threading.Event()
     try:
         a_args = argv(pair.a, "A", world)
         a_cmd = start(world, pair.a.command, a_args, root / "trace.A", point.armed)
@@ -860,10 +888,18 @@ def _run_case(case: Case, root: Path, outcome: Outcome) -> None:
                 os.kill(pid, signal.SIGCONT)
             b_gates()
 
-        continue_a()
+        # From now on, a process of A that reaches the point (another supervisor of a
+        # work, given a later task) is continued at once, until the case ends.
+        continuer = threading.Thread(target=_keep_doing, args=(continue_a, done), daemon=True)
+        continuer.start()
+        # (A may wait for B in turn: a work A counts B's task, waiting at the gate, as
+        # one of its slots; or B leads)
         problems.append(
-            _wait_done(a_cmd, world, f"A `{pair.a.command}` continued", each_turn=continue_a)
-        )
+            _wait_done(
+                a_cmd, world, f"A `{pair.a.command}` continued",
+                waits_for=b_cmd, each_turn=continue_a,
+            )
+        )  # fmt: skip
         middle = read_state(world.home)
         seen.append(middle)
         problems.extend(settled_but_alive(middle))
@@ -888,7 +924,13 @@ def _run_case(case: Case, root: Path, outcome: Outcome) -> None:
         )
         outcome.violations = [p for p in problems if p is not None]
     finally:
+        done.set()
         world.ferry.close()
+
+
+def _keep_doing(action: Callable[[], None], until: threading.Event) -> None:
+    while not until.wait(0.02):
+        action()
 
 
 # ---- running many cases --------------------------------------------------------------

@@ -107,10 +107,10 @@ DEFAULT_CASES = (
     "run@after:SPAWNED|compact",
     "work@after:CLAIMED|compact",
     # supervisors: the end known but not handed over while a cancel lands; a paused
-    # supervisor under a leader's recovery (its task is left alone); a paused launcher
-    # whose supervisor writes the end itself (after its 10 s wait for the ack).
+    # supervisor (its child spawned, SPAWNED not yet sent; a running task) under a
+    # leader's recovery: its runner is alive, the task is left alone.
     "run@supervisor:before:SETTLED|cancel",
-    "claim[queued]@supervisor:before:spawn|cancel",
+    "run[kx]@supervisor:after:spawn|recover",
     "work@supervisor:after:SPAWNED|recover",
 )
 
@@ -281,11 +281,11 @@ def processes_of(parent: int) -> list[int]:
 def test_a_paused_work_stops_at_its_point_not_after_it(ferry: Ferry, round_no: int) -> None:
     """``=stop`` must pause the process at its point, not after it: the explorer's
     cases rest on it. ``work`` writes SPAWNED itself (for its supervisor); paused at
-    ``before:SPAWNED``, it has not written it and holds no lock. (With threads, a
-    process-directed SIGSTOP was taken by whichever thread the kernel picked, and the
-    one that reached the point ran on into the append: failpoints once sent it to the
-    calling thread. ``work`` is single-threaded now, and a signal a process sends
-    itself goes to the sending thread when it can take it.)"""
+    ``before:SPAWNED``, it has not written it and holds no lock. (With a thread per
+    slot, a process-directed SIGSTOP was taken by the main thread while the slot's
+    thread that reached the point ran on into the append. ``work`` is one thread now,
+    which reaches its points itself: the main thread, which Linux gives a signal sent
+    to its process first.)"""
     ferry.ok("submit", "--", "sleep", "0.3")
     proc = ferry.start(
         "work", "--drain", "--poll", "0.05", failpoints="launcher:before:SPAWNED=stop"
