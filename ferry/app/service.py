@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ferry.app.intake import build_spec, parse_from_lines, parse_shell_lines
 from ferry.app.runner import RunResult, log_paths
-from ferry.app.session import Reporter, Session
+from ferry.app.session import Session
 from ferry.core import events as ev
 from ferry.core.errors import (
     FerryError,
@@ -43,17 +43,6 @@ class Service:
     def __init__(self, session: Session) -> None:
         self.session = session
         self.home: Path = session.home
-
-    @classmethod
-    def open(
-        cls,
-        home: str | None,
-        reporter: Reporter | None = None,
-        *,
-        database: str | None = None,
-        host: str | None = None,
-    ) -> Service:
-        return cls(Session.open(home, reporter, database=database, host=host))
 
     @property
     def store(self) -> TaskStore:

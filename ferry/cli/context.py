@@ -41,8 +41,10 @@ class Ctx:
 
     def service(self) -> Service:
         from ferry.app.service import Service  # lazy: keeps `ferry --help` cheap
+        from ferry.app.session import Session
 
-        return Service.open(self.home, self.reporter, database=self.database, host=self.host)
+        session = Session.open(self.home, self.reporter, database=self.database, host=self.host)
+        return Service(session)
 
     def ran(self, result: RunResult | None) -> int:
         """``run``/``claim``: under --json the task is the one document on stdout (the

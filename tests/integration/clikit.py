@@ -325,3 +325,23 @@ def processes_with_env(needle: bytes, *prefixes: bytes) -> list[ProcessIdentity]
         if ident is not None:
             found.append(ident)
     return found
+
+
+def read_until(proc: subprocess.Popen[bytes], text: str) -> str:
+    """Read ``proc``'s stderr until ``text`` appears (or fail at the deadline)."""
+    assert proc.stderr is not None
+    fd = proc.stderr.fileno()
+    os.set_blocking(fd, False)
+    seen = b""
+
+    def found() -> bool:
+        nonlocal seen
+        with contextlib.suppress(BlockingIOError):
+            seen += os.read(fd, 65536) or b""
+        return text.encode() in seen
+
+    try:
+        wait_until(found, what=f"{text!r} on the stderr of {proc.args!r}")
+    finally:
+        os.set_blocking(fd, True)
+    return seen.decode()

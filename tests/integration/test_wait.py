@@ -4,13 +4,9 @@ settled when it starts. ``--json``: the tasks' objects, one array, at the end.""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import subprocess
-
 import orjson
 import pytest
-from clikit import Ferry, finish, wait_until
+from clikit import Ferry, finish, read_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -18,26 +14,6 @@ pytestmark = pytest.mark.timeout(120)
 def submit(ferry: Ferry, *argv: str) -> str:
     task: dict[str, str] = orjson.loads(ferry.ok("--json", "submit", "--", *argv).text)
     return task["id"]
-
-
-def read_until(proc: subprocess.Popen[bytes], text: str) -> str:
-    """Read ``proc``'s stderr until ``text`` appears (or fail at the deadline)."""
-    assert proc.stderr is not None
-    fd = proc.stderr.fileno()
-    os.set_blocking(fd, False)
-    seen = b""
-
-    def found() -> bool:
-        nonlocal seen
-        with contextlib.suppress(BlockingIOError):
-            seen += os.read(fd, 65536) or b""
-        return text.encode() in seen
-
-    try:
-        wait_until(found, what=f"{text!r} from ferry wait")
-    finally:
-        os.set_blocking(fd, True)
-    return seen.decode()
 
 
 def test_wait_for_a_task_that_succeeds_exits_0(ferry: Ferry) -> None:

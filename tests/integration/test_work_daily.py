@@ -19,7 +19,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from clikit import Ferry, finish, wait_until
+from clikit import Ferry, finish, read_until, wait_until
 from crashkit import counting_task, runs, wait_task_gone
 
 pytestmark = pytest.mark.timeout(120)
@@ -46,26 +46,6 @@ def four_tasks_three_fail(ferry: Ferry) -> dict[str, str]:
 def gated(gate: Path) -> tuple[str, ...]:
     """argv of a task that runs until ``gate`` exists, then succeeds."""
     return ("/bin/sh", "-c", f'while [ ! -e "{gate}" ]; do sleep 0.02; done')
-
-
-def read_until(proc: subprocess.Popen[bytes], text: str) -> str:
-    """Read ``proc``'s stderr until ``text`` appears (or fail at the deadline)."""
-    assert proc.stderr is not None
-    fd = proc.stderr.fileno()
-    os.set_blocking(fd, False)
-    seen = b""
-
-    def found() -> bool:
-        nonlocal seen
-        with contextlib.suppress(BlockingIOError):
-            seen += os.read(fd, 65536) or b""
-        return text.encode() in seen
-
-    try:
-        wait_until(found, what=f"{text!r} from ferry work")
-    finally:
-        os.set_blocking(fd, True)
-    return seen.decode()
 
 
 def test_drain_exits_1_says_what_each_task_did_and_sums_up(ferry: Ferry) -> None:
