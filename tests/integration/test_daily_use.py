@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
-from tests.integration.clikit import Ferry
+from clikit import Ferry
 
 pytestmark = pytest.mark.timeout(120)
 

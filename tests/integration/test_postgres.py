@@ -17,6 +17,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from clikit import Ferry, processes_with_env, wait_until
 
 from ferry.core import events as ev
 from ferry.core.errors import FerryError, LeaseHeldError
@@ -26,7 +27,6 @@ from ferry.core.spec import TaskSpec
 from ferry.proc.process import self_identity
 from ferry.storage.postgres import schema
 from ferry.storage.postgres.store import PgStore
-from tests.integration.clikit import Ferry, processes_with_env, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 

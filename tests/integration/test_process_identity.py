@@ -392,9 +392,9 @@ IN_A_CONTAINER = ("unshare", "--pid", "--fork", "--mount-proc", "--kill-child")
 # Inside: say who I am (pid 1 there), note SIGUSR1 (an init ignores signals it does not
 # handle), then wait.
 SAY_WHO_AND_WAIT = (
-    "import json, signal, sys\n"
+    "import json, os, signal, sys\n"
     "from ferry.proc.process import self_identity\n"
-    "signal.signal(signal.SIGUSR1, lambda *_: print('got SIGUSR1', flush=True))\n"
+    "signal.signal(signal.SIGUSR1, lambda *_: os.write(1, b'got SIGUSR1\\n'))\n"
     "print(json.dumps(self_identity().to_json()), flush=True)\n"
     "while True: signal.pause()\n"
 )
