@@ -40,6 +40,7 @@ class EventType(enum.StrEnum):
     RETRIED = "RETRIED"
     RESOLVED = "RESOLVED"
     ORPHAN_SIGNALLED = "ORPHAN_SIGNALLED"
+    LATE_RESULT = "LATE_RESULT"
     LEASE_ACQUIRED = "LEASE_ACQUIRED"
     LEASE_RELEASED = "LEASE_RELEASED"
 
@@ -64,7 +65,7 @@ def _to_json(value: Any) -> Any:
 class _Event(Value):
     """Base of the event types: frozen value objects (``ferry.core._value.Value``: no
     dataclass code generation at import, which every ``ferry`` command would pay for
-    these fourteen types) with ``encode()``. Equality, hashing and ``repr`` follow
+    these fifteen types) with ``encode()``. Equality, hashing and ``repr`` follow
     ``_FIELDS``, in payload order."""
 
     __slots__ = ()
@@ -395,6 +396,27 @@ class OrphanSignalled(_Event):
         _set(self, "token", token)
 
 
+class LateResult(_Event):
+    """The end a supervisor saw, delivered after its claim had moved (recovery or
+    another host decided the task, or a retry ran it again): kept as evidence
+    (``evidence.late_results``), never a state change. ``attempt`` is the attempt the
+    result is about (the task's current one or an earlier one); ``result`` is the
+    SETTLED it would have written: ``token``, ``state``, ``reason``, ``exit_code``,
+    ``signal``, ``ended_at``, and ``host`` where known."""
+
+    __slots__ = ("attempt", "result", "task")
+    TYPE: ClassVar[EventType] = EventType.LATE_RESULT
+    _FIELDS = ("task", "attempt", "result")
+    task: str
+    attempt: int
+    result: Mapping[str, Any]
+
+    def __init__(self, task: str, attempt: int, result: Mapping[str, Any]) -> None:
+        _set(self, "task", task)
+        _set(self, "attempt", attempt)
+        _set(self, "result", result)
+
+
 class LeaseAcquired(_Event):
     __slots__ = ("epoch", "holder")
     TYPE: ClassVar[EventType] = EventType.LEASE_ACQUIRED
@@ -432,6 +454,7 @@ Event = (
     | Retried
     | Resolved
     | OrphanSignalled
+    | LateResult
     | LeaseAcquired
     | LeaseReleased
 )
@@ -448,6 +471,7 @@ TaskEvent = (
     | Retried
     | Resolved
     | OrphanSignalled
+    | LateResult
 )
 
 
@@ -614,6 +638,8 @@ def decode_checked(record_type: str, data: object) -> Event | None:
         if verdict not in RESOLVED_AS:
             raise _Fields._error(record_type, f"'verdict' is {verdict!r}, not one of {RESOLVED_AS}")
         return Resolved(task, attempt, verdict)
+    if kind is EventType.LATE_RESULT:
+        return LateResult(task, attempt, f.mapping("result"))
     assert kind is EventType.ORPHAN_SIGNALLED
     pid = f.integer("pid", minimum=0, optional=True)
     pgid = f.integer("pgid", minimum=0, optional=True)

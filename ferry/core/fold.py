@@ -44,6 +44,7 @@ Which event may move a task from which states (then the transition table decides
     RESOLVED          FAILED | CANCELLED           (no state change; evidence, key)
     CANCEL_REQUESTED  in flight                    (no state change)
     ORPHAN_SIGNALLED  any                          (no state change; evidence)
+    LATE_RESULT       any, but not the live claim  (no state change; evidence)
 
 Fencing by claim: an event carrying a ``token`` is accepted only if it is the token of
 the claim that owns the task now and names its current attempt; otherwise it is refused
@@ -88,6 +89,7 @@ _FROM: Mapping[type, frozenset[State]] = {
     ev.Resolved: frozenset({State.FAILED, State.CANCELLED}),
     ev.CancelRequested: IN_FLIGHT_STATES,
     ev.OrphanSignalled: _ANY,
+    ev.LateResult: _ANY,
 }
 _TARGET: Mapping[type, State] = {
     ev.Submitted: State.QUEUED,
@@ -133,6 +135,9 @@ def check_event(task: Task | None, event: ev.TaskEvent) -> None:
         return
     if task is None:
         raise NotFoundError(f"no task {event.task}", details={"task": event.task})
+    if isinstance(event, ev.LateResult):
+        _check_late(task, event)
+        return
     token = getattr(event, "token", None)
     if isinstance(event, ev.Claimed):
         token = None  # a claim brings a new token; it has nothing to match yet
@@ -176,12 +181,35 @@ def check_event(task: Task | None, event: ev.TaskEvent) -> None:
         )
 
 
+def _check_late(task: Task, event: ev.LateResult) -> None:
+    """A late result is about this attempt or an earlier one, and not from the claim
+    that still owns the task (that one settles)."""
+    if event.attempt > task.attempt:
+        raise _stale(task, event, "task.stale_attempt", f"there is no attempt {event.attempt} yet")
+    token = event.result.get("token")
+    if task.in_flight and event.attempt == task.attempt and token == task.claim_token:
+        raise RefusedError(
+            f"task {task.id}: its claim is still current; it settles, a late result is refused",
+            code="task.not_late",
+            details={"task": task.id, "state": task.state.value},
+        )
+
+
+# Late results kept per task (the latest): one per attempt is usual; a bound keeps a
+# runaway writer from growing a task's record without end.
+LATE_RESULTS_MAX = 10
+
+
 def check_write(task: Task | None, event: ev.TaskEvent) -> None:
     """The rules a new write must follow beyond :func:`check_event` (see THE RULE
     above); run at write time only, never on replay."""
     if task is None or isinstance(event, ev.Submitted | ev.Claimed):
         return
-    if task.in_flight and getattr(event, "token", None) is None:
+    if (
+        task.in_flight
+        and getattr(event, "token", None) is None
+        and not isinstance(event, ev.LateResult)
+    ):
         raise _stale(
             task, event, "task.stale_claim",
             f"it is {task.state} under a claim this write does not name",
@@ -321,6 +349,10 @@ def fold_event(task: Task | None, event: ev.TaskEvent, seq: int, ts: float) -> T
     elif isinstance(event, ev.Resolved):
         verdict = {"verdict": event.verdict, "at": rfc3339(ts)}
         change.update(evidence=_merge(task.evidence, {"resolution": verdict}))
+    elif isinstance(event, ev.LateResult):
+        late = {**event.result, "attempt": event.attempt, "at": ts}
+        kept = [*task.evidence.get("late_results", ()), late][-LATE_RESULTS_MAX:]
+        change.update(evidence=_merge(task.evidence, {"late_results": kept}))
     elif isinstance(event, ev.OrphanSignalled):
         signals = [*task.evidence.get("signals", ()), {
             "pid": event.pid, "pgid": event.pgid, "start_time": event.start_time,

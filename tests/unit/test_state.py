@@ -760,3 +760,43 @@ def test_snapshot_records_leave_defaults_out() -> None:
     record = next(r for r in h.table.to_snapshot()["live"] if r["id"] == ids["queued"])
     assert "pid" not in record and "reason" not in record and "env" not in record["spec"]
     assert record["spec"]["key"] == "q" and record["state"] == "QUEUED"
+
+
+# ---- late results ----------------------------------------------------------------
+
+LATE = {"token": "tok", "state": "SUCCEEDED", "reason": None, "exit_code": 0, "ended_at": 7.0}
+
+
+def test_a_late_result_is_kept_as_evidence_and_changes_no_state(h: Harness) -> None:
+    a = h.submit()
+    h.start(a)
+    h.write(ev.Settled(a, 1, "tok", State.FAILED, Reason.HOST_LOST))  # (recovery)
+    before = h.get(a)
+    h.write(ev.LateResult(a, 1, LATE))
+    after = h.get(a)
+    assert (after.state, after.reason, after.exit_code) == (before.state, before.reason, None)
+    [late] = after.evidence["late_results"]
+    assert late["exit_code"] == 0 and late["token"] == "tok" and late["attempt"] == 1
+    # of an earlier attempt, after a retry ran the task again (under another claim)
+    h.write(ev.Retried(a, 2))
+    h.start(a, token="tok2")
+    h.write(ev.LateResult(a, 1, {**LATE, "exit_code": 3}))
+    assert h.get(a).state is State.RUNNING
+    assert [r["attempt"] for r in h.get(a).evidence["late_results"]] == [1]
+
+
+def test_a_late_result_from_the_claim_that_still_owns_the_task_is_refused(h: Harness) -> None:
+    a = h.submit()
+    h.start(a)
+    refused(h, ev.LateResult(a, 1, LATE), RefusedError, "task.not_late")
+    refused(h, ev.LateResult(a, 2, {**LATE, "token": "x"}), RefusedError, "task.stale_attempt")
+    refused(h, ev.LateResult("nope", 1, LATE), NotFoundError, "task.not_found")
+
+
+def test_late_results_are_bounded(h: Harness) -> None:
+    a = h.submit()
+    h.write(ev.Settled(a, 1, None, State.CANCELLED, Reason.CANCELLED_BY_USER))
+    for n in range(15):
+        h.write(ev.LateResult(a, 1, {**LATE, "exit_code": n}))
+    kept = h.get(a).evidence["late_results"]
+    assert [r["exit_code"] for r in kept] == list(range(5, 15))
