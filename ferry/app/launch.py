@@ -32,7 +32,8 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from ferry import failpoints
-from ferry.app.runner import RunResult, as_cancelled, before_spawn_event, child_environ
+from ferry.app import outbox
+from ferry.app.runner import RunResult, before_spawn_event, child_environ
 from ferry.app.supervisor import error_from_json
 from ferry.core import events as ev
 from ferry.core.errors import EX_FERRY_FAILED, FerryError, InternalError, Interrupted, RefusedError
@@ -192,25 +193,19 @@ class Launch:
 
     def end_records(self, store: TaskStore) -> list[Record]:
         """The supervisor's end as the journal needs it now (read from ``store``'s
-        table): SETTLED, after its SPAWNED if the task is still DISPATCHING; CANCELLED
-        if its cancel was asked for meanwhile. Nothing if the claim is no longer ours
-        (the supervisor wrote its end itself, or recovery decided)."""
+        table; :func:`ferry.app.outbox.end_writes`): SETTLED, after its SPAWNED if the
+        task is still DISPATCHING; CANCELLED if its cancel was asked for meanwhile; a
+        LATE_RESULT if recovery decided the task meanwhile; nothing if the supervisor
+        wrote it itself."""
         assert self.ended is not None
-        current = store.get(self.task.id)
-        if current is None or current.claim_token != self.token:
-            return []
-        cancelled = current.cancel_requested
-        records = []
-        for raw in self.ended["records"]:
-            record_type, data = _record(raw)
-            if record_type == "SPAWNED" and current.state is not State.DISPATCHING:
-                continue
-            if record_type == "SETTLED" and cancelled:
-                settled = ev.decode_checked(record_type, data)
-                assert isinstance(settled, ev.Settled)
-                record_type, data = as_cancelled(settled).encode()
-            records.append((record_type, data))
-        return records
+        _, writes = outbox.end_writes(store.get(self.task.id), self.end_events)
+        return [event.encode() for event in writes]
+
+    @property
+    def end_events(self) -> list[ev.Event]:
+        assert self.ended is not None
+        events = [ev.decode_checked(*_record(raw)) for raw in self.ended["records"]]
+        return [event for event in events if event is not None]
 
     @property
     def end_error(self) -> FerryError | None:
@@ -471,12 +466,8 @@ def watch_journal(store: TaskStore, launch: Launch, *, refresh: bool = True) -> 
 
 def write_end(store: TaskStore, launch: Launch) -> None:
     """Write a supervisor's end, as the journal needs it after a catch-up (a cancel that
-    landed meanwhile makes it CANCELLED). If the claim moved since (the supervisor wrote
-    it itself, its launcher having been silent too long; or recovery decided): nothing
-    to write, or refused, which is the same."""
-    with contextlib.suppress(FerryError):
-        store.refresh()
-    records = launch.end_records(store)
-    if records:
-        with contextlib.suppress(RefusedError):
-            store.commit(*records)
+    landed meanwhile makes it CANCELLED; recovery having decided, a LATE_RESULT). A
+    refusal for good changes nothing; the store out of reach is raised (the supervisor,
+    let go, keeps the end and delivers it)."""
+    with contextlib.suppress(RefusedError):
+        outbox.deliver(store, launch.end_events)

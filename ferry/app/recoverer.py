@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ferry.app import outbox
 from ferry.app.runner import heartbeat_path, log_paths
 from ferry.core import events as ev
 from ferry.core.errors import FerryError, OperatorNeededError, RefusedError
@@ -184,6 +185,11 @@ class Recoverer:
         it if that claim moved meanwhile (then it is not ours to make)."""
         dry_run = commit is None
         report = RecoverReport(epoch=epoch, dry_run=dry_run)
+        if not dry_run:  # first: a kept end is the truth, better than any probe
+            report.delivered = [
+                {"task": task_id, "outcome": outcome}
+                for task_id, outcome in outbox.deliver_pending(self.store, self.home)
+            ]
         self.store.refresh()
         for task in self.store.live():
             if not task.in_flight:

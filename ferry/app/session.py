@@ -76,6 +76,16 @@ class Database:
 _opened: Database | None = None
 
 
+def this_host() -> str:
+    """The name of this host as the backend knows it: its host id on a shared database,
+    else the machine's name."""
+    if _opened is not None:
+        return _opened.host
+    from ferry.proc.process import self_identity
+
+    return self_identity().host
+
+
 def open_store(home: Path, on_lock_wait: Callable[[], None] | None = None) -> TaskStore:
     """The backend of this command: the shared database if one was named, else the
     local journal of ``home``. (The state directory stays in use either way: logs,

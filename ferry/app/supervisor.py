@@ -49,10 +49,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ferry.app import outbox
 from ferry.app.runner import (
     SPAWNED_AFTER_S,
     Plan,
-    as_cancelled,
     exit_status_of,
     heartbeat_path,
     log_paths,
@@ -63,7 +63,7 @@ from ferry.app.runner import (
     stop_escapees,
 )
 from ferry.core import events as ev
-from ferry.core.errors import EX_FERRY_FAILED, FerryError
+from ferry.core.errors import EX_FERRY_FAILED, FerryError, RefusedError
 from ferry.core.fold import task_from_record
 from ferry.core.model import Reason, State, Task
 from ferry.failpoints import failpoint, supervisor_armed
@@ -82,6 +82,12 @@ ACK_WAIT_S = 10.0
 # before an end (or a release) is given up to recovery.
 STORE_OPEN_RETRY_S = 1.0
 STORE_OPEN_PATIENCE_S = 300.0
+# An end the store cannot take now (the database out of reach): kept on this host,
+# and tried again after OUTBOX_RETRY_S, doubling up to OUTBOX_RETRY_MAX_S, for
+# OUTBOX_PATIENCE_S; then the supervisor exits and ``ferry recover`` delivers it.
+OUTBOX_RETRY_S = 0.2
+OUTBOX_RETRY_MAX_S = 5.0
+OUTBOX_PATIENCE_S = float(os.environ.get("FERRY_OUTBOX_PATIENCE_S", "600"))
 
 
 def error_to_json(error: FerryError | None) -> dict[str, Any] | None:
@@ -386,20 +392,56 @@ class Supervisor:
         self._write_end(records)
 
     def _write_end(self, records: list[ev.Event]) -> None:
-        store = self._open_store(patiently=True)
+        """Write the end itself (the launcher is gone or silent). When the store cannot
+        take it now (the database out of reach, the disk full), the end is kept on this
+        host first, durably, and delivered once the store answers again: by this
+        supervisor, trying for OUTBOX_PATIENCE_S, else by the next ``ferry recover``
+        here. A refusal for good (the task was decided and the result kept, or never
+        ours) ends it."""
+        if self._delivered(records):
+            return
+        self._let_go_of_the_terminal()
+        try:
+            kept = outbox.keep(self.home, records)
+        except OSError:
+            kept = None  # (nowhere to keep it either: recovery decides the task)
+        failpoint("after:outbox")
+        delay_s, deadline = OUTBOX_RETRY_S, time.monotonic() + OUTBOX_PATIENCE_S
+        while time.monotonic() < deadline:
+            time.sleep(min(delay_s, max(0.0, deadline - time.monotonic())))
+            delay_s = min(2 * delay_s, OUTBOX_RETRY_MAX_S)
+            if self._delivered(records):
+                if kept is not None:
+                    outbox.forget(kept)
+                return
+
+    def _let_go_of_the_terminal(self) -> None:
+        """Before a long wait: the task's output is all passed through; the stdio the
+        supervisor shares with ``ferry run`` (a pipe into ``tee``, a CI log) is let go,
+        so that whoever reads it sees its end when ``run`` ends, not minutes later."""
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in {0, 1, 2, self.stdout_echo_fd}:
+            with contextlib.suppress(OSError):
+                os.dup2(devnull, fd)
+        os.close(devnull)
+
+    def _delivered(self, records: list[ev.Event]) -> bool:
+        """True once the end is written (or refused for good); False if the store
+        cannot be reached or written now."""
+        store = self._open_store()
         if store is None:
-            return  # (the journal stayed out of reach: recovery decides the task)
-        with contextlib.suppress(FerryError, OSError):
-            store.refresh()
-            current = store.get(self.task.id)
-            if current is None or current.claim_token != self.token:
-                return  # written by the launcher after all, or decided by recovery
-            if current.state is not State.DISPATCHING:
-                records = [r for r in records if not isinstance(r, ev.Spawned)]
-            if current.cancel_requested:
-                records = [as_cancelled(r) if isinstance(r, ev.Settled) else r for r in records]
-            store.commit(*records)
-            failpoint("after:SETTLED")
+            return False
+        try:
+            outbox.deliver(store, records)
+        except RefusedError:
+            return True  # (not the task's any more, and no late result to keep)
+        except (FerryError, OSError):
+            with contextlib.suppress(Exception):
+                store.close()
+            self.store = None  # (opened again next time: a connection may be broken)
+            return False
+        failpoint("after:SETTLED")
+        return True
 
     def _open_store(self, *, patiently: bool = False) -> Any:
         """The store, opened on first use (None if it cannot be now: descriptors short,

@@ -206,7 +206,8 @@ def _when(ts: Any) -> str:
 
 
 def recover_text(report: Any, verbosity: int) -> str | None:
-    lines = [
+    lines = [f"{d['task']}: its kept end delivered ({d['outcome']})" for d in report.delivered]
+    lines += [
         f"{d['task']}: {d['decision']} -> {d['state']} ({d['reason'] or '-'})"
         for d in report.decisions
     ]
@@ -222,6 +223,7 @@ def recover_json(report: Any) -> dict[str, Any]:
         "dry_run": report.dry_run,
         "decisions": list(report.decisions),
         "orphans_alive": list(report.orphans_alive),
+        "delivered": list(report.delivered),
         "exit_code": report.exit_code,
     }
 

@@ -187,6 +187,9 @@ def _check_late(task: Task, event: ev.LateResult) -> None:
     if event.attempt > task.attempt:
         raise _stale(task, event, "task.stale_attempt", f"there is no attempt {event.attempt} yet")
     token = event.result.get("token")
+    for late in task.evidence.get("late_results", ()):
+        if late.get("token") == token and late.get("attempt") == event.attempt:
+            raise _stale(task, event, "task.stale_claim", "this claim's late result is kept")
     if task.in_flight and event.attempt == task.attempt and token == task.claim_token:
         raise RefusedError(
             f"task {task.id}: its claim is still current; it settles, a late result is refused",

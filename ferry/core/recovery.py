@@ -248,6 +248,9 @@ class RecoverReport:
     dry_run: bool
     decisions: list[dict[str, Any]] = field(default_factory=list)
     orphans_alive: list[str] = field(default_factory=list)
+    # Ends kept on this host by supervisors that could not write them, now written:
+    # {task, outcome} (outcome: settled, late, already, refused; ferry.app.outbox).
+    delivered: list[dict[str, str]] = field(default_factory=list)
     needs_operator: bool = False
 
     @property

@@ -373,6 +373,9 @@ def test_a_paused_host_writes_nothing_once_another_decided_its_tasks(
     worker.wait(timeout=60)
     task = b.task(task_id)
     assert (task["state"], task["reason"]) == ("FAILED", "HOST_LOST")  # a's end changed nothing
+    # ... and is kept as evidence: what a saw, once
+    [late] = task["evidence"]["late_results"]
+    assert (late["attempt"], late["host"]) == (1, "a") and late["state"] in ("SUCCEEDED", "FAILED")
 
 
 def test_two_recovers_on_two_hosts_decide_each_task_once(hosts: Hosts, pg_url: str) -> None:

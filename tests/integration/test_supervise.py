@@ -36,8 +36,10 @@ DEADLINE_S = 20.0
 
 
 # Starts TREE_LEAF as its child (same process group) and waits for it.
+# (SIGHUP to its default: under nohup the test runner's SIG_IGN would be inherited.)
 TREE_ROOT = r"""
-import subprocess, sys
+import signal, subprocess, sys
+signal.signal(signal.SIGHUP, signal.SIG_DFL)
 leaf = subprocess.Popen([sys.executable, "-c", sys.argv[1], *sys.argv[2:]])
 sys.exit(leaf.wait())
 """

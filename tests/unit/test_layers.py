@@ -35,7 +35,7 @@ ALLOWED = {
 # directory (stored patches), and the lease's type.
 LOCAL_BACKEND_USERS = {
     "ferry.app.session", "ferry.app.supervisor", "ferry.app.service", "ferry.app.pointers",
-    "ferry.app.leader",
+    "ferry.app.leader", "ferry.app.outbox",  # (the state directory's files: per host)
 }  # fmt: skip
 # The standard library's I/O, clocks and randomness, which the pure core must not touch.
 IO_MODULES = {

@@ -797,6 +797,13 @@ def test_late_results_are_bounded(h: Harness) -> None:
     a = h.submit()
     h.write(ev.Settled(a, 1, None, State.CANCELLED, Reason.CANCELLED_BY_USER))
     for n in range(15):
-        h.write(ev.LateResult(a, 1, {**LATE, "exit_code": n}))
+        h.write(ev.LateResult(a, 1, {**LATE, "token": f"t{n}", "exit_code": n}))
     kept = h.get(a).evidence["late_results"]
     assert [r["exit_code"] for r in kept] == list(range(5, 15))
+
+
+def test_a_late_result_is_kept_once(h: Harness) -> None:
+    a = h.submit()
+    h.write(ev.Settled(a, 1, None, State.CANCELLED, Reason.CANCELLED_BY_USER))
+    h.write(ev.LateResult(a, 1, LATE))
+    refused(h, ev.LateResult(a, 1, LATE), RefusedError, "task.stale_claim")

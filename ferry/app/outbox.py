@@ -1,0 +1,167 @@
+"""Ends that could not be written yet, kept on this host until they can.
+
+A supervisor whose store is out of reach when its task ends (the database down or cut
+off, the journal's disk full) keeps the end here, durably (``<home>/outbox/``, one
+file per end, fsynced with its directory), and delivers it once the store answers
+again; ``ferry recover`` on this host delivers what a supervisor left behind (killed,
+or out of patience). The end is delivered as it would have been written, if the claim
+still owns the task; as a ``LATE_RESULT`` (evidence, no state change) if recovery or
+another host decided the task meanwhile; not at all if it was delivered already (a
+commit whose answer was lost).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from ferry.app.runner import as_cancelled
+from ferry.app.session import this_host
+from ferry.core import events as ev
+from ferry.core.errors import FerryError, RefusedError
+from ferry.core.fold import MOVED_CODES, RACE_TRIES
+from ferry.core.model import State, Task
+from ferry.storage import TaskStore
+from ferry.storage.local.statedir import fsync_dir, write_atomic
+
+OUTBOX = "outbox"
+
+# What delivery made of an end.
+SETTLED = "settled"  # written as the task's end
+LATE = "late"  # kept as a LATE_RESULT: the task had been decided meanwhile
+ALREADY = "already"  # it was written before (an answer lost on the way back)
+
+
+def _directory(home: Path) -> Path:
+    return home / OUTBOX
+
+
+def keep(home: Path, records: Sequence[ev.Event]) -> Path:
+    """Durably keep a task's end (SETTLED, maybe after its SPAWNED) until delivered."""
+    settled = _settled(records)
+    directory = _directory(home)
+    directory.mkdir(mode=0o700, exist_ok=True)
+    name = f"{settled.task}.{settled.attempt}.{settled.token}.json"
+    data = orjson.dumps({"records": [list(record.encode()) for record in records]})
+    return write_atomic(directory, name, data)  # (the file and the directory fsynced)
+
+
+def pending(home: Path) -> list[Path]:
+    """The ends kept on this host, oldest first."""
+    try:
+        entries = list(_directory(home).glob("*.json"))
+    except OSError:
+        return []
+    return sorted(entries, key=lambda path: path.stat().st_mtime if path.exists() else 0.0)
+
+
+def load(path: Path) -> list[ev.Event]:
+    raw = orjson.loads(path.read_bytes())
+    events = [ev.decode_checked(kind, data) for kind, data in raw["records"]]
+    return [event for event in events if event is not None]
+
+
+def forget(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+        fsync_dir(path.parent)
+
+
+def deliver(store: TaskStore, records: Sequence[ev.Event]) -> str:
+    """Write a supervisor's end as the store needs it now (read at write time, again
+    after each refusal that says the task moved); what it became. Raises what the
+    store raises when it cannot be reached or refuses for another reason."""
+    settled = _settled(records)
+    for _ in range(RACE_TRIES):
+        store.refresh()
+        outcome, writes = end_writes(store.get(settled.task), records)
+        try:
+            if writes:
+                store.commit(*writes)
+        except RefusedError as error:
+            if error.code not in MOVED_CODES:
+                raise
+            continue
+        return outcome
+    raise RefusedError(
+        f"task {settled.task}: its end was refused {RACE_TRIES} times", code="task.stale_claim"
+    )
+
+
+def end_writes(current: Task | None, records: Sequence[ev.Event]) -> tuple[str, list[ev.Event]]:
+    """What a supervisor's end (``records``: its SETTLED, maybe after its SPAWNED) is,
+    the task being ``current`` now: SETTLED, the records to write (its SPAWNED only if
+    the task is still DISPATCHING; CANCELLED if a cancel was asked for meanwhile);
+    LATE, a LATE_RESULT (the claim moved: recovery or another host decided); ALREADY,
+    nothing (it is written, or kept as a late result, already)."""
+    settled = _settled(records)
+    if current is None:
+        return ALREADY, []
+    ours = current.attempt == settled.attempt
+    if ours and current.claim_token == settled.token and current.in_flight:
+        writes: list[ev.Event] = [r for r in records if not isinstance(r, ev.Spawned)]
+        if current.state is State.DISPATCHING:
+            writes = list(records)
+        if current.cancel_requested:
+            writes = [as_cancelled(r) if isinstance(r, ev.Settled) else r for r in writes]
+        return SETTLED, writes
+    if (ours and not current.in_flight and _same_end(current, settled)) or _kept_late(
+        current, settled
+    ):
+        return ALREADY, []
+    return LATE, [ev.LateResult(settled.task, settled.attempt, _result(settled))]
+
+
+def _kept_late(current: Task, settled: ev.Settled) -> bool:
+    return any(
+        late.get("token") == settled.token and late.get("attempt") == settled.attempt
+        for late in current.evidence.get("late_results", ())
+    )
+
+
+def _same_end(current: Task, settled: ev.Settled) -> bool:
+    """The task's end is this one (its commit went through; only the answer was lost)."""
+    return (
+        current.marker is not None
+        and current.marker.endswith(f":{settled.token}")
+        and current.ended_at == settled.ended_at
+        and current.exit_code == settled.exit_code
+        and current.signal == settled.signal
+    )
+
+
+def _result(settled: ev.Settled) -> dict[str, Any]:
+    data = settled.encode()[1]
+    result = {name: data[name] for name in ("token", "state", "reason", "exit_code", "signal")}
+    result.update(ended_at=settled.ended_at, evidence=data["evidence"], host=this_host())
+    return result
+
+
+def _settled(records: Sequence[ev.Event]) -> ev.Settled:
+    found = [record for record in records if isinstance(record, ev.Settled)]
+    if len(found) != 1 or found[0].token is None:
+        raise ValueError("an end is one SETTLED with its claim token")
+    return found[0]
+
+
+def deliver_pending(store: TaskStore, home: Path) -> list[tuple[str, str]]:
+    """``ferry recover``: deliver every end kept on this host; (task, what it became)
+    for each delivered. One that cannot be delivered now stays for the next time; one
+    refused for good is dropped (its task was decided; nothing left to say)."""
+    done: list[tuple[str, str]] = []
+    for path in pending(home):
+        try:
+            records = load(path)
+        except (OSError, ValueError, FerryError):
+            continue  # (a torn file: its supervisor died writing it; it never was kept)
+        try:
+            outcome = deliver(store, records)
+        except RefusedError:
+            outcome = "refused"
+        done.append((_settled(records).task, outcome))
+        forget(path)
+    return done

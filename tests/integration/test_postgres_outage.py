@@ -1,0 +1,130 @@
+"""The database out of reach while a task runs (contract.md, "Many machines: PostgreSQL"):
+the task's supervisor keeps its result on its host and delivers it when the database is
+back; ``ferry recover`` delivers what a killed supervisor kept; a result that comes too
+late (another host decided the task) is kept as evidence and changes no state.
+
+The cut is a real one, for one simulated host: its ferry reaches the server through a
+TCP relay (``tcpcut.py``) whose links are shut down at once and whose new connections
+are hung up on, until restored. The server itself keeps running for the other hosts.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from clikit import Ferry, finish, wait_until
+from tcpcut import TcpCut, relayed
+
+pytestmark = pytest.mark.timeout(180)
+
+# The cut host's supervisors try again quickly; the second test kills one first.
+QUICK = {"FERRY_OUTBOX_PATIENCE_S": "120"}
+
+
+class Cut:
+    """Host ``a`` behind the relay; host ``b`` (and the test) straight to the server."""
+
+    def __init__(self, relay: TcpCut, a: Ferry, b: Ferry) -> None:
+        self.relay, self.a, self.b = relay, a, b
+
+    def kept(self) -> list[Path]:
+        return sorted((self.a.home / "outbox").glob("*.json"))
+
+
+@pytest.fixture
+def cut(pg_url: str, tmp_path: Path) -> Iterator[Cut]:
+    with relayed(pg_url) as (relay, relayed_url):
+        a, b = Ferry(tmp_path / "a"), Ferry(tmp_path / "b")
+        a.env.update(FERRY_DATABASE_URL=relayed_url, FERRY_HOST_ID="a", **QUICK)
+        b.env.update(FERRY_DATABASE_URL=pg_url, FERRY_HOST_ID="b")
+        b.ok("db", "init")
+        try:
+            yield Cut(relay, a, b)
+        finally:
+            relay.restore()
+            a.close()
+            b.close()
+
+
+def gated(gate: Path, then: str = "echo done") -> list[str]:
+    """A task that runs until ``gate`` exists."""
+    return ["sh", "-c", f'while [ ! -e "{gate}" ]; do sleep 0.05; done; {then}']
+
+
+def running(cut: Cut) -> dict[str, Any]:
+    def found() -> dict[str, Any] | None:
+        tasks = cut.b.tasks()
+        return tasks[0] if tasks and tasks[0]["state"] == "RUNNING" else None
+
+    found_task: dict[str, Any] = wait_until(found, what="the task to run")
+    return found_task
+
+
+def test_an_end_the_database_could_not_take_is_delivered_when_it_is_back(
+    cut: Cut, tmp_path: Path
+) -> None:
+    gate = tmp_path / "gate"
+    run = cut.a.start("run", "--", *gated(gate, "echo done; exit 3"))
+    task = running(cut)
+    cut.relay.cut()
+    gate.touch()  # the task ends while its host cannot reach the database
+    wait_until(cut.kept, what="the supervisor to keep the end on its host")
+    code, err = finish(run)
+    assert code == 75 and "db.unavailable" in err  # run cannot say; it does not guess
+    assert cut.b.task(task["id"])["state"] == "RUNNING"  # (nothing written yet)
+    cut.relay.restore()
+    ended = wait_until(
+        lambda: (t := cut.b.task(task["id"]))["state"] != "RUNNING" and t,
+        what="the supervisor to deliver the end",
+    )
+    assert (ended["state"], ended["reason"], ended["exit_code"]) == ("FAILED", "EXIT_NONZERO", 3)
+    assert "late_results" not in ended["evidence"]
+    wait_until(lambda: not cut.kept(), what="the kept end to be forgotten")
+    assert cut.a.ok("logs", task["id"]).out == b"done\n"
+
+
+def test_recover_delivers_what_a_killed_supervisor_kept(cut: Cut, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    run = cut.a.start("run", "--", *gated(gate), failpoints="supervisor:after:outbox=self")
+    task = running(cut)
+    cut.relay.cut()
+    gate.touch()
+    [kept] = wait_until(cut.kept, what="the supervisor to keep the end")
+    assert finish(run)[0] == 75
+    wait_until(lambda: not cut.a.live_task_processes(), what="the supervisor to be killed")
+    cut.b.ok("recover")  # another host: the task is a's, whose lease lives; nothing
+    assert cut.b.task(task["id"])["state"] == "RUNNING" and kept.exists()
+    cut.relay.restore()
+    result = cut.a.json("recover")
+    assert result["delivered"] == [{"task": task["id"], "outcome": "settled"}]
+    assert not result["decisions"] and not cut.kept()
+    ended = cut.b.task(task["id"])
+    assert (ended["state"], ended["exit_code"]) == ("SUCCEEDED", 0)
+    assert cut.a.json("recover")["delivered"] == []  # once
+
+
+def test_an_end_delivered_after_another_host_decided_the_task_is_kept_as_evidence(
+    cut: Cut,
+) -> None:
+    task_id = cut.a.ok("submit", "--", "sleep", "60").out.decode().strip()
+    worker = cut.a.start("work", "-j", "1", "--lease-ttl", "1", "--poll", "0.1", "--drain")
+    running(cut)
+    cut.relay.cut()  # a's lease cannot be renewed: it expires; b decides a's task
+    wait_until(lambda: cut.b("recover", "--lease-ttl", "1").code == 3, what="b to decide")
+    lost = cut.b.task(task_id)
+    assert (lost["state"], lost["reason"]) == ("FAILED", "HOST_LOST")
+    cut.relay.restore()
+    late = wait_until(
+        lambda: (t := cut.b.task(task_id))["evidence"].get("late_results") and t,
+        what="a's supervisor to deliver its end, late",
+    )
+    assert (late["state"], late["reason"], late["exit_code"]) == ("FAILED", "HOST_LOST", None)
+    # a's worker, its lease lost, stopped the task (SIGTERM): that is the end it saw
+    [result] = late["evidence"]["late_results"]
+    assert (result["attempt"], result["state"], result["host"]) == (1, "FAILED", "a")
+    assert result["signal"] == signal.SIGTERM and result["token"]
+    finish(worker)
