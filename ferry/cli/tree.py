@@ -141,6 +141,10 @@ from ferry.cli import commands as _commands  # noqa: E402  (registers the comman
 
 _commands.register(cli, task_options, _emit)
 
+from ferry.cli import report_command as _report  # noqa: E402  (ferry report --html)
+
+_report.register(cli)
+
 
 def invoke(args: list[str], *, as_json: bool, command: str) -> int:
     """Run the command line through click; click's own exceptions end here."""

@@ -118,6 +118,19 @@ def test_a_task_run_on_one_host_is_seen_from_another(hosts: Hosts) -> None:
     assert (task["name"], task["state"], task["host"]) == ("from-a", "SUCCEEDED", "a")
 
 
+def test_ls_state_given_twice_lists_both_states(hosts: Hosts) -> None:
+    """As on the local journal (test_daily_use): each task in any of the states given."""
+    a = hosts("a")
+    a.ok("run", "--", "false", codes=(1,))
+    a.ok("submit", "--", "true")
+    a.ok("run", "--", "true")
+    states = [t["state"] for t in a.json("ls", "--state", "QUEUED", "--state", "failed")]
+    assert states == ["FAILED", "QUEUED"]
+    assert [t["state"] for t in a.json("ls", "--state", "FAILED")] == ["FAILED"]
+    result = a.ok("ls", "--state", "QUEUED", "--state", "SUCCEEDED", "--limit", "1")
+    assert "1 of 2 shown" in result.err
+
+
 def test_two_hosts_drain_one_queue_each_task_run_once(
     hosts: Hosts, pg_url: str, tmp_path: Path
 ) -> None:

@@ -292,18 +292,19 @@ class PgStore:
         )
 
     def newest(self, limit: int, state: States = None) -> list[Task]:
-        where = "" if state is None else "WHERE state = %(state)s"
+        where = "" if state is None else "WHERE state = ANY(%(states)s)"
         bound = "" if not limit else "LIMIT %(limit)s"
         found = self._tasks(
             f"SELECT body FROM ferry_tasks {where} ORDER BY submit_seq DESC, id DESC {bound}",
-            {"state": state, "limit": limit},  # type: ignore[arg-type]
+            {"states": _state_list(state), "limit": limit},  # type: ignore[arg-type]
         )
         return found[::-1]
 
     def count(self, state: States = None) -> int:
-        where = "" if state is None else "WHERE state = %s"
+        where = "" if state is None else "WHERE state = ANY(%s)"
         row = self.db.execute(
-            f"SELECT count(*) FROM ferry_tasks {where}", (state,) if state else ()
+            f"SELECT count(*) FROM ferry_tasks {where}",
+            () if state is None else (_state_list(state),),
         )
         return int(row.fetchone()[0])
 
@@ -421,3 +422,12 @@ def _json(data: Any) -> Any:
 
 def _iso(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat()
+
+
+def _state_list(state: States) -> list[str]:
+    """A state, or several (any of them), as the list ``state = ANY(%s)`` takes
+    (``state = %s`` given a list compared each state with the array's text,
+    ``'{FAILED,QUEUED}'``, and matched nothing)."""
+    if state is None:
+        return []
+    return [state] if isinstance(state, str) else [str(s) for s in state]
