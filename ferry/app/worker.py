@@ -108,6 +108,7 @@ class Worker:
         self.signals_seen = 0
         self.halted = False  # no more claims: the lease is lost, or the journal failed us
         self.failures: list[FerryError] = []
+        self.outage = False  # the database out of reach at the last try (said once)
         self.trap: SignalTrap | None = None
         self._cancel_before_spawn: set[str] = set()
         self._plan_deaths: dict[str, int] = {}  # task id -> supervisors that died planning it
@@ -173,8 +174,12 @@ class Worker:
         return ready
 
     def _queue_nonempty(self) -> bool:
-        self.store.refresh()
-        return bool(self.store.queued(1))
+        """(The database out of reach: it may hold tasks; not empty.)"""
+        try:
+            self.store.refresh()
+            return bool(self.store.queued(1))
+        except DatabaseUnavailableError:
+            return True
 
     def _lead(self) -> None:
         epoch = self.lead.epoch
@@ -281,7 +286,11 @@ class Worker:
             launch.forget()
 
     def _recover(self) -> None:
-        report = recover_as(self.lead, self.policy)
+        try:
+            report = recover_as(self.lead, self.policy)
+        except DatabaseUnavailableError as error:
+            self._unreachable(error)
+            return
         self.session.reporter.recovered(report)
         terminal = {state.value for state in TERMINAL_STATES}
         for decision in report.decisions:
@@ -386,7 +395,11 @@ class Worker:
         free = self.jobs - busy - len(self.survivors)
         if free <= 0:
             return
-        candidates = self.store.queued(len(held) + free)
+        try:
+            candidates = self.store.queued(len(held) + free)
+        except DatabaseUnavailableError as error:
+            self._unreachable(error)
+            return
         for task in candidates:
             if free == 0:
                 break
@@ -516,8 +529,12 @@ class Worker:
         if ends:
             with contextlib.suppress(FerryError):
                 self.store.refresh()  # a cancel that landed makes an end CANCELLED
-        for unit in ends:
-            unit.records = unit.launch.end_records(self.store)
+        try:
+            for unit in ends:
+                unit.records = unit.launch.end_records(self.store)
+        except DatabaseUnavailableError as error:
+            self._unreachable(error)
+            return
         records = [record for unit in units for record in unit.records]
         try:
             self.store.commit(*records, epoch=self.lead.epoch if not self.halted else 0)
@@ -528,11 +545,24 @@ class Worker:
         except RefusedError:  # one unit's record is no longer legal: find which
             self._write_each(units)
             return
+        except DatabaseUnavailableError as error:  # (each unit is tried again next turn)
+            self._unreachable(error)
+            return
         except FerryError as error:  # the journal failed us (a full disk, corruption)
             self._journal_failed(error)
             return
+        self.outage = False
         for unit in units:
             self._done(unit, None)
+
+    def _unreachable(self, error: FerryError) -> None:
+        """The database is out of reach: what waits to be written stays pending and is
+        tried again at the next turn (a claim whose commit answer was lost is read back
+        then: ``_write_each``); the lease's own deadline decides when to give up
+        (``_renew``)."""
+        if not self.outage:
+            self.session.notice(f"{error.message}; trying again")
+        self.outage = True
 
     def _journal_failed(self, error: FerryError) -> None:
         """The journal refuses every write now (the handle failed): claim nothing more,
@@ -548,13 +578,19 @@ class Worker:
                 self._done(unit, LeaseHeldError("not claimed: the lease is lost"))
                 continue
             epoch = self.lead.epoch if unit.kind == "claim" else 0
-            if unit.kind == "end":  # (as the journal is now: the failed commit caught up)
-                unit.records = unit.launch.end_records(self.store)
             try:
+                if unit.kind == "end":  # (as the journal is now: the failed commit caught up)
+                    unit.records = unit.launch.end_records(self.store)
                 self.store.commit(*unit.records, epoch=epoch)
-            except (RefusedError, LeaseHeldError) as error:
+            except RefusedError as error:
+                self._done(unit, None if self._claimed_by_us(unit) else error)
+                continue
+            except LeaseHeldError as error:
                 self._done(unit, error)
                 continue
+            except DatabaseUnavailableError as error:
+                self._unreachable(error)
+                return
             except FerryError as error:
                 self._journal_failed(error)
                 return
@@ -599,8 +635,22 @@ class Worker:
             # its launcher having been silent too long): the attempt we ran, settled.
             self._settled(task_id, attempt)
 
+    def _claimed_by_us(self, unit: _Unit) -> bool:
+        """A claim refused because it is ours already: its commit went through, only the
+        answer was lost (a connection cut during COMMIT)."""
+        if unit.kind != "claim":
+            return False
+        with contextlib.suppress(FerryError, OSError):
+            current = self.store.get(unit.launch.task.id)
+            return current is not None and current.claim_token == unit.launch.token
+        return False
+
     def _cancelled(self, launch: Launch) -> bool:
-        task = self.store.get(launch.task.id)
+        """(The database out of reach: not known now; its supervisor's beats look.)"""
+        try:
+            task = self.store.get(launch.task.id)
+        except DatabaseUnavailableError:
+            return False
         return bool(task and task.claim_token == launch.token and task.cancel_requested)
 
     def _halt(self, error: FerryError | None, *, fail: bool = False) -> None:

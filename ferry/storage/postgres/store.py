@@ -41,6 +41,7 @@ from ferry.core.fold import task_from_record, task_to_record
 from ferry.core.ids import LAST, resolve_prefix, shown, task_number
 from ferry.core.model import IN_FLIGHT_STATES, Reason, State, Task
 from ferry.core.state import SNAPSHOT_FORMAT, States, Table
+from ferry.failpoints import failpoint
 from ferry.storage.postgres import schema
 from ferry.storage.postgres.connect import Database, host_id
 
@@ -127,6 +128,12 @@ class PgStore:
                 table.apply(kind, data, seq, ts)
                 records.append((seq, epoch, kind, data))
             self._write_tasks(conn, [t for t in map(table.get, ids) if t is not None])
+            # Inside the transaction, its row locks held, before COMMIT: a crash (or a
+            # connection killed) here commits nothing.
+            for record_type, _ in batch:
+                failpoint("before:" + record_type)
+        for record_type, _ in batch:
+            failpoint("after:" + record_type)
         return records
 
     def _task_numbers(self, conn: Any, batch: Sequence[EncodedEvent]) -> list[int]:

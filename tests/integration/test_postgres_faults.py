@@ -1,0 +1,122 @@
+"""ferry's connections killed (``pg_terminate_backend``) in the middle of a claim, a
+heartbeat and a settle, and the server crashed and restarted (``pg_ctl restart -m
+immediate``) under load: nothing acknowledged is lost, nothing runs twice, and the
+worker goes on on a new connection (contract.md, "Many machines: PostgreSQL").
+
+"In the middle" is made to happen: the worker is stopped (SIGSTOP, a failpoint armed in
+the launcher only) inside its transaction, with the task rows locked and nothing
+committed; its connection is killed; then it is continued.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+import psycopg
+import pytest
+from clikit import Ferry, finish, wait_until
+from pgserver import PgServer
+
+pytestmark = pytest.mark.timeout(180)
+
+TERMINATE = (
+    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+    " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+)
+
+
+def terminate_others(pg_url: str) -> int:
+    """Kill every other connection to the test's database; how many."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        row = conn.execute(TERMINATE).fetchone()
+    return int(row[0]) if row else 0
+
+
+@pytest.fixture
+def host(pg_url: str, tmp_path: Path) -> Ferry:
+    ferry = Ferry(tmp_path / "a")
+    ferry.env.update(FERRY_DATABASE_URL=pg_url, FERRY_HOST_ID="a")
+    ferry.ok("db", "init")
+    yield ferry
+    ferry.close()
+
+
+def marking(marks: Path, then: str = "") -> list[str]:
+    """A task that appends its id to ``marks`` when it starts (runs are counted)."""
+    return ["sh", "-c", f'echo "$FERRY_TASK_ID" >> "{marks}"; {then}']
+
+
+def runs(marks: Path) -> dict[str, int]:
+    counted: dict[str, int] = {}
+    for line in marks.read_text().split() if marks.exists() else []:
+        counted[line] = counted.get(line, 0) + 1
+    return counted
+
+
+def dispatched(pg_url: str) -> list[tuple[str, int]]:
+    with psycopg.connect(pg_url) as conn:
+        rows = conn.execute(
+            "SELECT task, (data->>'attempt')::int FROM ferry_events WHERE type = 'DISPATCHING'"
+        ).fetchall()
+    return [(row[0], row[1]) for row in rows]
+
+
+@pytest.mark.parametrize("point", ["before:CLAIMED", "before:SETTLED"])
+def test_the_worker_s_connection_killed_inside_its_transaction(
+    host: Ferry, pg_url: str, tmp_path: Path, point: str
+) -> None:
+    marks = tmp_path / "marks"
+    task_id = host.ok("submit", "--", *marking(marks)).out.decode().strip()
+    worker = host.start_stopped("work", "-j", "1", "--drain", "--poll", "0.1",
+                                at=f"launcher:{point}")  # fmt: skip
+    assert terminate_others(pg_url) >= 1  # (its transaction dies with its connection)
+    os.kill(worker.pid, signal.SIGCONT)
+    code, err = finish(worker)
+    assert code == 0, err
+    task = host.task(task_id)
+    assert (task["state"], task["attempt"]) == ("SUCCEEDED", 1)
+    assert runs(marks) == {task_id: 1}
+    assert dispatched(pg_url) == [(task_id, 1)]
+
+
+def test_connections_killed_while_tasks_run_and_beat(
+    host: Ferry, pg_url: str, tmp_path: Path
+) -> None:
+    marks, gate = tmp_path / "marks", tmp_path / "gate"
+    wait = f'while [ ! -e "{gate}" ]; do sleep 0.05; done'
+    ids = [
+        host.ok("submit", "--heartbeat", "0.1", "--", *marking(marks, wait)).out.decode().strip()
+        for _ in range(2)
+    ]
+    worker = host.start("work", "-j", "2", "--drain", "--poll", "0.1")
+    wait_until(lambda: {t["state"] for t in host.tasks()} == {"RUNNING"}, what="both running")
+    for _ in range(5):  # each time: the worker's, the supervisors' beats, ls's
+        wait_until(lambda: terminate_others(pg_url) >= 1, what="a connection of ferry's")
+    gate.touch()
+    code, err = finish(worker)
+    assert code == 0, err
+    assert [host.task(i)["state"] for i in ids] == ["SUCCEEDED", "SUCCEEDED"]
+    assert runs(marks) == dict.fromkeys(ids, 1)
+
+
+def test_the_server_crashed_and_restarted_under_load(
+    host: Ferry, pg_server: PgServer, pg_url: str, tmp_path: Path
+) -> None:
+    if not pg_server.restartable:
+        pytest.skip("FERRY_TEST_DATABASE_URL names a server the tests may not restart")
+    marks = tmp_path / "marks"
+    lines = "".join(f'echo "$FERRY_TASK_ID" >> "{marks}"; sleep 0.1 # {n}\n' for n in range(30))
+    host.ok("submit", "--lines", "-", stdin=lines.encode())
+    worker = host.start("work", "-j", "2", "--drain", "--poll", "0.1")
+    settled: Callable[[], bool] = lambda: len(runs(marks)) >= 8  # noqa: E731
+    wait_until(settled, what="some tasks to run")
+    pg_server.restart("immediate")  # (a crash: committed data survives, sessions do not)
+    code, err = finish(worker)
+    assert code == 0, err
+    tasks = host.tasks()
+    assert len(tasks) == 30 and {t["state"] for t in tasks} == {"SUCCEEDED"}
+    assert runs(marks) == {t["id"]: 1 for t in tasks}
+    assert sorted(dispatched(pg_url)) == sorted((t["id"], 1) for t in tasks)
