@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
@@ -90,7 +91,8 @@ class _Replay:
         self.pos = list(starts)  # per stream: what was shown (or skipped) ends here
         self.index = order_path(paths[0])
         self.index_read = 0  # bytes of the index taken in (whole entries)
-        self.entries: list[tuple[int, int]] = []  # read, not yet replayed
+        self.entries: deque[tuple[int, int]] = deque()  # read, not yet replayed
+        self.fds: list[int | None] = [None, None]  # the logs, open once there
         self.last_out: BinaryIO | None = None  # flushed before the other one is written
         self.copied = 0
 
@@ -107,7 +109,7 @@ class _Replay:
                 if not final:
                     break  # its bytes are being logged now: next round
                 end = sizes[stream]  # (bytes a power cut took: the log is all there is)
-            del self.entries[0]
+            self.entries.popleft()
             self._copy(stream, end)
         if not self.entries:
             for stream in (STDOUT, STDERR):
@@ -142,21 +144,26 @@ class _Replay:
         if out is None:  # (a stream not asked for)
             self.pos[stream] = end
             return
-        try:
-            fd = os.open(self.paths[stream], os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return
-        try:
-            while start < end:
-                chunk = os.pread(fd, min(_CHUNK_BYTES, end - start), start)
-                if not chunk:
-                    break  # (the log shrank: someone cut it)
-                self._write(stream, out, start, chunk)
-                start += len(chunk)
-                self.copied += len(chunk)
-        finally:
-            os.close(fd)
+        fd = self.fds[stream]
+        if fd is None:
+            try:
+                fd = self.fds[stream] = os.open(self.paths[stream], os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                return
+        while start < end:
+            chunk = os.pread(fd, min(_CHUNK_BYTES, end - start), start)
+            if not chunk:
+                break  # (the log shrank: someone cut it)
+            self._write(stream, out, start, chunk)
+            start += len(chunk)
+            self.copied += len(chunk)
         self.pos[stream] = start
+
+    def close(self) -> None:
+        for fd in self.fds:
+            if fd is not None:
+                os.close(fd)
+        self.fds = [None, None]
 
     def _write(self, stream: int, out: BinaryIO, offset: int, chunk: bytes) -> None:
         if self.as_json:
@@ -191,12 +198,15 @@ def print_logs(
         (0, 0) if tail is None else (_tail_offset(paths[0], tail), _tail_offset(paths[1], tail))
     )
     replay = _Replay(paths, outs, starts, as_json)
-    # (Not following a task that still runs: what its logs hold now, in order.)
-    replay.pump(final=not follow and settled())
-    while follow:
-        done = settled()  # read before the last pump: nothing written after is missed
-        moved = replay.pump(final=done)
-        if done:
-            break
-        if not moved:
-            time.sleep(FOLLOW_POLL_S)
+    try:
+        # (Not following a task that still runs: what its logs hold now, in order.)
+        replay.pump(final=not follow and settled())
+        while follow:
+            done = settled()  # read before the last pump: nothing written after is missed
+            moved = replay.pump(final=done)
+            if done:
+                break
+            if not moved:
+                time.sleep(FOLLOW_POLL_S)
+    finally:
+        replay.close()

@@ -56,7 +56,11 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
 
     @cli.command(
         context_settings={"allow_interspersed_args": False},
-        epilog=_example("ferry run --key build-$SHA --timeout 3600 -- make test"),
+        epilog=_example(
+            "ferry run --key build-$SHA --timeout 3600 -- make test\n"
+            "ferry run --pty -- pytest -q   # the task sees a terminal: colours kept\n"
+            "ferry -v run -- make lint      # also a line as it starts and as it ends"
+        ),
     )
     @task_options
     @click.argument("argv", nargs=-1, required=True, metavar="-- CMD [ARG...]")
@@ -67,7 +71,8 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
         Output streams live and is kept in full; SIGINT/SIGTERM/SIGHUP reach the task's
         whole process group; the task's exit status passes through (124 timeout, 125
         ferry failed before the task started, 126/127 not executable/not found,
-        128+N killed by signal N).
+        128+N killed by signal N). A task that did not succeed gets one line on stderr:
+        ferry: task #N ID failed: REASON (exit STATUS).
         """
         return run_command(ctx, kw, argv)
 

@@ -48,7 +48,12 @@ Choices where the brief is silent (the contract of this module):
   when the caller made the directory for this run: ``log_dir_new``). A log that received nothing
   is not synced (an empty file that a crash removes tells the same story), so a task
   that prints nothing costs no fsync here. Logs are opened ``O_APPEND|O_NOFOLLOW``,
-  created 0600; the heartbeat file too.
+  created 0600; the heartbeat file too. With ``order_log``, the order of the two
+  streams is recorded beside them (:mod:`ferry.proc.logorder`: an entry at each switch
+  between the streams, before the chunk that switches is logged), and synced with them.
+* A terminal. With ``pty`` the task's stdout and stderr are one pseudo-terminal, whose
+  master this process reads as the task's stdout (the stderr log stays empty); its
+  EIO, once no process holds the terminal, is the end of the stream.
 * Heartbeats. A beat record (``ferry.proc.alivelock.beat``: the boot clock, in place, which
   also sets the mtime; not through a symlink, and re-created if removed) is written to
   ``heartbeat_path`` every ``heartbeat_s`` on the monotonic clock, whatever the task
