@@ -122,9 +122,11 @@ class _Replay:
         if self.outs[STDOUT] is None or self.outs[STDERR] is None:
             return  # one stream: no order to keep
         try:
-            fd = os.open(self.index, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return  # no switch between the streams yet, or logs from before the index
+            fd = os.open(self.index, os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
+        except OSError:
+            # Missing: no switch between the streams yet, or logs from before the index.
+            # Unreadable, or a symlink planted there: ignored like a damaged index.
+            return
         try:
             data = b""
             while chunk := os.pread(fd, _CHUNK_BYTES, self.index_read + len(data)):
