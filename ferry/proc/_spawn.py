@@ -100,8 +100,9 @@ def _open_pty() -> tuple[int, int]:
     child gets the slave as its fd 1 and 2 only). Not the task's controlling terminal:
     nothing types into it, and a task whose supervisor dies is not sent SIGHUP.
 
-    No ONLCR: the terminal would turn every "\n" into "\r\n" in the log; the bytes
-    stay as the task wrote them (ferry's own terminal translates them when shown).
+    No output processing (OPOST off): the terminal would turn every "\\n" into "\\r\\n"
+    (ONLCR) in the log; the bytes stay exactly as the task wrote them (ferry's own
+    terminal translates them when they are shown).
     The window size is that of ferry's terminal, if it has one (tools fit their lines
     to it); otherwise the kernel's 0x0, which tools take for "unknown" (80 columns)."""
     import fcntl
@@ -113,7 +114,7 @@ def _open_pty() -> tuple[int, int]:
         raise SpawnFailed("other", f"cannot open a pseudo-terminal: {e}", errno_=e.errno) from e
     try:
         attrs = termios.tcgetattr(slave)
-        attrs[1] &= ~termios.ONLCR
+        attrs[1] &= ~termios.OPOST
         termios.tcsetattr(slave, termios.TCSANOW, attrs)
         for fd in (1, 2, 0):
             with contextlib.suppress(OSError):
