@@ -122,6 +122,8 @@ def run_started_text(task: Any) -> str:
     """``run -v``, as its task starts: ``task #12 01jq3... started: make test``."""
     label = task.spec.name or " ".join(task.spec.argv)
     label = label if len(label) <= 80 else label[:77] + "..."
+    # (argv may hold control characters: shown escaped, never sent to the terminal)
+    label = "".join(c if c.isprintable() else repr(c)[1:-1] for c in label)
     return f"{_task_label(task)} started: {label}"
 
 

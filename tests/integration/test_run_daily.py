@@ -63,6 +63,9 @@ def test_run_verbose_says_when_its_task_starts_and_ends(ferry: Ferry) -> None:
     assert failed.err.splitlines()[0] == f"ferry: task #2 {task['id']} started: sh -c exit 4"
     assert re.fullmatch(rf"ferry: task #2 {task['id']} failed: EXIT_NONZERO \(exit 4\) in \S+s",
                         failed.err.splitlines()[1])  # fmt: skip
+    # Control characters of the command are shown escaped, never sent to the terminal.
+    escaped = ferry.ok("-v", "run", "--", "printf", "\x1b[2J")
+    assert "started: printf \\x1b[2J" in escaped.err and "\x1b" not in escaped.err
     # A task skipped for its --key did not start: only the notice that says so.
     ferry.ok("run", "--key", "k", "--", "true")
     skipped = ferry.ok("-v", "run", "--key", "k", "--", "true")
