@@ -58,6 +58,10 @@ Naming convention (the registry :data:`FAILPOINTS` lists every name):
   (:mod:`ferry.app.outbox`).
 * ``before:replay`` / ``after:replay``: around the store's replay of the records after
   the snapshot it read, when it opens (``before``: the snapshot is read, nothing more).
+* ``before:log_order`` / ``after:log_order``: around a supervisor's entry in a task's
+  log order index (:mod:`ferry.proc.logorder`), when the task switched streams
+  (``before``: one stream's run is logged, not yet recorded; ``after``: recorded, the
+  other stream's chunk not yet logged).
 
 Why SIGKILL and not an exception: a crash must not run ``finally`` blocks, flush
 buffers or release locks politely; SIGKILL is what the OOM killer and ``kill -9`` do.
@@ -106,6 +110,8 @@ SIDE_EFFECT_POINTS: tuple[str, ...] = (
     "before:replay",
     "after:replay",
     "after:outbox",
+    "before:log_order",
+    "after:log_order",
 )
 
 

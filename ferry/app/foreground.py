@@ -27,13 +27,16 @@ def run_task(
     epoch: int = 0,
     on_claimed: Callable[[], None] = lambda: None,
     stdout_echo_fd: int = 1,
+    on_started: Callable[[Task], None] = lambda task: None,
 ) -> RunResult:
     """Write ``lead`` (the claim, naming the supervisor) with the intent, pass the
     output through (the task's stdout to ``stdout_echo_fd``), and return once the end
-    is durable. Raises the error that kept the task from starting, naming the task."""
+    is durable (``on_started``: just before the spawn). Raises the error that kept the
+    task from starting, naming the task."""
     result = run_foreground(
         session.store, session.home, task, token, lead=lead, epoch=epoch,
         on_claimed=on_claimed, stdout_echo_fd=stdout_echo_fd, notice=session.notice,
+        on_started=on_started,
     )  # fmt: skip
     _compact_quietly(session)
     if result.error is not None:

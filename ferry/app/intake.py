@@ -41,6 +41,7 @@ _LINE_KEYS = {
     "patch_file": "patch_file",
     "patch-file": "patch_file",
     "shell": "shell",
+    "pty": "pty",
 }
 _DEFAULTS: dict[str, Any] = {
     "name": None,
@@ -55,6 +56,7 @@ _DEFAULTS: dict[str, Any] = {
     "pointers": [],
     "patch_file": None,
     "shell": False,
+    "pty": False,
 }
 
 
@@ -237,6 +239,7 @@ def build_spec(opts: Mapping[str, Any], home: Path, *, queued: bool = False) -> 
         shell=bool(opts.get("shell")),
         pointers=pointers,
         patch=patch,
+        pty=bool(opts.get("pty")),
     )
     validate_spec(spec)
     return spec
@@ -290,6 +293,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "cwd": (str, type(None)),
     "patch_file": (str, type(None)),
     "shell": (bool,),
+    "pty": (bool,),
 }
 
 

@@ -291,6 +291,7 @@ def run_foreground(
     on_claimed: Callable[[], None] = lambda: None,
     stdout_echo_fd: int = 1,
     notice: Callable[[str], None] = lambda message: None,
+    on_started: Callable[[Task], None] = lambda task: None,
 ) -> RunResult:
     """``run`` and ``claim``: fork the task's supervisor, write the claim (``lead``'s
     records, which name the supervisor as the runner, then the plan's DISPATCHING) in
@@ -309,7 +310,8 @@ def run_foreground(
             while launch.plan is None and not launch.gone:
                 launch.wait(None)
         with SignalTrap() as trap:
-            return _Foreground(store, launch, trap, notice).run(lead, epoch, on_claimed)
+            foreground = _Foreground(store, launch, trap, notice, on_started)
+            return foreground.run(lead, epoch, on_claimed)
     finally:
         if not launch.claimed and not launch.idle:
             # Its claim was never written: it started nothing. (Idle: its end is
@@ -345,9 +347,15 @@ def _interruptible() -> Iterator[None]:
 
 class _Foreground:
     def __init__(
-        self, store: TaskStore, launch: Launch, trap: SignalTrap, notice: Callable[[str], None]
+        self,
+        store: TaskStore,
+        launch: Launch,
+        trap: SignalTrap,
+        notice: Callable[[str], None],
+        on_started: Callable[[Task], None],
     ) -> None:
         self.store, self.launch, self.trap, self.notice = store, launch, trap, notice
+        self.on_started = on_started
         self.task = launch.task
         self.signals_seen = 0
 
@@ -378,6 +386,7 @@ class _Foreground:
             return RunResult(self._task(), EX_FERRY_FAILED, launch.plan_error)
         if self._before_spawn():
             return RunResult(self._task(), self.before_spawn_status)
+        self.on_started(self._task())  # (before the go: it precedes the task's output)
         launch.go()
         return self._watch()
 

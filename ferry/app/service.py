@@ -158,7 +158,8 @@ class Service:
 
         task = Task(id=submitted.task, spec=spec, state=State.CLAIMED, claim_token=token)
         try:
-            return run_task(self.session, task, token, lead=lead, stdout_echo_fd=stdout_echo_fd)
+            return run_task(self.session, task, token, lead=lead, stdout_echo_fd=stdout_echo_fd,
+                            on_started=self.session.reporter.started)  # fmt: skip
         except RefusedError as error:
             # The key succeeded between our read and our write (refused under the lock).
             succeeded_meanwhile = error.code == "task.key_succeeded" and spec.key is not None
@@ -227,7 +228,11 @@ class Service:
         follow: bool,
         attempt: int | None,
         as_json: bool,
-    ) -> None:
+        merged: bool = False,
+    ) -> bool:
+        """Print the task's logs (see :mod:`ferry.app.logs`). True if the attempt shown
+        SUCCEEDED (as far as is known when the logs are done: ``follow`` waits for it
+        to settle)."""
         from ferry.app.logs import print_logs
 
         task = self.store.resolve(prefix)
@@ -248,15 +253,18 @@ class Service:
             current = self.store.get(task.id)
             return current is None or current.terminal or current.attempt != which
 
-        print_logs(paths, stream=stream, tail=tail, follow=follow, settled=settled, as_json=as_json)
+        print_logs(paths, stream=stream, tail=tail, follow=follow, settled=settled,
+                   as_json=as_json, merged=merged)  # fmt: skip
         current = self.store.get(task.id) or task
         if current.attempt != which:
-            return  # (an earlier attempt's evidence is not kept)
+            # (An earlier attempt's evidence is not kept; it was retried: not a success.)
+            return False
         lost = [path.name for path in paths if not path.exists()]
         if problem := current.evidence.get("log_error"):
             self.notice(f"warning: task {task.id}: its log is incomplete ({problem})")
         elif lost and current.started_at is not None:
             self.notice(f"warning: task {task.id}: log file(s) missing: {', '.join(lost)}")
+        return current.state is State.SUCCEEDED
 
     def lease_info(self) -> dict[str, Any]:
         from ferry.proc.liveness import probe

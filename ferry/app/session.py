@@ -37,6 +37,11 @@ class Reporter(Protocol):
         recovery's decisions), one ``wait`` waited for. Said once per task."""
         ...
 
+    def started(self, task: Task) -> None:
+        """The task ``run`` holds in the foreground is about to be spawned (its intent
+        is durable, its supervisor not yet told to go: said before any of its output)."""
+        ...
+
     def progress(self, progress: Progress) -> None:
         """How far a ``work`` is (only when it was asked to tell: ``progress_s``)."""
         ...
@@ -55,6 +60,9 @@ class Silent:
         pass
 
     def settled(self, task: Task) -> None:
+        pass
+
+    def started(self, task: Task) -> None:
         pass
 
     def progress(self, progress: Progress) -> None:

@@ -70,6 +70,7 @@ from ferry.failpoints import failpoint, supervisor_armed
 from ferry.proc import alivelock
 from ferry.proc._control import Channel, ChannelClosed, close_inherited_descriptors
 from ferry.proc._outputs import SignalTrap
+from ferry.proc.logorder import order_path
 from ferry.proc.process import identity_of
 from ferry.proc.supervise import SpawnFailed, SuperviseSpec, supervise
 
@@ -246,6 +247,7 @@ class Supervisor:
                 stdout_log=stdout_log, stderr_log=stderr_log, heartbeat_path=lock_path,
                 passthrough=self.passthrough, stdout_echo_fd=self.stdout_echo_fd,
                 shell=spec.shell, pass_fds=(lock_fd,), log_dir_new=new_dir,
+                order_log=order_path(stdout_log), pty=spec.pty,
             )  # fmt: skip
             self.spawn_at = time.time()  # (a bound on the spawn from below: the task's start)
             try:

@@ -56,7 +56,11 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
 
     @cli.command(
         context_settings={"allow_interspersed_args": False},
-        epilog=_example("ferry run --key build-$SHA --timeout 3600 -- make test"),
+        epilog=_example(
+            "ferry run --key build-$SHA --timeout 3600 -- make test\n"
+            "ferry run --pty -- pytest -q   # the task sees a terminal: colours kept\n"
+            "ferry -v run -- make lint      # also a line as it starts and as it ends"
+        ),
     )
     @task_options
     @click.argument("argv", nargs=-1, required=True, metavar="-- CMD [ARG...]")
@@ -67,7 +71,8 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
         Output streams live and is kept in full; SIGINT/SIGTERM/SIGHUP reach the task's
         whole process group; the task's exit status passes through (124 timeout, 125
         ferry failed before the task started, 126/127 not executable/not found,
-        128+N killed by signal N).
+        128+N killed by signal N). A task that did not succeed gets one line on stderr:
+        ferry: task #N ID failed: REASON (exit STATUS).
         """
         return run_command(ctx, kw, argv)
 
@@ -331,29 +336,60 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
         obj = render.task_json(task, show_env_values=show_env)
         emit(ctx, render.detail(obj), obj)
 
-    @cli.command(epilog=_example("ferry logs 01jq3 --stream stderr --tail 50 -f"))
+    @cli.command(
+        epilog=_example(
+            "ferry logs 01jq3 --stream stderr --tail 50 -f\n"
+            "ferry logs last --merged | less   # stdout and stderr as they were written\n"
+            "ferry logs -f 12 && echo 'task 12 succeeded'"
+        )
+    )
     @click.argument("task_id", metavar="ID")
     @click.option(
         "--stream",
         type=click.Choice(["stdout", "stderr"]),
         help="Only this stream, to ferry's stdout (default: both, each to its own).",
     )
-    @click.option("--tail", type=click.IntRange(0), help="Only the last N lines.")
-    @click.option("-f", "--follow", is_flag=True, help="Keep printing until the task settles.")
+    @click.option(
+        "--merged",
+        is_flag=True,
+        help="Both streams to ferry's stdout, in the order the task wrote them.",
+    )
+    @click.option("--tail", type=click.IntRange(0), help="Only the last N lines (of each stream).")
+    @click.option(
+        "-f",
+        "--follow",
+        is_flag=True,
+        help="Keep printing until the task settles; then exit 0 if it SUCCEEDED, else 1.",
+    )
     @click.option("--attempt", type=click.IntRange(1), help="Which attempt (default: latest).")
     @click.pass_obj
     def logs(
         ctx: Any,
         task_id: str,
         stream: str | None,
+        merged: bool,
         tail: int | None,
         follow: bool,
         attempt: int | None,
-    ) -> None:
-        """Print a task's captured output, complete and byte-exact."""
-        ctx.service().logs(
-            task_id, stream=stream, tail=tail, follow=follow, attempt=attempt, as_json=ctx.as_json
-        )
+    ) -> int:
+        """Print a task's captured output, complete and byte-exact, in the order it was written.
+
+        Without --stream the task's stdout goes to stdout and its stderr to stderr,
+        replayed in the order the task wrote them (--merged: both to stdout). Ctrl-C
+        while following exits 130, quietly.
+        """
+        if merged and stream is not None:
+            raise click.UsageError("give either --merged or --stream, not both")
+        try:
+            succeeded = ctx.service().logs(
+                task_id, stream=stream, tail=tail, follow=follow, attempt=attempt,
+                as_json=ctx.as_json, merged=merged,
+            )  # fmt: skip
+        except KeyboardInterrupt:
+            if not follow:
+                raise
+            return 130  # the user stopped following: nothing went wrong, nothing to say
+        return 0 if succeeded or not follow else 1
 
     @cli.command(
         epilog=_example("ferry --json lease\nferry lease --reset   # after error[lease.unreadable]")

@@ -80,6 +80,7 @@ class CliReporter:
         self.as_json = as_json
         self.json_lines = False  # settled tasks as JSON Lines on stdout (work --json)
         self.live_line = ""  # the progress line drawn now ("": none)
+        self.run_started = False  # run started its task (not skipped for its --key)
 
     def notice(self, message: str) -> None:
         if self.verbosity >= 0:
@@ -95,6 +96,25 @@ class CliReporter:
                 render.write_json(render.task_json(task))
         elif self.verbosity >= 0:
             self._around_live_line(lambda: render.stderr_line(render.settled_line(task)))
+
+    def started(self, task: Task) -> None:
+        self.run_started = True
+        if self.verbosity > 0:
+            from ferry.cli import render
+
+            render.notice(render.run_started_text(task))
+
+    def run_ended(self, result: RunResult) -> None:
+        """``run``'s line about its task's end: when it did not succeed (not under
+        --quiet), and with -v always (a task skipped for its --key: no line)."""
+        from ferry.core.model import State
+
+        failed = result.task.state is not State.SUCCEEDED
+        if self.verbosity < 0 or not (failed or (self.verbosity > 0 and self.run_started)):
+            return
+        from ferry.cli import render
+
+        render.notice(render.run_ended_text(result.task, result.exit_status, self.verbosity > 0))
 
     def progress(self, progress: Progress) -> None:
         if self.verbosity >= 0:
@@ -151,6 +171,7 @@ def task_opts(kw: dict[str, Any], argv: tuple[str, ...]) -> dict[str, Any]:
         "pointers": list(kw["pointers"]),
         "patch_file": kw["patch_file"],
         "shell": kw["shell"],
+        "pty": kw["pty"],
     }
 
 
@@ -158,7 +179,9 @@ def run_command(ctx: Ctx, kw: dict[str, Any], argv: tuple[str, ...]) -> int:
     """``ferry run``, however it was parsed (click or :mod:`ferry.cli.fast`)."""
     ctx.runs_task = True
     service = ctx.service()
-    return ctx.ran(service.run(task_opts(kw, argv), stdout_echo_fd=ctx.stdout_echo_fd))
+    result = service.run(task_opts(kw, argv), stdout_echo_fd=ctx.stdout_echo_fd)
+    ctx.reporter.run_ended(result)
+    return ctx.ran(result)
 
 
 def report(error: FerryError, as_json: bool) -> None:

@@ -21,7 +21,7 @@ MAX_RELEASES_MAX = 1000  # the click IntRange bound of --max-releases
 _TEXT = ("--name", "--key", "--cwd")
 _SECONDS = {"--timeout": "timeout", "--kill-grace": "kill_grace", "--heartbeat": "heartbeat"}
 _MULTIPLE = {"--env": "env", "--pointer": "pointers"}
-_FLAGS = {"--idempotent": "idempotent", "--shell": "shell"}
+_FLAGS = {"--idempotent": "idempotent", "--shell": "shell", "--pty": "pty"}
 _VERBOSITY = {"--verbose": 1, "-v": 1, "--quiet": -1, "-q": -1}
 
 
@@ -60,6 +60,7 @@ def _defaults() -> dict[str, Any]:
         "pointers": (),
         "patch_file": None,
         "shell": False,
+        "pty": False,
     }
 
 

@@ -113,6 +113,39 @@ def settled_line(task: Any) -> str:
     return f"{number:<5} {task.id}  {task.state:<9}  {ended:<12}  {took:>6}  {label}"
 
 
+def _task_label(task: Any) -> str:
+    number = f"#{task.number} " if task.number else ""
+    return f"task {number}{task.id}"
+
+
+def run_started_text(task: Any) -> str:
+    """``run -v``, as its task starts: ``task #12 01jq3... started: make test``."""
+    label = task.spec.name or " ".join(task.spec.argv)
+    label = label if len(label) <= 80 else label[:77] + "..."
+    # (argv may hold control characters: shown escaped, never sent to the terminal)
+    label = "".join(c if c.isprintable() else repr(c)[1:-1] for c in label)
+    return f"{_task_label(task)} started: {label}"
+
+
+def run_ended_text(task: Any, exit_status: int, verbose: bool) -> str:
+    """``run``'s line about its task's end: ``task #12 01jq3... failed: EXIT_NONZERO
+    (exit 3)``; the state, then the reason (the state when there is none), the signal
+    if one ended it, and ``run``'s exit status; with -v also how long it ran."""
+    from ferry.core.model import State
+
+    state = str(task.state).lower()
+    how = [f"signal {task.signal}"] if task.signal is not None else []
+    how.append(f"exit {exit_status}")
+    if task.state is State.SUCCEEDED:
+        text = f"{_task_label(task)} {state} ({', '.join(how)})"
+    else:
+        reason = str(task.reason) if task.reason is not None else str(task.state)
+        text = f"{_task_label(task)} {state}: {reason} ({', '.join(how)})"
+    if verbose and task.started_at is not None and task.ended_at is not None:
+        text += f" in {duration(max(0.0, task.ended_at - task.started_at))}"
+    return text
+
+
 def duration(seconds: float) -> str:
     if seconds < 10:
         return f"{seconds:.2f}s"

@@ -81,6 +81,12 @@ def task_options(f: F) -> F:
             "self-contained mode when pointers are stale.",
         ),
         click.option("--shell", is_flag=True, help="Run CMD through /bin/sh -c (never implied)."),
+        click.option(
+            "--pty",
+            is_flag=True,
+            help="Give the task a pseudo-terminal as stdout and stderr (held by its"
+            " supervisor), so tools keep their colours; its output is logged as stdout.",
+        ),
     ]
     for opt in reversed(opts):
         f = opt(f)

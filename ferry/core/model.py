@@ -191,6 +191,7 @@ def task_to_json(task: Task, *, show_env_values: bool = False) -> dict[str, Any]
         "argv": list(spec.argv),
         "cwd": spec.cwd,
         "shell": spec.shell,
+        "pty": spec.pty,
         "env": env,
         "idempotent": spec.idempotent,
         "state": str(task.state),

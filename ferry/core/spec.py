@@ -56,9 +56,10 @@ class TaskSpec:
     shell: bool = False
     pointers: tuple[tuple[str, str], ...] = ()  # (path, sha256 hex)
     patch: PatchRef | None = None
+    pty: bool = False  # stdout and stderr one pseudo-terminal (run/submit --pty)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "argv": list(self.argv),
             "name": self.name,
             "key": self.key,
@@ -75,6 +76,9 @@ class TaskSpec:
             if self.patch is None
             else {"path": self.patch.path, "sha256": self.patch.sha256},
         }
+        if self.pty:  # (only when set: the records of every other task stay as they were)
+            data["pty"] = True
+        return data
 
     @classmethod
     def from_json(
@@ -126,6 +130,7 @@ class TaskSpec:
             shell=data.get("shell", False),
             pointers=tuple((p["path"], p["sha256"]) for p in pointers),
             patch=None if patch is None else PatchRef(patch["path"], patch["sha256"]),
+            pty=data.get("pty", False),
         )
         if validate:
             validate_spec(spec)
@@ -182,7 +187,7 @@ def validate_spec(spec: TaskSpec) -> None:
             raise _bad("usage.bad_env", f"bad environment name {env_key!r}", key=env_key)
         if not isinstance(env_value, str) or "\0" in env_value:
             raise _bad("usage.bad_env", f"bad value for environment {env_key!r}", key=env_key)
-    for flag in ("idempotent", "shell"):
+    for flag in ("idempotent", "shell", "pty"):
         if not isinstance(getattr(spec, flag), bool):
             raise _bad("usage.bad_spec", f"{flag} must be true or false")
     releases = spec.max_releases

@@ -25,6 +25,7 @@ import os
 import select
 import stat
 from collections import deque
+from collections.abc import Callable
 
 from ferry.proc import _splice
 
@@ -86,6 +87,8 @@ class Sink:
         self._zero_copy = self._nowait and _splice.available()
         self._log_unappended = False
         self._writeback_at = _splice.WRITEBACK_EVERY_BYTES
+        # Called before each chunk is logged (the order index: ferry.proc.logorder).
+        self.before_log: Callable[[], None] | None = None
         if self._nowait:
             assert echo_fd is not None
             # A 64 KiB pipe takes 1 MiB in 16 rounds through the loop; 1 MiB in one. (It
@@ -132,6 +135,8 @@ class Sink:
                 self._zero_copy = False
             return None  # EPIPE and the like: the classic path reports them
         if moved:
+            if self.before_log is not None:
+                self.before_log()
             error, spliced = _splice.move_to_log(src_fd, self.log_fd, moved)
             self._zero_copy = spliced
             self.bytes_total += moved
@@ -148,6 +153,8 @@ class Sink:
             _splice.start_writeback(self.log_fd)
 
     def write(self, data: bytes | memoryview) -> None:
+        if self.before_log is not None:
+            self.before_log()
         self.bytes_total += len(data)
         if self.log_error is None:
             try:

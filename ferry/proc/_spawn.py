@@ -61,24 +61,72 @@ def spawn_failed(e: OSError | ValueError, spec: SuperviseSpec, program: str) -> 
 
 
 def spawn(spec: SuperviseSpec) -> subprocess.Popen[bytes]:
+    """Start the task: its stdout and stderr two pipes (``proc.stdout``/``proc.stderr``),
+    or with ``spec.pty`` one pseudo-terminal whose master is ``proc.stdout`` (and
+    ``proc.stderr`` None)."""
     args = ["/bin/sh", "-c", *spec.argv] if spec.shell else list(spec.argv)
+    terminal = _open_pty() if spec.pty else None
+    outputs: int | None = subprocess.PIPE if terminal is None else terminal[1]
     try:
         proc = subprocess.Popen(
             args,
             cwd=spec.cwd,
             env=dict(spec.env),
             stdin=spec.stdin,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stdout=outputs,
+            stderr=outputs,
             start_new_session=True,  # its own session and group: signals reach the tree
             close_fds=True,
             pass_fds=spec.pass_fds,
             bufsize=0,
         )
     except (OSError, ValueError) as e:
+        if terminal is not None:
+            os.close(terminal[0])
         raise spawn_failed(e, spec, args[0]) from e
-    _widen_pipes(proc)
+    finally:
+        if terminal is not None:
+            # Only the task holds the terminal: the master reads EIO once it is gone.
+            os.close(terminal[1])
+    if terminal is not None:
+        proc.stdout = os.fdopen(terminal[0], "rb", buffering=0)
+    else:
+        _widen_pipes(proc)
     return proc
+
+
+def _open_pty() -> tuple[int, int]:
+    """A pseudo-terminal (master, slave) for a task's output, both close-on-exec (the
+    child gets the slave as its fd 1 and 2 only). Not the task's controlling terminal:
+    nothing types into it, and a task whose supervisor dies is not sent SIGHUP.
+
+    No output processing (OPOST off): the terminal would turn every "\\n" into "\\r\\n"
+    (ONLCR) in the log; the bytes stay exactly as the task wrote them (ferry's own
+    terminal translates them when they are shown).
+    The window size is that of ferry's terminal, if it has one (tools fit their lines
+    to it); otherwise the kernel's 0x0, which tools take for "unknown" (80 columns)."""
+    import fcntl
+    import termios
+
+    try:
+        master, slave = os.openpty()
+    except OSError as e:
+        raise SpawnFailed("other", f"cannot open a pseudo-terminal: {e}", errno_=e.errno) from e
+    try:
+        attrs = termios.tcgetattr(slave)
+        attrs[1] &= ~termios.OPOST
+        termios.tcsetattr(slave, termios.TCSANOW, attrs)
+        for fd in (1, 2, 0):
+            with contextlib.suppress(OSError):
+                if os.isatty(fd):
+                    size = fcntl.ioctl(fd, termios.TIOCGWINSZ, bytes(8))
+                    fcntl.ioctl(slave, termios.TIOCSWINSZ, size)
+                    break
+    except (OSError, termios.error) as e:
+        os.close(master)
+        os.close(slave)
+        raise SpawnFailed("other", f"cannot set up a pseudo-terminal: {e}") from e
+    return master, slave
 
 
 def _widen_pipes(proc: subprocess.Popen[bytes]) -> None:

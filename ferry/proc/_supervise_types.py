@@ -30,6 +30,11 @@ class SuperviseSpec:
     # The caller made the logs' directory for this run: once a log holds bytes, that
     # directory's own name (in its parent) is synced too, like a new log's.
     log_dir_new: bool = False
+    # Where the order of the two streams is recorded (ferry.proc.logorder); None: not.
+    order_log: Path | None = None
+    # The task's stdout and stderr are one pseudo-terminal held by the supervisor (its
+    # output is logged, and passed through, as stdout); stdin stays as given.
+    pty: bool = False
 
 
 @dataclass(frozen=True)

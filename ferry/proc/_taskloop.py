@@ -9,6 +9,8 @@ next heartbeat, timeout, grace or poll deadline. The policy is in
 from __future__ import annotations
 
 import contextlib
+import errno
+import functools
 import os
 import selectors
 import signal
@@ -23,6 +25,7 @@ from ferry.proc._sink import ECHO_BACKLOG_BYTES, Sink
 from ferry.proc._supervise_types import Outcome, SuperviseSpec
 from ferry.proc._tasktree import TaskGroup
 from ferry.proc.alivelock import beat
+from ferry.proc.logorder import OrderWriter
 
 CHUNK_BYTES = 1 << 20
 DRAIN_TIMEOUT_S = 2.0  # read the pipes this long after the group died, at most
@@ -72,6 +75,7 @@ class TaskLoop:
         on_running: Callable[[], None] | None = None,
         running_after_s: float = 0.0,
         control: Control | None = None,
+        order: OrderWriter | None = None,
     ) -> None:
         self.spec, self.proc, self.trap, self.should_stop = spec, proc, trap, should_stop
         self.on_running = on_running
@@ -83,9 +87,14 @@ class TaskLoop:
         self.sinks = list(sinks)
         self.paused: set[int] = set()  # pipes not read while their passthrough lags
         self.echo_fds: dict[int, Sink] = {}  # ferry's fds waited on for writability
-        for stream, sink in zip((proc.stdout, proc.stderr), sinks, strict=True):
-            assert stream is not None
+        # (On a pseudo-terminal there is no stderr pipe: the terminal merges the two.)
+        for index, (stream, sink) in enumerate(zip((proc.stdout, proc.stderr), sinks, strict=True)):
+            if stream is None:
+                continue
             self.streams[stream.fileno()] = sink
+            if order is not None:
+                # Before each chunk reaches its log: where the other stream's run ended.
+                sink.before_log = functools.partial(order.before_chunk, index)
             self.sel.register(stream.fileno(), selectors.EVENT_READ)
         if self.group.pidfd is not None:
             self.sel.register(self.group.pidfd, selectors.EVENT_READ)
@@ -241,7 +250,14 @@ class TaskLoop:
         # readv into one reused buffer: a fresh 1 MiB bytes object per read costs about
         # three times the CPU (allocation and page faults), measured on 1 GiB.
         buffer, view = _read_buffer()
-        n = os.readv(fd, [buffer])
+        try:
+            n = os.readv(fd, [buffer])
+        except OSError as e:
+            # A pseudo-terminal's master says EIO, not EOF, once no process holds the
+            # terminal (what was written before is read first).
+            if e.errno != errno.EIO:
+                raise
+            n = 0
         if n:
             sink.write(view[:n])
             if self.group_gone and sink.backlog_bytes > DRAIN_BACKLOG_BYTES:

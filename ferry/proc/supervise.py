@@ -48,7 +48,12 @@ Choices where the brief is silent (the contract of this module):
   when the caller made the directory for this run: ``log_dir_new``). A log that received nothing
   is not synced (an empty file that a crash removes tells the same story), so a task
   that prints nothing costs no fsync here. Logs are opened ``O_APPEND|O_NOFOLLOW``,
-  created 0600; the heartbeat file too.
+  created 0600; the heartbeat file too. With ``order_log``, the order of the two
+  streams is recorded beside them (:mod:`ferry.proc.logorder`: an entry at each switch
+  between the streams, before the chunk that switches is logged), and synced with them.
+* A terminal. With ``pty`` the task's stdout and stderr are one pseudo-terminal, whose
+  master this process reads as the task's stdout (the stderr log stays empty); its
+  EIO, once no process holds the terminal, is the end of the stream.
 * Heartbeats. A beat record (``ferry.proc.alivelock.beat``: the boot clock, in place, which
   also sets the mtime; not through a symlink, and re-created if removed) is written to
   ``heartbeat_path`` every ``heartbeat_s`` on the monotonic clock, whatever the task
@@ -89,6 +94,7 @@ from ferry.proc._sink import Sink
 from ferry.proc._spawn import SpawnFailed, kill_unsupervised, spawn
 from ferry.proc._supervise_types import Outcome, SuperviseSpec
 from ferry.proc._taskloop import DRAIN_TIMEOUT_S, SIGKILL_WAIT_S, Control, TaskLoop
+from ferry.proc.logorder import OrderWriter
 
 __all__ = [
     "DRAIN_TIMEOUT_S",
@@ -150,11 +156,16 @@ def supervise(
     try:
         for path in paths:
             log_fds.append(open_private(path))
+        # (A log this run created is empty: only a re-run's logs are measured.)
+        sizes = [
+            0 if new else os.fstat(fd).st_size for fd, new in zip(log_fds, created, strict=True)
+        ]
         create_private(spec.heartbeat_path)
     except OSError as e:
         for fd in log_fds:
             os.close(fd)
         raise SpawnFailed("other", f"cannot open the task's files: {e}", errno_=e.errno) from e
+    order = None if spec.order_log is None else OrderWriter(spec.order_log, log_fds, sizes)
     sinks = [
         Sink(
             log_fds[0],
@@ -177,7 +188,7 @@ def supervise(
             try:
                 run = TaskLoop(
                     spec, proc, sinks, trap, should_stop, started_at,
-                    on_running, running_after_s, control,
+                    on_running, running_after_s, control, order,
                 )  # fmt: skip
             except BaseException as e:
                 # No pidfd or selector (EMFILE, say): the child must not run on alone.
@@ -210,9 +221,13 @@ def supervise(
         for sink in sinks:
             sink.sync_and_close()
             log_error = log_error or sink.log_error
+        if order is not None:
+            order.sync_and_close()
     # A log this call created must keep its name through a crash too (if it has bytes),
-    # and so must a directory the caller created for the logs.
+    # and so must a directory the caller created for the logs (and the order index's).
     new_logs = [p for p, new, s in zip(paths, created, sinks, strict=True) if new and s.bytes_total]
+    if order is not None and order.created and order.wrote:
+        new_logs.append(order.path)
     directories = {p.parent for p in new_logs}
     if directories and spec.log_dir_new:
         directories.add(spec.stdout_log.parent.parent)

@@ -160,10 +160,12 @@ def test_exit_status_and_logs_through_the_installed_command(
         [ferry, "run", "--", "sh", "-c", "echo out; echo err >&2; exit 7"], home, tmp_path
     )
     assert failed.returncode == 7
-    assert failed.stdout == "out\n" and "err\n" in failed.stderr
     listed = installed.run([ferry, "--json", "ls"], home, tmp_path)
     assert '"state":"FAILED"' in listed.stdout
     task_id = listed.stdout.split('"id":"', 1)[1][:16]
+    # The task's output passes through; then run's one line on what became of it.
+    assert failed.stdout == "out\n"
+    assert failed.stderr == f"err\nferry: task #1 {task_id} failed: EXIT_NONZERO (exit 7)\n"
     logs = installed.run([ferry, "logs", task_id[:12]], home, tmp_path)
     assert (logs.returncode, logs.stdout, logs.stderr) == (0, "out\n", "err\n")
     missing = installed.run([ferry, "run", "--", "ferry-no-such-command"], home, tmp_path)

@@ -47,6 +47,7 @@ PLAIN_LINES = [
      "--shell", "--", "echo $A"],
     ["run", "--pointer", "README.md", "--", "cat", "README.md"],
     ["run", "--", "-weird-program", "--", "--x"],
+    ["run", "--pty", "--name", "t", "--", "pytest", "-q"],
 ]  # fmt: skip
 
 
@@ -87,7 +88,7 @@ GLOBAL = ["--home", "/nonexistent/h", "--home=/", "--home=", "/etc/hostname", "-
           "-q", "--verbose", "--quiet", "--version", "-h", "run", "--", "x"]  # fmt: skip
 OPTION_NAMES = ["--name", "--key", "--cwd", "--timeout", "--kill-grace", "--heartbeat",
                 "--max-releases", "--env", "--pointer", "--patch-file", "--idempotent",
-                "--shell", "--help", "-h", "--bogus", "-x", "--json"]  # fmt: skip
+                "--shell", "--pty", "--help", "-h", "--bogus", "-x", "--json"]  # fmt: skip
 VALUES = ["", "0", "1", "1.5", "1.", ".5", "-1", "1e3", "inf", "nan", "1000", "1001",
           "1000000000", "1000000001", "abc", "K=V", "=x", "-x", "--", "1_0", " 2", "0.0",
           "٣", "1.٣", "-", "true"]  # fmt: skip
