@@ -6,7 +6,7 @@ the supervisor's order index says: :mod:`ferry.proc.logorder`), the task's stdou
 ferry's stdout and its stderr to ferry's stderr (``merged``: both to stdout); with it,
 that one stream goes to stdout. ``--tail N`` keeps the last N lines of each stream.
 ``-f`` keeps copying new bytes until the task settles, then copies what is left. With
-``--json`` each chunk is one JSON line ``{"stream", "offset", "text"}``, in write
+``--json`` each chunk is one JSON line ``{"task", "stream", "offset", "text"}``, in write
 order (text decoded as UTF-8 with backslash escapes: use the plain mode for exact
 bytes).
 
@@ -86,8 +86,10 @@ class _Replay:
         outs: tuple[BinaryIO | None, BinaryIO | None],
         starts: tuple[int, int],
         as_json: bool,
+        task_id: str = "",
     ) -> None:
         self.paths, self.outs, self.as_json = paths, outs, as_json
+        self.task_id = task_id
         self.pos = list(starts)  # per stream: what was shown (or skipped) ends here
         self.index = order_path(paths[0])
         self.index_read = 0  # bytes of the index taken in (whole entries)
@@ -170,7 +172,7 @@ class _Replay:
     def _write(self, stream: int, out: BinaryIO, offset: int, chunk: bytes) -> None:
         if self.as_json:
             text = chunk.decode("utf-8", "backslashreplace")
-            line = {"stream": _NAMES[stream], "offset": offset, "text": text}
+            line = {"task": self.task_id, "stream": _NAMES[stream], "offset": offset, "text": text}
             out.write(orjson.dumps(line) + b"\n")
         else:
             if self.last_out is not None and self.last_out is not out:
@@ -188,8 +190,10 @@ def print_logs(
     settled: Callable[[], bool],
     as_json: bool,
     merged: bool = False,
+    task_id: str = "",
 ) -> None:
-    """Copy the task's logs (``paths``: stdout's, stderr's) to ferry's stdout/stderr."""
+    """Copy the task's logs (``paths``: stdout's, stderr's) to ferry's stdout/stderr;
+    ``task_id`` names them in JSON lines."""
     stdout = sys.stdout.buffer
     to_stdout = stream is not None or as_json or merged
     outs: tuple[BinaryIO | None, BinaryIO | None] = (
@@ -199,7 +203,7 @@ def print_logs(
     starts = (
         (0, 0) if tail is None else (_tail_offset(paths[0], tail), _tail_offset(paths[1], tail))
     )
-    replay = _Replay(paths, outs, starts, as_json)
+    replay = _Replay(paths, outs, starts, as_json, task_id)
     try:
         # (Not following a task that still runs: what its logs hold now, in order.)
         replay.pump(final=not follow and settled())

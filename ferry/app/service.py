@@ -254,7 +254,7 @@ class Service:
             return current is None or current.terminal or current.attempt != which
 
         print_logs(paths, stream=stream, tail=tail, follow=follow, settled=settled,
-                   as_json=as_json, merged=merged)  # fmt: skip
+                   as_json=as_json, merged=merged, task_id=task.id)  # fmt: skip
         current = self.store.get(task.id) or task
         if current.attempt != which:
             # (An earlier attempt's evidence is not kept; it was retried: not a success.)

@@ -7,12 +7,13 @@ example.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import click
 from click.core import ParameterSource
 
+from ferry.cli import many
 from ferry.cli.context import run_command, task_opts
 from ferry.core.errors import EX_TIMEOUT, LeaseHeldError, UsageError
 
@@ -44,6 +45,23 @@ _KILL_STALE = click.option(
     is_flag=True,
     help="Also kill the processes of a task marked STALE (its runner lives but is silent).",
 )
+
+
+_STATE_SELECTOR = click.option(
+    "--state",
+    type=click.Choice(_STATES, case_sensitive=False),
+    help="Every task now in this state, instead of ids.",
+)
+
+
+def _each_quietly(ctx: Any, ids: Sequence[str], action: many.Action) -> int:
+    """``many.for_each`` for a command whose output is its own (``logs``): nothing
+    printed per task but errors; the first failure's exit code, or 0."""
+    as_json, ctx.as_json = ctx.as_json, False
+    try:
+        return many.for_each(ctx, ids, action, many=True)
+    finally:
+        ctx.as_json = as_json
 
 
 def _example(text: str) -> str:
@@ -326,15 +344,28 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
         if total > len(tasks) and ctx.verbosity >= 0:
             render.notice(f"{len(tasks):,} of {total:,} shown; --limit 0 for all")
 
-    @cli.command(epilog=_example("ferry show 01jq3   # any unique prefix of the id"))
-    @click.argument("task_id", metavar="ID")
+    @cli.command(
+        epilog=_example(
+            "ferry show 01jq3   # any unique prefix of the id\n"
+            "ferry show 12 13 last   # task numbers, and the latest submitted"
+        )
+    )
+    @click.argument("task_ids", nargs=-1, required=True, metavar="ID...")
     @click.option("--show-env", is_flag=True, help="Also print --env values (secrets!).")
     @click.pass_obj
-    def show(ctx: Any, task_id: str, show_env: bool) -> None:
-        """Show one task, all of it, including the recovery evidence."""
-        task = ctx.service().show(task_id)
-        obj = render.task_json(task, show_env_values=show_env)
-        emit(ctx, render.detail(obj), obj)
+    def show(ctx: Any, task_ids: tuple[str, ...], show_env: bool) -> int:
+        """Show tasks, all of each, including the recovery evidence.
+
+        Several ids: one block each, a blank line between (--json: an array)."""
+
+        shown = []
+
+        def one(task_id: str) -> tuple[str | None, Any]:
+            obj = render.task_json(ctx.service().show(task_id), show_env_values=show_env)
+            shown.append(task_id)
+            return ("\n" if len(shown) > 1 else "") + render.detail(obj), obj
+
+        return many.for_each(ctx, task_ids, one, many=False)
 
     @cli.command(
         epilog=_example(
@@ -343,7 +374,7 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
             "ferry logs -f 12 && echo 'task 12 succeeded'"
         )
     )
-    @click.argument("task_id", metavar="ID")
+    @click.argument("task_ids", nargs=-1, required=True, metavar="ID...")
     @click.option(
         "--stream",
         type=click.Choice(["stdout", "stderr"]),
@@ -365,7 +396,7 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
     @click.pass_obj
     def logs(
         ctx: Any,
-        task_id: str,
+        task_ids: tuple[str, ...],
         stream: str | None,
         merged: bool,
         tail: int | None,
@@ -376,20 +407,35 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
 
         Without --stream the task's stdout goes to stdout and its stderr to stderr,
         replayed in the order the task wrote them (--merged: both to stdout). Ctrl-C
-        while following exits 130, quietly.
+        while following exits 130, quietly. Several ids: one after the other, each
+        after a line '==> #N ID <==' on stdout (-f follows each to its end in turn; JSON
+        lines name their task).
         """
         if merged and stream is not None:
             raise click.UsageError("give either --merged or --stream, not both")
-        try:
-            succeeded = ctx.service().logs(
+        succeeded, as_json = [], ctx.as_json
+
+        def one(task_id: str) -> tuple[str | None, Any]:
+            if len(task_ids) > 1 and not as_json:
+                task = ctx.service().show(task_id)
+                render.emit(as_json=False, human=f"==> #{task.number} {task.id} <==", payload=None)
+            succeeded.append(ctx.service().logs(
                 task_id, stream=stream, tail=tail, follow=follow, attempt=attempt,
-                as_json=ctx.as_json, merged=merged,
-            )  # fmt: skip
+                as_json=as_json, merged=merged,
+            ))  # fmt: skip
+            return None, None
+
+        try:
+            if len(task_ids) == 1:
+                one(task_ids[0])
+                failed = 0
+            else:
+                failed = _each_quietly(ctx, task_ids, one)
         except KeyboardInterrupt:
             if not follow:
                 raise
             return 130  # the user stopped following: nothing went wrong, nothing to say
-        return 0 if succeeded or not follow else 1
+        return failed or (0 if all(succeeded) or not follow else 1)
 
     @cli.command(
         epilog=_example("ferry --json lease\nferry lease --reset   # after error[lease.unreadable]")
@@ -412,22 +458,43 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
         info = svc.lease_info()
         emit(ctx, render.lease_text(info), info)
 
-    @cli.command(epilog=_example("ferry cancel 01jq3"))
-    @click.argument("task_id", metavar="ID")
+    @cli.command(
+        epilog=_example(
+            "ferry cancel 01jq3\nferry cancel 12 13 14\nferry cancel --state QUEUED   # empty the queue"
+        )
+    )
+    @click.argument("task_ids", nargs=-1, metavar="[ID]...")
+    @_STATE_SELECTOR
     @click.pass_obj
-    def cancel(ctx: Any, task_id: str) -> None:
-        """Cancel a queued task, or signal a running one's process group and cancel it."""
-        task = ctx.service().cancel(task_id)
-        emit(ctx, f"{task.id} {task.state}", render.task_json(task))
+    def cancel(ctx: Any, task_ids: tuple[str, ...], state: str | None) -> int:
+        """Cancel queued tasks, or signal running ones' process groups and cancel them.
 
-    @cli.command(epilog=_example("ferry retry 01jq3"))
-    @click.argument("task_id", metavar="ID")
+        Each task on its own: one that cannot be cancelled is reported and the others
+        go on (exit: that one's code)."""
+
+        def one(task_id: str) -> tuple[str | None, Any]:
+            task = ctx.service().cancel(task_id)
+            return f"{task.id} {task.state}", render.task_json(task)
+
+        ids = many.targets(ctx, task_ids, state)
+        return many.for_each(ctx, ids, one, many=state is not None)
+
+    @cli.command(
+        epilog=_example("ferry retry 01jq3\nferry retry --state FAILED   # every failed task again")
+    )
+    @click.argument("task_ids", nargs=-1, metavar="[ID]...")
+    @_STATE_SELECTOR
     @click.option("--force", is_flag=True, help="Even while a quarantined orphan is alive.")
     @click.pass_obj
-    def retry(ctx: Any, task_id: str, force: bool) -> None:
-        """Queue a FAILED or CANCELLED task again as a new attempt (same id)."""
-        task = ctx.service().retry(task_id, force=force)
-        emit(ctx, f"{task.id} attempt {task.attempt} QUEUED", render.task_json(task))
+    def retry(ctx: Any, task_ids: tuple[str, ...], state: str | None, force: bool) -> int:
+        """Queue FAILED or CANCELLED tasks again, each as a new attempt (same id)."""
+
+        def one(task_id: str) -> tuple[str | None, Any]:
+            task = ctx.service().retry(task_id, force=force)
+            return f"{task.id} attempt {task.attempt} QUEUED", render.task_json(task)
+
+        ids = many.targets(ctx, task_ids, state)
+        return many.for_each(ctx, ids, one, many=state is not None)
 
     @cli.command(epilog=_example("ferry resolve 01jq3 --as succeeded   # I checked: it deployed"))
     @click.argument("task_id", metavar="ID")
@@ -450,8 +517,8 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
         task = ctx.service().resolve(task_id, verdict=verdict, force=force)
         emit(ctx, f"{task.id} resolved as {verdict}", render.task_json(task))
 
-    @cli.command(epilog=_example("ferry kill 01jq3 --signal KILL"))
-    @click.argument("task_id", metavar="ID")
+    @cli.command(epilog=_example("ferry kill 01jq3 --signal KILL\nferry kill 12 13"))
+    @click.argument("task_ids", nargs=-1, required=True, metavar="ID...")
     @click.option(
         "--signal",
         "signame",
@@ -460,10 +527,14 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
         help="A signal name (TERM, SIGKILL, hup) or number.",
     )
     @click.pass_obj
-    def kill(ctx: Any, task_id: str, signame: str) -> None:
-        """Signal a quarantined orphan's process group, after proving it is the same process."""
-        result = ctx.service().kill(task_id, signame)
-        emit(ctx, result.get("message"), result)
+    def kill(ctx: Any, task_ids: tuple[str, ...], signame: str) -> int:
+        """Signal quarantined orphans' process groups, after proving each is the same process."""
+
+        def one(task_id: str) -> tuple[str | None, Any]:
+            result = ctx.service().kill(task_id, signame)
+            return result.get("message"), result
+
+        return many.for_each(ctx, task_ids, one, many=False)
 
     @cli.group(epilog=_example("ferry journal verify && ferry journal compact"))
     def journal() -> None:

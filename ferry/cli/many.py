@@ -1,0 +1,60 @@
+"""Commands that take several tasks (``show``, ``logs``, ``cancel``, ``retry``, ``kill``;
+``cancel`` and ``retry`` also ``--state STATE``): each task on its own, in the order
+given, and one that fails does not stop the others.
+
+Output: one id given, exactly as before (its line, its JSON object, or its error and
+exit code). Several ids, or ``--state``: a line per task on stdout, a coded error line
+on stderr per task that failed; ``--json`` prints one array (a task's object, or
+``{"id": ..., "error": {...}}`` for one that failed); the exit code is 0 if every task
+went through, else the first failure's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ferry.core.errors import FerryError, UsageError, exit_code_for
+
+Action = Callable[[str], tuple[str | None, Any]]
+
+
+def targets(ctx: Any, ids: Sequence[str], state: str | None) -> list[str]:
+    """The ids given, or every task now in ``state`` (in submission order). Each write
+    is still decided under the lock, task by task: one that moved meanwhile is refused
+    and reported, never acted on as it was read here."""
+    if state is not None and ids:
+        raise UsageError("give task ids or --state, not both", code="usage.invalid")
+    if state is None and not ids:
+        raise UsageError("give a task id (or several), or --state STATE", code="usage.missing_id")
+    if state is None:
+        return list(ids)
+    tasks, _ = ctx.service().ls(state=[state.upper()], limit=0)
+    return [task.id for task in tasks]
+
+
+def for_each(ctx: Any, ids: Sequence[str], action: Action, *, many: bool) -> int:
+    """Run ``action`` (id -> its human line and JSON object) for each id; see the
+    module. ``many``: several results even for one id (``--state``)."""
+    from ferry.cli import render
+
+    if len(ids) == 1 and not many:
+        human, payload = action(ids[0])  # (its error is the command's, as before)
+        render.emit(as_json=ctx.as_json, human=human, payload=payload)
+        return 0
+    results: list[Any] = []
+    failed: FerryError | None = None
+    for task_id in ids:
+        try:
+            human, payload = action(task_id)
+        except FerryError as error:
+            render.error(error, as_json=False)
+            results.append({"id": task_id, "error": error.to_json()})
+            failed = failed or error
+            continue
+        results.append(payload)
+        if not ctx.as_json and human:
+            render.emit(as_json=False, human=human, payload=None)
+    if ctx.as_json:
+        render.write_json(results)
+    return 0 if failed is None else exit_code_for(failed, runs_task=False)
