@@ -340,7 +340,9 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
         """
         states = sorted({s.upper() for s in state}) or None
         tasks, total = ctx.service().ls(state=states, limit=limit)
-        emit(ctx, render.table(tasks), [render.task_json(t) for t in tasks])
+        from ferry.cli.table import table
+
+        emit(ctx, table(tasks), [render.task_json(t) for t in tasks])
         if total > len(tasks) and ctx.verbosity >= 0:
             render.notice(f"{len(tasks):,} of {total:,} shown; --limit 0 for all")
 

@@ -7,7 +7,7 @@ human text goes to stdout for listings and to stderr for notices.
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -50,42 +50,6 @@ def task_json(task: Any, *, show_env_values: bool = False) -> dict[str, Any]:
     from ferry.core.model import task_to_json
 
     return task_to_json(task, show_env_values=show_env_values)
-
-
-def _short_time(rfc3339: str | None) -> str:
-    return rfc3339[5:19].replace("T", " ") if rfc3339 else "-"
-
-
-def table(tasks: Sequence[Any]) -> str:
-    header = ("#", "ID", "STATE", "REASON", "ATT", "EXIT", "CREATED", "NAME/COMMAND")
-    rows = [header]
-    for task in tasks:
-        obj = task_json(task)
-        exit_text = (
-            str(obj["exit_code"])
-            if obj["exit_code"] is not None
-            else (f"sig{obj['signal']}" if obj["signal"] else "-")
-        )
-        label = obj["name"] or " ".join(obj["argv"])
-        rows.append(
-            (
-                str(obj["number"] or "-"),
-                obj["id"],
-                obj["state"],
-                obj["reason"] or "-",
-                str(obj["attempt"]),
-                exit_text,
-                _short_time(obj["created_at"]),
-                label if len(label) <= 60 else label[:57] + "...",
-            )
-        )
-    if len(rows) == 1:
-        return ""
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header) - 1)]
-    return "\n".join(
-        "  ".join(cell.ljust(w) for cell, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1]
-        for r in rows
-    )
 
 
 # ---- work and wait: each settled task, the progress, the summary -------------------

@@ -1,0 +1,110 @@
+"""``ferry ls``'s table: number, id, state, reason, exit, start time (local time zone,
+``TZ``), duration and name; fitted to the terminal's width (``COLUMNS``), states in
+colour on a terminal (never with ``NO_COLOR`` set, never into a pipe or a file).
+
+Fitting: the name column is cut first (to 12 characters at least), then the reason
+column is left out (it stays in ``show`` and ``--json``). Into a pipe or a file,
+nothing is cut unless ``COLUMNS`` says so: a script that reads the table gets it whole.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from ferry.cli.render import duration
+
+HEADER = ("#", "ID", "STATE", "REASON", "EXIT", "STARTED", "DURATION", "NAME/COMMAND")
+_REASON = HEADER.index("REASON")
+_STATE = HEADER.index("STATE")
+_NAME_MIN = 12
+_GAP = "  "
+# ANSI SGR colours per state (bold red for FAILED: what a reader looks for first).
+_COLOURS = {
+    "SUCCEEDED": "32", "FAILED": "1;31", "CANCELLED": "33", "RUNNING": "36",
+    "DISPATCHING": "36", "CLAIMED": "36", "STALE": "35",
+}  # fmt: skip
+
+
+def table(tasks: Sequence[Any], *, now: float | None = None) -> str:
+    if not tasks:
+        return ""
+    now = time.time() if now is None else now
+    rows = [HEADER, *(_row(task, now) for task in tasks)]
+    width = _width()
+    columns = list(range(len(HEADER)))
+    if width is not None and _line_length(rows, columns) > width:
+        fixed = _line_length(rows, columns[:-1]) + len(_GAP)
+        if width - fixed < _NAME_MIN:
+            columns.remove(_REASON)
+    widths = {i: max(len(row[i]) for row in rows) for i in columns}
+    if width is not None:
+        fixed = sum(widths[i] + len(_GAP) for i in columns[:-1])
+        widths[columns[-1]] = max(_NAME_MIN, width - fixed)
+    colour = _colour_wanted()
+    lines = []
+    for n, row in enumerate(rows):
+        cells = []
+        for i in columns[:-1]:
+            cell = row[i].ljust(widths[i])
+            if colour and n > 0 and i == _STATE and row[i] in _COLOURS:
+                cell = f"\x1b[{_COLOURS[row[i]]}m{row[i]}\x1b[0m" + cell[len(row[i]) :]
+            cells.append(cell)
+        cells.append(_cut(row[-1], widths[columns[-1]]))
+        lines.append(_GAP.join(cells).rstrip())
+    return "\n".join(lines)
+
+
+def _row(task: Any, now: float) -> tuple[str, ...]:
+    if task.exit_code is not None:
+        exit_text = str(task.exit_code)
+    else:
+        exit_text = f"sig{task.signal}" if task.signal else "-"
+    started = "-"
+    took = "-"
+    if task.started_at is not None:
+        started = time.strftime("%m-%d %H:%M:%S", time.localtime(task.started_at))
+        end = task.ended_at if task.ended_at is not None else (None if task.terminal else now)
+        if end is not None:
+            took = duration(max(0.0, end - task.started_at))
+    label = task.spec.name or " ".join(task.spec.argv)
+    return (
+        str(task.number or "-"), task.id, str(task.state),
+        "-" if task.reason is None else str(task.reason), exit_text, started, took,
+        " ".join(label.split()),  # (a newline in a name must not break the table)
+    )  # fmt: skip
+
+
+def _line_length(rows: Sequence[tuple[str, ...]], columns: Sequence[int]) -> int:
+    return sum(max(len(row[i]) for row in rows) for i in columns) + len(_GAP) * (len(columns) - 1)
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: max(0, width - 3)] + "..."
+
+
+def _width() -> int | None:
+    """The width to fit: ``COLUMNS`` if set, else the terminal's; None into a pipe."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    try:
+        if sys.stdout.isatty():
+            return os.get_terminal_size(sys.stdout.fileno()).columns
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _colour_wanted() -> bool:
+    """On a terminal, unless NO_COLOR is set (to anything non-empty: no-color.org) or
+    the terminal is dumb."""
+    if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
+        return False
+    try:
+        return sys.stdout.isatty()
+    except ValueError:
+        return False
