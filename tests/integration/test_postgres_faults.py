@@ -120,3 +120,39 @@ def test_the_server_crashed_and_restarted_under_load(
     assert len(tasks) == 30 and {t["state"] for t in tasks} == {"SUCCEEDED"}
     assert runs(marks) == {t["id"]: 1 for t in tasks}
     assert sorted(dispatched(pg_url)) == sorted((t["id"], 1) for t in tasks)
+
+
+@pytest.mark.crash  # (12-15 s each: tox -e soak)
+@pytest.mark.parametrize(
+    ("point", "reruns"),
+    [
+        ("after:CLAIMED", True),  # claim and intent committed, nothing spawned: released
+        ("after:SPAWNED", False),  # the task runs: its supervisor finishes it
+        ("before:SETTLED", False),  # inside the settle's transaction: rolled back
+        ("after:SETTLED", False),  # the end committed, not yet acknowledged
+    ],
+)
+def test_the_worker_killed_at_each_step(
+    host: Ferry, pg_url: str, tmp_path: Path, point: str, reruns: bool
+) -> None:
+    """kill -9 of ``work`` (only it: its supervisors go on) at each step of a task's
+    life on the database; then whatever a new ``work --drain`` needs to do."""
+    marks, gate = tmp_path / "marks", tmp_path / "gate"
+    wait = f'while [ ! -e "{gate}" ]; do sleep 0.05; done'
+    task_id = host.ok("submit", "--", *marking(marks, wait)).out.decode().strip()
+    worker = host.start("work", "-j", "1", "--drain", "--poll", "0.1",
+                        failpoints=f"launcher:{point}=self")  # fmt: skip
+    if point != "after:CLAIMED":
+        wait_until(lambda: runs(marks), what="the task to start")
+    gate.touch()
+    code, _ = finish(worker)
+    assert code == -signal.SIGKILL
+    wait_until(lambda: host.task(task_id)["state"] in ("QUEUED", "SUCCEEDED"),
+               what="the supervisor to release or finish the task")  # fmt: skip
+    if reruns:
+        assert host.task(task_id)["state"] == "QUEUED" and not runs(marks)
+        assert finish(host.start("work", "--drain", "--poll", "0.1"))[0] == 0
+    task = host.task(task_id)
+    assert (task["state"], task["exit_code"], task["releases"]) == ("SUCCEEDED", 0, 0)
+    assert runs(marks) == {task_id: 1}
+    assert len(dispatched(pg_url)) == (2 if reruns else 1)
