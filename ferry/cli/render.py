@@ -111,6 +111,7 @@ def run_ended_text(task: Any, exit_status: int, verbose: bool) -> str:
 
 
 def duration(seconds: float) -> str:
+    """A short human duration: 0.42s, 12.3s, 4m05s, 2h07m, 3d04h."""
     if seconds < 10:
         return f"{seconds:.2f}s"
     if seconds < 60:
@@ -118,7 +119,9 @@ def duration(seconds: float) -> str:
     whole = round(seconds)
     if whole < 3600:
         return f"{whole // 60}m{whole % 60:02d}s"
-    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+    if whole < 86400:
+        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+    return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
 
 
 def progress_text(progress: Any) -> str:

@@ -30,6 +30,7 @@ from typing import Any
 
 import orjson
 
+from ferry.cli.render import duration
 from ferry.core.model import State
 
 # The states in their order of life; each one's colour.
@@ -217,20 +218,6 @@ def parse_time(text: str | None) -> float | None:
     if not text:
         return None
     return dt.datetime.fromisoformat(text).timestamp()
-
-
-def duration(seconds: float) -> str:
-    """A short human duration: 0.42s, 12.3s, 4m05s, 2h07m, 3d04h."""
-    if seconds < 10:
-        return f"{seconds:.2f}s"
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    whole = round(seconds)
-    if whole < 3600:
-        return f"{whole // 60}m{whole % 60:02d}s"
-    if whole < 86400:
-        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
-    return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
 
 
 def command_text(task: Mapping[str, Any]) -> str:
