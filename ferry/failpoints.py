@@ -53,9 +53,10 @@ Naming convention (the registry :data:`FAILPOINTS` lists every name):
 * ``before:snapshot_write`` / ``after:snapshot_write``: around a compaction's journal
   snapshot, with ``compact.lock`` held (``before``: its archive is written, the snapshot
   not; ``after``: the snapshot is written, nothing pruned yet).
-* ``after:outbox``: a supervisor whose store could not take its task's end has kept it
-  on this host (``<home>/outbox/``, durable), before it tries again
-  (:mod:`ferry.app.outbox`).
+* ``before:outbox`` / ``after:outbox``: around a supervisor keeping its task's end on
+  this host (``<home>/outbox/``, durable) because the store could not take it
+  (``before``: nothing kept yet; ``after``: kept, not yet tried again;
+  :mod:`ferry.app.outbox`).
 * ``before:replay`` / ``after:replay``: around the store's replay of the records after
   the snapshot it read, when it opens (``before``: the snapshot is read, nothing more).
 * ``before:log_order`` / ``after:log_order``: around a supervisor's entry in a task's
@@ -109,6 +110,7 @@ SIDE_EFFECT_POINTS: tuple[str, ...] = (
     "after:snapshot_write",
     "before:replay",
     "after:replay",
+    "before:outbox",
     "after:outbox",
     "before:log_order",
     "after:log_order",

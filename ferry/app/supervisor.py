@@ -403,6 +403,7 @@ class Supervisor:
         if self._delivered(records):
             return
         self._let_go_of_the_terminal()
+        failpoint("before:outbox")
         try:
             kept = outbox.keep(self.home, records)
         except OSError:

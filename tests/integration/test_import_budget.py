@@ -63,7 +63,8 @@ def test_ferry_run_loads_only_what_its_budget_lists(tmp_path: Path) -> None:
     )
 
 
-if __name__ == "__main__":  # add what run loads here: python tests/integration/test_import_budget.py
+# Add what run loads to the list: python tests/integration/test_import_budget.py
+if __name__ == "__main__":
     # (Run it in an editable install and in tox's: an editable install's finder loads
     # some modules at start-up, which are then not counted as run's; the list holds both.)
     import tempfile
