@@ -72,6 +72,13 @@ def finish(proc: subprocess.Popen[bytes], timeout_s: float = WAIT_S) -> tuple[in
     return proc.returncode, err.decode("utf-8", "replace")
 
 
+# Not passed on: ferry's own switches, and what shapes output for a terminal (tox sets
+# COLUMNS to its own width; a test that wants one sets it).
+UNSET = frozenset(
+    ("FERRY_FAILPOINTS", "FERRY_DEBUG", "COLUMNS", "LINES", "NO_COLOR", "FORCE_COLOR")
+)
+
+
 @dataclass
 class Result:
     """A finished ferry command: its arguments, exit status, stdout and stderr."""
@@ -129,9 +136,7 @@ class Ferry:
         self.command = tuple(command)
         self.timeout_s = timeout_s
         self.start_stdout = start_stdout
-        self.env = {
-            k: v for k, v in os.environ.items() if k not in ("FERRY_FAILPOINTS", "FERRY_DEBUG")
-        }
+        self.env = {k: v for k, v in os.environ.items() if k not in UNSET}
         self.env["FERRY_HOME"] = str(home)
         self.env["PYTHONDONTWRITEBYTECODE"] = "1"
         self.background: list[subprocess.Popen[bytes]] = []
