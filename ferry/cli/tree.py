@@ -151,6 +151,10 @@ from ferry.cli import report_command as _report  # noqa: E402  (ferry report --h
 
 _report.register(cli)
 
+from ferry.cli import gc_command as _gc  # noqa: E402  (ferry gc)
+
+_gc.register(cli)
+
 
 def invoke(args: list[str], *, as_json: bool, command: str) -> int:
     """Run the command line through click; click's own exceptions end here."""

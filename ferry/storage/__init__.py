@@ -32,7 +32,7 @@ decides only its own tasks.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -106,7 +106,18 @@ class TaskStore(Protocol):
         ...
 
     def succeeded_with_key(self, key: str) -> str | None:
-        """The task that SUCCEEDED (or was resolved as succeeded) with ``key``, if any."""
+        """The task that SUCCEEDED (or was resolved as succeeded) with ``key``, if any
+        (a task ``ferry gc`` forgot since included: the key stays succeeded)."""
+        ...
+
+    def settled_before(self, seconds: float, states: Iterable[str]) -> list[Task]:
+        """The settled tasks in ``states`` that ended before ``seconds`` (Unix time), in
+        submission order: what ``ferry gc`` may forget."""
+        ...
+
+    def known(self, task_ids: Iterable[str]) -> set[str]:
+        """Which of ``task_ids`` are tasks the store holds now (``ferry gc`` removes the
+        files of the others)."""
         ...
 
     @property

@@ -355,6 +355,14 @@ class Store:
         with self.lock:
             return self.table.succeeded_with_key(key)
 
+    def settled_before(self, seconds: float, states: Iterable[str]) -> list[Task]:
+        with self.lock:
+            return self.table.settled_before(seconds, states)
+
+    def known(self, task_ids: Iterable[str]) -> set[str]:
+        with self.lock:
+            return {task_id for task_id in task_ids if self.table.get(task_id) is not None}
+
     @property
     def highest_epoch(self) -> int:
         return self.wal.max_epoch
@@ -402,8 +410,12 @@ class Store:
                 data = self.table.live_snapshot()
                 seq = self.table.last_seq
                 delta = newly_settled = self.table.settled_since(prev_seq)
-                if len(archives) >= ARCHIVES_MAX:
+                # Tasks forgotten (ferry gc) may be in the archives: they are rewritten
+                # without them, as a merge does, so that the snapshot need not name them.
+                merge = len(archives) >= ARCHIVES_MAX or self.table.forgotten_pending
+                if merge:
                     delta, archives = self.table.to_snapshot()["settled"], []
+                    data.pop("forgotten", None)
             if delta:
                 archives.append(_write_archive(directory, seq, delta))
             data["settled_archives"] = archives
@@ -411,6 +423,9 @@ class Store:
             self.wal.write_snapshot(seq, orjson.dumps(data))
             failpoint("after:snapshot_write")
             self.snapshot_seq = seq
+            if merge:
+                with self.lock:
+                    self.table.forget_done(seq)
             removed = self.wal.compact()
             if previous is not None:
                 keep = {a["name"] for a in archives}

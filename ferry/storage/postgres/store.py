@@ -341,6 +341,22 @@ class PgStore:
         rows = self.db.execute("SELECT id, body FROM ferry_tasks WHERE key = %s", (key,))
         return _table({row[0]: row[1] for row in rows.fetchall()}).succeeded_with_key(key)
 
+    def settled_before(self, seconds: float, states: Iterable[str]) -> list[Task]:
+        """Settled tasks in ``states`` whose end (their creation, without one) is before
+        ``seconds``; every host's (their rows are shared; their logs are each host's)."""
+        wanted = sorted(set(states) & _TERMINAL)
+        return self._tasks(
+            "SELECT body FROM ferry_tasks WHERE state = ANY(%s) AND coalesce((body->>'ended_at')"
+            "::float8, (body->>'created_at')::float8, 0) < %s ORDER BY submit_seq, id",
+            (wanted, seconds),
+        )
+
+    def known(self, task_ids: Iterable[str]) -> set[str]:
+        rows = self.db.execute(
+            "SELECT id FROM ferry_tasks WHERE id = ANY(%s)", (sorted(set(task_ids)),)
+        ).fetchall()
+        return {row[0] for row in rows}
+
     @property
     def highest_epoch(self) -> int:
         row = self.db.execute("SELECT coalesce(max(epoch), 0) FROM ferry_hosts").fetchone()
