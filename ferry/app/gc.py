@@ -78,7 +78,7 @@ class GcReport:
         self.kept: list[Kept] = []
         self.strays: dict[str, int] = {}  # files of tasks the store does not know
         self.history_bytes = 0  # archives and journal segments freed by the compaction
-        self.compacted: bool | None = None  # None: nothing to compact (or a dry run)
+        self.compacted: bool | None = None  # None: a dry run
 
     @property
     def freed_bytes(self) -> int:
@@ -126,8 +126,8 @@ def gc(
         _remove(files[task_id])
         failpoint("after:gc_remove")
     report.strays = strays
-    if report.forgotten:
-        report.compacted, report.history_bytes = _compact(store, home)
+    # Always: an earlier gc may have been killed before its compaction.
+    report.compacted, report.history_bytes = _compact(store, home)
     return report
 
 

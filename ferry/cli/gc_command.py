@@ -47,6 +47,8 @@ def gc_text(report: GcReport, verbosity: int) -> str:
     else:
         states = "/".join(report.states)
         lines.append(f"nothing to forget: no {states} task ended before {before}")
+        if report.history_bytes:  # (what an earlier gc, killed, left to the compaction)
+            lines.append(f"freed {human_bytes(report.history_bytes)} of history")
     if report.strays:
         size = human_bytes(sum(report.strays.values()))
         verb = "would remove" if dry else "removed"
