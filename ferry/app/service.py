@@ -137,7 +137,8 @@ class Service:
                 continue  # it succeeded meanwhile: skip it too
             for key, task_id in done.items():
                 self.notice(f"key {key!r} already succeeded (task {task_id}); not queued")
-            return [self._get_or_forgotten(task_id, spec) for task_id, spec in zip(ids, specs)]
+            found = zip(ids, specs, strict=True)
+            return [self._get_or_forgotten(task_id, spec) for task_id, spec in found]
         raise InternalError("the tasks' keys kept changing while they were queued")
 
     def run(self, opts: Mapping[str, Any], *, stdout_echo_fd: int = 1) -> RunResult:

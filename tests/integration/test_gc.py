@@ -119,7 +119,9 @@ def test_a_key_that_succeeded_is_not_run_again_after_gc(ferry: Ferry, tmp_path: 
     assert "already succeeded" in again.err and first in again.err
     assert not mark.exists() and ids_listed(ferry) == []
     shown = ferry.json("run", "--key", "deploy-1", "--", "touch", str(mark))
-    assert shown["id"] == first and shown["state"] == "SUCCEEDED" and "forgotten" in shown["evidence"]
+    assert (
+        shown["id"] == first and shown["state"] == "SUCCEEDED" and "forgotten" in shown["evidence"]
+    )
     assert ferry.ok("submit", "--key", "deploy-1", "--", "true").text.strip() == first
     ferry.ok("journal", "compact")  # the tombstone survives a snapshot
     ferry.ok("run", "--key", "deploy-1", "--", "touch", str(mark))

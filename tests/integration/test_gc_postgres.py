@@ -6,12 +6,36 @@ ran them, for that host's gc)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
-from test_postgres import Hosts, hosts  # noqa: F401  (the fixture)
+from clikit import Ferry
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = pytest.mark.timeout(300)
+
+Hosts = Callable[[str], Ferry]
+
+
+@pytest.fixture
+def hosts(pg_url: str, tmp_path: Path) -> Iterator[Hosts]:
+    """``hosts("a")``: simulated host ``a`` (its own state directory, ``FERRY_HOST_ID``)
+    on the test's database, initialised (as in test_postgres.py)."""
+    made: dict[str, Ferry] = {}
+
+    def host(name: str) -> Ferry:
+        if name not in made:
+            made[name] = Ferry(tmp_path / name)
+            made[name].env.update(FERRY_DATABASE_URL=pg_url, FERRY_HOST_ID=name)
+        return made[name]
+
+    host("admin").ok("db", "init")
+    try:
+        yield host
+    finally:
+        for ferry in made.values():
+            ferry.close()
 
 
 def rows(pg_url: str, sql: str) -> list[tuple[object, ...]]:
@@ -43,7 +67,8 @@ def test_gc_deletes_rows_and_events_and_each_host_frees_its_own_logs(
     report = a.json("gc", "--older-than", "0s")
     assert sorted(t["id"] for t in report["forgotten"]) == sorted([*on_a, on_b])
     assert [t["id"] for t in b.tasks()] == [queued]
-    assert rows(pg_url, "SELECT count(*) FROM ferry_events WHERE task <> '%s'" % queued) == [(0,)]
+    left = rows(pg_url, f"SELECT count(*) FROM ferry_events WHERE task <> '{queued}'")
+    assert left == [(0,)]
     assert log_dirs(a.home) == set()
     assert log_dirs(b.home) == {on_b}, "b's log stays on b until b's gc"
     report = b.json("gc", "--older-than", "0s")
