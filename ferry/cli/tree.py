@@ -82,6 +82,13 @@ def task_options(f: F) -> F:
         ),
         click.option("--shell", is_flag=True, help="Run CMD through /bin/sh -c (never implied)."),
         click.option(
+            "--log-max",
+            metavar="BYTES",
+            help="Keep only the first and the last BYTES/2 of each stream in the task's log"
+            " (64K, 1M, 2G; 1024-based; at least 16K); the evidence says how much was dropped."
+            " Output passed through to run's terminal stays whole.",
+        ),
+        click.option(
             "--pty",
             is_flag=True,
             help="Give the task a pseudo-terminal as stdout and stderr (held by its"
