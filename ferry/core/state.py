@@ -616,6 +616,9 @@ class Table:
             if known is not None and int(record.get("updated_seq", 0)) <= known:
                 continue  # archived twice: the newer wins
             state, key = record["state"], record["spec"].get("key")
+            outcome = key_outcome(state, record.get("reason"), record.get("evidence") or {})
+            if outcome == "succeeded" and key is not None:
+                self._succeeded_keys[key] = task_id
             if state not in _SETTLED_VALUES or record.get("reason") == _QUARANTINED:
                 # Not terminal, or quarantined (kept as a Task in its own index): decoded
                 # now, and indexed by _put.
@@ -630,9 +633,6 @@ class Table:
             self._quarantined.pop(task_id, None)
             self._settled.add_record(record)
             self._settled_id_max = max(self._settled_id_max, task_id)
-            outcome = key_outcome(state, record.get("reason"), record.get("evidence") or {})
-            if outcome == "succeeded" and key is not None:
-                self._succeeded_keys[key] = task_id
 
     def _put(self, old: Task | None, new: Task) -> None:
         if old is None and new.spec.key is not None:

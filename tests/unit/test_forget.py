@@ -189,3 +189,21 @@ def test_settled_before_chooses_by_end_time_and_state() -> None:
     settled = snapshot.pop("settled")
     lazy = Table.from_snapshot(snapshot, load_settled=lambda _seq: settled)
     assert [t.id for t in lazy.settled_before(60.0, ["SUCCEEDED"])] == [A]
+
+
+def test_a_table_from_rows_knows_a_key_resolved_as_succeeded_after_a_quarantine() -> None:
+    """Found on the way (bug): a table rebuilt from task records (the PostgreSQL
+    backend's, for every key check) indexed a key's success only for a task that was not
+    quarantined; a quarantined task resolved as succeeded left its key free, so ``run
+    --key K`` ran K again on a shared database (on the journal the fold indexed it)."""
+    j = Journal()
+    j.run(A, State.FAILED, Reason.QUARANTINED_ORPHAN_ALIVE, key="k")
+    j.write(ev.Resolved(A, 1, "succeeded"))
+    assert j.table.succeeded_with_key("k") == A
+    rows = j.table.to_snapshot()  # (what postgres.store._table makes of the rows:)
+    rebuilt = Table.from_snapshot(
+        {"format": rows["format"], "last_seq": 0, "live": [], "settled": rows["settled"],
+         "unsafe_keys": None}
+    )  # fmt: skip
+    assert rebuilt.succeeded_with_key("k") == A
+    assert rebuilt.unsafe_with_key("k") is None
