@@ -194,7 +194,11 @@ class _Replay:
                 start += len(chunk)
                 self.copied += len(chunk)
             if start < high:
-                break
+                break  # (cut short: nothing more to say)
+        else:
+            if start < end:  # dropped up to this entry's end (a hole, not yet data)
+                self._dropped(stream, out, start, end - start)
+                start = end
         self.pos[stream] = start
 
     def _dropped(self, stream: int, out: BinaryIO, offset: int, count: int) -> None:
