@@ -39,7 +39,9 @@ def gc_text(report: GcReport, verbosity: int) -> str:
         if dry:
             line += f": would free {logs} of logs, and their history when compacted"
         elif report.compacted:
-            line += f": freed {logs} of logs and {human_bytes(report.history_bytes)} of history"
+            line += f": freed {logs} of logs"
+            if report.history_bytes:  # (a shared database has no history to free here)
+                line += f" and {human_bytes(report.history_bytes)} of history"
         else:
             line += f": freed {logs} of logs; their history goes at the next compaction"
             line += " (another one is running)"
