@@ -91,7 +91,9 @@ class LogCap:
 
     def __init__(self, fd: int, bytes_max: int) -> None:
         self.fd = fd
-        self.block = max(512, os.fstat(fd).st_blksize)
+        # A punch deallocates whole blocks only (it zeroes the rest, which a reader would
+        # take for data): the larger of the file system's block and its preferred I/O.
+        self.block = max(512, os.fstat(fd).st_blksize, os.fstatvfs(fd).f_frsize)
         base = os.lseek(fd, 0, os.SEEK_END)
         # The writes that skip ahead need their own offsets: O_APPEND would ignore them.
         flags = fcntl.fcntl(fd, fcntl.F_GETFL)
