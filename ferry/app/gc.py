@@ -11,17 +11,20 @@ The order of the side effects is the write-ahead rule's, for each batch of tasks
    forgotten or otherwise moved since step 1 is refused, and the batch is decided
    again without it;
 3. only then remove the tasks' files (``logs/<id>/``, ``heartbeats/<id>.*``);
-4. remove the files of tasks the store does not know (a crash between 2 and 3 left
-   them; a task forgotten by another host of a shared database): listed *before* the
-   store is caught up, so that no file of a task the store is about to know is taken
-   for a stray (the files of a task are made only once its DISPATCHING is written);
+4. remove the files of the tasks forgotten earlier that are still on this host (a gc
+   killed between 2 and 3; on a shared database, a task this host ran that another
+   host's gc forgot): the store lists them (``forgotten_here``: the ids its table
+   remembers, or the database's notes), never a guess from the files themselves (a
+   state directory shared by two backends, a journal salvaged: a log directory the
+   store does not know is not proof that its task was forgotten);
 5. compact: the archives are rewritten without the forgotten tasks, and the journal's
-   segments that the new snapshot covers go (``ferry.storage.local.store``).
+   segments that the new snapshot covers go (``ferry.storage.local.store``; that
+   compaction removes the files of the forgotten tasks it stops naming, too).
 
 A crash anywhere leaves a journal that verifies and a table that tells the truth (a
 task is either there, with its logs, or forgotten); what a crash left undone, the next
-``gc`` does (step 4 and 5 take it up). ``dry_run``: steps 1 and 4 only, nothing
-journaled, nothing removed: the same plan, told.
+``gc`` does (steps 4 and 5), or the next compaction. ``dry_run``: step 1, and what
+step 4 would remove, told; nothing journaled, nothing removed.
 """
 
 from __future__ import annotations
@@ -38,7 +41,6 @@ from ferry.app.recoverer import task_liveness
 from ferry.core import events as ev
 from ferry.core.errors import FerryError, InternalError, KeyUnsafeError
 from ferry.core.fold import MOVED_CODES, task_key_outcome
-from ferry.core.ids import id_time_ms, is_task_id
 from ferry.core.model import Liveness, Reason, State, Task
 from ferry.failpoints import failpoint
 from ferry.proc import alivelock
@@ -76,13 +78,13 @@ class GcReport:
         self.forgotten: list[Task] = []
         self.log_bytes: dict[str, int] = {}  # task id -> bytes of its files freed
         self.kept: list[Kept] = []
-        self.strays: dict[str, int] = {}  # files of tasks the store does not know
+        self.earlier: dict[str, int] = {}  # files of tasks forgotten before, removed now
         self.history_bytes = 0  # archives and journal segments freed by the compaction
         self.compacted: bool | None = None  # None: a dry run
 
     @property
     def freed_bytes(self) -> int:
-        return sum(self.log_bytes.values()) + sum(self.strays.values())
+        return sum(self.log_bytes.values()) + sum(self.earlier.values())
 
 
 def gc(
@@ -97,12 +99,9 @@ def gc(
     cutoff_s = (time.time() if now_s is None else now_s) - older_than_s
     wanted = [state for state in SETTLED_STATES if state in set(states)]
     report = GcReport(dry_run=dry_run, cutoff_s=cutoff_s, states=wanted)
-    # (Listed before the store catches up: see step 4 of the module docstring.)
-    files = _task_files(home)
     store.refresh()
-    candidates = store.settled_before(cutoff_s, wanted)
     chosen: list[Task] = []
-    for task in candidates:
+    for task in store.settled_before(cutoff_s, wanted):
         why = _why_keep(store, home, task)
         if why is None:
             chosen.append(task)
@@ -110,22 +109,25 @@ def gc(
             report.kept.append(Kept(task, why))
     if dry_run:
         report.forgotten = chosen
-        report.log_bytes = {t.id: _bytes_of(files.get(t.id, ())) for t in chosen}
-        gone = {t.id for t in chosen}
-        known = store.known(files) | gone
-        report.strays = _strays(files, known, cutoff_s, measure=True)
+        files = _files_of(home, [t.id for t in chosen] + store.forgotten_here())
+        report.log_bytes = {t.id: _bytes_of(files.pop(t.id, ())) for t in chosen}
+        report.earlier = {i: _bytes_of(paths) for i, paths in files.items()}
         return report
     for start in range(0, len(chosen), BATCH_TASKS):
         done = _forget_batch(store, chosen[start : start + BATCH_TASKS], report)
+        files = _files_of(home, [task.id for task in done])
         for task in done:
-            report.log_bytes[task.id] = _remove(files.pop(task.id, ()))
+            report.log_bytes[task.id] = _remove(files.get(task.id, ()))
             failpoint("after:gc_remove")
-    store.refresh()
-    strays = _strays(files, store.known(files), cutoff_s, measure=True)
-    for task_id in strays:
-        _remove(files[task_id])
+        store.files_removed([task.id for task in done])
+    # What an earlier gc forgot and left on this host (killed before it removed the
+    # files; on a shared database, another host's gc): listed under the journal's lock
+    # (the store's table, caught up) or in the database, never guessed from the files.
+    files = _files_of(home, store.forgotten_here())
+    for task_id, paths in files.items():
+        report.earlier[task_id] = _remove(paths)
         failpoint("after:gc_remove")
-    report.strays = strays
+    store.files_removed(files)
     # Always: an earlier gc may have been killed before its compaction.
     report.compacted, report.history_bytes = _compact(store, home)
     return report
@@ -188,31 +190,21 @@ def _still_forgettable(
 # ---- the tasks' files on this host -----------------------------------------------------
 
 
-def _task_files(home: Path) -> dict[str, list[Path]]:
-    """Each task id with files here (its log directory, its heartbeat files)."""
+def _files_of(home: Path, task_ids: Iterable[str]) -> dict[str, list[Path]]:
+    """The files of each of ``task_ids`` on this host (its log directory, its heartbeat
+    files), for the tasks that have any."""
+    wanted = set(task_ids)
     found: dict[str, list[Path]] = {}
-    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-        for entry in os.scandir(home / "logs"):
-            if is_task_id(entry.name):
-                found.setdefault(entry.name, []).append(Path(entry.path))
+    for task_id in sorted(wanted):
+        path = home / "logs" / task_id
+        if os.path.lexists(path):
+            found[task_id] = [path]
     with contextlib.suppress(FileNotFoundError, NotADirectoryError):
         for entry in os.scandir(home / alivelock.DIRECTORY):
-            task_id, _, attempt = entry.name.partition(".")
-            if is_task_id(task_id) and attempt.isdigit():
+            task_id = entry.name.partition(".")[0]
+            if task_id in wanted:
                 found.setdefault(task_id, []).append(Path(entry.path))
     return found
-
-
-def _strays(
-    files: dict[str, list[Path]], known: set[str], cutoff_s: float, *, measure: bool
-) -> dict[str, int]:
-    """Files of tasks the store does not know, made before the cut-off (by the time in
-    their id): their task was forgotten, or its journal lost."""
-    return {
-        task_id: _bytes_of(paths) if measure else 0
-        for task_id, paths in files.items()
-        if task_id not in known and id_time_ms(task_id) / 1000 < cutoff_s
-    }
 
 
 def _bytes_of(paths: Iterable[Path]) -> int:
@@ -283,14 +275,14 @@ def describe(report: GcReport) -> dict[str, Any]:
         for t in report.forgotten
     ]  # fmt: skip
     kept = [{"id": k.task.id, "state": k.task.state.value, "why": k.why} for k in report.kept]
-    strays = [{"id": task_id, "bytes": size} for task_id, size in sorted(report.strays.items())]
+    earlier = [{"id": task_id, "bytes": size} for task_id, size in sorted(report.earlier.items())]
     return {
         "dry_run": report.dry_run,
         "ended_before": report.cutoff_s,
         "states": report.states,
         "forgotten": forgotten,
         "kept": kept,
-        "strays": strays,
+        "earlier": earlier,
         "log_bytes": report.freed_bytes,
         "history_bytes": report.history_bytes,
         "compacted": report.compacted,

@@ -51,12 +51,11 @@ def gc_text(report: GcReport, verbosity: int) -> str:
         lines.append(f"nothing to forget: no {states} task ended before {before}")
         if report.history_bytes:  # (what an earlier gc, killed, left to the compaction)
             lines.append(f"freed {human_bytes(report.history_bytes)} of history")
-    if report.strays:
-        size = human_bytes(sum(report.strays.values()))
+    if report.earlier:
+        size = human_bytes(sum(report.earlier.values()))
         verb = "would remove" if dry else "removed"
-        lines.append(
-            f"{verb} the files of {_tasks(len(report.strays))} unknown to the store ({size})"
-        )
+        count = _tasks(len(report.earlier))
+        lines.append(f"{verb} the files of {count} forgotten earlier ({size})")
     if report.kept:
         lines.append(f"kept {_tasks(len(report.kept))}:")
         lines.extend(f"  {render.settled_line(k.task)}  ({k.why})" for k in report.kept)

@@ -339,6 +339,10 @@ class Table:
         compaction rewrites the archives without them."""
         return bool(self._forgotten)
 
+    def forgotten_ids(self, upto_seq: int | None = None) -> list[str]:
+        """The ids forgotten (up to ``upto_seq``) that the table still remembers."""
+        return sorted(i for i, at in self._forgotten.items() if upto_seq is None or at <= upto_seq)
+
     def forget_done(self, seq: int) -> None:
         """A compaction at ``seq`` wrote every settled task this table held then into new
         archives (the forgotten ones left out): the ids forgotten up to ``seq`` need not

@@ -115,9 +115,16 @@ class TaskStore(Protocol):
         submission order: what ``ferry gc`` may forget."""
         ...
 
-    def known(self, task_ids: Iterable[str]) -> set[str]:
-        """Which of ``task_ids`` are tasks the store holds now (``ferry gc`` removes the
-        files of the others)."""
+    def forgotten_here(self) -> list[str]:
+        """Tasks ``ferry gc`` forgot whose files (logs, heartbeat files) on this host may
+        still be there: a gc killed between its write and their removal, or, on a shared
+        database, a task this host ran that another host's gc forgot."""
+        ...
+
+    def files_removed(self, task_ids: Iterable[str]) -> None:
+        """The files of these forgotten tasks are gone from this host: not listed by
+        ``forgotten_here`` any more (the local journal: the next compaction forgets
+        them, having removed them itself)."""
         ...
 
     @property

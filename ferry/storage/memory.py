@@ -105,9 +105,13 @@ class MemoryStore:
         with self._lock:
             return self.table.settled_before(seconds, states)
 
-    def known(self, task_ids: Iterable[str]) -> set[str]:
+    def forgotten_here(self) -> list[str]:
         with self._lock:
-            return {task_id for task_id in task_ids if self.table.get(task_id) is not None}
+            return self.table.forgotten_ids()
+
+    def files_removed(self, task_ids: Iterable[str]) -> None:
+        """Nothing to record: the compaction that drops the ids removes their files
+        first (``_compact_locked``)."""
 
     @property
     def highest_epoch(self) -> int:

@@ -72,7 +72,7 @@ def test_gc_deletes_rows_and_events_and_each_host_frees_its_own_logs(
     assert log_dirs(a.home) == set()
     assert log_dirs(b.home) == {on_b}, "b's log stays on b until b's gc"
     report = b.json("gc", "--older-than", "0s")
-    assert report["forgotten"] == [] and [s["id"] for s in report["strays"]] == [on_b]
+    assert report["forgotten"] == [] and [e["id"] for e in report["earlier"]] == [on_b]
     assert log_dirs(b.home) == set()
 
     # The key that succeeded stays succeeded, from any host.
@@ -94,7 +94,7 @@ def test_a_gc_killed_in_its_transaction_deletes_nothing(hosts: Hosts) -> None:
     assert killed.code == -9
     assert a.tasks() == [] and log_dirs(a.home) == {task["id"]}
     report = a.json("gc", "--older-than", "0s")
-    assert [s["id"] for s in report["strays"]] == [task["id"]] and log_dirs(a.home) == set()
+    assert [e["id"] for e in report["earlier"]] == [task["id"]] and log_dirs(a.home) == set()
 
 
 def test_an_unsafe_keys_task_is_kept(hosts: Hosts) -> None:

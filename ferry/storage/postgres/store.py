@@ -52,6 +52,7 @@ _CLAIMED = ev.EventType.CLAIMED.value
 _SUBMITTED = ev.EventType.SUBMITTED.value
 _FORGOTTEN = ev.EventType.FORGOTTEN.value
 _TOMBSTONE = "key_succeeded:"  # ferry_meta's key for a key whose task gc forgot
+_FILES = "gc_files:"  # ferry_meta: gc_files:<host>:<id>, a forgotten task's files on host
 _IN_FLIGHT = [state.value for state in IN_FLIGHT_STATES]
 _TERMINAL = {State.SUCCEEDED.value, State.FAILED.value, State.CANCELLED.value}
 _COLUMNS = "body"
@@ -154,23 +155,27 @@ class PgStore:
         locked and checked by the same rules as the journal's FORGOTTEN (settled, at the
         attempt gc read, not an unsafe key's latest task). A key that SUCCEEDED with one
         of them keeps a tombstone (``ferry_meta``: ``key_succeeded:<key>``), so that it
-        stays succeeded. Nothing of the task is left: the database has no history to
-        compact; its logs stay on the host that ran it, for that host's gc."""
+        stays succeeded; the host that ran it gets a note (``gc_files:<host>:<id>``),
+        until its gc has removed the task's files there (``forgotten_here``). Nothing
+        else of the task is left: the database has no history to compact."""
         ids = sorted({str(data["task"]) for _, data in batch})
         with self.db.transaction() as conn:
             rows = self._lock_tasks(conn, ids, skip_locked=False)
             table = self._locked_table(conn, batch, rows)
             table.validate_batch(batch)
-            tombstones = {}
+            notes = {}
             for task_id in ids:
                 key = rows[task_id]["spec"].get("key")
                 if key is not None and table.succeeded_with_key(key) == task_id:
-                    tombstones[_TOMBSTONE + key] = task_id
-            if tombstones:
+                    notes[_TOMBSTONE + key] = task_id
+                host = (rows[task_id].get("runner") or {}).get("host_id")
+                if host is not None:  # (its files are on that host: for its gc to remove)
+                    notes[f"{_FILES}{host}:{task_id}"] = ""
+            if notes:
                 conn.execute(
                     "INSERT INTO ferry_meta (key, value) SELECT * FROM jsonb_each_text(%s)"
                     " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                    (_json(tombstones),),
+                    (_json(notes),),
                 )
             conn.execute("DELETE FROM ferry_events WHERE task = ANY(%s)", (ids,))
             conn.execute("DELETE FROM ferry_tasks WHERE id = ANY(%s)", (ids,))
@@ -405,11 +410,19 @@ class PgStore:
             (wanted, seconds),
         )
 
-    def known(self, task_ids: Iterable[str]) -> set[str]:
+    def forgotten_here(self) -> list[str]:
+        """The tasks this host ran that gc forgot and whose files this host has not
+        removed yet (``_forget`` notes each, in its transaction)."""
+        prefix = f"{_FILES}{self.host}:"
         rows = self.db.execute(
-            "SELECT id FROM ferry_tasks WHERE id = ANY(%s)", (sorted(set(task_ids)),)
+            "SELECT key FROM ferry_meta WHERE starts_with(key, %s) ORDER BY key", (prefix,)
         ).fetchall()
-        return {row[0] for row in rows}
+        return [row[0][len(prefix) :] for row in rows]
+
+    def files_removed(self, task_ids: Iterable[str]) -> None:
+        keys = [f"{_FILES}{self.host}:{task_id}" for task_id in task_ids]
+        if keys:
+            self.db.execute("DELETE FROM ferry_meta WHERE key = ANY(%s)", (keys,))
 
     @property
     def highest_epoch(self) -> int:
