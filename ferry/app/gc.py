@@ -117,6 +117,7 @@ def gc(
         done = _forget_batch(store, chosen[start : start + BATCH_TASKS], report)
         files = _files_of(home, [task.id for task in done])
         for task in done:
+            failpoint("before:gc_remove")
             report.log_bytes[task.id] = _remove(files.get(task.id, ()))
             failpoint("after:gc_remove")
         store.files_removed([task.id for task in done])
@@ -125,6 +126,7 @@ def gc(
     # (the store's table, caught up) or in the database, never guessed from the files.
     files = _files_of(home, store.forgotten_here())
     for task_id, paths in files.items():
+        failpoint("before:gc_remove")
         report.earlier[task_id] = _remove(paths)
         failpoint("after:gc_remove")
     store.files_removed(files)
