@@ -63,6 +63,8 @@ Naming convention (the registry :data:`FAILPOINTS` lists every name):
   log order index (:mod:`ferry.proc.logorder`), when the task switched streams
   (``before``: one stream's run is logged, not yet recorded; ``after``: recorded, the
   other stream's chunk not yet logged).
+* ``before:gc_remove`` / ``after:gc_remove``: around ``ferry gc``'s removal of one
+  forgotten task's files (its FORGOTTEN is durable) (:mod:`ferry.app.gc`).
 
 Why SIGKILL and not an exception: a crash must not run ``finally`` blocks, flush
 buffers or release locks politely; SIGKILL is what the OOM killer and ``kill -9`` do.
@@ -114,6 +116,8 @@ SIDE_EFFECT_POINTS: tuple[str, ...] = (
     "after:outbox",
     "before:log_order",
     "after:log_order",
+    "before:gc_remove",
+    "after:gc_remove",
 )
 
 

@@ -42,6 +42,8 @@ _LINE_KEYS = {
     "patch-file": "patch_file",
     "shell": "shell",
     "pty": "pty",
+    "log_max": "log_max",
+    "log-max": "log_max",
 }
 _DEFAULTS: dict[str, Any] = {
     "name": None,
@@ -57,6 +59,7 @@ _DEFAULTS: dict[str, Any] = {
     "patch_file": None,
     "shell": False,
     "pty": False,
+    "log_max": None,
 }
 
 
@@ -240,9 +243,23 @@ def build_spec(opts: Mapping[str, Any], home: Path, *, queued: bool = False) -> 
         pointers=pointers,
         patch=patch,
         pty=bool(opts.get("pty")),
+        log_max_bytes=_log_max(opts.get("log_max")),
     )
     validate_spec(spec)
     return spec
+
+
+def _log_max(value: Any) -> int | None:
+    """``--log-max``: ``1M``, ``65536`` (or a number, in a ``--from`` line)."""
+    if value is None:
+        return None
+    from ferry.core.spec import LOG_MAX_BYTES_MIN
+    from ferry.core.units import parse_bytes
+
+    text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+    if not isinstance(text, str):
+        raise UsageError("--log-max must be a number of bytes", code="usage.bad_size")
+    return parse_bytes(text, minimum=LOG_MAX_BYTES_MIN)
 
 
 def parse_from_lines(data: bytes, source: str) -> list[tuple[int, dict[str, Any]]]:
@@ -294,6 +311,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "patch_file": (str, type(None)),
     "shell": (bool,),
     "pty": (bool,),
+    "log_max": (int, str, type(None)),
 }
 
 

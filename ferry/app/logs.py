@@ -10,6 +10,12 @@ that one stream goes to stdout. ``--tail N`` keeps the last N lines of each stre
 order (text decoded as UTF-8 with backslash escapes: use the plain mode for exact
 bytes).
 
+A log kept with ``--log-max`` has a hole where the middle of its stream was dropped
+(:mod:`ferry.proc._logcap`): its offsets stay the stream's, and the hole is skipped
+(``SEEK_DATA``/``SEEK_HOLE``), never shown as zeros. Where it was, a marker says how many
+bytes were dropped: a ``ferry:`` line on stderr (``--json``: a line ``{"stream",
+"offset", "dropped"}`` in the output's order).
+
 How the index is read, and why nothing is ever lost: the logs' sizes are taken first,
 the index after. An entry says "this stream's bytes up to here come before what
 follows"; each is replayed as it is met, once its bytes are in the log (an entry past
@@ -23,6 +29,7 @@ stdout first: order is lost there, never bytes.
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 import time
@@ -40,34 +47,57 @@ _CHUNK_BYTES = 1 << 20
 _NAMES = ("stdout", "stderr")
 
 
+def data_segments(fd: int, start: int, end: int) -> list[tuple[int, int]]:
+    """The parts of [start, end) of the file open on ``fd`` that hold data, in order: all
+    of it unless the file has a hole there (``--log-max``). A file system that cannot
+    say (no ``SEEK_DATA``) is taken to hold data everywhere."""
+    found: list[tuple[int, int]] = []
+    pos = start
+    while pos < end:
+        try:
+            low = os.lseek(fd, pos, os.SEEK_DATA)
+            high = os.lseek(fd, low, os.SEEK_HOLE)
+        except OSError as error:
+            if error.errno == errno.ENXIO:  # no data past pos (a hole to the end)
+                break
+            return [*found, (pos, end)]  # (cannot tell: all data)
+        if low >= end:
+            break
+        found.append((low, min(high, end)))
+        pos = high
+    return found
+
+
 def _tail_offset(path: Path, lines: int) -> int:
-    """Byte offset where the last ``lines`` lines of ``path`` start."""
+    """Byte offset where the last ``lines`` lines of ``path`` start (a hole dropped by
+    ``--log-max`` holds no line)."""
     try:
-        size = path.stat().st_size
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         return 0
-    if lines == 0:
-        return size
-    with path.open("rb") as stream:
+    try:
+        size = os.fstat(fd).st_size
+        if lines == 0:
+            return size
+        segments = data_segments(fd, 0, size)
         # A final line without "\\n" counts as a line; a trailing "\\n" ends the last one.
-        wanted = lines + 1 if size and _last_byte(stream, size) == b"\n" else lines
-        pos, found = size, 0
-        while pos > 0:
-            step = min(65536, pos)
-            pos -= step
-            stream.seek(pos)
-            block = stream.read(step)
-            for index in range(len(block) - 1, -1, -1):
-                if block[index] == 0x0A:
-                    found += 1
-                    if found == wanted:
-                        return pos + index + 1
-    return 0
-
-
-def _last_byte(stream: BinaryIO, size: int) -> bytes:
-    stream.seek(size - 1)
-    return stream.read(1)
+        ends_line = bool(segments) and os.pread(fd, 1, segments[-1][1] - 1) == b"\n"
+        wanted = lines + 1 if ends_line else lines
+        found = 0
+        for low, high in reversed(segments):
+            pos = high
+            while pos > low:
+                step = min(65536, pos - low)
+                pos -= step
+                block = os.pread(fd, step, pos)
+                for index in range(len(block) - 1, -1, -1):
+                    if block[index] == 0x0A:
+                        found += 1
+                        if found == wanted:
+                            return pos + index + 1
+        return 0
+    finally:
+        os.close(fd)
 
 
 def _size(path: Path) -> int:
@@ -154,14 +184,38 @@ class _Replay:
                 fd = self.fds[stream] = os.open(self.paths[stream], os.O_RDONLY | os.O_CLOEXEC)
             except FileNotFoundError:
                 return
-        while start < end:
-            chunk = os.pread(fd, min(_CHUNK_BYTES, end - start), start)
-            if not chunk:
-                break  # (the log shrank: someone cut it)
-            self._write(stream, out, start, chunk)
-            start += len(chunk)
-            self.copied += len(chunk)
+        for low, high in data_segments(fd, start, end):
+            if low > start:
+                self._dropped(stream, out, start, low - start)
+            start = low
+            while start < high:
+                chunk = os.pread(fd, min(_CHUNK_BYTES, high - start), start)
+                if not chunk:
+                    break  # (the log shrank: someone cut it)
+                self._write(stream, out, start, chunk)
+                start += len(chunk)
+                self.copied += len(chunk)
+            if start < high:
+                break  # (cut short: nothing more to say)
+        else:
+            if start < end:  # dropped up to this entry's end (a hole, not yet data)
+                self._dropped(stream, out, start, end - start)
+                start = end
         self.pos[stream] = start
+
+    def _dropped(self, stream: int, out: BinaryIO, offset: int, count: int) -> None:
+        """Bytes the log did not keep (``--log-max``), at ``offset``: say so, in place."""
+        if self.as_json:
+            line = {"stream": _NAMES[stream], "offset": offset, "dropped": count}
+            out.write(orjson.dumps(line) + b"\n")
+            self.last_out = out
+            return
+        if self.last_out is not None:
+            self.last_out.flush()
+        sys.stdout.flush()
+        note = f"ferry: [{count:,} bytes of {_NAMES[stream]} not kept here (--log-max)]\n"
+        sys.stderr.buffer.write(note.encode())
+        sys.stderr.buffer.flush()
 
     def close(self) -> None:
         for fd in self.fds:

@@ -196,6 +196,9 @@ def settle_event(
         evidence["leftover_killed"] = True
     if outcome.log_error:
         evidence["log_error"] = outcome.log_error
+    if outcome.log_dropped is not None:  # (--log-max)
+        stdout, stderr = outcome.log_dropped
+        evidence["log_dropped_bytes"] = {"stdout": stdout, "stderr": stderr}
     if escapees_stopped:
         evidence["escapees_stopped"] = True
     if cancelled:

@@ -28,11 +28,12 @@ from ferry.core.errors import (
     UsageError,
 )
 from ferry.core.fold import MOVED_CODES, RACE_TRIES
-from ferry.core.ids import new_claim_token, new_task_id
+from ferry.core.ids import id_time_ms, new_claim_token, new_task_id
 from ferry.core.model import IN_FLIGHT_STATES, Reason, State, Task
 from ferry.core.spec import TaskSpec
 
 if TYPE_CHECKING:
+    from ferry.app.gc import GcReport
     from ferry.app.tally import WaitReport, WorkReport
     from ferry.core.recovery import RecoverReport
     from ferry.proc.process import ProcessIdentity
@@ -136,7 +137,8 @@ class Service:
                 continue  # it succeeded meanwhile: skip it too
             for key, task_id in done.items():
                 self.notice(f"key {key!r} already succeeded (task {task_id}); not queued")
-            return [self._get(task_id) for task_id in ids]
+            found = zip(ids, specs, strict=True)
+            return [self._get_or_forgotten(task_id, spec) for task_id, spec in found]
         raise InternalError("the tasks' keys kept changing while they were queued")
 
     def run(self, opts: Mapping[str, Any], *, stdout_echo_fd: int = 1) -> RunResult:
@@ -147,7 +149,7 @@ class Service:
         from ferry.app.foreground import run_task
 
         spec = build_spec(opts, self.home)
-        if spec.key is not None and (done := self._already_succeeded(spec.key)):
+        if spec.key is not None and (done := self._already_succeeded(spec.key, spec)):
             return done
         submitted = self._new_task(spec)
         token = new_claim_token(os.urandom(10))
@@ -163,16 +165,27 @@ class Service:
         except RefusedError as error:
             # The key succeeded between our read and our write (refused under the lock).
             succeeded_meanwhile = error.code == "task.key_succeeded" and spec.key is not None
-            if succeeded_meanwhile and (done := self._already_succeeded(str(spec.key))):
+            if succeeded_meanwhile and (done := self._already_succeeded(str(spec.key), spec)):
                 return done
             raise
 
-    def _already_succeeded(self, key: str) -> RunResult | None:
+    def _already_succeeded(self, key: str, spec: TaskSpec) -> RunResult | None:
         done = self._succeeded_keys([key]).get(key)
         if done is None:
             return None
         self.notice(f"key {key!r} already succeeded (task {done}); not run again")
-        return RunResult(self._get(done), 0)
+        return RunResult(self._get_or_forgotten(done, spec), 0)
+
+    def _get_or_forgotten(self, task_id: str, spec: TaskSpec) -> Task:
+        """The task ``task_id``; if ``ferry gc`` forgot it (its key's success is all that
+        is left of it), a stand-in saying so: that id, SUCCEEDED, the key, and the spec
+        of the task not run in its place (the original one is gone)."""
+        task = self.store.get(task_id)
+        if task is not None:
+            return self._with_heartbeat(task)
+        return Task(id=task_id, spec=spec, state=State.SUCCEEDED,
+                    created_at=id_time_ms(task_id) / 1000,
+                    evidence={"forgotten": "ferry gc forgot this task; its key succeeded"})  # fmt: skip
 
     # ---- leading (ferry.app.leader) ----------------------------------------------------
 
@@ -365,6 +378,12 @@ class Service:
 
         sig = _parse_signal(signame)
         return kill_orphan(self.session, self.store.resolve(prefix), sig)
+
+    def gc(self, *, older_than_s: float, states: Sequence[str], dry_run: bool) -> GcReport:
+        """``ferry gc``: forget settled tasks ended before the cut-off (:mod:`ferry.app.gc`)."""
+        from ferry.app.gc import gc
+
+        return gc(self.session, older_than_s=older_than_s, states=states, dry_run=dry_run)
 
     # ---- the shared database ---------------------------------------------------------
 

@@ -248,6 +248,7 @@ class Supervisor:
                 passthrough=self.passthrough, stdout_echo_fd=self.stdout_echo_fd,
                 shell=spec.shell, pass_fds=(lock_fd,), log_dir_new=new_dir,
                 order_log=order_path(stdout_log), pty=spec.pty,
+                log_max_bytes=spec.log_max_bytes,
             )  # fmt: skip
             self.spawn_at = time.time()  # (a bound on the spawn from below: the task's start)
             try:

@@ -45,7 +45,11 @@ def wait(
     while True:
         for task_id in list(awaited):
             current = store.get(task_id)
-            if current is None:  # (never: tasks are not deleted)
+            if current is None:  # settled and forgotten (ferry gc) between two looks
+                awaited.remove(task_id)
+                session.reporter.notice(
+                    f"task {task_id} was forgotten (ferry gc) before its end was seen"
+                )
                 continue
             latest[task_id] = current
             if current.terminal:

@@ -172,6 +172,7 @@ def task_opts(kw: dict[str, Any], argv: tuple[str, ...]) -> dict[str, Any]:
         "patch_file": kw["patch_file"],
         "shell": kw["shell"],
         "pty": kw["pty"],
+        "log_max": kw["log_max"],
     }
 
 

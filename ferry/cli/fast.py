@@ -61,6 +61,7 @@ def _defaults() -> dict[str, Any]:
         "patch_file": None,
         "shell": False,
         "pty": False,
+        "log_max": None,
     }
 
 
@@ -143,6 +144,8 @@ def parse_run(args: list[str]) -> FastRun | None:
         seen.add(name)
         if name in _TEXT:
             kw[name[2:]] = value
+        elif name == "--log-max":  # (a string for click too: build_spec parses it)
+            kw["log_max"] = value
         elif name in _MULTIPLE:
             kw[_MULTIPLE[name]] = (*kw[_MULTIPLE[name]], value)
         elif name in _SECONDS:

@@ -82,6 +82,13 @@ def task_options(f: F) -> F:
         ),
         click.option("--shell", is_flag=True, help="Run CMD through /bin/sh -c (never implied)."),
         click.option(
+            "--log-max",
+            metavar="BYTES",
+            help="Keep only the first and the last BYTES/2 of each stream in the task's log"
+            " (64K, 1M, 2G; 1024-based; at least 16K); the evidence says how much was dropped."
+            " Output passed through to run's terminal stays whole.",
+        ),
+        click.option(
             "--pty",
             is_flag=True,
             help="Give the task a pseudo-terminal as stdout and stderr (held by its"
@@ -150,6 +157,10 @@ _commands.register(cli, task_options, _emit)
 from ferry.cli import report_command as _report  # noqa: E402  (ferry report --html)
 
 _report.register(cli)
+
+from ferry.cli import gc_command as _gc  # noqa: E402  (ferry gc)
+
+_gc.register(cli)
 
 
 def invoke(args: list[str], *, as_json: bool, command: str) -> int:

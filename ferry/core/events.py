@@ -41,6 +41,7 @@ class EventType(enum.StrEnum):
     RESOLVED = "RESOLVED"
     ORPHAN_SIGNALLED = "ORPHAN_SIGNALLED"
     LATE_RESULT = "LATE_RESULT"
+    FORGOTTEN = "FORGOTTEN"
     LEASE_ACQUIRED = "LEASE_ACQUIRED"
     LEASE_RELEASED = "LEASE_RELEASED"
 
@@ -65,7 +66,7 @@ def _to_json(value: Any) -> Any:
 class _Event(Value):
     """Base of the event types: frozen value objects (``ferry.core._value.Value``: no
     dataclass code generation at import, which every ``ferry`` command would pay for
-    these fifteen types) with ``encode()``. Equality, hashing and ``repr`` follow
+    these sixteen types) with ``encode()``. Equality, hashing and ``repr`` follow
     ``_FIELDS``, in payload order."""
 
     __slots__ = ()
@@ -417,6 +418,22 @@ class LateResult(_Event):
         _set(self, "result", result)
 
 
+class Forgotten(_Event):
+    """``ferry gc``: a settled task leaves the table, its history and its logs
+    (``attempt``: the one it was settled at, as gc read it). A key the task SUCCEEDED
+    with stays succeeded (the key index keeps it); see ``ferry.core.fold``."""
+
+    __slots__ = ("attempt", "task")
+    TYPE: ClassVar[EventType] = EventType.FORGOTTEN
+    _FIELDS = ("task", "attempt")
+    task: str
+    attempt: int
+
+    def __init__(self, task: str, attempt: int) -> None:
+        _set(self, "task", task)
+        _set(self, "attempt", attempt)
+
+
 class LeaseAcquired(_Event):
     __slots__ = ("epoch", "holder")
     TYPE: ClassVar[EventType] = EventType.LEASE_ACQUIRED
@@ -455,6 +472,7 @@ Event = (
     | Resolved
     | OrphanSignalled
     | LateResult
+    | Forgotten
     | LeaseAcquired
     | LeaseReleased
 )
@@ -472,6 +490,7 @@ TaskEvent = (
     | Resolved
     | OrphanSignalled
     | LateResult
+    | Forgotten
 )
 
 
@@ -640,6 +659,8 @@ def decode_checked(record_type: str, data: object) -> Event | None:
         return Resolved(task, attempt, verdict)
     if kind is EventType.LATE_RESULT:
         return LateResult(task, attempt, f.mapping("result"))
+    if kind is EventType.FORGOTTEN:
+        return Forgotten(task, attempt)
     assert kind is EventType.ORPHAN_SIGNALLED
     pid = f.integer("pid", minimum=0, optional=True)
     pgid = f.integer("pgid", minimum=0, optional=True)

@@ -45,6 +45,16 @@ Which event may move a task from which states (then the transition table decides
     CANCEL_REQUESTED  in flight                    (no state change)
     ORPHAN_SIGNALLED  any                          (no state change; evidence)
     LATE_RESULT       any, but not the live claim  (no state change; evidence)
+    FORGOTTEN         SUCCEEDED | FAILED | CANCELLED  (the task leaves the table)
+
+``ferry gc`` forgets settled tasks (FORGOTTEN). Never one in flight or queued; never
+the latest task of a key that ended unsafe and was neither retried nor resolved (its
+operator must still act on it: ``task.key_unsafe``); a quarantined one only once its
+orphan is proven dead (the use case probes: the fold cannot). A key that SUCCEEDED
+stays succeeded after its task is forgotten: the table's key index keeps it (a
+tombstone), so gc never lets such a key run again. Replay applies a FORGOTTEN of any
+task not live without loading history for it (the table remembers the id, so that
+history loaded later leaves it out).
 
 Fencing by claim: an event carrying a ``token`` is accepted only if it is the token of
 the claim that owns the task now and names its current attempt; otherwise it is refused
@@ -90,6 +100,7 @@ _FROM: Mapping[type, frozenset[State]] = {
     ev.CancelRequested: IN_FLIGHT_STATES,
     ev.OrphanSignalled: _ANY,
     ev.LateResult: _ANY,
+    ev.Forgotten: frozenset({State.SUCCEEDED, State.FAILED, State.CANCELLED}),
 }
 _TARGET: Mapping[type, State] = {
     ev.Submitted: State.QUEUED,

@@ -210,6 +210,7 @@ def task_to_json(task: Task, *, show_env_values: bool = False) -> dict[str, Any]
         "timeout_s": spec.timeout_s,
         "kill_grace_s": spec.kill_grace_s,
         "heartbeat_s": spec.heartbeat_s,
+        "log_max_bytes": spec.log_max_bytes,
         "pointers": [{"path": path, "sha256": sha} for path, sha in spec.pointers],
         "patch": None
         if spec.patch is None

@@ -23,6 +23,10 @@ HEARTBEAT_MIN_S = 0.01  # below this a runner would spend its time beating
 SECONDS_MAX = 10 * 365 * 24 * 3600.0
 MAX_RELEASES_MAX = 1_000_000
 TEXT_CHARS_MAX = 256  # name and key
+# --log-max: at least two file system blocks of head and of tail (the log keeps whole
+# blocks: ferry.proc._logcap), at most what a file can hold.
+LOG_MAX_BYTES_MIN = 16 << 10
+LOG_MAX_BYTES_MAX = 1 << 50
 _SHA256_HEX = frozenset("0123456789abcdef")
 
 
@@ -57,6 +61,8 @@ class TaskSpec:
     pointers: tuple[tuple[str, str], ...] = ()  # (path, sha256 hex)
     patch: PatchRef | None = None
     pty: bool = False  # stdout and stderr one pseudo-terminal (run/submit --pty)
+    # Each stream's log keeps its first and last log_max_bytes/2 (None: all of it).
+    log_max_bytes: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -78,6 +84,8 @@ class TaskSpec:
         }
         if self.pty:  # (only when set: the records of every other task stay as they were)
             data["pty"] = True
+        if self.log_max_bytes is not None:  # (the same)
+            data["log_max_bytes"] = self.log_max_bytes
         return data
 
     @classmethod
@@ -131,6 +139,7 @@ class TaskSpec:
             pointers=tuple((p["path"], p["sha256"]) for p in pointers),
             patch=None if patch is None else PatchRef(patch["path"], patch["sha256"]),
             pty=data.get("pty", False),
+            log_max_bytes=data.get("log_max_bytes"),
         )
         if validate:
             validate_spec(spec)
@@ -199,6 +208,17 @@ def validate_spec(spec: TaskSpec) -> None:
         )
     if spec.timeout_s is not None:
         _check_seconds(spec.timeout_s, "timeout", minimum_s=0.0, inclusive=False)
+    size = spec.log_max_bytes
+    if size is not None and (
+        isinstance(size, bool)
+        or not isinstance(size, int)
+        or not LOG_MAX_BYTES_MIN <= size <= LOG_MAX_BYTES_MAX
+    ):
+        raise _bad(
+            "usage.bad_size",
+            f"log max must be a number of bytes, at least {LOG_MAX_BYTES_MIN}",
+            value=repr(size),
+        )
     _check_seconds(spec.kill_grace_s, "kill grace", minimum_s=0.0, inclusive=True)
     _check_seconds(spec.heartbeat_s, "heartbeat", minimum_s=HEARTBEAT_MIN_S, inclusive=True)
     for pointer in spec.pointers:

@@ -35,7 +35,12 @@ from typing import Any, Protocol
 from ferry.core import events as ev
 from ferry.core._value import Value, init
 from ferry.core.decoding import decode
-from ferry.core.errors import FerryError, NotFoundError
+from ferry.core.errors import (
+    FerryError,
+    IllegalTransitionError,
+    KeyUnsafeError,
+    NotFoundError,
+)
 from ferry.core.fold import (
     check_event,
     check_write,
@@ -158,6 +163,30 @@ class _Settled:
         self._tasks.pop(record["id"], None)
         self._records[record["id"]] = record
 
+    def key_and_number(self, task_id: str) -> tuple[str | None, int] | None:
+        """The task's key and number (None: not held), without decoding it."""
+        task = self._tasks.get(task_id)
+        if task is not None:
+            return task.spec.key, task.number
+        record = self._records.get(task_id)
+        if record is None:
+            return None
+        return record["spec"].get("key"), int(record.get("number") or 0)
+
+    def ended_before(self, seconds: float, states: frozenset[str]) -> list[str]:
+        """Ids of the tasks in ``states`` that ended before ``seconds`` (Unix time; a
+        task without an end time by its creation), without decoding the others."""
+        found = [
+            task.id
+            for task in self._tasks.values()
+            if task.state.value in states and _end_of(task.ended_at, task.created_at) < seconds
+        ]
+        for task_id, record in self._records.items():
+            end = _end_of(record.get("ended_at"), record.get("created_at"))
+            if record["state"] in states and end < seconds:
+                found.append(task_id)
+        return found
+
     def state_of(self, task_id: str) -> str:
         record = self._records.get(task_id)
         return self._tasks[task_id].state.value if record is None else str(record["state"])
@@ -168,6 +197,10 @@ class _Settled:
         for task_id in late:
             self.get(task_id)
         return [task for task in self._tasks.values() if task.updated_seq > seq]
+
+
+def _end_of(ended_at: float | None, created_at: float | None) -> float:
+    return float(ended_at if ended_at is not None else created_at or 0.0)
 
 
 # A state, several (any of them), or None (every state).
@@ -185,6 +218,10 @@ class Table:
         # before this index existed), rebuilt from every task when first needed.
         self._unsafe_keys: dict[str, str] | None = {}
         self._quarantined: dict[str, Task] = {}  # complete even when settled not loaded
+        # Ids ``ferry gc`` forgot (FORGOTTEN) that the archives may still hold, with the
+        # seq that forgot each: history loaded later leaves them out. Kept in snapshots
+        # until a compaction rewrote the archives without them (``forget_done``).
+        self._forgotten: dict[str, int] = {}
         self._queue: list[tuple[int, str]] = []  # heap of (queue_seq, id); lazy deletion
         self._load_settled = load_settled
         self._settled_id_max = ""  # the greatest id of any settled task, loaded or not
@@ -287,6 +324,33 @@ class Table:
         """The id of ``key``'s latest task if it ended unsafe and nobody resolved it."""
         return self._unsafe_index().get(key)
 
+    def settled_before(self, seconds: float, states: Iterable[str]) -> list[Task]:
+        """The settled tasks in ``states`` that ended before ``seconds`` (Unix time), in
+        submission order: what ``ferry gc`` may forget (loads history, decodes only
+        those)."""
+        self._ensure_settled()
+        wanted = frozenset(states) & _SETTLED_VALUES
+        ids = sorted(self._settled.ended_before(seconds, wanted), key=self._submit_seq)
+        return [self._settled[task_id] for task_id in ids]
+
+    @property
+    def forgotten_pending(self) -> bool:
+        """Tasks were forgotten whose records the archives may still hold: the next
+        compaction rewrites the archives without them."""
+        return bool(self._forgotten)
+
+    def forgotten_ids(self, upto_seq: int | None = None) -> list[str]:
+        """The ids forgotten (up to ``upto_seq``) that the table still remembers."""
+        return sorted(i for i, at in self._forgotten.items() if upto_seq is None or at <= upto_seq)
+
+    def forget_done(self, seq: int) -> None:
+        """A compaction at ``seq`` wrote every settled task this table held then into new
+        archives (the forgotten ones left out): the ids forgotten up to ``seq`` need not
+        be remembered any more. Only once its history is loaded (a lazy load would
+        bring them back)."""
+        if self._load_settled is None:
+            self._forgotten = {i: at for i, at in self._forgotten.items() if at > seq}
+
     def quarantined(self) -> list[Task]:
         """FAILED ``QUARANTINED_ORPHAN_ALIVE`` tasks, in id order (no history load)."""
         return [self._quarantined[i] for i in sorted(self._quarantined)]
@@ -328,6 +392,7 @@ class Table:
         """Validate events meant to be appended together, each against the table as the
         earlier ones of the batch would leave it (e.g. SUBMITTED then CLAIMED)."""
         overlay: dict[str, Task] = {}
+        gone: set[str] = set()  # forgotten by an earlier event of the batch
         for index, (record_type, data) in enumerate(batch):
             event = decode(record_type, data)
             if event is None:
@@ -336,7 +401,14 @@ class Table:
                 )
             if isinstance(event, ev.LeaseAcquired | ev.LeaseReleased):
                 continue
-            task = overlay.get(event.task) or self._find(event)
+            task = None if event.task in gone else overlay.get(event.task) or self._find(event)
+            if isinstance(event, ev.Forgotten):
+                check_event(task, event)
+                assert task is not None
+                self._check_forget(task)
+                gone.add(task.id)
+                overlay.pop(task.id, None)
+                continue
             check_event(task, event)
             check_write(task, event)
             key = _key_of(event, task)
@@ -351,6 +423,17 @@ class Table:
                     raise error
             overlay[event.task] = fold_event(task, event, -(index + 1), 0.0)
 
+    def _check_forget(self, task: Task) -> None:
+        """A key's latest task that ended unsafe is kept: its operator must still retry
+        or resolve it, and forgetting it would free the key (``ferry.core.fold``)."""
+        key = task.spec.key
+        if key is not None and self._unsafe_index().get(key) == task.id:
+            raise KeyUnsafeError(
+                f"task {task.id} is the latest task of key {key!r} and ended in a way that"
+                f" may have changed things: 'ferry retry' or 'ferry resolve' it first",
+                details={"key": key, "task": task.id},
+            )
+
     def apply(self, record_type: str, data: Mapping[str, Any], seq: int, ts: float) -> None:
         """Fold one journaled record. Records at or below ``last_seq`` are already in.
 
@@ -363,6 +446,16 @@ class Table:
             event = decode(record_type, data)
         except FerryError as error:
             self._skip(seq, record_type, data, error)
+            return
+        if isinstance(event, ev.Forgotten):
+            self.last_seq = seq
+            if event.task in self._live:
+                refusal = IllegalTransitionError(
+                    f"task {event.task} is {self._live[event.task].state}: not forgotten"
+                )
+                self._skip(seq, record_type, data, refusal)
+                return
+            self._forget(event.task, seq)  # (no history loaded for it: see _forget)
             return
         old: Task | None = None
         if event is not None and not isinstance(event, ev.LeaseAcquired | ev.LeaseReleased):
@@ -383,11 +476,33 @@ class Table:
             if isinstance(event, ev.Submitted):
                 self.submitted += 1
                 new = replace(new, number=self.submitted)
+                self._forgotten.pop(new.id, None)  # (an id used again: never in practice)
             self._put(old, new)
             if new.spec.key is not None:
                 self._index_outcome(new.spec.key, old, new)
         except FerryError as error:
             self._skip(seq, record_type, data, error)
+
+    def _forget(self, task_id: str, seq: int) -> None:
+        """The task leaves the table and its indexes, but for the succeeded-key index (a
+        tombstone: the key stays succeeded). Its id is remembered until the archives no
+        longer hold it, so that history loaded later leaves it out: a replay never
+        loads history to apply a FORGOTTEN (the record was checked when written)."""
+        self._forgotten[task_id] = seq
+        found = self._settled.key_and_number(task_id)
+        if found is None:
+            return  # in history not loaded yet (or never known): left out when loaded
+        key, number = found
+        self._settled.pop(task_id)
+        self._quarantined.pop(task_id, None)
+        if number and self._numbers.get(number) == task_id:
+            del self._numbers[number]
+        if key is not None:
+            ids = self._keys.get(key, [])
+            if task_id in ids:
+                ids.remove(task_id)
+            if self._unsafe_keys is not None and self._unsafe_keys.get(key) == task_id:
+                del self._unsafe_keys[key]  # (a journal whose writer broke the rule)
 
     def _skip(self, seq: int, record_type: str, data: Any, error: FerryError) -> None:
         """Record ``seq`` is illegal or malformed: skipped, listed as an anomaly."""
@@ -428,6 +543,7 @@ class Table:
             "quarantined": [task_to_record(t) for t in self.quarantined()],
             "settled_id_max": self._settled_id_max,
             "submitted": self.submitted,
+            **({"forgotten": sorted(self._forgotten)} if self._forgotten else {}),
         }
 
     def settled_since(self, seq: int) -> list[dict[str, Any]]:
@@ -453,6 +569,7 @@ class Table:
         table._succeeded_keys = dict(data.get("succeeded_keys", {}))
         table._settled_id_max = str(data.get("settled_id_max", ""))
         table.submitted = int(data.get("submitted", 0))
+        table._forgotten = dict.fromkeys(data.get("forgotten", ()), table.last_seq)
         for record in data["live"]:
             table._put(None, task_from_record(record))
         for record in data.get("quarantined", ()):  # settled, but needed without history
@@ -497,12 +614,15 @@ class Table:
         (``_Settled``); this indexes it from the record's own fields."""
         for record in records:
             task_id = record["id"]
-            if task_id in self._live:
-                continue  # retried since it was archived: the live version is newer
+            if task_id in self._live or task_id in self._forgotten:
+                continue  # retried since it was archived (newer), or forgotten since
             known = self._settled.updated_seq(task_id)
             if known is not None and int(record.get("updated_seq", 0)) <= known:
                 continue  # archived twice: the newer wins
             state, key = record["state"], record["spec"].get("key")
+            outcome = key_outcome(state, record.get("reason"), record.get("evidence") or {})
+            if outcome == "succeeded" and key is not None:
+                self._succeeded_keys[key] = task_id
             if state not in _SETTLED_VALUES or record.get("reason") == _QUARANTINED:
                 # Not terminal, or quarantined (kept as a Task in its own index): decoded
                 # now, and indexed by _put.
@@ -517,9 +637,6 @@ class Table:
             self._quarantined.pop(task_id, None)
             self._settled.add_record(record)
             self._settled_id_max = max(self._settled_id_max, task_id)
-            outcome = key_outcome(state, record.get("reason"), record.get("evidence") or {})
-            if outcome == "succeeded" and key is not None:
-                self._succeeded_keys[key] = task_id
 
     def _put(self, old: Task | None, new: Task) -> None:
         if old is None and new.spec.key is not None:

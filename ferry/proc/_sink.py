@@ -28,6 +28,7 @@ from collections import deque
 from collections.abc import Callable
 
 from ferry.proc import _splice
+from ferry.proc._logcap import LogCap
 
 ECHO_BACKLOG_BYTES = 4 << 20
 ECHO_PIPE_BYTES = 1 << 20
@@ -74,8 +75,11 @@ def _is_pipe(fd: int) -> bool:
 class Sink:
     """Where one child stream goes. ``write`` never blocks on a piped passthrough."""
 
-    def __init__(self, log_fd: int, echo_fd: int | None) -> None:
+    def __init__(self, log_fd: int, echo_fd: int | None, cap: LogCap | None = None) -> None:
         self.log_fd = log_fd
+        # --log-max: the log keeps the stream's head and tail (ferry.proc._logcap). The
+        # zero-copy path is not used then: it would splice every byte into the log.
+        self.cap = cap
         self.echo_fd = echo_fd
         self.bytes_total = 0
         self.log_error: str | None = None
@@ -84,7 +88,7 @@ class Sink:
         self._backlog: deque[bytes] = deque()
         self._head_done = 0  # bytes of _backlog[0] already written
         self._nowait = bool(_RWF_NOWAIT) and echo_fd is not None and _is_pipe(echo_fd)
-        self._zero_copy = self._nowait and _splice.available()
+        self._zero_copy = self._nowait and _splice.available() and cap is None
         self._log_unappended = False
         self._writeback_at = _splice.WRITEBACK_EVERY_BYTES
         # Called before each chunk is logged (the order index: ferry.proc.logorder).
@@ -158,8 +162,11 @@ class Sink:
         self.bytes_total += len(data)
         if self.log_error is None:
             try:
-                write_all(self.log_fd, data)
-                self._maybe_writeback()
+                if self.cap is None:
+                    write_all(self.log_fd, data)
+                    self._maybe_writeback()
+                else:
+                    self.cap.write(data)
             except OSError as e:
                 # ENOSPC/EIO on the log: keep the task running and the pipe drained (a
                 # full pipe would block the task), report the lost evidence instead.
@@ -241,6 +248,11 @@ class Sink:
         fsyncs here (each costs milliseconds).
         """
         try:
+            if self.cap is not None and self.log_error is None:
+                try:
+                    self.cap.finish()
+                except OSError as e:
+                    self.log_error = f"dropping the middle of the log failed: {e}"
             if self.log_error is None and self.bytes_total > 0:
                 try:
                     _sync_data(self.log_fd)

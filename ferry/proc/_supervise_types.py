@@ -35,6 +35,9 @@ class SuperviseSpec:
     # The task's stdout and stderr are one pseudo-terminal held by the supervisor (its
     # output is logged, and passed through, as stdout); stdin stays as given.
     pty: bool = False
+    # Each stream's log keeps its first and last log_max_bytes/2 (ferry.proc._logcap);
+    # None: every byte.
+    log_max_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -57,3 +60,5 @@ class Outcome:
     drain_timed_out: bool = False  # pipes still open the drain bound after the group died
     group_survived: bool = False  # a member outlived SIGKILL and the wait after it
     passthrough_error: str | None = None  # why (part of) a stream was not passed through
+    # With log_max_bytes: the bytes of (stdout, stderr) not kept in their logs.
+    log_dropped: tuple[int, int] | None = None

@@ -51,6 +51,10 @@ Choices where the brief is silent (the contract of this module):
   created 0600; the heartbeat file too. With ``order_log``, the order of the two
   streams is recorded beside them (:mod:`ferry.proc.logorder`: an entry at each switch
   between the streams, before the chunk that switches is logged), and synced with them.
+* A cap. With ``log_max_bytes`` each log keeps the stream's first and last
+  ``log_max_bytes/2`` (:mod:`ferry.proc._logcap`: the middle becomes a hole in the
+  file, so a crash at any point leaves the head and the latest bytes); the passthrough
+  still gets every byte; ``Outcome.log_dropped`` says how many were not kept.
 * A terminal. With ``pty`` the task's stdout and stderr are one pseudo-terminal, whose
   master this process reads as the task's stdout (the stderr log stays empty); its
   EIO, once no process holds the terminal, is the end of the stream.
@@ -83,6 +87,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
+from ferry.proc._logcap import LogCap
 from ferry.proc._outputs import (
     SignalTrap,
     create_private,
@@ -161,6 +166,9 @@ def supervise(
             0 if new else os.fstat(fd).st_size for fd, new in zip(log_fds, created, strict=True)
         ]
         create_private(spec.heartbeat_path)
+        caps: list[LogCap | None] = [None, None]
+        if spec.log_max_bytes is not None:
+            caps = [LogCap(fd, spec.log_max_bytes) for fd in log_fds]
     except OSError as e:
         for fd in log_fds:
             os.close(fd)
@@ -172,8 +180,9 @@ def supervise(
             spec.stdout_echo_fd
             if spec.passthrough and descriptor_open(spec.stdout_echo_fd)
             else None,
+            caps[0],
         ),
-        Sink(log_fds[1], 2 if spec.passthrough and descriptor_open(2) else None),
+        Sink(log_fds[1], 2 if spec.passthrough and descriptor_open(2) else None, caps[1]),
     ]
     log_error: str | None = None
     spawned = False
@@ -232,6 +241,10 @@ def supervise(
     if directories and spec.log_dir_new:
         directories.add(spec.stdout_log.parent.parent)
     log_error = log_error or fsync_dirs(directories)
+    if spec.log_max_bytes is not None:
+        dropped = tuple(0 if cap is None else cap.dropped for cap in caps)
+        outcome = replace(outcome, log_dropped=(dropped[0], dropped[1]))
+        log_error = log_error or next((cap.error for cap in caps if cap and cap.error), None)
     if log_error is not None:
         outcome = replace(outcome, log_error=log_error)
     return outcome

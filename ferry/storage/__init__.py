@@ -32,7 +32,7 @@ decides only its own tasks.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -106,7 +106,25 @@ class TaskStore(Protocol):
         ...
 
     def succeeded_with_key(self, key: str) -> str | None:
-        """The task that SUCCEEDED (or was resolved as succeeded) with ``key``, if any."""
+        """The task that SUCCEEDED (or was resolved as succeeded) with ``key``, if any
+        (a task ``ferry gc`` forgot since included: the key stays succeeded)."""
+        ...
+
+    def settled_before(self, seconds: float, states: Iterable[str]) -> list[Task]:
+        """The settled tasks in ``states`` that ended before ``seconds`` (Unix time), in
+        submission order: what ``ferry gc`` may forget."""
+        ...
+
+    def forgotten_here(self) -> list[str]:
+        """Tasks ``ferry gc`` forgot whose files (logs, heartbeat files) on this host may
+        still be there: a gc killed between its write and their removal, or, on a shared
+        database, a task this host ran that another host's gc forgot."""
+        ...
+
+    def files_removed(self, task_ids: Iterable[str]) -> None:
+        """The files of these forgotten tasks are gone from this host: not listed by
+        ``forgotten_here`` any more (the local journal: the next compaction forgets
+        them, having removed them itself)."""
         ...
 
     @property

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from ferry.core import events as ev
@@ -100,6 +100,18 @@ class MemoryStore:
     def succeeded_with_key(self, key: str) -> str | None:
         with self._lock:
             return self.table.succeeded_with_key(key)
+
+    def settled_before(self, seconds: float, states: Iterable[str]) -> list[Task]:
+        with self._lock:
+            return self.table.settled_before(seconds, states)
+
+    def forgotten_here(self) -> list[str]:
+        with self._lock:
+            return self.table.forgotten_ids()
+
+    def files_removed(self, task_ids: Iterable[str]) -> None:
+        """Nothing to record: the compaction that drops the ids removes their files
+        first (``_compact_locked``)."""
 
     @property
     def highest_epoch(self) -> int:

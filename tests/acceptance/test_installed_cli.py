@@ -171,3 +171,33 @@ def test_exit_status_and_logs_through_the_installed_command(
     missing = installed.run([ferry, "run", "--", "ferry-no-such-command"], home, tmp_path)
     assert missing.returncode == 127
     assert missing.stderr.startswith("ferry: error[spawn.not_found]")
+
+
+def test_gc_and_log_max_through_the_installed_command(
+    installed: Installed, home: Path, tmp_path: Path
+) -> None:
+    """Issue 18: a task's log capped with --log-max (the passthrough whole, about the cap
+    on disk, the evidence), then ``ferry gc`` forgets it and frees its log."""
+    ferry = str(installed.ferry)
+    writer = "head -c 3000000 /dev/zero | tr '\\0' a"
+    run = installed.run([ferry, "run", "--log-max", "64K", "--shell", "--", writer], home, tmp_path)
+    assert run.returncode == 0 and run.stdout == "a" * 3_000_000, run.stderr
+    shown = installed.run([ferry, "--json", "show", "last"], home, tmp_path)
+    assert '"log_dropped_bytes":{"stderr":0,"stdout":' in shown.stdout
+    task_id = shown.stdout.split('"id":"', 1)[1][:16]
+    log = home / "logs" / task_id / "1.stdout"
+    assert log.stat().st_blocks * 512 <= (64 << 10) + 8192
+    logs = installed.run([ferry, "logs", "last"], home, tmp_path)
+    assert logs.stdout.startswith("a" * 32768) and "not kept here (--log-max)" in logs.stderr
+
+    plan = installed.run([ferry, "gc", "--older-than", "0s", "--dry-run"], home, tmp_path)
+    assert plan.returncode == 0 and plan.stdout.startswith("would forget 1 task (1 SUCCEEDED)")
+    assert log.exists()
+    done = installed.run([ferry, "gc", "--older-than", "0s"], home, tmp_path)
+    assert done.returncode == 0 and done.stdout.startswith("forgot 1 task (1 SUCCEEDED)")
+    assert not log.parent.exists()
+    assert installed.run([ferry, "ls"], home, tmp_path).stdout == ""
+    verify = installed.run([ferry, "journal", "verify"], home, tmp_path)
+    assert verify.returncode == 0, verify.stdout
+    bad = installed.run([ferry, "gc", "--older-than", "a week"], home, tmp_path)
+    assert bad.returncode == 2 and bad.stderr.startswith("ferry: error[usage.bad_duration]")

@@ -48,6 +48,8 @@ PLAIN_LINES = [
     ["run", "--pointer", "README.md", "--", "cat", "README.md"],
     ["run", "--", "-weird-program", "--", "--x"],
     ["run", "--pty", "--name", "t", "--", "pytest", "-q"],
+    ["run", "--log-max", "1M", "--key", "k", "--", "make", "test"],
+    ["run", "--log-max=64K", "--", "make"],
 ]  # fmt: skip
 
 
@@ -88,10 +90,10 @@ GLOBAL = ["--home", "/nonexistent/h", "--home=/", "--home=", "/etc/hostname", "-
           "-q", "--verbose", "--quiet", "--version", "-h", "run", "--", "x"]  # fmt: skip
 OPTION_NAMES = ["--name", "--key", "--cwd", "--timeout", "--kill-grace", "--heartbeat",
                 "--max-releases", "--env", "--pointer", "--patch-file", "--idempotent",
-                "--shell", "--pty", "--help", "-h", "--bogus", "-x", "--json"]  # fmt: skip
+                "--shell", "--pty", "--log-max", "--help", "-h", "--bogus", "-x", "--json"]  # fmt: skip
 VALUES = ["", "0", "1", "1.5", "1.", ".5", "-1", "1e3", "inf", "nan", "1000", "1001",
           "1000000000", "1000000001", "abc", "K=V", "=x", "-x", "--", "1_0", " 2", "0.0",
-          "٣", "1.٣", "-", "true"]  # fmt: skip
+          "٣", "1.٣", "-", "true", "64K", "1M"]  # fmt: skip
 OPTION = st.one_of(
     st.sampled_from(OPTION_NAMES).map(lambda name: [name]),
     st.tuples(st.sampled_from(OPTION_NAMES), st.sampled_from(VALUES)).map(list),

@@ -37,6 +37,7 @@ SAMPLES: list[ev.Event] = [
     ev.OrphanSignalled(T, 1, 100, 100, 12345.5, 15, "tok"),
     ev.OrphanSignalled(T, 1, None, None, None, 9),  # known only by its marker
     ev.LateResult(T, 1, {"token": "tok", "state": "SUCCEEDED", "exit_code": 0, "host": "h1"}),
+    ev.Forgotten(T, 2),
     ev.LeaseAcquired(3, RUNNER),
     ev.LeaseReleased(3, RUNNER),
 ]

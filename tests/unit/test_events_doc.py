@@ -24,6 +24,7 @@ ONE_OF_EACH: list[ev.Event] = [
     ev.Retried("t", 2),
     ev.Resolved("t", 1, "failed"),
     ev.OrphanSignalled("t", 1, 1, 1, 1.0, 9),
+    ev.Forgotten("t", 1),
     ev.LeaseAcquired(1, {}),
     ev.LeaseReleased(1, {}),
 ]

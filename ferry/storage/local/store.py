@@ -355,6 +355,18 @@ class Store:
         with self.lock:
             return self.table.succeeded_with_key(key)
 
+    def settled_before(self, seconds: float, states: Iterable[str]) -> list[Task]:
+        with self.lock:
+            return self.table.settled_before(seconds, states)
+
+    def forgotten_here(self) -> list[str]:
+        with self.lock:
+            return self.table.forgotten_ids()
+
+    def files_removed(self, task_ids: Iterable[str]) -> None:
+        """Nothing to record: the compaction that drops the ids removes their files
+        first (``_compact_locked``)."""
+
     @property
     def highest_epoch(self) -> int:
         return self.wal.max_epoch
@@ -402,15 +414,27 @@ class Store:
                 data = self.table.live_snapshot()
                 seq = self.table.last_seq
                 delta = newly_settled = self.table.settled_since(prev_seq)
-                if len(archives) >= ARCHIVES_MAX:
+                # Tasks forgotten (ferry gc) may be in the archives: they are rewritten
+                # without them, as a merge does, so that the snapshot need not name them.
+                merge = len(archives) >= ARCHIVES_MAX or self.table.forgotten_pending
+                forgotten: list[str] = []
+                if merge:
                     delta, archives = self.table.to_snapshot()["settled"], []
+                    data.pop("forgotten", None)
+                    forgotten = self.table.forgotten_ids(seq)
             if delta:
                 archives.append(_write_archive(directory, seq, delta))
             data["settled_archives"] = archives
+            # The snapshot about to drop the forgotten ids is the last place that names
+            # them: their files go first (a gc killed before it removed them).
+            _remove_task_files(self.home, forgotten)
             failpoint("before:snapshot_write")
             self.wal.write_snapshot(seq, orjson.dumps(data))
             failpoint("after:snapshot_write")
             self.snapshot_seq = seq
+            if merge:
+                with self.lock:
+                    self.table.forget_done(seq)
             removed = self.wal.compact()
             if previous is not None:
                 keep = {a["name"] for a in archives}
@@ -643,6 +667,29 @@ def _prune_heartbeats(home: Path, settled: list[dict[str, Any]]) -> None:
                     os.unlink(alivelock.alive_name(record["id"], attempt), dir_fd=directory)
     finally:
         os.close(directory)
+
+
+def _remove_task_files(home: Path, task_ids: Sequence[str]) -> None:
+    """Remove the log directory and heartbeat files of tasks ``ferry gc`` forgot (gone
+    already, as a rule: gc removes them right after its write). Never through a
+    symlink: ``shutil.rmtree`` works by descriptors, and a link itself is unlinked."""
+    if not task_ids:
+        return
+    import shutil
+
+    wanted = set(task_ids)
+    for task_id in task_ids:
+        path = home / "logs" / task_id
+        with contextlib.suppress(FileNotFoundError):
+            if path.is_symlink() or not path.is_dir():
+                path.unlink()
+            else:
+                shutil.rmtree(path)
+    with contextlib.suppress(FileNotFoundError):
+        for entry in os.scandir(home / alivelock.DIRECTORY):
+            if entry.name.partition(".")[0] in wanted:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
 
 
 def _prune_archives(directory: Path, keep: set[str]) -> None:

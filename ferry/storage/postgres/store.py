@@ -50,6 +50,9 @@ if TYPE_CHECKING:
 
 _CLAIMED = ev.EventType.CLAIMED.value
 _SUBMITTED = ev.EventType.SUBMITTED.value
+_FORGOTTEN = ev.EventType.FORGOTTEN.value
+_TOMBSTONE = "key_succeeded:"  # ferry_meta's key for a key whose task gc forgot
+_FILES = "gc_files:"  # ferry_meta: gc_files:<host>:<id>, a forgotten task's files on host
 _IN_FLIGHT = [state.value for state in IN_FLIGHT_STATES]
 _TERMINAL = {State.SUCCEEDED.value, State.FAILED.value, State.CANCELLED.value}
 _COLUMNS = "body"
@@ -92,6 +95,9 @@ class PgStore:
 
     def commit(self, *events: ev.Event | EncodedEvent, epoch: int = 0) -> list[Any]:
         batch = [self._stamped(e if isinstance(e, tuple) else e.encode()) for e in events]
+        if batch and all(kind == _FORGOTTEN for kind, _ in batch):
+            self._forget(batch)
+            return []
         ids = sorted({str(data["task"]) for _, data in batch if "task" in data})
         new_ids = {str(data["task"]) for kind, data in batch if kind == _SUBMITTED}
         claims = {str(data["task"]) for kind, data in batch if kind == _CLAIMED} - new_ids
@@ -112,11 +118,7 @@ class PgStore:
                     code="task.stale_claim",
                     details={"task": sorted(taken)[0]},
                 )
-            keys = self._keys_of(batch, rows)
-            for key in keys:
-                conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (key,))
-            keyed = self._with_keys(conn, keys) if keys else {}
-            table = _table({**keyed, **rows})
+            table = self._locked_table(conn, batch, rows)
             table.validate_batch(batch)
             ts = time.time()  # (one for the batch: its records commit together)
             seqs = self._insert_events(conn, batch, epoch, ts)
@@ -135,6 +137,60 @@ class PgStore:
         for record_type, _ in batch:
             failpoint("after:" + record_type)
         return records
+
+    def _locked_table(
+        self, conn: Any, batch: Sequence[EncodedEvent], rows: Mapping[str, Any]
+    ) -> Table:
+        """The locked ``rows``, every task with a key the batch touches (each key's
+        writers serialised by an advisory lock), and those keys' tombstones, as a table
+        the batch is checked against."""
+        keys = self._keys_of(batch, rows)
+        for key in keys:
+            conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (key,))
+        keyed = self._with_keys(conn, keys) if keys else {}
+        return _table({**keyed, **rows}, self._tombstones(conn, keys))
+
+    def _forget(self, batch: Sequence[EncodedEvent]) -> None:
+        """``ferry gc``: the tasks' rows and events deleted in one transaction, on the rows
+        locked and checked by the same rules as the journal's FORGOTTEN (settled, at the
+        attempt gc read, not an unsafe key's latest task). A key that SUCCEEDED with one
+        of them keeps a tombstone (``ferry_meta``: ``key_succeeded:<key>``), so that it
+        stays succeeded; the host that ran it gets a note (``gc_files:<host>:<id>``),
+        until its gc has removed the task's files there (``forgotten_here``). Nothing
+        else of the task is left: the database has no history to compact."""
+        ids = sorted({str(data["task"]) for _, data in batch})
+        with self.db.transaction() as conn:
+            rows = self._lock_tasks(conn, ids, skip_locked=False)
+            table = self._locked_table(conn, batch, rows)
+            table.validate_batch(batch)
+            notes = {}
+            for task_id in ids:
+                key = rows[task_id]["spec"].get("key")
+                if key is not None and table.succeeded_with_key(key) == task_id:
+                    notes[_TOMBSTONE + key] = task_id
+                host = (rows[task_id].get("runner") or {}).get("host_id")
+                if host is not None:  # (its files are on that host: for its gc to remove)
+                    notes[f"{_FILES}{host}:{task_id}"] = ""
+            if notes:
+                conn.execute(
+                    "INSERT INTO ferry_meta (key, value) SELECT * FROM jsonb_each_text(%s)"
+                    " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                    (_json(notes),),
+                )
+            conn.execute("DELETE FROM ferry_events WHERE task = ANY(%s)", (ids,))
+            conn.execute("DELETE FROM ferry_tasks WHERE id = ANY(%s)", (ids,))
+            failpoint("before:" + _FORGOTTEN)  # (inside the transaction: a crash commits nothing)
+        failpoint("after:" + _FORGOTTEN)
+
+    def _tombstones(self, conn: Any, keys: Sequence[str]) -> dict[str, str]:
+        """Key -> the task, forgotten since, that SUCCEEDED with it."""
+        if not keys:
+            return {}
+        rows = conn.execute(
+            "SELECT key, value FROM ferry_meta WHERE key = ANY(%s)",
+            ([_TOMBSTONE + key for key in keys],),
+        ).fetchall()
+        return {row[0][len(_TOMBSTONE) :]: row[1] for row in rows}
 
     def _task_numbers(self, conn: Any, batch: Sequence[EncodedEvent]) -> list[int]:
         """A number for each task the batch submits, in batch order (one sequence for
@@ -339,7 +395,34 @@ class PgStore:
 
     def succeeded_with_key(self, key: str) -> str | None:
         rows = self.db.execute("SELECT id, body FROM ferry_tasks WHERE key = %s", (key,))
-        return _table({row[0]: row[1] for row in rows.fetchall()}).succeeded_with_key(key)
+        found = _table({row[0]: row[1] for row in rows.fetchall()}).succeeded_with_key(key)
+        if found is None:  # (its task forgotten by gc: the tombstone says so)
+            return self._tombstones(self.db, [key]).get(key)
+        return found
+
+    def settled_before(self, seconds: float, states: Iterable[str]) -> list[Task]:
+        """Settled tasks in ``states`` whose end (their creation, without one) is before
+        ``seconds``; every host's (their rows are shared; their logs are each host's)."""
+        wanted = sorted(set(states) & _TERMINAL)
+        return self._tasks(
+            "SELECT body FROM ferry_tasks WHERE state = ANY(%s) AND coalesce((body->>'ended_at')"
+            "::float8, (body->>'created_at')::float8, 0) < %s ORDER BY submit_seq, id",
+            (wanted, seconds),
+        )
+
+    def forgotten_here(self) -> list[str]:
+        """The tasks this host ran that gc forgot and whose files this host has not
+        removed yet (``_forget`` notes each, in its transaction)."""
+        prefix = f"{_FILES}{self.host}:"
+        rows = self.db.execute(
+            "SELECT key FROM ferry_meta WHERE starts_with(key, %s) ORDER BY key", (prefix,)
+        ).fetchall()
+        return [row[0][len(prefix) :] for row in rows]
+
+    def files_removed(self, task_ids: Iterable[str]) -> None:
+        keys = [f"{_FILES}{self.host}:{task_id}" for task_id in task_ids]
+        if keys:
+            self.db.execute("DELETE FROM ferry_meta WHERE key = ANY(%s)", (keys,))
 
     @property
     def highest_epoch(self) -> int:
@@ -404,8 +487,9 @@ class PgStore:
         }
 
 
-def _table(bodies: Mapping[str, Any]) -> Table:
-    """The rows, folded into a table the fold rules can check a batch against."""
+def _table(bodies: Mapping[str, Any], tombstones: Mapping[str, str] | None = None) -> Table:
+    """The rows (and the keys whose task SUCCEEDED and was forgotten since), folded into
+    a table the fold rules can check a batch against."""
     live: list[Any] = []
     settled: list[Any] = []
     for body in bodies.values():
@@ -417,6 +501,7 @@ def _table(bodies: Mapping[str, Any]) -> Table:
             "live": live,
             "settled": settled,
             "unsafe_keys": None,
+            "succeeded_keys": dict(tombstones or {}),
         }
     )
 
