@@ -26,9 +26,12 @@ import select
 import stat
 from collections import deque
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ferry.proc import _splice
-from ferry.proc._logcap import LogCap
+
+if TYPE_CHECKING:  # loaded by the supervisor only for --log-max
+    from ferry.proc._logcap import LogCap
 
 ECHO_BACKLOG_BYTES = 4 << 20
 ECHO_PIPE_BYTES = 1 << 20

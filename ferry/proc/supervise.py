@@ -86,8 +86,8 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
-from ferry.proc._logcap import LogCap
 from ferry.proc._outputs import (
     SignalTrap,
     create_private,
@@ -100,6 +100,9 @@ from ferry.proc._spawn import SpawnFailed, kill_unsupervised, spawn
 from ferry.proc._supervise_types import Outcome, SuperviseSpec
 from ferry.proc._taskloop import DRAIN_TIMEOUT_S, SIGKILL_WAIT_S, Control, TaskLoop
 from ferry.proc.logorder import OrderWriter
+
+if TYPE_CHECKING:  # loaded only for --log-max
+    from ferry.proc._logcap import LogCap
 
 __all__ = [
     "DRAIN_TIMEOUT_S",
@@ -168,6 +171,8 @@ def supervise(
         create_private(spec.heartbeat_path)
         caps: list[LogCap | None] = [None, None]
         if spec.log_max_bytes is not None:
+            from ferry.proc._logcap import LogCap  # only a capped log needs it
+
             caps = [LogCap(fd, spec.log_max_bytes) for fd in log_fds]
     except OSError as e:
         for fd in log_fds:
