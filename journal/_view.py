@@ -192,9 +192,9 @@ def readable(directory: Path, accept: Accept | None = None) -> View:
         damage: CorruptionError | None,
         torn: TornTail | None = None,
     ) -> View:
-        if damage is not None and damage.offset is None and full.corruption is not None:
-            if full.corruption.seq == damage.seq:
-                damage = full.corruption  # (the same damage, said with its offset)
+        known = full.corruption
+        if damage is not None and damage.offset is None and known and known.seq == damage.seq:
+            damage = known  # (the same damage, said with its offset)
         return View(base, base_path, epoch_max, first_on_disk, last, max(epoch_max, top),
                     tuple(pieces), damage, covered, torn, tuple(skipped), tuple(unusable),
                     highest)  # fmt: skip
