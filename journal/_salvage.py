@@ -52,6 +52,7 @@ class SalvageReport(NamedTuple):
     damage: CorruptionError | None  # the damage that ends what was kept (None: none did)
     lost_seqs: int  # records of the damaged journal not kept (readable or not)
     lost_records: tuple[Record, ...]  # those of them still readable, in seq order
+    guessed: tuple[int, ...]  # seqs among them read from a damaged line (unchecked)
     aside: Path | None  # where the damaged journal is now (None: a dry run)
     finished: tuple[str, ...]  # an interrupted salvage's leftovers, dealt with
 
@@ -100,7 +101,7 @@ def salvage(
         finished = finish_interrupted(directory)
         report = _plan(directory, accept, finished)
         if report is None:
-            return SalvageReport(readable(directory), None, 0, (), None, finished)
+            return SalvageReport(readable(directory), None, 0, (), (), None, finished)
         aside = aside_name(directory, stamp)
         build = build_name(directory, stamp)
         if {aside.name, build.name} & set(_fsutil.listdir(directory.parent)):
@@ -143,11 +144,41 @@ def _plan(
     for record in lenient_records(directory):
         if record.seq > view.last_seq:
             lost.setdefault(record.seq, record)
+    guess = None if view.damage is None else _guess(view.damage)
+    guessed: tuple[int, ...] = ()
+    if guess is not None and guess.seq > view.last_seq and guess.seq not in lost:
+        lost[guess.seq], guessed = guess, (guess.seq,)
     records = tuple(lost[seq] for seq in sorted(lost))
     # (The damaged line itself held a record, readable or not: it counts.)
     damaged_seq = 0 if view.damage is None else view.damage.seq or 0
     lost_seqs = max(0, max(view.highest_seq, damaged_seq) - view.last_seq)
-    return SalvageReport(view, view.damage, lost_seqs, records, None, finished)
+    return SalvageReport(view, view.damage, lost_seqs, records, guessed, None, finished)
+
+
+def _guess(damage: CorruptionError) -> Record | None:
+    """What the damaged line itself probably said, if it still parses (a flipped bit
+    in a value, say): for the report only, never for the new journal."""
+    if damage.segment is None or damage.offset is None:
+        return None
+    try:
+        fd = _fsutil.open_read(damage.segment)
+    except OSError:
+        return None
+    try:
+        line = _fsutil.pread(fd, 1 << 20, damage.offset).split(b"\n", 1)[0]
+    finally:
+        _fsutil.close(fd)
+    try:
+        obj = orjson.loads(line)
+        seq, epoch, ts = obj["seq"], obj.get("epoch", 0), obj.get("ts", 0.0)
+        kind, data = obj["type"], obj["data"]
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
+    if not (type(seq) is int and type(epoch) is int and isinstance(ts, int | float)):
+        return None
+    if not (isinstance(kind, str) and isinstance(data, dict)):
+        return None
+    return Record(seq, epoch, float(ts), kind, data)
 
 
 def _hold_segments(directory: Path) -> list[int]:

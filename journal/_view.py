@@ -62,7 +62,9 @@ class View(NamedTuple):
     covered: CorruptionError | None  # damage in records the base covers
     torn: TornTail | None  # a torn tail ends it (not damage: an append in progress)
     skipped: tuple[tuple[Path, str], ...]  # damaged snapshots passed over, and why
-    unusable: tuple[tuple[Path, str], ...]  # sound ones passed over (damage), and why
+    # Sound ones passed over (damage): (path, why, "beyond" the records or "rejected"
+    # by ``accept``).
+    unusable: tuple[tuple[Path, str, str], ...]
     highest_seq: int  # the highest seq of any record line that checks, past damage too
 
     @property
@@ -135,16 +137,17 @@ def _line_of(fd: int, first_seq: int, target: int) -> int | None:
 
 
 Skips = list[tuple[Path, str]]
+Refusals = list[tuple[Path, str, str]]
 
 
 def _pick_base(
     directory: Path, first_on_disk: int, highest: int, accept: Accept | None
-) -> tuple[Snapshot | None, Path | None, int, Skips, Skips]:
+) -> tuple[Snapshot | None, Path | None, int, Skips, Refusals]:
     """The newest usable snapshot; the damaged ones skipped (a failed checksum: the
     journal has always fallen back past those), and the sound ones refused (beyond
     the records, or by ``accept``: damage)."""
     skipped: Skips = []
-    unusable: Skips = []
+    unusable: Refusals = []
     for seq, path in reversed(snapshots_in(_fsutil.listdir(directory), directory)):
         try:
             snapshot, epoch_max = load_snapshot(path, seq)
@@ -157,13 +160,13 @@ def _pick_base(
             skipped.append((path, f"the records after it (from seq {seq + 1}) are gone"))
             continue
         if seq > highest:
-            unusable.append((path, f"it is beyond the journal's last record ({highest})"))
+            unusable.append((path, f"beyond the journal's last record, {highest}", "beyond"))
             continue
         if accept is not None:
             try:
                 snapshot = Snapshot(seq, accept(snapshot))
             except SnapshotRejected as exc:
-                unusable.append((path, exc.message))
+                unusable.append((path, exc.message, "rejected"))
                 continue
         return snapshot, path, epoch_max, skipped, unusable
     return None, None, 0, skipped, unusable

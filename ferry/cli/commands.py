@@ -259,7 +259,7 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
         it settles, then a summary; with --json, the tasks' objects as one array on stdout
         at the end (on a timeout too, as they are then).
         """
-        report = ctx.service().wait(list(task_ids), timeout_s=timeout)
+        report = ctx.service(reading=True).wait(list(task_ids), timeout_s=timeout)
         if ctx.as_json:
             render.write_json([render.task_json(task) for task in report.tasks])
         if report.timed_out:
@@ -321,7 +321,7 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
         When rows are left out (--limit), a line on stderr says how many are shown.
         """
         states = sorted({s.upper() for s in state}) or None
-        tasks, total = ctx.service().ls(state=states, limit=limit)
+        tasks, total = ctx.service(reading=True, tolerant=True).ls(state=states, limit=limit)
         emit(ctx, render.table(tasks), [render.task_json(t) for t in tasks])
         if total > len(tasks) and ctx.verbosity >= 0:
             render.notice(f"{len(tasks):,} of {total:,} shown; --limit 0 for all")
@@ -332,7 +332,7 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
     @click.pass_obj
     def show(ctx: Any, task_id: str, show_env: bool) -> None:
         """Show one task, all of it, including the recovery evidence."""
-        task = ctx.service().show(task_id)
+        task = ctx.service(reading=True, tolerant=True).show(task_id)
         obj = render.task_json(task, show_env_values=show_env)
         emit(ctx, render.detail(obj), obj)
 
@@ -381,7 +381,7 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
         if merged and stream is not None:
             raise click.UsageError("give either --merged or --stream, not both")
         try:
-            succeeded = ctx.service().logs(
+            succeeded = ctx.service(reading=True, tolerant=True).logs(
                 task_id, stream=stream, tail=tail, follow=follow, attempt=attempt,
                 as_json=ctx.as_json, merged=merged,
             )  # fmt: skip
@@ -403,7 +403,7 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
     @click.pass_obj
     def lease(ctx: Any, reset: bool) -> None:
         """Show who leads: holder, epoch, since, expires."""
-        svc = ctx.service()
+        svc = ctx.service(reading=not reset, tolerant=not reset)
         if reset:
             moved = svc.lease_reset()
             text = f"moved the unreadable lease to {moved}" if moved else "the lease reads fine"
@@ -476,7 +476,7 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
 
         Also names the records every command skips (a sound line whose event is illegal).
         """
-        report = ctx.service().journal_verify()
+        report = ctx.service(reading=True).journal_verify()
         emit(ctx, render.verify_text(report), render.verify_json(report))
         if report.get("error"):  # corrupt: also the one coded error line on stderr
             from ferry.core.errors import FerryError
@@ -499,6 +499,28 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
         report = ctx.service().journal_compact()
         emit(ctx, render.compact_text(report), report)
 
+    @journal.command(
+        epilog=_example(
+            "ferry journal verify || ferry journal salvage --dry-run   # what would be lost\n"
+            "ferry journal salvage   # keep the damaged journal aside, carry on from the rest"
+        )
+    )
+    @click.option(
+        "--dry-run", is_flag=True, help="Say what it would keep and lose; change nothing."
+    )
+    @click.pass_obj
+    def salvage(ctx: Any, dry_run: bool) -> None:
+        """Operator action for a damaged journal (exit 4, journal.corrupt): move it aside.
+
+        The damaged journal is moved whole to journal.damaged-<time>/ (never deleted)
+        and a new one is written from every record before the damage (its newest usable
+        snapshot, then the records after it). Prints what was lost: the records after
+        the damage, and each task whose state is now older, or gone. Refuses a journal
+        that is only torn at its end ('ferry journal repair' cuts that) or not damaged.
+        """
+        report = ctx.service().journal_salvage(dry_run=dry_run)
+        emit(ctx, render.salvage_text(report), report)
+
     @journal.command(epilog=_example("ferry journal dump --from 1200 | jq .type"))
     @click.option(
         "--from",
@@ -511,7 +533,7 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
     @click.pass_obj
     def dump(ctx: Any, from_seq: int) -> None:
         """Print every record as JSON Lines."""
-        ctx.service().journal_dump(from_seq=from_seq)
+        ctx.service(reading=True).journal_dump(from_seq=from_seq)
 
     @cli.group(epilog=_example("ferry --database postgresql://ferry@db/ferry db init"))
     def db() -> None:
