@@ -66,6 +66,7 @@ class View(NamedTuple):
     # by ``accept``).
     unusable: tuple[tuple[Path, str, str], ...]
     highest_seq: int  # the highest seq of any record line that checks, past damage too
+    rewritten: bool = False  # ``accept`` changed the base's data (left damage out)
 
     @property
     def base_seq(self) -> int:
@@ -74,7 +75,8 @@ class View(NamedTuple):
     @property
     def damaged(self) -> bool:
         """Is anything of the journal damaged (a salvage would change something)?"""
-        return self.damage is not None or self.covered is not None or bool(self.unusable)
+        found = self.damage is not None or self.covered is not None
+        return found or bool(self.unusable) or self.rewritten
 
 
 def lenient_records(directory: Path) -> Iterator[Record]:
@@ -172,6 +174,13 @@ def _pick_base(
     return None, None, 0, skipped, unusable
 
 
+def _stored_data(path: Path, seq: int) -> bytes | None:
+    try:
+        return load_snapshot(path, seq)[0].data
+    except (SnapshotDamaged, FileNotFoundError):
+        return None
+
+
 def readable(directory: Path, accept: Accept | None = None) -> View:
     """The view of the journal at ``directory`` (see the module docstring)."""
     try:
@@ -183,6 +192,10 @@ def readable(directory: Path, accept: Accept | None = None) -> View:
     highest = max(full.last_seq, max((r.seq for r in lenient_records(directory)), default=0))
     picked = _pick_base(directory, first_on_disk, highest, accept)
     base, base_path, epoch_max, skipped, unusable = picked
+    # (``accept`` left something out of the base, a damaged archive say: damage too)
+    rewritten = False
+    if base is not None and base_path is not None and accept is not None:
+        rewritten = _stored_data(base_path, base.seq) != base.data
     base_seq = 0 if base is None else base.seq
     covered = full.corruption
     if covered is not None and (covered.seq or 0) > base_seq:
@@ -200,7 +213,7 @@ def readable(directory: Path, accept: Accept | None = None) -> View:
             damage = known  # (the same damage, said with its offset)
         return View(base, base_path, epoch_max, first_on_disk, last, max(epoch_max, top),
                     tuple(pieces), damage, covered, torn, tuple(skipped), tuple(unusable),
-                    highest)  # fmt: skip
+                    highest, rewritten)  # fmt: skip
 
     if base is None and first_on_disk > 1:
         lost = CorruptionError(
