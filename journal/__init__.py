@@ -452,6 +452,8 @@ class Journal:
         """Stream records with seq >= ``from_seq`` from disk (bounded memory), up to the
         last complete record on disk (which may be past ``last_seq``).  Raises
         CompactedError if ``from_seq < first_seq`` and CorruptionError at corruption."""
+        if self._read_only and not _is_dir(self._writer.directory):
+            return iter(())  # (a read-only handle on a journal not made yet)
         return iter_records(self._writer.directory, from_seq)
 
     # -- snapshots ----------------------------------------------------------------------

@@ -127,8 +127,7 @@ def test_a_read_writes_nothing_and_takes_no_lock(cli: Ferry) -> None:
 def test_readers_on_a_read_only_mount_while_a_writer_appends(cli: Ferry) -> None:
     """A writer appends through the writable path while readers read the same
     directory read-only, without its lock: a record being written is not damage."""
-    for _ in range(40):
-        cli.ok("submit", "--", "true")
+    cli.ok("submit", "--from", "-", stdin=b'{"argv": ["true"]}\n' * 40)
     worker = cli.start("work", "--drain", "-j", "2")
     ro = read_only_command(cli.home)
     seen = set()
