@@ -52,7 +52,13 @@ Guarantees
   checks in the same group see it (its outcome is unknown if the write then fails).
 * ``Journal.open`` checks every record from the latest snapshot's seq on (the line of a
   seq is found by bisection, ``_seek``) and changes nothing; ``verify`` checks
-  everything; ``repair`` cuts only a torn tail.
+  everything; ``repair`` cuts only a torn tail.  ``Journal.open(read_only=True)``
+  creates nothing and takes no lock (a file system mounted read-only); its writes raise
+  ReadOnlyError.
+* A damaged journal: ``readable`` / ``Journal.open_view`` say what is still readable
+  (the newest usable snapshot, then every record to the first damage); ``salvage``
+  moves the damaged journal aside whole (``<dir>.damaged-<stamp>``, never deleted) and
+  swaps in a new one written from that view, in one ``renameat2(RENAME_EXCHANGE)``.
 * Creating, renaming and removing segments and snapshots fsync the directory.  The
   journal's first segment also fsyncs the directory's parent (whoever made the
   directory may not have: a power cut would drop it, records and all); a directory

@@ -278,8 +278,9 @@ def test_salvage_refuses_while_a_worker_has_the_journal_open(cli: Ferry, tmp_pat
     seq = settled_seq(cli, "c")
     split_at(cli.home, seq + 2)
     worker = cli.start("work")
-    active = segments(cli.home)[-1]
-    wait_until(lambda: holds_open(worker.pid, active), what="the worker to open the journal")
+    # It has the journal open for good once it ran the queued task (e): opening, it
+    # also reads segments for a moment, before it pins its own.
+    wait_until(lambda: cli.tasks()[-1]["state"] == "SUCCEEDED", what="the worker to run e")
     sealed, _ = flip(cli.home, seq)
     before = sealed.read_bytes()
     refused = cli.refused(75, "salvage.in_use", "journal", "salvage")
@@ -338,7 +339,7 @@ def test_a_writer_that_opens_the_journal_during_a_salvage_writes_into_the_new_on
     the old journal while salvage swapped it waits, then writes into the new one (it
     would have written into the damaged copy, lost)."""
     for _ in range(3):  # (a segment larger than one bisection probe: 8 KiB)
-        cli.ok("submit", "--name", "n" * 1500, "--", "true")
+        cli.ok("submit", "--env", "PAD=" + "n" * 1500, "--", "true")
     cli.ok("journal", "compact")
     flip(cli.home, 1)
     assert cli("--json", "journal", "verify").json()["status"] == "corrupt"
