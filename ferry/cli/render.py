@@ -323,7 +323,9 @@ def salvage_text(report: Mapping[str, Any]) -> str:
         else:
             lines.append("lost: no record")
         for name in report["dropped_archives"]:
-            lines.append(f"lost: settled-task archive {name} (damaged; kept where it is)")
+            lines.append(
+                f"lost: settled-task archive {name} (damaged; kept as archive/damaged-{name})"
+            )
         older = [t for t in report["tasks"] if t["after"] is not None]
         gone = [t for t in report["tasks"] if t["after"] is None]
         if older:

@@ -61,7 +61,9 @@ def salvage(
     except journal.JournalError as error:
         raise journal_error(error) from error
     if probe.base is None and probe.first_seq > 1:
-        accept = _acceptor(home, dropped)  # no older state is left: keep what decodes
+        # No older state is left: keep what decodes (and, before the swap, a second
+        # name for each damaged archive it leaves out).
+        accept = _acceptor(home, dropped, keep=not dry_run)
     with _compaction_held(home, dry_run, on_lock_wait):
         report = _salvage(directory, accept, dry_run, on_lock_wait)
     return _describe(home, report, accept, dry_run, dropped)
@@ -125,10 +127,14 @@ def _compaction_held(
         os.close(fd)
 
 
-def _acceptor(home: Path, dropped: dict[str, list[Mapping[str, Any]]] | None) -> journal.Accept:
+def _acceptor(
+    home: Path, dropped: dict[str, list[Mapping[str, Any]]] | None, *, keep: bool = False
+) -> journal.Accept:
     """A snapshot is usable if it is a task table this ferry reads and every archive it
     names is there and matches. With ``dropped``: a damaged archive is left out of the
-    snapshot's data instead (what could still be read of it goes into ``dropped``)."""
+    snapshot's data instead (what could still be read of it goes into ``dropped``;
+    ``keep``: and it gets a second name, ``_keep_archives``: salvage calls this under
+    its locks, before the swap)."""
 
     def accept(snapshot: journal.Snapshot) -> bytes:
         try:
@@ -154,11 +160,31 @@ def _acceptor(home: Path, dropped: dict[str, list[Mapping[str, Any]]] | None) ->
         assert dropped is not None
         for name in bad:
             dropped[name] = list(_readable_lines(home / "archive" / name))
+        if keep:
+            _keep_archives(home, bad)
         raw = orjson.loads(snapshot.data)
         raw["settled_archives"] = [a for a in raw["settled_archives"] if a["name"] not in bad]
         return orjson.dumps(raw)
 
     return accept
+
+
+DAMAGED_PREFIX = "damaged-"
+
+
+def _keep_archives(home: Path, dropped: list[str]) -> None:
+    """A second name for each archive the new snapshot leaves out, before the swap: the
+    next compaction prunes the archives no snapshot names (``settled-*``), and the
+    damaged one is evidence, never deleted."""
+    directory = home / "archive"
+    for name in dropped:
+        with contextlib.suppress(FileExistsError, FileNotFoundError):
+            os.link(directory / name, directory / (DAMAGED_PREFIX + name))
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _readable_lines(path: Path) -> Iterator[Mapping[str, Any]]:
