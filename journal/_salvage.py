@@ -260,7 +260,9 @@ def finish_interrupted(directory: Path) -> tuple[str, ...]:
         if not name.startswith(prefix):
             continue
         stamp, leftover = name[len(prefix) :], directory.parent / name
-        if _marker_stamp(leftover) in (stamp, ""):
+        # A build holds its marker (first thing written; "" if cut short) or nothing
+        # at all (killed right after its mkdir); the damaged journal neither.
+        if _marker_stamp(leftover) in (stamp, "") or not _fsutil.listdir(leftover):
             _remove_tree(leftover)
             done.append(f"removed {name}, a new journal a salvage built and never used")
         else:

@@ -230,3 +230,14 @@ def test_a_salvage_stopped_at_each_step_is_finished_by_the_next(tmp_path: Path, 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["j", copy.name]
     assert journal.verify(directory).last_seq == 29
     assert ".salvage-build" not in os.listdir(directory)
+
+
+def test_a_build_killed_right_after_its_mkdir_is_removed_not_taken_for_the_damaged_copy(
+    tmp_path: Path,
+) -> None:
+    directory = make(tmp_path / "j")
+    flip(directory, 30)
+    (tmp_path / ".j.salvage-T0").mkdir()  # (what a kill before the marker leaves)
+    report = journal.salvage(directory, stamp="T1")
+    assert "removed .j.salvage-T0" in report.finished[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["j", "j.damaged-T1"]
