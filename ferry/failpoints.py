@@ -65,6 +65,13 @@ Naming convention (the registry :data:`FAILPOINTS` lists every name):
   other stream's chunk not yet logged).
 * ``before:gc_remove`` / ``after:gc_remove``: around ``ferry gc``'s removal of one
   forgotten task's files (its FORGOTTEN is durable) (:mod:`ferry.app.gc`).
+* ``before:salvage_segment`` / ``after:salvage_segment`` and ``before:salvage_swap`` /
+  ``after:salvage_swap``: ``ferry journal salvage`` (``journal._salvage`` calls them
+  through its hook), with the journal's lock held: around writing the new journal's
+  segments in its build directory (``before``: the snapshot is there, no segment),
+  and around the swap of the two directories (``before``: the new journal is complete
+  and durable, not in use; ``after``: it is in use, and the damaged one sits under the
+  build's name, not yet renamed ``journal.damaged-*``).
 
 Why SIGKILL and not an exception: a crash must not run ``finally`` blocks, flush
 buffers or release locks politely; SIGKILL is what the OOM killer and ``kill -9`` do.
@@ -118,6 +125,10 @@ SIDE_EFFECT_POINTS: tuple[str, ...] = (
     "after:log_order",
     "before:gc_remove",
     "after:gc_remove",
+    "before:salvage_segment",
+    "after:salvage_segment",
+    "before:salvage_swap",
+    "after:salvage_swap",
 )
 
 

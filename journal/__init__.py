@@ -52,7 +52,13 @@ Guarantees
   checks in the same group see it (its outcome is unknown if the write then fails).
 * ``Journal.open`` checks every record from the latest snapshot's seq on (the line of a
   seq is found by bisection, ``_seek``) and changes nothing; ``verify`` checks
-  everything; ``repair`` cuts only a torn tail.
+  everything; ``repair`` cuts only a torn tail.  ``Journal.open(read_only=True)``
+  creates nothing and takes no lock (a file system mounted read-only); its writes raise
+  ReadOnlyError.
+* A damaged journal: ``readable`` / ``Journal.open_view`` say what is still readable
+  (the newest usable snapshot, then every record to the first damage); ``salvage``
+  moves the damaged journal aside whole (``<dir>.damaged-<stamp>``, never deleted) and
+  swaps in a new one written from that view, in one ``renameat2(RENAME_EXCHANGE)``.
 * Creating, renaming and removing segments and snapshots fsync the directory.  The
   journal's first segment also fsyncs the directory's parent (whoever made the
   directory may not have: a power cut would drop it, records and all); a directory
@@ -90,13 +96,16 @@ from journal._errors import (
     InvalidRecordError,
     JournalClosedError,
     JournalError,
+    ReadOnlyError,
     RecordTooLargeError,
+    SalvageRefusedError,
     TornTailError,
     WriterFailedError,
 )
 from journal._fsutil import NO_LOCK_ERRNOS
 from journal._reader import TornTail
 from journal._repair import RepairReport, repair
+from journal._salvage import SalvageReport, salvage
 from journal._segment import LOCK_NAME, list_segments
 from journal._snapshot import (
     Snapshot,
@@ -106,13 +115,15 @@ from journal._snapshot import (
     read_latest_snapshot,
     write_snapshot,
 )
-from journal._survey import iter_records, survey
+from journal._survey import Survey, iter_records, survey
 from journal._verify import VerifyReport, verify
+from journal._view import Accept, Piece, SnapshotRejected, View, readable, view_records
 from journal._writer import Fence, Hook, Subscriber, Writer
 
 __all__ = [
     "FORMAT_VERSION",
     "NO_LOCK_ERRNOS",
+    "Accept",
     "CompactedError",
     "CorruptionError",
     "Fence",
@@ -123,23 +134,40 @@ __all__ = [
     "Journal",
     "JournalClosedError",
     "JournalError",
+    "Piece",
+    "ReadOnlyError",
     "Record",
     "RecordTooLargeError",
     "RepairReport",
+    "SalvageRefusedError",
+    "SalvageReport",
     "Snapshot",
+    "SnapshotRejected",
     "Subscriber",
     "TornTail",
     "TornTailError",
     "VerifyReport",
+    "View",
     "WriterFailedError",
     "read_latest_snapshot",
     "read_records",
+    "readable",
     "repair",
+    "salvage",
     "verify",
 ]
 
 MiB = 1 << 20
 _OPEN_TRIES = 3  # surveys at open that a concurrent compaction may spoil, in a row
+_EMPTY = Survey([], 1, 0, 0, 0, None, None)
+
+
+def _is_dir(directory: Path) -> bool:
+    try:
+        _fsutil.listdir(directory)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    return True
 
 
 def _open_writer(
@@ -149,9 +177,11 @@ def _open_writer(
     fence: Fence | None,
     *,
     entry_durable: bool,
+    read_only: bool = False,
 ) -> Writer:
     """Survey the journal (lock-free) and stand at its end.  FileNotFoundError: a
-    compaction removed a segment the survey listed (the caller looks again)."""
+    compaction removed a segment the survey listed, or a salvage swapped the directory
+    (the caller looks again)."""
     snapshot_epoch, snapshot_seq = headers_epoch_max(directory, _fsutil.listdir(directory))
     # What a snapshot covers is not read: start-up cost follows the records after the
     # latest snapshot, not the whole history.
@@ -178,6 +208,7 @@ def _open_writer(
         segment_bytes_max=segment_bytes_max,
         fence=fence,
         entry_durable=entry_durable,
+        read_only=read_only,
     )
 
 
@@ -185,9 +216,18 @@ class Journal:
     """A handle on a journal directory.  Thread-safe; one per process is typical, but
     several handles (in one or many processes) may append to the same directory."""
 
-    def __init__(self, writer: Writer, record_bytes_max: int) -> None:
+    def __init__(
+        self,
+        writer: Writer,
+        record_bytes_max: int,
+        *,
+        read_only: bool = False,
+        view: View | None = None,
+    ) -> None:
         self._writer = writer
         self._record_bytes_max = record_bytes_max
+        self._read_only = read_only or view is not None
+        self._view = view
 
     @classmethod
     def open(
@@ -198,8 +238,14 @@ class Journal:
         record_bytes_max: int = 1 * MiB,
         fence: Fence | None = None,
         on_lock_wait: Callable[[], None] | None = None,
+        read_only: bool = False,
     ) -> Journal:
         """Open (creating if needed) the journal at ``directory``.
+
+        ``read_only``: for a reader; nothing is created or written, no lock is taken
+        (the directory may be on a file system mounted read-only, or not ours to
+        write).  A missing directory reads as an empty journal.  Every write through
+        the handle raises ReadOnlyError; ``refresh`` still catches up on appends.
 
         ``on_lock_wait`` is called (from a timer thread) when an append has waited for
         the cross-process append lock for 5 s: another process holds it, perhaps one
@@ -220,29 +266,70 @@ class Journal:
                 f" line ({_reader.LINE_BYTES_MAX_READ} bytes, newline included)"
             )
         directory = Path(directory)
-        try:
-            made = _fsutil.makedirs(directory)
-            # The lock file's name need not survive a crash (it is recreated): no dir fsync.
-            lock_fd = _fsutil.open_lockfile(directory / LOCK_NAME)
-        except OSError as exc:
-            raise JournalError(f"cannot open the journal at {directory}: {exc}") from exc
-        for attempt in range(_OPEN_TRIES):
+        made = False
+        if not read_only:
             try:
-                writer = _open_writer(
-                    directory, lock_fd, segment_bytes_max, fence, entry_durable=made
-                )
+                made = _fsutil.makedirs(directory)
+            except OSError as exc:
+                raise JournalError(f"cannot open the journal at {directory}: {exc}") from exc
+        for attempt in range(_OPEN_TRIES):
+            # Opened at each try: a salvage may have swapped the directory meanwhile,
+            # and appenders must all lock the new journal's lock file.
+            try:
+                if read_only:
+                    lock_fd = _fsutil.open_lockfile_read(directory / LOCK_NAME)
+                else:
+                    # Its name need not survive a crash (it is recreated): no dir fsync.
+                    lock_fd = _fsutil.open_lockfile(directory / LOCK_NAME)
+            except OSError as exc:
+                raise JournalError(f"cannot open the journal at {directory}: {exc}") from exc
+            try:
+                if read_only and lock_fd < 0 and not _is_dir(directory):
+                    writer = Writer(directory, -1, _EMPTY, max_epoch=0, fence=None,
+                                    segment_bytes_max=segment_bytes_max, read_only=True)  # fmt: skip
+                else:
+                    writer = _open_writer(directory, lock_fd, segment_bytes_max, fence,
+                                          entry_durable=made, read_only=read_only)  # fmt: skip
                 writer.on_lock_wait = on_lock_wait
-                return cls(writer, record_bytes_max)
+                return cls(writer, record_bytes_max, read_only=read_only)
             except FileNotFoundError as exc:
                 # A compaction removed a segment between the listing and its reading:
                 # look again (it keeps the last segment, and each try sees a newer one).
-                if attempt + 1 == _OPEN_TRIES:
+                if lock_fd >= 0:
                     _fsutil.close(lock_fd)
+                if attempt + 1 == _OPEN_TRIES:
                     raise JournalError(f"cannot open the journal at {directory}: {exc}") from exc
             except BaseException:
-                _fsutil.close(lock_fd)
+                if lock_fd >= 0:
+                    _fsutil.close(lock_fd)
                 raise
         raise AssertionError("unreachable")
+
+    @classmethod
+    def open_view(cls, directory: str | Path, *, accept: Accept | None = None) -> Journal:
+        """A read-only handle on what is readable of a damaged journal (``_view``): the
+        newest usable snapshot (``latest_snapshot``; ``accept`` may refuse one, or
+        rewrite its data), then every record after it up to the first damage.  It
+        stays there: ``refresh`` reads nothing more, ``subscribe`` replays the view.
+        ``view`` says what was found (the damage, where, what was skipped)."""
+        view = readable(Path(directory), accept)
+        found = _EMPTY._replace(first_seq=view.first_seq, last_seq=view.last_seq)
+        writer = Writer(Path(directory), -1, found, max_epoch=view.max_epoch, fence=None,
+                        segment_bytes_max=1, read_only=True)  # fmt: skip
+        return cls(writer, 64, read_only=True, view=view)
+
+    @property
+    def view(self) -> View | None:
+        """What ``open_view`` found (None for a handle from ``open``)."""
+        return self._view
+
+    @property
+    def read_only(self) -> bool:
+        return self._read_only
+
+    def _refuse_write(self) -> None:
+        if self._read_only:
+            raise ReadOnlyError(f"the journal at {self.directory} was opened read-only")
 
     # -- properties ---------------------------------------------------------------------
 
@@ -271,6 +358,7 @@ class Journal:
         self, type: str, data: dict[str, Any], *, epoch: int = 0, check: Hook | None = None
     ) -> Record:
         """Append one record; durable on return.  See ``append_batch``."""
+        self._refuse_write()
         return self._writer.append_one(
             prepare(type, data, epoch, self._record_bytes_max), epoch, check
         )
@@ -290,6 +378,7 @@ class Journal:
         ``fence(epoch)`` then ``check()`` (either may raise: nothing is written and the
         exception reaches this caller only).  Returns the records, committed.
         InvalidRecordError / RecordTooLargeError are raised before anything else."""
+        self._refuse_write()
         prepared = prepare_batch(items, epoch, self._record_bytes_max)
         if not prepared:
             self._writer.ensure_usable()
@@ -299,8 +388,10 @@ class Journal:
     def refresh(self) -> None:
         """Catch up on records other processes appended (feeds the subscribers).  Without
         the lock: a record another process has written but not yet synced may be seen
-        (and lost to a power cut if that process dies first); see ``sync``."""
-        self._writer.refresh()
+        (and lost to a power cut if that process dies first); see ``sync``.  A view
+        (``open_view``) stays where it is: past its damage nothing is read."""
+        if self._view is None:
+            self._writer.refresh()
 
     def sync(self) -> None:
         """Catch up under the append lock, then fdatasync the active segment: once this
@@ -309,6 +400,7 @@ class Journal:
         records readable that no disk holds yet.)  For a decision taken from what was
         read that writes nothing ("already done"), so that it cannot rest on a record a
         power cut then takes back."""
+        self._refuse_write()
         writer = self._writer
         with writer.owned(), writer.locked():
             writer.catch_up_feeding(locked=True)
@@ -335,11 +427,17 @@ class Journal:
         failed handle; take no side effect from a record before its own append returned."""
         writer = self._writer
         with writer.owned():
-            if after_seq < writer.pos.last_seq:
+            if self._view is not None:
+                for record in view_records(self._view, after_seq):
+                    on_record(record)
+            elif after_seq < writer.pos.last_seq:
+                last = writer.pos.last_seq
                 for record in iter_records(writer.directory, after_seq + 1):
-                    if record.seq > writer.pos.last_seq:
+                    if record.seq > last:
                         break
                     on_record(record)
+                    if record.seq == last:
+                        break  # (read no further: a reader may find an append in progress)
             elif after_seq > writer.pos.last_seq:
                 # Ahead of what this handle has seen (a snapshot written elsewhere, say):
                 # records up to after_seq will still come by; they are not wanted.
@@ -360,12 +458,15 @@ class Journal:
         """Stream records with seq >= ``from_seq`` from disk (bounded memory), up to the
         last complete record on disk (which may be past ``last_seq``).  Raises
         CompactedError if ``from_seq < first_seq`` and CorruptionError at corruption."""
+        if self._read_only and not _is_dir(self._writer.directory):
+            return iter(())  # (a read-only handle on a journal not made yet)
         return iter_records(self._writer.directory, from_seq)
 
     # -- snapshots ----------------------------------------------------------------------
 
     def write_snapshot(self, seq: int, data: bytes) -> None:
         """Store ``data`` as the state after record ``seq`` (<= last_seq), atomically."""
+        self._refuse_write()
         writer = self._writer
         with writer.owned():
             if not 0 <= seq <= writer.pos.last_seq:
@@ -382,7 +483,9 @@ class Journal:
 
     def latest_snapshot(self) -> Snapshot | None:
         """The newest snapshot that passes its checks (damaged ones are skipped), or None.
-        CorruptionError if it lies beyond the journal's end."""
+        CorruptionError if it lies beyond the journal's end.  A view's is its base."""
+        if self._view is not None:
+            return self._view.base
         writer = self._writer
         with writer.owned():
             try:
@@ -396,6 +499,7 @@ class Journal:
     def compact(self) -> list[Path]:
         """Remove sealed segments whose records are all <= the latest snapshot's seq (never
         the active one) and older snapshots.  Returns the removed paths."""
+        self._refuse_write()
         writer = self._writer
         with writer.owned(), writer.locked():
             writer.catch_up_feeding(locked=True)

@@ -12,6 +12,8 @@ The tree::
     +-- InvalidRecordError       journal.invalid_record  NaN/Infinity, non-JSON types, ...
     +-- FormatVersionError       journal.format_version  written by a newer format
     +-- JournalClosedError       journal.closed       the handle was closed
+    +-- ReadOnlyError            journal.read_only    a write through a read-only handle
+    +-- SalvageRefusedError      journal.salvage_*    salvage will not run (see _salvage)
 
 Every error carries ``code``, ``message`` and where it happened: ``segment`` (a path or
 None), ``offset`` (byte offset in that segment or None) and ``seq`` (the record's seq, or
@@ -155,3 +157,21 @@ class JournalClosedError(JournalError):
     """The journal handle was closed."""
 
     code = "journal.closed"
+
+
+class ReadOnlyError(JournalError):
+    """A write (append, snapshot, compaction, sync) through a read-only handle."""
+
+    code = "journal.read_only"
+
+
+class SalvageRefusedError(JournalError):
+    """``salvage`` will not run: the journal is not damaged (``journal.salvage_clean``),
+    only torn at its end (``journal.salvage_torn``: that is ``repair``'s), or another
+    handle has it open (``journal.salvage_in_use``).  Nothing was changed."""
+
+    code = "journal.salvage_refused"
+
+    def __init__(self, message: str, *, code: str, **where: Any) -> None:
+        self.code = code
+        super().__init__(message, **where)

@@ -21,10 +21,16 @@ simulation must provide):
     os.mkdir(path, mode)
     os.listdir(path) -> list[str]
     os.fstat(fd)                 is a pinned segment still linked? (``unlinked``)
+    os.stat(path)                is it still the file a handle opened? (``moved``)
+    os.rename(src, dst)          salvage: the damaged journal's copy, to its final name
+    os.rmdir(path)               salvage: a build it never used
     fcntl.flock(fd, op)          the cross-process append lock (LOCK_EX / LOCK_UN), and
                                  segment pins (LOCK_SH; compaction: LOCK_EX | LOCK_NB)
 
 Errors are the usual OSError subclasses (FileNotFoundError, FileExistsError, ...).
+One call does not go through ``os``: ``exchange`` (``renameat2(RENAME_EXCHANGE)``,
+which salvage uses to swap two journal directories in one step; Python has no
+wrapper for it).
 
 fsync choice: appended data is made durable with ``fdatasync`` where the platform has
 it.  On Linux, fdatasync also flushes the metadata needed to read the data back, which
@@ -71,10 +77,14 @@ NO_LOCK_ERRNOS = frozenset({errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP})
 PathArg = str | Path
 
 
-def open_segment(path: PathArg, *, create: bool = False) -> int:
+def open_segment(path: PathArg, *, create: bool = False, read_only: bool = False) -> int:
     """A read-write descriptor on a segment (records go in with ``pwrite_durably`` at
     the end of the last record, not with O_APPEND: the segment may hold a preallocated
-    tail of zeros).  With ``create`` the file must not exist yet (O_EXCL)."""
+    tail of zeros).  With ``create`` the file must not exist yet (O_EXCL).  A
+    ``read_only`` handle's segments are opened for reading only: it works where
+    nothing may be written (a file system mounted read-only)."""
+    if read_only:
+        return os.open(path, READ_FLAGS)
     return os.open(path, CREATE_RDWR_FLAGS if create else RDWR_FLAGS, FILE_MODE)
 
 
@@ -99,6 +109,15 @@ def open_new(path: PathArg) -> int:
 
 def open_lockfile(path: PathArg) -> int:
     return os.open(path, LOCKFILE_FLAGS, FILE_MODE)
+
+
+def open_lockfile_read(path: PathArg) -> int:
+    """The lock file for reading only (a read-only handle: its size is the rotation
+    counter; it is never locked through this descriptor), or -1 when there is none."""
+    try:
+        return os.open(path, READ_FLAGS)
+    except FileNotFoundError:
+        return -1
 
 
 def close(fd: int) -> None:
@@ -284,6 +303,19 @@ def unlinked(fd: int) -> bool:
     return os.fstat(fd).st_nlink == 0
 
 
+def moved(fd: int, path: PathArg) -> bool:
+    """Is ``path`` no longer the file ``fd`` is open on (removed, or another file in its
+    place: a journal directory swapped by a salvage)?"""
+    st = os.fstat(fd)
+    if st.st_nlink == 0:
+        return True
+    try:
+        there = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return True
+    return (there.st_dev, there.st_ino) != (st.st_dev, st.st_ino)
+
+
 def removable(path: PathArg) -> int | None:
     """A descriptor on the segment ``path``, locked exclusively, or None when some
     handle pins it (never waits).  The caller unlinks the segment, then closes the
@@ -298,3 +330,49 @@ def removable(path: PathArg) -> int | None:
         close(fd)
         raise
     return fd
+
+
+def rename(src: PathArg, dst: PathArg) -> None:
+    os.rename(src, dst)
+
+
+def mkdir(path: PathArg) -> None:
+    os.mkdir(path, DIR_MODE)
+
+
+def rmdir(path: PathArg) -> None:
+    os.rmdir(path)
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def exchange(first: PathArg, second: PathArg) -> None:
+    """Swap two existing paths (two directories) atomically: whatever a crash keeps,
+    each name names one of the two, never neither (``renameat2`` with
+    RENAME_EXCHANGE; Linux 3.15+, and a file system that supports it: ext4, xfs,
+    btrfs, tmpfs do).  OSError(EINVAL or ENOSYS) where it is not supported."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)
+    if renameat2 is None:
+        raise OSError(errno.ENOSYS, "renameat2 is not available", str(first))
+    encoded = [str(p).encode("utf-8", "surrogateescape") for p in (first, second)]
+    result = renameat2(_AT_FDCWD, encoded[0], _AT_FDCWD, encoded[1], _RENAME_EXCHANGE)
+    if result != 0:
+        err = ctypes.get_errno()
+        reason = f"renameat2(RENAME_EXCHANGE) failed: {errno.errorcode.get(err, err)}"
+        raise OSError(err, reason, str(first), None, str(second))
+
+
+def copy_range(src: int, start: int, end: int, dst: int) -> None:
+    """Append the bytes ``start..end`` of ``src`` to ``dst`` (a new file's descriptor)."""
+    pos = start
+    while pos < end:
+        chunk = os.pread(src, min(1 << 20, end - pos), pos)
+        if not chunk:
+            raise OSError(errno.EIO, f"file ended at byte {pos}, before {end}")
+        write_all(dst, chunk)
+        pos += len(chunk)

@@ -35,8 +35,13 @@ class Position:
         *,
         max_epoch: int,
         entry_durable: bool = False,
+        read_only: bool = False,
     ) -> None:
         self.directory = directory
+        # A read-only handle opens its segments for reading only, may have no lock file
+        # (``lock_fd`` -1: it then looks for a new segment on every catch-up), and
+        # never writes (the Journal refuses its appends).
+        self.read_only = read_only
         # Is the directory's own entry (in its parent) known durable?  Yes if this
         # handle made it (``_fsutil.makedirs`` fsynced the parent), or once a handle
         # made the first segment (below); unknown for a directory found empty.
@@ -64,9 +69,13 @@ class Position:
         self.durable = False
         if found.segments:
             last = found.segments[-1]
-            fd = _fsutil.open_segment(last.path)  # (FileNotFoundError: compacted meanwhile)
+            # (FileNotFoundError: compacted meanwhile)
+            fd = _fsutil.open_segment(last.path, read_only=read_only)
             _fsutil.pin(fd)
-            if _fsutil.unlinked(fd):
+            if _fsutil.moved(fd, last.path):
+                # Compacted meanwhile; or the directory was swapped by a salvage (which
+                # holds every segment while it swaps: the pin waited for it), so that
+                # this file is now the damaged copy's and must not be appended to.
                 _fsutil.close(fd)
                 raise FileNotFoundError(f"segment {last.path} was compacted meanwhile")
             self.fd = fd
@@ -140,7 +149,8 @@ class Position:
         active segment's last record (an ``lseek`` and a ``pread``).  The segment count
         is remembered only when ``locked``: without the lock a creator may have counted
         a segment it has not created yet."""
-        rotations = _fsutil.size(self.lock_fd)
+        # (No lock file, for a read-only handle: unknown, so look for a new segment.)
+        rotations = _fsutil.size(self.lock_fd) if self.lock_fd >= 0 else -2
         fd = self.fd
         # One look at the byte after our last record, when it can be trusted:
         looked = fd is not None and self.tail_checked
@@ -171,7 +181,7 @@ class Position:
         while self.fd is None or self.last_seq + 1 != self.first:
             path = self.directory / segment_name(self.last_seq + 1)
             try:
-                fd = _fsutil.open_segment(path)
+                fd = _fsutil.open_segment(path, read_only=self.read_only)
             except FileNotFoundError:
                 if self.fd is not None and _fsutil.unlinked(self.fd):
                     # Never by compaction (the active segment is pinned): by hand.

@@ -149,7 +149,11 @@ def latest_snapshot(directory: Path, last_seq: int) -> LatestSnapshot:
     A valid snapshot beyond ``last_seq`` means the journal lost committed records (or
     the snapshot was written for another journal): CorruptionError."""
     damaged: list[tuple[Path, str]] = []
-    for seq, path in reversed(snapshots_in(_fsutil.listdir(directory), directory)):
+    try:
+        names = _fsutil.listdir(directory)
+    except FileNotFoundError:  # (a read-only handle on a journal not made yet)
+        return LatestSnapshot(None, 0, None, damaged)
+    for seq, path in reversed(snapshots_in(names, directory)):
         try:
             snapshot, epoch_max = load_snapshot(path, seq)
         except SnapshotDamaged as exc:

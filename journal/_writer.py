@@ -117,6 +117,7 @@ class Writer:
         segment_bytes_max: int,
         fence: Fence | None,
         entry_durable: bool = False,
+        read_only: bool = False,
     ) -> None:
         self.directory = directory
         self._lock_fd = lock_fd
@@ -127,7 +128,12 @@ class Writer:
         self.subscribers: list[Subscriber] = []  # fed once a record is durable
         self.early_subscribers: list[Subscriber] = []  # fed once its batch is accepted
         self.pos = Position(
-            directory, lock_fd, found, max_epoch=max_epoch, entry_durable=entry_durable
+            directory,
+            lock_fd,
+            found,
+            max_epoch=max_epoch,
+            entry_durable=entry_durable,
+            read_only=read_only,
         )
         # _mutex guards _busy, _owner, _queue, _waiting; _cond waits on the same lock.
         self._mutex = threading.Lock()
@@ -475,7 +481,8 @@ class Writer:
                 return
             self._closed = True
         self.pos.close()
-        _fsutil.close(self._lock_fd)
+        if self._lock_fd >= 0:  # (a read-only handle may have none)
+            _fsutil.close(self._lock_fd)
 
     def ensure_usable(self) -> None:
         with self._mutex:

@@ -261,6 +261,9 @@ class Service:
                 details={"task": task.id, "host": owner},
             )
 
+        if follow and self.session.damage() is not None:
+            follow = False  # (past its damage the journal says no more: none will settle)
+
         def settled() -> bool:
             self.store.refresh()
             current = self.store.get(task.id)
@@ -444,12 +447,23 @@ class Service:
 
     def journal_dump(self, *, from_seq: int) -> None:
         from ferry.storage.local.maintenance import dump
-        from ferry.storage.local.store import Store
 
-        store = self.store
-        if not isinstance(store, Store):  # (the journal commands are the local backend's)
-            raise UsageError("'journal dump' reads a local journal", code="usage.not_local")
-        dump(store, from_seq, sys.stdout.buffer)
+        self._local_journal("dump", "reads")
+        dump(self.home / "journal", from_seq, sys.stdout.buffer)
+
+    def journal_salvage(self, *, dry_run: bool) -> dict[str, Any]:
+        """``ferry journal salvage``: see :mod:`ferry.storage.local.salvage`."""
+        from ferry.storage.local.salvage import salvage
+
+        self._local_journal("salvage", "works on")
+        return salvage(self.home, dry_run=dry_run, on_lock_wait=self.session._lock_wait_notice)
+
+    def _local_journal(self, command: str, does: str) -> None:
+        """The journal commands are the local backend's: a shared database has no
+        journal files."""
+        if self.session.database is not None:
+            raise UsageError(f"'journal {command}' {does} a local journal; a database has none",
+                             code="usage.not_local")  # fmt: skip
 
 
 def _parse_signal(name: str) -> int:

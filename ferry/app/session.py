@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from ferry.app.tally import Progress
+    from ferry.core.errors import FerryError
     from ferry.core.model import Task
     from ferry.core.recovery import RecoverReport
     from ferry.storage import Leases, TaskStore
@@ -94,17 +95,27 @@ def this_host() -> str:
     return self_identity().host
 
 
-def open_store(home: Path, on_lock_wait: Callable[[], None] | None = None) -> TaskStore:
+def open_store(
+    home: Path,
+    on_lock_wait: Callable[[], None] | None = None,
+    *,
+    reading: bool = False,
+    tolerate_damage: bool = False,
+) -> TaskStore:
     """The backend of this command: the shared database if one was named, else the
     local journal of ``home``. (The state directory stays in use either way: logs,
-    heartbeats and alive-locks are per host.)"""
+    heartbeats and alive-locks are per host.) ``reading``: the local journal is opened
+    read-only (nothing created, no lock taken); ``tolerate_damage``: and a damaged one
+    is shown as far as it can be read (``Store.damage`` says what is not)."""
     if _opened is not None:
         from ferry.storage.postgres.store import PgStore
 
         return PgStore.open(_opened.url, _opened.host)
     from ferry.storage.local.store import Store
 
-    return Store.open(home, on_lock_wait=on_lock_wait)
+    return Store.open(
+        home, on_lock_wait=on_lock_wait, read_only=reading, tolerate_damage=tolerate_damage
+    )
 
 
 class Session:
@@ -116,12 +127,19 @@ class Session:
         reporter: Reporter | None = None,
         store: TaskStore | None = None,
         database: Database | None = None,
+        *,
+        reading: bool = False,
+        tolerate_damage: bool = False,
     ) -> None:
         global _opened
         self.home = home
         self.reporter: Reporter = reporter or Silent()
         self._store = store
         self.database = database
+        # A command that only reads: the store is opened read-only; and, if it shows
+        # what it can, a damaged journal is read up to its damage (see ``damage``).
+        self.reading = reading
+        self.tolerate_damage = tolerate_damage
         if database is not None:
             _opened = database
 
@@ -133,11 +151,17 @@ class Session:
         *,
         database: str | None = None,
         host: str | None = None,
+        reading: bool = False,
+        tolerate_damage: bool = False,
     ) -> Session:
         """The state directory named by ``--home`` (else the environment's), made if
         missing and refused if unsafe; the database named by ``--database`` (else
-        ``FERRY_DATABASE_URL``), if any."""
-        from ferry.storage.local.statedir import ensure_home, resolve_home
+        ``FERRY_DATABASE_URL``), if any.
+
+        ``reading``: for a command that only reads. Nothing is made, and a directory
+        ferry may not write (a disk remounted read-only) is shown as it is, after one
+        notice; ``tolerate_damage``: a damaged journal is shown as far as it reads."""
+        from ferry.storage.local.statedir import ensure_home, open_home_for_reading, resolve_home
 
         shared = None
         if database is not None or os.environ.get("FERRY_DATABASE_URL"):
@@ -145,15 +169,35 @@ class Session:
 
             url = database_url(database)
             shared = None if url is None else Database(url, host)
-        return cls(ensure_home(resolve_home(home, os.environ)), reporter, database=shared)
+        path = resolve_home(home, os.environ)
+        if not reading:
+            return cls(ensure_home(path), reporter, database=shared)
+        path, writable = open_home_for_reading(path)
+        session = cls(path, reporter, database=shared, reading=True,
+                      tolerate_damage=tolerate_damage)  # fmt: skip
+        if not writable:
+            session.notice("note: the state directory is read-only; showing it as it is")
+        return session
 
     @property
     def store(self) -> TaskStore:
         """Opened on first use: ``journal verify``/``repair`` must work without it,
         since opening replays the journal and refuses a corrupt one."""
         if self._store is None:
-            self._store = open_store(self.home, self._lock_wait_notice)
+            self._store = open_store(self.home, self._lock_wait_notice, reading=self.reading,
+                                     tolerate_damage=self.tolerate_damage)  # fmt: skip
         return self._store
+
+    def damage(self) -> FerryError | None:
+        """What a command that shows what it can found damaged in what it read (None:
+        nothing, or it opened no store): one coded error (exit 4) naming all of it,
+        for the command to raise once its output is out."""
+        found: list[FerryError] = list(getattr(self._store, "damage", None) or ())
+        if not found:
+            return None
+        first = found[0]
+        message = "; and ".join(dict.fromkeys(error.message for error in found))
+        return type(first)(message, code=first.code, details=first.details)
 
     def leases(self, ttl_s: float) -> Leases:
         if self.database is not None:

@@ -19,6 +19,7 @@ of ``run``, goes to click. Errors of every kind leave through :func:`main`, whic
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -83,8 +84,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return invoke(args, as_json=as_json, command=command)
     except errors.FerryError as exc:
         ctx = Ctx.current
-        report(exc, ctx.as_json if ctx else as_json)
+        damage = ctx.damage() if ctx else None
+        if damage is not None and damage is not exc and damage.message != exc.message:
+            from ferry.cli import render  # (it failed, and what it read was damaged too)
+
+            render.notice(f"warning: {damage.message}")
         runs_task = ctx.runs_task if ctx else command in _RUNS_TASK
+        with contextlib.suppress(BrokenPipeError):  # (its reader went: the code still says)
+            report(exc, ctx.as_json if ctx else as_json)
         return errors.exit_code_for(exc, runs_task=runs_task)
     except KeyboardInterrupt:
         report(errors.FerryError("interrupted", code="interrupted", exit_code=130), as_json)

@@ -277,7 +277,7 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
         it settles, then a summary; with --json, the tasks' objects as one array on stdout
         at the end (on a timeout too, as they are then).
         """
-        report = ctx.service().wait(list(task_ids), timeout_s=timeout)
+        report = ctx.service(reading=True).wait(list(task_ids), timeout_s=timeout)
         if ctx.as_json:
             render.write_json([render.task_json(task) for task in report.tasks])
         if report.timed_out:
@@ -339,7 +339,7 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
         When rows are left out (--limit), a line on stderr says how many are shown.
         """
         states = sorted({s.upper() for s in state}) or None
-        tasks, total = ctx.service().ls(state=states, limit=limit)
+        tasks, total = ctx.service(reading=True, tolerant=True).ls(state=states, limit=limit)
         from ferry.cli.table import table
 
         emit(ctx, table(tasks), [render.task_json(t) for t in tasks])
@@ -360,10 +360,10 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
 
         Several ids: one block each, a blank line between (--json: an array)."""
 
-        shown = []
+        service, shown = ctx.service(reading=True, tolerant=True), []
 
         def one(task_id: str) -> tuple[str | None, Any]:
-            obj = render.task_json(ctx.service().show(task_id), show_env_values=show_env)
+            obj = render.task_json(service.show(task_id), show_env_values=show_env)
             shown.append(task_id)
             return ("\n" if len(shown) > 1 else "") + render.detail(obj), obj
 
@@ -416,12 +416,13 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
         if merged and stream is not None:
             raise click.UsageError("give either --merged or --stream, not both")
         succeeded, as_json = [], ctx.as_json
+        service = ctx.service(reading=True, tolerant=True)
 
         def one(task_id: str) -> tuple[str | None, Any]:
             if len(task_ids) > 1 and not as_json:
-                task = ctx.service().show(task_id)
+                task = service.show(task_id)
                 render.emit(as_json=False, human=f"==> #{task.number} {task.id} <==", payload=None)
-            succeeded.append(ctx.service().logs(
+            succeeded.append(service.logs(
                 task_id, stream=stream, tail=tail, follow=follow, attempt=attempt,
                 as_json=as_json, merged=merged,
             ))  # fmt: skip
@@ -451,7 +452,7 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
     @click.pass_obj
     def lease(ctx: Any, reset: bool) -> None:
         """Show who leads: holder, epoch, since, expires."""
-        svc = ctx.service()
+        svc = ctx.service(reading=not reset, tolerant=not reset)
         if reset:
             moved = svc.lease_reset()
             text = f"moved the unreadable lease to {moved}" if moved else "the lease reads fine"
@@ -549,7 +550,7 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
 
         Also names the records every command skips (a sound line whose event is illegal).
         """
-        report = ctx.service().journal_verify()
+        report = ctx.service(reading=True).journal_verify()
         emit(ctx, render.verify_text(report), render.verify_json(report))
         if report.get("error"):  # corrupt: also the one coded error line on stderr
             from ferry.core.errors import FerryError
@@ -572,6 +573,28 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
         report = ctx.service().journal_compact()
         emit(ctx, render.compact_text(report), report)
 
+    @journal.command(
+        epilog=_example(
+            "ferry journal verify || ferry journal salvage --dry-run   # what would be lost\n"
+            "ferry journal salvage   # keep the damaged journal aside, carry on from the rest"
+        )
+    )
+    @click.option(
+        "--dry-run", is_flag=True, help="Say what it would keep and lose; change nothing."
+    )
+    @click.pass_obj
+    def salvage(ctx: Any, dry_run: bool) -> None:
+        """Operator action for a damaged journal (exit 4, journal.corrupt): move it aside.
+
+        The damaged journal is moved whole to journal.damaged-<time>/ (never deleted)
+        and a new one is written from every record before the damage (its newest usable
+        snapshot, then the records after it). Prints what was lost: the records after
+        the damage, and each task whose state is now older, or gone. Refuses a journal
+        that is only torn at its end ('ferry journal repair' cuts that) or not damaged.
+        """
+        report = ctx.service().journal_salvage(dry_run=dry_run)
+        emit(ctx, render.salvage_text(report), report)
+
     @journal.command(epilog=_example("ferry journal dump --from 1200 | jq .type"))
     @click.option(
         "--from",
@@ -584,7 +607,7 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
     @click.pass_obj
     def dump(ctx: Any, from_seq: int) -> None:
         """Print every record as JSON Lines."""
-        ctx.service().journal_dump(from_seq=from_seq)
+        ctx.service(reading=True).journal_dump(from_seq=from_seq)
 
     @cli.group(epilog=_example("ferry --database postgresql://ferry@db/ferry db init"))
     def db() -> None:

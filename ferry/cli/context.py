@@ -11,6 +11,7 @@ if TYPE_CHECKING:
 
     from ferry.app.runner import RunResult
     from ferry.app.service import Service
+    from ferry.app.session import Session
     from ferry.app.tally import Progress
     from ferry.core.errors import FerryError
     from ferry.core.model import Task
@@ -37,14 +38,25 @@ class Ctx:
         self.database, self.host = database, host
         self.runs_task = False
         self.reporter = CliReporter(verbosity, as_json=as_json)
+        self.session: Session | None = None
         Ctx.current = self
 
-    def service(self) -> Service:
+    def service(self, *, reading: bool = False, tolerant: bool = False) -> Service:
+        """The use cases, over the state directory. ``reading``: the command only
+        reads (it works on a directory ferry may not write, and writes nothing);
+        ``tolerant``: it shows what it can of a damaged journal, and :meth:`damage`
+        then says what is damaged (the command ends with it: exit 4)."""
         from ferry.app.service import Service  # lazy: keeps `ferry --help` cheap
         from ferry.app.session import Session
 
-        session = Session.open(self.home, self.reporter, database=self.database, host=self.host)
-        return Service(session)
+        self.session = Session.open(self.home, self.reporter, database=self.database,
+                                    host=self.host, reading=reading,
+                                    tolerate_damage=tolerant)  # fmt: skip
+        return Service(self.session)
+
+    def damage(self) -> FerryError | None:
+        """What a command that shows what it can found damaged (one coded error)."""
+        return None if self.session is None else self.session.damage()
 
     def ran(self, result: RunResult | None) -> int:
         """``run``/``claim``: under --json the task is the one document on stdout (the

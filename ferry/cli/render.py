@@ -264,6 +264,52 @@ def repair_text(report: Mapping[str, Any]) -> str:
     )
 
 
+def salvage_text(report: Mapping[str, Any]) -> str:
+    """What ``journal salvage`` did (or, ``--dry-run``, would do), and what was lost."""
+    lines = list(report.get("finished") or ())
+    kept = report["kept"]
+    if report["salvaged"] or report["dry_run"]:
+        base = kept["snapshot_seq"]
+        since = f"the snapshot at seq {base}" if base is not None else "seq 1"
+        verb = "would keep" if report["dry_run"] else "kept"
+        lines.append(f"{verb} the journal from {since} to seq {kept['last_seq']}")
+        if report["damaged_copy"]:
+            lines.append(f"the damaged journal is kept whole in {report['damaged_copy']}")
+        lines.extend(f"damage: {found['message']}" for found in report["damage"])
+        lost = report["lost_records"]
+        if lost:
+            first, last = report["lost_seqs"]
+            readable = report["lost_readable"]
+            lines.append(
+                f"lost: {lost} record(s), seq {first} to {last}"
+                f" ({readable} of them still readable in the damaged copy)"
+            )
+            if report["lost_guessed"]:
+                seqs = ", ".join(map(str, report["lost_guessed"]))
+                lines.append(f"  (the damaged record, seq {seqs}, read as it probably was)")
+        else:
+            lines.append("lost: no record")
+        for name in report["dropped_archives"]:
+            lines.append(
+                f"lost: settled-task archive {name} (damaged; kept as archive/damaged-{name})"
+            )
+        older = [t for t in report["tasks"] if t["after"] is not None]
+        gone = [t for t in report["tasks"] if t["after"] is None]
+        if older:
+            lines.append(f"tasks whose state is now older ({len(older)}):")
+            lines.extend(
+                f"  {t['task']}  {t['before']} (attempt {t['attempt_before']}) -> "
+                f"{t['after']} (attempt {t['attempt_after']})"
+                for t in older
+            )
+        if gone:
+            lines.append(f"tasks now gone ({len(gone)}):")
+            lines.extend(f"  {t['task']}  was {t['before']}" for t in gone)
+        if not older and not gone:
+            lines.append("no task's state changed")
+    return "\n".join(lines)
+
+
 def compact_text(report: Mapping[str, Any]) -> str:
     return f"snapshot at seq {report['snapshot_seq']}; removed {len(report['removed'])} segment(s)"
 

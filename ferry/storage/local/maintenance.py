@@ -1,7 +1,8 @@
-"""``ferry journal verify|repair|dump``: thin, read-mostly wrappers over ``journal``.
+"""``ferry journal verify|repair|dump|salvage``: thin wrappers over ``journal``.
 
-``verify`` and ``repair`` work on the directory directly (not through the store), so
-they still answer when the journal is too damaged to open.
+They work on the directory directly (not through the store), so they still answer when
+the journal is too damaged to open; ``verify`` and ``dump`` only read (they work on a
+directory ferry may not write), ``salvage`` is in :mod:`ferry.storage.local.salvage`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,10 @@ from ferry.storage.local.store import Store, check_table, journal_error
 
 
 def verify(directory: Path) -> dict[str, Any]:
+    if not directory.exists():  # (a reader makes nothing: no journal yet is an empty one)
+        return {"status": "clean", "records": 0, "first_seq": 1, "last_seq": 0,
+                "segments": [], "snapshot_seq": None, "damaged_snapshots": [],
+                "exit_code": 0, "anomalies": []}  # fmt: skip
     try:
         report = journal.verify(directory)
     except journal.JournalError as error:
@@ -59,7 +64,7 @@ def _check_with_ferry(home: Path) -> tuple[FerryError | None, list[dict[str, Any
     history fails)? And which records did the fold skip (a sound line whose event is
     illegal or malformed: every command goes on without them, verify names them)?"""
     try:
-        store = Store.open(home)
+        store = Store.open(home, read_only=True)
     except JournalIntegrityError as error:
         return error, []
     try:
@@ -98,20 +103,43 @@ def repair(directory: Path) -> dict[str, Any]:
     }
 
 
-def dump(store: Store, from_seq: int, out: BinaryIO) -> None:
+def dump(directory: Path, from_seq: int, out: BinaryIO) -> None:
     """Every record with seq >= from_seq as JSON Lines (snapshot-covered records that
-    were compacted away are not there: the dump starts at the first one on disk)."""
+    were compacted away are not there: the dump starts at the first one on disk).
+
+    Reads the directory without a lock (an append in progress ends it quietly) and
+    writes nothing. A damaged journal is dumped up to its damage; then the damage is
+    raised (``journal.corrupt``, exit 4), naming it."""
+    last = 0
+    if not directory.exists():
+        return  # (no journal yet: nothing to dump, and nothing made)
     try:
-        start = max(from_seq, store.wal.first_seq)
-        for record in store.wal.read(start):
-            line = {
-                "seq": record.seq,
-                "epoch": record.epoch,
-                "ts": record.ts,
-                "type": record.type,
-                "data": record.data,
-            }
-            out.write(orjson.dumps(line) + b"\n")
+        try:
+            for record in journal.read_records(directory, from_seq):
+                _dump_line(record, out)
+                last = record.seq
+        except journal.CompactedError as error:
+            if last:
+                raise
+            for record in journal.read_records(directory, max(from_seq, error.first_seq)):
+                _dump_line(record, out)
+                last = record.seq
     except journal.JournalError as error:
-        raise journal_error(error) from error
+        out.flush()
+        found = journal_error(error)
+        if isinstance(found, JournalIntegrityError):
+            upto = f"up to seq {last}" if last else "nothing"
+            found.message = f"the journal is damaged: {error}; dumped {upto}"
+        raise found from error
     out.flush()
+
+
+def _dump_line(record: journal.Record, out: BinaryIO) -> None:
+    line = {
+        "seq": record.seq,
+        "epoch": record.epoch,
+        "ts": record.ts,
+        "type": record.type,
+        "data": record.data,
+    }
+    out.write(orjson.dumps(line) + b"\n")

@@ -14,6 +14,10 @@
 * ``state_dir.network_fs``: it lives on NFS, CIFS/SMB, sshfs and the like, where
   ``flock`` and ``fsync`` do not give the guarantees the journal and the lease need.
 
+A command that only reads calls ``open_home_for_reading`` instead: the same checks of
+what is there, nothing created, and a directory it may not write (a disk remounted
+read-only) is no refusal: the reader is told so and shows it as it is.
+
 ``ferry run`` calls ``ensure_home`` on every start, so it is a handful of system calls
 and one read of ``/proc/self/mountinfo``. Each directory it creates is made durable
 (its parent fsynced after it: a power cut would drop a directory whose entry never
@@ -39,6 +43,7 @@ __all__ = [
     "fsync_dir",
     "is_network_fs",
     "make_dir_durable",
+    "open_home_for_reading",
     "private_open",
     "resolve_home",
 ]
@@ -145,6 +150,40 @@ def ensure_home(path: Path, *, mountinfo: str | None = None) -> Path:
             )
     finally:
         os.close(fd)
+    _refuse_network_fs(path, mountinfo)
+    return path
+
+
+def open_home_for_reading(path: Path, *, mountinfo: str | None = None) -> tuple[Path, bool]:
+    """The state directory for a command that only reads: ``(path, writable)``.
+
+    Refuses what ``ensure_home`` refuses of what is there (a symlink, not a directory,
+    another owner, writable by others, a network file system), but creates nothing (a
+    missing home or subdirectory reads as empty) and accepts a directory it may not
+    write: ``writable`` says which (False: a read-only mount, or no write permission)."""
+    path = path.absolute()
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return path, True  # nothing to show; nothing made
+    except OSError as e:
+        raise _refusal(path, e) from e
+    try:
+        _check_dir(path, os.fstat(fd))
+        for name in SUBDIRS:
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            _check_dir(path / name, st)
+        writable = os.access(path, os.W_OK | os.X_OK)
+    finally:
+        os.close(fd)
+    _refuse_network_fs(path, mountinfo)
+    return path, writable
+
+
+def _refuse_network_fs(path: Path, mountinfo: str | None) -> None:
     fstype = filesystem_type(path, _read_mountinfo() if mountinfo is None else mountinfo)
     if fstype is not None and is_network_fs(fstype):
         raise StateDirError(
@@ -153,7 +192,6 @@ def ensure_home(path: Path, *, mountinfo: str | None = None) -> Path:
             code="state_dir.network_fs",
             details={"path": str(path), "fstype": fstype},
         )
-    return path
 
 
 def private_open(path: str | os.PathLike[str], flags: int, *, dir_fd: int | None = None) -> int:

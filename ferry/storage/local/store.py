@@ -199,13 +199,75 @@ class Store:
         self.lock = threading.RLock()
         self.snapshot_seq = 0  # the snapshot the table was loaded from (or last written)
         self.fence: LeaseFence | None = None  # the journal's lease check (see LeaseFence)
+        # What a reader that shows what it can found damaged (``tolerate_damage``): the
+        # command warns with it, once, after its output, and exits 4.
+        self.damage: list[JournalIntegrityError] = []
 
     # ---- opening -------------------------------------------------------------------
 
     @classmethod
-    def open(cls, home: Path, *, on_lock_wait: Callable[[], None] | None = None) -> Store:
-        """``on_lock_wait``: see ``journal.Journal.open`` (a long wait for the lock)."""
-        fence = LeaseFence(home / "lease.json")
+    def open(
+        cls,
+        home: Path,
+        *,
+        on_lock_wait: Callable[[], None] | None = None,
+        read_only: bool = False,
+        tolerate_damage: bool = False,
+    ) -> Store:
+        """``on_lock_wait``: see ``journal.Journal.open`` (a long wait for the lock).
+
+        ``read_only``: a reader's store; it creates nothing, takes no lock and cannot
+        commit (the state directory may be on a disk mounted read-only).
+        ``tolerate_damage`` (with ``read_only``): a damaged journal is read as far as
+        it can be (``journal.Journal.open_view``: its newest usable snapshot, then
+        every record up to the damage), and a settled-task archive that is missing or
+        damaged is left out; ``damage`` says what, instead of an error."""
+        if not tolerate_damage:
+            return cls._open(home, on_lock_wait, read_only, damage=None)
+        damage: list[JournalIntegrityError] = []
+        try:
+            return cls._open(home, None, True, damage=damage)
+        except JournalIntegrityError as error:
+            if error.code == "journal.format_version":
+                raise  # (written by a newer ferry: not damage)
+        return cls.open_view(home)
+
+    @classmethod
+    def open_view(cls, home: Path, accept: journal.Accept | None = None) -> Store:
+        """What is readable of a damaged journal, as a read-only store (``accept``:
+        which snapshot is usable, see ``journal.Journal.open_view``; by default one
+        that decodes)."""
+        try:
+            wal = journal.Journal.open_view(home / "journal", accept=accept or _decodable)
+        except journal.JournalError as error:
+            raise journal_error(error) from error
+        view = wal.view
+        assert view is not None
+        damage = view_damage(view)
+        base = wal.latest_snapshot()
+        on_damaged = damage.append
+        table = _table_from_snapshot(home, base.data, on_damaged) if base else Table()
+        store = cls(home, wal, table)
+        store.snapshot_seq = view.base_seq
+        store.damage = damage
+        try:
+            wal.subscribe(store._apply, after_seq=table.last_seq)
+        except journal.JournalError as error:
+            raise journal_error(error) from error
+        return store
+
+    @classmethod
+    def _open(
+        cls,
+        home: Path,
+        on_lock_wait: Callable[[], None] | None,
+        read_only: bool,
+        *,
+        damage: list[JournalIntegrityError] | None,
+    ) -> Store:
+        fence = None if read_only else LeaseFence(home / "lease.json")
+        on_damaged = None if damage is None else damage.append
+        wal: journal.Journal | None = None
         try:
             wal = journal.Journal.open(
                 home / "journal",
@@ -213,11 +275,16 @@ class Store:
                 record_bytes_max=RECORD_BYTES_MAX,
                 fence=fence,
                 on_lock_wait=on_lock_wait,
+                read_only=read_only,
             )
             snapshot = wal.latest_snapshot()
             for attempt in range(1, _OPEN_TRIES + 1):
-                table = _table_from_snapshot(home, snapshot.data) if snapshot else Table()
+                table = (
+                    _table_from_snapshot(home, snapshot.data, on_damaged) if snapshot else Table()
+                )
                 store = cls(home, wal, table)
+                if damage is not None:
+                    store.damage = damage
                 store.fence = fence
                 store.snapshot_seq = snapshot.seq if snapshot else 0
                 failpoint("before:replay")
@@ -242,8 +309,12 @@ class Store:
                         raise
                     snapshot = newer
             failpoint("after:replay")
-        except journal.JournalError as error:
-            raise journal_error(error) from error
+        except BaseException as error:
+            if wal is not None:
+                wal.close()  # (a reader that shows what it can opens a view instead)
+            if isinstance(error, journal.JournalError):
+                raise journal_error(error) from error
+            raise
         return store
 
     def close(self) -> None:
@@ -517,14 +588,70 @@ def _parse_snapshot(blob: bytes) -> tuple[dict[str, Any], ArchiveRefs]:
         raise _undecodable_snapshot(error) from error
 
 
-def _table_from_snapshot(home: Path, blob: bytes) -> Table:
+OnDamaged = Callable[[JournalIntegrityError], None]
+
+
+def _table_from_snapshot(home: Path, blob: bytes, on_damaged: OnDamaged | None = None) -> Table:
     data, refs = _parse_snapshot(blob)
-    return _table_from(home, data, refs)
+    return _table_from(home, data, refs, on_damaged)
 
 
-def _table_from(home: Path, data: dict[str, Any], refs: ArchiveRefs) -> Table:
+def _decodable(snapshot: journal.Snapshot) -> bytes:
+    """A view's test of a snapshot (``journal.Journal.open_view``): a task table this
+    ferry reads (its archives are read later, each left out if damaged)."""
+    try:
+        data, _ = _parse_snapshot(snapshot.data)
+        Table.from_snapshot(data)
+    except JournalIntegrityError as error:
+        raise journal.SnapshotRejected(error.message) from error
+    except _SNAPSHOT_DECODE_ERRORS as error:
+        raise journal.SnapshotRejected(_undecodable_snapshot(error).message) from error
+    return snapshot.data
+
+
+def view_damage(view: journal.View, *, shown: bool = True) -> list[JournalIntegrityError]:
+    """What a view of a damaged journal found, as coded errors, the worst first: the
+    damage that ends what it shows, sound snapshots it could not use, damage in
+    records its snapshot covers. ``shown``: said to a reader (what it was shown)."""
+    found: list[JournalIntegrityError] = []
+    last = f"seq {view.last_seq}" if view.last_seq else "nothing"
+    if view.damage is not None:
+        said = f"; shown as of {last}, the last record before the damage" if shown else ""
+        found.append(
+            JournalIntegrityError(
+                f"the journal is damaged: {view.damage}{said}",
+                code="journal.corrupt",
+                details=dict(view.damage.details),
+            )
+        )
+    for path, why, kind in view.unusable:
+        # Beyond the records: records it covers were lost (as the journal says of it).
+        code = "journal.corrupt" if kind == "beyond" else "journal.snapshot_mismatch"
+        instead = f"the snapshot at seq {view.base_seq}" if view.base else "seq 1"
+        found.append(
+            JournalIntegrityError(
+                f"snapshot {path.name} is unusable ({why}); read from {instead} instead",
+                code=code,
+                details={"path": str(path)},
+            )
+        )
+    if view.covered is not None:
+        found.append(
+            JournalIntegrityError(
+                f"the journal is damaged in records its snapshot at seq {view.base_seq} covers"
+                f" ({view.covered}): nothing shown depends on them",
+                code="journal.corrupt",
+                details=dict(view.covered.details),
+            )
+        )
+    return found
+
+
+def _table_from(
+    home: Path, data: dict[str, Any], refs: ArchiveRefs, on_damaged: OnDamaged | None = None
+) -> Table:
     def load_settled(table_seq: int) -> Iterable[Mapping[str, Any]] | Table:
-        return _load_history(home, refs, table_seq)
+        return _load_history(home, refs, table_seq, on_damaged)
 
     try:
         return Table.from_snapshot(data, load_settled=load_settled if refs else None)
@@ -533,7 +660,7 @@ def _table_from(home: Path, data: dict[str, Any], refs: ArchiveRefs) -> Table:
 
 
 def _load_history(
-    home: Path, refs: ArchiveRefs, table_seq: int
+    home: Path, refs: ArchiveRefs, table_seq: int, on_damaged: OnDamaged | None = None
 ) -> Iterable[Mapping[str, Any]] | Table:
     """The settled tasks of a table loaded from the snapshot naming ``refs``, folded
     through ``table_seq`` since (a ``state.SettledLoader``).
@@ -545,8 +672,10 @@ def _load_history(
     version is as new or newer. A newest snapshot past ``table_seq`` could hold a task
     in a state later than the table's; the table becomes that snapshot's instead (the
     records in between are covered by it). Missing archives the newest snapshot names
-    too are lost: ``journal.snapshot_mismatch``, never skipped."""
+    too are lost: ``journal.snapshot_mismatch``, never skipped; unless the caller
+    shows what it can (``on_damaged``): it is told, and the other archives serve."""
     directory = home / "archive"
+    first_refs = refs
     try:
         return _read_archives(directory, refs)
     except JournalIntegrityError as error:
@@ -567,15 +696,28 @@ def _load_history(
             return _read_archives(directory, newer)
         except JournalIntegrityError as error:
             refs, lost = newer, error  # pruned while read: a newer snapshot replaced them
+    if on_damaged is not None:
+        return _read_archives(directory, first_refs, on_damaged)
     raise lost
 
 
-def _read_archives(directory: Path, refs: ArchiveRefs) -> list[Mapping[str, Any]]:
+def _read_archives(
+    directory: Path, refs: ArchiveRefs, on_damaged: OnDamaged | None = None
+) -> list[Mapping[str, Any]]:
     """Every task the archives hold, its newest record each (oldest archive first: a
-    later one has the newer record)."""
+    later one has the newer record). ``on_damaged``: a missing or damaged archive is
+    left out (its tasks with it) and told, instead of raised."""
     by_id: dict[str, Mapping[str, Any]] = {}
     for name, sha256 in refs:
-        for record in _read_archive(directory / name, sha256):
+        try:
+            records = list(_read_archive(directory / name, sha256))
+        except JournalIntegrityError as error:
+            if on_damaged is None:
+                raise
+            error.message += "; its settled tasks are left out"
+            on_damaged(error)
+            continue
+        for record in records:
             by_id[record["id"]] = record
     return list(by_id.values())
 

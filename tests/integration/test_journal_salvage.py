@@ -1,0 +1,435 @@
+"""A damaged journal, through the real ``ferry`` command: what the readers show (the
+tasks as of the last record before the damage, one coded line naming it, exit 4), and
+``ferry journal salvage``, the operator's way out: the damaged journal moved aside
+whole, a new one from every record before the damage, and exactly what was lost.
+
+The oracle for "as of the last record before the damage" is the same home with its
+journal cut right before the damaged line (a clean journal of the records before it),
+read by ``ls``. Damage is one flipped bit inside a record (in a digit of its ``ts``: the
+line no longer checks, and stays a whole line, so it is corruption, never a torn tail).
+Salvage is also killed (failpoints, SIGKILL) at each of its steps: the journal left
+behind is either the damaged one, whole and in place, or the new one, complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import signal
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from clikit import Ferry, wait_until
+from hardkit import cli_in, holds_open, tree
+
+from ferry.failpoints import FAILPOINTS
+
+pytestmark = pytest.mark.timeout(300)
+
+SALVAGE_POINTS = sorted(p for p in FAILPOINTS if "salvage" in p)
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """a SUCCEEDED (with output), b FAILED, c and d SUCCEEDED by a worker, e QUEUED."""
+    base = tmp_path_factory.mktemp("template")
+    with cli_in(base) as cli:
+        cli.ok("run", "--name", "a", "--", "echo", "out-a")
+        assert cli("run", "--name", "b", "--", "false").code == 1
+        cli.ok("submit", "--name", "c", "--", "true")
+        cli.ok("submit", "--name", "d", "--", "true")
+        cli.ok("work", "--drain")
+        cli.ok("submit", "--name", "e", "--", "true")
+        return cli.home
+
+
+@pytest.fixture
+def cli(tmp_path: Path, template: Path) -> Iterator[Ferry]:
+    with cli_in(tmp_path, template) as driver:
+        yield driver
+
+
+# ---- damage and its oracle ----------------------------------------------------------------
+
+
+def journal_dir(home: Path) -> Path:
+    return home / "journal"
+
+
+def segments(home: Path) -> list[Path]:
+    return sorted(journal_dir(home).glob("*.jsonl"))
+
+
+def record_lines(segment: Path) -> list[bytes]:
+    return segment.read_bytes().rstrip(b"\0").splitlines(keepends=True)
+
+
+def split_at(home: Path, seq: int) -> None:
+    """The one segment split in two (as rotation makes them): records before ``seq``,
+    then the rest (in a segment named ``seq``)."""
+    (segment,) = segments(home)
+    lines = record_lines(segment)
+    segment.write_bytes(b"".join(lines[: seq - 1]))
+    second = journal_dir(home) / f"{seq:020d}.jsonl"
+    second.write_bytes(b"".join(lines[seq - 1 :]))
+    second.chmod(0o600)
+
+
+def locate(home: Path, seq: int) -> tuple[Path, int]:
+    """The segment holding record ``seq`` and the offset of its line."""
+    for segment in segments(home):
+        offset = 0
+        for line in record_lines(segment):
+            if line.startswith(b'{"v":1,"seq":%d,' % seq):
+                return segment, offset
+            offset += len(line)
+    raise AssertionError(f"no record {seq}")
+
+
+def flip(home: Path, seq: int) -> tuple[Path, int]:
+    """One bit of record ``seq`` flipped, in a digit of its ts (it still parses)."""
+    segment, offset = locate(home, seq)
+    data = bytearray(segment.read_bytes())
+    at = data.index(b'"ts":', offset) + 6
+    data[at] ^= 0x01  # '0' <-> '1', ..., '8' <-> '9': a digit stays a digit
+    segment.write_bytes(bytes(data))
+    return segment, offset
+
+
+def oracle(home: Path, seq: int, where: Path) -> Path:
+    """A copy of ``home`` whose journal holds exactly the records before ``seq``."""
+    shutil.copytree(home, where, symlinks=True)
+    segment, offset = locate(where, seq)
+    with segment.open("r+b") as f:
+        f.truncate(offset)
+    for later in segments(where):
+        if later.name > segment.name:
+            later.unlink()
+    for snapshot in journal_dir(where).glob("snapshot-*.snap"):
+        if int(snapshot.name[9:29]) >= seq:
+            snapshot.unlink()
+    return where
+
+
+def tasks_in(cli: Ferry, home: Path) -> list[dict[str, Any]]:
+    tasks: list[dict[str, Any]] = cli.json("--home", str(home), "ls", "--limit", "0")
+    return tasks
+
+
+def settled_seq(cli: Ferry, name: str) -> int:
+    """The seq of the SETTLED record of the task named ``name``."""
+    task_id = next(t["id"] for t in cli.tasks() if t["name"] == name)
+    return max(
+        r["seq"] for r in cli.records() if r["type"] == "SETTLED" and r["data"]["task"] == task_id
+    )
+
+
+def files(directory: Path) -> dict[str, str]:
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in directory.iterdir()
+        if p.is_file()
+    }
+
+
+def damaged_copies(home: Path) -> list[Path]:
+    return sorted(home.glob("journal.damaged-*"))
+
+
+def leftovers(home: Path) -> list[Path]:
+    return sorted(home.glob(".journal.salvage-*"))
+
+
+def damaged(cli: Ferry, tmp_path: Path, where: str) -> tuple[int, Path]:
+    """Damage the SETTLED record of task c (``where``: in a sealed segment, or in the
+    middle of the last one); returns its seq and the oracle home."""
+    seq = settled_seq(cli, "c")
+    if where == "sealed":
+        split_at(cli.home, seq + 2)
+        cli.verify_clean()  # (split as rotation would have: still one valid journal)
+    expect = oracle(cli.home, seq, tmp_path / "oracle")
+    flip(cli.home, seq)
+    return seq, expect
+
+
+# ---- readers ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["sealed", "last"])
+def test_readers_show_the_tasks_before_the_damage_name_it_and_exit_4(
+    cli: Ferry, tmp_path: Path, where: str
+) -> None:
+    seq, expect = damaged(cli, tmp_path, where)
+    segment, offset = locate(cli.home, seq)
+    before = tree(cli.home)
+    shown = cli("--json", "ls", "--limit", "0")
+    assert shown.code == 4 and shown.error_code() == "journal.corrupt", shown
+    assert shown.json() == tasks_in(cli, expect)
+    assert segment.name in shown.err and f"offset {offset}" in shown.err and str(seq) in shown.err
+    assert {t["name"]: t["state"] for t in shown.json()} == {
+        "a": "SUCCEEDED", "b": "FAILED", "c": "RUNNING", "d": "QUEUED"}  # fmt: skip
+    human = cli("ls")
+    assert human.code == 4 and "RUNNING" in human.text, human
+    show = cli("--json", "show", "1")
+    assert show.code == 4 and show.json()["name"] == "a", show
+    logs = cli("logs", "1")
+    assert (logs.code, logs.out) == (4, b"out-a\n"), logs
+    assert logs.error_code() == "journal.corrupt"
+    dump = cli("journal", "dump")
+    assert dump.code == 4 and len(dump.out.splitlines()) == seq - 1, dump
+    assert cli("lease").code in (0, 4)
+    cli.refused(4, "journal.corrupt", "journal", "verify")
+    cli.refused(125, "journal.corrupt", "run", "--", "true")
+    cli.refused(4, "journal.corrupt", "submit", "--", "true")
+    cli.refused(4, "journal.corrupt", "work", "--drain")
+    assert tree(cli.home) == before
+
+
+def test_a_task_the_damage_hides_is_not_found_and_the_damage_is_said(
+    cli: Ferry, tmp_path: Path
+) -> None:
+    seq, _ = damaged(cli, tmp_path, "last")
+    result = cli.refused(5, "task.not_found", "show", "5")  # e: submitted after the damage
+    assert "warning: the journal is damaged" in result.err and str(seq) in result.err
+
+
+# ---- salvage ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["sealed", "last"])
+def test_salvage_keeps_every_record_before_the_damage_and_says_what_was_lost(
+    cli: Ferry, tmp_path: Path, where: str
+) -> None:
+    full = {t["id"]: t for t in cli.tasks()}
+    records = len(cli.records())
+    seq, expect = damaged(cli, tmp_path, where)
+    kept = {t["id"]: t for t in tasks_in(cli, expect)}
+    original = files(journal_dir(cli.home))
+    before = tree(cli.home)
+
+    dry = cli.json("journal", "salvage", "--dry-run")
+    assert tree(cli.home) == before, "a dry run changes nothing"
+    report = cli.json("journal", "salvage")
+    assert report["salvaged"] and not dry["salvaged"]
+    for key in ("kept", "lost_records", "lost_readable", "tasks", "damage"):
+        assert report[key] == dry[key], key
+    assert report["kept"]["last_seq"] == seq - 1
+    assert report["lost_records"] == records - (seq - 1)
+    assert report["lost_readable"] == records - seq  # (all but the damaged line)
+    assert report["lost_guessed"] == [seq], "the damaged line still parses"
+    assert report["damage"][0]["code"] == "journal.corrupt"
+    expected = {
+        (task_id, task["state"], kept[task_id]["state"] if task_id in kept else None)
+        for task_id, task in full.items()
+        if task_id not in kept
+        or (task["state"], task["attempt"]) != (kept[task_id]["state"], kept[task_id]["attempt"])
+    }
+    assert {(t["task"], t["before"], t["after"]) for t in report["tasks"]} == expected
+    assert len(expected) == 3  # c SUCCEEDED -> RUNNING, d -> QUEUED, e gone
+
+    (copy,) = damaged_copies(cli.home)
+    assert str(copy) == report["damaged_copy"]
+    assert files(copy) == original, "the damaged journal is kept whole, unchanged"
+    assert not leftovers(cli.home)
+    cli.verify_clean()
+    assert cli.tasks() == tasks_in(cli, expect)  # and exit 0 now
+    said = cli.ok("journal", "salvage", "--dry-run", codes=(1,))
+    assert "not damaged" in said.err
+    # Ferry goes on from there: recovery decides c (its runner is long gone), d runs.
+    cli.recover()
+    cli.ok("work", "--drain")
+    cli.ok("run", "--", "true")
+    cli.verify_clean()
+    assert files(copy) == original
+
+
+def test_salvage_refuses_a_torn_tail_and_a_healthy_journal(cli: Ferry) -> None:
+    tasks = cli.tasks()
+    before = tree(cli.home)
+    refused = cli.refused(1, "salvage.not_damaged", "journal", "salvage")
+    assert "nothing to salvage" in refused.err
+    before.pop("compact.lock", None)
+    after = tree(cli.home)
+    after.pop("compact.lock", None)
+    assert after == before
+    (segment,) = segments(cli.home)
+    with segment.open("r+b") as f:
+        f.seek(len(b"".join(record_lines(segment))))
+        f.write(b'{"v":1,"seq":99,"epo')  # a torn tail, as a crash mid-append leaves
+    torn = tree(cli.home)
+    refused = cli.refused(1, "salvage.torn_tail", "journal", "salvage")
+    assert "ferry journal repair" in refused.err
+    cli.refused(1, "salvage.torn_tail", "journal", "salvage", "--dry-run")
+    assert tree(cli.home) == torn
+    cli.ok("journal", "repair")
+    cli.verify_clean()
+    assert not damaged_copies(cli.home) and not leftovers(cli.home)
+    assert cli.tasks() == tasks
+
+
+def test_salvage_refuses_while_a_worker_has_the_journal_open(cli: Ferry, tmp_path: Path) -> None:
+    """A damaged sealed segment under a running worker (it read it long ago): moving the
+    journal away under it would lose its writes. Refused (75); then, once it stopped,
+    done."""
+    seq = settled_seq(cli, "c")
+    split_at(cli.home, seq + 2)
+    worker = cli.start("work")
+    # It has the journal open for good once it ran the queued task (e): opening, it
+    # also reads segments for a moment, before it pins its own.
+    wait_until(lambda: cli.tasks()[-1]["state"] == "SUCCEEDED", what="the worker to run e")
+    sealed, _ = flip(cli.home, seq)
+    before = sealed.read_bytes()
+    refused = cli.refused(75, "salvage.in_use", "journal", "salvage")
+    assert "stop it" in refused.err
+    assert sealed.read_bytes() == before, "(the worker may write: the active segment)"
+    assert not damaged_copies(cli.home) and not leftovers(cli.home)
+    os.kill(worker.pid, signal.SIGTERM)
+    assert worker.wait(timeout=60) in (0, 4, 143)
+    assert cli.json("journal", "salvage")["salvaged"]
+    cli.verify_clean()
+
+
+@pytest.mark.parametrize(
+    "point",
+    [p if p == "after:salvage_swap" else pytest.param(p, marks=pytest.mark.crash)
+     for p in SALVAGE_POINTS],
+)  # fmt: skip
+def test_a_salvage_killed_at_each_step_leaves_one_whole_journal(
+    cli: Ferry, tmp_path: Path, point: str
+) -> None:
+    seq, expect = damaged(cli, tmp_path, "last")
+    original = files(journal_dir(cli.home))
+    killed = cli("journal", "salvage", failpoints=point)
+    assert killed.code == -signal.SIGKILL, killed
+    swapped = point == "after:salvage_swap"
+    report = cli("--json", "journal", "verify").json()
+    if swapped:  # the new journal is in use, complete; the damaged one beside it
+        assert report["status"] == "clean", report
+        assert cli.tasks() == tasks_in(cli, expect)
+        (leftover,) = leftovers(cli.home)
+        assert files(leftover) == original
+    else:  # the damaged journal is in place, whole; the build is not in use
+        assert report["status"] == "corrupt", report
+        assert files(journal_dir(cli.home)) == original
+        shown = cli("--json", "ls", "--limit", "0")
+        assert shown.code == 4 and shown.json() == tasks_in(cli, expect)
+        cli.refused(125, "journal.corrupt", "run", "--", "true")
+    again = cli.ok("journal", "salvage")  # finishes it, or salvages (again)
+    if swapped:
+        assert "renamed" in again.text and "journal.damaged-" in again.text
+    (copy,) = damaged_copies(cli.home)
+    assert files(copy) == original
+    assert not leftovers(cli.home)
+    cli.verify_clean()
+    assert cli.tasks() == tasks_in(cli, expect)
+    assert seq - 1 == len(cli.records())
+    cli.ok("run", "--", "true")
+    cli.verify_clean()
+
+
+def test_a_writer_that_opens_the_journal_during_a_salvage_writes_into_the_new_one(
+    cli: Ferry,
+) -> None:
+    """Damage that the snapshot covers (in the first record): ``run`` does not read
+    there and goes on; salvage moves it aside, losing nothing. A ``run`` that opened
+    the old journal while salvage swapped it waits, then writes into the new one (it
+    would have written into the damaged copy, lost)."""
+    for _ in range(3):  # (a segment larger than one bisection probe: 8 KiB)
+        cli.ok("submit", "--env", "PAD=" + "n" * 1500, "--", "true")
+    cli.ok("journal", "compact")
+    flip(cli.home, 1)
+    assert cli("--json", "journal", "verify").json()["status"] == "corrupt"
+    cli.ok("run", "--name", "before", "--", "true")  # it does not read record 1
+    tasks = cli.tasks()
+    salvage = cli.start_stopped("journal", "salvage", at="before:salvage_swap")
+    (segment,) = segments(cli.home)
+    late = cli.start("run", "--name", "late", "--", "true")
+    wait_until(lambda: holds_open(late.pid, segment), what="run to open the old journal")
+    os.kill(salvage.pid, signal.SIGCONT)
+    assert salvage.wait(timeout=60) == 0
+    assert late.wait(timeout=60) == 0
+    (copy,) = damaged_copies(cli.home)
+    assert not any(b'"name":"late"' in p.read_bytes() for p in copy.glob("*.jsonl"))
+    after = cli.tasks()
+    assert after[:-1] == tasks, "nothing lost: the snapshot covered the damage"
+    assert (after[-1]["name"], after[-1]["state"]) == ("late", "SUCCEEDED")
+    cli.verify_clean()
+
+
+# ---- a damaged snapshot or archive --------------------------------------------------------
+
+
+def _compacted(cli: Ferry, *, drop_segments: bool) -> None:
+    if drop_segments:  # the records the snapshot covers go: nothing older to read again
+        split_at(cli.home, len(cli.records()))
+    cli.ok("journal", "compact")
+    assert len(segments(cli.home)) == 1
+
+
+def _rewrite_snapshot_data(path: Path, data: bytes) -> None:
+    head, _, _ = path.read_bytes().partition(b"\n")
+    header = head[: head.rindex(b',"length"')]
+    header += b',"length":%d,"data_crc":"%08x"' % (len(data), zlib.crc32(data))
+    path.write_bytes(header + b',"crc":"%08x"}\n' % zlib.crc32(header) + data)
+
+
+@pytest.mark.parametrize("damage", ["archive", "snapshot"])
+def test_a_damaged_snapshot_or_archive_with_the_records_still_there_loses_nothing(
+    cli: Ferry, damage: str
+) -> None:
+    full = cli.tasks()
+    _compacted(cli, drop_segments=False)
+    (archive,) = (cli.home / "archive").iterdir()
+    if damage == "archive":
+        data = bytearray(archive.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        archive.write_bytes(bytes(data))
+    else:
+        (snapshot,) = journal_dir(cli.home).glob("snapshot-*.snap")
+        _rewrite_snapshot_data(snapshot, b'{"a": "table from some other tool"}')
+    code = "journal.snapshot_mismatch"
+    shown = cli("--json", "ls", "--limit", "0")
+    assert shown.code == 4 and shown.error_code() == code, shown
+    if damage == "snapshot":
+        assert shown.json() == full  # read from seq 1 instead
+    report = cli.json("journal", "salvage")
+    assert (report["lost_records"], report["tasks"]) == (0, [])
+    assert report["kept"]["snapshot_seq"] is None, "from seq 1: the records were there"
+    assert cli.tasks() == full
+    cli.verify_clean()
+
+
+def test_a_damaged_archive_whose_records_are_gone_loses_its_settled_tasks(cli: Ferry) -> None:
+    full = cli.tasks()
+    _compacted(cli, drop_segments=True)
+    (archive,) = (cli.home / "archive").iterdir()
+    data = bytearray(archive.read_bytes())
+    data[data.rindex(b'"exit_code":') + 12] ^= 0x01  # (a digit: every line still parses)
+    archive.write_bytes(bytes(data))
+    shown = cli("--json", "ls", "--limit", "0")
+    assert shown.code == 4 and shown.error_code() == "journal.snapshot_mismatch", shown
+    assert archive.name in shown.err
+    assert [t["name"] for t in shown.json()] == ["e"], "the live task; the settled are lost"
+    damaged_bytes = archive.read_bytes()
+    report = cli.json("journal", "salvage")
+    assert report["dropped_archives"] == [archive.name]
+    kept = cli.home / "archive" / f"damaged-{archive.name}"
+    assert kept.read_bytes() == damaged_bytes, "the damaged archive is kept"
+    gone = {(t["task"], t["before"], t["after"]) for t in report["tasks"]}
+    assert gone == {(t["id"], t["state"], None) for t in full if t["name"] != "e"}
+    assert [t["name"] for t in cli.tasks()] == ["e"]
+    cli.verify_clean()
+    cli.ok("work", "--drain")
+    cli.ok("journal", "compact")  # (prunes the archives no snapshot names: not that one)
+    cli.verify_clean()
+    assert kept.read_bytes() == damaged_bytes
+
+
+def test_the_journal_commands_of_a_shared_database_are_not_local(cli: Ferry) -> None:
+    cli.env["FERRY_DATABASE_URL"] = "postgresql://nobody@127.0.0.1:9/none"  # (discard port)
+    for args in (["journal", "salvage"], ["journal", "dump"]):
+        cli.refused(2, "usage.not_local", *args)
