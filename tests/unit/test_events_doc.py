@@ -26,6 +26,9 @@ ONE_OF_EACH: list[ev.Event] = [
     ev.OrphanSignalled("t", 1, 1, 1, 1.0, 9),
     ev.LeaseAcquired(1, {}),
     ev.LeaseReleased(1, {}),
+    ev.GroupSet("g", 2),
+    ev.GroupPaused(None),
+    ev.GroupResumed("g"),
 ]
 
 
