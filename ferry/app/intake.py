@@ -13,6 +13,7 @@ Decisions (also in docs/cli.md):
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,13 @@ from typing import Any
 import orjson
 
 from ferry.core.errors import UsageError
-from ferry.core.spec import PatchRef, TaskSpec, validate_spec
+from ferry.core.spec import (
+    GROUP_DEFAULT,
+    RETRY_DELAY_DEFAULT_S,
+    PatchRef,
+    TaskSpec,
+    validate_spec,
+)
 
 # Keys a `submit --from` line may carry: the task options, by their option names.
 _LINE_KEYS = {
@@ -41,6 +48,14 @@ _LINE_KEYS = {
     "patch_file": "patch_file",
     "patch-file": "patch_file",
     "shell": "shell",
+    "group": "group",
+    "priority": "priority",
+    "after": "after",
+    "not_before": "not_before",
+    "not-before": "not_before",
+    "retries": "retries",
+    "retry_delay": "retry_delay_s",
+    "retry-delay": "retry_delay_s",
 }
 _DEFAULTS: dict[str, Any] = {
     "name": None,
@@ -55,6 +70,12 @@ _DEFAULTS: dict[str, Any] = {
     "pointers": [],
     "patch_file": None,
     "shell": False,
+    "group": GROUP_DEFAULT,
+    "priority": 0,
+    "after": [],
+    "not_before": None,
+    "retries": 0,
+    "retry_delay_s": RETRY_DELAY_DEFAULT_S,
 }
 
 
@@ -237,9 +258,28 @@ def build_spec(opts: Mapping[str, Any], home: Path, *, queued: bool = False) -> 
         shell=bool(opts.get("shell")),
         pointers=pointers,
         patch=patch,
+        **_queue_options(opts),
     )
     validate_spec(spec)
     return spec
+
+
+def _queue_options(opts: Mapping[str, Any]) -> dict[str, Any]:
+    """The queue's options of ``submit`` (``after``: task ids, resolved by the caller;
+    ``not_before``: Unix seconds, or the text of ``--not-before``)."""
+    not_before = opts.get("not_before")
+    if isinstance(not_before, str):
+        from ferry.app.queueing import parse_not_before
+
+        not_before = parse_not_before(not_before, time.time())
+    return {
+        "group": opts.get("group") or GROUP_DEFAULT,
+        "priority": opts.get("priority", 0),
+        "after": tuple(opts.get("after") or ()),
+        "not_before": not_before,
+        "retries": opts.get("retries", 0),
+        "retry_delay_s": opts.get("retry_delay_s", RETRY_DELAY_DEFAULT_S),
+    }
 
 
 def parse_from_lines(data: bytes, source: str) -> list[tuple[int, dict[str, Any]]]:
@@ -290,6 +330,12 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "cwd": (str, type(None)),
     "patch_file": (str, type(None)),
     "shell": (bool,),
+    "group": (str,),
+    "priority": (int,),
+    "after": (list,),
+    "not_before": (str, type(None)),
+    "retries": (int,),
+    "retry_delay_s": (int, float),
 }
 
 

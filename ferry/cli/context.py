@@ -151,6 +151,13 @@ def task_opts(kw: dict[str, Any], argv: tuple[str, ...]) -> dict[str, Any]:
         "pointers": list(kw["pointers"]),
         "patch_file": kw["patch_file"],
         "shell": kw["shell"],
+        # submit's queue options (run has none: its task runs now)
+        "group": kw.get("group"),
+        "priority": kw.get("priority", 0),
+        "after": list(kw.get("after") or ()),
+        "not_before": kw.get("not_before"),
+        "retries": kw.get("retries", 0),
+        "retry_delay_s": kw.get("retry_delay", 1.0),
     }
 
 

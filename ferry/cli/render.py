@@ -57,8 +57,22 @@ def _short_time(rfc3339: str | None) -> str:
 
 
 def table(tasks: Sequence[Any]) -> str:
-    header = ("#", "ID", "STATE", "REASON", "ATT", "EXIT", "CREATED", "NAME/COMMAND")
-    rows = [header]
+    """``ls``: a row per task. GROUP and PRI columns only when a task listed uses them
+    (a queue without groups or priorities lists as it always did)."""
+    queued = any(t.spec.group != "default" or t.spec.priority for t in tasks)
+    header: tuple[str, ...] = (
+        "#",
+        "ID",
+        "STATE",
+        "REASON",
+        "ATT",
+        "EXIT",
+        "CREATED",
+        "NAME/COMMAND",
+    )
+    if queued:
+        header = (*header[:6], "GROUP", "PRI", *header[6:])
+    rows: list[tuple[str, ...]] = [header]
     for task in tasks:
         obj = task_json(task)
         exit_text = (
@@ -67,14 +81,19 @@ def table(tasks: Sequence[Any]) -> str:
             else (f"sig{obj['signal']}" if obj["signal"] else "-")
         )
         label = obj["name"] or " ".join(obj["argv"])
+        row: tuple[str, ...] = (
+            str(obj["number"] or "-"),
+            obj["id"],
+            obj["state"],
+            obj["reason"] or "-",
+            str(obj["attempt"]),
+            exit_text,
+        )
+        if queued:
+            row = (*row, obj["group"], str(obj["priority"]))
         rows.append(
             (
-                str(obj["number"] or "-"),
-                obj["id"],
-                obj["state"],
-                obj["reason"] or "-",
-                str(obj["attempt"]),
-                exit_text,
+                *row,
                 _short_time(obj["created_at"]),
                 label if len(label) <= 60 else label[:57] + "...",
             )
@@ -85,6 +104,20 @@ def table(tasks: Sequence[Any]) -> str:
     return "\n".join(
         "  ".join(cell.ljust(w) for cell, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1]
         for r in rows
+    )
+
+
+def groups_table(groups: Sequence[Mapping[str, Any]]) -> str:
+    """``ferry group``: one row per group (JOBS 0: no limit of its own)."""
+    rows = [("GROUP", "JOBS", "PAUSED", "QUEUED", "RUNNING")]
+    for info in groups:
+        rows.append((str(info["group"]), str(info["jobs"] or "-"),
+                     "yes" if info["paused"] else "no", str(info["queued"]),
+                     str(info["running"])))  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in rows
     )
 
 

@@ -69,7 +69,7 @@ class QueueIndex:
     task it folds, ``apply`` for each GROUP_* event)."""
 
     def __init__(self) -> None:
-        self.jobs: dict[str, int] = {}  # group -> limit (absent: none of its own)
+        self.jobs: dict[str, int] = {}  # group -> limit (absent or 0: none of its own)
         self.paused_groups: dict[str, bool] = {}  # group -> its own pause (absent: all's)
         self.paused_all = False
         self._entries: dict[str, _Entry] = {}  # queued task -> where it is
@@ -96,10 +96,7 @@ class QueueIndex:
     def apply(self, event: ev.QueueEvent) -> None:
         """A GROUP_SET, GROUP_PAUSED or GROUP_RESUMED, folded."""
         if isinstance(event, ev.GroupSet):
-            if event.jobs:
-                self.jobs[event.group] = event.jobs
-            else:
-                self.jobs.pop(event.group, None)
+            self.jobs[event.group] = event.jobs  # (0 too: a group set is listed)
             return
         pause = isinstance(event, ev.GroupPaused)
         if event.group is None:  # every group: each one's own setting is forgotten
@@ -384,7 +381,7 @@ class QueueIndex:
         }
 
     def load_settings(self, data: Mapping[str, Any]) -> None:
-        self.jobs = {str(k): int(v) for k, v in (data.get("jobs") or {}).items() if v}
+        self.jobs = {str(k): int(v) for k, v in (data.get("jobs") or {}).items()}
         self.paused_groups = {str(k): bool(v) for k, v in (data.get("paused") or {}).items()}
         self.paused_all = bool(data.get("paused_all", False))
 

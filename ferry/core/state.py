@@ -401,6 +401,7 @@ class Table:
         dependencies all SUCCEEDED, whose time has come; a task submitted after tasks
         that exist; a DEPENDENCY_FAILED cancel only of a task one of whose dependencies
         really ended other than SUCCEEDED."""
+
         def state(task_id: str) -> State | None:
             found = overlay.get(task_id)
             return found.state if found is not None else self.state_of(task_id)
@@ -574,7 +575,9 @@ class Table:
     def _know_dependencies(self, event: ev.TaskEvent, task: Task | None) -> None:
         """Make sure the states of the tasks ``task`` comes after are at hand (loading
         history if one is settled and unknown), so that folding ``event`` needs none."""
-        spec = event.spec if isinstance(event, ev.Submitted) else None if task is None else task.spec
+        spec = (
+            event.spec if isinstance(event, ev.Submitted) else None if task is None else task.spec
+        )
         if spec is not None:
             for dependency in spec.after:
                 self.state_of(dependency)
