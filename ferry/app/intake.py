@@ -273,7 +273,7 @@ def _queue_options(opts: Mapping[str, Any]) -> dict[str, Any]:
 
         not_before = parse_not_before(not_before, time.time())
     return {
-        "group": opts.get("group") or GROUP_DEFAULT,
+        "group": GROUP_DEFAULT if opts.get("group") is None else opts["group"],
         "priority": opts.get("priority", 0),
         "after": tuple(opts.get("after") or ()),
         "not_before": not_before,

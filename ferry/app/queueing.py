@@ -133,7 +133,8 @@ def settle_doomed(store: TaskStore, commit: Callable[..., object] | None) -> lis
         doomed = store.doomed()
         if not doomed:
             return []
-        events = [_cancel(task, cause, store) for task, cause in doomed]
+        cancelled = {task.id for task, _ in doomed}
+        events = [_cancel(task, cause, store, cancelled) for task, cause in doomed]
         if commit is not None:
             try:
                 commit(*events)
@@ -149,9 +150,13 @@ def settle_doomed(store: TaskStore, commit: Callable[..., object] | None) -> lis
     raise InternalError("the queue kept changing while dependants were cancelled")
 
 
-def _cancel(task: Task, cause: str, store: TaskStore) -> ev.Settled:
-    dependency = store.get(cause)
-    state = None if dependency is None else dependency.state.value
+def _cancel(task: Task, cause: str, store: TaskStore, cancelled: set[str]) -> ev.Settled:
+    """The cancel, its evidence naming the dependency and how it ended (CANCELLED: a
+    dependant cancelled in the same write; null: no such task)."""
+    dependency = None if cause in cancelled else store.get(cause)
+    state = State.CANCELLED.value if cause in cancelled else None
+    if dependency is not None:
+        state = dependency.state.value
     return ev.Settled(
         task.id, task.attempt, None, State.CANCELLED, Reason.DEPENDENCY_FAILED,
         evidence={"dependency": {"task": cause, "state": state}},

@@ -25,7 +25,7 @@ read returns is committed, hence durable).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -41,13 +41,15 @@ from ferry.core.fold import task_from_record, task_to_record
 from ferry.core.ids import LAST, resolve_prefix, shown, task_number
 from ferry.core.model import IN_FLIGHT_STATES, Reason, State, Task
 from ferry.core.state import SNAPSHOT_FORMAT, States, Table
-from ferry.storage.postgres import schema
+from ferry.storage.postgres import queue, schema
 from ferry.storage.postgres.connect import Database, host_id
 
 if TYPE_CHECKING:
     from ferry.storage import EncodedEvent
 
 _CLAIMED = ev.EventType.CLAIMED.value
+_SETTLED = ev.EventType.SETTLED.value
+_DEPENDENCY_FAILED = Reason.DEPENDENCY_FAILED.value
 _SUBMITTED = ev.EventType.SUBMITTED.value
 _IN_FLIGHT = [state.value for state in IN_FLIGHT_STATES]
 _TERMINAL = {State.SUCCEEDED.value, State.FAILED.value, State.CANCELLED.value}
@@ -115,8 +117,9 @@ class PgStore:
             for key in keys:
                 conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (key,))
             keyed = self._with_keys(conn, keys) if keys else {}
-            table = _table({**keyed, **rows})
-            table.validate_batch(batch)
+            related, settings, now = self._queue_part(conn, batch, rows, claims)
+            table = _table({**related, **keyed, **rows}, settings)
+            table.validate_batch(batch, now=now)
             ts = time.time()  # (one for the batch: its records commit together)
             seqs = self._insert_events(conn, batch, epoch, ts)
             records = []
@@ -127,7 +130,57 @@ class PgStore:
                 table.apply(kind, data, seq, ts)
                 records.append((seq, epoch, kind, data))
             self._write_tasks(conn, [t for t in map(table.get, ids) if t is not None])
+            queue.write_settings(conn, batch)
+            submitted = [data["spec"].get("group") for kind, data in batch if kind == _SUBMITTED]
+            queue.ensure_groups(conn, [group for group in submitted if group])
         return records
+
+    def _queue_part(
+        self,
+        conn: Any,
+        batch: Sequence[EncodedEvent],
+        rows: Mapping[str, Any],
+        claims: set[str],
+    ) -> tuple[dict[str, Any], dict[str, Any] | None, float | None]:
+        """What the queue's rules need to judge ``batch`` (``ferry.core.queue``), under
+        the locks that keep it so until COMMIT (``queue`` module): for a claim, its
+        group's settings and tasks in flight and its dependencies' rows; for a new task,
+        its dependencies' rows; for a DEPENDENCY_FAILED cancel, its dependencies' rows,
+        locked FOR SHARE. Returns (rows, settings or None, the database's time)."""
+        claimed = [rows[i] for i in sorted(claims) if i in rows]
+        changes = queue.group_events(batch)
+        groups = {body["spec"].get("group", "default") for body in claimed}
+        groups.update(name for _, name in changes if name is not None)
+        if not claimed and not changes:
+            related = queue.rows(conn, self._dependencies(batch, rows, cancels=False), share=False)
+            related.update(
+                queue.rows(conn, self._dependencies(batch, rows, cancels=True), share=True)
+            )
+            return related, None, None
+        queue.lock(conn, groups, everything=any(name is None for _, name in changes))
+        related = queue.in_flight(conn, groups)
+        dependencies = {dep for body in claimed for dep in body["spec"].get("after", ())}
+        dependencies.update(self._dependencies(batch, rows, cancels=False))
+        related.update(queue.rows(conn, dependencies, share=False))
+        related.update(queue.rows(conn, self._dependencies(batch, rows, cancels=True), share=True))
+        now = conn.execute("SELECT extract(epoch FROM now())::float8").fetchone()[0]
+        return related, queue.settings(conn), float(now)
+
+    @staticmethod
+    def _dependencies(
+        batch: Sequence[EncodedEvent], rows: Mapping[str, Any], *, cancels: bool
+    ) -> set[str]:
+        """The dependencies of the tasks the batch submits (``cancels``: of those it
+        cancels DEPENDENCY_FAILED)."""
+        found: set[str] = set()
+        for kind, data in batch:
+            if not cancels and kind == _SUBMITTED:
+                found.update(data["spec"].get("after", ()))
+            elif cancels and kind == _SETTLED and data.get("reason") == _DEPENDENCY_FAILED:
+                body = rows.get(str(data["task"]))
+                if body is not None:
+                    found.update(body["spec"].get("after", ()))
+        return found
 
     def _task_numbers(self, conn: Any, batch: Sequence[EncodedEvent]) -> list[int]:
         """A number for each task the batch submits, in batch order (one sequence for
@@ -219,17 +272,22 @@ class PgStore:
                 "host": None if t.runner is None else t.runner.get("host_id"),
                 "submit_seq": t.submit_seq, "queue_seq": t.queue_seq,
                 "updated_seq": t.updated_seq, "body": task_to_record(t),
-                "number": t.number or None,
+                "number": t.number or None, "grp": t.spec.group, "priority": t.spec.priority,
+                "deps": list(t.spec.after), "not_before": t.not_before,
+                "claimed_by": t.claimed_by,
             }
             for t in tasks
         ]  # fmt: skip
         conn.execute(
             "INSERT INTO ferry_tasks (id, state, reason, key, host, submit_seq, queue_seq,"
-            " updated_seq, body, number) SELECT * FROM jsonb_to_recordset(%s) AS t(id text,"
+            " updated_seq, body, number, grp, priority, deps, not_before, claimed_by)"
+            " SELECT * FROM jsonb_to_recordset(%s) AS t(id text,"
             " state text, reason text, key text, host text, submit_seq bigint,"
-            " queue_seq bigint, updated_seq bigint, body jsonb, number bigint)"
+            " queue_seq bigint, updated_seq bigint, body jsonb, number bigint, grp text,"
+            " priority bigint, deps text[], not_before float8, claimed_by text)"
             " ON CONFLICT (id) DO UPDATE SET state = excluded.state, reason = excluded.reason,"
             " host = excluded.host, queue_seq = excluded.queue_seq,"
+            " not_before = excluded.not_before, claimed_by = excluded.claimed_by,"
             " updated_seq = excluded.updated_seq, body = excluded.body, updated_at = now(),"
             " heartbeat_at = CASE WHEN excluded.state = ANY(%s) THEN ferry_tasks.heartbeat_at"
             " END",
@@ -307,21 +365,33 @@ class PgStore:
         )
         return int(row.fetchone()[0])
 
-    def queued(self, limit: int) -> list[Task]:
-        """Claim candidates, oldest first, skipping rows another claimer holds now (a
-        MATERIALIZED CTE: the planner cannot re-run the LIMIT and lock more rows).
+    def queued(
+        self,
+        limit: int,
+        *,
+        skip: Collection[str] = (),
+        extra: Mapping[str, int] | None = None,
+    ) -> list[Task]:
+        """Claim candidates in claim order, under the queue's gates, skipping rows
+        another claimer holds now: one query (``queue._CANDIDATES``: per open group,
+        the head of its index ``ferry_tasks_claim_order``; a MATERIALIZED CTE, so the
+        planner cannot re-run the LIMIT and lock more rows). Times are the database's.
 
         The locks are only for SKIP LOCKED and are let go at once, by a rollback: a row
         lock gives the transaction an id, and its COMMIT would wait for a WAL flush
         (as long as a claim's own) for nothing durable."""
         with self.db.transaction(rollback=True) as conn:
-            rows = conn.execute(
-                "WITH next AS MATERIALIZED (SELECT id FROM ferry_tasks WHERE state = 'QUEUED'"
-                " ORDER BY queue_seq, id LIMIT %s FOR UPDATE SKIP LOCKED)"
-                " SELECT body FROM ferry_tasks JOIN next USING (id) ORDER BY queue_seq, id",
-                (limit,),
-            ).fetchall()
-        return [_task(row) for row in rows]
+            now = float(conn.execute("SELECT extract(epoch FROM now())::float8").fetchone()[0])
+            bodies = queue.candidates(conn, limit, now, sorted(skip), extra or {})
+        return [task_from_record(body) for body in bodies]
+
+    def groups(self) -> list[dict[str, Any]]:
+        return queue.groups(self.db.connection())
+
+    def doomed(self) -> list[tuple[Task, str]]:
+        return [
+            (task_from_record(body), cause) for body, cause in queue.doomed(self.db.connection())
+        ]
 
     def quarantined(self) -> list[Task]:
         return self._tasks(
@@ -396,12 +466,15 @@ class PgStore:
         }
 
 
-def _table(bodies: Mapping[str, Any]) -> Table:
-    """The rows, folded into a table the fold rules can check a batch against."""
+def _table(bodies: Mapping[str, Any], settings: Mapping[str, Any] | None = None) -> Table:
+    """The rows, folded into a table the fold rules can check a batch against
+    (``settings``: the groups', for a claim's rules)."""
     live: list[Any] = []
     settled: list[Any] = []
     for body in bodies.values():
         (settled if body["state"] in _TERMINAL else live).append(body)
+    live.sort(key=lambda body: body.get("submit_seq", 0))  # (dependencies first)
+    states = {body["id"]: body["state"] for body in settled}
     return Table.from_snapshot(
         {
             "format": SNAPSHOT_FORMAT,
@@ -409,6 +482,7 @@ def _table(bodies: Mapping[str, Any]) -> Table:
             "live": live,
             "settled": settled,
             "unsafe_keys": None,
+            "queue": {**(settings or {}), "dependency_states": states},
         }
     )
 

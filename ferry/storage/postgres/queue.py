@@ -1,0 +1,213 @@
+"""The queue's part of the PostgreSQL backend (schema version 3): the claim candidates
+in one query, the groups, the doomed dependants, and what a commit locks and reads to
+check the queue's rules (``ferry.core.queue``) in its own transaction.
+
+Serialisation: a claim (by ``claim`` or ``work``) takes, before it reads what it
+checks, a shared advisory lock for the whole queue and an exclusive one per group it
+claims in (sorted: no deadlock between claimers); ``group set``/``pause``/``resume``
+of a group take that group's, and those of every group the global one exclusively. So
+two claimers on two hosts cannot both take a group's last place, and a claim decided
+before a pause committed is the only kind that goes through (the pause waits for it).
+The rows of a DEPENDENCY_FAILED cancel's dependencies are locked ``FOR SHARE``: a
+retry of the dependency (which locks its row) and the cancel are one after the other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from ferry.core import events as ev
+from ferry.core.model import IN_FLIGHT_STATES
+
+_IN_FLIGHT = sorted(state.value for state in IN_FLIGHT_STATES)
+_QUEUE_LOCK = 0x66657271  # "ferq": the whole queue (shared by claims)
+_GROUP_SET = ev.EventType.GROUP_SET.value
+_GROUP_EVENTS = {_GROUP_SET, ev.EventType.GROUP_PAUSED.value, ev.EventType.GROUP_RESUMED.value}
+
+# The claim candidates: per group neither paused nor full, its best queued tasks whose
+# time has come and whose dependencies all SUCCEEDED (in the order of the index
+# ferry_tasks_claim_order: the scan stops at the group's room), then the best of those.
+# Rows another claimer holds are skipped (SKIP LOCKED), as before queue control.
+_CANDIDATES = """
+WITH settings AS (
+    SELECT coalesce((SELECT value::boolean FROM ferry_meta WHERE key = 'paused_all'), false)
+        AS paused_all
+), open AS (
+    SELECT g.name, CASE WHEN coalesce(g.jobs, 0) > 0 THEN least(%(limit)s, g.jobs
+        - (SELECT count(*) FROM ferry_tasks r WHERE r.grp = g.name AND r.state = ANY(%(in_flight)s)
+           AND r.claimed_by IS DISTINCT FROM 'run')
+        - coalesce((%(extra)s::jsonb ->> g.name)::bigint, 0)) ELSE %(limit)s END AS room
+    FROM ferry_groups g, settings s
+    WHERE NOT coalesce(g.paused, s.paused_all)
+), next AS MATERIALIZED (
+    SELECT c.id, c.priority, c.queue_seq FROM open o CROSS JOIN LATERAL (
+        SELECT q.id, q.priority, q.queue_seq FROM ferry_tasks q
+        WHERE q.grp = o.name AND q.state = 'QUEUED' AND o.room > 0
+          AND (q.not_before IS NULL OR q.not_before <= %(now)s)
+          AND q.id <> ALL(%(skip)s)
+          AND NOT EXISTS (
+              SELECT 1 FROM unnest(q.deps) AS dep LEFT JOIN ferry_tasks d ON d.id = dep
+              WHERE d.state IS DISTINCT FROM 'SUCCEEDED')
+        ORDER BY q.priority DESC, q.queue_seq, q.id
+        LIMIT greatest(o.room, 0)
+        FOR UPDATE OF q SKIP LOCKED
+    ) c
+    ORDER BY c.priority DESC, c.queue_seq, c.id
+    LIMIT %(limit)s
+)
+SELECT body FROM ferry_tasks JOIN next USING (id) ORDER BY next.priority DESC, next.queue_seq, id
+"""
+
+
+def candidates(
+    conn: Any, limit: int, now: float, skip: Sequence[str], extra: Mapping[str, int]
+) -> list[Any]:
+    from psycopg.types.json import Jsonb
+
+    rows = conn.execute(
+        _CANDIDATES,
+        {"limit": limit, "now": now, "skip": list(skip), "extra": Jsonb(dict(extra)),
+         "in_flight": _IN_FLIGHT},
+    ).fetchall()  # fmt: skip
+    return [row[0] for row in rows]
+
+
+def groups(conn: Any) -> list[dict[str, Any]]:
+    """Each group set or with tasks queued or in flight (and ``default``)."""
+    rows = conn.execute(
+        "WITH settings AS (SELECT coalesce((SELECT value::boolean FROM ferry_meta"
+        " WHERE key = 'paused_all'), false) AS paused_all),"
+        " counts AS (SELECT grp, count(*) FILTER (WHERE state = 'QUEUED') AS queued,"
+        " count(*) FILTER (WHERE state = ANY(%s) AND claimed_by IS DISTINCT FROM 'run')"
+        " AS running FROM ferry_tasks WHERE state = ANY(%s) GROUP BY grp)"
+        " SELECT g.name, coalesce(g.jobs, 0), coalesce(g.paused, s.paused_all),"
+        " coalesce(c.queued, 0), coalesce(c.running, 0)"
+        " FROM ferry_groups g CROSS JOIN settings s LEFT JOIN counts c ON c.grp = g.name"
+        " WHERE g.jobs IS NOT NULL OR g.paused IS NOT NULL OR g.name = 'default'"
+        " OR c.queued > 0 OR c.running > 0 ORDER BY g.name",
+        (_IN_FLIGHT, [*_IN_FLIGHT, "QUEUED"]),
+    ).fetchall()
+    return [
+        {"group": name, "jobs": int(jobs), "paused": bool(paused), "queued": int(queued),
+         "running": int(running)}
+        for name, jobs, paused, queued, running in rows
+    ]  # fmt: skip
+
+
+def doomed(conn: Any) -> list[tuple[Any, str]]:
+    """(body, dependency) of each queued task to cancel DEPENDENCY_FAILED: a dependency
+    FAILED, CANCELLED or missing, or itself doomed; dependencies first."""
+    rows = conn.execute(
+        "WITH RECURSIVE doomed(id, cause, depth) AS ("
+        " SELECT q.id, min(dep), 0 FROM ferry_tasks q CROSS JOIN unnest(q.deps) AS dep"
+        " LEFT JOIN ferry_tasks d ON d.id = dep"
+        " WHERE q.state = 'QUEUED' AND q.deps <> '{}'"
+        " AND (d.id IS NULL OR d.state IN ('FAILED', 'CANCELLED')) GROUP BY q.id"
+        " UNION ALL"
+        " SELECT q.id, doomed.id, doomed.depth + 1 FROM doomed JOIN ferry_tasks q"
+        " ON q.deps @> ARRAY[doomed.id] AND q.state = 'QUEUED' AND q.deps <> '{}'"
+        " WHERE doomed.depth < 10000)"
+        " SELECT t.body, (array_agg(doomed.cause ORDER BY doomed.depth, doomed.cause))[1]"
+        " FROM doomed JOIN ferry_tasks t USING (id)"
+        " GROUP BY t.id, t.body ORDER BY min(doomed.depth), t.id"
+    ).fetchall()
+    return [(row[0], str(row[1])) for row in rows]
+
+
+# ---- a commit's part ------------------------------------------------------------------
+
+
+def lock(conn: Any, groups: Iterable[str], *, everything: bool) -> None:
+    """The advisory locks of a write that claims in ``groups`` or sets them
+    (``everything``: a pause or resume of every group)."""
+    if everything:
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_QUEUE_LOCK,))
+    else:
+        conn.execute("SELECT pg_advisory_xact_lock_shared(%s)", (_QUEUE_LOCK,))
+    for name in sorted(set(groups)):
+        conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", ("group:" + name,))
+
+
+def settings(conn: Any) -> dict[str, Any]:
+    """The groups' settings as a table snapshot's ``queue`` part."""
+    paused_all = conn.execute(
+        "SELECT coalesce((SELECT value::boolean FROM ferry_meta WHERE key = 'paused_all'), false)"
+    ).fetchone()[0]
+    rows = conn.execute(
+        "SELECT name, jobs, paused FROM ferry_groups WHERE jobs IS NOT NULL OR paused IS NOT NULL"
+    ).fetchall()
+    return {
+        "jobs": {name: jobs for name, jobs, _ in rows if jobs is not None},
+        "paused": {name: paused for name, _, paused in rows if paused is not None},
+        "paused_all": bool(paused_all),
+    }
+
+
+def in_flight(conn: Any, groups: Iterable[str]) -> dict[str, Any]:
+    """The tasks in flight in ``groups`` (a claim's rule counts them)."""
+    names = sorted(set(groups))
+    if not names:
+        return {}
+    found = conn.execute(
+        "SELECT id, body FROM ferry_tasks WHERE grp = ANY(%s) AND state = ANY(%s)",
+        (names, _IN_FLIGHT),
+    ).fetchall()
+    return {row[0]: row[1] for row in found}
+
+
+def rows(conn: Any, ids: Iterable[str], *, share: bool) -> dict[str, Any]:
+    """The rows of ``ids`` (dependencies), locked FOR SHARE if ``share``."""
+    wanted = sorted(set(ids))
+    if not wanted:
+        return {}
+    suffix = " ORDER BY id FOR SHARE" if share else ""
+    found = conn.execute(
+        f"SELECT id, body FROM ferry_tasks WHERE id = ANY(%s){suffix}", (wanted,)
+    ).fetchall()
+    return {row[0]: row[1] for row in found}
+
+
+def write_settings(conn: Any, batch: Iterable[tuple[str, Mapping[str, Any]]]) -> None:
+    """The batch's GROUP_SET, GROUP_PAUSED and GROUP_RESUMED, into ``ferry_groups``."""
+    for kind, data in batch:
+        if kind not in _GROUP_EVENTS:
+            continue
+        name = data.get("group")
+        if kind == _GROUP_SET:
+            conn.execute(
+                "INSERT INTO ferry_groups (name, jobs) VALUES (%s, %s)"
+                " ON CONFLICT (name) DO UPDATE SET jobs = excluded.jobs",
+                (name, data["jobs"]),
+            )
+            continue
+        pause = kind == ev.EventType.GROUP_PAUSED.value
+        if name is None:  # every group: each one's own setting forgotten
+            conn.execute("UPDATE ferry_groups SET paused = NULL WHERE paused IS NOT NULL")
+            conn.execute(
+                "UPDATE ferry_meta SET value = %s WHERE key = 'paused_all'",
+                ("true" if pause else "false",),
+            )
+            continue
+        conn.execute(
+            "INSERT INTO ferry_groups (name, paused) SELECT %(name)s,"
+            " CASE WHEN %(pause)s = paused_all THEN NULL ELSE %(pause)s END FROM"
+            " (SELECT coalesce((SELECT value::boolean FROM ferry_meta WHERE key = 'paused_all'),"
+            " false) AS paused_all) s"
+            " ON CONFLICT (name) DO UPDATE SET paused = excluded.paused",
+            {"name": name, "pause": pause},
+        )
+
+
+def ensure_groups(conn: Any, names: Iterable[str]) -> None:
+    """A row for each group a task is submitted in (the candidates query walks them)."""
+    wanted = sorted(set(names) - {"default"})
+    if wanted:
+        conn.execute(
+            "INSERT INTO ferry_groups (name) SELECT unnest(%s::text[]) ON CONFLICT DO NOTHING",
+            (wanted,),
+        )
+
+
+def group_events(batch: Iterable[tuple[str, Mapping[str, Any]]]) -> list[tuple[str, Any]]:
+    return [(kind, data.get("group")) for kind, data in batch if kind in _GROUP_EVENTS]
