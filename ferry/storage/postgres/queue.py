@@ -2,12 +2,15 @@
 in one query, the groups, the doomed dependants, and what a commit locks and reads to
 check the queue's rules (``ferry.core.queue``) in its own transaction.
 
-Serialisation: a claim (by ``claim`` or ``work``) takes, before it reads what it
-checks, a shared advisory lock for the whole queue and an exclusive one per group it
-claims in (sorted: no deadlock between claimers); ``group set``/``pause``/``resume``
-of a group take that group's, and those of every group the global one exclusively. So
-two claimers on two hosts cannot both take a group's last place, and a claim decided
-before a pause committed is the only kind that goes through (the pause waits for it).
+Serialisation, by transaction-scoped advisory locks taken before what they guard is
+read: a claim (by ``claim`` or ``work``) takes the queue's lock and the settings lock
+of each group it claims in, shared (claimers do not wait for each other); ``group
+set``, ``pause`` and ``resume`` take those of their groups exclusively (of every group:
+the queue's, exclusively). So a group's settings cannot change between a claim's read
+of them and its COMMIT: a claim decided before a pause is the only kind that commits
+after it. A claim in a group with a limit then takes the group's count lock,
+exclusively, and counts the group's tasks in flight: two claimers on two hosts cannot
+both take a group's last place, and claims in groups without a limit never queue.
 The rows of a DEPENDENCY_FAILED cancel's dependencies are locked ``FOR SHARE``: a
 retry of the dependency (which locks its row) and the cancel are one after the other.
 """
@@ -44,7 +47,7 @@ WITH settings AS (
     SELECT c.id, c.priority, c.queue_seq FROM open o CROSS JOIN LATERAL (
         SELECT q.id, q.priority, q.queue_seq FROM ferry_tasks q
         WHERE q.grp = o.name AND q.state = 'QUEUED' AND o.room > 0
-          AND (q.not_before IS NULL OR q.not_before <= %(now)s)
+          AND (q.not_before IS NULL OR q.not_before <= extract(epoch FROM now()))
           AND q.id <> ALL(%(skip)s)
           AND NOT EXISTS (
               SELECT 1 FROM unnest(q.deps) AS dep LEFT JOIN ferry_tasks d ON d.id = dep
@@ -60,14 +63,13 @@ SELECT body FROM ferry_tasks JOIN next USING (id) ORDER BY next.priority DESC, n
 """
 
 
-def candidates(
-    conn: Any, limit: int, now: float, skip: Sequence[str], extra: Mapping[str, int]
-) -> list[Any]:
+def candidates(conn: Any, limit: int, skip: Sequence[str], extra: Mapping[str, int]) -> list[Any]:
+    """The claim candidates' bodies, best first (times: the database's clock)."""
     from psycopg.types.json import Jsonb
 
     rows = conn.execute(
         _CANDIDATES,
-        {"limit": limit, "now": now, "skip": list(skip), "extra": Jsonb(dict(extra)),
+        {"limit": limit, "skip": list(skip), "extra": Jsonb(dict(extra)),
          "in_flight": _IN_FLIGHT},
     ).fetchall()  # fmt: skip
     return [row[0] for row in rows]
@@ -118,42 +120,57 @@ def doomed(conn: Any) -> list[tuple[Any, str]]:
 # ---- a commit's part ------------------------------------------------------------------
 
 
-def lock(conn: Any, groups: Iterable[str], *, everything: bool) -> None:
-    """The advisory locks of a write that claims in ``groups`` or sets them
-    (``everything``: a pause or resume of every group)."""
-    if everything:
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_QUEUE_LOCK,))
-    else:
-        conn.execute("SELECT pg_advisory_xact_lock_shared(%s)", (_QUEUE_LOCK,))
-    for name in sorted(set(groups)):
-        conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", ("group:" + name,))
+def lock(conn: Any, groups: Iterable[str], *, change: bool, everything: bool = False) -> None:
+    """The advisory locks of a write that claims in ``groups`` (shared: claimers do not
+    wait for each other) or ``change``s their settings (exclusive): the queue's lock
+    (exclusive for a pause or resume of ``everything``), then each group's settings
+    lock in name order, in one statement."""
+    mode = "pg_advisory_xact_lock" if change else "pg_advisory_xact_lock_shared"
+    queue = "pg_advisory_xact_lock" if everything else "pg_advisory_xact_lock_shared"
+    conn.execute(
+        f"SELECT {queue}(%s), (SELECT count({mode}(h)) FROM"
+        " (SELECT hashtextextended('group:' || g, 0) AS h FROM unnest(%s::text[]) AS g"
+        " ORDER BY g) AS ordered)",
+        (_QUEUE_LOCK, sorted(set(groups))),
+    )
 
 
-def settings(conn: Any) -> dict[str, Any]:
-    """The groups' settings as a table snapshot's ``queue`` part."""
-    paused_all = conn.execute(
-        "SELECT coalesce((SELECT value::boolean FROM ferry_meta WHERE key = 'paused_all'), false)"
-    ).fetchone()[0]
-    rows = conn.execute(
-        "SELECT name, jobs, paused FROM ferry_groups WHERE jobs IS NOT NULL OR paused IS NOT NULL"
-    ).fetchall()
-    return {
-        "jobs": {name: jobs for name, jobs, _ in rows if jobs is not None},
-        "paused": {name: paused for name, _, paused in rows if paused is not None},
-        "paused_all": bool(paused_all),
-    }
-
-
-def in_flight(conn: Any, groups: Iterable[str]) -> dict[str, Any]:
-    """The tasks in flight in ``groups`` (a claim's rule counts them)."""
+def lock_counts(conn: Any, groups: Iterable[str]) -> dict[str, Any]:
+    """For a claim in limited ``groups``: each group's count lock (exclusive, in name
+    order: one claimer at a time counts a limited group's places), then its tasks in
+    flight, read once the locks are held."""
     names = sorted(set(groups))
-    if not names:
-        return {}
+    conn.execute(
+        "SELECT count(pg_advisory_xact_lock(h)) FROM (SELECT hashtextextended('count:' || g, 0)"
+        " AS h FROM unnest(%s::text[]) AS g ORDER BY g) AS ordered",
+        (names,),
+    )
     found = conn.execute(
         "SELECT id, body FROM ferry_tasks WHERE grp = ANY(%s) AND state = ANY(%s)",
         (names, _IN_FLIGHT),
     ).fetchall()
     return {row[0]: row[1] for row in found}
+
+
+def claim_facts(conn: Any, ids: Iterable[str]) -> tuple[dict[str, Any], dict[str, Any], float]:
+    """What a claim's rules are checked against, read in one statement once the
+    settings locks are held: the rows of ``ids`` (the claimed tasks' dependencies), the
+    groups' settings (a table snapshot's ``queue`` part), and the database's time."""
+    row = conn.execute(
+        "SELECT extract(epoch FROM now())::float8,"
+        " coalesce((SELECT value::boolean FROM ferry_meta WHERE key = 'paused_all'), false),"
+        " (SELECT coalesce(jsonb_agg(jsonb_build_array(name, jobs, paused)), '[]')"
+        "  FROM ferry_groups WHERE jobs IS NOT NULL OR paused IS NOT NULL),"
+        " (SELECT coalesce(jsonb_object_agg(id, body), '{}') FROM ferry_tasks WHERE id = ANY(%s))",
+        (sorted(set(ids)),),
+    ).fetchone()
+    now, paused_all, settings, bodies = row
+    queue = {
+        "jobs": {name: jobs for name, jobs, _ in settings if jobs is not None},
+        "paused": {name: paused for name, _, paused in settings if paused is not None},
+        "paused_all": bool(paused_all),
+    }
+    return dict(bodies), queue, float(now)
 
 
 def rows(conn: Any, ids: Iterable[str], *, share: bool) -> dict[str, Any]:

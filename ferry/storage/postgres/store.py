@@ -157,14 +157,17 @@ class PgStore:
                 queue.rows(conn, self._dependencies(batch, rows, cancels=True), share=True)
             )
             return related, None, None
-        queue.lock(conn, groups, everything=any(name is None for _, name in changes))
-        related = queue.in_flight(conn, groups)
+        everything = any(name is None for _, name in changes)
+        queue.lock(conn, groups, change=bool(changes), everything=everything)
         dependencies = {dep for body in claimed for dep in body["spec"].get("after", ())}
         dependencies.update(self._dependencies(batch, rows, cancels=False))
-        related.update(queue.rows(conn, dependencies, share=False))
+        related, settings, now = queue.claim_facts(conn, dependencies)
+        claimed_groups = {body["spec"].get("group", "default") for body in claimed}
+        limited = [group for group in claimed_groups if settings["jobs"].get(group)]
+        if limited:
+            related.update(queue.lock_counts(conn, limited))
         related.update(queue.rows(conn, self._dependencies(batch, rows, cancels=True), share=True))
-        now = conn.execute("SELECT extract(epoch FROM now())::float8").fetchone()[0]
-        return related, queue.settings(conn), float(now)
+        return related, settings, now
 
     @staticmethod
     def _dependencies(
@@ -381,17 +384,17 @@ class PgStore:
         lock gives the transaction an id, and its COMMIT would wait for a WAL flush
         (as long as a claim's own) for nothing durable."""
         with self.db.transaction(rollback=True) as conn:
-            now = float(conn.execute("SELECT extract(epoch FROM now())::float8").fetchone()[0])
-            bodies = queue.candidates(conn, limit, now, sorted(skip), extra or {})
+            bodies = queue.candidates(conn, limit, sorted(skip), extra or {})
         return [task_from_record(body) for body in bodies]
 
     def groups(self) -> list[dict[str, Any]]:
-        return queue.groups(self.db.connection())
+        with self.db.transaction(rollback=True) as conn:  # (a read: errors mapped)
+            return queue.groups(conn)
 
     def doomed(self) -> list[tuple[Task, str]]:
-        return [
-            (task_from_record(body), cause) for body, cause in queue.doomed(self.db.connection())
-        ]
+        with self.db.transaction(rollback=True) as conn:
+            found = queue.doomed(conn)
+        return [(task_from_record(body), cause) for body, cause in found]
 
     def quarantined(self) -> list[Task]:
         return self._tasks(
