@@ -3,14 +3,15 @@ in one query, the groups, the doomed dependants, and what a commit locks and rea
 check the queue's rules (``ferry.core.queue``) in its own transaction.
 
 Serialisation, by transaction-scoped advisory locks taken before what they guard is
-read: a claim (by ``claim`` or ``work``) takes the queue's lock and the settings lock
-of each group it claims in, shared (claimers do not wait for each other); ``group
-set``, ``pause`` and ``resume`` take those of their groups exclusively (of every group:
-the queue's, exclusively). So a group's settings cannot change between a claim's read
-of them and its COMMIT: a claim decided before a pause is the only kind that commits
-after it. A claim in a group with a limit then takes the group's count lock,
-exclusively, and counts the group's tasks in flight: two claimers on two hosts cannot
-both take a group's last place, and claims in groups without a limit never queue.
+read: a claim (by ``claim`` or ``work``) takes the queue's lock, shared (in the
+statement that checks its lease: claimers do not wait for each other, and it costs no
+round trip); ``group set``, ``pause`` and ``resume`` take it exclusively. So the
+groups' settings cannot change between a claim's read of them (in the statement that
+locks the claimed rows) and its COMMIT: a claim decided before a pause is the only kind
+that commits after it. A claim in a group with a limit then takes that group's count
+lock, exclusively, and counts the group's tasks in flight: two claimers on two hosts
+cannot both take a group's last place, and claims in groups without a limit never
+queue behind each other.
 The rows of a DEPENDENCY_FAILED cancel's dependencies are locked ``FOR SHARE``: a
 retry of the dependency (which locks its row) and the cancel are one after the other.
 """
@@ -24,42 +25,48 @@ from ferry.core import events as ev
 from ferry.core.model import IN_FLIGHT_STATES
 
 _IN_FLIGHT = sorted(state.value for state in IN_FLIGHT_STATES)
-_QUEUE_LOCK = 0x66657271  # "ferq": the whole queue (shared by claims)
+QUEUE_LOCK = 0x66657271  # "ferq": the whole queue (shared by claims)
 _GROUP_SET = ev.EventType.GROUP_SET.value
 _GROUP_EVENTS = {_GROUP_SET, ev.EventType.GROUP_PAUSED.value, ev.EventType.GROUP_RESUMED.value}
 
 # The claim candidates: per group neither paused nor full, its best queued tasks whose
 # time has come and whose dependencies all SUCCEEDED (in the order of the index
 # ferry_tasks_claim_order: the scan stops at the group's room), then the best of those.
-# Rows another claimer holds are skipped (SKIP LOCKED), as before queue control.
+# Rows another claimer holds are skipped (SKIP LOCKED), as before queue control. Kept
+# cheap to plan: ferry's statements are planned each time (psycopg drops its prepared
+# statements at every ROLLBACK, and queued() ends in one), and planning the first form
+# of this query cost more than running it. (A dependency that no longer exists counts
+# as met here; the claim's own check, and doomed(), count it as failed.)
 _CANDIDATES = """
-WITH settings AS (
-    SELECT coalesce((SELECT value::boolean FROM ferry_meta WHERE key = 'paused_all'), false)
-        AS paused_all
-), open AS (
-    SELECT g.name, CASE WHEN coalesce(g.jobs, 0) > 0 THEN least(%(limit)s, g.jobs
-        - (SELECT count(*) FROM ferry_tasks r WHERE r.grp = g.name AND r.state = ANY(%(in_flight)s)
-           AND r.claimed_by IS DISTINCT FROM 'run')
-        - coalesce((%(extra)s::jsonb ->> g.name)::bigint, 0)) ELSE %(limit)s END AS room
-    FROM ferry_groups g, settings s
-    WHERE NOT coalesce(g.paused, s.paused_all)
-), next AS MATERIALIZED (
-    SELECT c.id, c.priority, c.queue_seq FROM open o CROSS JOIN LATERAL (
-        SELECT q.id, q.priority, q.queue_seq FROM ferry_tasks q
+SELECT c.body FROM (
+    SELECT c.body, c.priority, c.queue_seq, c.id,
+        row_number() OVER (PARTITION BY o.name ORDER BY c.priority DESC, c.queue_seq, c.id)
+            AS place, o.room
+    FROM (
+        SELECT g.name, CASE WHEN coalesce(g.jobs, 0) > 0 THEN g.jobs
+            - (SELECT count(*) FROM ferry_tasks r WHERE r.grp = g.name
+               AND r.state IN ('CLAIMED', 'DISPATCHING', 'RUNNING', 'STALE')
+               AND r.claimed_by IS DISTINCT FROM 'run')
+            - coalesce((%(extra)s::jsonb ->> g.name)::bigint, 0) ELSE {limit} END AS room
+        FROM ferry_groups g
+        WHERE NOT coalesce(g.paused,
+                           (SELECT value = 'true' FROM ferry_meta WHERE key = 'paused_all'))
+        OFFSET 0
+    ) o CROSS JOIN LATERAL (
+        SELECT q.body, q.priority, q.queue_seq, q.id FROM ferry_tasks q
         WHERE q.grp = o.name AND q.state = 'QUEUED' AND o.room > 0
           AND (q.not_before IS NULL OR q.not_before <= extract(epoch FROM now()))
-          AND q.id <> ALL(%(skip)s)
+          AND q.id <> ALL(%(skip)s::text[])
           AND NOT EXISTS (
-              SELECT 1 FROM unnest(q.deps) AS dep LEFT JOIN ferry_tasks d ON d.id = dep
-              WHERE d.state IS DISTINCT FROM 'SUCCEEDED')
+              SELECT 1 FROM ferry_tasks d WHERE d.id = ANY(q.deps) AND d.state <> 'SUCCEEDED')
         ORDER BY q.priority DESC, q.queue_seq, q.id
-        LIMIT greatest(o.room, 0)
+        LIMIT {limit}
         FOR UPDATE OF q SKIP LOCKED
     ) c
-    ORDER BY c.priority DESC, c.queue_seq, c.id
-    LIMIT %(limit)s
-)
-SELECT body FROM ferry_tasks JOIN next USING (id) ORDER BY next.priority DESC, next.queue_seq, id
+) c
+WHERE c.place <= c.room
+ORDER BY c.priority DESC, c.queue_seq, c.id
+LIMIT {limit}
 """
 
 
@@ -67,10 +74,12 @@ def candidates(conn: Any, limit: int, skip: Sequence[str], extra: Mapping[str, i
     """The claim candidates' bodies, best first (times: the database's clock)."""
     from psycopg.types.json import Jsonb
 
+    # The limit is written into the query, a constant: the planner then walks each
+    # group's index in order and stops (with a LIMIT it cannot know, it chose to read
+    # and sort a whole group once the table had statistics: the queue's length).
     rows = conn.execute(
-        _CANDIDATES,
-        {"limit": limit, "skip": list(skip), "extra": Jsonb(dict(extra)),
-         "in_flight": _IN_FLIGHT},
+        _CANDIDATES.format(limit=int(limit)),
+        {"skip": list(skip), "extra": Jsonb(dict(extra))},
     ).fetchall()  # fmt: skip
     return [row[0] for row in rows]
 
@@ -120,18 +129,61 @@ def doomed(conn: Any) -> list[tuple[Any, str]]:
 # ---- a commit's part ------------------------------------------------------------------
 
 
-def lock(conn: Any, groups: Iterable[str], *, change: bool, everything: bool = False) -> None:
-    """The advisory locks of a write that claims in ``groups`` (shared: claimers do not
-    wait for each other) or ``change``s their settings (exclusive): the queue's lock
-    (exclusive for a pause or resume of ``everything``), then each group's settings
-    lock in name order, in one statement."""
-    mode = "pg_advisory_xact_lock" if change else "pg_advisory_xact_lock_shared"
-    queue = "pg_advisory_xact_lock" if everything else "pg_advisory_xact_lock_shared"
-    conn.execute(
-        f"SELECT {queue}(%s), (SELECT count({mode}(h)) FROM"
-        " (SELECT hashtextextended('group:' || g, 0) AS h FROM unnest(%s::text[]) AS g"
-        " ORDER BY g) AS ordered)",
-        (_QUEUE_LOCK, sorted(set(groups))),
+def lock(conn: Any, *, exclusive: bool) -> None:
+    """The queue's advisory lock: shared by a claim (claimers do not wait for each
+    other), exclusive for a group change (``group set``, ``pause``, ``resume``)."""
+    mode = "pg_advisory_xact_lock" if exclusive else "pg_advisory_xact_lock_shared"
+    conn.execute(f"SELECT {mode}(%s)", (QUEUE_LOCK,))
+
+
+class ClaimFacts:
+    """The claimed rows a commit locked (skipping those another claimer holds), and
+    what their rules are checked against: their dependencies' rows, the groups'
+    settings (a table snapshot's ``queue`` part; None: nothing claimed) and the
+    database's time."""
+
+    def __init__(
+        self,
+        rows: dict[str, Any],
+        dependencies: dict[str, Any],
+        settings: dict[str, Any] | None,
+        now: float | None,
+    ) -> None:
+        self.rows, self.dependencies, self.settings, self.now = rows, dependencies, settings, now
+
+
+def lock_claimed(conn: Any, ids: Sequence[str]) -> ClaimFacts:
+    """Lock the claimed rows ``FOR UPDATE SKIP LOCKED``, and read their rules' facts in
+    the same statement (no round trip of its own): its snapshot is taken after the
+    queue's lock, so the settings it reads stay so until COMMIT."""
+    if not ids:
+        return ClaimFacts({}, {}, None, None)
+    found = conn.execute(
+        "SELECT t.id, t.body,"
+        " (SELECT coalesce(jsonb_object_agg(d.id, d.body), '{}') FROM ferry_tasks d"
+        "  WHERE d.id = ANY(t.deps)),"
+        " extract(epoch FROM now())::float8,"
+        " coalesce((SELECT value::boolean FROM ferry_meta WHERE key = 'paused_all'), false),"
+        " (SELECT coalesce(jsonb_agg(jsonb_build_array(name, jobs, paused)), '[]')"
+        "  FROM ferry_groups WHERE jobs IS NOT NULL OR paused IS NOT NULL)"
+        " FROM ferry_tasks t WHERE t.id = ANY(%s) ORDER BY t.id FOR UPDATE OF t SKIP LOCKED",
+        (list(ids),),
+    ).fetchall()
+    if not found:
+        return ClaimFacts({}, {}, None, None)
+    dependencies: dict[str, Any] = {}
+    for row in found:
+        dependencies.update(row[2])
+    _, _, _, now, paused_all, settings = found[0]
+    return ClaimFacts(
+        {row[0]: row[1] for row in found},
+        dependencies,
+        {
+            "jobs": {name: jobs for name, jobs, _ in settings if jobs is not None},
+            "paused": {name: paused for name, _, paused in settings if paused is not None},
+            "paused_all": bool(paused_all),
+        },
+        float(now),
     )
 
 
@@ -150,27 +202,6 @@ def lock_counts(conn: Any, groups: Iterable[str]) -> dict[str, Any]:
         (names, _IN_FLIGHT),
     ).fetchall()
     return {row[0]: row[1] for row in found}
-
-
-def claim_facts(conn: Any, ids: Iterable[str]) -> tuple[dict[str, Any], dict[str, Any], float]:
-    """What a claim's rules are checked against, read in one statement once the
-    settings locks are held: the rows of ``ids`` (the claimed tasks' dependencies), the
-    groups' settings (a table snapshot's ``queue`` part), and the database's time."""
-    row = conn.execute(
-        "SELECT extract(epoch FROM now())::float8,"
-        " coalesce((SELECT value::boolean FROM ferry_meta WHERE key = 'paused_all'), false),"
-        " (SELECT coalesce(jsonb_agg(jsonb_build_array(name, jobs, paused)), '[]')"
-        "  FROM ferry_groups WHERE jobs IS NOT NULL OR paused IS NOT NULL),"
-        " (SELECT coalesce(jsonb_object_agg(id, body), '{}') FROM ferry_tasks WHERE id = ANY(%s))",
-        (sorted(set(ids)),),
-    ).fetchone()
-    now, paused_all, settings, bodies = row
-    queue = {
-        "jobs": {name: jobs for name, jobs, _ in settings if jobs is not None},
-        "paused": {name: paused for name, _, paused in settings if paused is not None},
-        "paused_all": bool(paused_all),
-    }
-    return dict(bodies), queue, float(now)
 
 
 def rows(conn: Any, ids: Iterable[str], *, share: bool) -> dict[str, Any]:

@@ -87,7 +87,9 @@ MIGRATIONS: tuple[str, ...] = (
         paused boolean
     );
     INSERT INTO ferry_groups (name) VALUES ('default');
+    DROP INDEX ferry_tasks_queued;  -- (the claim order's index replaces it)
     INSERT INTO ferry_meta (key, value) VALUES ('paused_all', 'false');
+    ANALYZE ferry_groups;  -- (a handful of rows: without statistics the planner guesses 600)
     """,
 )
 VERSION = len(MIGRATIONS)

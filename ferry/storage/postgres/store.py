@@ -96,16 +96,23 @@ class PgStore:
         ids = sorted({str(data["task"]) for _, data in batch if "task" in data})
         new_ids = {str(data["task"]) for kind, data in batch if kind == _SUBMITTED}
         claims = {str(data["task"]) for kind, data in batch if kind == _CLAIMED} - new_ids
+        changes = queue.group_events(batch)
         with self.db.transaction() as conn:
+            # The queue's advisory lock (queue module): shared by claims, taken with the
+            # lease check (no round trip of its own); exclusive for a group change.
+            claiming = bool(claims) and not changes
             if epoch > 0:
-                self._check_lease(conn, epoch)
+                self._check_lease(conn, epoch, lock_queue=claiming)
+            elif claiming or changes:
+                queue.lock(conn, exclusive=bool(changes))
             # SKIP LOCKED for the claimed rows only: another claimer holding one has
             # it (refused at once). The batch's other rows (a worker's ends, written
             # with its next claim) are waited for: a claimer that picked one from the
             # queue a moment before it was claimed holds it until refused. They are
             # locked first, in id order; the claimed rows after them never wait.
             rows = self._lock_tasks(conn, [i for i in ids if i not in claims], skip_locked=False)
-            rows.update(self._lock_tasks(conn, sorted(claims), skip_locked=True))
+            facts = queue.lock_claimed(conn, sorted(claims))  # (with their rules' facts)
+            rows.update(facts.rows)
             taken = claims - set(rows)
             if taken and self._existing(conn, sorted(taken)):
                 raise RefusedError(
@@ -117,9 +124,9 @@ class PgStore:
             for key in keys:
                 conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (key,))
             keyed = self._with_keys(conn, keys) if keys else {}
-            related, settings, now = self._queue_part(conn, batch, rows, claims)
-            table = _table({**related, **keyed, **rows}, settings)
-            table.validate_batch(batch, now=now)
+            related = self._queue_part(conn, batch, rows, facts)
+            table = _table({**related, **keyed, **rows}, facts.settings)
+            table.validate_batch(batch, now=facts.now)
             ts = time.time()  # (one for the batch: its records commit together)
             seqs = self._insert_events(conn, batch, epoch, ts)
             records = []
@@ -136,38 +143,24 @@ class PgStore:
         return records
 
     def _queue_part(
-        self,
-        conn: Any,
-        batch: Sequence[EncodedEvent],
-        rows: Mapping[str, Any],
-        claims: set[str],
-    ) -> tuple[dict[str, Any], dict[str, Any] | None, float | None]:
-        """What the queue's rules need to judge ``batch`` (``ferry.core.queue``), under
-        the locks that keep it so until COMMIT (``queue`` module): for a claim, its
-        group's settings and tasks in flight and its dependencies' rows; for a new task,
-        its dependencies' rows; for a DEPENDENCY_FAILED cancel, its dependencies' rows,
-        locked FOR SHARE. Returns (rows, settings or None, the database's time)."""
-        claimed = [rows[i] for i in sorted(claims) if i in rows]
-        changes = queue.group_events(batch)
-        groups = {body["spec"].get("group", "default") for body in claimed}
-        groups.update(name for _, name in changes if name is not None)
-        if not claimed and not changes:
-            related = queue.rows(conn, self._dependencies(batch, rows, cancels=False), share=False)
-            related.update(
-                queue.rows(conn, self._dependencies(batch, rows, cancels=True), share=True)
-            )
-            return related, None, None
-        everything = any(name is None for _, name in changes)
-        queue.lock(conn, groups, change=bool(changes), everything=everything)
-        dependencies = {dep for body in claimed for dep in body["spec"].get("after", ())}
-        dependencies.update(self._dependencies(batch, rows, cancels=False))
-        related, settings, now = queue.claim_facts(conn, dependencies)
-        claimed_groups = {body["spec"].get("group", "default") for body in claimed}
-        limited = [group for group in claimed_groups if settings["jobs"].get(group)]
-        if limited:
-            related.update(queue.lock_counts(conn, limited))
+        self, conn: Any, batch: Sequence[EncodedEvent], rows: Mapping[str, Any], facts: Any
+    ) -> dict[str, Any]:
+        """The rows the queue's rules need to judge ``batch`` (``ferry.core.queue``)
+        beyond those locked: a claim's dependencies (read with the claimed rows) and,
+        in a group with a limit, the group's tasks in flight, counted under its count
+        lock; a new task's dependencies; a DEPENDENCY_FAILED cancel's dependencies,
+        locked FOR SHARE (a retry of one waits, or is waited for)."""
+        related = dict(facts.dependencies)
+        if facts.settings is not None:
+            claimed = {rows[i]["spec"].get("group", "default") for i in facts.rows}
+            limited = [group for group in claimed if facts.settings["jobs"].get(group)]
+            if limited:
+                related.update(queue.lock_counts(conn, limited))
+        related.update(
+            queue.rows(conn, self._dependencies(batch, rows, cancels=False), share=False)
+        )
         related.update(queue.rows(conn, self._dependencies(batch, rows, cancels=True), share=True))
-        return related, settings, now
+        return related
 
     @staticmethod
     def _dependencies(
@@ -224,10 +217,13 @@ class PgStore:
             data = {**data, "runner": {**data["runner"], "host_id": self.host}}
         return kind, data
 
-    def _check_lease(self, conn: Any, epoch: int) -> None:
+    def _check_lease(self, conn: Any, epoch: int, *, lock_queue: bool = False) -> None:
+        """The host's lease still has ``epoch`` (``lock_queue``: and, in the same
+        statement, the queue's advisory lock, shared, as a claim takes it)."""
+        lock = ", pg_advisory_xact_lock_shared(%s)" if lock_queue else ""
         row = conn.execute(
-            "SELECT epoch, expires_at > now() FROM ferry_hosts WHERE host_id = %s FOR SHARE",
-            (self.host,),
+            f"SELECT epoch, expires_at > now(){lock} FROM ferry_hosts WHERE host_id = %s FOR SHARE",
+            (queue.QUEUE_LOCK, self.host) if lock_queue else (self.host,),
         ).fetchone()
         if row is None or row[0] != epoch or not row[1]:
             current = None if row is None else row[0]
