@@ -13,6 +13,7 @@ Decisions (also in docs/cli.md):
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,13 @@ from typing import Any
 import orjson
 
 from ferry.core.errors import UsageError
-from ferry.core.spec import PatchRef, TaskSpec, validate_spec
+from ferry.core.spec import (
+    GROUP_DEFAULT,
+    RETRY_DELAY_DEFAULT_S,
+    PatchRef,
+    TaskSpec,
+    validate_spec,
+)
 
 # Keys a `submit --from` line may carry: the task options, by their option names.
 _LINE_KEYS = {
@@ -44,6 +51,14 @@ _LINE_KEYS = {
     "pty": "pty",
     "log_max": "log_max",
     "log-max": "log_max",
+    "group": "group",
+    "priority": "priority",
+    "after": "after",
+    "not_before": "not_before",
+    "not-before": "not_before",
+    "retries": "retries",
+    "retry_delay": "retry_delay_s",
+    "retry-delay": "retry_delay_s",
 }
 _DEFAULTS: dict[str, Any] = {
     "name": None,
@@ -60,6 +75,12 @@ _DEFAULTS: dict[str, Any] = {
     "shell": False,
     "pty": False,
     "log_max": None,
+    "group": GROUP_DEFAULT,
+    "priority": 0,
+    "after": [],
+    "not_before": None,
+    "retries": 0,
+    "retry_delay_s": RETRY_DELAY_DEFAULT_S,
 }
 
 
@@ -244,6 +265,7 @@ def build_spec(opts: Mapping[str, Any], home: Path, *, queued: bool = False) -> 
         patch=patch,
         pty=bool(opts.get("pty")),
         log_max_bytes=_log_max(opts.get("log_max")),
+        **_queue_options(opts),
     )
     validate_spec(spec)
     return spec
@@ -260,6 +282,24 @@ def _log_max(value: Any) -> int | None:
     if not isinstance(text, str):
         raise UsageError("--log-max must be a number of bytes", code="usage.bad_size")
     return parse_bytes(text, minimum=LOG_MAX_BYTES_MIN)
+
+
+def _queue_options(opts: Mapping[str, Any]) -> dict[str, Any]:
+    """The queue's options of ``submit`` (``after``: task ids, resolved by the caller;
+    ``not_before``: Unix seconds, or the text of ``--not-before``)."""
+    not_before = opts.get("not_before")
+    if isinstance(not_before, str):
+        from ferry.app.queueing import parse_not_before
+
+        not_before = parse_not_before(not_before, time.time())
+    return {
+        "group": GROUP_DEFAULT if opts.get("group") is None else opts["group"],
+        "priority": opts.get("priority", 0),
+        "after": tuple(opts.get("after") or ()),
+        "not_before": not_before,
+        "retries": opts.get("retries", 0),
+        "retry_delay_s": opts.get("retry_delay_s", RETRY_DELAY_DEFAULT_S),
+    }
 
 
 def parse_from_lines(data: bytes, source: str) -> list[tuple[int, dict[str, Any]]]:
@@ -312,6 +352,12 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "shell": (bool,),
     "pty": (bool,),
     "log_max": (int, str, type(None)),
+    "group": (str,),
+    "priority": (int,),
+    "after": (list,),
+    "not_before": (str, type(None)),
+    "retries": (int,),
+    "retry_delay_s": (int, float),
 }
 
 

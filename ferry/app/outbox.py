@@ -13,12 +13,14 @@ commit whose answer was lost).
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from ferry.app.queueing import auto_retry
 from ferry.app.runner import as_cancelled
 from ferry.app.session import this_host
 from ferry.core import events as ev
@@ -97,7 +99,8 @@ def end_writes(current: Task | None, records: Sequence[ev.Event]) -> tuple[str, 
     the task being ``current`` now: SETTLED, the records to write (its SPAWNED only if
     the task is still DISPATCHING; CANCELLED if a cancel was asked for meanwhile);
     LATE, a LATE_RESULT (the claim moved: recovery or another host decided); ALREADY,
-    nothing (it is written, or kept as a late result, already)."""
+    nothing (it is written, or kept as a late result, already). A failure the task's
+    ``--retries`` retry gets its RETRIED in the same write (``queueing.auto_retry``)."""
     settled = _settled(records)
     if current is None:
         return ALREADY, []
@@ -108,9 +111,12 @@ def end_writes(current: Task | None, records: Sequence[ev.Event]) -> tuple[str, 
             writes = list(records)
         if current.cancel_requested:
             writes = [as_cancelled(r) if isinstance(r, ev.Settled) else r for r in writes]
-        return SETTLED, writes
-    if (ours and not current.in_flight and _same_end(current, settled)) or _kept_late(
-        current, settled
+        retry = auto_retry(current, _settled(writes), time.time())
+        return SETTLED, writes if retry is None else [*writes, retry]
+    if (
+        (ours and not current.in_flight and _same_end(current, settled))
+        or _retried_after(current, settled)
+        or _kept_late(current, settled)
     ):
         return ALREADY, []
     return LATE, [ev.LateResult(settled.task, settled.attempt, _result(settled))]
@@ -120,6 +126,19 @@ def _kept_late(current: Task, settled: ev.Settled) -> bool:
     return any(
         late.get("token") == settled.token and late.get("attempt") == settled.attempt
         for late in current.evidence.get("late_results", ())
+    )
+
+
+def _retried_after(current: Task, settled: ev.Settled) -> bool:
+    """The end was written, with the automatic retry that followed it (the task is on
+    its next attempt, whose previous one ended as this end says)."""
+    previous = current.evidence.get("previous_attempt")
+    if current.attempt != settled.attempt + 1 or not isinstance(previous, dict):
+        return False
+    return (
+        previous.get("attempt") == settled.attempt
+        and previous.get("exit_code") == settled.exit_code
+        and (previous.get("evidence") or {}).get("ended_at") == settled.evidence.get("ended_at")
     )
 
 

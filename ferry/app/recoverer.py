@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ferry.app import outbox
+from ferry.app.queueing import settle_doomed
 from ferry.app.runner import heartbeat_path, log_paths
 from ferry.core import events as ev
 from ferry.core.errors import FerryError, OperatorNeededError, RefusedError
@@ -172,7 +173,7 @@ class Recoverer:
         *,
         epoch: int,
         policy: Policy,
-        commit: Callable[[tuple[str, dict[str, Any]]], object] | None = None,
+        commit: Callable[..., object] | None = None,
         tick: Callable[[], None] | None = None,
         host_ttl_s: float = 30.0,
     ) -> RecoverReport:
@@ -222,6 +223,8 @@ class Recoverer:
                 }
             )
             report.needs_operator |= decision.needs_operator
+        # The queue's part of recovery: tasks whose dependency failed are cancelled.
+        report.decisions += settle_doomed(self.store, commit)
         report.orphans_alive = self.quarantined_alive()
         return report
 

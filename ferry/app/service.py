@@ -54,9 +54,16 @@ class Service:
 
     # ---- creating tasks ------------------------------------------------------------
 
-    def _new_task(self, spec: TaskSpec) -> ev.Submitted:
-        task_id = new_task_id(time.time_ns(), os.urandom(4))
+    def _new_task(self, spec: TaskSpec, task_id: str | None = None) -> ev.Submitted:
+        task_id = task_id or new_task_id(time.time_ns(), os.urandom(4))
         return ev.Submitted(task=task_id, spec=spec, created_at=time.time())
+
+    def _with_after(self, opts: Mapping[str, Any]) -> dict[str, Any]:
+        """The options with ``after`` (--after: ids, prefixes, numbers, last) as task ids."""
+        from ferry.app.queueing import resolve_after
+
+        after = opts.get("after") or ()
+        return {**opts, "after": resolve_after(self.store, after) if after else ()}
 
     def _succeeded_keys(self, keys: Sequence[str]) -> dict[str, str]:
         """The keys among ``keys`` that SUCCEEDED (or were resolved as succeeded), with
@@ -71,14 +78,21 @@ class Service:
         return {key: task_id for key, task_id in found.items() if task_id is not None}
 
     def submit(self, batch: Sequence[Mapping[str, Any]]) -> list[Task]:
-        return self._queue([build_spec(opts, self.home, queued=True) for opts in batch])
+        return self._queue(
+            [build_spec(self._with_after(opts), self.home, queued=True) for opts in batch]
+        )
 
     def submit_many(self, data: bytes, *, source: str) -> list[Task]:
+        """``submit --from``: a line's ``after`` may name a task of the same batch by
+        its line, ``"line:N"``, as well as any task queued before; the batch is written
+        dependencies first, and a cycle among its lines is refused."""
         lines = parse_from_lines(data, "stdin" if source == "<stdin>" else source)
         specs = []
         first_with: dict[str, int] = {}  # key -> the line of its first task
+        planned = {number: new_task_id(time.time_ns(), os.urandom(4)) for number, _ in lines}
         for number, opts in lines:
             try:
+                opts = self._line_after(opts, planned, number)
                 spec = build_spec(opts, self.home, queued=True)
             except FerryError as error:
                 if error.code == "usage.missing_command":  # (no "--" in a JSON line)
@@ -93,7 +107,28 @@ class Service:
                     details={"key": spec.key, "tasks": [first_with[spec.key], number]},
                 )
             specs.append(spec)
-        return self._queue(specs)
+        return self._queue(specs, ids=[planned[number] for number, _ in lines], source=source)
+
+    def _line_after(
+        self, opts: dict[str, Any], planned: Mapping[int, str], number: int
+    ) -> dict[str, Any]:
+        after = opts.get("after") or []
+        if not all(isinstance(item, str) for item in after):
+            raise UsageError("after must be a list of task ids (or \"line:N\")",
+                             code="usage.bad_from_line", details={"line": number})  # fmt: skip
+        local, references = [], []
+        for item in after:
+            if item.startswith("line:"):
+                target = item[5:]
+                line = int(target) if target.isdigit() else None
+                if line not in planned:
+                    raise UsageError(f"after {item!r}: no task on that line",
+                                     code="usage.bad_from_line", details={"line": number})  # fmt: skip
+                local.append(planned[line])  # type: ignore[index]
+            else:
+                references.append(item)
+        resolved = self._with_after({"after": references})["after"]
+        return {**opts, "after": [*dict.fromkeys([*resolved, *local])]}
 
     def submit_lines(self, data: bytes, *, source: str, opts: Mapping[str, Any]) -> list[Task]:
         """``submit --lines``: one task per line that is not blank, each run by
@@ -104,40 +139,56 @@ class Service:
                 code="usage.key_with_lines",
             )
         specs = []
+        opts = self._with_after(opts)
         for number, line in parse_shell_lines(data, source):
             try:
-                specs.append(build_spec({**opts, "argv": [line], "shell": True}, self.home))
+                line_opts = {**opts, "argv": [line], "shell": True}
+                specs.append(build_spec(line_opts, self.home))
             except FerryError as error:
                 error.message = f"line {number} of {source}: {error.message}"
                 raise
         return self._queue(specs)
 
-    def _queue(self, specs: Sequence[TaskSpec]) -> list[Task]:
+    def _queue(
+        self,
+        specs: Sequence[TaskSpec],
+        *,
+        ids: Sequence[str] | None = None,
+        source: str = "the batch",
+    ) -> list[Task]:
         """Queue ``specs`` in one write, under the contract's --key rules, which the
         store checks under the journal's lock (``ferry.core.fold``): a task whose key
         SUCCEEDED is not queued (a notice; its place in the result goes to the task that
         did it); a key whose latest task ended unsafe is refused (exit 3), one in flight
-        too (75). A key that succeeds between our read and our write: read again."""
+        too (75). A key that succeeds between our read and our write: read again.
+        ``ids``: the ids the tasks get (``submit --from``: its lines may name each
+        other in ``after``); they are written dependencies first."""
         keys = [spec.key for spec in specs if spec.key is not None]
+        planned = list(ids) if ids is not None else [""] * len(specs)
         for _ in range(RACE_TRIES):
             done = self._succeeded_keys(keys)
-            events, ids = [], []
-            for spec in specs:
+            events, result = {}, []
+            skipped: dict[str, str] = {}  # planned id -> the task whose key succeeded
+            for spec, planned_id in zip(specs, planned, strict=True):
                 task_id = None if spec.key is None else done.get(spec.key)
                 if task_id is None:
-                    events.append(self._new_task(spec))
-                    task_id = events[-1].task
-                ids.append(task_id)
+                    submitted = self._new_task(spec, planned_id or None)
+                    events[submitted.task] = submitted
+                    task_id = submitted.task
+                elif planned_id:
+                    skipped[planned_id] = task_id
+                result.append(task_id)
+            ordered = _dependencies_first(events, skipped, source)
             try:
-                if events:
-                    self.store.commit(*events)
+                if ordered:
+                    self.store.commit(*ordered)
             except RefusedError as error:
                 if error.code != "task.key_succeeded":
                     raise
                 continue  # it succeeded meanwhile: skip it too
             for key, task_id in done.items():
                 self.notice(f"key {key!r} already succeeded (task {task_id}); not queued")
-            found = zip(ids, specs, strict=True)
+            found = zip(result, specs, strict=True)
             return [self._get_or_forgotten(task_id, spec) for task_id, spec in found]
         raise InternalError("the tasks' keys kept changing while they were queued")
 
@@ -388,6 +439,28 @@ class Service:
 
         return gc(self.session, older_than_s=older_than_s, states=states, dry_run=dry_run)
 
+    # ---- the queue's groups (ferry.app.queueing) --------------------------------------
+
+    def groups(self) -> list[dict[str, Any]]:
+        from ferry.app.queueing import groups
+
+        return groups(self.store)
+
+    def group_set(self, name: str, jobs: int) -> dict[str, Any]:
+        from ferry.app.queueing import group_set
+
+        return group_set(self.store, name, jobs)
+
+    def pause(self, names: Sequence[str]) -> list[dict[str, Any]]:
+        from ferry.app.queueing import pause
+
+        return pause(self.store, names)
+
+    def resume(self, names: Sequence[str]) -> list[dict[str, Any]]:
+        from ferry.app.queueing import pause
+
+        return pause(self.store, names, resume=True)
+
     # ---- the shared database ---------------------------------------------------------
 
     def db_init(self) -> dict[str, Any]:
@@ -478,3 +551,25 @@ def _parse_signal(name: str) -> int:
         except KeyError:
             pass
     raise UsageError(f"unknown signal {name!r}", code="usage.bad_signal")
+
+
+def _dependencies_first(
+    events: Mapping[str, ev.Submitted], skipped: Mapping[str, str], source: str
+) -> list[ev.Submitted]:
+    """The batch's SUBMITTED records, each after those of its batch it comes after (a
+    task of the batch not queued because its key succeeded: the one that did it stands
+    in for it). A cycle: ``task.dependency_cycle``, nothing written."""
+    from dataclasses import replace
+
+    from ferry.app.queueing import cycle_error
+    from ferry.core.queue import topological
+
+    fixed = {}
+    for task_id, event in events.items():
+        after = tuple(dict.fromkeys(skipped.get(dep, dep) for dep in event.spec.after))
+        spec = event.spec if after == event.spec.after else replace(event.spec, after=after)
+        fixed[task_id] = ev.Submitted(task_id, spec, event.created_at)
+    order = topological((task_id, event.spec.after) for task_id, event in fixed.items())
+    if order is None:
+        raise cycle_error(source)
+    return [fixed[task_id] for task_id in order]

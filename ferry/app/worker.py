@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 from ferry.app.launch import Launch, Record, watch_journal
 from ferry.app.leader import Leadership, policy_of, recover_as
+from ferry.app.queueing import settle_doomed
 from ferry.app.recoverer import runner_identity, with_runner_state
 from ferry.app.runner import before_spawn_event, child_environ
 from ferry.app.tally import Progress, Tally, WorkReport
@@ -174,10 +175,12 @@ class Worker:
         return ready
 
     def _queue_nonempty(self) -> bool:
-        """(The database out of reach: it may hold tasks; not empty.)"""
+        """Tasks queued in a group not paused (waiting for their time or a dependency
+        too): --drain waits for them; a paused group's are left. (The database out of
+        reach: it may hold tasks; not empty.)"""
         try:
             self.store.refresh()
-            return bool(self.store.queued(1))
+            return any(g["queued"] and not g["paused"] for g in self.store.groups())
         except DatabaseUnavailableError:
             return True
 
@@ -196,9 +199,10 @@ class Worker:
                 if now >= next_recover and not self.halted:
                     self._recover()
                     next_recover = now + self.RECOVER_EVERY_S
-                if now >= next_poll:  # (new tasks in the queue)
+                if now >= next_poll:  # (new tasks in the queue, the groups' settings)
                     with contextlib.suppress(FerryError, OSError):
                         self.store.refresh()
+                    self._cancel_doomed()
                     next_poll = time.monotonic() + self.poll_s
                 self._watch_journal()
                 self._fill_slots()
@@ -297,6 +301,21 @@ class Worker:
             if decision["state"] in terminal:  # (a task it decided FAILED: a failure)
                 self._settled(decision["task"])
 
+    def _cancel_doomed(self) -> None:
+        """The queued tasks whose dependency ended other than SUCCEEDED: CANCELLED
+        ``DEPENDENCY_FAILED``, as the leader (``queueing.settle_doomed``)."""
+        if self.halted:
+            return
+        try:
+            decisions = settle_doomed(self.store, self.lead.commit)
+        except LeaseHeldError as error:
+            self._lease_lost(error)
+            return
+        except (FerryError, OSError):
+            return  # (the journal or the database in trouble: the next poll tries again)
+        for decision in decisions:
+            self._settled(decision["task"])
+
     # -- what it settled ------------------------------------------------------------------
 
     def _settled(self, task_id: str, attempt: int | None = None) -> None:
@@ -319,6 +338,22 @@ class Worker:
             then = "stopping the running tasks" if self.halt == "now" else "running ones finish"
             self.session.notice(f"halting: task {task.id} failed; no new tasks, {then}")
             self._stop_if_halted_now()
+
+    def _retrying(self, task_id: str, attempt: int) -> None:
+        """Say so when the attempt we ran failed and its --retries queued the next."""
+        with contextlib.suppress(FerryError, OSError):
+            task = self.store.get(task_id)
+            if task is None or task.attempt != attempt + 1 or task.retries_used == 0:
+                return
+            previous = task.evidence.get("previous_attempt") or {}
+            if previous.get("attempt") != attempt:
+                return
+            wait_s = max(0.0, (task.not_before or 0.0) - time.time())
+            why = previous.get("reason") or "FAILED"
+            self.session.notice(
+                f"task {task_id} attempt {attempt} failed ({why}): retry"
+                f" {task.retries_used} of {task.spec.retries} in {wait_s:.1f} s"
+            )
 
     def _stop_if_halted_now(self) -> None:
         """``--halt now``: every task we claimed is stopped (SIGTERM, then SIGKILL after
@@ -395,8 +430,19 @@ class Worker:
         free = self.jobs - busy - len(self.survivors)
         if free <= 0:
             return
+        # Per group, the places our supervisors hold beyond what the journal says is in
+        # flight: a task given out, not yet claimed (+1); a task ended, its end not yet
+        # written (-1: that end goes first in the write that claims the next one).
+        extra: dict[str, int] = {}
+        for launch in held.values():
+            change = 0 if launch.claimed else 1
+            if launch.claimed and launch.ended is not None:
+                change = -1
+            group = launch.task.spec.group
+            extra[group] = extra.get(group, 0) + change
+        unclaimed = [task_id for task_id, launch in held.items() if not launch.claimed]
         try:
-            candidates = self.store.queued(len(held) + free)
+            candidates = self.store.queued(free, skip=unclaimed, extra=extra)
         except DatabaseUnavailableError as error:
             self._unreachable(error)
             return
@@ -525,6 +571,8 @@ class Worker:
         units = self._units()
         if not units:
             return
+        # Ends first: the place a task frees in its group may go to a claim of this write.
+        units.sort(key=lambda unit: unit.kind == "claim")
         ends = [u for u in units if u.kind == "end"]
         if ends:
             with contextlib.suppress(FerryError):
@@ -634,6 +682,7 @@ class Worker:
             # Ours even when end_records found it written already (by the supervisor,
             # its launcher having been silent too long): the attempt we ran, settled.
             self._settled(task_id, attempt)
+            self._retrying(task_id, attempt)
 
     def _claimed_by_us(self, unit: _Unit) -> bool:
         """A claim refused because it is ours already: its commit went through, only the

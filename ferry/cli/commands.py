@@ -68,9 +68,17 @@ def _example(text: str) -> str:
     return "Example:\n\n\b\n" + "\n".join("  " + line for line in text.strip().splitlines())
 
 
-def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -> None:
+def register(
+    cli: click.Group,
+    task_options: Callable[[Any], Any],
+    emit: Emit,
+    queue_options: Callable[[Any], Any],
+) -> None:
     """Attach every command to the ``cli`` group."""
     from ferry.cli import render
+    from ferry.cli.queue_commands import register_queue
+
+    register_queue(cli, emit)
 
     @cli.command(
         context_settings={"allow_interspersed_args": False},
@@ -99,10 +107,12 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
         epilog=_example(
             "ferry submit --idempotent --name nightly -- ./nightly.sh\n"
             'printf \'%s\\n\' \'{"argv": ["make", "docs"]}\' | ferry submit --from -\n'
-            "seq 1 100 | sed 's/.*/./process.sh &/' | ferry submit --idempotent --lines -"
+            "seq 1 100 | sed 's/.*/./process.sh &/' | ferry submit --idempotent --lines -\n"
+            "ferry submit --group arm64 --priority 5 --retries 2 --after 12 -- make dist"
         ),
     )
     @task_options
+    @queue_options
     @click.option(
         "--from",
         "from_file",
@@ -122,7 +132,11 @@ def register(cli: click.Group, task_options: Callable[[Any], Any], emit: Emit) -
     def submit(
         ctx: Any, /, argv: tuple[str, ...], from_file: Any, lines_file: Any, **kw: Any
     ) -> None:
-        """Queue a task (or many with --from or --lines) and print its id."""
+        """Queue a task (or many with --from or --lines) and print its id.
+
+        In a --from line, "after" may also name a task of the same file by its line
+        ("line:3"); the lines are queued dependencies first, and a cycle is refused.
+        """
         svc = ctx.service()
         if lines_file is not None:
             if argv or from_file is not None:

@@ -185,6 +185,13 @@ def task_opts(kw: dict[str, Any], argv: tuple[str, ...]) -> dict[str, Any]:
         "shell": kw["shell"],
         "pty": kw["pty"],
         "log_max": kw["log_max"],
+        # submit's queue options (run has none: its task runs now)
+        "group": kw.get("group"),
+        "priority": kw.get("priority", 0),
+        "after": list(kw.get("after") or ()),
+        "not_before": kw.get("not_before"),
+        "retries": kw.get("retries", 0),
+        "retry_delay_s": kw.get("retry_delay", 1.0),
     }
 
 

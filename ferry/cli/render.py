@@ -7,7 +7,7 @@ human text goes to stdout for listings and to stderr for notices.
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -50,6 +50,20 @@ def task_json(task: Any, *, show_env_values: bool = False) -> dict[str, Any]:
     from ferry.core.model import task_to_json
 
     return task_to_json(task, show_env_values=show_env_values)
+
+
+def groups_table(groups: Sequence[Mapping[str, Any]]) -> str:
+    """``ferry group``: one row per group (JOBS 0: no limit of its own)."""
+    rows = [("GROUP", "JOBS", "PAUSED", "QUEUED", "RUNNING")]
+    for info in groups:
+        rows.append((str(info["group"]), str(info["jobs"] or "-"),
+                     "yes" if info["paused"] else "no", str(info["queued"]),
+                     str(info["running"])))  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    )
 
 
 # ---- work and wait: each settled task, the progress, the summary -------------------

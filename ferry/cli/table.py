@@ -1,5 +1,6 @@
 """``ferry ls``'s table: number, id, state, reason, exit, start time (local time zone,
-``TZ``), duration and name; fitted to the terminal's width (``COLUMNS``), states in
+``TZ``), duration and name (and group and priority when a task listed uses them: a
+queue without groups or priorities lists as it always did); fitted to the terminal's width (``COLUMNS``), states in
 colour on a terminal (never with ``NO_COLOR`` set, never into a pipe or a file).
 
 Fitting: the name column is cut first (to 12 characters at least), then the reason
@@ -16,10 +17,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from ferry.cli.render import duration
+from ferry.core.spec import GROUP_DEFAULT
 
 HEADER = ("#", "ID", "STATE", "REASON", "EXIT", "STARTED", "DURATION", "NAME/COMMAND")
 _REASON = HEADER.index("REASON")
 _STATE = HEADER.index("STATE")
+_QUEUE_AT = HEADER.index("EXIT") + 1  # where GROUP and PRI go
 _NAME_MIN = 12
 _GAP = "  "
 # ANSI SGR colours per state (bold red for FAILED: what a reader looks for first).
@@ -33,9 +36,11 @@ def table(tasks: Sequence[Any], *, now: float | None = None) -> str:
     if not tasks:
         return ""
     now = time.time() if now is None else now
-    rows = [HEADER, *(_row(task, now) for task in tasks)]
+    queue = any(t.spec.group != GROUP_DEFAULT or t.spec.priority for t in tasks)
+    rows = [_queue_cells(HEADER, ("GROUP", "PRI"), queue)]
+    rows += [_queue_cells(_row(t, now), (t.spec.group, str(t.spec.priority)), queue) for t in tasks]
     width = _width()
-    columns = list(range(len(HEADER)))
+    columns = list(range(len(rows[0])))
     if width is not None and _line_length(rows, columns) > width:
         fixed = _line_length(rows, columns[:-1]) + len(_GAP)
         if width - fixed < _NAME_MIN:
@@ -56,6 +61,10 @@ def table(tasks: Sequence[Any], *, now: float | None = None) -> str:
         cells.append(_cut(row[-1], widths[columns[-1]]))
         lines.append(_GAP.join(cells).rstrip())
     return "\n".join(lines)
+
+
+def _queue_cells(row: tuple[str, ...], cells: tuple[str, str], used: bool) -> tuple[str, ...]:
+    return (*row[:_QUEUE_AT], *cells, *row[_QUEUE_AT:]) if used else row
 
 
 def _row(task: Any, now: float) -> tuple[str, ...]:

@@ -100,6 +100,57 @@ def task_options(f: F) -> F:
     return f
 
 
+def queue_options(f: F) -> F:
+    """The queue's options of ``submit`` (contract.md, "Queue control and housekeeping")."""
+    opts = [
+        click.option(
+            "--group",
+            metavar="NAME",
+            help="The task's group (default: default): 'ferry group set NAME --jobs N' limits"
+            " how many of a group's tasks run at once; 'ferry pause NAME' holds them.",
+        ),
+        click.option(
+            "--priority",
+            type=click.IntRange(-(10**9), 10**9),
+            default=0,
+            show_default=True,
+            help="Higher is claimed first; first in, first out within a priority.",
+        ),
+        click.option(
+            "--after",
+            multiple=True,
+            metavar="ID",
+            help="Claim only once task ID SUCCEEDED (repeatable: each of them); if one ends"
+            " otherwise, this task is CANCELLED with reason DEPENDENCY_FAILED.",
+        ),
+        click.option(
+            "--not-before",
+            metavar="TIME",
+            help="Queue now, claim no sooner than TIME: RFC 3339 with its zone"
+            " (2026-05-01T02:00:00Z) or +SECONDS from now.",
+        ),
+        click.option(
+            "--retries",
+            type=click.IntRange(0, 100),
+            default=0,
+            show_default=True,
+            help="Queue a new attempt, up to N times, when the task fails EXIT_NONZERO or"
+            " TIMEOUT (never after a crash: that is recovery's).",
+        ),
+        click.option(
+            "--retry-delay",
+            type=_pos_float("kill-grace"),
+            default=1.0,
+            show_default=True,
+            help="Seconds before the first retry, doubled for each one after, with jitter"
+            " (up to half as long again).",
+        ),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
 def _emit(ctx: Ctx, human: str | None, payload: Any) -> None:
     from ferry.cli import render
 
@@ -152,7 +203,7 @@ def cli(
 
 from ferry.cli import commands as _commands  # noqa: E402  (registers the commands)
 
-_commands.register(cli, task_options, _emit)
+_commands.register(cli, task_options, _emit, queue_options)
 
 from ferry.cli import report_command as _report  # noqa: E402  (ferry report --html)
 

@@ -21,7 +21,7 @@ from typing import Any, ClassVar, overload
 from ferry.core._value import Value
 from ferry.core.errors import InternalError, UsageError
 from ferry.core.model import Reason, State
-from ferry.core.spec import TaskSpec
+from ferry.core.spec import TaskSpec, check_group
 
 CLAIMED_BY = frozenset({"run", "claim", "work"})
 _SETTLED_STATES = frozenset({State.SUCCEEDED, State.FAILED, State.CANCELLED})
@@ -44,6 +44,9 @@ class EventType(enum.StrEnum):
     FORGOTTEN = "FORGOTTEN"
     LEASE_ACQUIRED = "LEASE_ACQUIRED"
     LEASE_RELEASED = "LEASE_RELEASED"
+    GROUP_SET = "GROUP_SET"
+    GROUP_PAUSED = "GROUP_PAUSED"
+    GROUP_RESUMED = "GROUP_RESUMED"
 
 
 class MalformedEventError(InternalError):
@@ -66,7 +69,7 @@ def _to_json(value: Any) -> Any:
 class _Event(Value):
     """Base of the event types: frozen value objects (``ferry.core._value.Value``: no
     dataclass code generation at import, which every ``ferry`` command would pay for
-    these sixteen types) with ``encode()``. Equality, hashing and ``repr`` follow
+    these types) with ``encode()``. Equality, hashing and ``repr`` follow
     ``_FIELDS``, in payload order."""
 
     __slots__ = ()
@@ -326,17 +329,26 @@ class CancelRequested(_Event):
 
 
 class Retried(_Event):
-    """FAILED | CANCELLED -> QUEUED as a new attempt (``attempt`` is the new one)."""
+    """FAILED | CANCELLED -> QUEUED as a new attempt (``attempt`` is the new one).
+    ``automatic``: by the task's own ``--retries``, written with the SETTLED of the
+    attempt that failed (``ferry retry``: false); ``not_before``: the new attempt is not
+    claimed before then (Unix seconds; the retry's delay), or null."""
 
-    __slots__ = ("attempt", "task")
+    __slots__ = ("attempt", "automatic", "not_before", "task")
     TYPE: ClassVar[EventType] = EventType.RETRIED
-    _FIELDS = ("task", "attempt")
+    _FIELDS = ("task", "attempt", "not_before", "automatic")
     task: str
     attempt: int
+    not_before: float | None
+    automatic: bool
 
-    def __init__(self, task: str, attempt: int) -> None:
+    def __init__(
+        self, task: str, attempt: int, not_before: float | None = None, automatic: bool = False
+    ) -> None:
         _set(self, "task", task)
         _set(self, "attempt", attempt)
+        _set(self, "not_before", not_before)
+        _set(self, "automatic", automatic)
 
 
 RESOLVED_AS = ("succeeded", "failed")
@@ -458,6 +470,51 @@ class LeaseReleased(_Event):
         _set(self, "holder", holder)
 
 
+class GroupSet(_Event):
+    """A group's settings (``ferry group set``): ``jobs``, how many of its tasks may be
+    in flight at once (0: no limit of its own). Not about a task: no state change;
+    the claim choice and the claim rule follow it (``ferry.core.queue``)."""
+
+    __slots__ = ("group", "jobs")
+    TYPE: ClassVar[EventType] = EventType.GROUP_SET
+    _FIELDS = ("group", "jobs")
+    group: str
+    jobs: int
+
+    def __init__(self, group: str, jobs: int) -> None:
+        _set(self, "group", group)
+        _set(self, "jobs", jobs)
+
+
+class GroupPaused(_Event):
+    """``ferry pause``: the group's queued tasks are not claimed (``group`` null: every
+    group, those that do not exist yet too)."""
+
+    __slots__ = ("group",)
+    TYPE: ClassVar[EventType] = EventType.GROUP_PAUSED
+    _FIELDS = ("group",)
+    group: str | None
+
+    def __init__(self, group: str | None) -> None:
+        _set(self, "group", group)
+
+
+class GroupResumed(_Event):
+    """``ferry resume``: the group is claimed from again (``group`` null: every group,
+    and each group's own pause is forgotten)."""
+
+    __slots__ = ("group",)
+    TYPE: ClassVar[EventType] = EventType.GROUP_RESUMED
+    _FIELDS = ("group",)
+    group: str | None
+
+    def __init__(self, group: str | None) -> None:
+        _set(self, "group", group)
+
+
+GROUP_JOBS_MAX = 100_000
+QueueEvent = GroupSet | GroupPaused | GroupResumed
+
 Event = (
     Submitted
     | Claimed
@@ -475,6 +532,9 @@ Event = (
     | Forgotten
     | LeaseAcquired
     | LeaseReleased
+    | GroupSet
+    | GroupPaused
+    | GroupResumed
 )
 TaskEvent = (
     Submitted
@@ -598,6 +658,14 @@ def decode_checked(record_type: str, data: object) -> Event | None:
     if kind is EventType.LEASE_ACQUIRED or kind is EventType.LEASE_RELEASED:
         lease_class = LeaseAcquired if kind is EventType.LEASE_ACQUIRED else LeaseReleased
         return lease_class(epoch=f.integer("epoch", minimum=0), holder=f.mapping("holder"))
+    if kind is EventType.GROUP_SET:
+        jobs = f.integer("jobs", minimum=0)
+        if jobs > GROUP_JOBS_MAX:
+            raise _Fields._error(record_type, f"'jobs' is above {GROUP_JOBS_MAX}")
+        return GroupSet(_group(f, optional=False), jobs)
+    if kind is EventType.GROUP_PAUSED or kind is EventType.GROUP_RESUMED:
+        group_class = GroupPaused if kind is EventType.GROUP_PAUSED else GroupResumed
+        return group_class(_group(f, optional=True))
     task, attempt = f.text("task"), f.integer("attempt", minimum=1, optional=True)
     if kind is EventType.SUBMITTED:
         return Submitted(task=task, spec=f.spec("spec"), created_at=f.number("created_at"))
@@ -651,7 +719,10 @@ def decode_checked(record_type: str, data: object) -> Event | None:
     if kind is EventType.CANCEL_REQUESTED:
         return CancelRequested(task, attempt, f.text("token", optional=True))
     if kind is EventType.RETRIED:
-        return Retried(task, attempt)
+        automatic = f.data.get("automatic", False)
+        if not isinstance(automatic, bool):
+            raise _Fields._error(record_type, "'automatic' is not a boolean")
+        return Retried(task, attempt, f.number("not_before", optional=True), automatic)
     if kind is EventType.RESOLVED:
         verdict = f.text("verdict")
         if verdict not in RESOLVED_AS:
@@ -669,3 +740,13 @@ def decode_checked(record_type: str, data: object) -> Event | None:
     return OrphanSignalled(
         task, attempt, pid, pgid, start_time, signal, f.text("token", optional=True)
     )
+
+
+def _group(f: _Fields, *, optional: bool) -> Any:
+    name = f.text("group", optional=optional)
+    if name is None:
+        return None
+    try:
+        return check_group(name)
+    except UsageError as error:
+        raise f._error(f.record_type, error.message) from None

@@ -81,8 +81,16 @@ from ferry.core.spec import TaskSpec
 # The refusals that mean "the task is no longer as you read it": a writer that gets one
 # reads again (its failed commit caught the table up) and decides again, this many
 # times at most (each try follows a real change of the task's state).
-MOVED_CODES = frozenset(
-    {"task.stale_claim", "task.stale_attempt", "task.illegal_transition", "task.not_in_flight"}
+# A claim refused by the queue's rules (its group paused or full meanwhile, a dependency
+# not succeeded, its time not come: ferry.core.queue) means the same: read again.
+QUEUE_CODES = frozenset(
+    {"task.group_paused", "task.group_full", "task.dependencies_pending", "task.not_before"}
+)
+MOVED_CODES = (
+    frozenset(
+        {"task.stale_claim", "task.stale_attempt", "task.illegal_transition", "task.not_in_flight"}
+    )
+    | QUEUE_CODES
 )
 RACE_TRIES = 8
 
@@ -234,6 +242,20 @@ def check_write(task: Task | None, event: ev.TaskEvent) -> None:
             code="task.cancel_requested",
             details={"task": task.id, "state": task.state.value},
         )
+    if isinstance(event, ev.Retried) and event.automatic:
+        retryable = task.state is State.FAILED and task.reason in RETRIED_REASONS
+        if not retryable or task.retries_used >= task.spec.retries:
+            raise RefusedError(
+                f"task {task.id}: no automatic retry is due (it is {task.state}"
+                f" {task.reason or ''}, {task.retries_used} of {task.spec.retries} retries used)",
+                code="task.no_retry_due",
+                details={"task": task.id, "state": task.state.value},
+            )
+
+
+# The ends --retries retries (contract.md): the task's own failure, not a crash (those
+# stay recovery's), a refused spawn, a cancel or a changed input.
+RETRIED_REASONS = frozenset({Reason.EXIT_NONZERO, Reason.TIMEOUT})
 
 
 # A task that ended this way may have changed things and its end is unknown: its key
@@ -325,7 +347,8 @@ def fold_event(task: Task | None, event: ev.TaskEvent, seq: int, ts: float) -> T
     """The task after ``event`` (already checked). ``ts`` is the record's time."""
     if isinstance(event, ev.Submitted):
         return Task(id=event.task, spec=event.spec, created_at=event.created_at,
-                    submit_seq=seq, queue_seq=seq, updated_seq=seq)  # fmt: skip
+                    submit_seq=seq, queue_seq=seq, updated_seq=seq,
+                    not_before=event.spec.not_before)  # fmt: skip
     assert task is not None
     change: dict[str, Any] = {"updated_seq": seq, "state": target_state(event, task)}
     if isinstance(event, ev.Claimed):
@@ -356,10 +379,18 @@ def fold_event(task: Task | None, event: ev.TaskEvent, seq: int, ts: float) -> T
         previous = {"attempt": task.attempt, "state": task.state.value,
                     "reason": None if task.reason is None else task.reason.value,
                     "exit_code": task.exit_code, "signal": task.signal,
-                    "evidence": {k: v for k, v in task.evidence.items() if k != "previous_attempt"}}  # fmt: skip
+                    "evidence": {k: v for k, v in task.evidence.items() if k not in _HISTORY}}  # fmt: skip
+        earlier = [*task.evidence.get("earlier_attempts", ())]
+        if "previous_attempt" in task.evidence:
+            earlier.append(task.evidence["previous_attempt"])
+        evidence: dict[str, Any] = {"previous_attempt": previous}
+        if earlier:  # (oldest first; the one just before is previous_attempt)
+            evidence["earlier_attempts"] = earlier[-EARLIER_ATTEMPTS_MAX:]
+        # --retries counts the automatic ones; a retry by hand starts the count again.
+        used = task.retries_used + 1 if event.automatic else 0
         change.update(_UNCLAIMED, attempt=event.attempt, releases=0, reason=None,
                       exit_code=None, signal=None, ended_at=None, queue_seq=seq,
-                      evidence={"previous_attempt": previous})  # fmt: skip
+                      evidence=evidence, retries_used=used, not_before=event.not_before)  # fmt: skip
     elif isinstance(event, ev.Resolved):
         verdict = {"verdict": event.verdict, "at": rfc3339(ts)}
         change.update(evidence=_merge(task.evidence, {"resolution": verdict}))
@@ -373,6 +404,12 @@ def fold_event(task: Task | None, event: ev.TaskEvent, seq: int, ts: float) -> T
             "signal": event.signal, "at": ts}]  # fmt: skip
         change.update(evidence=_merge(task.evidence, {"signals": signals}))
     return _evolve(task, change)
+
+
+# The evidence of the attempts before the previous one, kept with the task (each
+# attempt's log stays in logs/<id>/<attempt>.*): the last this many.
+EARLIER_ATTEMPTS_MAX = 100
+_HISTORY = frozenset({"previous_attempt", "earlier_attempts"})
 
 
 def _evolve(task: Task, change: Mapping[str, Any]) -> Task:
@@ -389,7 +426,7 @@ def _evolve(task: Task, change: Mapping[str, Any]) -> Task:
 _SCALARS = ("id", "attempt", "releases", "exit_code", "signal", "created_at", "started_at",
             "ended_at", "heartbeat_at", "pid", "pgid", "start_time", "claimed_by",
             "claim_token", "marker", "cancel_requested", "submit_seq", "queue_seq",
-            "updated_seq", "number")  # fmt: skip
+            "updated_seq", "number", "not_before", "retries_used")  # fmt: skip
 
 
 def _is_empty(value: Any) -> bool:
@@ -402,6 +439,8 @@ def task_to_record(task: Task) -> dict[str, Any]:
     """A compact, lossless record of every field (defaults left out)."""
     spec = {k: v for k, v in task.spec.to_json().items() if not _is_empty(v)}
     record = {name: getattr(task, name) for name in _SCALARS}
+    if not task.retries_used:
+        del record["retries_used"]  # (0, the default: as records were before it existed)
     record.update(
         spec=spec,
         state=task.state.value,

@@ -73,6 +73,7 @@ class Reason(enum.StrEnum):
     NOT_A_UNIFIED_DIFF = "NOT_A_UNIFIED_DIFF"
     PATCH_DOES_NOT_COVER_POINTERS = "PATCH_DOES_NOT_COVER_POINTERS"
     EMPTY_PATCH_HUNKS = "EMPTY_PATCH_HUNKS"
+    DEPENDENCY_FAILED = "DEPENDENCY_FAILED"  # a task of its --after ended other than SUCCEEDED
 
 
 class Liveness(enum.StrEnum):
@@ -152,6 +153,8 @@ class Task:
     queue_seq: int = 0  # queue position: SUBMITTED's seq, or RETRIED's (a release keeps it)
     updated_seq: int = 0  # journal seq of the last event that changed this task
     number: int = 0  # 1, 2, 3, ... in submission order (0: submitted before numbers)
+    not_before: float | None = None  # this attempt is not claimed before (Unix seconds)
+    retries_used: int = 0  # automatic retries since submission (or the last manual retry)
 
     @property
     def terminal(self) -> bool:
@@ -215,6 +218,13 @@ def task_to_json(task: Task, *, show_env_values: bool = False) -> dict[str, Any]
         "patch": None
         if spec.patch is None
         else {"path": spec.patch.path, "sha256": spec.patch.sha256},
+        "group": spec.group,
+        "priority": spec.priority,
+        "after": list(spec.after),
+        "not_before": rfc3339(task.not_before),
+        "retries": spec.retries,
+        "retry_delay_s": spec.retry_delay_s,
+        "retries_used": task.retries_used,
         "claimed_by": task.claimed_by,
         "host": None if task.runner is None else task.runner.get("host_id"),
         "runner": _runner_json(task.runner),

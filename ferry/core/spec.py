@@ -14,6 +14,7 @@ from typing import Any
 
 from ferry.core._value import Value, init
 from ferry.core.errors import UsageError
+from ferry.core.ids import is_task_id
 
 MAX_RELEASES_DEFAULT = 3
 KILL_GRACE_DEFAULT_S = 10.0
@@ -27,6 +28,13 @@ TEXT_CHARS_MAX = 256  # name and key
 # blocks: ferry.proc._logcap), at most what a file can hold.
 LOG_MAX_BYTES_MIN = 16 << 10
 LOG_MAX_BYTES_MAX = 1 << 50
+# Queue control (contract.md, "Queue control and housekeeping").
+GROUP_DEFAULT = "default"
+GROUP_CHARS_MAX = 64
+PRIORITY_MAX = 1_000_000_000  # |priority|: a bigint column on PostgreSQL, with room
+RETRIES_MAX = 100
+RETRY_DELAY_DEFAULT_S = 1.0
+AFTER_MAX = 1_000  # dependencies of one task
 _SHA256_HEX = frozenset("0123456789abcdef")
 
 
@@ -63,6 +71,14 @@ class TaskSpec:
     pty: bool = False  # stdout and stderr one pseudo-terminal (run/submit --pty)
     # Each stream's log keeps its first and last log_max_bytes/2 (None: all of it).
     log_max_bytes: int | None = None
+    # Queue control. (These and the two above are written into a record only when not
+    # the default: a task that uses none of them is journaled as before they existed.)
+    group: str = GROUP_DEFAULT
+    priority: int = 0  # higher first; FIFO within a priority
+    after: tuple[str, ...] = ()  # task ids that must SUCCEED before this one is claimed
+    not_before: float | None = None  # Unix seconds: not claimed before then
+    retries: int = 0  # automatic new attempts after EXIT_NONZERO or TIMEOUT
+    retry_delay_s: float = RETRY_DELAY_DEFAULT_S  # before the first; doubled each time
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -82,10 +98,10 @@ class TaskSpec:
             if self.patch is None
             else {"path": self.patch.path, "sha256": self.patch.sha256},
         }
-        if self.pty:  # (only when set: the records of every other task stay as they were)
-            data["pty"] = True
-        if self.log_max_bytes is not None:  # (the same)
-            data["log_max_bytes"] = self.log_max_bytes
+        for name, default in _OPTIONAL_DEFAULTS.items():
+            value = getattr(self, name)
+            if value != default:
+                data[name] = list(value) if isinstance(value, tuple) else value
         return data
 
     @classmethod
@@ -124,6 +140,9 @@ class TaskSpec:
             isinstance(patch, Mapping) and "path" in patch and "sha256" in patch
         ):
             raise UsageError("patch must be {path, sha256}", code="usage.bad_patch")
+        after = data.get("after") or ()
+        if not isinstance(after, list | tuple):
+            raise UsageError("after must be a list of task ids", code="usage.bad_after")
         spec = cls(
             argv=tuple(argv),
             cwd=data["cwd"],
@@ -140,6 +159,12 @@ class TaskSpec:
             patch=None if patch is None else PatchRef(patch["path"], patch["sha256"]),
             pty=data.get("pty", False),
             log_max_bytes=data.get("log_max_bytes"),
+            group=data.get("group", GROUP_DEFAULT),
+            priority=data.get("priority", 0),
+            after=tuple(after),
+            not_before=data.get("not_before"),
+            retries=data.get("retries", 0),
+            retry_delay_s=data.get("retry_delay_s", RETRY_DELAY_DEFAULT_S),
         )
         if validate:
             validate_spec(spec)
@@ -147,6 +172,19 @@ class TaskSpec:
 
 
 _FIELDS = frozenset(TaskSpec.__dataclass_fields__)
+# Written into a record only when not the default: a task that uses none of them is
+# journaled exactly as before they existed.
+_OPTIONAL_DEFAULTS: dict[str, Any] = {
+    "pty": False,
+    "log_max_bytes": None,
+    "group": GROUP_DEFAULT,
+    "priority": 0,
+    "after": (),
+    "not_before": None,
+    "retries": 0,
+    "retry_delay_s": RETRY_DELAY_DEFAULT_S,
+}
+_GROUP_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 
 
 def _bad(code: str, message: str, **details: Any) -> UsageError:
@@ -229,11 +267,63 @@ def validate_spec(spec: TaskSpec) -> None:
             raise _bad("usage.bad_pointer", "pointer path must be a non-empty path")
         if not is_sha256_hex(sha):
             raise _bad("usage.bad_pointer", f"pointer {path!r}: not a SHA-256 hex digest")
+    _validate_queue_options(spec)
     if spec.patch is not None:
         if not isinstance(spec.patch.path, str) or not spec.patch.path:
             raise _bad("usage.bad_patch", "patch path must be a non-empty path")
         if not is_sha256_hex(spec.patch.sha256):
             raise _bad("usage.bad_patch", "patch sha256 is not a SHA-256 hex digest")
+
+
+def check_group(name: object) -> str:
+    """A group's name: 1 to 64 of letters, digits, ``.``, ``_`` and ``-`` (a word in
+    a table, a shell and a SQL row alike), not starting with ``.`` or ``-``."""
+    if (
+        not isinstance(name, str)
+        or not 0 < len(name) <= GROUP_CHARS_MAX
+        or not set(name) <= _GROUP_CHARS
+        or name[0] in ".-"
+    ):
+        raise _bad(
+            "usage.bad_group",
+            f"bad group name {name!r}: 1 to {GROUP_CHARS_MAX} letters, digits, '.', '_'"
+            " or '-', not starting with '.' or '-'",
+            value=repr(name),
+        )
+    return name
+
+
+def _validate_queue_options(spec: TaskSpec) -> None:
+    check_group(spec.group)
+    priority = spec.priority
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise _bad("usage.bad_number", "priority must be an integer", value=repr(priority))
+    if not -PRIORITY_MAX <= priority <= PRIORITY_MAX:
+        raise _bad("usage.bad_number", f"priority must be within ±{PRIORITY_MAX}", value=priority)
+    if not isinstance(spec.after, tuple) or len(spec.after) > AFTER_MAX:
+        raise _bad("usage.bad_after", f"after: at most {AFTER_MAX} task ids")
+    if not all(isinstance(dep, str) and is_task_id(dep) for dep in spec.after):
+        raise _bad("usage.bad_after", "after must hold task ids", value=repr(spec.after))
+    if len(set(spec.after)) != len(spec.after):
+        raise _bad("usage.bad_after", "after names a task twice", value=repr(spec.after))
+    moment = spec.not_before
+    if moment is not None and (
+        isinstance(moment, bool)
+        or not isinstance(moment, int | float)
+        or not 0 <= moment <= NOT_BEFORE_MAX  # (NaN fails this too)
+    ):
+        raise _bad("usage.bad_time", "not_before must be a time (Unix seconds)", value=repr(moment))
+    retries = spec.retries
+    if isinstance(retries, bool) or not isinstance(retries, int):
+        raise _bad("usage.bad_number", "retries must be an integer", value=repr(retries))
+    if not 0 <= retries <= RETRIES_MAX:
+        raise _bad("usage.bad_number", f"retries must be 0..{RETRIES_MAX}", value=retries)
+    _check_seconds(spec.retry_delay_s, "retry delay", minimum_s=0.0, inclusive=True)
+
+
+# Unix seconds: not_before is a moment (checked like any seconds value, plus this bound:
+# the year 2400, far past any plan, far below float trouble).
+NOT_BEFORE_MAX = 13_569_465_600.0
 
 
 def is_sha256_hex(value: object) -> bool:

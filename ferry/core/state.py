@@ -27,8 +27,8 @@ anomaly would lose a committed record (see :data:`SettledLoader`).
 
 from __future__ import annotations
 
-import heapq
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+import math
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -40,6 +40,7 @@ from ferry.core.errors import (
     IllegalTransitionError,
     KeyUnsafeError,
     NotFoundError,
+    RefusedError,
 )
 from ferry.core.fold import (
     check_event,
@@ -53,6 +54,7 @@ from ferry.core.fold import (
 )
 from ferry.core.ids import LAST, resolve_prefix, shown, task_number
 from ferry.core.model import TERMINAL_STATES, Reason, State, Task
+from ferry.core.queue import GroupInfo, QueueIndex, counted_in_flight, settled_states
 
 SNAPSHOT_FORMAT = 1
 ANOMALIES_KEPT_MAX = 100
@@ -222,7 +224,10 @@ class Table:
         # seq that forgot each: history loaded later leaves them out. Kept in snapshots
         # until a compaction rewrote the archives without them (``forget_done``).
         self._forgotten: dict[str, int] = {}
-        self._queue: list[tuple[int, str]] = []  # heap of (queue_seq, id); lazy deletion
+        # The queue's order, gates and group settings (ferry.core.queue); and the states
+        # of settled tasks queued ones wait for, from the snapshot (no history needed).
+        self.queue = QueueIndex()
+        self._dependency_states: dict[str, State] = {}
         self._load_settled = load_settled
         self._settled_id_max = ""  # the greatest id of any settled task, loaded or not
         self._numbers: dict[int, str] = {}  # task number -> id (loaded tasks)
@@ -365,22 +370,47 @@ class Table:
         return found[0] if found else None
 
     def oldest_queued_n(self, limit: int) -> list[Task]:
-        """The ``limit`` oldest QUEUED tasks, as ``queued()[:limit]`` would list them,
-        from the heap: a leader filling a free slot does not sort the whole queue."""
-        found: list[Task] = []
-        kept: list[tuple[int, str]] = []
-        while self._queue and len(found) < limit:
-            entry = heapq.heappop(self._queue)
-            task = self._live.get(entry[1])
-            valid = task is not None and task.state is State.QUEUED
-            if valid and task is not None and task.queue_seq == entry[0] and entry not in kept:
-                found.append(task)
-                kept.append(entry)
-            # else: stale (that task left QUEUED) or a duplicate (it left and came back
-            # before its old entry surfaced): dropped for good, one entry stays
-        for entry in kept:
-            heapq.heappush(self._queue, entry)
-        return found
+        """The first ``limit`` claim candidates, whatever the time (``candidates``)."""
+        return self.candidates(limit, now=math.inf)
+
+    def candidates(
+        self,
+        limit: int,
+        *,
+        now: float,
+        skip: Collection[str] = (),
+        extra: Mapping[str, int] | None = None,
+    ) -> list[Task]:
+        """Up to ``limit`` QUEUED tasks a claim may take at ``now``, in claim order
+        (priority, then queue position), under the queue's gates (``ferry.core.queue``),
+        without sorting or scanning the queue. ``skip`` and ``extra``: see
+        ``QueueIndex.pick`` (what the caller holds and has not claimed yet)."""
+        return [self._live[i] for i in self.queue.pick(limit, now, skip=skip, extra=extra)]
+
+    def groups(self) -> list[GroupInfo]:
+        """Each group: its ``jobs`` limit (0: none), ``paused``, its tasks ``queued``
+        and ``running`` (in flight under a queue claim)."""
+        return self.queue.groups()
+
+    def doomed(self) -> list[tuple[Task, str]]:
+        """The queued tasks to cancel ``DEPENDENCY_FAILED``, each with the dependency
+        that dooms it (one that ended other than SUCCEEDED, or is doomed itself), the
+        dependencies first."""
+        return [(self._live[task_id], cause) for task_id, cause in self.queue.doomed()]
+
+    def state_of(self, task_id: str) -> State | None:
+        """A task's state (None: no such task), for the dependency rules: from the
+        tasks held, else the snapshot's note of it, else history."""
+        live = self._live.get(task_id)
+        if live is not None:
+            return live.state
+        if task_id in self._settled:
+            return State(self._settled.state_of(task_id))
+        known = self._dependency_states.get(task_id)
+        if known is not None:
+            return known
+        task = self.get(task_id)  # (loads history)
+        return None if task is None else task.state
 
     # ---- writing -------------------------------------------------------------------
 
@@ -388,18 +418,22 @@ class Table:
         """Raise (a FerryError) unless the event is legal now. Writes nothing."""
         self.validate_batch([(record_type, data)])
 
-    def validate_batch(self, batch: Sequence[tuple[str, Mapping[str, Any]]]) -> None:
+    def validate_batch(
+        self, batch: Sequence[tuple[str, Mapping[str, Any]]], *, now: float | None = None
+    ) -> None:
         """Validate events meant to be appended together, each against the table as the
-        earlier ones of the batch would leave it (e.g. SUBMITTED then CLAIMED)."""
+        earlier ones of the batch would leave it (e.g. SUBMITTED then CLAIMED). ``now``:
+        the time a claim's ``not_before`` is checked against (None: not checked)."""
         overlay: dict[str, Task] = {}
         gone: set[str] = set()  # forgotten by an earlier event of the batch
+        taken: dict[str, int] = {}  # group -> tasks put in flight by the batch so far
         for index, (record_type, data) in enumerate(batch):
             event = decode(record_type, data)
             if event is None:
                 raise ev.MalformedEventError(
                     f"unknown event type {record_type!r}", details={"type": record_type}
                 )
-            if isinstance(event, ev.LeaseAcquired | ev.LeaseReleased):
+            if isinstance(event, ev.LeaseAcquired | ev.LeaseReleased | ev.QueueEvent):
                 continue
             task = None if event.task in gone else overlay.get(event.task) or self._find(event)
             if isinstance(event, ev.Forgotten):
@@ -411,6 +445,7 @@ class Table:
                 continue
             check_event(task, event)
             check_write(task, event)
+            self._check_queue_rules(task, event, overlay, taken, now)
             key = _key_of(event, task)
             if key is not None:
                 error = key_refusal(
@@ -421,7 +456,59 @@ class Table:
                 )  # fmt: skip
                 if error is not None:
                     raise error
-            overlay[event.task] = fold_event(task, event, -(index + 1), 0.0)
+            new = overlay[event.task] = fold_event(task, event, -(index + 1), 0.0)
+            change = counted_in_flight(new) - (task is not None and counted_in_flight(task))
+            if change:
+                taken[new.spec.group] = taken.get(new.spec.group, 0) + change
+
+    def _check_queue_rules(
+        self,
+        task: Task | None,
+        event: ev.TaskEvent,
+        overlay: Mapping[str, Task],
+        taken: Mapping[str, int],
+        now: float | None,
+    ) -> None:
+        """The queue's rules for a new write (``ferry.core.queue``): a claim (other than
+        ``run``'s) only of a task whose group is neither paused nor full, whose
+        dependencies all SUCCEEDED, whose time has come; a task submitted after tasks
+        that exist; a DEPENDENCY_FAILED cancel only of a task one of whose dependencies
+        really ended other than SUCCEEDED."""
+
+        def state(task_id: str) -> State | None:
+            found = overlay.get(task_id)
+            return found.state if found is not None else self.state_of(task_id)
+
+        if isinstance(event, ev.Claimed) and event.by != "run" and task is not None:
+            refusal = self.queue.claim_refusal(task, taken.get(task.spec.group, 0), now)
+            pending = [dep for dep in task.spec.after if state(dep) is not State.SUCCEEDED]
+            if refusal is None and pending:
+                refusal = "task.dependencies_pending", f"task {pending[0]} has not succeeded"
+            if refusal is not None:
+                code, why = refusal
+                raise RefusedError(f"task {task.id}: not claimed: {why}", code=code,
+                                   details={"task": task.id, "group": task.spec.group})  # fmt: skip
+        elif isinstance(event, ev.Submitted):
+            for dependency in event.spec.after:
+                if dependency not in overlay and self.get(dependency) is None:
+                    raise NotFoundError(
+                        f"--after {dependency}: no such task",
+                        code="task.unknown_dependency",
+                        details={"task": dependency},
+                    )
+        elif isinstance(event, ev.Settled) and event.reason is Reason.DEPENDENCY_FAILED:
+            assert task is not None
+            failed = [
+                dep for dep in task.spec.after
+                if (found := state(dep)) is None or (found in TERMINAL_STATES
+                                                     and found is not State.SUCCEEDED)
+            ]  # fmt: skip
+            if event.state is not State.CANCELLED or not failed:
+                raise RefusedError(
+                    f"task {task.id}: no task it comes after ended other than SUCCEEDED",
+                    code="task.dependency_not_failed",
+                    details={"task": task.id},
+                )
 
     def _check_forget(self, task: Task) -> None:
         """A key's latest task that ended unsafe is kept: its operator must still retry
@@ -458,13 +545,18 @@ class Table:
             self._forget(event.task, seq)  # (no history loaded for it: see _forget)
             return
         old: Task | None = None
-        if event is not None and not isinstance(event, ev.LeaseAcquired | ev.LeaseReleased):
+        not_task = ev.LeaseAcquired | ev.LeaseReleased | ev.QueueEvent
+        if event is not None and not isinstance(event, not_task):
             old = self._find(event)  # (may load history as of last_seq: raises if it fails)
+            self._know_dependencies(event, old)  # (the same: before the fold, never in it)
             if seq <= self.last_seq:
                 return  # the load moved the table on to a snapshot that covers this record
         self.last_seq = seq
         if event is None:
             return  # a type from a newer version: ignored on purpose
+        if isinstance(event, ev.QueueEvent):
+            self.queue.apply(event)
+            return
         if isinstance(event, ev.LeaseAcquired | ev.LeaseReleased):
             held = isinstance(event, ev.LeaseAcquired)
             self.lease = {"epoch": event.epoch, "holder": dict(event.holder),
@@ -544,6 +636,7 @@ class Table:
             "settled_id_max": self._settled_id_max,
             "submitted": self.submitted,
             **({"forgotten": sorted(self._forgotten)} if self._forgotten else {}),
+            "queue": self.queue.to_snapshot(),
         }
 
     def settled_since(self, seq: int) -> list[dict[str, Any]]:
@@ -570,6 +663,9 @@ class Table:
         table._settled_id_max = str(data.get("settled_id_max", ""))
         table.submitted = int(data.get("submitted", 0))
         table._forgotten = dict.fromkeys(data.get("forgotten", ()), table.last_seq)
+        queue = data.get("queue") or {}
+        table.queue.load_settings(queue)
+        table._dependency_states = settled_states(queue)
         for record in data["live"]:
             table._put(None, task_from_record(record))
         for record in data.get("quarantined", ()):  # settled, but needed without history
@@ -593,6 +689,16 @@ class Table:
                 return self.get(event.task)
             return known
         return self.get(event.task)
+
+    def _know_dependencies(self, event: ev.TaskEvent, task: Task | None) -> None:
+        """Make sure the states of the tasks ``task`` comes after are at hand (loading
+        history if one is settled and unknown), so that folding ``event`` needs none."""
+        spec = (
+            event.spec if isinstance(event, ev.Submitted) else None if task is None else task.spec
+        )
+        if spec is not None:
+            for dependency in spec.after:
+                self.state_of(dependency)
 
     def _ensure_settled(self) -> bool:
         """Load settled tasks if a loader is pending; True if it just did. The table may
@@ -654,8 +760,7 @@ class Table:
         else:
             self._settled.pop(new.id)
             self._live[new.id] = new
-            if new.state is State.QUEUED and (old is None or old.state is not State.QUEUED):
-                heapq.heappush(self._queue, (new.queue_seq, new.id))
+        self.queue.update(old, new, self.state_of)
 
     def _index_outcome(self, key: str, old: Task | None, new: Task) -> None:
         """Keep the key outcome indexes true after the fold made ``old`` (None: just

@@ -32,7 +32,7 @@ decides only its own tasks.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -97,8 +97,29 @@ class TaskStore(Protocol):
         """How many tasks there are (in ``state`` if given)."""
         ...
 
-    def queued(self, limit: int) -> list[Task]:
-        """Up to ``limit`` candidates for a claim, oldest first."""
+    def queued(
+        self,
+        limit: int,
+        *,
+        skip: Collection[str] = (),
+        extra: Mapping[str, int] | None = None,
+    ) -> list[Task]:
+        """Up to ``limit`` candidates for a claim now, in claim order (priority, then
+        queue position), under the queue's gates: paused groups, group limits, ``--after``,
+        ``--not-before`` (``ferry.core.queue``). ``skip``: queued tasks the caller holds
+        and has not claimed yet (not offered again); ``extra``: places the caller holds
+        per group beyond the tasks in flight (those, plus those whose ends it is about
+        to write, negative). The claim's commit checks the gates again."""
+        ...
+
+    def groups(self) -> list[dict[str, Any]]:
+        """Each group: ``group``, ``jobs`` (0: no limit), ``paused``, ``queued``,
+        ``running`` (in flight under a queue claim)."""
+        ...
+
+    def doomed(self) -> list[tuple[Task, str]]:
+        """Queued tasks to cancel ``DEPENDENCY_FAILED``, each with the dependency that
+        dooms it, dependencies first (the cancels are checked again when written)."""
         ...
 
     def quarantined(self) -> list[Task]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ferry.core import events as ev
@@ -44,7 +44,7 @@ class MemoryStore:
                     raise LeaseHeldError(
                         f"epoch {data['epoch']} was already used", code="journal.fenced"
                     )
-            self.table.validate_batch(batch)
+            self.table.validate_batch(batch, now=time.time())
             committed = []
             for record_type, data in batch:
                 seq = len(self.records) + 1
@@ -89,9 +89,23 @@ class MemoryStore:
         with self._lock:
             return self.table.count(state)
 
-    def queued(self, limit: int) -> list[Task]:
+    def queued(
+        self,
+        limit: int,
+        *,
+        skip: Collection[str] = (),
+        extra: Mapping[str, int] | None = None,
+    ) -> list[Task]:
         with self._lock:
-            return self.table.oldest_queued_n(limit)
+            return self.table.candidates(limit, now=time.time(), skip=skip, extra=extra)
+
+    def groups(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return self.table.groups()
+
+    def doomed(self) -> list[tuple[Task, str]]:
+        with self._lock:
+            return self.table.doomed()
 
     def quarantined(self) -> list[Task]:
         with self._lock:

@@ -31,6 +31,7 @@ SAMPLES: list[ev.Event] = [
     ev.CancelRequested(T, 1, "tok"),
     ev.CancelRequested(T, 1),
     ev.Retried(T, 2),
+    ev.Retried(T, 3, 1_800_000_000.5, True),  # by --retries, with its delay
     ev.Resolved(T, 1, "succeeded"),
     ev.Resolved(T, 2, "failed"),
     ev.OrphanSignalled(T, 1, 100, 100, 12345.5, 15),
@@ -40,6 +41,12 @@ SAMPLES: list[ev.Event] = [
     ev.Forgotten(T, 2),
     ev.LeaseAcquired(3, RUNNER),
     ev.LeaseReleased(3, RUNNER),
+    ev.GroupSet("builds", 4),
+    ev.GroupSet("builds", 0),
+    ev.GroupPaused("builds"),
+    ev.GroupPaused(None),
+    ev.GroupResumed("arm64.big_1"),
+    ev.GroupResumed(None),
 ]
 
 
@@ -53,7 +60,7 @@ def test_round_trip(event: ev.Event) -> None:
     assert record_type == event.TYPE.value
     wire = orjson.loads(orjson.dumps(data))
     assert decoding.decode(record_type, wire) == event
-    if not isinstance(event, ev.LeaseAcquired | ev.LeaseReleased):
+    if not isinstance(event, ev.LeaseAcquired | ev.LeaseReleased | ev.QueueEvent):
         assert wire["task"] == T
 
 
@@ -88,6 +95,7 @@ def _first(kind: type) -> ev.Event:
 
 RELEASED, LEASE, ORPHAN = _first(ev.Released), _first(ev.LeaseAcquired), _first(ev.OrphanSignalled)
 RESOLVED, STALE = _first(ev.Resolved), _first(ev.Stale)
+RETRIED, GROUP_SET, PAUSED = _first(ev.Retried), _first(ev.GroupSet), _first(ev.GroupPaused)
 
 
 @pytest.mark.parametrize(
@@ -123,6 +131,18 @@ RESOLVED, STALE = _first(ev.Resolved), _first(ev.Stale)
         (RESOLVED, {"verdict": "maybe"}),
         (RESOLVED, {"verdict": _DROP}),
         (STALE, {"token": ""}),
+        (SAMPLES[0], {"spec": {"argv": ["x"], "cwd": "/", "group": "a b"}}),
+        (SAMPLES[0], {"spec": {"argv": ["x"], "cwd": "/", "after": ["nope"]}}),
+        (SAMPLES[0], {"spec": {"argv": ["x"], "cwd": "/", "retries": -1}}),
+        (SAMPLES[0], {"spec": {"argv": ["x"], "cwd": "/", "priority": 1.5}}),
+        (SAMPLES[0], {"spec": {"argv": ["x"], "cwd": "/", "not_before": "soon"}}),
+        (RETRIED, {"automatic": 1}),
+        (RETRIED, {"not_before": "later"}),
+        (GROUP_SET, {"jobs": -1}),
+        (GROUP_SET, {"jobs": _DROP}),
+        (GROUP_SET, {"group": None}),
+        (GROUP_SET, {"group": "-x"}),
+        (PAUSED, {"group": ""}),
     ],
 )
 def test_malformed_known_types_raise(event: ev.Event, change: dict[str, Any]) -> None:
@@ -141,6 +161,20 @@ def test_optional_fields_may_be_missing() -> None:
     decoded = decoding.decode("SETTLED", data)
     assert isinstance(decoded, ev.Settled)
     assert decoded.token is None and decoded.evidence == {}
+
+
+def test_a_retried_record_written_before_retries_existed_reads_as_a_manual_retry() -> None:
+    decoded = decoding.decode("RETRIED", {"task": T, "attempt": 2})
+    assert decoded == ev.Retried(T, 2) and not decoded.automatic and decoded.not_before is None
+
+
+def test_a_spec_without_queue_options_is_written_as_before_them() -> None:
+    plain = TaskSpec(argv=("true",), cwd="/")
+    assert not {"group", "priority", "after", "not_before", "retries", "retry_delay_s"} & set(
+        plain.to_json()
+    )
+    queued = TaskSpec(argv=("true",), cwd="/", group="g", priority=-2, after=(T,), retries=1)
+    assert TaskSpec.from_json(queued.to_json()) == queued
 
 
 def test_cancel_of_a_queued_task_is_settled_cancelled_with_null_token() -> None:

@@ -27,6 +27,9 @@ ONE_OF_EACH: list[ev.Event] = [
     ev.Forgotten("t", 1),
     ev.LeaseAcquired(1, {}),
     ev.LeaseReleased(1, {}),
+    ev.GroupSet("g", 2),
+    ev.GroupPaused(None),
+    ev.GroupResumed("g"),
 ]
 
 

@@ -45,6 +45,7 @@ def test_state_and_reason_names_are_the_contracts() -> None:
         "RELEASE_LIMIT_EXCEEDED", "HEARTBEAT_STALE", "POINTER_STALE", "NOT_A_UNIFIED_DIFF",
         "PATCH_DOES_NOT_COVER_POINTERS", "EMPTY_PATCH_HUNKS",
         "HOST_LOST",  # (contract.md, "Many machines: PostgreSQL")
+        "DEPENDENCY_FAILED",  # (contract.md, "Queue control and housekeeping")
     }  # fmt: skip
     assert all(s == s.value and str(s) == s.value for s in State)
 

@@ -20,7 +20,8 @@ import contextlib
 import fcntl
 import os
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+import time
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -341,7 +342,7 @@ class Store:
                 for record_type, data in batch:
                     if record_type == _LEASE_ACQUIRED:
                         self._check_new_epoch(int(data["epoch"]))
-                self.table.validate_batch(batch)
+                self.table.validate_batch(batch, now=time.time())
 
         for record_type, _ in batch:
             failpoint("before:" + record_type)
@@ -414,9 +415,23 @@ class Store:
         with self.lock:
             return self.table.count(state)
 
-    def queued(self, limit: int) -> list[Task]:
+    def queued(
+        self,
+        limit: int,
+        *,
+        skip: Collection[str] = (),
+        extra: Mapping[str, int] | None = None,
+    ) -> list[Task]:
         with self.lock:
-            return self.table.oldest_queued_n(limit)
+            return self.table.candidates(limit, now=time.time(), skip=skip, extra=extra)
+
+    def groups(self) -> list[dict[str, Any]]:
+        with self.lock:
+            return self.table.groups()
+
+    def doomed(self) -> list[tuple[Task, str]]:
+        with self.lock:
+            return self.table.doomed()
 
     def quarantined(self) -> list[Task]:
         with self.lock:

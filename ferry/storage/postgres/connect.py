@@ -89,9 +89,13 @@ class Database:
     def connection(self) -> Any:
         if self._conn is None or self._conn.closed:
             try:
+                # jit off: ferry's statements are short, and planned each time; a cost
+                # estimate past jit_above_cost made one of them spend a second
+                # compiling what runs in a millisecond.
                 self._conn = self._psycopg.connect(
-                    self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S
-                )
+                    self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S,
+                    options="-c jit=off",
+                )  # fmt: skip
             except self._psycopg.OperationalError as error:
                 raise unavailable(error, self.url) from error
         return self._conn

@@ -3,7 +3,9 @@
 
 The tables: ``ferry_tasks`` (one row per task: the folded task as JSON, plus the columns
 the queries need), ``ferry_events`` (every event, in commit order of its sequence),
-``ferry_hosts`` (one lease per host). No fencing state lives in an UNLOGGED table: a
+``ferry_hosts`` (one lease per host), ``ferry_groups`` (each group's ``jobs``, null
+until ``group set``, and its own pause, null: it follows ``ferry_meta``'s
+``paused_all``). No fencing state lives in an UNLOGGED table: a
 crash truncates those, and an epoch counter there would go back.
 """
 
@@ -62,6 +64,32 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE SEQUENCE ferry_task_numbers;
     ALTER TABLE ferry_tasks ADD COLUMN number bigint;
     CREATE UNIQUE INDEX ferry_tasks_number ON ferry_tasks (number);
+    """,
+    # 3: queue control (contract.md, "Queue control and housekeeping"): a task's group,
+    # priority, dependencies, not-before time and claimer as columns, for the claim
+    # query (ferry.storage.postgres.queue) and its indexes; the groups' settings.
+    """
+    ALTER TABLE ferry_tasks ADD COLUMN grp text NOT NULL DEFAULT 'default';
+    ALTER TABLE ferry_tasks ADD COLUMN priority bigint NOT NULL DEFAULT 0;
+    ALTER TABLE ferry_tasks ADD COLUMN deps text[] NOT NULL DEFAULT '{}';
+    ALTER TABLE ferry_tasks ADD COLUMN not_before double precision;
+    ALTER TABLE ferry_tasks ADD COLUMN claimed_by text;
+    UPDATE ferry_tasks SET claimed_by = body->>'claimed_by' WHERE body ? 'claimed_by';
+    CREATE INDEX ferry_tasks_claim_order ON ferry_tasks (grp, priority DESC, queue_seq, id)
+        WHERE state = 'QUEUED';
+    CREATE INDEX ferry_tasks_group_in_flight ON ferry_tasks (grp)
+        WHERE state IN ('CLAIMED', 'DISPATCHING', 'RUNNING', 'STALE');
+    CREATE INDEX ferry_tasks_waiting ON ferry_tasks USING gin (deps)
+        WHERE state = 'QUEUED' AND deps <> '{}';
+    CREATE TABLE ferry_groups (
+        name text PRIMARY KEY,
+        jobs integer,
+        paused boolean
+    );
+    INSERT INTO ferry_groups (name) VALUES ('default');
+    DROP INDEX ferry_tasks_queued;  -- (the claim order's index replaces it)
+    INSERT INTO ferry_meta (key, value) VALUES ('paused_all', 'false');
+    ANALYZE ferry_groups;  -- (a handful of rows: without statistics the planner guesses 600)
     """,
 )
 VERSION = len(MIGRATIONS)

@@ -25,7 +25,7 @@ read returns is committed, hence durable).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -42,13 +42,15 @@ from ferry.core.ids import LAST, resolve_prefix, shown, task_number
 from ferry.core.model import IN_FLIGHT_STATES, Reason, State, Task
 from ferry.core.state import SNAPSHOT_FORMAT, States, Table
 from ferry.failpoints import failpoint
-from ferry.storage.postgres import schema
+from ferry.storage.postgres import queue, schema
 from ferry.storage.postgres.connect import Database, host_id
 
 if TYPE_CHECKING:
     from ferry.storage import EncodedEvent
 
 _CLAIMED = ev.EventType.CLAIMED.value
+_SETTLED = ev.EventType.SETTLED.value
+_DEPENDENCY_FAILED = Reason.DEPENDENCY_FAILED.value
 _SUBMITTED = ev.EventType.SUBMITTED.value
 _FORGOTTEN = ev.EventType.FORGOTTEN.value
 _TOMBSTONE = "key_succeeded:"  # ferry_meta's key for a key whose task gc forgot
@@ -101,16 +103,23 @@ class PgStore:
         ids = sorted({str(data["task"]) for _, data in batch if "task" in data})
         new_ids = {str(data["task"]) for kind, data in batch if kind == _SUBMITTED}
         claims = {str(data["task"]) for kind, data in batch if kind == _CLAIMED} - new_ids
+        changes = queue.group_events(batch)
         with self.db.transaction() as conn:
+            # The queue's advisory lock (queue module): shared by claims, taken with the
+            # lease check (no round trip of its own); exclusive for a group change.
+            claiming = bool(claims) and not changes
             if epoch > 0:
-                self._check_lease(conn, epoch)
+                self._check_lease(conn, epoch, lock_queue=claiming)
+            elif claiming or changes:
+                queue.lock(conn, exclusive=bool(changes))
             # SKIP LOCKED for the claimed rows only: another claimer holding one has
             # it (refused at once). The batch's other rows (a worker's ends, written
             # with its next claim) are waited for: a claimer that picked one from the
             # queue a moment before it was claimed holds it until refused. They are
             # locked first, in id order; the claimed rows after them never wait.
             rows = self._lock_tasks(conn, [i for i in ids if i not in claims], skip_locked=False)
-            rows.update(self._lock_tasks(conn, sorted(claims), skip_locked=True))
+            facts = queue.lock_claimed(conn, sorted(claims))  # (with their rules' facts)
+            rows.update(facts.rows)
             taken = claims - set(rows)
             if taken and self._existing(conn, sorted(taken)):
                 raise RefusedError(
@@ -118,8 +127,8 @@ class PgStore:
                     code="task.stale_claim",
                     details={"task": sorted(taken)[0]},
                 )
-            table = self._locked_table(conn, batch, rows)
-            table.validate_batch(batch)
+            table = self._locked_table(conn, batch, rows, facts)
+            table.validate_batch(batch, now=facts.now)
             ts = time.time()  # (one for the batch: its records commit together)
             seqs = self._insert_events(conn, batch, epoch, ts)
             records = []
@@ -130,6 +139,9 @@ class PgStore:
                 table.apply(kind, data, seq, ts)
                 records.append((seq, epoch, kind, data))
             self._write_tasks(conn, [t for t in map(table.get, ids) if t is not None])
+            queue.write_settings(conn, batch)
+            submitted = [data["spec"].get("group") for kind, data in batch if kind == _SUBMITTED]
+            queue.ensure_groups(conn, [group for group in submitted if group])
             # Inside the transaction, its row locks held, before COMMIT: a crash (or a
             # connection killed) here commits nothing.
             for record_type, _ in batch:
@@ -139,16 +151,23 @@ class PgStore:
         return records
 
     def _locked_table(
-        self, conn: Any, batch: Sequence[EncodedEvent], rows: Mapping[str, Any]
+        self,
+        conn: Any,
+        batch: Sequence[EncodedEvent],
+        rows: Mapping[str, Any],
+        facts: Any = None,
     ) -> Table:
         """The locked ``rows``, every task with a key the batch touches (each key's
-        writers serialised by an advisory lock), and those keys' tombstones, as a table
-        the batch is checked against."""
+        writers serialised by an advisory lock), those keys' tombstones and, for a
+        batch with claims (``facts``: ``queue.lock_claimed``'s), what the queue's rules
+        need (``_queue_part``), as a table the batch is checked against."""
         keys = self._keys_of(batch, rows)
         for key in keys:
             conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (key,))
         keyed = self._with_keys(conn, keys) if keys else {}
-        return _table({**keyed, **rows}, self._tombstones(conn, keys))
+        related = {} if facts is None else self._queue_part(conn, batch, rows, facts)
+        settings = None if facts is None else facts.settings
+        return _table({**related, **keyed, **rows}, self._tombstones(conn, keys), settings)
 
     def _forget(self, batch: Sequence[EncodedEvent]) -> None:
         """``ferry gc``: the tasks' rows and events deleted in one transaction, on the rows
@@ -192,6 +211,42 @@ class PgStore:
         ).fetchall()
         return {row[0][len(_TOMBSTONE) :]: row[1] for row in rows}
 
+    def _queue_part(
+        self, conn: Any, batch: Sequence[EncodedEvent], rows: Mapping[str, Any], facts: Any
+    ) -> dict[str, Any]:
+        """The rows the queue's rules need to judge ``batch`` (``ferry.core.queue``)
+        beyond those locked: a claim's dependencies (read with the claimed rows) and,
+        in a group with a limit, the group's tasks in flight, counted under its count
+        lock; a new task's dependencies; a DEPENDENCY_FAILED cancel's dependencies,
+        locked FOR SHARE (a retry of one waits, or is waited for)."""
+        related = dict(facts.dependencies)
+        if facts.settings is not None:
+            claimed = {rows[i]["spec"].get("group", "default") for i in facts.rows}
+            limited = [group for group in claimed if facts.settings["jobs"].get(group)]
+            if limited:
+                related.update(queue.lock_counts(conn, limited))
+        related.update(
+            queue.rows(conn, self._dependencies(batch, rows, cancels=False), share=False)
+        )
+        related.update(queue.rows(conn, self._dependencies(batch, rows, cancels=True), share=True))
+        return related
+
+    @staticmethod
+    def _dependencies(
+        batch: Sequence[EncodedEvent], rows: Mapping[str, Any], *, cancels: bool
+    ) -> set[str]:
+        """The dependencies of the tasks the batch submits (``cancels``: of those it
+        cancels DEPENDENCY_FAILED)."""
+        found: set[str] = set()
+        for kind, data in batch:
+            if not cancels and kind == _SUBMITTED:
+                found.update(data["spec"].get("after", ()))
+            elif cancels and kind == _SETTLED and data.get("reason") == _DEPENDENCY_FAILED:
+                body = rows.get(str(data["task"]))
+                if body is not None:
+                    found.update(body["spec"].get("after", ()))
+        return found
+
     def _task_numbers(self, conn: Any, batch: Sequence[EncodedEvent]) -> list[int]:
         """A number for each task the batch submits, in batch order (one sequence for
         every host: 1, 2, 3, ...)."""
@@ -231,10 +286,13 @@ class PgStore:
             data = {**data, "runner": {**data["runner"], "host_id": self.host}}
         return kind, data
 
-    def _check_lease(self, conn: Any, epoch: int) -> None:
+    def _check_lease(self, conn: Any, epoch: int, *, lock_queue: bool = False) -> None:
+        """The host's lease still has ``epoch`` (``lock_queue``: and, in the same
+        statement, the queue's advisory lock, shared, as a claim takes it)."""
+        lock = ", pg_advisory_xact_lock_shared(%s)" if lock_queue else ""
         row = conn.execute(
-            "SELECT epoch, expires_at > now() FROM ferry_hosts WHERE host_id = %s FOR SHARE",
-            (self.host,),
+            f"SELECT epoch, expires_at > now(){lock} FROM ferry_hosts WHERE host_id = %s FOR SHARE",
+            (queue.QUEUE_LOCK, self.host) if lock_queue else (self.host,),
         ).fetchone()
         if row is None or row[0] != epoch or not row[1]:
             current = None if row is None else row[0]
@@ -282,17 +340,22 @@ class PgStore:
                 "host": None if t.runner is None else t.runner.get("host_id"),
                 "submit_seq": t.submit_seq, "queue_seq": t.queue_seq,
                 "updated_seq": t.updated_seq, "body": task_to_record(t),
-                "number": t.number or None,
+                "number": t.number or None, "grp": t.spec.group, "priority": t.spec.priority,
+                "deps": list(t.spec.after), "not_before": t.not_before,
+                "claimed_by": t.claimed_by,
             }
             for t in tasks
         ]  # fmt: skip
         conn.execute(
             "INSERT INTO ferry_tasks (id, state, reason, key, host, submit_seq, queue_seq,"
-            " updated_seq, body, number) SELECT * FROM jsonb_to_recordset(%s) AS t(id text,"
+            " updated_seq, body, number, grp, priority, deps, not_before, claimed_by)"
+            " SELECT * FROM jsonb_to_recordset(%s) AS t(id text,"
             " state text, reason text, key text, host text, submit_seq bigint,"
-            " queue_seq bigint, updated_seq bigint, body jsonb, number bigint)"
+            " queue_seq bigint, updated_seq bigint, body jsonb, number bigint, grp text,"
+            " priority bigint, deps text[], not_before float8, claimed_by text)"
             " ON CONFLICT (id) DO UPDATE SET state = excluded.state, reason = excluded.reason,"
             " host = excluded.host, queue_seq = excluded.queue_seq,"
+            " not_before = excluded.not_before, claimed_by = excluded.claimed_by,"
             " updated_seq = excluded.updated_seq, body = excluded.body, updated_at = now(),"
             " heartbeat_at = CASE WHEN excluded.state = ANY(%s) THEN ferry_tasks.heartbeat_at"
             " END",
@@ -371,21 +434,33 @@ class PgStore:
         )
         return int(row.fetchone()[0])
 
-    def queued(self, limit: int) -> list[Task]:
-        """Claim candidates, oldest first, skipping rows another claimer holds now (a
-        MATERIALIZED CTE: the planner cannot re-run the LIMIT and lock more rows).
+    def queued(
+        self,
+        limit: int,
+        *,
+        skip: Collection[str] = (),
+        extra: Mapping[str, int] | None = None,
+    ) -> list[Task]:
+        """Claim candidates in claim order, under the queue's gates, skipping rows
+        another claimer holds now: one query (``queue._CANDIDATES``: per open group,
+        the head of its index ``ferry_tasks_claim_order``; a MATERIALIZED CTE, so the
+        planner cannot re-run the LIMIT and lock more rows). Times are the database's.
 
         The locks are only for SKIP LOCKED and are let go at once, by a rollback: a row
         lock gives the transaction an id, and its COMMIT would wait for a WAL flush
         (as long as a claim's own) for nothing durable."""
         with self.db.transaction(rollback=True) as conn:
-            rows = conn.execute(
-                "WITH next AS MATERIALIZED (SELECT id FROM ferry_tasks WHERE state = 'QUEUED'"
-                " ORDER BY queue_seq, id LIMIT %s FOR UPDATE SKIP LOCKED)"
-                " SELECT body FROM ferry_tasks JOIN next USING (id) ORDER BY queue_seq, id",
-                (limit,),
-            ).fetchall()
-        return [_task(row) for row in rows]
+            bodies = queue.candidates(conn, limit, sorted(skip), extra or {})
+        return [task_from_record(body) for body in bodies]
+
+    def groups(self) -> list[dict[str, Any]]:
+        with self.db.transaction(rollback=True) as conn:  # (a read: errors mapped)
+            return queue.groups(conn)
+
+    def doomed(self) -> list[tuple[Task, str]]:
+        with self.db.transaction(rollback=True) as conn:
+            found = queue.doomed(conn)
+        return [(task_from_record(body), cause) for body, cause in found]
 
     def quarantined(self) -> list[Task]:
         return self._tasks(
@@ -487,13 +562,20 @@ class PgStore:
         }
 
 
-def _table(bodies: Mapping[str, Any], tombstones: Mapping[str, str] | None = None) -> Table:
+def _table(
+    bodies: Mapping[str, Any],
+    tombstones: Mapping[str, str] | None = None,
+    settings: Mapping[str, Any] | None = None,
+) -> Table:
     """The rows (and the keys whose task SUCCEEDED and was forgotten since), folded into
-    a table the fold rules can check a batch against."""
+    a table the fold rules can check a batch against (``settings``: the groups', for a
+    claim's rules)."""
     live: list[Any] = []
     settled: list[Any] = []
     for body in bodies.values():
         (settled if body["state"] in _TERMINAL else live).append(body)
+    live.sort(key=lambda body: body.get("submit_seq", 0))  # (dependencies first)
+    states = {body["id"]: body["state"] for body in settled}
     return Table.from_snapshot(
         {
             "format": SNAPSHOT_FORMAT,
@@ -502,6 +584,7 @@ def _table(bodies: Mapping[str, Any], tombstones: Mapping[str, str] | None = Non
             "settled": settled,
             "unsafe_keys": None,
             "succeeded_keys": dict(tombstones or {}),
+            "queue": {**(settings or {}), "dependency_states": states},
         }
     )
 
