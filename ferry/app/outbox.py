@@ -20,7 +20,6 @@ from typing import Any
 
 import orjson
 
-from ferry.app.queueing import auto_retry
 from ferry.app.runner import as_cancelled
 from ferry.app.session import this_host
 from ferry.core import events as ev
@@ -111,6 +110,10 @@ def end_writes(current: Task | None, records: Sequence[ev.Event]) -> tuple[str, 
             writes = list(records)
         if current.cancel_requested:
             writes = [as_cancelled(r) if isinstance(r, ev.Settled) else r for r in writes]
+        if not current.spec.retries:
+            return SETTLED, writes
+        from ferry.app.queueing import auto_retry  # (lazy: run's tasks have no --retries)
+
         retry = auto_retry(current, _settled(writes), time.time())
         return SETTLED, writes if retry is None else [*writes, retry]
     if (

@@ -189,7 +189,7 @@ def test_higher_priority_first_then_first_in_first_out_across_groups(
     ferry.ok("work", "--drain", "-j", "1")
     assert stamps.starts() == ["p5a", "p5b", "p2", "p0a", "p0b", "m1"]
     ls = ferry.ok("ls").text.splitlines()
-    assert ls[0].split()[6:8] == ["GROUP", "PRI"]
+    assert ls[0].split()[5:7] == ["GROUP", "PRI"]
 
 
 # ---- --after -----------------------------------------------------------------------------
