@@ -33,7 +33,7 @@ def register_queue(cli: click.Group, emit: Emit) -> None:
         if click_ctx.invoked_subcommand is not None:
             return
         ctx = click_ctx.obj
-        found = ctx.service().groups()
+        found = ctx.service(reading=True, tolerant=True).groups()
         emit(ctx, render.groups_table(found), found)
 
     @group.command(

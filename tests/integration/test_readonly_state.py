@@ -33,6 +33,7 @@ READERS = (
     ["lease"],
     ["journal", "verify"],
     ["journal", "dump"],
+    ["group"],
 )
 WRITERS = (
     ["run", "--", "true"],
