@@ -33,13 +33,13 @@ import contextlib
 import os
 import shutil
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ferry.app.recoverer import task_liveness
 from ferry.core import events as ev
-from ferry.core.errors import FerryError, InternalError, KeyUnsafeError
+from ferry.core.errors import FerryError, InternalError
 from ferry.core.fold import MOVED_CODES, task_key_outcome
 from ferry.core.model import Liveness, Reason, State, Task
 from ferry.failpoints import failpoint
@@ -55,7 +55,8 @@ DEFAULT_OLDER_THAN_S = 7 * 86400.0
 # next gc), and a shared database locks this many rows at once, at most.
 BATCH_TASKS = 1000
 # Refusals that mean "this task is no longer as gc read it": decided again without it.
-_GONE_CODES = MOVED_CODES | {"task.not_found", "task.key_unsafe"}
+_KEPT_CODES = {"task.key_unsafe", "task.has_dependants"}  # (the refused task is kept)
+_GONE_CODES = MOVED_CODES | _KEPT_CODES | {"task.not_found"}
 _TRIES_PER_BATCH = 16
 
 
@@ -101,8 +102,9 @@ def gc(
     report = GcReport(dry_run=dry_run, cutoff_s=cutoff_s, states=wanted)
     store.refresh()
     chosen: list[Task] = []
+    dependants = {d: t.id for t in store.live() if not t.terminal for d in t.spec.after}
     for task in store.settled_before(cutoff_s, wanted):
-        why = _why_keep(store, home, task)
+        why = _why_keep(store, home, task, dependants)
         if why is None:
             chosen.append(task)
         else:
@@ -135,8 +137,13 @@ def gc(
     return report
 
 
-def _why_keep(store: TaskStore, home: Path, task: Task) -> str | None:
-    """Why ``task`` must stay (None: it may go)."""
+def _why_keep(
+    store: TaskStore, home: Path, task: Task, dependants: Mapping[str, str]
+) -> str | None:
+    """Why ``task`` must stay (None: it may go). The store checks the same under its
+    lock when gc writes (``Table._check_forget``); this is for the report."""
+    if task.id in dependants:
+        return f"task {dependants[task.id]} comes after it (--after) and has not ended"
     if task.reason is Reason.QUARANTINED_ORPHAN_ALIVE:
         if store.host_lost(task, float("inf")) is not None:
             owner = None if task.runner is None else task.runner.get("host_id")
@@ -175,12 +182,15 @@ def _still_forgettable(
     """After a refusal (the commit caught the store up): the tasks of ``batch`` still
     settled at the attempt gc read; the one a key rule keeps is reported kept."""
     store.refresh()
-    kept_id = error.details.get("task") if isinstance(error, KeyUnsafeError) else None
+    kept_id = error.details.get("task") if error.code in _KEPT_CODES else None
     still = []
     for task in batch:
         current = store.get(task.id)
         if task.id == kept_id and current is not None:
-            report.kept.append(Kept(current, f"key {task.spec.key!r} waits for an operator"))
+            why = f"key {task.spec.key!r} waits for an operator"
+            if error.code == "task.has_dependants":
+                why = f"task {error.details['dependant']} comes after it and has not ended"
+            report.kept.append(Kept(current, why))
         elif current is not None and current.terminal and current.attempt == task.attempt:
             still.append(current)
     if len(still) == len(batch) and kept_id is None:

@@ -426,6 +426,7 @@ class Table:
         the time a claim's ``not_before`` is checked against (None: not checked)."""
         overlay: dict[str, Task] = {}
         gone: set[str] = set()  # forgotten by an earlier event of the batch
+        dependants: dict[str, str] | None = None  # (for a FORGOTTEN: found when needed)
         taken: dict[str, int] = {}  # group -> tasks put in flight by the batch so far
         for index, (record_type, data) in enumerate(batch):
             event = decode(record_type, data)
@@ -439,7 +440,9 @@ class Table:
             if isinstance(event, ev.Forgotten):
                 check_event(task, event)
                 assert task is not None
-                self._check_forget(task)
+                if dependants is None:
+                    dependants = self._dependants(overlay)
+                self._check_forget(task, dependants)
                 gone.add(task.id)
                 overlay.pop(task.id, None)
                 continue
@@ -510,9 +513,27 @@ class Table:
                     details={"task": task.id},
                 )
 
-    def _check_forget(self, task: Task) -> None:
-        """A key's latest task that ended unsafe is kept: its operator must still retry
-        or resolve it, and forgetting it would free the key (``ferry.core.fold``)."""
+    def _dependants(self, overlay: Mapping[str, Task]) -> dict[str, str]:
+        """Each task that a task not settled comes after (``--after``) -> that task."""
+        found: dict[str, str] = {}
+        for task in {**self._live, **overlay}.values():
+            if not task.terminal:
+                for dependency in task.spec.after:
+                    found.setdefault(dependency, task.id)
+        return found
+
+    def _check_forget(self, task: Task, dependants: Mapping[str, str]) -> None:
+        """Kept: a task that a task not settled comes after (it needs its SUCCEEDED to be
+        claimed, now or when retried: forgetting it would doom that task); a key's
+        latest task that ended unsafe (its operator must still retry or resolve it, and
+        forgetting it would free the key: ``ferry.core.fold``)."""
+        dependant = dependants.get(task.id)
+        if dependant is not None:
+            raise RefusedError(
+                f"task {task.id}: task {dependant} comes after it and has not ended",
+                code="task.has_dependants",
+                details={"task": task.id, "dependant": dependant},
+            )
         key = task.spec.key
         if key is not None and self._unsafe_index().get(key) == task.id:
             raise KeyUnsafeError(

@@ -246,3 +246,20 @@ def test_a_gc_killed_at_any_step_leaves_the_truth_and_a_second_gc_finishes(
     assert not any(task_id in archived_ids(ferry) for task_id in old)
     ferry.verify_clean()
     assert ferry.json("gc", "--older-than", "0s", "--state", "SUCCEEDED")["earlier"] == []
+
+
+def test_a_task_a_queued_task_comes_after_is_kept_until_that_one_ran(ferry: Ferry) -> None:
+    """gc must not doom a dependant: a task queued ``--after`` a settled one needs its
+    SUCCEEDED when it is claimed (here its group is paused while gc runs)."""
+    [first] = run_tasks(ferry, 1)
+    then = ferry.ok("submit", "--group", "later", "--after", first, "--", "true").text.strip()
+    ferry.ok("pause", "later")
+    report = ferry.json("gc", "--older-than", "0s")
+    assert report["forgotten"] == [] and [k["id"] for k in report["kept"]] == [first]
+    assert then in report["kept"][0]["why"]
+    ferry.ok("resume", "later")
+    ferry.ok("work", "--drain", "--poll", "0.05")
+    assert ferry.task(then)["state"] == "SUCCEEDED"
+    report = ferry.json("gc", "--older-than", "0s")
+    assert sorted(t["id"] for t in report["forgotten"]) == sorted([first, then])
+    ferry.verify_clean()

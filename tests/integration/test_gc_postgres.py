@@ -5,13 +5,15 @@ ran them, for that host's gc)."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
-from clikit import Ferry
+from clikit import Ferry, finish, wait_stopped, wait_until
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -113,3 +115,44 @@ def test_an_unsafe_keys_task_is_kept(hosts: Hosts) -> None:
     report = a.json("gc", "--older-than", "0s")
     assert [t["id"] for t in report["forgotten"]] == [task["id"]]
     assert "already succeeded" in a.ok("run", "--key", "K", "--", "true").err
+
+
+def test_a_task_a_queued_task_comes_after_is_kept(hosts: Hosts) -> None:
+    """As on the journal (test_gc.py): the dependency's row stays while a task that
+    comes after it is not settled; that task then runs."""
+    a = hosts("a")
+    first = a.ok("run", "--", "true") and a.tasks()[0]["id"]
+    then = a.ok("submit", "--group", "later", "--after", first, "--", "true").text.strip()
+    a.ok("pause", "later")
+    report = a.json("gc", "--older-than", "0s")
+    assert report["forgotten"] == [] and [k["id"] for k in report["kept"]] == [first]
+    a.ok("resume", "later")
+    a.ok("work", "--drain", "--poll", "0.05")
+    assert a.task(then)["state"] == "SUCCEEDED"
+    report = a.json("gc", "--older-than", "0s")
+    assert sorted(t["id"] for t in report["forgotten"]) == sorted([first, then])
+
+
+def test_a_gc_racing_a_submit_after_its_task_keeps_it(hosts: Hosts, pg_url: str) -> None:
+    """A submit --after A stopped inside its transaction (its row written, not committed)
+    while a gc that chose A deletes it: the gc waits for the submit's lock on A, then
+    sees the new dependant and keeps A (without that lock it deleted A, and the submit
+    committed a task that comes after a task that no longer exists)."""
+    a = hosts("a")
+    a.ok("run", "--", "true")
+    first = a.tasks()[0]["id"]
+    submit = a.start("submit", "--group", "later", "--after", first, "--", "true",
+                     failpoints="before:SUBMITTED=stop")  # fmt: skip
+    wait_stopped(submit, what="submit stopped inside its transaction")
+    gc = a.start("--json", "gc", "--older-than", "0s")
+    waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+    wait_until(lambda: gc.poll() is not None or rows(pg_url, waiting)[0][0],
+               what="gc to end or to wait for a lock")  # fmt: skip
+    os.kill(submit.pid, signal.SIGCONT)
+    assert finish(submit)[0] == 0
+    out, _ = gc.communicate(timeout=60)
+    assert gc.returncode == 0
+    report = json.loads(out)
+    assert report["forgotten"] == [] and [k["id"] for k in report["kept"]] == [first]
+    a.ok("work", "--drain", "--poll", "0.05")
+    assert [t["state"] for t in a.tasks()] == ["SUCCEEDED", "SUCCEEDED"]

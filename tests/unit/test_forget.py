@@ -207,3 +207,17 @@ def test_a_table_from_rows_knows_a_key_resolved_as_succeeded_after_a_quarantine(
     )  # fmt: skip
     assert rebuilt.succeeded_with_key("k") == A
     assert rebuilt.unsafe_with_key("k") is None
+
+
+def test_a_task_another_task_comes_after_is_not_forgotten_until_that_one_settled() -> None:
+    """A queued or running task's ``--after`` needs its dependency's SUCCEEDED, now and
+    for a retry of it later: forgetting the dependency would doom the dependant."""
+    j = Journal()
+    j.run(A, State.SUCCEEDED)
+    j.write(ev.Submitted(B, TaskSpec(argv=("x",), cwd="/", after=(A,)), 1.0))
+    assert j.refused(ev.Forgotten(A, 1)) == "task.has_dependants"
+    j.write(ev.Claimed(B, 1, "tok", RUNNER, "work"))
+    assert j.refused(ev.Forgotten(A, 1)) == "task.has_dependants"  # in flight
+    j.write(ev.Settled(B, 1, "tok", State.CANCELLED, Reason.CANCELLED_BY_USER))
+    j.write(ev.Forgotten(A, 1), ev.Forgotten(B, 1))
+    assert j.table.ids() == []

@@ -216,6 +216,19 @@ def rows(conn: Any, ids: Iterable[str], *, share: bool) -> dict[str, Any]:
     return {row[0]: row[1] for row in found}
 
 
+def dependants(conn: Any, ids: Sequence[str]) -> dict[str, Any]:
+    """The rows of the tasks not settled that come after any of ``ids`` (each side of
+    the union an index's: the waiting tasks', the tasks in flight's)."""
+    found = conn.execute(
+        "SELECT id, body FROM ferry_tasks"
+        " WHERE state = 'QUEUED' AND deps <> '{}' AND deps && %(ids)s"
+        " UNION ALL SELECT id, body FROM ferry_tasks"
+        " WHERE state IN ('CLAIMED', 'DISPATCHING', 'RUNNING', 'STALE') AND deps && %(ids)s",
+        {"ids": list(ids)},
+    ).fetchall()
+    return {row[0]: row[1] for row in found}
+
+
 def write_settings(conn: Any, batch: Iterable[tuple[str, Mapping[str, Any]]]) -> None:
     """The batch's GROUP_SET, GROUP_PAUSED and GROUP_RESUMED, into ``ferry_groups``."""
     for kind, data in batch:

@@ -156,23 +156,28 @@ class PgStore:
         batch: Sequence[EncodedEvent],
         rows: Mapping[str, Any],
         facts: Any = None,
+        extra: Mapping[str, Any] | None = None,
     ) -> Table:
         """The locked ``rows``, every task with a key the batch touches (each key's
         writers serialised by an advisory lock), those keys' tombstones and, for a
         batch with claims (``facts``: ``queue.lock_claimed``'s), what the queue's rules
-        need (``_queue_part``), as a table the batch is checked against."""
+        need (``_queue_part``), and ``extra`` rows, as a table the batch is checked
+        against."""
         keys = self._keys_of(batch, rows)
         for key in keys:
             conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (key,))
         keyed = self._with_keys(conn, keys) if keys else {}
-        related = {} if facts is None else self._queue_part(conn, batch, rows, facts)
+        related = dict(extra or {})
+        if facts is not None:
+            related.update(self._queue_part(conn, batch, rows, facts))
         settings = None if facts is None else facts.settings
         return _table({**related, **keyed, **rows}, self._tombstones(conn, keys), settings)
 
     def _forget(self, batch: Sequence[EncodedEvent]) -> None:
         """``ferry gc``: the tasks' rows and events deleted in one transaction, on the rows
         locked and checked by the same rules as the journal's FORGOTTEN (settled, at the
-        attempt gc read, not an unsafe key's latest task). A key that SUCCEEDED with one
+        attempt gc read, not an unsafe key's latest task, none that a task not settled
+        comes after). A key that SUCCEEDED with one
         of them keeps a tombstone (``ferry_meta``: ``key_succeeded:<key>``), so that it
         stays succeeded; the host that ran it gets a note (``gc_files:<host>:<id>``),
         until its gc has removed the task's files there (``forgotten_here``). Nothing
@@ -180,7 +185,8 @@ class PgStore:
         ids = sorted({str(data["task"]) for _, data in batch})
         with self.db.transaction() as conn:
             rows = self._lock_tasks(conn, ids, skip_locked=False)
-            table = self._locked_table(conn, batch, rows)
+            # (A task not settled that comes after one keeps it: Table._check_forget.)
+            table = self._locked_table(conn, batch, rows, extra=queue.dependants(conn, ids))
             table.validate_batch(batch)
             notes = {}
             for task_id in ids:
@@ -217,18 +223,19 @@ class PgStore:
         """The rows the queue's rules need to judge ``batch`` (``ferry.core.queue``)
         beyond those locked: a claim's dependencies (read with the claimed rows) and,
         in a group with a limit, the group's tasks in flight, counted under its count
-        lock; a new task's dependencies; a DEPENDENCY_FAILED cancel's dependencies,
-        locked FOR SHARE (a retry of one waits, or is waited for)."""
+        lock; a new task's dependencies and a DEPENDENCY_FAILED cancel's, locked FOR
+        SHARE (a retry or a gc of one waits, or is waited for)."""
         related = dict(facts.dependencies)
         if facts.settings is not None:
             claimed = {rows[i]["spec"].get("group", "default") for i in facts.rows}
             limited = [group for group in claimed if facts.settings["jobs"].get(group)]
             if limited:
                 related.update(queue.lock_counts(conn, limited))
-        related.update(
-            queue.rows(conn, self._dependencies(batch, rows, cancels=False), share=False)
-        )
-        related.update(queue.rows(conn, self._dependencies(batch, rows, cancels=True), share=True))
+        # Locked FOR SHARE: a gc deleting one waits, or is waited for (then it sees the
+        # new dependant and keeps the dependency; or the dependency is gone: refused).
+        wanted = self._dependencies(batch, rows, cancels=False)
+        wanted |= self._dependencies(batch, rows, cancels=True)
+        related.update(queue.rows(conn, wanted, share=True))
         return related
 
     @staticmethod
