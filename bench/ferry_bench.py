@@ -35,69 +35,43 @@ does), so neither side pays for compiling source.
 
 from __future__ import annotations
 
-import compileall
 import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-from benchkit import REPO, Figure, Options, interleaved, scratch, side_by_side, timed
+from benchkit import Figure, Options, interleaved, scratch, side_by_side, timed
+from ferrykit import PY, compile_packages, env_for, ferry_cmd, journal_with, run
 
 import journal
 from ferry.storage.local.store import SNAPSHOT_TAIL_RECORDS
 
-PY = sys.executable
 STEADY_SETTLED_TASKS = 6000  # run-overhead's steady home: 30,000 records
 
 
-def _ferry_cmd() -> list[str]:
-    script = Path(PY).parent / "ferry"
-    return [str(script)] if script.exists() else [PY, "-m", "ferry.cli"]
-
-
-def _compile() -> None:
-    for package in ("ferry", "journal"):
-        compileall.compile_dir(str(REPO / package), quiet=1)
-
-
-def _env(home: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env["FERRY_HOME"] = str(home)
-    env.pop("FERRY_FAILPOINTS", None)
-    return env
-
-
-def _run(cmd: list[str], env: dict[str, str] | None = None, **kw: object) -> None:
-    if "input" not in kw:
-        kw["stdin"] = subprocess.DEVNULL
-    kw.setdefault("check", True)
-    subprocess.run(cmd, env=env, **kw)  # type: ignore[call-overload]
-
-
 def run_overhead(options: Options) -> Figure:
-    _compile()
+    compile_packages()
     n = max(5, int(20 * options.scale))
     settled = max(100, int(STEADY_SETTLED_TASKS * options.scale))
     with scratch("run-overhead-") as tmp:
-        env, steady = _env(tmp / "home"), _env(tmp / "steady")
-        ferry = _ferry_cmd()
-        _run([*ferry, "run", "--", "true"], env)  # create the state directory once
+        env, steady = env_for(tmp / "home"), env_for(tmp / "steady")
+        ferry = ferry_cmd()
+        run([*ferry, "run", "--", "true"], env)  # create the state directory once
         # A home in use for a while: its history compacted away, but the active segment
         # still holds the records before the snapshot, and nearly as many records after
         # it as there can be before `run` compacts again (see the module docstring).
         # Each round starts from a copy of it (each run adds 5 records, and the round
         # must not reach the compaction).
         template = tmp / "steady-template"
-        _journal_with(template, settled, 0)
-        _run([*ferry, "journal", "compact"], _env(template), stdout=subprocess.DEVNULL)
+        journal_with(template, settled, 0)
+        run([*ferry, "journal", "compact"], env_for(template), stdout=subprocess.DEVNULL)
         tail = max(0, SNAPSHOT_TAIL_RECORDS - 5 * n - 50) // 5
-        _journal_with(template, tail, 0)
+        journal_with(template, tail, 0)
 
         def runs_in(home_env: dict[str, str]) -> float:
-            run = [*ferry, "run", "--", "true"]
-            return timed(lambda: [_run(run, home_env) for _ in range(n)]) / n
+            cmd = [*ferry, "run", "--", "true"]
+            return timed(lambda: [run(cmd, home_env) for _ in range(n)]) / n
 
         def in_steady_home() -> float:
             shutil.rmtree(tmp / "steady", ignore_errors=True)
@@ -105,7 +79,7 @@ def run_overhead(options: Options) -> Figure:
             return runs_in(steady)
 
         def base() -> float:
-            return timed(lambda: [_run([PY, "-c", "pass"]) for _ in range(n)]) / n
+            return timed(lambda: [run([PY, "-c", "pass"]) for _ in range(n)]) / n
 
         medians = interleaved(
             {"ours": lambda: runs_in(env), "steady": in_steady_home, "base": base},
@@ -140,7 +114,7 @@ def run_capture(options: Options) -> Figure:
     `cat FILE > /dev/null` (no pipe, no disk: the kernel only copies page cache into
     nothing) no runner that keeps a log can reach 0.5, so that ratio is printed as a
     bound, not as the target; `cat | tee LOG` is the like-for-like with a log."""
-    _compile()
+    compile_packages()
     size = int((1 << 30) * options.scale)
     with scratch("run-capture-") as tmp:
         data = tmp / "data.bin"
@@ -149,8 +123,8 @@ def run_capture(options: Options) -> Figure:
             for _ in range(max(1, size >> 20)):
                 out.write(block)
         size = data.stat().st_size
-        env = _env(tmp / "home")
-        ferry = _ferry_cmd()
+        env = env_for(tmp / "home")
+        ferry = ferry_cmd()
         log = tmp / "tee.log"
 
         def ours() -> float:
@@ -162,7 +136,7 @@ def run_capture(options: Options) -> Figure:
 
         def devnull() -> float:
             with open(os.devnull, "wb") as sink:
-                return size / timed(lambda: _run(["cat", str(data)], stdout=sink))
+                return size / timed(lambda: run(["cat", str(data)], stdout=sink))
 
         def tee() -> float:
             log.unlink(missing_ok=True)
@@ -194,19 +168,19 @@ def _have(tool: str) -> bool:
 
 
 def work_throughput(options: Options) -> Figure:
-    _compile()
+    compile_packages()
     n = max(20, int(1000 * options.scale))
     with scratch("work-throughput-") as tmp:
-        ferry = _ferry_cmd()
+        ferry = ferry_cmd()
         lines = "".join('{"argv": ["true"]}\n' for _ in range(n)).encode()
         commands = "".join("true\n" for _ in range(n)).encode()
         round_no = [0]
 
         def ours() -> float:
             round_no[0] += 1
-            env = _env(tmp / f"home{round_no[0]}")
-            _run([*ferry, "submit", "--from", "-"], env, input=lines, stdout=subprocess.DEVNULL)
-            seconds = timed(lambda: _run([*ferry, "work", "--drain", "-j", "2"], env))
+            env = env_for(tmp / f"home{round_no[0]}")
+            run([*ferry, "submit", "--from", "-"], env, input=lines, stdout=subprocess.DEVNULL)
+            seconds = timed(lambda: run([*ferry, "work", "--drain", "-j", "2"], env))
             # Each run's home stays until the end (scratch removes them all): deleting
             # its ~4,000 files here made the next run's file creations 2-3x slower, as
             # ext4 skips recently deleted inodes when it allocates one (perf showed
@@ -216,7 +190,7 @@ def work_throughput(options: Options) -> Figure:
 
         def parallel() -> float:
             seconds = timed(
-                lambda: _run(
+                lambda: run(
                     ["parallel", "--will-cite", "-j", "2"],
                     input=commands,
                     stdout=subprocess.DEVNULL,
@@ -226,7 +200,7 @@ def work_throughput(options: Options) -> Figure:
 
         def xargs() -> float:
             seconds = timed(
-                lambda: _run(["xargs", "-P", "2", "-I{}", "sh", "-c", "{}"], input=commands)
+                lambda: run(["xargs", "-P", "2", "-I{}", "sh", "-c", "{}"], input=commands)
             )
             return seconds / n
 
@@ -250,77 +224,32 @@ def work_throughput(options: Options) -> Figure:
     return Figure("work-throughput", base_s / ours_s, f"{ours_s * 1000:.2f}ms/task", base, extra)
 
 
-_last_id_ms = 0
-
-
-def _next_id_ms() -> int:
-    """Creation times 1 ms apart, in the past (room for a million tasks), so that ids
-    sort in creation order and before any task made after the build, as in a real
-    history. (Ids made in one millisecond sort at random, and an id that sorts before
-    a settled one makes the table look through history for a duplicate.)"""
-    global _last_id_ms
-    _last_id_ms = max(_last_id_ms + 1, time.time_ns() // 1_000_000 - 1_000_000)
-    return _last_id_ms
-
-
-def _journal_with(home: Path, settled_tasks: int, in_flight: int) -> None:
-    """A state directory whose journal holds ``settled_tasks`` finished tasks (five
-    records each: SUBMITTED, CLAIMED, DISPATCHING, SPAWNED, SETTLED) and ``in_flight``
-    RUNNING tasks of a dead runner. Written through the real store (validated), in
-    large batches."""
-    from ferry.core import events as ev
-    from ferry.core.ids import new_claim_token, new_task_id
-    from ferry.core.model import State
-    from ferry.core.spec import TaskSpec
-    from ferry.storage.local.statedir import ensure_home
-    from ferry.storage.local.store import Store
-
-    ensure_home(home)
-    store = Store.open(home)
-    spec = TaskSpec(argv=("true",), cwd="/")
-    dead_runner = {"pid": 999_999, "start_time": 1, "boot_id": "gone", "host": "bench"}
-    now = time.time()
-    batch: list[ev.Event] = []
-    for i in range(settled_tasks + in_flight):
-        task_id = new_task_id(_next_id_ms() * 1_000_000, os.urandom(4))
-        token = new_claim_token(os.urandom(10))
-        batch.append(ev.Submitted(task_id, spec, now))
-        batch.append(ev.Claimed(task_id, 1, token, dead_runner, "work"))
-        batch.append(ev.Dispatching(task_id, 1, token, f"{task_id}:1:{token}"))
-        batch.append(ev.Spawned(task_id, 1, token, 999_998, 999_998, 1))
-        if i < settled_tasks:
-            batch.append(ev.Settled(task_id, 1, token, State.SUCCEEDED, None, 0))
-        if len(batch) >= 3000:
-            store.commit(*batch)
-            batch = []
-    if batch:
-        store.commit(*batch)
-    store.close()
-
-
 def recover_time(options: Options) -> Figure:
-    _compile()
+    compile_packages()
     settled = max(1000, int(1_000_000 * options.scale)) // 5
     with scratch("recover-time-") as tmp:
-        ferry = _ferry_cmd()
+        ferry = ferry_cmd()
         big, small = tmp / "big", tmp / "small"
-        build_s = timed(lambda: _journal_with(big, settled, 10))
-        _journal_with(small, 0, 10)
+        build_s = timed(lambda: journal_with(big, settled, 10))
+        journal_with(small, 0, 10)
         records = journal.Journal.open(big / "journal").last_seq
         first = timed(
-            lambda: _run(
-                [*ferry, "recover", "--dry-run"], _env(big), check=False, stdout=subprocess.DEVNULL
+            lambda: run(
+                [*ferry, "recover", "--dry-run"],
+                env_for(big),
+                check=False,
+                stdout=subprocess.DEVNULL,
             )
         )
         for home in (big, small):  # compact, as a leader does on its own
-            _run([*ferry, "journal", "compact"], _env(home), stdout=subprocess.DEVNULL)
+            run([*ferry, "journal", "compact"], env_for(home), stdout=subprocess.DEVNULL)
 
         def side(home: Path) -> float:
             # exit 3: the 10 dead mutating tasks would need an operator (expected)
             return timed(
-                lambda: _run(
+                lambda: run(
                     [*ferry, "recover", "--dry-run"],
-                    _env(home),
+                    env_for(home),
                     check=False,
                     stdout=subprocess.DEVNULL,
                 )
