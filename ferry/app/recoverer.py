@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from ferry.app import outbox
 from ferry.app.queueing import settle_doomed
 from ferry.app.runner import heartbeat_path, log_paths
+from ferry.app.runner_state import runner_identity, with_runner_state
 from ferry.core import events as ev
 from ferry.core.errors import FerryError, OperatorNeededError, RefusedError
 from ferry.core.model import Liveness, Reason, State, Task
@@ -43,13 +44,6 @@ SALVAGE_TAIL_BYTES = 4096
 CANCEL_WAIT_MARGIN_S = 5.0
 _POLL_S = 0.05
 KILL_CONFIRM_S = 2.0  # cancel without a runner: how long SIGKILL may take to empty the task
-
-
-def runner_identity(task: Task) -> ProcessIdentity | None:
-    try:
-        return None if task.runner is None else ProcessIdentity.from_json(task.runner)
-    except ValueError:
-        return None
 
 
 def leader_identity(task: Task) -> ProcessIdentity | None:
@@ -105,28 +99,6 @@ def _tail(path: Path) -> str | None:
             return stream.read().decode("utf-8", "backslashreplace")
     except OSError:
         return None
-
-
-def with_runner_state(task: Task, home: Path) -> Task:
-    """What the journal does not hold, for a task in flight: heartbeat_at from the
-    heartbeat file (beats are not journaled), and whether its runner (the task's
-    supervisor) is alive now, as a probe proves it (``runner.alive``: true, false, or
-    null when it cannot be proven either way). A settled task's runner is done."""
-    if task.runner is None:
-        return task
-    from dataclasses import replace
-
-    if not task.in_flight:
-        return replace(task, runner={**task.runner, "alive": False})
-    identity = runner_identity(task)
-    seen = Liveness.UNKNOWN if identity is None else probe(identity)
-    alive = None if seen is Liveness.UNKNOWN else seen is Liveness.ALIVE
-    task = replace(task, runner={**task.runner, "alive": alive})
-    try:
-        beat = heartbeat_path(home, task.id, task.attempt).stat().st_mtime
-    except OSError:
-        return task
-    return replace(task, heartbeat_at=beat)
 
 
 class Recoverer:

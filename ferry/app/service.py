@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from ferry.app.gc import GcReport
     from ferry.app.tally import WaitReport, WorkReport
     from ferry.core.recovery import RecoverReport
+    from ferry.core.state import States
     from ferry.proc.process import ProcessIdentity
     from ferry.storage import TaskStore
 
@@ -264,11 +265,11 @@ class Service:
         return self._with_heartbeat(task)
 
     def _with_heartbeat(self, task: Task) -> Task:
-        from ferry.app.recoverer import with_runner_state
+        from ferry.app.runner_state import with_runner_state
 
         return with_runner_state(task, self.home)
 
-    def ls(self, *, state: str | None, limit: int) -> tuple[list[Task], int]:
+    def ls(self, *, state: States, limit: int) -> tuple[list[Task], int]:
         """The last ``limit`` tasks submitted (0: all), in submission order, and how
         many there are in all (in ``state`` if given)."""
         tasks = [self._with_heartbeat(t) for t in self.store.newest(limit, state)]

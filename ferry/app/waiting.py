@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ferry.app.recoverer import with_runner_state
+from ferry.app.runner_state import with_runner_state
 from ferry.app.tally import WaitReport
 from ferry.core.model import Task
 

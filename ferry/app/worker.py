@@ -51,8 +51,8 @@ from typing import TYPE_CHECKING, Any
 from ferry.app.launch import Launch, Record, watch_journal
 from ferry.app.leader import Leadership, policy_of, recover_as
 from ferry.app.queueing import settle_doomed
-from ferry.app.recoverer import runner_identity, with_runner_state
 from ferry.app.runner import before_spawn_event, child_environ
+from ferry.app.runner_state import runner_identity, with_runner_state
 from ferry.app.tally import Progress, Tally, WorkReport
 from ferry.core import events as ev
 from ferry.core.errors import (

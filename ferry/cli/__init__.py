@@ -24,7 +24,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ferry.cli.context import Ctx, report, run_command
+from ferry.cli.context import Ctx, ended, report, run_command
 from ferry.core import errors
 
 # Commands that run a task in the foreground: their failures before the task starts exit
@@ -74,11 +74,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = command_word(args)
     Ctx.current = None
     try:
-        from ferry.cli.fast import parse_run
+        from ferry.cli.fast import parse
 
-        fast = parse_run(args)
+        fast = parse(args)
         if fast is not None:
-            return run_command(Ctx(fast.home, fast.as_json, fast.verbosity), fast.kw, fast.argv)
+            return _fast(fast)
         from ferry.cli.tree import invoke
 
         return invoke(args, as_json=as_json, command=command)
@@ -119,6 +119,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         report(errors.InternalError(f"internal error: {type(exc).__name__}: {exc}"), as_json)
         return errors.EX_FERRY_FAILED
+
+
+def _fast(fast: Any) -> int:
+    """A command line :mod:`ferry.cli.fast` parsed: its command's body, as click would
+    call it (and end it: :func:`ferry.cli.context.ended`)."""
+    ctx = Ctx(fast.home, fast.as_json, fast.verbosity)
+    if fast.command == "run":
+        return run_command(ctx, *fast.args)
+    from ferry.cli import plain
+
+    return ended(ctx, getattr(plain, fast.command)(ctx, *fast.args))
 
 
 def __getattr__(name: str) -> Any:

@@ -13,7 +13,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from ferry.cli import many
+from ferry.cli import many, plain
 from ferry.cli.context import run_command, task_opts
 from ferry.core.errors import EX_TIMEOUT, LeaseHeldError, UsageError
 
@@ -137,13 +137,21 @@ def register(
         In a --from line, "after" may also name a task of the same file by its line
         ("line:3"); the lines are queued dependencies first, and a cycle is refused.
         """
+        if lines_file is None and from_file is None:
+            if not argv:
+                raise UsageError(
+                    "missing CMD: ferry submit [OPTIONS] -- CMD [ARG...]"
+                    " (see 'ferry submit --help')",
+                    code="usage.missing_command",
+                )
+            return plain.submit(ctx, kw, argv)
         svc = ctx.service()
         if lines_file is not None:
             if argv or from_file is not None:
                 raise click.UsageError("give one of CMD, --from and --lines")
             tasks = svc.submit_lines(lines_file.read(), source=lines_file.name,
                                      opts=task_opts(kw, ()))  # fmt: skip
-        elif from_file is not None:
+        else:
             if argv:
                 raise click.UsageError("give either CMD or --from, not both")
             click_ctx = click.get_current_context()
@@ -159,20 +167,7 @@ def register(
                     " would be ignored"
                 )
             tasks = svc.submit_many(from_file.read(), source=from_file.name)
-        else:
-            if not argv:
-                raise UsageError(
-                    "missing CMD: ferry submit [OPTIONS] -- CMD [ARG...]"
-                    " (see 'ferry submit --help')",
-                    code="usage.missing_command",
-                )
-            tasks = svc.submit([task_opts(kw, argv)])
-        if ctx.as_json:
-            objs = [render.task_json(t) for t in tasks]
-            many = from_file is not None or lines_file is not None
-            emit(ctx, None, objs if many else objs[0])
-        else:
-            click.echo("\n".join(t.id for t in tasks))
+        plain.submitted(ctx, tasks, many=True)
 
     @cli.command(epilog=_example('ferry claim || echo "task failed with $?"'))
     @_LEASE_TTL
@@ -352,13 +347,7 @@ def register(
 
         When rows are left out (--limit), a line on stderr says how many are shown.
         """
-        states = sorted({s.upper() for s in state}) or None
-        tasks, total = ctx.service(reading=True, tolerant=True).ls(state=states, limit=limit)
-        from ferry.cli.table import table
-
-        emit(ctx, table(tasks), [render.task_json(t) for t in tasks])
-        if total > len(tasks) and ctx.verbosity >= 0:
-            render.notice(f"{len(tasks):,} of {total:,} shown; --limit 0 for all")
+        plain.ls(ctx, state, limit)
 
     @cli.command(
         epilog=_example(
@@ -374,14 +363,7 @@ def register(
 
         Several ids: one block each, a blank line between (--json: an array)."""
 
-        service, shown = ctx.service(reading=True, tolerant=True), []
-
-        def one(task_id: str) -> tuple[str | None, Any]:
-            obj = render.task_json(service.show(task_id), show_env_values=show_env)
-            shown.append(task_id)
-            return ("\n" if len(shown) > 1 else "") + render.detail(obj), obj
-
-        return many.for_each(ctx, task_ids, one, many=False)
+        return plain.show(ctx, task_ids, show_env)
 
     @cli.command(
         epilog=_example(

@@ -204,6 +204,18 @@ def run_command(ctx: Ctx, kw: dict[str, Any], argv: tuple[str, ...]) -> int:
     return ctx.ran(result)
 
 
+def ended(ctx: Ctx | None, result: Any) -> int:
+    """A command's exit status, once it returned ``result``. A reader that showed what
+    it could of a damaged journal: now say what is not there, once, after its output,
+    on stderr (under --json, stdout holds the one document it printed: what is
+    readable), and exit 4."""
+    damage = None if ctx is None else ctx.damage()
+    if damage is not None:
+        report(damage, False)
+        return damage.exit_code
+    return int(result or 0)
+
+
 def report(error: FerryError, as_json: bool) -> None:
     from ferry.cli import render
 

@@ -1,13 +1,16 @@
-"""``ferry run`` without click, for the command lines a CI job actually writes.
+"""The commands typed most, without click: ``run``, ``submit``, ``ls`` and ``show`` in
+their plain forms (what a CI job, a shell loop or an operator writes).
 
 Importing click and building the command tree (every command, every option) costs
-``ferry run -- true`` about as much as everything else it does before the task starts.
-:func:`parse_run` reads ``ferry [--home DIR] [--json] [-v|-q] run [TASK OPTIONS] [--]
-CMD [ARG...]`` and returns exactly what click would hand the ``run`` command, or None for
-anything else: then click parses the whole line as always, so help, ``--version``,
-``--patch-file``, every unusual spelling and every usage error (with its message) come
-from click. The rule is to accept only what is certain and to leave all doubt to click;
-``tests/unit/test_cli_fast.py`` checks the two agree on every line this accepts.
+``ferry run -- true`` about as much as everything else it does before the task starts,
+and more than half of a ``submit`` or an ``ls``. :func:`parse` reads ``ferry [--home
+DIR] [--json] [-v|-q] COMMAND ...`` and returns exactly what click would hand the
+command's body (:func:`ferry.cli.context.run_command`, :mod:`ferry.cli.plain`), or None
+for anything else: then click parses the whole line as always, so help, ``--version``,
+``--patch-file``, ``submit --from``, every unusual spelling and every usage error (with
+its message) come from click. The rule is to accept only what is certain and to leave
+all doubt to click; ``tests/unit/test_cli_fast.py`` checks the two agree on every line
+this accepts.
 """
 
 from __future__ import annotations
@@ -17,37 +20,47 @@ from typing import Any
 
 SECONDS_MAX = 10**9  # the click FloatRange bound of --timeout/--kill-grace/--heartbeat
 MAX_RELEASES_MAX = 1000  # the click IntRange bound of --max-releases
+PRIORITY_MAX = 10**9  # ... of --priority (a negative one starts with "-": click's)
+RETRIES_MAX = 100  # ... of --retries
+# ls --state's choices (click's Choice, case-insensitive: it hands over these spellings)
+STATES = frozenset(
+    ("QUEUED", "CLAIMED", "DISPATCHING", "RUNNING", "STALE", "SUCCEEDED", "FAILED", "CANCELLED")
+)
 
 _TEXT = ("--name", "--key", "--cwd")
 _SECONDS = {"--timeout": "timeout", "--kill-grace": "kill_grace", "--heartbeat": "heartbeat"}
 _MULTIPLE = {"--env": "env", "--pointer": "pointers"}
+_REPEATABLE = {*_MULTIPLE, "--after"}
+# submit's queue options (tree.queue_options)
+_QUEUE_TEXT = {"--group": "group", "--not-before": "not_before"}
+_QUEUE_INTS = {"--priority": ("priority", PRIORITY_MAX), "--retries": ("retries", RETRIES_MAX)}
 _FLAGS = {"--idempotent": "idempotent", "--shell": "shell", "--pty": "pty"}
 _VERBOSITY = {"--verbose": 1, "-v": 1, "--quiet": -1, "-q": -1}
 
 
-class FastRun:
-    """What the ``run`` command receives (a plain class: a NamedTuple compiles code at
-    import, which is what this module exists to avoid)."""
+class Fast:
+    """A command line parsed without click: the command, the global options, and what
+    its body receives (``args``: ``run``/``submit``: (kw, argv); ``ls``: (states,
+    limit); ``show``: (ids, show_env)). A plain class: a NamedTuple compiles code at
+    import, which is what this module exists to avoid."""
 
-    __slots__ = ("argv", "as_json", "home", "kw", "verbosity")
+    __slots__ = ("args", "as_json", "command", "home", "verbosity")
 
     def __init__(
-        self,
-        home: str | None,
-        as_json: bool,
-        verbosity: int,
-        kw: dict[str, Any],
-        argv: tuple[str, ...],
+        self, command: str, home: str | None, as_json: bool, verbosity: int, args: tuple[Any, ...]
     ) -> None:
+        self.command = command
         self.home = home
         self.as_json = as_json
         self.verbosity = verbosity
-        self.kw = kw
-        self.argv = argv
+        self.args = args
 
 
-def _defaults() -> dict[str, Any]:
+def _defaults(command: str) -> dict[str, Any]:
+    queue = {"group": None, "priority": 0, "after": (), "not_before": None, "retries": 0,
+             "retry_delay": 1.0}  # fmt: skip
     return {
+        **(queue if command == "submit" else {}),
         "name": None,
         "key": None,
         "idempotent": False,
@@ -88,8 +101,8 @@ def _home_ok(path: str) -> bool:
     return os.access(path, os.R_OK)
 
 
-def parse_run(args: list[str]) -> FastRun | None:
-    """What click would parse ``args`` into for ``run``, or None (let click parse)."""
+def parse(args: list[str]) -> Fast | None:
+    """What click would parse ``args`` into, or None (let click parse)."""
     if "_FERRY_COMPLETE" in os.environ:  # click's shell completion
         return None
     home: str | None = None
@@ -100,7 +113,7 @@ def parse_run(args: list[str]) -> FastRun | None:
         if i >= len(args):
             return None
         arg = args[i]
-        if arg == "run":
+        if arg in _PARSERS:
             break
         if arg == "--home" or arg.startswith("--home="):
             value = args[i + 1] if arg == "--home" and i + 1 < len(args) else arg[7:]
@@ -116,10 +129,17 @@ def parse_run(args: list[str]) -> FastRun | None:
             i += 1
         else:
             return None
-    kw = _defaults()
+    parsed = _PARSERS[arg](arg, args[i + 1 :])
+    return None if parsed is None else Fast(arg, home, as_json, verbosity or 0, parsed)
+
+
+def _task(command: str, args: list[str]) -> tuple[Any, ...] | None:
+    """``run``/``submit``: TASK OPTIONS (and submit's queue options), then the command.
+    ``submit`` only with ``--`` (click lets its options and CMD mix)."""
+    kw = _defaults(command)
     seen: set[str] = set()
-    i += 1
-    while i < len(args):  # the task options, up to -- or the first non-option
+    i = 0
+    while i < len(args):  # the options, up to -- or the first non-option
         arg = args[i]
         if arg == "--":
             i += 1
@@ -139,27 +159,85 @@ def parse_run(args: list[str]) -> FastRun | None:
             value = args[i + 1]
             i += 1
         i += 1
-        if value.startswith("-") or (name in seen and name not in _MULTIPLE):
+        if value.startswith("-") or (name in seen and name not in _REPEATABLE):
             return None
         seen.add(name)
-        if name in _TEXT:
-            kw[name[2:]] = value
-        elif name == "--log-max":  # (a string for click too: build_spec parses it)
-            kw["log_max"] = value
-        elif name in _MULTIPLE:
-            kw[_MULTIPLE[name]] = (*kw[_MULTIPLE[name]], value)
-        elif name in _SECONDS:
-            seconds = _seconds(value, zero_ok=name == "--kill-grace")
-            if seconds is None:
-                return None
-            kw[_SECONDS[name]] = seconds
-        elif name == "--max-releases":
-            if not (value.isascii() and value.isdigit()) or int(value) > MAX_RELEASES_MAX:
-                return None
-            kw["max_releases"] = int(value)
-        else:  # --patch-file, -h/--help, anything unknown: click
+        if not _task_option(command, kw, name, value):
             return None
-    argv = tuple(args[i:])
-    if not argv:
+    if command == "submit" and args[i - 1 : i] != ["--"]:
         return None
-    return FastRun(home, as_json, verbosity or 0, kw, argv)
+    argv = tuple(args[i:])
+    return (kw, argv) if argv else None
+
+
+def _task_option(command: str, kw: dict[str, Any], name: str, value: str) -> bool:
+    """Set option ``name`` to ``value`` as click would; False: leave it to click."""
+    if name in _TEXT:
+        kw[name[2:]] = value
+    elif name == "--log-max":  # (a string for click too: build_spec parses it)
+        kw["log_max"] = value
+    elif name in _MULTIPLE:
+        kw[_MULTIPLE[name]] = (*kw[_MULTIPLE[name]], value)
+    elif name in _SECONDS or (name == "--retry-delay" and command == "submit"):
+        seconds = _seconds(value, zero_ok=name == "--kill-grace")
+        if seconds is None:
+            return False
+        kw[_SECONDS.get(name, "retry_delay")] = seconds
+    elif name == "--max-releases":
+        if not _count(value, MAX_RELEASES_MAX):
+            return False
+        kw["max_releases"] = int(value)
+    elif command != "submit":  # --patch-file, -h/--help, anything unknown: click
+        return False
+    elif name in _QUEUE_TEXT:
+        kw[_QUEUE_TEXT[name]] = value
+    elif name == "--after":
+        kw["after"] = (*kw["after"], value)
+    elif name in _QUEUE_INTS and _count(value, _QUEUE_INTS[name][1]):
+        kw[_QUEUE_INTS[name][0]] = int(value)
+    else:
+        return False
+    return True
+
+
+def _count(text: str, most: int) -> bool:
+    return text.isascii() and text.isdigit() and int(text) <= most
+
+
+def _ls(command: str, args: list[str]) -> tuple[Any, ...] | None:
+    """``ls [--state STATE]... [--limit N]``."""
+    states: tuple[str, ...] = ()
+    limit: int | None = None
+    i = 0
+    while i < len(args):
+        name, has_value, value = args[i].partition("=")
+        if not has_value:
+            if i + 1 >= len(args):
+                return None
+            value = args[i + 1]
+            i += 1
+        i += 1
+        if name == "--state" and value.isascii() and value.upper() in STATES:
+            states = (*states, value.upper())
+        elif name == "--limit" and limit is None and _count(value, 1 << 62):
+            limit = int(value)
+        else:
+            return None
+    return states, 100 if limit is None else limit
+
+
+def _show(command: str, args: list[str]) -> tuple[Any, ...] | None:
+    """``show [--show-env] ID...``."""
+    ids: list[str] = []
+    show_env = False
+    for arg in args:
+        if arg == "--show-env":
+            show_env = True
+        elif arg.startswith("-") or not arg:
+            return None
+        else:
+            ids.append(arg)
+    return (tuple(ids), show_env) if ids else None
+
+
+_PARSERS = {"run": _task, "submit": _task, "ls": _ls, "show": _show}

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import click
 
-from ferry.cli.context import Ctx, report
+from ferry.cli.context import Ctx, ended, report
 from ferry.core import errors
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -241,12 +241,4 @@ def invoke(args: list[str], *, as_json: bool, command: str) -> int:
         return 130
     except click.exceptions.Exit as exc:
         return int(exc.exit_code)
-    ctx = Ctx.current
-    damage = None if ctx is None else ctx.damage()
-    if damage is not None:
-        # A reader showed what it could of a damaged journal: now say what is not
-        # there, once, after its output, on stderr (under --json, stdout holds the one
-        # document it printed: what is readable), and exit 4.
-        report(damage, False)
-        return damage.exit_code
-    return int(result or 0)
+    return ended(Ctx.current, result)

@@ -63,6 +63,22 @@ def test_ferry_run_loads_only_what_its_budget_lists(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.parametrize(
+    "args",
+    [["submit", "--", "true"], ["--json", "ls", "--limit", "100"], ["show", "last"]],
+    ids=" ".join,
+)
+def test_the_plain_commands_typed_most_never_load_click(args: list[str], tmp_path: Path) -> None:
+    """``submit``, ``ls`` and ``show`` in their plain forms are parsed without click
+    (``ferry.cli.fast``): click and its command tree cost more than half of them."""
+    home = tmp_path / "home"
+    _loaded(PROBE, home)  # (a task for show)
+    probe = PROBE.replace("['run', '--', 'true']", repr(args))
+    loaded = _loaded(probe, home) - _loaded(BARE, home)
+    never = sorted(m for m in loaded if m.split(".")[0] in NEVER or m.startswith(NEVER))
+    assert never == [], f"ferry {' '.join(args)} loads {never}"
+
+
 # Add what run loads to the list: python tests/integration/test_import_budget.py
 if __name__ == "__main__":
     # (Run it in an editable install and in tox's: an editable install's finder loads

@@ -1,6 +1,7 @@
-"""ferry.cli.fast.parse_run agrees with click: on every command line it accepts, click
-accepts it too and hands the ``run`` command exactly the same values; whatever click
-refuses, it leaves to click. And the plain lines a CI job writes take the fast path."""
+"""ferry.cli.fast.parse agrees with click: on every command line it accepts, click
+accepts it too and hands the command's body (``run``, ``submit``, ``ls``, ``show``)
+exactly the same values; whatever click refuses, it leaves to click. And the plain
+lines a CI job, a shell loop or an operator writes take the fast path."""
 
 from __future__ import annotations
 
@@ -12,19 +13,27 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ferry.cli import commands as cli_commands
-from ferry.cli.fast import parse_run
+from ferry.cli import plain
+from ferry.cli.fast import parse
 from ferry.cli.tree import cli
 
 
 def click_parse(args: list[str], monkeypatch: pytest.MonkeyPatch) -> tuple[Any, ...] | None:
-    """What click hands ``run`` for ``args`` (None: click refused, or another command)."""
+    """What click hands the body of ``run``, ``submit``, ``ls`` or ``show`` for
+    ``args`` (None: click refused, or another command or form)."""
     seen: list[tuple[Any, ...]] = []
 
-    def capture(ctx: Any, kw: dict[str, Any], argv: tuple[str, ...]) -> int:
-        seen.append((ctx.home, ctx.as_json, ctx.verbosity, dict(kw), tuple(argv)))
-        return 0
+    def capture(command: str) -> Any:
+        def body(ctx: Any, *args: Any) -> int:
+            values = tuple(dict(a) if isinstance(a, dict) else a for a in args)
+            seen.append((command, ctx.home, ctx.as_json, ctx.verbosity, values))
+            return 0
 
-    monkeypatch.setattr(cli_commands, "run_command", capture)
+        return body
+
+    monkeypatch.setattr(cli_commands, "run_command", capture("run"))
+    for command in ("submit", "ls", "show"):
+        monkeypatch.setattr(plain, command, capture(command))
     try:
         cli.main(args=list(args), prog_name="ferry", standalone_mode=False)
     except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
@@ -33,8 +42,10 @@ def click_parse(args: list[str], monkeypatch: pytest.MonkeyPatch) -> tuple[Any, 
 
 
 def fast_parse(args: list[str]) -> tuple[Any, ...] | None:
-    fast = parse_run(list(args))
-    return None if fast is None else (fast.home, fast.as_json, fast.verbosity, fast.kw, fast.argv)
+    fast = parse(list(args))
+    if fast is None:
+        return None
+    return (fast.command, fast.home, fast.as_json, fast.verbosity, fast.args)
 
 
 PLAIN_LINES = [
@@ -50,6 +61,16 @@ PLAIN_LINES = [
     ["run", "--pty", "--name", "t", "--", "pytest", "-q"],
     ["run", "--log-max", "1M", "--key", "k", "--", "make", "test"],
     ["run", "--log-max=64K", "--", "make"],
+    ["submit", "--", "true"],
+    ["-q", "submit", "--key", "k", "--idempotent", "--group", "arm", "--priority", "5",
+     "--after", "01jq3", "--after", "last", "--retries", "2", "--retry-delay", "0.5",
+     "--not-before", "+60", "--", "make", "test"],
+    ["--json", "submit", "--name=x", "--", "sh", "-c", "exit 1"],
+    ["ls"],
+    ["--json", "ls", "--limit", "100"],
+    ["ls", "--state", "failed", "--state=RUNNING", "--limit=0"],
+    ["show", "01jq3"],
+    ["show", "12", "--show-env", "last"],
 ]  # fmt: skip
 
 
@@ -77,7 +98,18 @@ LEFT_TO_CLICK = [
     ["run", "--shell=yes", "--", "x"],
     ["run", "--json", "--", "x"],
     ["-v", "-q", "run", "--", "x"],
-    ["submit", "--", "x"],
+    ["submit", "x"],
+    ["submit", "--from", "-"],
+    ["submit", "--priority", "-1", "--", "x"],
+    ["submit", "--patch-file", "p", "--", "x"],
+    ["run", "--group", "g", "--", "x"],
+    ["ls", "--state", "nope"],
+    ["ls", "--limit", "-1"],
+    ["ls", "x"],
+    ["ls", "--help"],
+    ["show"],
+    ["show", "--", "x"],
+    ["show", "-h", "x"],
 ]
 
 
@@ -90,10 +122,14 @@ GLOBAL = ["--home", "/nonexistent/h", "--home=/", "--home=", "/etc/hostname", "-
           "-q", "--verbose", "--quiet", "--version", "-h", "run", "--", "x"]  # fmt: skip
 OPTION_NAMES = ["--name", "--key", "--cwd", "--timeout", "--kill-grace", "--heartbeat",
                 "--max-releases", "--env", "--pointer", "--patch-file", "--idempotent",
-                "--shell", "--pty", "--log-max", "--help", "-h", "--bogus", "-x", "--json"]  # fmt: skip
+                "--shell", "--pty", "--log-max", "--help", "-h", "--bogus", "-x", "--json",
+                "--group", "--priority", "--after", "--not-before", "--retries",
+                "--retry-delay", "--from", "--lines", "--state", "--limit",
+                "--show-env"]  # fmt: skip
 VALUES = ["", "0", "1", "1.5", "1.", ".5", "-1", "1e3", "inf", "nan", "1000", "1001",
           "1000000000", "1000000001", "abc", "K=V", "=x", "-x", "--", "1_0", " 2", "0.0",
-          "٣", "1.٣", "-", "true", "64K", "1M"]  # fmt: skip
+          "٣", "1.٣", "-", "true", "64K", "1M", "failed", "QUEUED", "Stale", "ſtale",
+          "last", "01jq3"]  # fmt: skip
 OPTION = st.one_of(
     st.sampled_from(OPTION_NAMES).map(lambda name: [name]),
     st.tuples(st.sampled_from(OPTION_NAMES), st.sampled_from(VALUES)).map(list),
@@ -103,14 +139,21 @@ OPTION = st.one_of(
 )
 LINE = st.tuples(
     st.lists(st.sampled_from(GLOBAL), max_size=4),
-    st.just(["run"]),
+    st.sampled_from([["run"], ["submit"], ["ls"], ["show"]]),
     st.lists(OPTION, max_size=5).map(lambda parts: [token for part in parts for token in part]),
-    st.lists(st.sampled_from(["--", "true", "-", "-n", "echo", "x y"]), max_size=4),
+    st.lists(st.sampled_from(["--", "true", "-", "-n", "echo", "x y", "12"]), max_size=4),
 ).map(lambda parts: [token for part in parts for token in part])
 
 
 @settings(max_examples=600, deadline=None)
-@given(st.one_of(LINE, st.lists(st.sampled_from(GLOBAL + OPTION_NAMES + VALUES), max_size=8)))
+@given(
+    st.one_of(
+        LINE,
+        st.lists(
+            st.sampled_from(GLOBAL + OPTION_NAMES + VALUES + ["submit", "ls", "show"]), max_size=8
+        ),
+    )
+)
 def test_whatever_the_fast_path_accepts_click_parses_the_same(args: list[str]) -> None:
     fast = fast_parse(args)
     if fast is None:

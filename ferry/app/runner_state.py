@@ -1,0 +1,41 @@
+"""What the journal does not hold about a task in flight, read when it is shown: its
+runner's liveness (a probe) and its last heartbeat (the heartbeat file's time). Kept
+apart from the recoverer, which decides tasks: ``ls``, ``show`` and ``wait`` only
+look."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from ferry.app.runner import heartbeat_path
+from ferry.core.model import Liveness, Task
+from ferry.proc.liveness import probe
+from ferry.proc.process import ProcessIdentity
+
+
+def runner_identity(task: Task) -> ProcessIdentity | None:
+    try:
+        return None if task.runner is None else ProcessIdentity.from_json(task.runner)
+    except ValueError:
+        return None
+
+
+def with_runner_state(task: Task, home: Path) -> Task:
+    """What the journal does not hold, for a task in flight: heartbeat_at from the
+    heartbeat file (beats are not journaled), and whether its runner (the task's
+    supervisor) is alive now, as a probe proves it (``runner.alive``: true, false, or
+    null when it cannot be proven either way). A settled task's runner is done."""
+    if task.runner is None:
+        return task
+    if not task.in_flight:
+        return replace(task, runner={**task.runner, "alive": False})
+    identity = runner_identity(task)
+    seen = Liveness.UNKNOWN if identity is None else probe(identity)
+    alive = None if seen is Liveness.UNKNOWN else seen is Liveness.ALIVE
+    task = replace(task, runner={**task.runner, "alive": alive})
+    try:
+        beat = heartbeat_path(home, task.id, task.attempt).stat().st_mtime
+    except OSError:
+        return task
+    return replace(task, heartbeat_at=beat)

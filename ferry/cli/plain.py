@@ -1,0 +1,53 @@
+"""The bodies of the commands :mod:`ferry.cli.fast` also parses (``submit``, ``ls``,
+``show``; ``run`` is :func:`ferry.cli.context.run_command`): no click here, so that
+their plain command lines never import it. Their click commands call the same
+functions with what click parsed, and the fast parser's test checks that both hand
+them the same values."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from ferry.cli import many, render
+from ferry.cli.context import Ctx, task_opts
+
+
+def submit(ctx: Ctx, kw: dict[str, Any], argv: tuple[str, ...]) -> None:
+    """``ferry submit [TASK OPTIONS] -- CMD [ARG...]``: one task."""
+    submitted(ctx, ctx.service().submit([task_opts(kw, argv)]), many=False)
+
+
+def submitted(ctx: Ctx, tasks: Sequence[Any], *, many: bool) -> None:
+    """What ``submit`` prints: the ids, one per line (--json: the task, or an array)."""
+    if ctx.as_json:
+        objs = [render.task_json(t) for t in tasks]
+        render.write_json(objs if many else objs[0])
+    else:
+        sys.stdout.write("".join(t.id + "\n" for t in tasks))
+        sys.stdout.flush()
+
+
+def ls(ctx: Ctx, state: Sequence[str], limit: int) -> None:
+    """``ferry ls``: the tasks in submission order (see its help)."""
+    states = sorted({s.upper() for s in state}) or None
+    tasks, total = ctx.service(reading=True, tolerant=True).ls(state=states, limit=limit)
+    from ferry.cli.table import table
+
+    render.emit(as_json=ctx.as_json, human=table(tasks),
+                payload=[render.task_json(t) for t in tasks])  # fmt: skip
+    if total > len(tasks) and ctx.verbosity >= 0:
+        render.notice(f"{len(tasks):,} of {total:,} shown; --limit 0 for all")
+
+
+def show(ctx: Ctx, task_ids: Sequence[str], show_env: bool) -> int:
+    """``ferry show``: each task whole, a blank line between (--json: an array)."""
+    service, shown = ctx.service(reading=True, tolerant=True), []
+
+    def one(task_id: str) -> tuple[str | None, Any]:
+        obj = render.task_json(service.show(task_id), show_env_values=show_env)
+        shown.append(task_id)
+        return ("\n" if len(shown) > 1 else "") + render.detail(obj), obj
+
+    return many.for_each(ctx, task_ids, one, many=False)
