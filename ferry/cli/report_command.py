@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
 import sys
 import time
 from collections.abc import Sequence
@@ -62,6 +61,8 @@ def write_atomically(path: str, data: bytes) -> None:
     renamed over it, the directory fsynced. A crash leaves the old file (or none) and at
     most a ``.NAME.*.tmp`` beside it; a reader never sees half a page."""
     directory = os.path.dirname(os.path.abspath(path))
+    import secrets  # (lazy: every click command imports this module to register it)
+
     temporary = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(4)}.tmp")
     try:
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
