@@ -128,7 +128,7 @@ OPTION_NAMES = ["--name", "--key", "--cwd", "--timeout", "--kill-grace", "--hear
                 "--show-env"]  # fmt: skip
 VALUES = ["", "0", "1", "1.5", "1.", ".5", "-1", "1e3", "inf", "nan", "1000", "1001",
           "1000000000", "1000000001", "abc", "K=V", "=x", "-x", "--", "1_0", " 2", "0.0",
-          "٣", "1.٣", "-", "true", "64K", "1M", "failed", "QUEUED", "Stale", "ſtale",
+          "٣", "1.٣", "-", "true", "64K", "1M", "failed", "QUEUED", "Stale", "\u017ftale",
           "last", "01jq3"]  # fmt: skip
 OPTION = st.one_of(
     st.sampled_from(OPTION_NAMES).map(lambda name: [name]),
