@@ -25,6 +25,7 @@ def cli(home: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
     )
 
 
+@pytest.mark.soak  # (10 s of racing compactions; tox -e soak)
 def test_concurrent_compactions_keep_every_archive_a_snapshot_names(tmp_path: Path) -> None:
     home = tmp_path / "home"
     for round_no in range(4):

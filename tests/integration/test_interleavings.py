@@ -291,6 +291,7 @@ def test_a_supervisor_whose_end_is_durable_is_not_killed(ferry: Ferry, command: 
     x.wait_until(lambda: x.read_stat(supervisor) is None, what="the supervisor to exit")
 
 
+@pytest.mark.soak  # (24 s: the explorer's default schedule set; tox -e soak)
 def test_default_interleavings(tmp_path: Path, report: Report) -> None:
     """The default subset: each KNOWN_BUGS case in it fails as listed (bugs 2 and 4
     among them), and nothing else fails."""

@@ -31,6 +31,7 @@ def finish(procs: list[subprocess.Popen[bytes]]) -> list[tuple[int, str, str]]:
     return results
 
 
+@pytest.mark.soak  # (11 s of twenty racing processes; tox -e soak)
 def test_twenty_concurrent_recovers_decide_each_crashed_task_exactly_once(
     ferry: Ferry, tmp_path: Path
 ) -> None:

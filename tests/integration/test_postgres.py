@@ -355,6 +355,7 @@ def test_a_lost_host_tasks_are_failed_or_requeued_by_another_host(hosts: Hosts) 
     assert b("recover", "--lease-ttl", "1").code == 0  # decided once
 
 
+@pytest.mark.soak  # (27 s, in its teardown; tox -e soak)
 def test_a_host_is_left_alone_while_its_lease_lives(hosts: Hosts) -> None:
     mutating, idem, _ = start_two_tasks(hosts, ttl="30")
     b = hosts("b")

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -144,6 +145,7 @@ def test_truncations_near_the_end_are_prefixes_or_torn_tails(
             check_cut(directory, last, full, cut, before, zero_fill=True)
 
 
+@pytest.mark.soak  # (27 s: every byte offset of every example; tox -e soak)
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(records=st.lists(payloads, min_size=1, max_size=3))
 def test_small_journal_every_byte_offset(records: list[dict[str, Any]]) -> None:
