@@ -146,19 +146,17 @@ def _task(command: str, args: list[str]) -> tuple[Any, ...] | None:
             break
         if not (arg.startswith("-") and len(arg) > 1):
             break
-        name, has_value, value = arg.partition("=")
+        name, has_value, _ = arg.partition("=")
         if name in _FLAGS:
             if has_value:
                 return None
             kw[_FLAGS[name]] = True
             i += 1
             continue
-        if not has_value:
-            if i + 1 >= len(args):
-                return None
-            value = args[i + 1]
-            i += 1
-        i += 1
+        found = _valued(args, i)
+        if found is None:
+            return None
+        name, value, i = found
         if value.startswith("-") or (name in seen and name not in _REPEATABLE):
             return None
         seen.add(name)
@@ -168,6 +166,15 @@ def _task(command: str, args: list[str]) -> tuple[Any, ...] | None:
         return None
     argv = tuple(args[i:])
     return (kw, argv) if argv else None
+
+
+def _valued(args: list[str], i: int) -> tuple[str, str, int] | None:
+    """The option at ``args[i]``, its value (``--name=value`` or ``--name value``) and
+    the index after them; None when the value is missing."""
+    name, has_value, value = args[i].partition("=")
+    if has_value:
+        return name, value, i + 1
+    return None if i + 1 >= len(args) else (name, args[i + 1], i + 2)
 
 
 def _task_option(command: str, kw: dict[str, Any], name: str, value: str) -> bool:
@@ -210,13 +217,10 @@ def _ls(command: str, args: list[str]) -> tuple[Any, ...] | None:
     limit: int | None = None
     i = 0
     while i < len(args):
-        name, has_value, value = args[i].partition("=")
-        if not has_value:
-            if i + 1 >= len(args):
-                return None
-            value = args[i + 1]
-            i += 1
-        i += 1
+        found = _valued(args, i)
+        if found is None:
+            return None
+        name, value, i = found
         if name == "--state" and value.isascii() and value.upper() in STATES:
             states = (*states, value.upper())
         elif name == "--limit" and limit is None and _count(value, 1 << 62):

@@ -72,6 +72,8 @@ def finish(proc: subprocess.Popen[bytes], timeout_s: float = WAIT_S) -> tuple[in
     return proc.returncode, err.decode("utf-8", "replace")
 
 
+Hosts = Callable[[str], "Ferry"]  # the ``hosts`` fixture: simulated hosts on one database
+
 # Not passed on: ferry's own switches, and what shapes output for a terminal (tox sets
 # COLUMNS to its own width; a test that wants one sets it).
 UNSET = frozenset(

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from clikit import Ferry
+from clikit import Ferry, Hosts
 
 
 @pytest.fixture
@@ -20,3 +20,24 @@ def ferry(tmp_path: Path) -> Iterator[Ferry]:
         yield f
     finally:
         f.close()
+
+
+@pytest.fixture
+def hosts(pg_url: str, tmp_path: Path) -> Iterator[Hosts]:
+    """``hosts("a")``: the ferry command of simulated host ``a`` (its own state
+    directory, ``FERRY_HOST_ID=a``), all on the test's database, initialised; every
+    host's processes ended at the end."""
+    made: dict[str, Ferry] = {}
+
+    def host(name: str) -> Ferry:
+        if name not in made:
+            made[name] = Ferry(tmp_path / name)
+            made[name].env.update(FERRY_DATABASE_URL=pg_url, FERRY_HOST_ID=name)
+        return made[name]
+
+    host("admin").ok("db", "init")
+    try:
+        yield host
+    finally:
+        for ferry in made.values():
+            ferry.close()

@@ -8,36 +8,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import psycopg
 import pytest
-from clikit import Ferry, finish, wait_stopped, wait_until
+from clikit import Hosts, finish, wait_stopped, wait_until
 
 pytestmark = pytest.mark.timeout(300)
-
-Hosts = Callable[[str], Ferry]
-
-
-@pytest.fixture
-def hosts(pg_url: str, tmp_path: Path) -> Iterator[Hosts]:
-    """``hosts("a")``: simulated host ``a`` (its own state directory, ``FERRY_HOST_ID``)
-    on the test's database, initialised (as in test_postgres.py)."""
-    made: dict[str, Ferry] = {}
-
-    def host(name: str) -> Ferry:
-        if name not in made:
-            made[name] = Ferry(tmp_path / name)
-            made[name].env.update(FERRY_DATABASE_URL=pg_url, FERRY_HOST_ID=name)
-        return made[name]
-
-    host("admin").ok("db", "init")
-    try:
-        yield host
-    finally:
-        for ferry in made.values():
-            ferry.close()
 
 
 def rows(pg_url: str, sql: str) -> list[tuple[object, ...]]:

@@ -11,13 +11,12 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
-from clikit import Ferry, processes_with_env, wait_until
+from clikit import Ferry, Hosts, processes_with_env, wait_until
 
 from ferry.core import events as ev
 from ferry.core.errors import FerryError, LeaseHeldError
@@ -29,29 +28,6 @@ from ferry.storage.postgres import schema
 from ferry.storage.postgres.store import PgStore
 
 pytestmark = pytest.mark.timeout(120)
-
-Hosts = Callable[[str], Ferry]
-
-
-@pytest.fixture
-def hosts(pg_url: str, tmp_path: Path) -> Iterator[Hosts]:
-    """``hosts("a")``: the ferry command of simulated host ``a`` (its own state
-    directory, ``FERRY_HOST_ID=a``), all on the test's database, initialised."""
-    made: dict[str, Ferry] = {}
-
-    def host(name: str) -> Ferry:
-        if name not in made:
-            ferry = Ferry(tmp_path / name)
-            ferry.env.update(FERRY_DATABASE_URL=pg_url, FERRY_HOST_ID=name)
-            made[name] = ferry
-        return made[name]
-
-    host("admin").ok("db", "init")
-    try:
-        yield host
-    finally:
-        for ferry in made.values():
-            ferry.close()
 
 
 def events(pg_url: str, kind: str) -> list[tuple[str, int]]:

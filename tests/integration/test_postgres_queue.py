@@ -6,12 +6,11 @@ limits across hosts, pause, --after and DEPENDENCY_FAILED, priorities, retries,
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
-from clikit import Ferry, wait_until
+from clikit import Ferry, Hosts, wait_until
 from queuekit import Stamps, stamped
 
 from ferry.core.fold import task_to_record
@@ -20,29 +19,6 @@ from ferry.core.spec import TaskSpec
 from ferry.storage.postgres import schema
 
 pytestmark = pytest.mark.timeout(180)
-
-Hosts = Callable[[str], Ferry]
-
-
-@pytest.fixture
-def hosts(pg_url: str, tmp_path: Path) -> Iterator[Hosts]:
-    """``hosts("a")``: the ferry command of simulated host ``a`` on the test's database
-    (as in test_postgres.py)."""
-    made: dict[str, Ferry] = {}
-
-    def host(name: str) -> Ferry:
-        if name not in made:
-            ferry = Ferry(tmp_path / name)
-            ferry.env.update(FERRY_DATABASE_URL=pg_url, FERRY_HOST_ID=name)
-            made[name] = ferry
-        return made[name]
-
-    host("admin").ok("db", "init")
-    try:
-        yield host
-    finally:
-        for ferry in made.values():
-            ferry.close()
 
 
 def submit(ferry: Ferry, *args: str) -> str:
