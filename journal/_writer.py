@@ -159,9 +159,11 @@ class Writer:
         self._busy = False  # one thread at a time owns the handle's position and I/O
         self._owner = 0  # the thread that owns it while _busy (0: handed over, below)
         self._queue: list[_Batch] = []
-        # Threads the last commit woke that have not yet run: until they have, the handle
-        # stays _busy and new batches queue (see _release).
+        # Threads of the last commit's batches that have not yet run: until they have,
+        # the handle stays _busy and new batches queue (see _release).  _to_wake: those
+        # not yet woken, last first (each one that runs wakes the next).
         self._returning = 0
+        self._to_wake: list[_Batch] = []
         # Commits (one write and one fdatasync each) and the records they carried, for
         # benchmarks and tests (plain counters, updated by the committing thread).
         self.commits = 0
@@ -193,20 +195,26 @@ class Writer:
         handle stays reserved (_busy, no _owner) until each woken thread has run
         (``_check_in``): what they append meanwhile queues and joins the next commit.
         The wait ends when the last of them is scheduled, not after a delay, and it is
-        empty for a lone appender (no thread to wake)."""
+        empty for a lone appender (no thread to wake).
+
+        One at a time: this wakes the first thread, and each one, when it runs, wakes
+        the next (``_to_wake``).  They run one after another anyway (the GIL); woken
+        all at once, they made the leader spend 60 us in the wake-ups alone and fought
+        over the GIL (measured: 8 waiting appenders, about 15% more records/s so)."""
         with self._mutex:
-            returning = 0
+            to_wake = self._to_wake
             for batch in group:
                 if batch is own:
                     continue
                 batch.settled = True
                 if batch.wake is not None:  # (None: its thread gave up waiting)
                     batch.returning = True
-                    returning += 1
-                    batch.signal()
-            self._returning = returning
-            if returning:
+                    to_wake.append(batch)
+            self._returning = len(to_wake)
+            if to_wake:
                 self._owner = 0
+                to_wake.reverse()
+                to_wake.pop().signal()
             else:
                 self._hand_over()
 
@@ -220,11 +228,16 @@ class Writer:
             self._cond.notify_all()
 
     def _check_in(self, batch: _Batch) -> None:
-        """The thread of a settled batch has woken (call with _mutex held): the last one
-        frees the handle."""
+        """The thread of a settled batch has woken (call with _mutex held): it wakes the
+        next one, and the last one frees the handle."""
         if batch.returning:
             batch.returning = False
             self._returning -= 1
+            to_wake = self._to_wake
+            if batch in to_wake:  # (up early: woken to lead just before it was settled)
+                to_wake.remove(batch)
+            elif to_wake:
+                to_wake.pop().signal()
             if not self._returning:
                 self._hand_over()
 
