@@ -28,8 +28,13 @@ the end of a segment for unused space; sealing a segment cuts it (``_position``)
 
 Group commit (leader/follower): a thread that finds a commit in progress queues its
 batch and sleeps on the batch's own lock; when the commit ends, the leader wakes the
-threads of the batches it settled and the thread of the first batch still queued,
-which becomes the leader and commits every batch queued meanwhile together.
+threads of the batches it settled, one after another (each wakes the next when it
+runs), and the handle stays reserved until all of them have run: what they append
+meanwhile queues too.  Then the thread of the first batch still queued (or the last
+woken thread itself, if it appends again first) leads, and commits every batch queued
+together.  So threads that each append a record and wait for it (``ferry work -j
+N``) share each fsync, instead of half of them going into every other commit; no
+delay is involved, and a lone appender wakes nobody and waits for nothing.
 (``append_one``, a single record when no other thread is appending, takes the same
 steps without the group's bookkeeping: on a slow disk every microsecond of CPU
 between two fsyncs costs about three.)  A batch's ``check`` must see every record
