@@ -205,23 +205,51 @@ class Writer:
         One at a time: this wakes the first thread, and each one, when it runs, wakes
         the next (``_to_wake``).  They run one after another anyway (the GIL); woken
         all at once, they made the leader spend 60 us in the wake-ups alone and fought
-        over the GIL (measured: 8 waiting appenders, about 15% more records/s so)."""
-        with self._mutex:
-            to_wake = self._to_wake
-            for batch in group:
-                if batch is own:
-                    continue
-                batch.settled = True
-                if batch.wake is not None:  # (None: its thread gave up waiting)
-                    batch.returning = True
-                    to_wake.append(batch)
-            self._returning = len(to_wake)
-            if to_wake:
-                self._owner = 0
-                to_wake.reverse()
-                to_wake.pop().signal()
-            else:
-                self._hand_over()
+        over the GIL (measured: 8 waiting appenders, about 15% more records/s so).
+
+        A KeyboardInterrupt while this waits for the _mutex must not leave the handle
+        reserved for ever (``_surely``)."""
+        self._surely(self._release_held, group, own)
+
+    def _release_held(self, group: Iterable[_Batch], own: _Batch | None) -> None:
+        to_wake = self._to_wake
+        for batch in group:
+            if batch is own:
+                continue
+            batch.settled = True
+            if batch.wake is not None:  # (None: its thread gave up waiting)
+                batch.returning = True
+                to_wake.append(batch)
+        self._returning = len(to_wake)
+        if to_wake:
+            self._owner = 0
+            to_wake.reverse()
+            to_wake.pop().signal()
+        else:
+            self._hand_over()
+
+    def _surely(self, step: Callable[..., None], *args: object) -> None:
+        """``step(*args)`` with _mutex held, even if a KeyboardInterrupt comes while this
+        waits for the _mutex (the main thread handles signals where it blocks): the wait
+        is taken up again, and the interrupt raised once ``step`` has run.  For the
+        bookkeeping other threads wait on (a handle left reserved, a thread never woken
+        or never counted back, would hang them all; and close() with them).  One raised
+        from the interpreter's check inside ``step`` still cuts it short: that window is
+        a few bytecodes, not a wait."""
+        interrupted: BaseException | None = None
+        while True:
+            taken = False
+            try:
+                with self._mutex:
+                    taken = True
+                    step(*args)
+                break
+            except BaseException as exc:
+                if taken:
+                    raise
+                interrupted = exc
+        if interrupted is not None:
+            raise interrupted
 
     def _hand_over(self) -> None:
         """Free the handle: wake the thread of the first queued batch (to lead) and any
@@ -246,13 +274,19 @@ class Writer:
             if not self._returning:
                 self._hand_over()
 
-    def _give_up(self, batch: _Batch) -> None:
-        """The thread of a queued batch stops waiting (interrupted: KeyboardInterrupt):
-        leave nothing waiting for it (call with _mutex held).  Still queued, the batch
-        is dropped (never written); taken by a leader, it is committed or not, and its
-        caller is not told (the records' outcome is unknown, as documented)."""
+    def _give_up(self, batch: _Batch, group: list[_Batch] | None) -> None:
+        """The thread of ``batch`` stops appending before it returns (interrupted:
+        KeyboardInterrupt, or refused): leave nothing waiting for it (call with _mutex
+        held).  Still queued, the batch is dropped (never written); taken by a leader,
+        it is committed or not, and its caller is not told (the records' outcome is
+        unknown, as documented); settled, its thread checks in (once).  ``group``: the
+        thread took the lead but never led: the other batches go back to the queue,
+        unwritten, for the next leader."""
         batch.wake = None  # (a leader that has it counts no thread to wake)
-        if batch.settled:
+        if group is not None:
+            self._queue[:0] = [other for other in group if other is not batch]
+            self._hand_over()
+        elif batch.settled:
             self._check_in(batch)
         elif batch in self._queue:
             self._queue.remove(batch)
@@ -309,41 +343,43 @@ class Writer:
     ) -> list[Record]:
         batch = _Batch(prepared, epoch, check)
         group: list[_Batch] | None = None
-        with self._mutex:
-            if self._closed or self._failed is not None:
-                self._check_usable()
-            if self._busy:
-                self._refuse_reentry()
-                batch.wake = wake = threading.Lock()
-                wake.acquire()
-                self._queue.append(batch)
-            else:
-                # Batches may be queued by threads not yet awake: they go first.
-                group = [*self._queue, batch] if self._queue else [batch]
-                self._queue = []
-                self._busy, self._owner = True, _get_ident()
-        while group is None:
-            try:
-                wake.acquire()  # (released once the batch is settled, or for us to lead)
-            except BaseException:
-                with self._mutex:
-                    self._give_up(batch)
-                raise
+        # A KeyboardInterrupt may end this anywhere from queuing to leading (signals
+        # are handled where the main thread blocks, the _mutex included, or at its next
+        # check): _give_up leaves nothing waiting for this thread, not even a count.
+        try:
             with self._mutex:
-                batch.signalled = False
-                if batch.settled:
-                    self._check_in(batch)
-                    break
-                if self._busy:
-                    continue  # another thread took the lead (and our batch, or not yet)
                 if self._closed or self._failed is not None:
-                    self._queue.remove(batch)
-                    if self._queue:  # each queued thread learns it in turn
-                        self._queue[0].signal()
                     self._check_usable()
-                # Nobody took our batch: lead, taking everything queued meanwhile.
-                group, self._queue = self._queue, []
-                self._busy, self._owner = True, _get_ident()
+                if self._busy:
+                    self._refuse_reentry()
+                    batch.wake = wake = threading.Lock()
+                    wake.acquire()
+                    self._queue.append(batch)
+                else:
+                    # Batches may be queued by threads not yet awake: they go first.
+                    group = [*self._queue, batch] if self._queue else [batch]
+                    self._queue = []
+                    self._busy, self._owner = True, _get_ident()
+            while group is None:
+                wake.acquire()  # (released once the batch is settled, or for us to lead)
+                with self._mutex:
+                    batch.signalled = False
+                    if batch.settled:
+                        self._check_in(batch)
+                        break
+                    if self._busy:
+                        continue  # another thread took the lead (and our batch, or not yet)
+                    if self._closed or self._failed is not None:
+                        self._queue.remove(batch)
+                        if self._queue:  # each queued thread learns it in turn
+                            self._queue[0].signal()
+                        self._check_usable()
+                    # Nobody took our batch: lead, taking everything queued meanwhile.
+                    group, self._queue = self._queue, []
+                    self._busy, self._owner = True, _get_ident()
+        except BaseException:
+            self._surely(self._give_up, batch, group)
+            raise
         if group is not None:
             try:
                 self._lead(group)
@@ -381,10 +417,16 @@ class Writer:
     def append_one(self, item: Prepared, epoch: int, check: Hook | None) -> Record:
         """``append_batch([item], epoch, check)[0]``, without the group's bookkeeping
         when no other thread is appending through this handle (the common case)."""
-        with self._mutex:
-            alone = not (self._busy or self._queue or self._closed or self._failed)
+        alone = False
+        try:
+            with self._mutex:
+                alone = not (self._busy or self._queue or self._closed or self._failed)
+                if alone:
+                    self._busy, self._owner = True, _get_ident()
+        except BaseException:  # (a KeyboardInterrupt as it leaves the _mutex)
             if alone:
-                self._busy, self._owner = True, _get_ident()
+                self._release()
+            raise
         if not alone:
             return self.append_batch([item], epoch, check)[0]
         try:
@@ -587,11 +629,14 @@ class Writer:
     def close(self) -> None:
         with self._mutex:
             self._refuse_reentry()
+            # Closed first, then wait for the commit in progress: appends from now on
+            # are refused, and queued ones learn it in turn.  (Waiting first, a steady
+            # stream of appends from other threads kept the handle busy for ever.)
+            closed_before, self._closed = self._closed, True
             while self._busy:
                 self._wait()
-            if self._closed:
+            if closed_before:
                 return
-            self._closed = True
         self.pos.close()
         if self._lock_fd >= 0:  # (a read-only handle may have none)
             _fsutil.close(self._lock_fd)
