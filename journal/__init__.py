@@ -352,6 +352,18 @@ class Journal:
         """The highest epoch in the journal as far as this handle has seen."""
         return self._writer.pos.max_epoch
 
+    @property
+    def commits(self) -> int:
+        """Commits this handle made (one write and one fdatasync each) since it opened."""
+        return self._writer.commits
+
+    @property
+    def committed_records(self) -> int:
+        """Records those commits carried: ``committed_records / commits`` is the mean
+        number of records per fsync (group commit: appends from several threads share
+        one)."""
+        return self._writer.committed_records
+
     # -- appending ----------------------------------------------------------------------
 
     def append(

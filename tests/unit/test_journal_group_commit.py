@@ -1,8 +1,11 @@
-"""Group commit with check hooks and early subscribers (``before_durable=True``).
+"""Group commit with check hooks and early subscribers (``before_durable=True``), and
+the hand-over from one commit to the next.
 
 A leader is held inside its commit (by a fence hook) while other threads queue behind
 it, so that the batches they queue form one group, deterministically. The OS calls are
-counted by swapping ``journal._fsutil.os``."""
+counted by swapping ``journal._fsutil.os``; threads woken by a commit are held (or
+interrupted) where they wake by swapping the ``threading`` that ``journal._writer``
+makes its wake-up locks with."""
 
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from typing import Any
 import pytest
 
 import journal._fsutil as fsutil
+import journal._writer as writer_module
 from journal import Journal, Record, WriterFailedError, read_records
 
 
@@ -317,3 +321,156 @@ def test_an_early_subscriber_raising_fails_the_append_before_anything_is_written
         with pytest.raises(WriterFailedError):
             j.append("after", {})
     assert [r.type for r in read_records(jdir)] == ["before"]
+
+
+# -- the hand-over from one commit to the next ---------------------------------------------
+
+
+class WakeLocks:
+    """Stands in for the ``threading`` module of ``journal._writer`` once a handle is
+    open (only the per-batch wake-up locks are made after that). A thread named in
+    ``hold`` that wakes from its wait stops there, as if not yet scheduled, until its
+    event is set; one named in ``interrupt`` raises KeyboardInterrupt from its wait
+    (as a signal would)."""
+
+    def __init__(self) -> None:
+        self.hold: dict[str, threading.Event] = {}
+        self.interrupt: set[str] = set()
+
+    def Lock(self) -> _WakeLock:  # (named as threading names it)
+        return _WakeLock(self)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(threading, name)
+
+
+class _WakeLock:
+    def __init__(self, locks: WakeLocks) -> None:
+        self.locks = locks
+        self.lock = threading.Lock()
+        self.acquired = 0
+
+    def acquire(self) -> bool:
+        self.acquired += 1
+        if self.acquired == 1:  # (made held by the queuing thread: not a wait)
+            return self.lock.acquire()
+        name = threading.current_thread().name
+        self.lock.acquire()
+        if name in self.locks.interrupt:
+            raise KeyboardInterrupt
+        if name in self.locks.hold:
+            assert self.locks.hold[name].wait(10)
+        return True
+
+    def release(self) -> None:
+        self.lock.release()
+
+
+@pytest.fixture
+def wake_locks(monkeypatch: pytest.MonkeyPatch, held: tuple[Journal, Gate]) -> WakeLocks:
+    locks = WakeLocks()
+    monkeypatch.setattr(writer_module, "threading", locks)
+    return locks
+
+
+def start_appender(
+    j: Journal, name: str, rounds: int, outcomes: dict[str, list[Any]]
+) -> threading.Thread:
+    """A thread named ``name`` appending ``rounds`` records one at a time, each waiting
+    for its commit (as ``ferry work -j N``'s threads do)."""
+
+    def run() -> None:
+        outcomes[name] = []
+        try:
+            for round_no in range(rounds):
+                outcomes[name].append(j.append(name, {"round": round_no}))
+        except BaseException as exc:  # (KeyboardInterrupt too: the outcome is the test's)
+            outcomes[name].append(exc)
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_the_next_commit_waits_for_every_thread_the_last_one_woke(
+    held: tuple[Journal, Gate], wake_locks: WakeLocks
+) -> None:
+    """Threads that each append a record and wait for it append their next one as soon
+    as they wake: the commit after theirs waits until each has run, so their next
+    records share it. (It started as soon as one thread was back: each fsync carried
+    about half of 8 waiting appenders, whatever the disk.)"""
+    j, gate = held
+    outcomes: dict[str, list[Any]] = {}
+    for name in "BCD":
+        wake_locks.hold[name] = threading.Event()
+    gate.armed = True
+    threads = [start_appender(j, "L", 1, outcomes)]
+    assert gate.entered.wait(10)
+    for queued, (name, rounds) in enumerate([("A", 2), ("B", 2), ("C", 2), ("D", 1)], 1):
+        threads.append(start_appender(j, name, rounds, outcomes))
+        wait_for(lambda n=queued: len(j._writer._queue) == n, f"{name} queued")
+    commits, records = j.commits, j.committed_records
+    # L commits alone and hands over to A, which commits A, B, C and D together and
+    # wakes B, C and D (held where they wake); A appends again at once.
+    gate.release.set()
+    wait_for(lambda: len(j._writer._queue) == 1 or j.commits > commits + 2, "A's second append")
+    assert j.commits == commits + 2, "A's second record was committed alone"
+    for queued, name in enumerate("BC", 2):  # each runs, and queues its next record
+        wake_locks.hold[name].set()
+        wait_for(lambda n=queued: len(j._writer._queue) == n, f"{name}'s second append")
+        assert j.commits == commits + 2
+    wake_locks.hold["D"].set()  # the last one to run: the next commit starts
+    for thread in threads:
+        thread.join(10)
+        assert not thread.is_alive(), f"{thread.name} never returned"
+    assert j.commits == commits + 3
+    assert j.committed_records == records + 1 + 4 + 3
+    assert all(isinstance(o, Record) for done in outcomes.values() for o in done), outcomes
+    assert sorted(done[1].seq for name, done in outcomes.items() if name in "ABC") == [7, 8, 9]
+
+
+def test_a_thread_interrupted_when_woken_to_lead_passes_the_lead_on(
+    held: tuple[Journal, Gate], wake_locks: WakeLocks, jdir: Path
+) -> None:
+    """The thread of the first queued batch is woken to lead the next commit, and a
+    KeyboardInterrupt ends its wait: its batch is dropped (never written) and the next
+    queued batch leads. (Before, nobody led: B waited until some other append came.)"""
+    j, gate = held
+    outcomes: dict[str, list[Any]] = {}
+    wake_locks.interrupt.add("A")
+    gate.armed = True
+    threads = [start_appender(j, "L", 1, outcomes)]
+    assert gate.entered.wait(10)
+    for queued, name in enumerate("AB", 1):  # queued behind L: the next group
+        threads.append(start_appender(j, name, 1, outcomes))
+        wait_for(lambda n=queued: len(j._writer._queue) == n, f"{name} queued")
+    gate.release.set()
+    for thread in threads:
+        thread.join(10)
+        assert not thread.is_alive(), f"{thread.name} never returned"
+    assert isinstance(outcomes["A"][0], KeyboardInterrupt)
+    assert isinstance(outcomes["B"][0], Record)
+    assert [r.type for r in read_records(jdir)] == ["warm", "L", "B"]
+
+
+def test_a_thread_interrupted_after_its_commit_does_not_hold_up_the_next(
+    held: tuple[Journal, Gate], wake_locks: WakeLocks, jdir: Path
+) -> None:
+    """B's batch is committed in A's group, and B's wait ends with a KeyboardInterrupt
+    instead of a wake-up: the next commit does not wait for B to run (it never will)."""
+    j, gate = held
+    outcomes: dict[str, list[Any]] = {}
+    wake_locks.interrupt.add("B")
+    gate.armed = True
+    threads = [start_appender(j, "L", 1, outcomes)]
+    assert gate.entered.wait(10)
+    for queued, (name, rounds) in enumerate([("A", 2), ("B", 1)], 1):
+        threads.append(start_appender(j, name, rounds, outcomes))
+        wait_for(lambda n=queued: len(j._writer._queue) == n, f"{name} queued")
+    gate.release.set()
+    for thread in threads:
+        thread.join(10)
+        assert not thread.is_alive(), f"{thread.name} never returned"
+    assert isinstance(outcomes["B"][0], KeyboardInterrupt)  # (committed: not told so)
+    assert [type(o) for o in outcomes["A"]] == [Record, Record]
+    assert [r.type for r in read_records(jdir)] == ["warm", "L", "A", "B", "A"]
