@@ -12,13 +12,13 @@ from __future__ import annotations
 import errno
 import os
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from writerkit import Gate, wait_for
 
 import journal._fsutil as fsutil
 import journal._writer as writer_module
@@ -56,30 +56,6 @@ def fake_os(monkeypatch: pytest.MonkeyPatch) -> CountingOS:
 @pytest.fixture
 def jdir(tmp_path: Path) -> Path:
     return tmp_path / "journal"
-
-
-def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.001)
-
-
-class Gate:
-    """A fence hook that holds the next leader inside its commit (under the lock) until
-    released, so that other threads queue behind it."""
-
-    def __init__(self) -> None:
-        self.armed = False
-        self.entered = threading.Event()
-        self.release = threading.Event()
-
-    def fence(self, epoch: int) -> None:
-        if self.armed:
-            self.armed = False
-            self.entered.set()
-            assert self.release.wait(10)
 
 
 class Claims:

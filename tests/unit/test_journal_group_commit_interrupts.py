@@ -13,18 +13,18 @@ closes."""
 
 from __future__ import annotations
 
-import os
 import random
 import subprocess
 import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from writerkit import JOIN_S, Gate, wait_for
 
 import journal._fsutil as fsutil
 from journal import (
@@ -34,31 +34,6 @@ from journal import (
     WriterFailedError,
     read_records,
 )
-
-JOIN_S = float(os.environ.get("TEST_JOIN_S", "10"))
-
-
-def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = JOIN_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.001)
-
-
-class Gate:
-    """A fence hook that holds the next leader inside its commit until released."""
-
-    def __init__(self) -> None:
-        self.armed = False
-        self.entered = threading.Event()
-        self.release = threading.Event()
-
-    def fence(self, epoch: int) -> None:
-        if self.armed:
-            self.armed = False
-            self.entered.set()
-            assert self.release.wait(JOIN_S)
 
 
 class InterruptingMutex:

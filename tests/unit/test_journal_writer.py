@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from writerkit import Gate, wait_for
 
 import journal._fsutil as fsutil
 import journal._reader as reader_module
@@ -79,14 +80,6 @@ def jdir(tmp_path: Path) -> Path:
 def journal(jdir: Path) -> Iterator[Journal]:
     with Journal.open(jdir) as j:
         yield j
-
-
-def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.001)
 
 
 # -- appending ----------------------------------------------------------------------------
@@ -329,22 +322,6 @@ def test_check_runs_after_catching_up_on_other_handles(jdir: Path) -> None:
 
 def _queued(j: Journal) -> int:
     return len(j._writer._queue)
-
-
-class Gate:
-    """A fence hook that holds the next leader inside its commit (under the lock) until
-    released, so that other threads queue behind it: group commit made deterministic."""
-
-    def __init__(self) -> None:
-        self.armed = False
-        self.entered = threading.Event()
-        self.release = threading.Event()
-
-    def fence(self, epoch: int) -> None:
-        if self.armed:
-            self.armed = False
-            self.entered.set()
-            assert self.release.wait(10)
 
 
 def test_concurrent_appends_share_one_write_and_fsync(jdir: Path, fake_os: CountingOS) -> None:
