@@ -31,13 +31,11 @@ from ferry.core.errors import EX_TEMPFAIL, FerryError, JournalIntegrityError, Re
 from ferry.core.model import Task
 from ferry.failpoints import failpoint
 from ferry.storage.local.store import (
-    _SNAPSHOT_DECODE_ERRORS,
     Store,
     _lock_compaction,
-    _parse_snapshot,
     _read_archive,
-    _undecodable_snapshot,
     journal_error,
+    snapshot_refs,
     view_damage,
 )
 
@@ -137,15 +135,7 @@ def _acceptor(
     its locks, before the swap)."""
 
     def accept(snapshot: journal.Snapshot) -> bytes:
-        try:
-            data, refs = _parse_snapshot(snapshot.data)
-            from ferry.core.state import Table
-
-            Table.from_snapshot(data)
-        except JournalIntegrityError as error:
-            raise journal.SnapshotRejected(error.message) from error
-        except _SNAPSHOT_DECODE_ERRORS as error:
-            raise journal.SnapshotRejected(_undecodable_snapshot(error).message) from error
+        refs = snapshot_refs(snapshot)
         bad: list[str] = []
         for name, sha256 in refs:
             try:

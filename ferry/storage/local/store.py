@@ -614,14 +614,22 @@ def _table_from_snapshot(home: Path, blob: bytes, on_damaged: OnDamaged | None =
 def _decodable(snapshot: journal.Snapshot) -> bytes:
     """A view's test of a snapshot (``journal.Journal.open_view``): a task table this
     ferry reads (its archives are read later, each left out if damaged)."""
+    snapshot_refs(snapshot)
+    return snapshot.data
+
+
+def snapshot_refs(snapshot: journal.Snapshot) -> ArchiveRefs:
+    """The archives (name, SHA-256) a snapshot names, once its data proved a task table
+    this ferry reads (``journal.SnapshotRejected`` otherwise: a view or a salvage then
+    tries an older snapshot)."""
     try:
-        data, _ = _parse_snapshot(snapshot.data)
+        data, refs = _parse_snapshot(snapshot.data)
         Table.from_snapshot(data)
     except JournalIntegrityError as error:
         raise journal.SnapshotRejected(error.message) from error
     except _SNAPSHOT_DECODE_ERRORS as error:
         raise journal.SnapshotRejected(_undecodable_snapshot(error).message) from error
-    return snapshot.data
+    return refs
 
 
 def view_damage(view: journal.View, *, shown: bool = True) -> list[JournalIntegrityError]:
