@@ -293,6 +293,14 @@ def _marker_stamp(directory: Path) -> str | None:
 
 
 def _remove_tree(directory: Path) -> None:
-    for name in _fsutil.listdir(directory):
-        _fsutil.unlink(directory / name)
+    """A leftover build, removed so that a crash at any point leaves it readable as a
+    build: its marker goes last (and only once the other removals are durable), so it
+    never looks like the damaged journal, which holds no marker."""
+    names = _fsutil.listdir(directory)
+    for name in names:
+        if name != MARKER:
+            _fsutil.unlink(directory / name)
+    if MARKER in names:
+        _fsutil.fsync_dir(directory)
+        _fsutil.unlink(directory / MARKER)
     _fsutil.rmdir(directory)

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import journal
 import journal._codec
+import journal._fsutil
+import journal._salvage
 
 RECORDS = 40
 SNAPSHOT_AT = 20
@@ -247,6 +250,40 @@ def test_a_build_killed_right_after_its_mkdir_is_removed_not_taken_for_the_damag
     directory = make(tmp_path / "j")
     flip(directory, 30)
     (tmp_path / ".j.salvage-T0").mkdir()  # (what a kill before the marker leaves)
+    report = journal.salvage(directory, stamp="T1")
+    assert "removed .j.salvage-T0" in report.finished[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["j", "j.damaged-T1"]
+
+
+def test_a_build_removal_killed_halfway_still_reads_as_a_build(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The leftover build's marker goes last: a removal stopped after its first unlink
+    leaves the marker, so the next salvage removes the rest again instead of renaming
+    a half-deleted build as the damaged journal (the marker first, as listdir may give
+    it, did that)."""
+    directory = make(tmp_path / "j")
+    flip(directory, 30)
+    build = tmp_path / ".j.salvage-T0"
+    build.mkdir()
+    for name in (journal._salvage.MARKER, "00000000000000000001.jsonl", ".lock"):
+        (build / name).write_bytes(b'{"stamp": "T0"}' if name.startswith(".salvage") else b"x")
+    real_unlink, real_listdir = journal._fsutil.unlink, journal._fsutil.listdir
+
+    def marker_first(path: Any) -> list[str]:
+        names = real_listdir(path)
+        return sorted(names, key=lambda n: n != journal._salvage.MARKER)
+
+    def unlink_once(path: Any) -> None:
+        real_unlink(path)
+        raise Crash(path)
+
+    monkeypatch.setattr(journal._fsutil, "listdir", marker_first)
+    monkeypatch.setattr(journal._fsutil, "unlink", unlink_once)
+    with pytest.raises(Crash):
+        journal.salvage(directory, stamp="T1")
+    monkeypatch.undo()
+    assert (build / journal._salvage.MARKER).exists()
     report = journal.salvage(directory, stamp="T1")
     assert "removed .j.salvage-T0" in report.finished[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["j", "j.damaged-T1"]
