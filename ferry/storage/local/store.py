@@ -855,6 +855,11 @@ def _remove_task_files(home: Path, task_ids: Sequence[str]) -> None:
             if entry.name.partition(".")[0] in wanted:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(entry.path)
+    # Durable before the snapshot that stops naming these ids: after a power cut the
+    # files would otherwise come back, belonging to no task (gc never guesses by files).
+    for directory in (home / "logs", home / alivelock.DIRECTORY):
+        with contextlib.suppress(FileNotFoundError):
+            fsync_dir(directory)
 
 
 def _prune_archives(directory: Path, keep: set[str]) -> None:
