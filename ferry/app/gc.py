@@ -143,7 +143,7 @@ def _why_keep(
     """Why ``task`` must stay (None: it may go). The store checks the same under its
     lock when gc writes (``Table._check_forget``); this is for the report."""
     if task.id in dependants:
-        return f"task {dependants[task.id]} comes after it (--after) and has not ended"
+        return _has_dependant(dependants[task.id])
     if task.reason is Reason.QUARANTINED_ORPHAN_ALIVE:
         if store.host_lost(task, float("inf")) is not None:
             owner = None if task.runner is None else task.runner.get("host_id")
@@ -151,11 +151,16 @@ def _why_keep(
         if task_liveness(task, home) is not Liveness.DEAD:
             return f"quarantined: its orphan may still be alive ('ferry kill {task.id}')"
     if task.spec.key is not None and task_key_outcome(task) == "unsafe":
-        return (
-            f"key {task.spec.key!r} waits for an operator: 'ferry retry' or 'ferry resolve'"
-            " it first"
-        )
+        return _key_waits(task.spec.key)
     return None
+
+
+def _has_dependant(dependant: str) -> str:
+    return f"task {dependant} comes after it (--after) and has not ended"
+
+
+def _key_waits(key: str) -> str:
+    return f"key {key!r} waits for an operator: 'ferry retry' or 'ferry resolve' it first"
 
 
 def _forget_batch(store: TaskStore, batch: list[Task], report: GcReport) -> list[Task]:
@@ -187,9 +192,8 @@ def _still_forgettable(
     for task in batch:
         current = store.get(task.id)
         if task.id == kept_id and current is not None:
-            why = f"key {task.spec.key!r} waits for an operator"
-            if error.code == "task.has_dependants":
-                why = f"task {error.details['dependant']} comes after it and has not ended"
+            dependant = error.details.get("dependant")
+            why = _key_waits(str(task.spec.key)) if dependant is None else _has_dependant(dependant)
             report.kept.append(Kept(current, why))
         elif current is not None and current.terminal and current.attempt == task.attempt:
             still.append(current)
