@@ -129,7 +129,8 @@ def _fast(fast: Any) -> int:
         return run_command(ctx, *fast.args)
     from ferry.cli import plain
 
-    return ended(ctx, getattr(plain, fast.command)(ctx, *fast.args))
+    body = {"submit": plain.submit, "ls": plain.ls, "show": plain.show}[fast.command]
+    return ended(ctx, body(ctx, *fast.args))
 
 
 def __getattr__(name: str) -> Any:
