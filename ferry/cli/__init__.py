@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ferry.cli.context import Ctx, ended, report, run_command
@@ -129,7 +129,10 @@ def _fast(fast: Any) -> int:
         return run_command(ctx, *fast.args)
     from ferry.cli import plain
 
-    body = {"submit": plain.submit, "ls": plain.ls, "show": plain.show}[fast.command]
+    bodies: dict[str, Callable[..., Any]] = {
+        "submit": plain.submit, "ls": plain.ls, "show": plain.show
+    }  # fmt: skip
+    body = bodies[fast.command]
     return ended(ctx, body(ctx, *fast.args))
 
 
