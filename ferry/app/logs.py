@@ -68,6 +68,31 @@ def data_segments(fd: int, start: int, end: int) -> list[tuple[int, int]]:
     return found
 
 
+def read_tails(paths: tuple[Path, Path], bytes_max: int) -> dict[str, tuple[bytes, int]]:
+    """Per stream whose log exists: its last ``bytes_max`` bytes of data (a hole
+    dropped by ``--log-max`` holds none) and the log's size."""
+    found: dict[str, tuple[bytes, int]] = {}
+    for name, path in zip(_NAMES, paths, strict=True):
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            continue
+        try:
+            size = os.fstat(fd).st_size
+            parts: list[bytes] = []
+            wanted = bytes_max
+            for low, high in reversed(data_segments(fd, 0, size)):
+                start = max(low, high - wanted)
+                parts.insert(0, os.pread(fd, high - start, start))
+                wanted -= high - start
+                if wanted <= 0:
+                    break
+            found[name] = (b"".join(parts), size)
+        finally:
+            os.close(fd)
+    return found
+
+
 def _tail_offset(path: Path, lines: int) -> int:
     """Byte offset where the last ``lines`` lines of ``path`` start (a hole dropped by
     ``--log-max`` holds no line)."""

@@ -305,13 +305,9 @@ class Service:
         if which > task.attempt:
             raise NotFoundError(f"task {task.id} has no attempt {which}", code="task.no_attempt")
         paths = log_paths(self.home, task.id, which)
-        owner = None if task.runner is None else task.runner.get("host_id")
         if self.store.host_lost(task, float("inf")) is not None and not paths[0].exists():
-            raise NotFoundError(
-                f"task {task.id} ran on host {owner}: its log is there ('ferry logs' on it)",
-                code="logs.other_host",
-                details={"task": task.id, "host": owner},
-            )
+            return self._logs_kept_elsewhere(task, which, stream=stream, tail=tail,
+                                             as_json=as_json, merged=merged)  # fmt: skip
 
         if follow and self.session.damage() is not None:
             follow = False  # (past its damage the journal says no more: none will settle)
@@ -333,6 +329,41 @@ class Service:
         elif lost and current.started_at is not None:
             self.notice(f"warning: task {task.id}: log file(s) missing: {', '.join(lost)}")
         return current.state is State.SUCCEEDED
+
+    def _logs_kept_elsewhere(
+        self, task: Task, attempt: int, *, stream: str | None, tail: int | None,
+        as_json: bool, merged: bool,
+    ) -> bool:  # fmt: skip
+        """The logs of a task another host ran: the tails its host kept in the database
+        with the task's end, shown as a log is (the streams one after the other: their
+        order is not kept), and where the whole log is. Not settled there yet: none."""
+        import tempfile
+
+        from ferry.app.logs import print_logs
+        from ferry.storage import LOG_TAIL_BYTES
+
+        owner = None if task.runner is None else task.runner.get("host_id")
+        tails = self.store.log_tails(task.id, attempt)
+        if not tails:
+            raise NotFoundError(
+                f"task {task.id} ran on host {owner}: its log is there ('ferry logs' on it)",
+                code="logs.other_host",
+                details={"task": task.id, "host": owner},
+            )
+        with tempfile.TemporaryDirectory(prefix="ferry-logs-") as scratch:
+            paths = log_paths(Path(scratch), task.id, attempt)
+            paths[0].parent.mkdir(parents=True)
+            for path, name in zip(paths, ("stdout", "stderr"), strict=True):
+                path.write_bytes(tails.get(name, (b"", 0))[0])
+            print_logs(paths, stream=stream, tail=tail, follow=False, settled=lambda: True,
+                       as_json=as_json, merged=merged, task_id=task.id)  # fmt: skip
+        cut = [f"{name}'s {size} bytes" for name, (data, size) in sorted(tails.items())
+               if len(data) < size]  # fmt: skip
+        shown = f": shown, the last {LOG_TAIL_BYTES // 1024} KiB of {', '.join(cut)}" if cut else ""
+        self.notice(f"task {task.id} ran on host {owner}, where its whole log is ('ferry logs'"
+                    f" there); the database keeps the tail of each stream with its end{shown}")  # fmt: skip
+        current = self.store.get(task.id) or task
+        return current.attempt == attempt and current.state is State.SUCCEEDED
 
     def lease_info(self) -> dict[str, Any]:
         from ferry.proc.liveness import probe

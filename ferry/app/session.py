@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -110,12 +111,21 @@ def open_store(
     if _opened is not None:
         from ferry.storage.postgres.store import PgStore
 
-        return PgStore.open(_opened.url, _opened.host)
+        return PgStore.open(_opened.url, _opened.host, partial(_log_tails, home))
     from ferry.storage.local.store import Store
 
     return Store.open(
         home, on_lock_wait=on_lock_wait, read_only=reading, tolerate_damage=tolerate_damage
     )
+
+
+def _log_tails(home: Path, task_id: str, attempt: int) -> dict[str, tuple[bytes, int]]:
+    """The tails of an attempt's logs on this host, for a shared database to keep."""
+    from ferry.app.logs import read_tails
+    from ferry.app.runner import log_paths
+    from ferry.storage import LOG_TAIL_BYTES
+
+    return read_tails(log_paths(home, task_id, attempt), LOG_TAIL_BYTES)
 
 
 class Session:

@@ -43,6 +43,9 @@ if TYPE_CHECKING:
     from ferry.storage.local.lease import Lease
 
 EncodedEvent = tuple[str, dict[str, Any]]
+LOG_TAIL_BYTES = 64 * 1024  # of each stream, kept for other hosts by a shared backend
+# Reads the tails of an attempt's logs on this host (see TaskStore.log_tails).
+LogTailReader = Callable[[str, int], dict[str, tuple[bytes, int]]]
 
 
 class TaskStore(Protocol):
@@ -159,6 +162,14 @@ class TaskStore(Protocol):
         backend: always). False: another host's, alive: leave it. True: another host's
         that lost its lease at least ``ttl_s`` ago (its workers have stopped their
         tasks), the task silent since: recovery decides it as lost (HOST_LOST)."""
+        ...
+
+    def log_tails(self, task_id: str, attempt: int) -> dict[str, tuple[bytes, int]]:
+        """What this backend keeps of an attempt's logs for other hosts: per stream
+        ("stdout", "stderr"), its last bytes and the whole log's size. The local backend
+        keeps none (the logs are on this host); a shared database keeps the last
+        ``LOG_TAIL_BYTES`` of each, written with the task's SETTLED by the host that
+        ran it."""
         ...
 
     # ---- housekeeping --------------------------------------------------------------

@@ -220,3 +220,20 @@ def test_a_task_run_again_under_the_same_attempt_keeps_the_earlier_run_first(
     print_logs((stdout_log, stderr_log), stream=None, tail=None, follow=False,
                settled=lambda: True, as_json=False, merged=True)  # fmt: skip
     assert capsysbinary.readouterr().out == b"o1\ne1\no2\ne3\no4\n"
+
+
+def test_read_tails_keeps_the_last_bytes_of_each_stream_and_its_size(tmp_path: Path) -> None:
+    """What a shared database keeps of a log for other hosts (ferry.app.logs.read_tails):
+    the last bytes of data of each stream that exists, and the log's whole size."""
+    from ferry.app.logs import read_tails
+
+    out, err = tmp_path / "1.stdout", tmp_path / "1.stderr"
+    out.write_bytes(b"0123456789" * 10)
+    assert read_tails((out, err), 16) == {"stdout": (b"4567890123456789", 100)}
+    err.write_bytes(b"short\n")
+    assert read_tails((out, err), 16)["stderr"] == (b"short\n", 6)
+    with out.open("r+b") as f:  # a hole (as --log-max leaves one), then more data
+        f.seek(1 << 20)
+        f.write(b"end\n")
+    data, size = read_tails((out, err), 1 << 16)["stdout"]
+    assert size == (1 << 20) + 4 and data.endswith(b"end\n") and len(data) <= 1 << 16

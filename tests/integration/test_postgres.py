@@ -406,13 +406,6 @@ def test_a_worker_killed_leaves_its_task_to_finish_and_record_its_end(
     assert a.ok("logs", task_id).out == b"done\n"
 
 
-def test_logs_of_a_task_run_on_another_host_say_where_the_log_is(hosts: Hosts) -> None:
-    hosts("a").ok("run", "--", "echo", "hello")
-    [task] = hosts("b").tasks()
-    result = hosts("b").refused(5, "logs.other_host", "logs", task["id"])
-    assert "host a" in result.err
-
-
 def test_task_numbers_are_one_sequence_across_hosts(hosts: Hosts) -> None:
     hosts("a").ok("submit", "--", "true")
     hosts("b").ok("submit", "--", "true")

@@ -152,8 +152,8 @@ def test_db_init_upgrades_a_version_2_database(pg_url: str, tmp_path: Path) -> N
     ferry.env.update(FERRY_DATABASE_URL=pg_url, FERRY_HOST_ID="h")
     try:
         report = ferry.json("db", "init")
-        assert (report["previous_version"], report["schema_version"]) == (2, 3)
-        assert ferry.json("db", "init")["previous_version"] == 3  # idempotent
+        assert (report["previous_version"], report["schema_version"]) == (2, schema.VERSION)
+        assert ferry.json("db", "init")["previous_version"] == schema.VERSION  # idempotent
         assert ferry.json("group")[0] == {
             "group": "default", "jobs": 0, "paused": False, "queued": 1, "running": 0,
         }  # fmt: skip

@@ -5,7 +5,8 @@ The tables: ``ferry_tasks`` (one row per task: the folded task as JSON, plus the
 the queries need), ``ferry_events`` (every event, in commit order of its sequence),
 ``ferry_hosts`` (one lease per host), ``ferry_groups`` (each group's ``jobs``, null
 until ``group set``, and its own pause, null: it follows ``ferry_meta``'s
-``paused_all``). No fencing state lives in an UNLOGGED table: a
+``paused_all``), ``ferry_log_tails`` (the last bytes of each attempt's log streams,
+written with its SETTLED by the host that ran it, for ``ferry logs`` on the others). No fencing state lives in an UNLOGGED table: a
 crash truncates those, and an epoch counter there would go back.
 """
 
@@ -90,6 +91,19 @@ MIGRATIONS: tuple[str, ...] = (
     DROP INDEX ferry_tasks_queued;  -- (the claim order's index replaces it)
     INSERT INTO ferry_meta (key, value) VALUES ('paused_all', 'false');
     ANALYZE ferry_groups;  -- (a handful of rows: without statistics the planner guesses 600)
+    """,
+    # 4: the tail of each log stream, kept with the task's SETTLED for the other hosts
+    # (contract.md, "Many machines": the whole log stays on the host that ran it).
+    """
+    CREATE TABLE ferry_log_tails (
+        task text NOT NULL,
+        attempt integer NOT NULL,
+        stream text NOT NULL,
+        host text NOT NULL,
+        size bigint NOT NULL,
+        tail bytea NOT NULL,
+        PRIMARY KEY (task, attempt, stream)
+    );
     """,
 )
 VERSION = len(MIGRATIONS)

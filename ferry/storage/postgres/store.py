@@ -46,7 +46,7 @@ from ferry.storage.postgres import queue, schema
 from ferry.storage.postgres.connect import Database, host_id
 
 if TYPE_CHECKING:
-    from ferry.storage import EncodedEvent
+    from ferry.storage import EncodedEvent, LogTailReader
 
 _CLAIMED = ev.EventType.CLAIMED.value
 _SETTLED = ev.EventType.SETTLED.value
@@ -67,12 +67,17 @@ def _task(row: Sequence[Any]) -> Task:
 class PgStore:
     """The tasks and events of one database, as seen from host ``host``."""
 
-    def __init__(self, db: Database, host: str) -> None:
+    def __init__(self, db: Database, host: str, log_tails: LogTailReader | None = None) -> None:
+        """``log_tails``: reads an attempt's logs on this host, for the tails kept with
+        its SETTLED (None: none kept)."""
         self.db = db
         self.host = host
+        self.read_log_tails = log_tails
 
     @classmethod
-    def open(cls, url: str, host: str | None = None) -> PgStore:
+    def open(
+        cls, url: str, host: str | None = None, log_tails: LogTailReader | None = None
+    ) -> PgStore:
         db = Database(url)
         db.check_durable()
         found = schema.version(db.connection())
@@ -88,7 +93,7 @@ class PgStore:
                 code="db.version",
                 details={"version": found, "supported": schema.VERSION},
             )
-        return cls(db, host_id(host))
+        return cls(db, host_id(host), log_tails)
 
     def close(self) -> None:
         self.db.close()
@@ -139,6 +144,7 @@ class PgStore:
                 table.apply(kind, data, seq, ts)
                 records.append((seq, epoch, kind, data))
             self._write_tasks(conn, [t for t in map(table.get, ids) if t is not None])
+            self._keep_log_tails(conn, batch)
             queue.write_settings(conn, batch)
             submitted = [data["spec"].get("group") for kind, data in batch if kind == _SUBMITTED]
             queue.ensure_groups(conn, [group for group in submitted if group])
@@ -203,6 +209,7 @@ class PgStore:
                     (_json(notes),),
                 )
             conn.execute("DELETE FROM ferry_events WHERE task = ANY(%s)", (ids,))
+            conn.execute("DELETE FROM ferry_log_tails WHERE task = ANY(%s)", (ids,))
             conn.execute("DELETE FROM ferry_tasks WHERE id = ANY(%s)", (ids,))
             failpoint("before:" + _FORGOTTEN)  # (inside the transaction: a crash commits nothing)
         failpoint("after:" + _FORGOTTEN)
@@ -285,6 +292,23 @@ class PgStore:
         if len(found) != len(batch):  # (cannot happen: an INSERT inserts them all or fails)
             raise InternalError(f"{len(batch)} events sent, {len(found)} inserted")
         return sorted(row[0] for row in found)
+
+    def _keep_log_tails(self, conn: Any, batch: Sequence[EncodedEvent]) -> None:
+        """The tails of the logs of each attempt the batch settles, as this host has
+        them (none: the task did not run here), in the SETTLED's transaction."""
+        if self.read_log_tails is None:
+            return
+        rows = [
+            (data["task"], data["attempt"], stream, self.host, size, tail)
+            for kind, data in batch if kind == _SETTLED
+            for stream, (tail, size) in self.read_log_tails(data["task"], data["attempt"]).items()
+        ]  # fmt: skip
+        if rows:
+            conn.cursor().executemany(
+                "INSERT INTO ferry_log_tails (task, attempt, stream, host, size, tail)"
+                " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                rows,
+            )
 
     def _stamped(self, record: EncodedEvent) -> EncodedEvent:
         """A claim names the host of its runner (``host_id``): recovery is host-aware."""
@@ -512,6 +536,13 @@ class PgStore:
         return int(row[0])
 
     # ---- hosts ----------------------------------------------------------------------
+
+    def log_tails(self, task_id: str, attempt: int) -> dict[str, tuple[bytes, int]]:
+        found = self.db.execute(
+            "SELECT stream, tail, size FROM ferry_log_tails WHERE task = %s AND attempt = %s",
+            (task_id, attempt),
+        ).fetchall()
+        return {str(stream): (bytes(tail), int(size)) for stream, tail, size in found}
 
     def host_lost(self, task: Task, ttl_s: float) -> bool | None:
         """Whose task is it to decide? None: this host's (decide by probes). True: its

@@ -1,0 +1,70 @@
+"""Logs on a shared database (contract.md, "Many machines"): the whole log stays on the
+host that ran the task; the database keeps the last 64 KiB of each stream, written in
+the transaction of the task's SETTLED, so that ``ferry logs`` on another host shows
+that tail and says on which host the whole log is."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+from clikit import Hosts, finish, wait_until
+
+pytestmark = pytest.mark.timeout(120)
+
+TAIL_BYTES = 64 * 1024
+# A task writing 200,000 numbered lines (about 1.3 MB) to stdout and two to stderr.
+NOISY = ["/bin/sh", "-c", "seq 1 200000; echo first >&2; echo second >&2"]
+
+
+def _expected_stdout() -> bytes:
+    return "".join(f"{n}\n" for n in range(1, 200001)).encode()
+
+
+def test_logs_on_another_host_show_the_tail_kept_with_the_end(hosts: Hosts) -> None:
+    hosts("a").ok("run", "--", *NOISY)
+    [task] = hosts("b").tasks()
+    result = hosts("b").ok("logs", task["id"])
+    assert result.out == _expected_stdout()[-TAIL_BYTES:]
+    assert result.err.startswith("first\nsecond\n")
+    assert "host a" in result.err and "64 KiB" in result.err  # where the whole log is
+    assert hosts("a").ok("logs", task["id"]).out == _expected_stdout()  # whole, there
+
+
+def test_the_tail_on_another_host_takes_the_usual_options(hosts: Hosts) -> None:
+    hosts("a").ok("run", "--", *NOISY)
+    [task] = hosts("b").tasks()
+    b = hosts("b")
+    assert b.ok("logs", "--stream", "stderr", task["id"]).out == b"first\nsecond\n"
+    assert b.ok("logs", "--tail", "2", task["id"]).out == b"199999\n200000\n"
+    lines = [orjson.loads(line) for line in b.ok("--json", "logs", task["id"]).out.splitlines()]
+    assert {line["stream"] for line in lines} == {"stdout", "stderr"}
+    assert "".join(line["text"] for line in lines if line["stream"] == "stderr") == (
+        "first\nsecond\n"
+    )
+
+
+def test_a_small_log_is_kept_whole(hosts: Hosts) -> None:
+    hosts("a").ok("run", "--", "echo", "hello")
+    [task] = hosts("b").tasks()
+    result = hosts("b").ok("logs", task["id"])
+    assert result.out == b"hello\n"
+    assert "host a" in result.err
+
+
+def test_a_task_still_running_on_another_host_has_no_tail_yet(hosts: Hosts, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    a = hosts("a")
+    waits = f'echo started; while [ ! -e "{gate}" ]; do sleep 0.05; done'
+    proc = a.start("run", "--", "/bin/sh", "-c", waits)
+    try:
+        wait_until(lambda: a.tasks() and a.tasks()[0]["state"] == "RUNNING", what="the task")
+        [task] = hosts("b").tasks()
+        result = hosts("b").refused(5, "logs.other_host", "logs", task["id"])
+        assert "host a" in result.err
+    finally:
+        gate.touch()
+        finish(proc)
+    result = hosts("b").ok("logs", task["id"])  # settled: its tail is kept now
+    assert result.out == b"started\n"
