@@ -139,6 +139,16 @@ def _is_utf8(text: str) -> bool:
     return True
 
 
+def _check_utf8_text(value: Any, what: str) -> None:
+    """A --name or --key with bytes that are not UTF-8 (from argv) is refused for what
+    it is: the journal is JSON (the printable check would call them control characters)."""
+    if isinstance(value, str) and not _is_utf8(value):
+        raise UsageError(
+            f"--{what} {value.encode('utf-8', 'surrogateescape')!r} is not valid UTF-8",
+            code=f"usage.bad_{what}",
+        )
+
+
 def _parse_env(items: Any) -> dict[str, str]:
     if isinstance(items, Mapping):
         items = [f"{k}={v}" if isinstance(v, str) else None for k, v in items.items()]
@@ -220,6 +230,8 @@ def build_spec(opts: Mapping[str, Any], home: Path, *, queued: bool = False) -> 
     cwd = _resolve_cwd(opts.get("cwd"))
     if queued and not opts.get("shell"):
         _refuse_shell_text(argv_t, cwd)
+    for what in ("name", "key"):
+        _check_utf8_text(opts.get(what), what)
     env = _parse_env(opts.get("env") or [])
     pointer_args = opts.get("pointers") or []
     if not isinstance(pointer_args, list | tuple) or not all(

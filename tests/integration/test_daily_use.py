@@ -116,3 +116,43 @@ def test_task_numbers_and_last_name_tasks_and_survive_compaction(ferry: Ferry) -
     assert ferry.task("last")["id"] == fifth and ferry.task("5")["id"] == fifth
     ferry.refused(5, "task.not_found", "show", "6")
     assert ferry.ok("ls").out.decode().splitlines()[1].split()[0] == "1"
+
+
+# ---- the audit of issue 17: what still stumbled ---------------------------------------
+
+NOT_UTF8 = b"\xff"
+
+
+@pytest.mark.parametrize(
+    ("args", "exit_code", "code"),
+    [
+        ((b"submit", b"--after", NOT_UTF8, b"--", b"true"), 5, "task.unknown_dependency"),
+        ((b"submit", b"--name", NOT_UTF8, b"--", b"true"), 2, "usage.bad_name"),
+        ((b"submit", b"--key", NOT_UTF8, b"--", b"true"), 2, "usage.bad_key"),
+        ((b"submit", b"--env", NOT_UTF8, b"--", b"true"), 2, "usage.bad_env"),
+        ((b"submit", b"--log-max", NOT_UTF8, b"--", b"true"), 2, "usage.bad_size"),
+        ((b"submit", b"--group", NOT_UTF8, b"--", b"true"), 2, "usage.bad_group"),
+        ((b"gc", b"--older-than", NOT_UTF8), 2, "usage.bad_duration"),
+        ((b"ls", b"--state", NOT_UTF8), 2, "usage.invalid"),
+    ],
+    ids=lambda value: value if isinstance(value, str) else None,
+)
+def test_input_that_is_not_utf8_is_echoed_as_its_bytes_and_never_a_traceback(
+    ferry: Ferry, args: tuple[bytes, ...], exit_code: int, code: str
+) -> None:
+    """``show $'\\xff'`` echoed ``\\udcff``: so did every other message, and under --json
+    the error object could not even be written (a traceback, exit 1)."""
+    result = ferry.refused(exit_code, code, *args)
+    assert "\\xff" in result.err and "udc" not in result.err, result.err
+    result = ferry.refused(exit_code, code, b"--json", *args)
+    error = result.json()["error"]
+    assert error["code"] == code and "udc" not in result.text, result.text
+    assert ferry.tasks() == []
+
+
+def test_a_report_written_to_a_path_that_is_not_utf8_says_so_in_json(
+    ferry: Ferry, tmp_path: Any
+) -> None:
+    page = bytes(tmp_path) + b"/report-\xff.html"
+    written = ferry.ok(b"--json", b"report", b"--html", page).json()
+    assert written["path"].endswith("report-\\xff.html") and written["tasks"] == 0
