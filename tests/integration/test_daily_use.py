@@ -156,3 +156,9 @@ def test_a_report_written_to_a_path_that_is_not_utf8_says_so_in_json(
     page = bytes(tmp_path) + b"/report-\xff.html"
     written = ferry.ok(b"--json", b"report", b"--html", page).json()
     assert written["path"].endswith("report-\\xff.html") and written["tasks"] == 0
+
+
+def test_an_after_that_names_no_task_is_echoed_briefly(ferry: Ferry) -> None:
+    result = ferry.refused(5, "task.unknown_dependency", "submit", "--after", "a" * 100_000,
+                           "--", "true")  # fmt: skip
+    assert len(result.err) < 300, len(result.err)
