@@ -87,7 +87,7 @@ class Service:
         """``submit --from``: a line's ``after`` may name a task of the same batch by
         its line, ``"line:N"``, as well as any task queued before; the batch is written
         dependencies first, and a cycle among its lines is refused."""
-        lines = parse_from_lines(data, "stdin" if source == "<stdin>" else source)
+        lines = parse_from_lines(data, source)
         specs = []
         first_with: dict[str, int] = {}  # key -> the line of its first task
         planned = {number: new_task_id(time.time_ns(), os.urandom(4)) for number, _ in lines}

@@ -162,3 +162,22 @@ def test_an_after_that_names_no_task_is_echoed_briefly(ferry: Ferry) -> None:
     result = ferry.refused(5, "task.unknown_dependency", "submit", "--after", "a" * 100_000,
                            "--", "true")  # fmt: skip
     assert len(result.err) < 300, len(result.err)
+
+
+def test_from_errors_speak_json_and_name_the_line_the_same_way(ferry: Ferry) -> None:
+    cases = [
+        (b'{"argv": ["true"], "env": {"A": null}}\n', "usage.bad_env", "null"),
+        (b'{"argv": ["true"], "priority": 1.5}\n', "usage.bad_from_line", "an integer"),
+        (b'{"argv": ["true"], "max_releases": 2.5}\n', "usage.bad_from_line", "an integer"),
+        (b"\n\nnot json\n", "usage.bad_from_line", "not JSON"),
+        (b'{"argv": ["true"]}\n\n[1]\n', "usage.bad_from_line", "a JSON object"),
+        (b'{"argv": ["true"], "bogus": 1}\n', "usage.bad_from_line", "bogus"),
+    ]
+    for lines, code, says in cases:
+        line = len(lines.rstrip(b"\n").split(b"\n"))
+        result = ferry.refused(2, code, "submit", "--from", "-", stdin=lines)
+        assert f": error[{code}]: line {line} of <stdin>: " in result.err, result.err
+        assert says in result.err, result.err
+        assert "None" not in result.err and "not a number" not in result.err, result.err
+        assert "--env" not in result.err, result.err  # (a --from line has no options)
+    assert ferry.tasks() == []
