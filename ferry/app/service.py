@@ -390,6 +390,12 @@ class Service:
                 code="task.not_retryable",
                 details={"task": task.id, "state": task.state.value},
             )
+        if task.state is State.SUCCEEDED:  # (the code exit-codes.md has always named)
+            raise RefusedError(
+                f"task {task.id} SUCCEEDED: only a FAILED or CANCELLED task is retried",
+                code="task.illegal_transition",
+                details={"task": task.id, "state": task.state.value},
+            )
         self._refuse_beside_a_live_orphan(task, force, "retry")
         # The key rules (another task with this key unsafe, in flight, or succeeded) and
         # the attempt are checked under the journal's lock.

@@ -181,3 +181,9 @@ def test_from_errors_speak_json_and_name_the_line_the_same_way(ferry: Ferry) -> 
         assert "None" not in result.err and "not a number" not in result.err, result.err
         assert "--env" not in result.err, result.err  # (a --from line has no options)
     assert ferry.tasks() == []
+
+
+def test_retry_of_a_task_that_succeeded_says_so_in_words(ferry: Ferry) -> None:
+    ferry.ok("run", "--", "true")
+    result = ferry.refused(1, "task.illegal_transition", "retry", "last")
+    assert "SUCCEEDED" in result.err and "->" not in result.err, result.err
