@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ferry.app.intake import build_spec, parse_from_lines, parse_shell_lines
+from ferry.app.naming import resolve as resolve_task
 from ferry.app.runner import RunResult, log_paths
 from ferry.app.session import Session
 from ferry.core import events as ev
@@ -277,7 +278,7 @@ class Service:
         return tasks, total
 
     def show(self, prefix: str) -> Task:
-        return self._with_heartbeat(self.store.resolve(prefix))
+        return self._with_heartbeat(resolve_task(self.store, prefix))
 
     def wait(self, prefixes: Sequence[str], *, timeout_s: float | None) -> WaitReport:
         from ferry.app.waiting import wait
@@ -300,7 +301,7 @@ class Service:
         to settle)."""
         from ferry.app.logs import print_logs
 
-        task = self.store.resolve(prefix)
+        task = resolve_task(self.store, prefix)
         which = attempt or task.attempt
         if which > task.attempt:
             raise NotFoundError(f"task {task.id} has no attempt {which}", code="task.no_attempt")
@@ -354,7 +355,7 @@ class Service:
     # ---- acting on a task ----------------------------------------------------------
 
     def cancel(self, prefix: str) -> Task:
-        task = self.store.resolve(prefix)
+        task = resolve_task(self.store, prefix)
         for _ in range(RACE_TRIES):
             try:
                 if task.state is State.QUEUED:
@@ -383,7 +384,7 @@ class Service:
         raise InternalError(f"task {task.id} kept changing while it was being cancelled")
 
     def retry(self, prefix: str, *, force: bool) -> Task:
-        task = self.store.resolve(prefix)
+        task = resolve_task(self.store, prefix)
         if not task.terminal:
             raise RefusedError(
                 f"task {task.id} is {task.state}: only a settled task is retried",
@@ -405,7 +406,7 @@ class Service:
     def resolve(self, prefix: str, *, verdict: str, force: bool) -> Task:
         """``ferry resolve``: record the operator's verdict on a FAILED or CANCELLED task
         (what it really did); its key then follows the verdict."""
-        task = self.store.resolve(prefix)
+        task = resolve_task(self.store, prefix)
         if task.state is State.SUCCEEDED or not task.terminal:
             raise RefusedError(
                 f"task {task.id} is {task.state}: only a FAILED or CANCELLED task is resolved",
@@ -438,7 +439,7 @@ class Service:
         from ferry.app.recoverer import kill_orphan
 
         sig = _parse_signal(signame)
-        return kill_orphan(self.session, self.store.resolve(prefix), sig)
+        return kill_orphan(self.session, resolve_task(self.store, prefix), sig)
 
     def gc(self, *, older_than_s: float, states: Sequence[str], dry_run: bool) -> GcReport:
         """``ferry gc``: forget settled tasks ended before the cut-off (:mod:`ferry.app.gc`)."""

@@ -187,3 +187,15 @@ def test_retry_of_a_task_that_succeeded_says_so_in_words(ferry: Ferry) -> None:
     ferry.ok("run", "--", "true")
     result = ferry.refused(1, "task.illegal_transition", "retry", "last")
     assert "SUCCEEDED" in result.err and "->" not in result.err, result.err
+
+
+def test_a_name_is_not_an_id_and_the_error_says_which_task_has_it(ferry: Ferry) -> None:
+    ferry.ok("submit", "--", "true")
+    ferry.ok("submit", "--name", "item-3", "--", "true")
+    result = ferry.refused(5, "task.not_found", "show", "item-3")
+    assert "task #2 is named so" in result.err and "give the number" in result.err, result.err
+    ferry.ok("submit", "--name", "item-3", "--", "true")
+    result = ferry.refused(5, "task.not_found", "logs", "item-3")
+    assert "tasks #2, #3 are named so" in result.err, result.err
+    result = ferry.refused(5, "task.not_found", "cancel", "item-4")
+    assert "#" not in result.err, result.err  # (no task has that name: nothing to add)
