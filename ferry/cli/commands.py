@@ -169,18 +169,31 @@ def register(
             tasks = svc.submit_many(from_file.read(), source=from_file.name)
         plain.submitted(ctx, tasks, many=True)
 
-    @cli.command(epilog=_example('ferry claim || echo "task failed with $?"'))
+    @cli.command(
+        epilog=_example(
+            'ferry claim || echo "task failed with $?"\n'
+            "while ferry claim --empty-exit 100; [ $? -ne 100 ]; do :; done  # one at a time"
+        )
+    )
     @_LEASE_TTL
+    @click.option(
+        "--empty-exit",
+        type=click.IntRange(0, 255),
+        default=0,
+        show_default=True,
+        metavar="N",
+        help="Exit N when the queue is empty (as flock -E), so that a loop of claims ends.",
+    )
     @click.pass_obj
-    def claim(ctx: Any, lease_ttl: float) -> int:
+    def claim(ctx: Any, lease_ttl: float, empty_exit: int) -> int:
         """Become leader briefly, recover, then run the oldest queued task in the foreground.
 
-        Empty queue: exit 0 (--json: {"task": null}).
+        Empty queue: exit 0, or --empty-exit's N (--json: {"task": null}).
         """
         ctx.runs_task = True
-        return int(
-            ctx.ran(ctx.service().claim(lease_ttl_s=lease_ttl, stdout_echo_fd=ctx.stdout_echo_fd))
-        )
+        result = ctx.service().claim(lease_ttl_s=lease_ttl, stdout_echo_fd=ctx.stdout_echo_fd)
+        status = int(ctx.ran(result))
+        return empty_exit if result is None else status
 
     @cli.command(
         epilog=_example(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+import subprocess
 from typing import Any
 
 import pytest
@@ -199,3 +201,21 @@ def test_a_name_is_not_an_id_and_the_error_says_which_task_has_it(ferry: Ferry) 
     assert "tasks #2, #3 are named so" in result.err, result.err
     result = ferry.refused(5, "task.not_found", "cancel", "item-4")
     assert "#" not in result.err, result.err  # (no task has that name: nothing to add)
+
+
+def test_claim_on_an_empty_queue_can_exit_as_told_so_a_loop_ends(ferry: Ferry) -> None:
+    """``while ferry claim; do :; done`` spun for ever on an empty queue (exit 0, as the
+    contract says for cron). ``--empty-exit N`` (flock's ``-E``) makes it N."""
+    assert ferry("claim").code == 0
+    assert ferry("claim", "--empty-exit", "3").code == 3
+    assert ferry.ok("--json", "claim", "--empty-exit", "3", codes=(3,)).json() == {"task": None}
+    for argv in (["true"], ["false"]):
+        ferry.ok("submit", "--", *argv)
+    loop = (
+        f'ferry() {{ {shlex.join(ferry.command)} "$@"; }}; n=0; '
+        "while ferry claim --empty-exit 100; [ $? -ne 100 ]; do n=$((n+1)); done; echo $n"
+    )
+    result = subprocess.run(["/bin/sh", "-c", loop], env=ferry.env, capture_output=True,
+                            timeout=60, check=False)  # fmt: skip
+    assert result.stdout == b"2\n", result
+    assert [t["state"] for t in ferry.tasks()] == ["SUCCEEDED", "FAILED"]
