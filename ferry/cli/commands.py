@@ -485,7 +485,7 @@ def register(
         go on (exit: that one's code)."""
 
         def one(task_id: str) -> tuple[str | None, Any]:
-            task = ctx.service().cancel(task_id)
+            task = ctx.service(make=False).cancel(task_id)
             return f"{task.id} {task.state}", render.task_json(task)
 
         ids = many.targets(ctx, task_ids, state)
@@ -502,7 +502,7 @@ def register(
         """Queue FAILED or CANCELLED tasks again, each as a new attempt (same id)."""
 
         def one(task_id: str) -> tuple[str | None, Any]:
-            task = ctx.service().retry(task_id, force=force)
+            task = ctx.service(make=False).retry(task_id, force=force)
             return f"{task.id} attempt {task.attempt} QUEUED", render.task_json(task)
 
         ids = many.targets(ctx, task_ids, state)
@@ -526,7 +526,7 @@ def register(
         QUARANTINED_ORPHAN_ALIVE) is not run again until you retry or resolve that task;
         resolved as succeeded, the key is skipped like any succeeded key; as failed, the
         key runs again."""
-        task = ctx.service().resolve(task_id, verdict=verdict, force=force)
+        task = ctx.service(make=False).resolve(task_id, verdict=verdict, force=force)
         emit(ctx, f"{task.id} resolved as {verdict}", render.task_json(task))
 
     @cli.command(epilog=_example("ferry kill 01jq3 --signal KILL\nferry kill 12 13"))
@@ -543,7 +543,7 @@ def register(
         """Signal quarantined orphans' process groups, after proving each is the same process."""
 
         def one(task_id: str) -> tuple[str | None, Any]:
-            result = ctx.service().kill(task_id, signame)
+            result = ctx.service(make=False).kill(task_id, signame)
             return result.get("message"), result
 
         return many.for_each(ctx, task_ids, one, many=False)

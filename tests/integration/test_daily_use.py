@@ -219,3 +219,21 @@ def test_claim_on_an_empty_queue_can_exit_as_told_so_a_loop_ends(ferry: Ferry) -
                             timeout=60, check=False)  # fmt: skip
     assert result.stdout == b"2\n", result
     assert [t["state"] for t in ferry.tasks()] == ["SUCCEEDED", "FAILED"]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("cancel", "1"), ("retry", "1"), ("kill", "1"), ("resolve", "1", "--as", "failed"),
+     ("cancel", "1", "2"), ("cancel", "--state", "QUEUED"), ("retry", "--state", "FAILED")],
+    ids=" ".join,
+)  # fmt: skip
+def test_acting_on_tasks_of_a_home_that_is_not_there_makes_no_home(
+    ferry: Ferry, tmp_path: Any, args: tuple[str, ...]
+) -> None:
+    """``--home`` with a typo made the whole state directory, for ls (fixed before)
+    and still for cancel, retry, kill and resolve: commands whose tasks cannot be in a
+    directory that does not exist."""
+    typo = tmp_path / "ferry-hmoe"
+    result = ferry("--home", str(typo), *args)
+    assert result.code == (0 if "--state" in args else 5), result
+    assert not typo.exists()
