@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ferry.app.intake import build_spec, parse_from_lines, parse_shell_lines
-from ferry.app.naming import resolve as resolve_task
 from ferry.app.runner import RunResult, log_paths
 from ferry.app.session import Session
 from ferry.core import events as ev
@@ -40,6 +39,13 @@ if TYPE_CHECKING:
     from ferry.core.state import States
     from ferry.proc.process import ProcessIdentity
     from ferry.storage import TaskStore
+
+
+def resolve_task(store: TaskStore, reference: str) -> Task:
+    """:func:`ferry.app.naming.resolve` (imported here: ``run`` never names a task)."""
+    from ferry.app.naming import resolve
+
+    return resolve(store, reference)
 
 
 class Service:
