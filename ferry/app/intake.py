@@ -139,9 +139,25 @@ def _is_utf8(text: str) -> bool:
     return True
 
 
+def _check_utf8_text(value: Any, what: str) -> None:
+    """A --name or --key with bytes that are not UTF-8 (from argv) is refused for what
+    it is: the journal is JSON (the printable check would call them control characters)."""
+    if isinstance(value, str) and not _is_utf8(value):
+        raise UsageError(
+            f"--{what} {value.encode('utf-8', 'surrogateescape')!r} is not valid UTF-8",
+            code=f"usage.bad_{what}",
+        )
+
+
 def _parse_env(items: Any) -> dict[str, str]:
-    if isinstance(items, Mapping):
-        items = [f"{k}={v}" if isinstance(v, str) else None for k, v in items.items()]
+    if isinstance(items, Mapping):  # (a --from line's "env": {"KEY": "VALUE"})
+        for key, value in items.items():
+            if not isinstance(value, str):
+                raise UsageError(
+                    f"env {key!r} must be a string, not {_json_type(value)}",
+                    code="usage.bad_env", details={"env": key},
+                )  # fmt: skip
+        items = [f"{k}={v}" for k, v in items.items()]
     if not isinstance(items, list | tuple):
         raise UsageError("env must be KEY=VALUE items or an object", code="usage.bad_env")
     env: dict[str, str] = {}
@@ -220,6 +236,8 @@ def build_spec(opts: Mapping[str, Any], home: Path, *, queued: bool = False) -> 
     cwd = _resolve_cwd(opts.get("cwd"))
     if queued and not opts.get("shell"):
         _refuse_shell_text(argv_t, cwd)
+    for what in ("name", "key"):
+        _check_utf8_text(opts.get(what), what)
     env = _parse_env(opts.get("env") or [])
     pointer_args = opts.get("pointers") or []
     if not isinstance(pointer_args, list | tuple) or not all(
@@ -310,7 +328,7 @@ def parse_from_lines(data: bytes, source: str) -> list[tuple[int, dict[str, Any]
     for number, line in enumerate(data.split(b"\n"), start=1):
         if not line.strip():
             continue
-        where = f"{source}:{number}"
+        where = f"line {number} of {source}"
         try:
             obj = orjson.loads(line)
         except orjson.JSONDecodeError as error:
@@ -365,6 +383,11 @@ _JSON_TYPES = {type(None): "null", bool: "a boolean", int: "a number", float: "a
                str: "a string", list: "an array", dict: "an object"}  # fmt: skip
 
 
+def _json_type(value: Any) -> str:
+    """What a JSON value is, in JSON's words (never Python's ``None``)."""
+    return _JSON_TYPES.get(type(value), type(value).__name__)
+
+
 def _check_types(opts: Mapping[str, Any], where: str, number: int) -> None:
     names: dict[str, str] = {}
     for key, option in _LINE_KEYS.items():
@@ -374,7 +397,9 @@ def _check_types(opts: Mapping[str, Any], where: str, number: int) -> None:
         bad_bool = isinstance(value, bool) and bool not in types
         if not isinstance(value, types) or bad_bool:
             wanted = " or ".join(sorted({_JSON_TYPES[t] for t in types}))
-            got = _JSON_TYPES.get(type(value), type(value).__name__)
+            got = _json_type(value)
+            if isinstance(value, float) and int in types:  # (1.5 for a count)
+                wanted, got = wanted.replace("a number", "an integer"), f"{value:g}"
             raise UsageError(
                 f"{where}: {names.get(key, key)} must be {wanted}, not {got}",
                 code="usage.bad_from_line",

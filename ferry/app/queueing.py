@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from ferry.core import events as ev
 from ferry.core.errors import InternalError, NotFoundError, RefusedError, UsageError
 from ferry.core.fold import MOVED_CODES, RACE_TRIES, RETRIED_REASONS
+from ferry.core.ids import shown
 from ferry.core.model import Reason, State, Task
 from ferry.core.spec import SECONDS_MAX, check_group
 
@@ -104,9 +105,9 @@ def resolve_after(store: TaskStore, references: Iterable[str]) -> tuple[str, ...
             task_id = store.resolve(reference).id
         except NotFoundError:
             raise NotFoundError(
-                f"--after {reference}: no such task",
+                f"--after {shown(reference)}: no such task",
                 code="task.unknown_dependency",
-                details={"task": reference},
+                details={"task": shown(reference)},
             ) from None
         if task_id not in found:
             found.append(task_id)

@@ -41,6 +41,13 @@ if TYPE_CHECKING:
     from ferry.storage import TaskStore
 
 
+def resolve_task(store: TaskStore, reference: str) -> Task:
+    """:func:`ferry.app.naming.resolve` (imported here: ``run`` never names a task)."""
+    from ferry.app.naming import resolve
+
+    return resolve(store, reference)
+
+
 class Service:
     def __init__(self, session: Session) -> None:
         self.session = session
@@ -87,7 +94,7 @@ class Service:
         """``submit --from``: a line's ``after`` may name a task of the same batch by
         its line, ``"line:N"``, as well as any task queued before; the batch is written
         dependencies first, and a cycle among its lines is refused."""
-        lines = parse_from_lines(data, "stdin" if source == "<stdin>" else source)
+        lines = parse_from_lines(data, source)
         specs = []
         first_with: dict[str, int] = {}  # key -> the line of its first task
         planned = {number: new_task_id(time.time_ns(), os.urandom(4)) for number, _ in lines}
@@ -277,7 +284,7 @@ class Service:
         return tasks, total
 
     def show(self, prefix: str) -> Task:
-        return self._with_heartbeat(self.store.resolve(prefix))
+        return self._with_heartbeat(resolve_task(self.store, prefix))
 
     def wait(self, prefixes: Sequence[str], *, timeout_s: float | None) -> WaitReport:
         from ferry.app.waiting import wait
@@ -300,7 +307,7 @@ class Service:
         to settle)."""
         from ferry.app.logs import print_logs
 
-        task = self.store.resolve(prefix)
+        task = resolve_task(self.store, prefix)
         which = attempt or task.attempt
         if which > task.attempt:
             raise NotFoundError(f"task {task.id} has no attempt {which}", code="task.no_attempt")
@@ -385,7 +392,7 @@ class Service:
     # ---- acting on a task ----------------------------------------------------------
 
     def cancel(self, prefix: str) -> Task:
-        task = self.store.resolve(prefix)
+        task = resolve_task(self.store, prefix)
         for _ in range(RACE_TRIES):
             try:
                 if task.state is State.QUEUED:
@@ -414,11 +421,17 @@ class Service:
         raise InternalError(f"task {task.id} kept changing while it was being cancelled")
 
     def retry(self, prefix: str, *, force: bool) -> Task:
-        task = self.store.resolve(prefix)
+        task = resolve_task(self.store, prefix)
         if not task.terminal:
             raise RefusedError(
                 f"task {task.id} is {task.state}: only a settled task is retried",
                 code="task.not_retryable",
+                details={"task": task.id, "state": task.state.value},
+            )
+        if task.state is State.SUCCEEDED:  # (the code exit-codes.md has always named)
+            raise RefusedError(
+                f"task {task.id} SUCCEEDED: only a FAILED or CANCELLED task is retried",
+                code="task.illegal_transition",
                 details={"task": task.id, "state": task.state.value},
             )
         self._refuse_beside_a_live_orphan(task, force, "retry")
@@ -430,7 +443,7 @@ class Service:
     def resolve(self, prefix: str, *, verdict: str, force: bool) -> Task:
         """``ferry resolve``: record the operator's verdict on a FAILED or CANCELLED task
         (what it really did); its key then follows the verdict."""
-        task = self.store.resolve(prefix)
+        task = resolve_task(self.store, prefix)
         if task.state is State.SUCCEEDED or not task.terminal:
             raise RefusedError(
                 f"task {task.id} is {task.state}: only a FAILED or CANCELLED task is resolved",
@@ -463,7 +476,7 @@ class Service:
         from ferry.app.recoverer import kill_orphan
 
         sig = _parse_signal(signame)
-        return kill_orphan(self.session, self.store.resolve(prefix), sig)
+        return kill_orphan(self.session, resolve_task(self.store, prefix), sig)
 
     def gc(self, *, older_than_s: float, states: Sequence[str], dry_run: bool) -> GcReport:
         """``ferry gc``: forget settled tasks ended before the cut-off (:mod:`ferry.app.gc`)."""

@@ -163,6 +163,7 @@ class Session:
         host: str | None = None,
         reading: bool = False,
         tolerate_damage: bool = False,
+        make: bool = True,
     ) -> Session:
         """The state directory named by ``--home`` (else the environment's), made if
         missing and refused if unsafe; the database named by ``--database`` (else
@@ -170,7 +171,10 @@ class Session:
 
         ``reading``: for a command that only reads. Nothing is made, and a directory
         ferry may not write (a disk remounted read-only) is shown as it is, after one
-        notice; ``tolerate_damage``: a damaged journal is shown as far as it reads."""
+        notice; ``tolerate_damage``: a damaged journal is shown as far as it reads.
+        ``make=False``: for a command that acts on tasks that exist (``cancel 12``): a
+        missing state directory (a typo in ``--home``) holds none, so it is read as
+        empty, not made."""
         from ferry.storage.local.statedir import ensure_home, open_home_for_reading, resolve_home
 
         shared = None
@@ -180,6 +184,8 @@ class Session:
             url = database_url(database)
             shared = None if url is None else Database(url, host)
         path = resolve_home(home, os.environ)
+        if not make and shared is None and not os.path.lexists(path):
+            reading = True
         if not reading:
             return cls(ensure_home(path), reporter, database=shared)
         path, writable = open_home_for_reading(path)

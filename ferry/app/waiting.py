@@ -12,6 +12,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from ferry.app.naming import resolve as resolve_task
 from ferry.app.runner_state import with_runner_state
 from ferry.app.tally import WaitReport
 from ferry.core.model import Task
@@ -33,7 +34,7 @@ def wait(
     store = session.store
     store.refresh()
     if prefixes:
-        found = [store.resolve(prefix) for prefix in prefixes]
+        found = [resolve_task(store, prefix) for prefix in prefixes]
         tasks = list({task.id: task for task in found}.values())  # (named twice: once)
     else:
         tasks = sorted(store.live(), key=lambda task: task.submit_seq)

@@ -169,18 +169,31 @@ def register(
             tasks = svc.submit_many(from_file.read(), source=from_file.name)
         plain.submitted(ctx, tasks, many=True)
 
-    @cli.command(epilog=_example('ferry claim || echo "task failed with $?"'))
+    @cli.command(
+        epilog=_example(
+            'ferry claim || echo "task failed with $?"\n'
+            "while ferry claim --empty-exit 100; [ $? -ne 100 ]; do :; done  # one at a time"
+        )
+    )
     @_LEASE_TTL
+    @click.option(
+        "--empty-exit",
+        type=click.IntRange(0, 255),
+        default=0,
+        show_default=True,
+        metavar="N",
+        help="Exit N when the queue is empty (as flock -E), so that a loop of claims ends.",
+    )
     @click.pass_obj
-    def claim(ctx: Any, lease_ttl: float) -> int:
+    def claim(ctx: Any, lease_ttl: float, empty_exit: int) -> int:
         """Become leader briefly, recover, then run the oldest queued task in the foreground.
 
-        Empty queue: exit 0 (--json: {"task": null}).
+        Empty queue: exit 0, or --empty-exit's N (--json: {"task": null}).
         """
         ctx.runs_task = True
-        return int(
-            ctx.ran(ctx.service().claim(lease_ttl_s=lease_ttl, stdout_echo_fd=ctx.stdout_echo_fd))
-        )
+        result = ctx.service().claim(lease_ttl_s=lease_ttl, stdout_echo_fd=ctx.stdout_echo_fd)
+        status = int(ctx.ran(result))
+        return empty_exit if result is None else status
 
     @cli.command(
         epilog=_example(
@@ -472,7 +485,7 @@ def register(
         go on (exit: that one's code)."""
 
         def one(task_id: str) -> tuple[str | None, Any]:
-            task = ctx.service().cancel(task_id)
+            task = ctx.service(make=False).cancel(task_id)
             return f"{task.id} {task.state}", render.task_json(task)
 
         ids = many.targets(ctx, task_ids, state)
@@ -489,7 +502,7 @@ def register(
         """Queue FAILED or CANCELLED tasks again, each as a new attempt (same id)."""
 
         def one(task_id: str) -> tuple[str | None, Any]:
-            task = ctx.service().retry(task_id, force=force)
+            task = ctx.service(make=False).retry(task_id, force=force)
             return f"{task.id} attempt {task.attempt} QUEUED", render.task_json(task)
 
         ids = many.targets(ctx, task_ids, state)
@@ -513,7 +526,7 @@ def register(
         QUARANTINED_ORPHAN_ALIVE) is not run again until you retry or resolve that task;
         resolved as succeeded, the key is skipped like any succeeded key; as failed, the
         key runs again."""
-        task = ctx.service().resolve(task_id, verdict=verdict, force=force)
+        task = ctx.service(make=False).resolve(task_id, verdict=verdict, force=force)
         emit(ctx, f"{task.id} resolved as {verdict}", render.task_json(task))
 
     @cli.command(epilog=_example("ferry kill 01jq3 --signal KILL\nferry kill 12 13"))
@@ -530,7 +543,7 @@ def register(
         """Signal quarantined orphans' process groups, after proving each is the same process."""
 
         def one(task_id: str) -> tuple[str | None, Any]:
-            result = ctx.service().kill(task_id, signame)
+            result = ctx.service(make=False).kill(task_id, signame)
             return result.get("message"), result
 
         return many.for_each(ctx, task_ids, one, many=False)

@@ -41,17 +41,20 @@ class Ctx:
         self.session: Session | None = None
         Ctx.current = self
 
-    def service(self, *, reading: bool = False, tolerant: bool = False) -> Service:
+    def service(
+        self, *, reading: bool = False, tolerant: bool = False, make: bool = True
+    ) -> Service:
         """The use cases, over the state directory. ``reading``: the command only
         reads (it works on a directory ferry may not write, and writes nothing);
         ``tolerant``: it shows what it can of a damaged journal, and :meth:`damage`
-        then says what is damaged (the command ends with it: exit 4)."""
+        then says what is damaged (the command ends with it: exit 4); ``make=False``:
+        it acts on tasks that exist, so a missing state directory is not made."""
         from ferry.app.service import Service  # lazy: keeps `ferry --help` cheap
         from ferry.app.session import Session
 
         self.session = Session.open(self.home, self.reporter, database=self.database,
                                     host=self.host, reading=reading,
-                                    tolerate_damage=tolerant)  # fmt: skip
+                                    tolerate_damage=tolerant, make=make)  # fmt: skip
         return Service(self.session)
 
     def damage(self) -> FerryError | None:

@@ -18,7 +18,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-SECONDS_MAX = 10**9  # the click FloatRange bound of --timeout/--kill-grace/--heartbeat
+# The click FloatRange bound of --timeout/--kill-grace/--heartbeat: ten years, as
+# ferry.core.spec.SECONDS_MAX (not imported: this module exists to import little).
+SECONDS_MAX = 315_360_000
 MAX_RELEASES_MAX = 1000  # the click IntRange bound of --max-releases
 PRIORITY_MAX = 10**9  # ... of --priority (a negative one starts with "-": click's)
 RETRIES_MAX = 100  # ... of --retries

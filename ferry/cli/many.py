@@ -29,7 +29,7 @@ def targets(ctx: Any, ids: Sequence[str], state: str | None) -> list[str]:
         raise UsageError("give a task id (or several), or --state STATE", code="usage.missing_id")
     if state is None:
         return list(ids)
-    tasks, _ = ctx.service().ls(state=[state.upper()], limit=0)
+    tasks, _ = ctx.service(make=False).ls(state=[state.upper()], limit=0)
     return [task.id for task in tasks]
 
 

@@ -6,6 +6,7 @@ human text goes to stdout for listings and to stderr for notices.
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -16,7 +17,38 @@ from ferry.core.errors import FerryError
 
 
 def dumps(obj: Any) -> bytes:
-    return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)
+    try:
+        return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)
+    except TypeError:  # a str with undecodable bytes in it (a path, an argument)
+        return orjson.dumps(_readable_json(obj), option=orjson.OPT_SORT_KEYS)
+
+
+# Python's repr of an undecodable byte (argv and paths hold them as surrogate escapes),
+# not preceded by an escaped backslash: '\udcff' is shown as the byte it is, '\xff'.
+_REPR_SURROGATE = re.compile(r"(?<!\\)((?:\\\\)*)\\udc([89a-f][0-9a-f])")
+
+
+def readable(text: str) -> str:
+    """``text`` as a user can read it: the bytes that are not UTF-8 (kept as surrogate
+    escapes, raw or as Python's repr wrote them into a message) as ``\\xff``."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        try:
+            text = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        except UnicodeEncodeError:  # (a surrogate no byte stands for)
+            text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return _REPR_SURROGATE.sub(r"\1\\x\2", text) if "\\udc" in text else text
+
+
+def _readable_json(obj: Any) -> Any:
+    if isinstance(obj, str):
+        return readable(obj)
+    if isinstance(obj, Mapping):
+        return {readable(str(key)): _readable_json(value) for key, value in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_readable_json(value) for value in obj]
+    return obj
 
 
 def write_json(obj: Any) -> None:
@@ -39,11 +71,14 @@ def notice(message: str) -> None:
 
 
 def error(err: FerryError, *, as_json: bool) -> None:
-    message = " ".join(err.message.splitlines())
+    """The one error line; under --json also the error object on stdout. What the user
+    gave is echoed as its bytes (never a surrogate, never a traceback over one)."""
+    message = readable(" ".join(err.message.splitlines()))
     sys.stderr.write(f"ferry: error[{err.code}]: {message}\n")
     sys.stderr.flush()
     if as_json:
-        write_json({"error": err.to_json()})
+        shown = {**err.to_json(), "message": readable(err.message)}
+        write_json({"error": _readable_json(shown)})
 
 
 def task_json(task: Any, *, show_env_values: bool = False) -> dict[str, Any]:

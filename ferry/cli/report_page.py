@@ -88,7 +88,8 @@ h2 { font-size: 15px; margin: 22px 0 8px; }
 .row.off, tr.off { display: none; }
 .label { flex: 0 0 var(--label); padding: 0 10px; overflow: hidden; white-space: nowrap;
   text-overflow: ellipsis; font-size: 12px; }
-.label .n { color: #59636e; display: inline-block; min-width: 2.6em; margin-right: .6em; }
+.label .n { color: #59636e; display: inline-block; min-width: var(--n, 3.5ch);
+  margin-right: .6em; font-variant-numeric: tabular-nums; }
 .track { position: relative; flex: 1 1 auto; height: 100%; margin-right: 12px; }
 .bar { position: absolute; top: 5px; height: 10px; min-width: 3px; border-radius: 2px; }
 .bar.open { border-radius: 2px 0 0 2px; background-image: repeating-linear-gradient(
@@ -348,12 +349,13 @@ def _summary(
         ("First start", clock.full(first)[:19] if first else "-", None),
         ("Last end", clock.full(last)[:19] if last else "-", None),
     ]
-    timed = [(s.took_s, t) for s, t in zip(spans, tasks, strict=True) if s.took_s is not None]
+    timed = [(s.took_s, s, t) for s, t in zip(spans, tasks, strict=True) if s.took_s is not None]
     if timed:
-        took, slowest = max(timed, key=lambda pair: pair[0] or 0.0)
+        took, span, slowest = max(timed, key=lambda each: each[0] or 0.0)
         name = f"#{slowest.get('number') or '-'} {_label(slowest)}"
         name = name if len(name) <= 40 else name[:39] + "…"
-        cards.append((f"Longest: {name}", duration(took or 0.0), None))
+        so_far = " (so far)" if span.open else ""  # (still running: not its duration yet)
+        cards.append((f"Longest: {name}", duration(took or 0.0) + so_far, None))
     out = ['<dl class="summary" id="summary">']
     for title, value, state in cards:
         swatch = f'<span class="sw" style="background:{_COLOURS[state]}"></span>' if state else ""
@@ -392,7 +394,10 @@ def _timeline(
     def at(ts: float) -> float:
         return (ts - start) / span_s * 100.0
 
-    out = ['<div class="timeline">', '<div class="axis"><div class="ticks">']
+    # The number column as wide as the widest "#N" (the names then line up past #99).
+    widest = max(len(str(task.get("number") or "-")) for task in tasks) + 1
+    out = [f'<div class="timeline" style="--n:{widest + 0.5}ch">',
+           '<div class="axis"><div class="ticks">']  # fmt: skip
     out += [
         f'<span class="tick" style="left:{_pct(at(t))}">{clock.tick(t, step, span_s)}</span>'
         for t in ticks

@@ -4,7 +4,8 @@ queue without groups or priorities lists as it always did); fitted to the termin
 colour on a terminal (never with ``NO_COLOR`` set, never into a pipe or a file).
 
 Fitting: the name column is cut first (to 12 characters at least), then the reason
-column is left out (it stays in ``show`` and ``--json``). Into a pipe or a file,
+column is left out (it stays in ``show`` and ``--json``), then the id (the number names
+the task), then the start time; narrower still, each line is cut. Into a pipe or a file,
 nothing is cut unless ``COLUMNS`` says so: a script that reads the table gets it whole.
 """
 
@@ -20,7 +21,9 @@ from ferry.cli.render import duration
 from ferry.core.spec import GROUP_DEFAULT
 
 HEADER = ("#", "ID", "STATE", "REASON", "EXIT", "STARTED", "DURATION", "NAME/COMMAND")
-_REASON = HEADER.index("REASON")
+# Left out in this order when the name would get fewer than _NAME_MIN characters: the
+# reason (show has it), the id (the number names the task), the start time.
+_LEFT_OUT = ("REASON", "ID", "STARTED")
 _STATE = HEADER.index("STATE")
 _QUEUE_AT = HEADER.index("EXIT") + 1  # where GROUP and PRI go
 _NAME_MIN = 12
@@ -42,24 +45,30 @@ def table(tasks: Sequence[Any], *, now: float | None = None) -> str:
     width = _width()
     columns = list(range(len(rows[0])))
     if width is not None and _line_length(rows, columns) > width:
-        fixed = _line_length(rows, columns[:-1]) + len(_GAP)
-        if width - fixed < _NAME_MIN:
-            columns.remove(_REASON)
+        for name in _LEFT_OUT:  # (each only while the name still gets too little room)
+            if width - _line_length(rows, columns[:-1]) - len(_GAP) >= _NAME_MIN:
+                break
+            columns.remove(rows[0].index(name))
     widths = {i: max(len(row[i]) for row in rows) for i in columns}
     if width is not None:
         fixed = sum(widths[i] + len(_GAP) for i in columns[:-1])
-        widths[columns[-1]] = max(_NAME_MIN, width - fixed)
+        shown = {rows[0][i] for i in columns}
+        least = _NAME_MIN if shown & set(_LEFT_OUT) else 4  # (none left to give way)
+        widths[columns[-1]] = max(least, width - fixed)
+    state_at = sum(widths[i] + len(_GAP) for i in columns[: columns.index(_STATE)])
     colour = _colour_wanted()
     lines = []
     for n, row in enumerate(rows):
-        cells = []
-        for i in columns[:-1]:
-            cell = row[i].ljust(widths[i])
-            if colour and n > 0 and i == _STATE and row[i] in _COLOURS:
-                cell = f"\x1b[{_COLOURS[row[i]]}m{row[i]}\x1b[0m" + cell[len(row[i]) :]
-            cells.append(cell)
+        cells = [row[i].ljust(widths[i]) for i in columns[:-1]]
         cells.append(_cut(row[-1], widths[columns[-1]]))
-        lines.append(_GAP.join(cells).rstrip())
+        line = _GAP.join(cells).rstrip()
+        if width is not None and len(line) > width:
+            line = line[:width].rstrip()  # (narrower than the fewest columns: as ps cuts)
+        state = row[_STATE]
+        if colour and n > 0 and state in _COLOURS and len(line) >= state_at + len(state):
+            coloured = f"\x1b[{_COLOURS[state]}m{state}\x1b[0m"
+            line = line[:state_at] + coloured + line[state_at + len(state) :]
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -101,8 +110,8 @@ def _width() -> int | None:
     if columns.isdigit() and int(columns) > 0:
         return int(columns)
     try:
-        if sys.stdout.isatty():
-            return os.get_terminal_size(sys.stdout.fileno()).columns
+        if sys.stdout.isatty():  # (0: a terminal whose size nobody set: not known)
+            return os.get_terminal_size(sys.stdout.fileno()).columns or None
     except (OSError, ValueError):
         pass
     return None

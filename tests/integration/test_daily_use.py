@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+import subprocess
 from typing import Any
 
 import pytest
@@ -116,3 +118,122 @@ def test_task_numbers_and_last_name_tasks_and_survive_compaction(ferry: Ferry) -
     assert ferry.task("last")["id"] == fifth and ferry.task("5")["id"] == fifth
     ferry.refused(5, "task.not_found", "show", "6")
     assert ferry.ok("ls").out.decode().splitlines()[1].split()[0] == "1"
+
+
+# ---- the audit of issue 17: what still stumbled ---------------------------------------
+
+NOT_UTF8 = b"\xff"
+
+
+@pytest.mark.parametrize(
+    ("args", "exit_code", "code"),
+    [
+        ((b"submit", b"--after", NOT_UTF8, b"--", b"true"), 5, "task.unknown_dependency"),
+        ((b"submit", b"--name", NOT_UTF8, b"--", b"true"), 2, "usage.bad_name"),
+        ((b"submit", b"--key", NOT_UTF8, b"--", b"true"), 2, "usage.bad_key"),
+        ((b"submit", b"--env", NOT_UTF8, b"--", b"true"), 2, "usage.bad_env"),
+        ((b"submit", b"--log-max", NOT_UTF8, b"--", b"true"), 2, "usage.bad_size"),
+        ((b"submit", b"--group", NOT_UTF8, b"--", b"true"), 2, "usage.bad_group"),
+        ((b"gc", b"--older-than", NOT_UTF8), 2, "usage.bad_duration"),
+        ((b"ls", b"--state", NOT_UTF8), 2, "usage.invalid"),
+    ],
+    ids=lambda value: value if isinstance(value, str) else None,
+)
+def test_input_that_is_not_utf8_is_echoed_as_its_bytes_and_never_a_traceback(
+    ferry: Ferry, args: tuple[bytes, ...], exit_code: int, code: str
+) -> None:
+    """``show $'\\xff'`` echoed ``\\udcff``: so did every other message, and under --json
+    the error object could not even be written (a traceback, exit 1)."""
+    result = ferry.refused(exit_code, code, *args)
+    assert "\\xff" in result.err and "udc" not in result.err, result.err
+    result = ferry.refused(exit_code, code, b"--json", *args)
+    error = result.json()["error"]
+    assert error["code"] == code and "udc" not in result.text, result.text
+    assert ferry.tasks() == []
+
+
+def test_a_report_written_to_a_path_that_is_not_utf8_says_so_in_json(
+    ferry: Ferry, tmp_path: Any
+) -> None:
+    page = bytes(tmp_path) + b"/report-\xff.html"
+    written = ferry.ok(b"--json", b"report", b"--html", page).json()
+    assert written["path"].endswith("report-\\xff.html") and written["tasks"] == 0
+
+
+def test_an_after_that_names_no_task_is_echoed_briefly(ferry: Ferry) -> None:
+    result = ferry.refused(5, "task.unknown_dependency", "submit", "--after", "a" * 100_000,
+                           "--", "true")  # fmt: skip
+    assert len(result.err) < 300, len(result.err)
+
+
+def test_from_errors_speak_json_and_name_the_line_the_same_way(ferry: Ferry) -> None:
+    cases = [
+        (b'{"argv": ["true"], "env": {"A": null}}\n', "usage.bad_env", "null"),
+        (b'{"argv": ["true"], "priority": 1.5}\n', "usage.bad_from_line", "an integer"),
+        (b'{"argv": ["true"], "max_releases": 2.5}\n', "usage.bad_from_line", "an integer"),
+        (b"\n\nnot json\n", "usage.bad_from_line", "not JSON"),
+        (b'{"argv": ["true"]}\n\n[1]\n', "usage.bad_from_line", "a JSON object"),
+        (b'{"argv": ["true"], "bogus": 1}\n', "usage.bad_from_line", "bogus"),
+    ]
+    for lines, code, says in cases:
+        line = len(lines.rstrip(b"\n").split(b"\n"))
+        result = ferry.refused(2, code, "submit", "--from", "-", stdin=lines)
+        assert f": error[{code}]: line {line} of <stdin>: " in result.err, result.err
+        assert says in result.err, result.err
+        assert "None" not in result.err and "not a number" not in result.err, result.err
+        assert "--env" not in result.err, result.err  # (a --from line has no options)
+    assert ferry.tasks() == []
+
+
+def test_retry_of_a_task_that_succeeded_says_so_in_words(ferry: Ferry) -> None:
+    ferry.ok("run", "--", "true")
+    result = ferry.refused(1, "task.illegal_transition", "retry", "last")
+    assert "SUCCEEDED" in result.err and "->" not in result.err, result.err
+
+
+def test_a_name_is_not_an_id_and_the_error_says_which_task_has_it(ferry: Ferry) -> None:
+    ferry.ok("submit", "--", "true")
+    ferry.ok("submit", "--name", "item-3", "--", "true")
+    result = ferry.refused(5, "task.not_found", "show", "item-3")
+    assert "task #2 is named so" in result.err and "give the number" in result.err, result.err
+    ferry.ok("submit", "--name", "item-3", "--", "true")
+    result = ferry.refused(5, "task.not_found", "logs", "item-3")
+    assert "tasks #2, #3 are named so" in result.err, result.err
+    result = ferry.refused(5, "task.not_found", "cancel", "item-4")
+    assert "#" not in result.err, result.err  # (no task has that name: nothing to add)
+
+
+def test_claim_on_an_empty_queue_can_exit_as_told_so_a_loop_ends(ferry: Ferry) -> None:
+    """``while ferry claim; do :; done`` spun for ever on an empty queue (exit 0, as the
+    contract says for cron). ``--empty-exit N`` (flock's ``-E``) makes it N."""
+    assert ferry("claim").code == 0
+    assert ferry("claim", "--empty-exit", "3").code == 3
+    assert ferry.ok("--json", "claim", "--empty-exit", "3", codes=(3,)).json() == {"task": None}
+    for argv in (["true"], ["false"]):
+        ferry.ok("submit", "--", *argv)
+    loop = (
+        f'ferry() {{ {shlex.join(ferry.command)} "$@"; }}; n=0; '
+        "while ferry claim --empty-exit 100; [ $? -ne 100 ]; do n=$((n+1)); done; echo $n"
+    )
+    result = subprocess.run(["/bin/sh", "-c", loop], env=ferry.env, capture_output=True,
+                            timeout=60, check=False)  # fmt: skip
+    assert result.stdout == b"2\n", result
+    assert [t["state"] for t in ferry.tasks()] == ["SUCCEEDED", "FAILED"]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("cancel", "1"), ("retry", "1"), ("kill", "1"), ("resolve", "1", "--as", "failed"),
+     ("cancel", "1", "2"), ("cancel", "--state", "QUEUED"), ("retry", "--state", "FAILED")],
+    ids=" ".join,
+)  # fmt: skip
+def test_acting_on_tasks_of_a_home_that_is_not_there_makes_no_home(
+    ferry: Ferry, tmp_path: Any, args: tuple[str, ...]
+) -> None:
+    """``--home`` with a typo made the whole state directory, for ls (fixed before)
+    and still for cancel, retry, kill and resolve: commands whose tasks cannot be in a
+    directory that does not exist."""
+    typo = tmp_path / "ferry-hmoe"
+    result = ferry("--home", str(typo), *args)
+    assert result.code == (0 if "--state" in args else 5), result
+    assert not typo.exists()

@@ -85,3 +85,17 @@ def test_states_in_colour_on_a_terminal_only_and_never_with_no_color(ferry: Ferr
     assert b"\x1b[" not in on_a_terminal(ferry, "ls")
     del ferry.env["NO_COLOR"]
     assert b"\x1b[" not in ferry.ok("ls").out  # a pipe
+
+
+@pytest.mark.parametrize("columns", [70, 60, 50, 40, 20])
+def test_a_narrow_terminal_gets_a_table_that_still_fits(ferry: Ferry, columns: int) -> None:
+    """Below ~80 columns the reason, then the id (the number names the task), then the
+    start time give way; below what is left, each line is cut (as ps does)."""
+    settled_tasks(ferry)
+    ferry.env["COLUMNS"] = str(columns)
+    lines = ferry.ok("ls").out.decode().splitlines()
+    assert len(lines) == 3 and max(len(line) for line in lines) <= columns, lines
+    header = lines[0].split()
+    assert header[:2] == ["#", "STATE"] and "ID" not in header, header
+    if columns >= 50:
+        assert header[-1] == "NAME/COMMAND" and lines[2].split()[:3] == ["2", "FAILED", "1"]

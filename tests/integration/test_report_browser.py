@@ -5,7 +5,8 @@ Marked ``browser`` and run by ``tox -e browser`` only (the default CI does not i
 browser); skipped, saying why, when no Chromium is found ($FERRY_TEST_CHROMIUM, else
 ``chromium``, ``chromium-browser``, ``google-chrome`` on PATH; Debian: ``apt-get install
 chromium``). The screenshot and the page are kept in ``.artifacts/`` at the top of the
-repository (``report.png``, ``report.html``; gitignored) for a person to look at.
+repository (``report.png``, ``report.html``; for a batch of 200, ``report-200.png``,
+``report-200.html``; gitignored) for a person to look at.
 """
 
 from __future__ import annotations
@@ -147,3 +148,70 @@ def test_the_report_renders_one_bar_per_task_in_chromium(ferry: Ferry, tmp_path:
     assert png_size(shot) == WINDOW
     shutil.copyfile(page, ARTIFACTS / "report.html")
     print(f"screenshot: {shot}\npage: {ARTIFACTS / 'report.html'}")
+
+
+def make_two_hundred_tasks(ferry: Ferry) -> subprocess.Popen[bytes]:
+    """200 tasks as a batch leaves them: 185 run by a drain (about one in nine failing,
+    one in 23 killed by a signal, ten cancelled while queued), then ten long ones
+    running under a worker (returned: stop it) and five queued behind them."""
+    lines = []
+    for n in range(185):
+        pause = ("0", "0.05", "0.1", "0.2")[n % 4]
+        if n % 9 == 4:
+            lines.append(f"sleep {pause}; echo step {n} failed >&2; exit {1 + n % 5}")
+        elif n % 23 == 7:
+            lines.append(f"sleep {pause}; kill -9 $$")
+        else:
+            lines.append(f"sleep {pause} && echo step {n}")
+    ferry.ok("submit", "--lines", "-", stdin="\n".join(lines).encode())
+    ferry.ok("cancel", *(str(number) for number in range(10, 186, 18)))
+    ferry.ok("work", "-j", "4", "--drain", codes=(1,))
+    long_jobs = b"".join(b'{"name": "long job %d", "argv": ["sleep", "120"]}\n' % n
+                         for n in range(1, 11))  # fmt: skip
+    ferry.ok("submit", "--from", "-", stdin=long_jobs)
+    worker = ferry.start("work", "-j", "10", "--poll", "0.05")
+    wait_until(
+        lambda: sum(t["state"] == "RUNNING" for t in ferry.tasks()) == 10,
+        what="the ten long jobs to run",
+    )
+    queued = b"".join(b'{"name": "queued %d", "argv": ["true"]}\n' % n for n in range(1, 6))
+    ferry.ok("submit", "--from", "-", stdin=queued)
+    states = [t["state"] for t in ferry.tasks()]
+    assert len(states) == 200 and states.count("RUNNING") == 10 and states.count("QUEUED") == 5
+    return worker
+
+
+def test_two_hundred_tasks_render_one_bar_each(ferry: Ferry, tmp_path: Path) -> None:
+    """What a batch's report looks like: the screenshot is kept as
+    ``.artifacts/report-200.png`` (the first 2,000 pixels: the summary and about 85 rows)."""
+    binary = chromium()
+    if binary is None:
+        pytest.skip("no Chromium found (set FERRY_TEST_CHROMIUM, or apt-get install chromium)")
+    worker = make_two_hundred_tasks(ferry)
+    page = tmp_path / "report.html"
+    try:
+        ferry.ok("report", "--html", str(page))
+    finally:  # the long jobs end, then the worker, which would claim the queued ones
+        ferry.ok("cancel", "--state", "RUNNING")
+        wait_until(lambda: not ferry.json("ls", "--state", "running"), what="the cancels")
+        worker.terminate()
+        worker.communicate(timeout=60)
+    url = page.resolve().as_uri()
+    profile = tmp_path / "chromium-profile"
+    dumped = run_browser(binary, profile, "--dump-dom", url)
+    assert dumped.returncode == 0, dumped.stderr.decode(errors="replace")
+    dom = Dom(dumped.stdout.decode())
+    assert dom.body.get("data-ready") == "200", dom.body
+    assert dom.rows == 200 and dom.bars == 200 and dom.shown == "200 of 200 shown"
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "report-200.png"
+    shot.unlink(missing_ok=True)
+    taken = run_browser(
+        binary, profile, f"--screenshot={shot}", "--window-size=1400,2000", "--hide-scrollbars",
+        url,
+    )  # fmt: skip
+    assert taken.returncode == 0 and shot.exists(), taken.stderr.decode(errors="replace")
+    assert png_size(shot) == (1400, 2000)
+    shutil.copyfile(page, ARTIFACTS / "report-200.html")
+    print(f"screenshot: {shot}\npage: {ARTIFACTS / 'report-200.html'}")

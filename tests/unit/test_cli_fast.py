@@ -92,6 +92,8 @@ LEFT_TO_CLICK = [
     ["--version"],
     ["run", "--timeout", "abc", "--", "x"],
     ["run", "--timeout", "0", "--", "x"],
+    ["run", "--timeout", "320000000", "--", "x"],  # (over ten years: click's bound)
+    ["submit", "--kill-grace", "1000000000", "--", "x"],
     ["run", "--max-releases", "1001", "--", "x"],
     ["run", "--patch-file", "p.diff", "--pointer", "a", "--", "x"],
     ["run", "--name", "a", "--name", "b", "--", "x"],
@@ -113,6 +115,13 @@ LEFT_TO_CLICK = [
 ]
 
 
+def test_the_fast_path_knows_the_seconds_bound_click_has() -> None:
+    from ferry.cli import fast
+    from ferry.core import spec
+
+    assert fast.SECONDS_MAX == spec.SECONDS_MAX
+
+
 @pytest.mark.parametrize("args", LEFT_TO_CLICK, ids=lambda a: " ".join(a) or "(none)")
 def test_doubtful_lines_are_left_to_click(args: list[str]) -> None:
     assert fast_parse(args) is None
@@ -127,7 +136,7 @@ OPTION_NAMES = ["--name", "--key", "--cwd", "--timeout", "--kill-grace", "--hear
                 "--retry-delay", "--from", "--lines", "--state", "--limit",
                 "--show-env"]  # fmt: skip
 VALUES = ["", "0", "1", "1.5", "1.", ".5", "-1", "1e3", "inf", "nan", "1000", "1001",
-          "1000000000", "1000000001", "abc", "K=V", "=x", "-x", "--", "1_0", " 2", "0.0",
+          "1000000000", "1000000001", "315360000", "315360001", "abc", "K=V", "=x", "-x", "--", "1_0", " 2", "0.0",
           "٣", "1.٣", "-", "true", "64K", "1M", "failed", "QUEUED", "Stale", "\u017ftale",
           "last", "01jq3"]  # fmt: skip
 OPTION = st.one_of(

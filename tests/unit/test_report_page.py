@@ -227,3 +227,22 @@ def test_active_since_keeps_what_was_not_settled_before() -> None:
     no_end = _Task(0.0, None, None, True)  # settled, no end time: its creation counts
     kept = active_since([old, spans, later, running, queued, no_end], 10.0)  # type: ignore[list-item]
     assert kept == [spans, later, running, queued]
+
+
+def test_the_longest_task_still_running_is_said_to_be_so_far() -> None:
+    page = build(
+        [
+            task(1, "SUCCEEDED", started=0.0, ended=30.0),
+            task(2, "RUNNING", started=10.0, name="long job"),  # 90 s by now
+        ],
+        now=100.0,
+    )
+    assert "Longest: #2 long job</dt><dd>1m30s (so far)</dd>" in page
+
+
+def test_the_number_column_holds_the_widest_number() -> None:
+    """Past #99 the names moved right by a digit's width, row by row (seen in the
+    screenshot of 200 tasks): the column is now as wide as the widest "#N"."""
+    page = build([task(n, "SUCCEEDED", started=0.0, ended=1.0) for n in (1, 99, 200)])
+    assert '<div class="timeline" style="--n:4.5ch">' in page
+    assert "min-width: var(--n" in page and "tabular-nums" in page
