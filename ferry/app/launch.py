@@ -116,7 +116,6 @@ class Launch:
         self.ended: dict[str, Any] | None = None  # its "ended" message, until written
         self.stop_sent = False
         self.claimed = False  # its claim is in the journal
-        self.claiming = False  # (work) it has a slot: its claim goes in the next write
         self.exit_status: int | None = None
 
     def assign(self, task: Task, token: str) -> None:

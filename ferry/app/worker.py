@@ -8,10 +8,8 @@ stays held there for ever).
 
 A supervisor whose task's end is durable waits for another task: forking costs 4 to
 8 ms on the machines measured, more than most of a short task's life, so the loop keeps
-its supervisors, up to two per slot: while a slot's task runs, the next task in the
-queue is given to its spare to plan ahead (nothing is written for it; see
-``_plan_ahead``), so that when the task ends, that claim goes into the same write as
-the end without waiting for a plan.
+its supervisors (up to two per slot: while one's end is being written, the next task's
+claim goes to a spare, in the same write).
 
 One loop turn: take in what the supervisors said; renew the lease; recover other
 runners' tasks every ``RECOVER_EVERY_S``; catch up on the journal every ``poll_s`` (new
@@ -218,7 +216,6 @@ class Worker:
                 wake_at = min(next_recover, next_poll, self.lead.renew_at)
                 self._take_in(self._sleep(wake_at - time.monotonic()))
         finally:
-            self._drop_unclaimed()  # (planned ahead, or not yet claimed: nothing started)
             for launch in self.supervisors:
                 launch.release()  # idle: they exit; holding a task: they carry on alone
             for launch in self.supervisors:
@@ -254,7 +251,7 @@ class Worker:
                 launch.stop(signal.SIGTERM)
 
     def _finished(self) -> bool:
-        if any(_has_slot(launch) for launch in self.launches.values()):
+        if self.launches:
             return False
         if self.closing:
             return True
@@ -422,100 +419,58 @@ class Worker:
 
     def _fill_slots(self) -> None:
         """Give each free slot a task (a slot whose task ended is free, even before its
-        end is written: the next claim goes in the same write): one planned ahead if it
-        is still among the next in the queue, or else a new one, to an idle supervisor
-        (or a new one). Then plan ahead for the running tasks (see :meth:`_plan_ahead`)."""
+        end is written: the next claim goes in the same write), to an idle supervisor
+        or, failing one, a new one."""
         if self.closing:
             return
         held = self.launches
         if self.halt and any(_ends_failed(launch) for launch in held.values()):
             return  # (--halt: a claim now would share the failure's write; see the module)
-        busy = sum(1 for launch in held.values() if _has_slot(launch) and launch.ended is None)
+        busy = sum(1 for launch in held.values() if launch.ended is None)
         free = self.jobs - busy - len(self.survivors)
-        if free > 0:
-            self._claim_into(free, held)
-        self._plan_ahead(self.launches)
-
-    def _claim_into(self, free: int, held: dict[str, Launch]) -> None:
-        claiming = [task_id for task_id, launch in held.items() if launch.claiming]
+        if free <= 0:
+            return
+        # Per group, the places our supervisors hold beyond what the journal says is in
+        # flight: a task given out, not yet claimed (+1); a task ended, its end not yet
+        # written (-1: that end goes first in the write that claims the next one).
+        extra: dict[str, int] = {}
+        for launch in held.values():
+            change = 0 if launch.claimed else 1
+            if launch.claimed and launch.ended is not None:
+                change = -1
+            group = launch.task.spec.group
+            extra[group] = extra.get(group, 0) + change
+        unclaimed = [task_id for task_id, launch in held.items() if not launch.claimed]
         try:
-            candidates = self.store.queued(free, skip=claiming, extra=_places(held))
+            candidates = self.store.queued(free, skip=unclaimed, extra=extra)
         except DatabaseUnavailableError as error:
             self._unreachable(error)
             return
-        picked = {task.id for task in candidates[:free]}
-        for task in candidates[:free]:
-            launch = held.get(task.id)
-            if launch is None:
-                launch = self._supervisor_for(held, keep=picked)
-                if launch is None:
-                    break  # (every spare is still busy with an end: next turn)
-                _give(launch, task)
-            launch.claiming = True
-
-    def _plan_ahead(self, held: dict[str, Launch]) -> None:
-        """For each running task, the next task in the queue is given to a spare
-        supervisor now, to plan while it runs: when the slot frees, its claim goes into
-        the write of the end at once, without waiting for a plan (the wait of a turn:
-        about half of what a short task costs the loop). Nothing is written for it: it
-        is still QUEUED, and at the claim it must still be among the next in the queue
-        (:meth:`_claim_into`), so a task submitted meanwhile with a higher priority goes
-        first; a cancel or another claim meanwhile refuses its claim under the lock.
-        Tasks with pinned inputs are not planned ahead (their check must be fresh)."""
-        running = sum(1 for launch in held.values() if launch.claimed and launch.ended is None)
-        ahead = [launch for launch in held.values() if not _has_slot(launch)]
-        want = min(running, self.jobs) - len(ahead)
-        if want <= 0:
-            return
-        places: dict[str, int] = {}  # (as the queue will be when the running tasks end)
-        for launch in held.values():
-            if _has_slot(launch):
-                group = launch.task.spec.group
-                places[group] = places.get(group, 0) + (1 if launch.claiming else -1)
-        try:
-            candidates = self.store.queued(want, skip=list(held), extra=places)
-        except (FerryError, OSError):
-            return  # (only an optimisation: the claim picks again)
         for task in candidates:
-            if task.spec.pointers:
+            if free == 0:
+                break
+            if task.id in held:
                 continue
-            spare = self._supervisor_for(held)
-            if spare is None:
-                return
-            _give(spare, task)
-
-    def _supervisor_for(
-        self, held: dict[str, Launch], *, keep: set[str] | None = None
-    ) -> Launch | None:
-        """An idle supervisor; a new one if the pool has room; or else (``keep``: the
-        tasks to claim now) one that planned ahead a task no longer among the next (it
-        drops it: nothing was written for it)."""
-        idle = next((s for s in self.supervisors if s.idle and not s.gone), None)
-        if idle is not None:
-            return idle
-        if len(self.supervisors) < 2 * self.jobs:
-            launch = Launch(self.session.home, self.environ)
-            self.supervisors.append(launch)
-            return launch
-        if keep is None:
-            return None
-        for task_id, launch in held.items():
-            if not _has_slot(launch) and task_id not in keep and not launch.gone:
-                launch.abort()
-                launch.forget()
-                return launch
-        return None
+            idle = next((s for s in self.supervisors if s.idle and not s.gone), None)
+            if idle is None:
+                if len(self.supervisors) >= 2 * self.jobs:
+                    break  # (every spare is still busy with an end: next turn)
+                idle = Launch(self.session.home, self.environ)
+                self.supervisors.append(idle)
+            token = new_claim_token(os.urandom(10))
+            claimed = Task(**{**task.__dict__, "state": State.CLAIMED, "claim_token": token})
+            idle.assign(claimed, token)
+            free -= 1
 
     def _await_plans(self) -> None:
-        """Wait (briefly) for the plans of the tasks just given a slot, those without
+        """Wait (briefly) for the plans of the tasks just given out, those without
         pinned inputs: planning them is building an environment, and their claims can
         then share this turn's write with the ends that freed their slots. (A task with
         pinned inputs is hashed again first, which may take long: an end does not wait
         for that.)"""
         waiting = [
             launch for launch in self.launches.values()
-            if launch.claiming and launch.plan is None and not launch.gone
-            and not launch.task.spec.pointers
+            if launch.plan is None and not launch.gone and not launch.task.spec.pointers
         ]  # fmt: skip
         deadline = time.monotonic() + PLAN_WAIT_S
         while waiting and time.monotonic() < deadline:
@@ -584,7 +539,7 @@ class Worker:
             if launch.gone and launch.ended is None:
                 continue
             plan = launch.plan
-            if plan is not None and launch.claiming:
+            if plan is not None and not launch.claimed:
                 if plan["record"] is None or closing:
                     continue  # (its plan failed: _write halts; closing: dropped)
                 runner = launch.identity.to_json()
@@ -697,7 +652,7 @@ class Worker:
                 launch.abort()
                 launch.forget()
                 return
-            launch.claimed, launch.claiming = True, False
+            launch.claimed = True
             plan_record = launch.plan_record
             if plan_record is not None and plan_record[0] == "SETTLED":
                 task_id, attempt = launch.task.id, launch.task.attempt
@@ -753,32 +708,6 @@ class Worker:
         self.halted = True
         if fail and error is not None:
             self.failures.append(error)
-
-
-def _give(launch: Launch, task: Task) -> None:
-    """Give ``task`` to the supervisor, to plan, with a new claim token."""
-    token = new_claim_token(os.urandom(10))
-    launch.assign(Task(**{**task.__dict__, "state": State.CLAIMED, "claim_token": token}), token)
-
-
-def _has_slot(launch: Launch) -> bool:
-    """It holds one of the ``jobs`` slots: its task is claimed, or its claim goes in the
-    next write (not a task only planned ahead)."""
-    return launch.claimed or launch.claiming
-
-
-def _places(held: dict[str, Launch]) -> dict[str, int]:
-    """Per group, the places our supervisors take beyond what the journal says is in
-    flight: a claim in the next write (+1); a task ended, its end not yet written (-1:
-    that end goes first in the write that claims the next one)."""
-    places: dict[str, int] = {}
-    for launch in held.values():
-        change = 1 if launch.claiming else 0
-        if launch.claimed and launch.ended is not None:
-            change = -1
-        group = launch.task.spec.group
-        places[group] = places.get(group, 0) + change
-    return places
 
 
 def _ends_failed(launch: Launch) -> bool:

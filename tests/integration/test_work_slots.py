@@ -16,7 +16,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from clikit import Ferry, finish, wait_until
+from clikit import Ferry, wait_until
 from crashkit import counting_task, runs, wait_task_gone
 from hardkit import holds_open_below, slow_to_hash
 
@@ -200,83 +200,3 @@ def test_a_task_s_end_is_not_held_back_while_the_next_one_s_inputs_are_hashed(
         worker.wait(timeout=30)
     assert runs(tmp_path / "a") == 1
     assert states(ferry)[first] == "SUCCEEDED", "the end known before the hashing is durable"
-
-
-def _gated(ferry: Ferry, mark: Path, gate: Path, *options: str) -> str:
-    """A task that records its start in ``mark`` and ends once ``gate`` exists."""
-    waits = f'; while [ ! -e "{gate}" ]; do sleep 0.02; done'
-    argv = counting_task(mark, linger=waits)
-    return str(orjson.loads(ferry.ok("--json", "submit", *options, "--", *argv).text)["id"])
-
-
-def _planning_ahead(proc: subprocess.Popen[bytes]) -> None:
-    """``work -j 1`` with its task running has forked a second supervisor: the one that
-    plans the next task ahead (nothing else forks one while the slot is taken)."""
-    from hardkit import children
-
-    wait_until(lambda: len(children(proc.pid)) == 2, what="a supervisor planning ahead")
-
-
-def _start_order(*marks: Path) -> list[str]:
-    """The marks in the order their tasks started (each records its start time)."""
-    return [m.name for m in sorted(marks, key=lambda m: m.stat().st_mtime_ns)]
-
-
-def test_a_task_planned_ahead_yields_to_a_higher_priority_one_submitted_meanwhile(
-    ferry: Ferry, tmp_path: Path
-) -> None:
-    """The next task is given to a spare supervisor while the slot's task runs, but it
-    is claimed only if it is still the next in the queue when the slot frees."""
-    gate = tmp_path / "gate"
-    running = _gated(ferry, tmp_path / "a", gate)
-    ahead = submit(ferry, tmp_path / "b")
-    proc = ferry.start("work", "-j", "1", "--drain", "--poll", "0.05")
-    wait_until(lambda: runs(tmp_path / "a") == 1, what="the first task to start")
-    _planning_ahead(proc)
-    urgent = orjson.loads(
-        ferry.ok("--json", "submit", "--priority", "5", "--", *counting_task(tmp_path / "c")).text
-    )["id"]
-    gate.touch()
-    assert finish(proc)[0] == 0
-    assert states(ferry) == dict.fromkeys([running, ahead, urgent], "SUCCEEDED")
-    assert _start_order(tmp_path / "b", tmp_path / "c") == ["c", "b"]
-    ferry.verify_clean()
-
-
-def test_a_task_cancelled_while_planned_ahead_never_runs(ferry: Ferry, tmp_path: Path) -> None:
-    gate = tmp_path / "gate"
-    running = _gated(ferry, tmp_path / "a", gate)
-    ahead = submit(ferry, tmp_path / "b")
-    proc = ferry.start("work", "-j", "1", "--drain", "--poll", "0.05")
-    wait_until(lambda: runs(tmp_path / "a") == 1, what="the first task to start")
-    _planning_ahead(proc)
-    ferry.ok("cancel", ahead)
-    last = submit(ferry, tmp_path / "c")
-    gate.touch()
-    assert finish(proc)[0] == 0
-    assert states(ferry) == {running: "SUCCEEDED", ahead: "CANCELLED", last: "SUCCEEDED"}
-    assert (runs(tmp_path / "b"), runs(tmp_path / "c")) == (0, 1)
-    ferry.verify_clean()
-
-
-def test_a_task_planned_ahead_is_let_go_when_work_stops(ferry: Ferry, tmp_path: Path) -> None:
-    """SIGTERM: the running task finishes; the one planned ahead was never claimed and
-    stays queued, and no supervisor outlives the worker."""
-    from hardkit import children
-
-    gate = tmp_path / "gate"
-    running = _gated(ferry, tmp_path / "a", gate)
-    ahead = submit(ferry, tmp_path / "b")
-    proc = ferry.start("work", "-j", "1", "--poll", "0.05")
-    wait_until(lambda: runs(tmp_path / "a") == 1, what="the first task to start")
-    _planning_ahead(proc)
-    supervisors = children(proc.pid)
-    proc.send_signal(signal.SIGTERM)
-    read_until(proc, "stopping: no new tasks")
-    gate.touch()
-    assert proc.wait(timeout=60) == 0
-    assert states(ferry) == {running: "SUCCEEDED", ahead: "QUEUED"}
-    assert runs(tmp_path / "b") == 0
-    wait_until(lambda: not any(os.path.exists(f"/proc/{pid}") for pid in supervisors),
-               what="the supervisors to exit")  # fmt: skip
-    ferry.verify_clean()
