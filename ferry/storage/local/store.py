@@ -11,7 +11,9 @@ written. A late runner whose claim recovery already decided is refused here
 Snapshots (``compact``) keep start-up cost following live work, not history: the
 journal snapshot holds live tasks and the small indexes; settled tasks go to a separate
 archive file (``archive/settled-<seq>-<random>.jsonl``) that is read only when a command needs
-history (``ls``, ``show`` of an old task, a key lookup).
+history, with an index beside it (``archive/index-<seq>-<random>.idx``,
+``archive_index``) so that ``ls --limit N`` and ``show`` of an old task read a few
+lines of it, not all (``history``).
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ from ferry.core.model import Reason, Task
 from ferry.core.state import States, Table
 from ferry.failpoints import failpoint
 from ferry.proc import alivelock
+from ferry.storage.local.archive_index import INDEX_PREFIX, build_index, index_name, order_key
+from ferry.storage.local.history import ArchiveHistory
 from ferry.storage.local.statedir import fsync_dir, make_dir_durable, private_open, write_atomic
 
 # Compact once this many records follow the last snapshot. Every command folds them
@@ -502,11 +506,20 @@ class Store:
                 delta = newly_settled = self.table.settled_since(prev_seq)
                 # Tasks forgotten (ferry gc) may be in the archives: they are rewritten
                 # without them, as a merge does, so that the snapshot need not name them.
-                merge = len(archives) >= ARCHIVES_MAX or self.table.forgotten_pending
+                # So are archives without an index, or a table that cannot count its
+                # settled tasks without loading them (written before indexes, or by
+                # such a ferry since): once, and ls and show read a few lines again.
+                merge = (
+                    len(archives) >= ARCHIVES_MAX
+                    or self.table.forgotten_pending
+                    or "settled_counts" not in data
+                    or not _all_indexed(directory, archives)
+                )
                 forgotten: list[str] = []
                 if merge:
                     delta, archives = self.table.to_snapshot()["settled"], []
                     data.pop("forgotten", None)
+                    data["settled_counts"] = self.table.settled_counts()
                     forgotten = self.table.forgotten_ids(seq)
             if delta:
                 archives.append(_write_archive(directory, seq, delta))
@@ -523,10 +536,9 @@ class Store:
                     self.table.forget_done(seq)
             removed = self.wal.compact()
             if previous is not None:
-                keep = {a["name"] for a in archives}
-                keep.update(
-                    a["name"] for a in orjson.loads(previous.data).get("settled_archives", [])
-                )
+                named = [*archives, *orjson.loads(previous.data).get("settled_archives", [])]
+                keep = {a["name"] for a in named}
+                keep.update(a["index"] for a in named if isinstance(a.get("index"), str))
                 _prune_archives(directory, keep)
             _prune_heartbeats(self.home, newly_settled)
         except journal.JournalError as error:
@@ -594,10 +606,11 @@ _HISTORY_TRIES = 5
 
 
 def _parse_snapshot(blob: bytes) -> tuple[dict[str, Any], ArchiveRefs]:
-    """The table part of a snapshot and the archives it names."""
+    """The table part of a snapshot and the archives it names (the snapshot's own
+    entries for them stay in ``data["settled_archives"]``)."""
     try:
         data = orjson.loads(blob)
-        archives = data.pop("settled_archives", [])
+        archives = data.get("settled_archives", [])
         return data, [(str(ref["name"]), str(ref["sha256"])) for ref in archives]
     except _SNAPSHOT_DECODE_ERRORS as error:
         raise _undecodable_snapshot(error) from error
@@ -676,8 +689,13 @@ def _table_from(
     def load_settled(table_seq: int) -> Iterable[Mapping[str, Any]] | Table:
         return _load_history(home, refs, table_seq, on_damaged)
 
+    history = None
+    if refs:
+        history = ArchiveHistory.of(home / "archive", data.pop("settled_archives"))
     try:
-        return Table.from_snapshot(data, load_settled=load_settled if refs else None)
+        return Table.from_snapshot(
+            data, load_settled=load_settled if refs else None, history=history
+        )
     except _SNAPSHOT_DECODE_ERRORS as error:
         raise _undecodable_snapshot(error) from error
 
@@ -759,23 +777,39 @@ def check_table(table: Table) -> None:
 def _write_archive(
     directory: Path, seq: int, records: Sequence[Mapping[str, Any]]
 ) -> dict[str, Any]:
-    """Settled tasks as JSON Lines, written atomically BEFORE the snapshot naming them:
-    a crash in between leaves an unreferenced file (pruned later), never a snapshot
-    pointing at a missing or half-written archive.
+    """Settled tasks as JSON Lines in ``ls``'s order, then their index, each written
+    atomically BEFORE the snapshot naming them: a crash in between leaves unreferenced
+    files (pruned later), never a snapshot pointing at a missing or half-written one.
 
-    The name is new: ``settled-<seq>-<random>.jsonl``, never one present. Named by the
-    seq alone, a merge at the seq of the current snapshot (two compactions with nothing
-    in between) replaced the very archive that snapshot names, so it no longer matched
-    its SHA-256: killed before its own snapshot was written, the merge left history
-    unreadable for good. (Compactions are serialised: no other writer picks a name.)"""
+    The name is new: ``settled-<seq>-<random>.jsonl``, never one present (nor its
+    index's). Named by the seq alone, a merge at the seq of the current snapshot (two
+    compactions with nothing in between) replaced the very archive that snapshot names,
+    so it no longer matched its SHA-256: killed before its own snapshot was written, the
+    merge left history unreadable for good. (Compactions are serialised: no other
+    writer picks a name.)"""
     make_dir_durable(directory)
     present = set(os.listdir(directory))
     name = _archive_name(seq)
-    while name in present:
+    while name in present or index_name(name) in present:
         name = _archive_name(seq)
-    body = b"".join(orjson.dumps(record) + b"\n" for record in records)
+    records = sorted(records, key=order_key)
+    lines = [orjson.dumps(record) + b"\n" for record in records]
+    body = b"".join(lines)
+    index, about = build_index(name, records, lines)
     write_atomic(directory, name, body)
-    return {"name": name, "sha256": _sha256_hex(body), "count": len(records)}
+    failpoint("before:archive_index")
+    write_atomic(directory, about["index"], index)
+    return {"name": name, "sha256": _sha256_hex(body), "count": len(records), **about}
+
+
+def _all_indexed(directory: Path, refs: Sequence[Mapping[str, Any]]) -> bool:
+    """Every archive has its index, there (one ``stat`` each): one missing is written
+    again by the merge this asks for."""
+    for ref in refs:
+        name = ref.get("index")
+        if not isinstance(name, str) or not (directory / name).is_file():
+            return False
+    return True
 
 
 def _archive_name(seq: int) -> str:
@@ -863,11 +897,11 @@ def _remove_task_files(home: Path, task_ids: Sequence[str]) -> None:
 
 
 def _prune_archives(directory: Path, keep: set[str]) -> None:
-    """Drop archives neither the new nor the previous snapshot names: a process that
-    loaded the previous snapshot a moment ago may still read its archives lazily."""
+    """Drop archives (and indexes) neither the new nor the previous snapshot names: a
+    process that loaded the previous snapshot a moment ago may still read them lazily."""
     if not directory.is_dir():
         return
     for entry in os.listdir(directory):
-        if entry.startswith(_ARCHIVE_PREFIX) and entry not in keep:
+        if entry.startswith((_ARCHIVE_PREFIX, INDEX_PREFIX)) and entry not in keep:
             os.unlink(directory / entry)
     fsync_dir(directory)
