@@ -114,6 +114,29 @@ def build_index(
     return header + b"".join(positions) + b"".join(ids), about
 
 
+def check_index(directory: Path, ref: Mapping[str, Any], body: bytes) -> str | None:
+    """What is wrong with the index of the archive ``ref`` names, whose bytes (checked
+    by SHA-256) are ``body``: None if it is the index ferry writes for them, byte for
+    byte, and the snapshot says of it what it holds (``journal verify``)."""
+    lines = body.splitlines(keepends=True)
+    try:
+        records = [orjson.loads(line) for line in lines]
+        index, about = build_index(str(ref["name"]), records, lines)
+    except (ValueError, KeyError, TypeError) as error:
+        return f"its records cannot be indexed ({error})"
+    if [order_key(r) for r in records] != sorted(order_key(r) for r in records):
+        return "its records are not in order"
+    try:
+        found = (directory / str(ref["index"])).read_bytes()
+    except OSError as error:
+        return f"its index {ref['index']} is missing or unreadable: {error.strerror}"
+    if found != index:
+        return f"its index {ref['index']} does not match it"
+    if any(ref.get(key) != value for key, value in about.items()):
+        return "the snapshot does not say what it holds"
+    return None
+
+
 class Position:
     """One position entry: an archived task as the index has it (``ArchivedTask``)."""
 

@@ -43,7 +43,13 @@ from ferry.core.model import Reason, Task
 from ferry.core.state import States, Table
 from ferry.failpoints import failpoint
 from ferry.proc import alivelock
-from ferry.storage.local.archive_index import INDEX_PREFIX, build_index, index_name, order_key
+from ferry.storage.local.archive_index import (
+    INDEX_PREFIX,
+    build_index,
+    check_index,
+    index_name,
+    order_key,
+)
 from ferry.storage.local.history import ArchiveHistory
 from ferry.storage.local.statedir import fsync_dir, make_dir_durable, private_open, write_atomic
 
@@ -774,6 +780,30 @@ def check_table(table: Table) -> None:
         raise _undecodable_snapshot(error) from error
 
 
+def check_indexes(home: Path, snapshot: journal.Snapshot | None) -> None:
+    """Raise ``journal.snapshot_mismatch`` unless the index of every archive the
+    snapshot names is the one its archive makes (``archive_index.check_index``). A
+    damaged index loses nothing (``ls`` and ``show`` then read the archive whole): the
+    way out is to remove it, and the next compaction writes the archives again with a
+    new one."""
+    if snapshot is None:
+        return
+    directory = home / "archive"
+    for ref in orjson.loads(snapshot.data).get("settled_archives", []):
+        if not isinstance(ref.get("index"), str):
+            continue  # (written before indexes: the next compaction writes one)
+        path = directory / ref["name"]
+        body = b"".join(_archive_lines(path, ref["sha256"]))
+        wrong = check_index(directory, ref, body)
+        if wrong is not None:
+            raise JournalIntegrityError(
+                f"settled-task archive {ref['name']}: {wrong}; ls and show read it whole"
+                f" instead (remove {ref['index']}: the next compaction writes a new one)",
+                code="journal.snapshot_mismatch",
+                details={"path": str(path), "index": str(directory / ref["index"])},
+            )
+
+
 def _write_archive(
     directory: Path, seq: int, records: Sequence[Mapping[str, Any]]
 ) -> dict[str, Any]:
@@ -822,7 +852,8 @@ def _sha256_hex(body: bytes) -> str:
     return hashlib.sha256(body).hexdigest()
 
 
-def _read_archive(path: Path, sha256: str) -> Iterator[Mapping[str, Any]]:
+def _archive_lines(path: Path, sha256: str) -> list[bytes]:
+    """An archive's lines (each with its newline), once it matched its SHA-256."""
     try:
         body = path.read_bytes()
     except OSError as error:
@@ -837,7 +868,11 @@ def _read_archive(path: Path, sha256: str) -> Iterator[Mapping[str, Any]]:
             code="journal.snapshot_mismatch",
             details={"path": str(path)},
         )
-    for line in body.splitlines():
+    return body.splitlines(keepends=True)
+
+
+def _read_archive(path: Path, sha256: str) -> Iterator[Mapping[str, Any]]:
+    for line in _archive_lines(path, sha256):
         try:
             yield orjson.loads(line)
         except ValueError as error:  # it matched its hash: written so by a bug
