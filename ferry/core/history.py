@@ -19,8 +19,11 @@ that path decides what is damage (``journal.snapshot_mismatch``) and what is not
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator, Mapping
+    from typing import Any, Protocol
 
 
 class HistoryMissed(Exception):
@@ -28,35 +31,36 @@ class HistoryMissed(Exception):
     real damage)."""
 
 
-class ArchivedTask(Protocol):
-    """One settled task as an archive's index has it, its record not read yet."""
+if TYPE_CHECKING:  # (protocols for mypy: nothing to build when a command starts)
 
-    @property
-    def submit_seq(self) -> int: ...
-    @property
-    def task_id(self) -> str: ...
-    @property
-    def state(self) -> str: ...
-    def record(self) -> Mapping[str, Any]:
-        """The task's record, read and checked (HistoryMissed if it does not check)."""
-        ...
+    class ArchivedTask(Protocol):
+        """One settled task as an archive's index has it, its record not read yet."""
 
+        @property
+        def submit_seq(self) -> int: ...
+        @property
+        def task_id(self) -> str: ...
+        @property
+        def state(self) -> str: ...
+        def record(self) -> Mapping[str, Any]:
+            """The task's record, read and checked (HistoryMissed if it does not check)."""
+            ...
 
-class History(Protocol):
-    def find(self, task_id: str) -> Mapping[str, Any] | None:
-        """The newest record of the task with this id (None: no archive holds it)."""
-        ...
+    class History(Protocol):
+        def find(self, task_id: str) -> Mapping[str, Any] | None:
+            """The newest record of the task with this id (None: no archive holds it)."""
+            ...
 
-    def find_number(self, number: int) -> Mapping[str, Any] | None:
-        """The newest record of the task with this number (None: no archive holds it)."""
-        ...
+        def find_number(self, number: int) -> Mapping[str, Any] | None:
+            """The newest record of the task with this number (None: no archive holds it)."""
+            ...
 
-    def with_prefix(self, prefix: str, limit: int) -> tuple[list[str], bool]:
-        """Ids that start with ``prefix``, sorted, at most ``limit`` of each archive;
-        True with them if some archive held more (the list is then not all of them)."""
-        ...
+        def with_prefix(self, prefix: str, limit: int) -> tuple[list[str], bool]:
+            """Ids that start with ``prefix``, sorted, at most ``limit`` of each archive;
+            True with them if some archive held more (the list is then not all of them)."""
+            ...
 
-    def newest(self, skip: Callable[[str], bool]) -> Iterator[ArchivedTask]:
-        """Every archived task, newest first by (``submit_seq``, id), once each (its
-        newest record), but those ``skip`` names."""
-        ...
+        def newest(self, skip: Callable[[str], bool]) -> Iterator[ArchivedTask]:
+            """Every archived task, newest first by (``submit_seq``, id), once each (its
+            newest record), but those ``skip`` names."""
+            ...

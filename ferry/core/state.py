@@ -34,11 +34,10 @@ answer loads it whole, as before.
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ferry.core import events as ev
 from ferry.core._value import Value, init
@@ -60,10 +59,13 @@ from ferry.core.fold import (
     task_key_outcome,
     task_to_record,
 )
-from ferry.core.history import History, HistoryMissed
+from ferry.core.history import HistoryMissed
 from ferry.core.ids import AMBIGUOUS_LISTED_MAX, LAST, resolve_prefix, shown, task_number
 from ferry.core.model import TERMINAL_STATES, Reason, State, Task
 from ferry.core.queue import GroupInfo, QueueIndex, counted_in_flight, settled_states
+
+if TYPE_CHECKING:
+    from ferry.core.history import History
 
 SNAPSHOT_FORMAT = 1
 ANOMALIES_KEPT_MAX = 100
@@ -310,6 +312,8 @@ class Table:
         ``wanted`` states): it yields the tasks the table does not hold, newest first;
         one belongs while fewer than ``limit`` tasks, held or taken, are newer, and
         none is left once every one in ``wanted`` states is found (``_hidden``)."""
+        import bisect  # (lazy: `ferry run` never asks)
+
         left = None if self._hidden is None else self._hidden_in(wanted)
         if left == 0:
             return

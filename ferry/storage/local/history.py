@@ -10,14 +10,15 @@ holds, so an archive that cannot hold the answer is not opened.
 
 from __future__ import annotations
 
-import heapq
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ferry.core.history import HistoryMissed
-from ferry.storage.local.archive_index import IndexedArchive, Position
+
+if TYPE_CHECKING:
+    from ferry.storage.local.archive_index import IndexedArchive, Position
 
 
 class ArchiveHistory:
@@ -34,6 +35,10 @@ class ArchiveHistory:
         return cls(directory, refs)
 
     def _open(self, ref: Mapping[str, Any]) -> IndexedArchive:
+        # (lazy, as heapq below: every command that opens a compacted home makes this
+        # object, few ask it anything; `ferry run` never)
+        from ferry.storage.local.archive_index import IndexedArchive
+
         return IndexedArchive(self.directory, ref)
 
     def find(self, task_id: str) -> Mapping[str, Any] | None:
@@ -75,6 +80,8 @@ class ArchiveHistory:
         """A merge of the archives' indexes read from their ends, newest first. An
         archive is opened only once its newest task may come next (the snapshot says
         its highest ``submit_seq``): ``ls`` reads the few recent ones."""
+        import heapq
+
         self._check_present()
         pending = sorted(range(len(self.refs)), key=lambda rank: self.refs[rank]["submit_max"])
         heads: list[_Head] = []
@@ -146,6 +153,8 @@ class _Head:
 
 
 def _push(heads: list[_Head], rest: Iterator[Position], rank: int) -> None:
+    import heapq
+
     position = next(rest, None)
     if position is not None:
         heapq.heappush(heads, _Head(position, rank, rest))

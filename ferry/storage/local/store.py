@@ -43,14 +43,6 @@ from ferry.core.model import Reason, Task
 from ferry.core.state import States, Table
 from ferry.failpoints import failpoint
 from ferry.proc import alivelock
-from ferry.storage.local.archive_index import (
-    INDEX_PREFIX,
-    build_index,
-    check_index,
-    index_name,
-    order_key,
-)
-from ferry.storage.local.history import ArchiveHistory
 from ferry.storage.local.statedir import fsync_dir, make_dir_durable, private_open, write_atomic
 
 # Compact once this many records follow the last snapshot. Every command folds them
@@ -697,6 +689,8 @@ def _table_from(
 
     history = None
     if refs:
+        from ferry.storage.local.history import ArchiveHistory  # (lazy: a fresh home's run)
+
         history = ArchiveHistory.of(home / "archive", data.pop("settled_archives"))
     try:
         return Table.from_snapshot(
@@ -786,6 +780,8 @@ def check_indexes(home: Path, snapshot: journal.Snapshot | None) -> None:
     damaged index loses nothing (``ls`` and ``show`` then read the archive whole): the
     way out is to remove it, and the next compaction writes the archives again with a
     new one."""
+    from ferry.storage.local.archive_index import check_index
+
     if snapshot is None:
         return
     directory = home / "archive"
@@ -817,6 +813,8 @@ def _write_archive(
     so it no longer matched its SHA-256: killed before its own snapshot was written, the
     merge left history unreadable for good. (Compactions are serialised: no other
     writer picks a name.)"""
+    from ferry.storage.local.archive_index import build_index, index_name, order_key
+
     make_dir_durable(directory)
     present = set(os.listdir(directory))
     name = _archive_name(seq)
@@ -934,6 +932,8 @@ def _remove_task_files(home: Path, task_ids: Sequence[str]) -> None:
 def _prune_archives(directory: Path, keep: set[str]) -> None:
     """Drop archives (and indexes) neither the new nor the previous snapshot names: a
     process that loaded the previous snapshot a moment ago may still read them lazily."""
+    from ferry.storage.local.archive_index import INDEX_PREFIX
+
     if not directory.is_dir():
         return
     for entry in os.listdir(directory):
