@@ -141,7 +141,13 @@ def test_a_home_written_before_indexes_is_read_and_indexed_by_its_next_compactio
 
 
 @pytest.mark.parametrize(
-    "point", ["before:archive_index", "before:snapshot_write", "after:snapshot_write"]
+    "point",
+    [
+        "before:archive_index",
+        "after:archive_index",
+        "before:snapshot_write",
+        "after:snapshot_write",
+    ],
 )
 def test_a_merge_killed_at_any_step_leaves_the_history_readable(ferry: Ferry, point: str) -> None:
     """A merge (here: the third compaction) writes a new archive, then its index, then

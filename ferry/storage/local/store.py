@@ -827,6 +827,7 @@ def _write_archive(
     write_atomic(directory, name, body)
     failpoint("before:archive_index")
     write_atomic(directory, about["index"], index)
+    failpoint("after:archive_index")
     return {"name": name, "sha256": _sha256_hex(body), "count": len(records), **about}
 
 
