@@ -32,6 +32,7 @@ index against its archive) and any full load find. Anything that does not check 
 from __future__ import annotations
 
 import bisect
+import itertools
 import os
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -109,8 +110,8 @@ def build_index(
         "id_min": min((str(r["id"]) for r in records), default=""),
         "id_max": max((str(r["id"]) for r in records), default=""),
     }
-    if numbers and min(numbers) > 0:  # (numbers rise with submit_seq: bisectable)
-        about["numbers"] = [numbers[0], numbers[-1]]
+    if numbers and numbers[0] > 0 and all(a < b for a, b in itertools.pairwise(numbers)):
+        about["numbers"] = [numbers[0], numbers[-1]]  # (they rise: bisectable)
     return header + b"".join(positions) + b"".join(ids), about
 
 
