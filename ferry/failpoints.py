@@ -50,6 +50,9 @@ Naming convention (the registry :data:`FAILPOINTS` lists every name):
   (:func:`ferry.proc.process.signal_verified` calls them itself).
 * ``before:lease_write`` / ``after:lease_write``: around the atomic replace of
   ``lease.json`` (:mod:`ferry.storage.local.lease` calls them itself).
+* ``before:archive_index`` / ``after:archive_index``: around writing the index of a
+  compaction's new settled-task archive, with ``compact.lock`` held (``before``: the
+  archive is written, its index not; ``after``: both, the snapshot naming them not).
 * ``before:snapshot_write`` / ``after:snapshot_write``: around a compaction's journal
   snapshot, with ``compact.lock`` held (``before``: its archive is written, the snapshot
   not; ``after``: the snapshot is written, nothing pruned yet).
@@ -115,6 +118,8 @@ SIDE_EFFECT_POINTS: tuple[str, ...] = (
     "after:signal",
     "before:lease_write",
     "after:lease_write",
+    "before:archive_index",
+    "after:archive_index",
     "before:snapshot_write",
     "after:snapshot_write",
     "before:replay",

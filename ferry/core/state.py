@@ -23,6 +23,13 @@ the first time it needs a settled task (``get`` of an unknown id, ``ids``, ``by_
 an event about a task it does not hold, ``to_snapshot``). A history load that fails
 raises, in ``apply`` too: the record cannot be judged without it, and skipping it as an
 anomaly would lose a committed record (see :data:`SettledLoader`).
+
+With a :class:`ferry.core.history.History` as well (archives with an index), a lazy
+table does not load history for what a few lines answer: ``get`` and ``resolve`` of an
+old task, ``by_number``, and ``newest``/``count`` (``ls --limit N``: the snapshot's
+``settled_counts`` say how many settled tasks there are without them). The tasks it
+reads so are taken in as the full load would take them; anything the history cannot
+answer loads it whole, as before.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ferry.core import events as ev
 from ferry.core._value import Value, init
@@ -52,9 +59,13 @@ from ferry.core.fold import (
     task_key_outcome,
     task_to_record,
 )
-from ferry.core.ids import LAST, resolve_prefix, shown, task_number
+from ferry.core.history import HistoryMissed
+from ferry.core.ids import AMBIGUOUS_LISTED_MAX, LAST, resolve_prefix, shown, task_number
 from ferry.core.model import TERMINAL_STATES, Reason, State, Task
 from ferry.core.queue import GroupInfo, QueueIndex, counted_in_flight, settled_states
+
+if TYPE_CHECKING:
+    from ferry.core.history import History
 
 SNAPSHOT_FORMAT = 1
 ANOMALIES_KEPT_MAX = 100
@@ -229,6 +240,11 @@ class Table:
         self.queue = QueueIndex()
         self._dependency_states: dict[str, State] = {}
         self._load_settled = load_settled
+        # History not loaded, asked a task at a time (None: none, loaded, or it could
+        # not answer once); and how many settled tasks in each state it holds that the
+        # table does not (None: not known; ``settled_counts``).
+        self._history: History | None = None
+        self._hidden: dict[str, int] | None = None
         self._settled_id_max = ""  # the greatest id of any settled task, loaded or not
         self._numbers: dict[int, str] = {}  # task number -> id (loaded tasks)
         self.submitted = 0  # tasks ever submitted: the number of the last one
@@ -240,6 +256,17 @@ class Table:
 
     def get(self, task_id: str) -> Task | None:
         task = self._live.get(task_id) or self._settled.get(task_id)
+        if task is None and self._history is not None:
+            if task_id in self._forgotten:
+                return None  # (the full load would leave it out)
+            try:
+                found = self._history.find(task_id)
+            except HistoryMissed:
+                self._history = None
+            else:
+                if found is not None:
+                    self._take_hidden(found)
+                return self._live.get(task_id) or self._settled.get(task_id)
         if task is None and self._ensure_settled():
             task = self._live.get(task_id) or self._settled.get(task_id)
         return task
@@ -256,14 +283,80 @@ class Table:
     def newest(self, limit: int, state: States = None) -> list[Task]:
         """The ``limit`` last submitted tasks (every one for 0), only those in ``state``
         (a state, or several) if given, in submission order (ids made in one millisecond sort at random): the
-        others are not decoded (``_Settled``)."""
+        others are not decoded (``_Settled``). With a history not loaded, ``limit``
+        tasks are read from it newest first, not all of it (``_take_newest``)."""
+        if limit and self._history is not None:
+            wanted = _wanted(state)
+            try:
+                self._take_newest(self._history, limit, wanted)
+            except HistoryMissed:
+                self._history = None
+            else:
+                ids = self._held_ids(wanted)
+                ids.sort(key=self._submit_seq)
+                return [self[i] for i in ids[-limit:]]
         ids = self._ids_in(state)
         ids.sort(key=self._submit_seq)
         return [self[i] for i in (ids[-limit:] if limit else ids)]
 
     def count(self, state: States = None) -> int:
-        """How many tasks (in ``state`` if given) there are."""
+        """How many tasks (in ``state`` if given) there are (without loading history
+        when the snapshot said how many settled tasks it holds in each state)."""
+        if self._history is not None and self._hidden is not None:
+            wanted = _wanted(state)
+            return len(self._held_ids(wanted)) + self._hidden_in(wanted)
         return len(self._ids_in(state))
+
+    def _take_newest(self, history: History, limit: int, wanted: frozenset[str] | None) -> None:
+        """Take in from ``history`` the tasks that belong among the ``limit`` newest (in
+        ``wanted`` states): it yields the tasks the table does not hold, newest first;
+        one belongs while fewer than ``limit`` tasks, held or taken, are newer, and
+        none is left once every one in ``wanted`` states is found (``_hidden``)."""
+        import bisect  # (lazy: `ferry run` never asks)
+
+        left = None if self._hidden is None else self._hidden_in(wanted)
+        if left == 0:
+            return
+        held = sorted(self._submit_seq(i) for i in self._held_ids(wanted))
+        found: list[Mapping[str, Any]] = []
+        for entry in history.newest(self._holds):
+            newer = len(held) - bisect.bisect_right(held, (entry.submit_seq, entry.task_id))
+            if newer + len(found) >= limit:
+                break
+            if wanted is not None and entry.state not in wanted:
+                continue
+            found.append(entry.record())
+            if len(found) == left:
+                break
+        for record in found:
+            self._take_hidden(record)
+
+    def _held_ids(self, wanted: frozenset[str] | None) -> list[str]:
+        """The ids of the tasks the table holds (in ``wanted`` states), no history load."""
+        ids = [*self._live, *self._settled.ids()]
+        return ids if wanted is None else [i for i in ids if self._state_of(i) in wanted]
+
+    def _hidden_in(self, wanted: frozenset[str] | None) -> int:
+        hidden = self._hidden or {}
+        return sum(n for state, n in hidden.items() if wanted is None or state in wanted)
+
+    def _holds(self, task_id: str) -> bool:
+        """The table holds the task (its own version wins), or ``ferry gc`` forgot it."""
+        return task_id in self._live or task_id in self._settled or task_id in self._forgotten
+
+    def _take_hidden(self, record: Mapping[str, Any]) -> None:
+        """A settled task read from the history not loaded, taken in as the full load
+        takes it (``_add_settled``); it is no longer among the ``_hidden``."""
+        if self._holds(record["id"]):
+            return
+        self._add_settled((record,))
+        if self._hidden is not None:
+            state = str(record["state"])
+            left = self._hidden.get(state, 0) - 1
+            if left < 0:
+                self._hidden = None  # (the counts were wrong: not trusted any more)
+            else:
+                self._hidden[state] = left
 
     def _ids_in(self, state: States) -> list[str]:
         ids = self.ids()
@@ -302,13 +395,45 @@ class Table:
                     details={"prefix": shown(reference)},
                 )
             return task
-        task = self.get(reference) or self.get(resolve_prefix(reference, self.ids()))
+        task = self.get(reference)
+        if task is None and self._history is not None and reference.strip():
+            task_id = self._unique_in_history(self._history, reference)
+            if task_id is not None:
+                task = self.get(task_id)
+        if task is None:
+            task = self.get(resolve_prefix(reference, self.ids()))
         assert task is not None
         return task
+
+    def _unique_in_history(self, history: History, reference: str) -> str | None:
+        """The one id ``reference`` is a prefix of, from the tasks held and the history
+        not loaded (NotFoundError if none). None if several (the full load then names
+        them all) or the history could not answer."""
+        wanted = reference.strip().lower()
+        try:
+            archived, more = history.with_prefix(wanted, AMBIGUOUS_LISTED_MAX + 1)
+        except HistoryMissed:
+            self._history = None
+            return None
+        ids = {i for i in archived if i not in self._forgotten}
+        ids.update(i for i in (*self._live, *self._settled.ids()) if i.startswith(wanted))
+        if more or len(ids) > 1:
+            return None
+        return resolve_prefix(reference, ids)
 
     def by_number(self, number: int) -> Task | None:
         """The task with that number (loads history if it is not a live one's)."""
         task_id = self._numbers.get(number)
+        if task_id is None and number <= self.submitted and self._history is not None:
+            try:
+                found = self._history.find_number(number)
+            except HistoryMissed:
+                self._history = None
+            else:
+                if found is not None:
+                    self._take_hidden(found)
+                task_id = self._numbers.get(number)
+                return None if task_id is None else self.get(task_id)
         if task_id is None and number <= self.submitted and self._ensure_settled():
             task_id = self._numbers.get(number)
         return None if task_id is None else self.get(task_id)
@@ -604,7 +729,10 @@ class Table:
         self._forgotten[task_id] = seq
         found = self._settled.key_and_number(task_id)
         if found is None:
-            return  # in history not loaded yet (or never known): left out when loaded
+            # In history not loaded yet (or never known): left out when loaded. Which
+            # state it leaves is not known without reading it: nor is ``_hidden``.
+            self._hidden = None
+            return
         key, number = found
         self._settled.pop(task_id)
         self._quarantined.pop(task_id, None)
@@ -658,7 +786,24 @@ class Table:
             "submitted": self.submitted,
             **({"forgotten": sorted(self._forgotten)} if self._forgotten else {}),
             "queue": self.queue.to_snapshot(),
+            **({} if (counts := self.settled_counts()) is None else {"settled_counts": counts}),
         }
+
+    def settled_counts(self) -> dict[str, int] | None:
+        """How many settled tasks there are in each state, history loaded or not: in
+        the snapshot, a table loaded from it counts (``ls``'s "N of M") and knows when
+        its history holds no more in a state, without loading it. None: not known
+        without loading history (a snapshot from before the counts, a task forgotten
+        that the table had not loaded)."""
+        counts: dict[str, int] = {}
+        if self._load_settled is not None:
+            if self._hidden is None:
+                return None
+            counts.update(self._hidden)
+        for task_id in self._settled.ids():
+            state = self._settled.state_of(task_id)
+            counts[state] = counts.get(state, 0) + 1
+        return {state: counts[state] for state in sorted(counts) if counts[state]}
 
     def settled_since(self, seq: int) -> list[dict[str, Any]]:
         """Records of the tasks that became terminal after journal seq ``seq`` (the
@@ -667,10 +812,16 @@ class Table:
 
     @classmethod
     def from_snapshot(
-        cls, data: Mapping[str, Any], *, load_settled: SettledLoader | None = None
+        cls,
+        data: Mapping[str, Any],
+        *,
+        load_settled: SettledLoader | None = None,
+        history: History | None = None,
     ) -> Table:
         """Rebuild a table. Without ``settled`` in ``data``, settled tasks come from
-        ``load_settled`` when first needed (None: the table holds live tasks only)."""
+        ``load_settled`` when first needed (None: the table holds live tasks only), and
+        those a few lines answer from ``history`` (the same archives, read a task at a
+        time: see the module's docstring)."""
         if data.get("format") != SNAPSHOT_FORMAT:
             raise ev.MalformedEventError(
                 f"unsupported snapshot format {data.get('format')!r}",
@@ -694,11 +845,26 @@ class Table:
         if "settled" in data:
             table._load_settled = None
             table._add_settled(data["settled"])
+        elif load_settled is not None and history is not None:
+            table._history = history
+            table._hidden = table._hidden_from(data)
         unsafe = data.get("unsafe_keys")
         table._unsafe_keys = None if unsafe is None else dict(unsafe)
         return table
 
     # ---- internals -----------------------------------------------------------------
+
+    def _hidden_from(self, data: Mapping[str, Any]) -> dict[str, int] | None:
+        """The settled tasks by state that the snapshot's history holds and this table
+        (just loaded from it) does not: its ``settled_counts`` less the quarantined."""
+        counts = data.get("settled_counts")
+        if not isinstance(counts, Mapping) or data.get("forgotten"):
+            return None  # (forgotten ids: the counts, if any, are not to be trusted)
+        hidden = {str(state): int(n) for state, n in counts.items()}
+        for task_id in self._settled.ids():
+            state = self._settled.state_of(task_id)
+            hidden[state] = hidden.get(state, 0) - 1
+        return None if any(n < 0 for n in hidden.values()) else hidden
 
     def _find(self, event: ev.TaskEvent) -> Task | None:
         if isinstance(event, ev.Submitted):
@@ -734,6 +900,8 @@ class Table:
                 continue
             self._add_settled(history)  # (taking a record twice is harmless)
             self._load_settled = None
+        if loaded:
+            self._history, self._hidden = None, None
         return loaded
 
     def _add_settled(self, records: Iterable[Mapping[str, Any]]) -> None:
@@ -820,6 +988,10 @@ class Table:
         ids.update(task.id for task in overlay.values() if task.spec.key == key)
         found = [overlay.get(i) or self._live.get(i) for i in ids]
         return [task for task in found if task is not None]
+
+
+def _wanted(state: States) -> frozenset[str] | None:
+    return None if state is None else frozenset({state} if isinstance(state, str) else state)
 
 
 def _key_of(event: ev.TaskEvent, task: Task | None) -> str | None:

@@ -383,7 +383,7 @@ def test_a_damaged_snapshot_or_archive_with_the_records_still_there_loses_nothin
 ) -> None:
     full = cli.tasks()
     _compacted(cli, drop_segments=False)
-    (archive,) = (cli.home / "archive").iterdir()
+    (archive,) = (cli.home / "archive").glob("settled-*.jsonl")  # (and its index)
     if damage == "archive":
         data = bytearray(archive.read_bytes())
         data[len(data) // 2] ^= 0x01
@@ -406,7 +406,7 @@ def test_a_damaged_snapshot_or_archive_with_the_records_still_there_loses_nothin
 def test_a_damaged_archive_whose_records_are_gone_loses_its_settled_tasks(cli: Ferry) -> None:
     full = cli.tasks()
     _compacted(cli, drop_segments=True)
-    (archive,) = (cli.home / "archive").iterdir()
+    (archive,) = (cli.home / "archive").glob("settled-*.jsonl")  # (and its index)
     data = bytearray(archive.read_bytes())
     data[data.rindex(b'"exit_code":') + 12] ^= 0x01  # (a digit: every line still parses)
     archive.write_bytes(bytes(data))

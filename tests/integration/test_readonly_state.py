@@ -19,6 +19,7 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import orjson
 import pytest
 from clikit import FERRY, Ferry
 from hardkit import cli_in, make_template, tree
@@ -85,6 +86,22 @@ def test_every_reading_command_works_on_a_read_only_mount_and_says_so_once(cli: 
     listed = cli.ok("--json", "ls", "--limit", "0", command=ro).json()
     assert [t["state"] for t in listed] == ["SUCCEEDED", "FAILED", "QUEUED"]
     assert "read-only" not in cli.ok("-q", "ls", command=ro).err, "--quiet says only errors"
+    assert tree(cli.home) == before
+
+
+def test_a_compacted_history_is_read_a_task_at_a_time_on_a_read_only_mount(cli: Ferry) -> None:
+    """``ls --limit`` and ``show`` of an archived task read through the archive's index
+    (issue 19): on a read-only mount too, as on a writable one, nothing written."""
+    cli.ok("journal", "compact")
+    done = cli.json("ls", "--limit", "0")[0]
+    asks = (["--json", "ls", "--limit", "1"], ["--json", "show", done["id"][:10]],
+            ["--json", "show", "1"], ["ls", "--state", "failed", "--limit", "1"])  # fmt: skip
+    writable = {" ".join(args): cli.ok(*args).out for args in asks}
+    before = tree(cli.home)
+    ro = read_only_command(cli.home)
+    for args in asks:
+        assert cli.ok(*args, command=ro).out == writable[" ".join(args)], args
+    assert orjson.loads(writable["--json show 1"])["id"] == done["id"]
     assert tree(cli.home) == before
 
 

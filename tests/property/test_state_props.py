@@ -8,7 +8,8 @@
 * the table's invariants hold after every record;
 * a snapshot taken at any point, with or without its settled part, reproduces the table,
   and replaying the rest of the journal on top of it gives the same table as a full
-  replay.
+  replay; asked a task at a time (``ferry.core.history``), its history not loaded
+  answers what ``ls`` and ``show`` ask as the loaded one does.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from historykit import ListHistory
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -204,6 +206,47 @@ def test_apply_folds_exactly_what_validate_accepts(data: st.DataObject) -> None:
 
     moved = replay(journal[cut:], Table.from_snapshot(prefix, load_settled=fallback))
     assert moved.to_snapshot() == table.to_snapshot()
+
+    # ... and when a history not loaded is asked a task at a time (archives with an
+    # index: two of them, as two compactions leave them, the later one newer), every
+    # question asked before, during and after the rest is folded gets the answer of
+    # the table that loaded it all
+    early = data.draw(st.integers(0, cut))
+    first = replay(journal[:early]).to_snapshot()["settled"]
+    archives = [first, replay(journal[:cut]).settled_since(early)]
+    history = ListHistory(archives)
+    partial = Table.from_snapshot(prefix, load_settled=lambda _seq: settled, history=history)
+    full = Table.from_snapshot(prefix, load_settled=lambda _seq: settled)
+    full.ids()  # (loaded)
+    if data.draw(st.booleans()):
+        ask_alike(data, partial, full)
+    for record_type, payload, seq in journal[cut:]:
+        partial.apply(record_type, payload, seq, float(seq))
+        full.apply(record_type, payload, seq, float(seq))
+        if data.draw(st.integers(0, 4)) == 0:
+            ask_alike(data, partial, full)
+    counts = partial.settled_counts()
+    assert counts is None or counts == table.settled_counts()
+    ask_alike(data, partial, full)
+    assert partial.to_snapshot() == table.to_snapshot()
+
+
+def ask_alike(data: st.DataObject, partial: Table, full: Table) -> None:
+    """The questions ``ls`` and ``show`` ask, to both tables: the same answers."""
+    limit = data.draw(st.integers(0, 4))
+    state = data.draw(st.none() | st.sampled_from([s.value for s in State]))
+    assert partial.newest(limit, state) == full.newest(limit, state)
+    assert partial.count(state) == full.count(state)
+    reference = data.draw(st.sampled_from([*IDS, IDS[0][:-1], "01hf7yat00", "1", "2", "4"]))
+    try:
+        expected: object = full.resolve(reference)
+    except FerryError as error:
+        expected = error.code
+    try:
+        got: object = partial.resolve(reference)
+    except FerryError as error:
+        got = error.code
+    assert got == expected
 
 
 @settings(max_examples=200, deadline=None)

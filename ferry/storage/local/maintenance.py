@@ -14,7 +14,7 @@ import orjson
 
 import journal
 from ferry.core.errors import EX_JOURNAL, FerryError, JournalIntegrityError
-from ferry.storage.local.store import Store, check_table, journal_error
+from ferry.storage.local.store import Store, check_indexes, check_table, journal_error
 
 
 def verify(directory: Path) -> dict[str, Any]:
@@ -69,6 +69,7 @@ def _check_with_ferry(home: Path) -> tuple[FerryError | None, list[dict[str, Any
         return error, []
     try:
         check_table(store.table)
+        check_indexes(home, store.wal.latest_snapshot())
         return None, [anomaly.to_json() for anomaly in store.table.anomalies]
     except JournalIntegrityError as error:
         return error, []

@@ -11,7 +11,9 @@ written. A late runner whose claim recovery already decided is refused here
 Snapshots (``compact``) keep start-up cost following live work, not history: the
 journal snapshot holds live tasks and the small indexes; settled tasks go to a separate
 archive file (``archive/settled-<seq>-<random>.jsonl``) that is read only when a command needs
-history (``ls``, ``show`` of an old task, a key lookup).
+history, with an index beside it (``archive/index-<seq>-<random>.idx``,
+``archive_index``) so that ``ls --limit N`` and ``show`` of an old task read a few
+lines of it, not all (``history``).
 """
 
 from __future__ import annotations
@@ -506,11 +508,20 @@ class Store:
                 delta = newly_settled = self.table.settled_since(prev_seq)
                 # Tasks forgotten (ferry gc) may be in the archives: they are rewritten
                 # without them, as a merge does, so that the snapshot need not name them.
-                merge = len(archives) >= ARCHIVES_MAX or self.table.forgotten_pending
+                # So are archives without an index, or a table that cannot count its
+                # settled tasks without loading them (written before indexes, or by
+                # such a ferry since): once, and ls and show read a few lines again.
+                merge = (
+                    len(archives) >= ARCHIVES_MAX
+                    or self.table.forgotten_pending
+                    or "settled_counts" not in data
+                    or not _all_indexed(directory, archives)
+                )
                 forgotten: list[str] = []
                 if merge:
                     delta, archives = self.table.to_snapshot()["settled"], []
                     data.pop("forgotten", None)
+                    data["settled_counts"] = self.table.settled_counts()
                     forgotten = self.table.forgotten_ids(seq)
             if delta:
                 archives.append(_write_archive(directory, seq, delta))
@@ -527,10 +538,9 @@ class Store:
                     self.table.forget_done(seq)
             removed = self.wal.compact()
             if previous is not None:
-                keep = {a["name"] for a in archives}
-                keep.update(
-                    a["name"] for a in orjson.loads(previous.data).get("settled_archives", [])
-                )
+                named = [*archives, *orjson.loads(previous.data).get("settled_archives", [])]
+                keep = {a["name"] for a in named}
+                keep.update(a["index"] for a in named if isinstance(a.get("index"), str))
                 _prune_archives(directory, keep)
             _prune_heartbeats(self.home, newly_settled)
         except journal.JournalError as error:
@@ -598,10 +608,11 @@ _HISTORY_TRIES = 5
 
 
 def _parse_snapshot(blob: bytes) -> tuple[dict[str, Any], ArchiveRefs]:
-    """The table part of a snapshot and the archives it names."""
+    """The table part of a snapshot and the archives it names (the snapshot's own
+    entries for them stay in ``data["settled_archives"]``)."""
     try:
         data = orjson.loads(blob)
-        archives = data.pop("settled_archives", [])
+        archives = data.get("settled_archives", [])
         return data, [(str(ref["name"]), str(ref["sha256"])) for ref in archives]
     except _SNAPSHOT_DECODE_ERRORS as error:
         raise _undecodable_snapshot(error) from error
@@ -680,8 +691,15 @@ def _table_from(
     def load_settled(table_seq: int) -> Iterable[Mapping[str, Any]] | Table:
         return _load_history(home, refs, table_seq, on_damaged)
 
+    history = None
+    if refs:
+        from ferry.storage.local.history import ArchiveHistory  # (lazy: a fresh home's run)
+
+        history = ArchiveHistory.of(home / "archive", data.pop("settled_archives"))
     try:
-        return Table.from_snapshot(data, load_settled=load_settled if refs else None)
+        return Table.from_snapshot(
+            data, load_settled=load_settled if refs else None, history=history
+        )
     except _SNAPSHOT_DECODE_ERRORS as error:
         raise _undecodable_snapshot(error) from error
 
@@ -760,26 +778,71 @@ def check_table(table: Table) -> None:
         raise _undecodable_snapshot(error) from error
 
 
+def check_indexes(home: Path, snapshot: journal.Snapshot | None) -> None:
+    """Raise ``journal.snapshot_mismatch`` unless the index of every archive the
+    snapshot names is the one its archive makes (``archive_index.check_index``). A
+    damaged index loses nothing (``ls`` and ``show`` then read the archive whole): the
+    way out is to remove it, and the next compaction writes the archives again with a
+    new one."""
+    from ferry.storage.local.archive_index import check_index
+
+    if snapshot is None:
+        return
+    directory = home / "archive"
+    for ref in orjson.loads(snapshot.data).get("settled_archives", []):
+        if not isinstance(ref.get("index"), str):
+            continue  # (written before indexes: the next compaction writes one)
+        path = directory / ref["name"]
+        body = b"".join(_archive_lines(path, ref["sha256"]))
+        wrong = check_index(directory, ref, body)
+        if wrong is not None:
+            raise JournalIntegrityError(
+                f"settled-task archive {ref['name']}: {wrong}; ls and show read it whole"
+                f" instead (remove {ref['index']}: the next compaction writes a new one)",
+                code="journal.snapshot_mismatch",
+                details={"path": str(path), "index": str(directory / ref["index"])},
+            )
+
+
 def _write_archive(
     directory: Path, seq: int, records: Sequence[Mapping[str, Any]]
 ) -> dict[str, Any]:
-    """Settled tasks as JSON Lines, written atomically BEFORE the snapshot naming them:
-    a crash in between leaves an unreferenced file (pruned later), never a snapshot
-    pointing at a missing or half-written archive.
+    """Settled tasks as JSON Lines in ``ls``'s order, then their index, each written
+    atomically BEFORE the snapshot naming them: a crash in between leaves unreferenced
+    files (pruned later), never a snapshot pointing at a missing or half-written one.
 
-    The name is new: ``settled-<seq>-<random>.jsonl``, never one present. Named by the
-    seq alone, a merge at the seq of the current snapshot (two compactions with nothing
-    in between) replaced the very archive that snapshot names, so it no longer matched
-    its SHA-256: killed before its own snapshot was written, the merge left history
-    unreadable for good. (Compactions are serialised: no other writer picks a name.)"""
+    The name is new: ``settled-<seq>-<random>.jsonl``, never one present (nor its
+    index's). Named by the seq alone, a merge at the seq of the current snapshot (two
+    compactions with nothing in between) replaced the very archive that snapshot names,
+    so it no longer matched its SHA-256: killed before its own snapshot was written, the
+    merge left history unreadable for good. (Compactions are serialised: no other
+    writer picks a name.)"""
+    from ferry.storage.local.archive_index import build_index, index_name, order_key
+
     make_dir_durable(directory)
     present = set(os.listdir(directory))
     name = _archive_name(seq)
-    while name in present:
+    while name in present or index_name(name) in present:
         name = _archive_name(seq)
-    body = b"".join(orjson.dumps(record) + b"\n" for record in records)
+    records = sorted(records, key=order_key)
+    lines = [orjson.dumps(record) + b"\n" for record in records]
+    body = b"".join(lines)
+    index, about = build_index(name, records, lines)
     write_atomic(directory, name, body)
-    return {"name": name, "sha256": _sha256_hex(body), "count": len(records)}
+    failpoint("before:archive_index")
+    write_atomic(directory, about["index"], index)
+    failpoint("after:archive_index")
+    return {"name": name, "sha256": _sha256_hex(body), "count": len(records), **about}
+
+
+def _all_indexed(directory: Path, refs: Sequence[Mapping[str, Any]]) -> bool:
+    """Every archive has its index, there (one ``stat`` each): one missing is written
+    again by the merge this asks for."""
+    for ref in refs:
+        name = ref.get("index")
+        if not isinstance(name, str) or not (directory / name).is_file():
+            return False
+    return True
 
 
 def _archive_name(seq: int) -> str:
@@ -792,7 +855,8 @@ def _sha256_hex(body: bytes) -> str:
     return hashlib.sha256(body).hexdigest()
 
 
-def _read_archive(path: Path, sha256: str) -> Iterator[Mapping[str, Any]]:
+def _archive_lines(path: Path, sha256: str) -> list[bytes]:
+    """An archive's lines (each with its newline), once it matched its SHA-256."""
     try:
         body = path.read_bytes()
     except OSError as error:
@@ -807,7 +871,11 @@ def _read_archive(path: Path, sha256: str) -> Iterator[Mapping[str, Any]]:
             code="journal.snapshot_mismatch",
             details={"path": str(path)},
         )
-    for line in body.splitlines():
+    return body.splitlines(keepends=True)
+
+
+def _read_archive(path: Path, sha256: str) -> Iterator[Mapping[str, Any]]:
+    for line in _archive_lines(path, sha256):
         try:
             yield orjson.loads(line)
         except ValueError as error:  # it matched its hash: written so by a bug
@@ -867,11 +935,13 @@ def _remove_task_files(home: Path, task_ids: Sequence[str]) -> None:
 
 
 def _prune_archives(directory: Path, keep: set[str]) -> None:
-    """Drop archives neither the new nor the previous snapshot names: a process that
-    loaded the previous snapshot a moment ago may still read its archives lazily."""
+    """Drop archives (and indexes) neither the new nor the previous snapshot names: a
+    process that loaded the previous snapshot a moment ago may still read them lazily."""
+    from ferry.storage.local.archive_index import INDEX_PREFIX
+
     if not directory.is_dir():
         return
     for entry in os.listdir(directory):
-        if entry.startswith(_ARCHIVE_PREFIX) and entry not in keep:
+        if entry.startswith((_ARCHIVE_PREFIX, INDEX_PREFIX)) and entry not in keep:
             os.unlink(directory / entry)
     fsync_dir(directory)
