@@ -115,9 +115,7 @@ class Counters:
 
     def __init__(self, server: Any, dbname: str) -> None:
         self.server, self.dbname = server, dbname
-        backend = int(server.execute("SELECT pg_backend_pid()")[0][0])
-        status = Path(f"/proc/{backend}/status").read_text()
-        self.postmaster = int(status.split("PPid:", 1)[1].split()[0])
+        self.postmaster = _postmaster_pid(server)
         self.statements = bool(
             server.execute(
                 "SELECT count(*) FROM pg_extension WHERE extname = 'pg_stat_statements'"
@@ -167,6 +165,17 @@ class Counters:
         if not self.statements:
             result["round_trips"] = float("nan")
         return result
+
+
+def _postmaster_pid(server: Any) -> int:
+    """The server's postmaster: the parent of a backend, read while that backend's
+    connection is open (once it closes, the backend exits and its /proc entry goes)."""
+    import psycopg
+
+    with psycopg.connect(server.url(), autocommit=True, connect_timeout=10) as conn:
+        backend = int(conn.execute("SELECT pg_backend_pid()").fetchone()[0])  # type: ignore[index]
+        status = Path(f"/proc/{backend}/status").read_text()
+    return int(status.split("PPid:", 1)[1].split()[0])
 
 
 def _median_counts(runs: list[dict[str, float]]) -> dict[str, float]:
