@@ -129,7 +129,7 @@ def test_retries_and_not_before_on_the_database(hosts: Hosts, tmp_path: Path) ->
 
 def test_db_init_upgrades_a_version_2_database(pg_url: str, tmp_path: Path) -> None:
     """A database made by the schema of version 2, with a queued task in it: ``db init``
-    upgrades it (version 3), the task is in group default and runs."""
+    upgrades it (version 3, then 4), the task is in group default and runs."""
     with psycopg.connect(pg_url, autocommit=True) as conn:
         with conn.transaction():
             for number, migration in enumerate(schema.MIGRATIONS[:2], start=1):
@@ -152,8 +152,8 @@ def test_db_init_upgrades_a_version_2_database(pg_url: str, tmp_path: Path) -> N
     ferry.env.update(FERRY_DATABASE_URL=pg_url, FERRY_HOST_ID="h")
     try:
         report = ferry.json("db", "init")
-        assert (report["previous_version"], report["schema_version"]) == (2, 3)
-        assert ferry.json("db", "init")["previous_version"] == 3  # idempotent
+        assert (report["previous_version"], report["schema_version"]) == (2, schema.VERSION)
+        assert ferry.json("db", "init")["previous_version"] == schema.VERSION  # idempotent
         assert ferry.json("group")[0] == {
             "group": "default", "jobs": 0, "paused": False, "queued": 1, "running": 0,
         }  # fmt: skip
