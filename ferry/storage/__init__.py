@@ -34,7 +34,7 @@ decides only its own tasks.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from ferry.core.events import Event
@@ -47,13 +47,16 @@ EncodedEvent = tuple[str, dict[str, Any]]
 Claimant = tuple[Mapping[str, Any], str]  # a claim to make: its runner, its token
 
 
-class Written(NamedTuple):
+class Written:
     """What ``TaskStore.commit_against`` wrote: the tasks it was asked about, as they
     are after the write, and the tasks it claimed, in the order of the claims asked for
-    (fewer: nothing more to claim)."""
+    (fewer: nothing more to claim). (A plain class: a NamedTuple is compiled at import,
+    and every command imports this module.)"""
 
-    tasks: dict[str, Task | None]
-    claimed: list[Task]
+    __slots__ = ("claimed", "tasks")
+
+    def __init__(self, tasks: dict[str, Task | None], claimed: list[Task]) -> None:
+        self.tasks, self.claimed = tasks, claimed
 
 
 class TaskStore(Protocol):
