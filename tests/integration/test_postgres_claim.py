@@ -329,6 +329,33 @@ def test_an_end_and_the_next_claims_are_one_transaction(url: str, host: Host) ->
     assert transactions == [(1,)]
 
 
+def test_an_end_is_decided_on_the_row_as_it_is_when_written(url: str, host: Host) -> None:
+    """A worker's end is decided on the task's row as locked for the write
+    (``commit_against``), not on a read before it: a cancel asked for after the worker
+    last read the task makes the end CANCELLED (``outbox.end_writes``). (Decided on the
+    earlier read, as ``work`` did, it was SUCCEEDED.)"""
+    from ferry.app.outbox import end_writes
+
+    submit(host.store, 1)
+    task = host.claim()
+    assert task is not None
+    token = str(task.claim_token)
+    records = [ev.Spawned(task.id, 1, token, 4242, 4242, 1),
+               ev.Settled(task.id, 1, token, State.SUCCEEDED, None, 0)]  # fmt: skip
+    earlier = host.store.get(task.id)  # (the worker's last read)
+    other = PgStore.open(url, "b")
+    try:
+        other.commit(ev.CancelRequested(task.id, 1, token))
+    finally:
+        other.close()
+    assert end_writes(earlier, records)[1][-1].state is State.SUCCEEDED  # (the old way)
+    written = host.store.commit_against(
+        [task.id], lambda current: end_writes(current[task.id], records)[1]
+    )
+    assert written.tasks[task.id] is not None
+    assert written.tasks[task.id].state is State.CANCELLED  # type: ignore[union-attr]
+
+
 # ---- many claimers; an answer lost ------------------------------------------------------
 
 
