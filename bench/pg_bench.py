@@ -27,9 +27,8 @@ pg-throughput     four `ferry work -j 2 --drain` processes, four simulated hosts
                   children's rusage) and `db_cpu_ms_per_task` (the server's backends).
 pg-claim-latency  eight claimer processes (hosts c1..c8, each its own PgStore connection
                   and its host's lease, as `ferry work` claims) drain a queue of 2,000
-                  tasks; each claim is timed from asking (`store.queued(1)`) until
-                  `store.commit(Claimed, Dispatching, epoch=...)` returned, retries
-                  after a refusal (another claimer won the task) included. Baseline:
+                  tasks; each claim is timed from asking until `store.claim_next(...)`
+                  returned it claimed (CLAIMED + DISPATCHING, durable). Baseline:
                   eight processes, each its own psycopg connection, doing the same
                   number of bare `INSERT` statements in autocommit (each its own
                   transaction: one round trip, one durable COMMIT). ours/base = p99
@@ -115,9 +114,7 @@ class Counters:
 
     def __init__(self, server: Any, dbname: str) -> None:
         self.server, self.dbname = server, dbname
-        backend = int(server.execute("SELECT pg_backend_pid()")[0][0])
-        status = Path(f"/proc/{backend}/status").read_text()
-        self.postmaster = int(status.split("PPid:", 1)[1].split()[0])
+        self.postmaster = _postmaster_pid(server)
         self.statements = bool(
             server.execute(
                 "SELECT count(*) FROM pg_extension WHERE extname = 'pg_stat_statements'"
@@ -167,6 +164,17 @@ class Counters:
         if not self.statements:
             result["round_trips"] = float("nan")
         return result
+
+
+def _postmaster_pid(server: Any) -> int:
+    """The server's postmaster: the parent of a backend, read while that backend's
+    connection is open (once it closes, the backend exits and its /proc entry goes)."""
+    import psycopg
+
+    with psycopg.connect(server.url(), autocommit=True, connect_timeout=10) as conn:
+        backend = int(conn.execute("SELECT pg_backend_pid()").fetchone()[0])  # type: ignore[index]
+        status = Path(f"/proc/{backend}/status").read_text()
+    return int(status.split("PPid:", 1)[1].split()[0])
 
 
 def _median_counts(runs: list[dict[str, float]]) -> dict[str, float]:
@@ -348,10 +356,10 @@ def pg_throughput(options: Options) -> Figure:
 
 
 def _claimer(url: str, host: str) -> dict[str, Any]:
-    """Child: claim as a worker of ``host`` does (CLAIMED + DISPATCHING in one commit,
-    under the host's lease) until the queue is empty; each claim's seconds."""
-    from ferry.core import events as ev
-    from ferry.core.errors import FerryError
+    """Child: claim as a worker of ``host`` does (``PgStore.claim_next``: CLAIMED +
+    DISPATCHING in one call of ``ferry_claim``, one transaction, under the host's lease)
+    until the queue is empty; each claim's seconds. (A claim is never refused: the
+    function skips the rows other claimers hold.)"""
     from ferry.core.ids import new_claim_token
     from ferry.proc.process import self_identity
     from ferry.storage.postgres.lease import PgLeases
@@ -362,31 +370,15 @@ def _claimer(url: str, host: str) -> dict[str, Any]:
     epoch = PgLeases(store.db, host, ttl_s=600).acquire(me).epoch
     runner = me.to_json()
     latencies: list[float] = []
-    refused = 0
     _ready()
     while True:
         start = time.perf_counter()
-        while True:
-            candidates = store.queued(1)
-            if not candidates:
-                break
-            task = candidates[0]
-            token = new_claim_token(os.urandom(10))
-            try:
-                store.commit(
-                    ev.Claimed(task.id, task.attempt, token, runner, "work"),
-                    ev.Dispatching(task.id, task.attempt, token, f"{task.id}:1:{token}", {}),
-                    epoch=epoch,
-                )
-            except FerryError:
-                refused += 1  # another claimer won it: the next one, still this claim's time
-                continue
-            latencies.append(time.perf_counter() - start)
+        token = new_claim_token(os.urandom(10))
+        if store.claim_next(runner, token, by="work", epoch=epoch) is None:
             break
-        if not candidates:
-            break
+        latencies.append(time.perf_counter() - start)
     store.close()
-    return {"latencies_s": latencies, "refused": refused}
+    return {"latencies_s": latencies, "refused": 0}
 
 
 def _inserter(url: str, count: int) -> dict[str, Any]:

@@ -1,13 +1,14 @@
 """The foreground half shared by ``run`` and ``claim``: launch the task's supervisor
-(:func:`ferry.app.launch.run_foreground`), then compact if due, and hand back how the
-task ended or raise the error that kept it from starting."""
+(:func:`ferry.app.launch.run_foreground`, :func:`~ferry.app.launch.claim_foreground`),
+then compact if due, and hand back how the task ended or raise the error that kept it
+from starting."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from ferry.app.launch import run_foreground
+from ferry.app.launch import claim_foreground, run_foreground
 from ferry.core.errors import FerryError
 
 if TYPE_CHECKING:
@@ -38,6 +39,29 @@ def run_task(
         on_claimed=on_claimed, stdout_echo_fd=stdout_echo_fd, notice=session.notice,
         on_started=on_started,
     )  # fmt: skip
+    _compact_quietly(session)
+    if result.error is not None:
+        result.error.details.setdefault("task", result.task.id)
+        raise result.error
+    return result
+
+
+def claim_task(
+    session: Session,
+    claim: Callable[[ProcessIdentity, str], Task | None],
+    *,
+    epoch: int,
+    on_claimed: Callable[[], None] = lambda: None,
+    stdout_echo_fd: int = 1,
+) -> RunResult | None:
+    """``claim`` writes a claim naming the task's supervisor (the store chooses the
+    task), then as ``run_task``; None: nothing to claim."""
+    result = claim_foreground(
+        session.store, session.home, claim, epoch=epoch, on_claimed=on_claimed,
+        stdout_echo_fd=stdout_echo_fd, notice=session.notice,
+    )  # fmt: skip
+    if result is None:
+        return None
     _compact_quietly(session)
     if result.error is not None:
         result.error.details.setdefault("task", result.task.id)

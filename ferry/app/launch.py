@@ -26,14 +26,14 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from ferry import failpoints
 from ferry.app import outbox
-from ferry.app.runner import RunResult, before_spawn_event, child_environ
+from ferry.app.runner import RunResult, before_spawn_event, child_environ, unstarted_end
 from ferry.app.supervisor import error_from_json
 from ferry.core import events as ev
 from ferry.core.errors import EX_FERRY_FAILED, FerryError, InternalError, Interrupted, RefusedError
@@ -43,6 +43,7 @@ from ferry.core.spec import TaskSpec
 from ferry.proc._control import Channel, ChannelClosed, channel_pair
 from ferry.proc._outputs import SignalTrap
 from ferry.proc.process import ProcessIdentity, identity_of
+from ferry.storage.claiming import dispatching_with_claim
 
 if TYPE_CHECKING:
     from ferry.storage import TaskStore
@@ -101,6 +102,7 @@ class Launch:
         self.channel = Channel(ours)
         self.gone = False  # its channel ended (it exited, or died)
         self.reaped = False
+        self.claiming: str | None = None  # the token of a claim naming it, its outcome not told yet
         self.forget()
 
     def forget(self) -> None:
@@ -116,11 +118,26 @@ class Launch:
         self.ended: dict[str, Any] | None = None  # its "ended" message, until written
         self.stop_sent = False
         self.claimed = False  # its claim is in the journal
+        self.dispatched = False  # its DISPATCHING too (written with the claim, or after)
+        self.went = False  # told to spawn
         self.exit_status: int | None = None
+
+    def expect(self, token: str) -> None:
+        """A claim naming it as the runner is about to be written with ``token`` (it is
+        idle). Should the launcher die before telling it the outcome (``assign`` or
+        ``unexpect``), it finds out itself, and releases the claim (nothing started)."""
+        self.claiming = token
+        self.channel.send("claiming", token=token)
+
+    def unexpect(self) -> None:
+        """The claim it expected was not written (nothing to claim)."""
+        self.claiming = None
+        self.channel.send("unclaimed")
 
     def assign(self, task: Task, token: str) -> None:
         """Give it a task to plan (it is idle: its last task's end is durable)."""
         self.forget()
+        self.claiming = None
         self.task, self.token = task, token
         # (A large task goes in frames as the supervisor reads them: never block on it,
         # the launcher has others to answer. The launcher's waits flush the rest.)
@@ -197,8 +214,12 @@ class Launch:
         task is still DISPATCHING; CANCELLED if its cancel was asked for meanwhile; a
         LATE_RESULT if recovery decided the task meanwhile; nothing if the supervisor
         wrote it itself."""
+        return self.end_records_for(store.get(self.task.id))
+
+    def end_records_for(self, current: Task | None) -> list[Record]:
+        """``end_records``, the task being ``current`` (as read for the write)."""
         assert self.ended is not None
-        _, writes = outbox.end_writes(store.get(self.task.id), self.end_events)
+        _, writes = outbox.end_writes(current, self.end_events)
         return [event.encode() for event in writes]
 
     @property
@@ -214,6 +235,7 @@ class Launch:
     # -- answers --------------------------------------------------------------------------
 
     def go(self) -> None:
+        self.went = True
         self.channel.send("go")
 
     def abort(self) -> None:
@@ -322,6 +344,72 @@ def run_foreground(
         launch.reap(timeout_s=REAP_WAIT_S if launch.idle else 0)
 
 
+def claim_foreground(
+    store: TaskStore,
+    home: Path,
+    claim: Callable[[ProcessIdentity, str], Task | None],
+    *,
+    epoch: int,
+    on_claimed: Callable[[], None] = lambda: None,
+    stdout_echo_fd: int = 1,
+    notice: Callable[[str], None] = lambda message: None,
+    on_started: Callable[[Task], None] = lambda task: None,
+) -> RunResult | None:
+    """``claim``: fork the supervisor, have ``claim`` write a claim naming it (the store
+    chooses the task; None: nothing to claim), then as ``run_foreground``: the plan (a
+    task with pinned inputs: its record written now, under ``epoch``), ``on_claimed``,
+    the spawn, the end. A claim whose task is not started (an error, an interrupt,
+    before the spawn) goes back to the queue."""
+    from ferry.core.ids import new_claim_token
+
+    launch = Launch(home, child_environ(), passthrough=True, stdout_echo_fd=stdout_echo_fd)
+    try:
+        token = new_claim_token(os.urandom(10))
+        launch.expect(token)  # (should we die now, it releases the claim itself)
+        task = claim(launch.identity, token)
+        if task is None:
+            launch.unexpect()
+            return None
+        launch.assign(task, token)
+        launch.claimed = True
+        launch.dispatched = task.state is State.DISPATCHING
+        with _interruptible():
+            while launch.plan is None and not launch.gone:
+                launch.wait(None)
+        with SignalTrap() as trap:
+            foreground = _Foreground(store, launch, trap, notice, on_started)
+            return foreground.run_claimed(epoch, on_claimed)
+    except BaseException:
+        if launch.claimed and not launch.went:
+            try:
+                give_back(store, launch.task, launch.token, "not started: " + _why())
+            except Exception:  # (let go, it releases the claim itself once it can)
+                pass
+            else:  # (it started nothing; one still planning may hang on a dead disk)
+                with contextlib.suppress(OSError):
+                    launch.kill() if launch.plan is None else launch.abort()
+        raise
+    finally:
+        launch.release()  # (done: it exits; an error: it carries on alone)
+        launch.reap(timeout_s=REAP_WAIT_S if launch.idle else 0)
+
+
+def _why() -> str:
+    error = sys.exc_info()[1]
+    return getattr(error, "message", None) or type(error).__name__
+
+
+def give_back(store: TaskStore, task: Task, token: str, why: str) -> None:
+    """A claim whose task was never started: back to the queue, not counted (CANCELLED
+    if a cancel was asked for), decided on the task as it is when written."""
+
+    def decide(current: Mapping[str, Task | None]) -> list[ev.Event]:
+        end = unstarted_end(current.get(task.id), token, {"launcher": why})
+        return [] if end is None else [end]
+
+    store.commit_against([task.id], decide)
+
+
 @contextlib.contextmanager
 def _interruptible() -> Iterator[None]:
     """While nothing exists yet (the supervisor plans): SIGTERM and SIGHUP end ferry as
@@ -366,6 +454,36 @@ class _Foreground:
         on_claimed: Callable[[], None],
     ) -> RunResult:
         launch = self.launch
+        record = self._plan()
+        try:
+            self.store.commit(*lead(launch.identity), record, epoch=epoch)
+        except BaseException:
+            launch.abort()
+            raise
+        launch.claimed = True
+        return self._claimed(record, on_claimed)
+
+    def run_claimed(self, epoch: int, on_claimed: Callable[[], None]) -> RunResult:
+        """The claim is written: its DISPATCHING with it (checked against the plan), or,
+        for a task with pinned inputs, the plan's record now."""
+        launch = self.launch
+        record = self._plan()
+        if launch.dispatched:
+            expected = dispatching_with_claim(launch.task, launch.token)
+            if expected is None or record != expected.encode():  # (a bug)
+                raise InternalError(
+                    f"task {launch.task.id}: its plan ({record}) is not what its claim wrote"
+                )
+        else:
+            try:
+                self.store.commit(record, epoch=epoch)
+            except BaseException:
+                launch.abort()
+                raise
+        return self._claimed(record, on_claimed)
+
+    def _plan(self) -> Record:
+        launch = self.launch
         if launch.plan is None:
             raise SupervisorDied("the task's supervisor died before it started the task")
         for warning in launch.warnings:
@@ -375,12 +493,10 @@ class _Foreground:
             error = launch.plan_error
             assert error is not None
             raise error
-        try:
-            self.store.commit(*lead(launch.identity), record, epoch=epoch)
-        except BaseException:
-            launch.abort()
-            raise
-        launch.claimed = True
+        return record
+
+    def _claimed(self, record: Record, on_claimed: Callable[[], None]) -> RunResult:
+        launch = self.launch
         on_claimed()
         if record[0] == "SETTLED":  # a pinned input changed: settled FAILED, not run
             return RunResult(self._task(), EX_FERRY_FAILED, launch.plan_error)

@@ -14,22 +14,14 @@ A new leader finishes recovery before it claims anything.
 
 from __future__ import annotations
 
-import os
 import time
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from ferry.app.foreground import run_task
+from ferry.app.foreground import claim_task
 from ferry.app.recoverer import Recoverer
 from ferry.app.runner import RunResult
 from ferry.core import events as ev
-from ferry.core.errors import (
-    InternalError,
-    RefusedError,
-)
-from ferry.core.fold import MOVED_CODES, RACE_TRIES
-from ferry.core.ids import new_claim_token
-from ferry.core.model import State, Task
+from ferry.core.model import Task
 from ferry.core.recovery import Policy, RecoverReport
 from ferry.proc.process import ProcessIdentity, self_identity
 
@@ -141,42 +133,31 @@ def recover(
 
 
 def claim(session: Session, *, lease_ttl_s: float, stdout_echo_fd: int = 1) -> RunResult | None:
-    """``ferry claim``: lead briefly, recover, claim the oldest queued task (the claim
-    names the task's supervisor as its runner, and goes with the intent in one write),
-    release the lease, then run the task in the foreground like ``run``. None: the
-    queue is empty."""
+    """``ferry claim``: lead briefly, recover, claim the first task of the queue (the
+    store chooses it and writes the claim, naming the task's supervisor as its runner,
+    with its intent, in one write, with LEASE_ACQUIRED if this epoch wrote nothing yet),
+    release the lease, then run the task in the foreground like ``run``. None: the queue
+    is empty."""
     lead = Leadership(session, lease_ttl_s)
     lead.acquire()
     try:
         session.reporter.recovered(recover_as(lead, Policy()))
-        for _ in range(RACE_TRIES):
-            queued = session.store.queued(1)
-            if not queued:
-                return None
-            task = queued[0]
-            token = new_claim_token(os.urandom(10))
-            claimed: list[bool] = []
 
-            def lead_events(
-                runner: ProcessIdentity, task: Task = task, token: str = token
-            ) -> list[ev.Event]:
-                event = ev.Claimed(task.id, task.attempt, token, runner.to_json(), "claim")
-                return [*lead.announcement(), event]
-
-            def on_claimed(claimed: list[bool] = claimed) -> None:
-                claimed.append(True)
+        def claim_one(runner: ProcessIdentity, token: str) -> Task | None:
+            task = session.store.claim_next(
+                runner.to_json(), token, by="claim", epoch=lead.epoch,
+                announce=lead.announcement(),
+            )  # fmt: skip
+            if task is not None:
                 lead.announced = True
-                lead.release()  # the task runs under its claim token, not the lease
+            return task
 
-            ours = replace(task, state=State.CLAIMED, claim_token=token)
-            try:
-                return run_task(
-                    session, ours, token, lead=lead_events, epoch=lead.epoch,
-                    on_claimed=on_claimed, stdout_echo_fd=stdout_echo_fd,
-                )  # fmt: skip
-            except RefusedError as error:  # cancelled (or claimed) since we read it
-                if claimed or error.code not in MOVED_CODES:
-                    raise
-        raise InternalError("the queue kept changing under 'ferry claim'")
+        def on_claimed() -> None:
+            lead.release()  # the task runs under its claim token, not the lease
+
+        return claim_task(
+            session, claim_one, epoch=lead.epoch, on_claimed=on_claimed,
+            stdout_echo_fd=stdout_echo_fd,
+        )  # fmt: skip
     finally:
         lead.release()

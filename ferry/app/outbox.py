@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,21 +73,27 @@ def forget(path: Path) -> None:
 
 
 def deliver(store: TaskStore, records: Sequence[ev.Event]) -> str:
-    """Write a supervisor's end as the store needs it now (read at write time, again
-    after each refusal that says the task moved); what it became. Raises what the
-    store raises when it cannot be reached or refuses for another reason."""
+    """Write a supervisor's end as the store needs it now (decided on the task as it is
+    when written: ``TaskStore.commit_against``; again after each refusal that says the
+    task moved); what it became. Raises what the store raises when it cannot be reached
+    or refuses for another reason."""
     settled = _settled(records)
+    outcome: list[str] = []  # (what the last decision made of it)
+
+    def decide(current: Mapping[str, Task | None]) -> list[ev.Event]:
+        found, writes = end_writes(current.get(settled.task), records)
+        outcome[:] = [found]
+        return writes
+
     for _ in range(RACE_TRIES):
         store.refresh()
-        outcome, writes = end_writes(store.get(settled.task), records)
         try:
-            if writes:
-                store.commit(*writes)
+            store.commit_against([settled.task], decide)
         except RefusedError as error:
             if error.code not in MOVED_CODES:
                 raise
             continue
-        return outcome
+        return outcome[0]
     raise RefusedError(
         f"task {settled.task}: its end was refused {RACE_TRIES} times", code="task.stale_claim"
     )

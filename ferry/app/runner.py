@@ -248,6 +248,25 @@ def before_spawn_event(
     )  # fmt: skip
 
 
+def unstarted_end(
+    current: Task | None, token: str, evidence: Mapping[str, Any]
+) -> ev.Settled | ev.Released | None:
+    """What a claim whose task was never started becomes (its launcher, or its
+    supervisor, gone before the spawn), the task being ``current``: None if the claim
+    ``token`` no longer owns it; CANCELLED if a cancel was asked for; else back to the
+    queue, not counted (``evidence``: why)."""
+    if current is None or current.claim_token != token or not current.in_flight:
+        return None
+    if current.cancel_requested:
+        return ev.Settled(
+            current.id, current.attempt, token, State.CANCELLED, Reason.CANCELLED_BY_USER,
+            evidence={"cancelled_before_spawn": True},
+        )  # fmt: skip
+    return ev.Released(
+        current.id, current.attempt, token, Reason.RELEASED_TO_QUEUE, False, dict(evidence)
+    )
+
+
 def as_cancelled(settled: ev.Settled) -> ev.Settled:
     """A task's end once its cancel is known: CANCELLED, whatever it would have been
     (the user asked for it to stop; what it did is in the evidence and exit status)."""

@@ -15,8 +15,14 @@ forwards it here) and the child holds only its pipes: so the death of its launch
 
 The conversation with the launcher (:mod:`ferry.proc._control`; S: supervisor, L: launcher)::
 
-    L -> S  task     {task, token}                  the task (its snapshot record)
-    S -> L  plan     {record, error, warnings}     the DISPATCHING (or SETTLED FAILED)
+    L -> S  claiming {token}                        a claim naming S is being written
+    L -> S  unclaimed                               ... it was not (nothing to claim)
+    L -> S  task     {task, token}                  the task (its snapshot record),
+                                                    claimed (``work``, ``claim``) or
+                                                    not yet (``run``: with its intent)
+    S -> L  plan     {record, error, warnings}     the DISPATCHING (or SETTLED FAILED):
+                                                    written with the claim already, for
+                                                    a task without pinned inputs
     L -> S  go | abort                              the intent is durable / do not run
     S -> L  spawned  {record}                       SPAWNED, held by L until due
     S -> L  running                                 SPAWNED is due: L writes it
@@ -35,7 +41,9 @@ written before it died (a record the journal already holds is not written twice:
 token fences it), and from then on polls the journal at each heartbeat for a cancel
 request and a STALE mark, as a runner did. Ended before the launcher wrote the intent
 (or while it was the last thing written): nothing was started, and the claim goes back
-to the queue (RELEASED, not counted).
+to the queue (RELEASED, not counted). Ended while a claim naming it was being written
+(``claiming``), before it was told the outcome: it looks the claim up by its token
+(once no connection of the launcher's may still be writing it), and releases it so.
 """
 
 from __future__ import annotations
@@ -61,11 +69,12 @@ from ferry.app.runner import (
     settle_event,
     spawn_failed_event,
     stop_escapees,
+    unstarted_end,
 )
 from ferry.core import events as ev
-from ferry.core.errors import EX_FERRY_FAILED, FerryError, RefusedError
+from ferry.core.errors import EX_FERRY_FAILED, DatabaseUnavailableError, FerryError, RefusedError
 from ferry.core.fold import task_from_record
-from ferry.core.model import Reason, State, Task
+from ferry.core.model import State, Task
 from ferry.failpoints import failpoint, supervisor_armed
 from ferry.proc import alivelock
 from ferry.proc._control import Channel, ChannelClosed, close_inherited_descriptors
@@ -126,9 +135,10 @@ def main(
     os.setsid()  # not in the launcher's group: the terminal's signals are for it
     supervisor_armed()  # failpoints armed for supervisors only, from here on
     channel = Channel(sock)
+    launcher = os.getppid()
     with SignalTrap() as trap:
         while True:
-            assignment = _next_task(channel)
+            assignment = _next_task(channel, home, launcher)
             if assignment is None:
                 return 0  # no more tasks for us (or the launcher is gone)
             task, token = assignment
@@ -141,13 +151,60 @@ def main(
                 return 0
 
 
-def _next_task(channel: Channel) -> tuple[Task, str] | None:
-    try:
-        message = channel.wait_for(("task",), None)
-    except ChannelClosed:
-        return None
-    assert message is not None
-    return task_from_record(message["task"]), str(message["token"])
+def _next_task(channel: Channel, home: Path, launcher: int) -> tuple[Task, str] | None:
+    claiming: str | None = None  # a claim naming us is being written with this token
+    while True:
+        try:
+            message = channel.wait_for(("task", "claiming", "unclaimed"), None)
+        except ChannelClosed:
+            if claiming is not None:
+                _release_unstarted(home, claiming, launcher)
+            return None
+        assert message is not None
+        if message["t"] == "task":
+            return task_from_record(message["task"]), str(message["token"])
+        claiming = str(message["token"]) if message["t"] == "claiming" else None
+
+
+def _release_unstarted(home: Path, token: str, launcher: int) -> None:
+    """The launcher died while (or just after) writing a claim naming us, before it told
+    us which task: if the claim was written, nothing was started under it; it goes back
+    to the queue (cancelled, if a cancel was asked for meanwhile). Looked up once none
+    of the launcher's connections may still be writing it (``claimed_with``)."""
+    store = open_store_patiently(home, STORE_OPEN_PATIENCE_S)
+    if store is None:
+        return  # (recovery decides the claim, if it was written)
+    deadline = time.monotonic() + STORE_OPEN_PATIENCE_S
+    while True:
+        try:
+            current = store.claimed_with(token, writer_pid=launcher)
+            break
+        except DatabaseUnavailableError:
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(STORE_OPEN_RETRY_S)
+        except (FerryError, OSError):
+            return
+    why = "its launcher died before it was given the task: nothing was started"
+    event = unstarted_end(current, token, {"supervisor": why})
+    if event is not None:
+        with contextlib.suppress(FerryError, OSError):
+            store.commit(event)
+
+
+def open_store_patiently(home: Path, patience_s: float) -> Any:
+    """The store (None if it cannot be opened within ``patience_s``: descriptors short,
+    the journal locked by a stopped process...)."""
+    from ferry.app.session import open_store
+
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            return open_store(home)
+        except (FerryError, OSError):
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(STORE_OPEN_RETRY_S)
 
 
 class Supervisor:
@@ -213,19 +270,12 @@ class Supervisor:
         if store is None:
             return  # (nothing was started: recovery decides the claim, if it was written)
         current = store.get(self.task.id)
-        if current is None or current.claim_token != self.token:
-            return  # the launcher never wrote the claim (or it is decided already)
-        if current.cancel_requested:
-            event: ev.Event = ev.Settled(
-                self.task.id, self.task.attempt, self.token, State.CANCELLED,
-                Reason.CANCELLED_BY_USER, evidence={"cancelled_before_spawn": True},
-            )  # fmt: skip
-        else:
-            why = "its launcher died before the spawn: nothing was started"
-            event = ev.Released(self.task.id, self.task.attempt, self.token,
-                                Reason.RELEASED_TO_QUEUE, False, {"supervisor": why})  # fmt: skip
-        with contextlib.suppress(FerryError):
-            store.commit(event)
+        why = "its launcher died before the spawn: nothing was started"
+        # (None: the launcher never wrote the claim, or it is decided already)
+        event = unstarted_end(current, self.token, {"supervisor": why})
+        if event is not None:
+            with contextlib.suppress(FerryError):
+                store.commit(event)
 
     def _run(self, plan: Plan) -> tuple[list[ev.Event], int, FerryError | None]:
         """Spawn and watch the task; its end's records, exit status and error."""
@@ -451,16 +501,9 @@ class Supervisor:
         """The store, opened on first use (None if it cannot be now: descriptors short,
         the journal locked by a stopped process...). ``patiently``: keep trying for
         STORE_OPEN_PATIENCE_S, as when an end waits to be written."""
-        deadline = time.monotonic() + (STORE_OPEN_PATIENCE_S if patiently else 0.0)
-        while self.store is None:
-            from ferry.app.session import open_store
-
-            try:
-                self.store = open_store(self.home)
-            except (FerryError, OSError):
-                if time.monotonic() >= deadline:
-                    return None
-                time.sleep(STORE_OPEN_RETRY_S)
+        if self.store is None:
+            patience_s = STORE_OPEN_PATIENCE_S if patiently else 0.0
+            self.store = open_store_patiently(self.home, patience_s)
         return self.store
 
 

@@ -14,11 +14,17 @@ claim goes to a spare, in the same write).
 One loop turn: take in what the supervisors said; renew the lease; recover other
 runners' tasks every ``RECOVER_EVERY_S``; catch up on the journal every ``poll_s`` (new
 tasks) and for each supervisor that beat since (a cancel request: ask it to stop its
-task; a STALE mark: RESUMED); give each free slot a task (an idle supervisor, or a new
-one) and wait the moment it takes them to plan; then ONE commit of everything pending:
-the claims (CLAIMED, naming the supervisor, with its DISPATCHING), the supervisors'
-SPAWNED and SETTLED, the RESUMED marks. Only after that commit returns does a supervisor
-get its ``go`` (spawn) or its ``ack`` (its task's end is durable).
+task; a STALE mark: RESUMED); then ONE write (``TaskStore.commit_against``) of what
+the supervisors said (their SPAWNED and SETTLED, decided against the tasks as they are
+when written: a cancel that landed makes an end CANCELLED) and of a claim for each
+free slot (CLAIMED, naming an idle supervisor, or a new one, with the task's
+DISPATCHING: the store chooses the task; the places the ends free go to these claims).
+Only after that write returns is a supervisor told its end is durable (``ack``), or
+given its claimed task to plan; once its plan is in (the moment it takes), ``go``
+(spawn). A task with pinned inputs is claimed alone: its plan's record (DISPATCHING, or
+SETTLED FAILED if an input changed) is written before the ``go``. A supervisor is told
+a claim naming it is being written (``claiming``): should ``work`` die before it hears
+the outcome, it looks the claim up and releases it.
 
 Survivors: tasks still running under the supervisors of an earlier ``work`` (killed
 with -9, say) count against ``jobs`` until they end; they write their own ends.
@@ -41,17 +47,18 @@ tasks, which settle CANCELLED (the user asked for that; their evidence says
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import select
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ferry.app.launch import Launch, Record, watch_journal
 from ferry.app.leader import Leadership, policy_of, recover_as
 from ferry.app.queueing import settle_doomed
-from ferry.app.runner import before_spawn_event, child_environ
+from ferry.app.runner import before_spawn_event, child_environ, unstarted_end
 from ferry.app.runner_state import runner_identity, with_runner_state
 from ferry.app.tally import Progress, Tally, WorkReport
 from ferry.core import events as ev
@@ -66,6 +73,7 @@ from ferry.core.ids import new_claim_token
 from ferry.core.model import IN_FLIGHT_STATES, TERMINAL_STATES, Liveness, State, Task
 from ferry.proc._outputs import SignalTrap
 from ferry.proc.liveness import probe
+from ferry.storage.claiming import dispatching_with_claim
 
 if TYPE_CHECKING:
     from ferry.app.session import Session
@@ -113,6 +121,7 @@ class Worker:
         self.trap: SignalTrap | None = None
         self._cancel_before_spawn: set[str] = set()
         self._plan_deaths: dict[str, int] = {}  # task id -> supervisors that died planning it
+        self._queue_ran_dry = False  # the last claims found fewer tasks than asked for
         self.unreaped: list[Launch] = []  # gone, not yet exited (they hold a task alone)
         self.halt, self.progress_s = halt, progress_s
         self.tally = Tally()
@@ -205,9 +214,10 @@ class Worker:
                     self._cancel_doomed()
                     next_poll = time.monotonic() + self.poll_s
                 self._watch_journal()
-                self._fill_slots()
-                self._await_plans()
+                self._settle_claims()
                 self._write()
+                self._await_plans()
+                self._dispatch()
                 self._stop_if_halted_now()
                 self._let_go()
                 self._progress()
@@ -247,12 +257,14 @@ class Worker:
             return
         self.session.notice("the host's lease is lost: stopping its running tasks")
         for launch in self.launches.values():
-            if launch.claimed and not launch.stop_sent:
+            if launch.went and not launch.stop_sent:
                 launch.stop(signal.SIGTERM)
 
     def _finished(self) -> bool:
         if self.launches:
             return False
+        if not self.halted and any(s.claiming for s in self.supervisors):
+            return False  # (a claim whose answer was lost: read back first)
         if self.closing:
             return True
         return self.drain and not self.survivors and not self._queue_nonempty()
@@ -271,23 +283,9 @@ class Worker:
         if self.signals_seen < 2 <= count:
             self.session.notice("stopping the running tasks")
             for launch in self.launches.values():
-                if launch.claimed and not launch.stop_sent:
+                if launch.went and not launch.stop_sent:
                     launch.stop(signal.SIGTERM)
         self.signals_seen = count
-        self._drop_unclaimed()
-
-    def _drop_unclaimed(self) -> None:
-        """Stopping: the tasks given out but not claimed are taken back. A supervisor
-        still planning one (hashing pinned inputs: it may hang on a dead disk) is ended;
-        it has started nothing."""
-        for launch in list(self.launches.values()):
-            if launch.claimed:
-                continue
-            if launch.plan is None:
-                launch.kill()
-            else:
-                launch.abort()
-            launch.forget()
 
     def _recover(self) -> None:
         try:
@@ -318,12 +316,13 @@ class Worker:
 
     # -- what it settled ------------------------------------------------------------------
 
-    def _settled(self, task_id: str, attempt: int | None = None) -> None:
+    def _settled(self, task_id: str, attempt: int | None = None, task: Task | None = None) -> None:
         """A task whose end we (or our supervisor, or our recovery) made durable: tell
         the reporter, count it, and halt after a failure if asked to. ``attempt``: the
-        one we ran (None: as the journal says, for a recovery decision)."""
+        one we ran (None: as the journal says, for a recovery decision); ``task``: as
+        the write of its end left it (None: read)."""
         try:
-            task = self.store.get(task_id)
+            task = task or self.store.get(task_id)
         except (FerryError, OSError):  # (a database out of reach: not told, not counted)
             return
         if task is None or not task.terminal or attempt not in (None, task.attempt):
@@ -339,10 +338,11 @@ class Worker:
             self.session.notice(f"halting: task {task.id} failed; no new tasks, {then}")
             self._stop_if_halted_now()
 
-    def _retrying(self, task_id: str, attempt: int) -> None:
-        """Say so when the attempt we ran failed and its --retries queued the next."""
+    def _retrying(self, task_id: str, attempt: int, task: Task | None = None) -> None:
+        """Say so when the attempt we ran failed and its --retries queued the next
+        (``task``: as the write of its end left it)."""
         with contextlib.suppress(FerryError, OSError):
-            task = self.store.get(task_id)
+            task = task or self.store.get(task_id)
             if task is None or task.attempt != attempt + 1 or task.retries_used == 0:
                 return
             previous = task.evidence.get("previous_attempt") or {}
@@ -362,7 +362,7 @@ class Worker:
         if self.halt != "now" or self.halted_after is None:
             return
         for launch in self.launches.values():
-            if launch.claimed and not launch.stop_sent and launch.ended is None:
+            if launch.went and not launch.stop_sent and launch.ended is None:
                 launch.stop(signal.SIGTERM, cancel=True,
                             evidence={"halted_after": self.halted_after})  # fmt: skip
 
@@ -417,50 +417,149 @@ class Worker:
 
     # -- the supervisors ------------------------------------------------------------------
 
-    def _fill_slots(self) -> None:
-        """Give each free slot a task (a slot whose task ended is free, even before its
-        end is written: the next claim goes in the same write), to an idle supervisor
-        or, failing one, a new one."""
+    def _claimants(self, units: Sequence[_Unit]) -> list[Launch]:
+        """An idle supervisor (a new one if none: up to two per slot) for each free
+        slot, each told a claim naming it is being written (should we die before it
+        hears the outcome, it finds the claim and releases it). A slot whose task ended
+        is free: its end is in the same write (``units``), and the place it frees in its
+        group may go to a claim of that write. After a write that found nothing more to
+        claim, no new supervisor is made for the next (an idle queue costs no forks)."""
         if self.closing:
-            return
+            return []
         held = self.launches
         if self.halt and any(_ends_failed(launch) for launch in held.values()):
-            return  # (--halt: a claim now would share the failure's write; see the module)
-        busy = sum(1 for launch in held.values() if launch.ended is None)
+            return []  # (--halt: the next claim waits until the failure's end is written)
+        unknown = sum(1 for s in self.supervisors if s.claiming is not None and not s.gone)
+        busy = sum(1 for launch in held.values() if launch.ended is None) + unknown
         free = self.jobs - busy - len(self.survivors)
-        if free <= 0:
-            return
-        # Per group, the places our supervisors hold beyond what the journal says is in
-        # flight: a task given out, not yet claimed (+1); a task ended, its end not yet
-        # written (-1: that end goes first in the write that claims the next one).
-        extra: dict[str, int] = {}
-        for launch in held.values():
-            change = 0 if launch.claimed else 1
-            if launch.claimed and launch.ended is not None:
-                change = -1
-            group = launch.task.spec.group
-            extra[group] = extra.get(group, 0) + change
-        unclaimed = [task_id for task_id, launch in held.items() if not launch.claimed]
-        try:
-            candidates = self.store.queued(free, skip=unclaimed, extra=extra)
-        except DatabaseUnavailableError as error:
-            self._unreachable(error)
-            return
-        for task in candidates:
-            if free == 0:
-                break
-            if task.id in held:
+        idle = [s for s in self.supervisors if s.idle and not s.gone and s.claiming is None]
+        ending = sum(1 for unit in units if unit.kind == "end")  # (idle once written)
+        forks = min(free - len(idle), 2 * self.jobs - len(self.supervisors))
+        if self._queue_ran_dry:
+            forks = min(forks, 0 if idle or ending else 1)
+        for _ in range(max(0, forks)):
+            launch = Launch(self.session.home, self.environ)
+            self.supervisors.append(launch)
+            idle.append(launch)
+        chosen = idle[: max(0, free)]
+        for launch in chosen:
+            launch.expect(new_claim_token(os.urandom(10)))
+        return chosen
+
+    def _claimed(self, launch: Launch, task: Task, token: str) -> None:
+        """Our claim of ``task`` is durable: the supervisor it names plans it."""
+        launch.assign(task, token)
+        launch.claimed = True
+        launch.dispatched = task.state is State.DISPATCHING
+        if task.cancel_requested:  # (a claim read back after a while: asked meanwhile)
+            self._cancel_before_spawn.add(task.id)
+
+    def _settle_claims(self) -> None:
+        """Claims whose answer was lost (the database went away during the call): read
+        back by their tokens, once that can be known (``claimed_with``: no connection of
+        ours may still be writing them). One written goes on as if answered; its
+        supervisor gone meanwhile, it goes back to the queue (nothing was started)."""
+        for launch in self.supervisors:
+            token = launch.claiming
+            if token is None:
                 continue
-            idle = next((s for s in self.supervisors if s.idle and not s.gone), None)
-            if idle is None:
-                if len(self.supervisors) >= 2 * self.jobs:
-                    break  # (every spare is still busy with an end: next turn)
-                idle = Launch(self.session.home, self.environ)
-                self.supervisors.append(idle)
-            token = new_claim_token(os.urandom(10))
-            claimed = Task(**{**task.__dict__, "state": State.CLAIMED, "claim_token": token})
-            idle.assign(claimed, token)
-            free -= 1
+            try:
+                task = self.store.claimed_with(token, writer_pid=os.getpid())
+            except DatabaseUnavailableError as error:
+                self._unreachable(error)
+                return
+            except (FerryError, OSError):
+                return
+            if launch.gone:
+                launch.claiming = None
+                if task is not None:
+                    self._give_back(task, token, "its supervisor died before the spawn")
+            elif task is None:
+                launch.unexpect()
+            else:
+                self._claimed(launch, task, token)
+
+    def _give_back(self, task: Task, token: str, why: str) -> bool:
+        """A claim of ours whose task was never started: back to the queue, not counted
+        (CANCELLED if a cancel was asked for), decided on the task as it is. False: not
+        written (said)."""
+
+        def decide(current: Mapping[str, Task | None]) -> list[ev.Event]:
+            end = unstarted_end(current.get(task.id), token, {"worker": why})
+            return [] if end is None else [end]
+
+        try:
+            self.store.commit_against([task.id], decide)
+        except (FerryError, OSError) as error:
+            message = getattr(error, "message", str(error))
+            self.session.notice(f"task {task.id}: not given back yet ({message})")
+            return False
+        return True
+
+    def _dispatch(self) -> None:
+        """Start each claimed task whose plan is in (``go``), once its DISPATCHING is
+        durable: written with its claim, checked against the plan; a task with pinned
+        inputs: its plan's record written now (SETTLED FAILED if an input changed:
+        nothing to run). Closing (a signal, ``--halt``, the lease lost, the journal
+        failing us), a claimed task not started yet is given back instead (a supervisor
+        still hashing pinned inputs, which may hang on a dead disk, is ended: it started
+        nothing)."""
+        for launch in list(self.launches.values()):
+            if not launch.claimed or launch.went or launch.gone:
+                continue
+            if launch.task.id in self._cancel_before_spawn:
+                continue  # (written with the next write, then aborted)
+            if self.closing:
+                if not self._give_back(launch.task, launch.token, "the worker is stopping"):
+                    continue  # (next turn; or, let go at the end, its supervisor does it)
+                if launch.plan is None:
+                    launch.kill()
+                else:
+                    launch.abort()
+                launch.forget()
+                continue
+            if launch.plan is None:
+                continue  # (still planning: next turn)
+            record = launch.plan_record
+            expected = dispatching_with_claim(launch.task, launch.token)
+            wrong = launch.dispatched and (expected is None or record != expected.encode())
+            if record is None or wrong:  # (a bug: the plan of a task is made once)
+                error = launch.plan_error or InternalError(
+                    f"task {launch.task.id}: its plan ({record}) is not what its claim wrote"
+                )
+                self._halt(error, fail=True)  # (closing: given back, then dropped)
+                continue
+            if not launch.dispatched and not self._write_plan(launch, record):
+                continue
+            launch.go()
+
+    def _write_plan(self, launch: Launch, record: Record) -> bool:
+        """A task with pinned inputs: its plan's record (DISPATCHING, or SETTLED FAILED:
+        forgotten then), under the lease. True: go."""
+        try:
+            self.store.commit(record, epoch=self.lead.epoch)
+        except LeaseHeldError as error:
+            self._halt(error, fail=True)
+            return False  # (given back at the next turn: closing)
+        except RefusedError as error:  # decided meanwhile (recovery, a cancel)
+            self.session.notice(error.message)
+            launch.abort()
+            launch.forget()
+            return False
+        except DatabaseUnavailableError as error:
+            self._unreachable(error)  # (tried again at the next turn)
+            return False
+        except FerryError as error:
+            self._journal_failed(error)
+            return False
+        self.outage = False
+        if record[0] == ev.EventType.SETTLED.value:
+            task_id, attempt = launch.task.id, launch.task.attempt
+            launch.forget()  # (a pinned input changed: settled FAILED, nothing to run)
+            self._settled(task_id, attempt)
+            return False
+        launch.dispatched = True
+        return True
 
     def _await_plans(self) -> None:
         """Wait (briefly) for the plans of the tasks just given out, those without
@@ -500,25 +599,28 @@ class Worker:
             launch.warned = []
 
     def _let_go(self) -> None:
-        """Forget the supervisors that exited (reaped). One that died holding a task it
-        had not claimed gave nothing: its task is a candidate again (three such deaths
-        for one task: ferry has a bug, stop). One that died holding a claimed task
-        before its end was known leaves it to recovery (its runner is dead). One whose
-        end waits to be written stays until it is."""
+        """Forget the supervisors that exited (reaped). One that died holding a claimed
+        task before it was told to spawn started nothing: the claim goes back to the
+        queue (three such deaths for one task: ferry has a bug, stop). One that died
+        after leaves its task to recovery (its runner is dead). One whose end waits to
+        be written stays until it is; one a claim of unknown outcome named, until that
+        is known."""
         for launch in list(self.supervisors):
             if not launch.gone or (launch.ended is not None and not self.halted):
                 continue
+            if launch.claiming is not None and not self.halted:
+                continue  # (_settle_claims reads it back)
             if launch.ended is not None:
                 self.session.notice(
                     f"task {launch.task.id}: its end is left to its supervisor's own write"
                 )
-            elif not launch.idle and not launch.claimed:
-                deaths = self._plan_deaths[launch.task.id] = (
-                    self._plan_deaths.get(launch.task.id, 0) + 1
-                )
+            elif launch.claimed and not launch.went:
+                task_id = launch.task.id
+                self._give_back(launch.task, launch.token, "its supervisor died before the spawn")
+                deaths = self._plan_deaths[task_id] = self._plan_deaths.get(task_id, 0) + 1
                 if deaths >= PLAN_DEATHS_MAX:
-                    self._halt(InternalError(f"task {launch.task.id}: {deaths} supervisors"
-                                             " died planning it"), fail=True)  # fmt: skip
+                    self._halt(InternalError(f"task {task_id}: {deaths} supervisors"
+                                             " died before starting it"), fail=True)  # fmt: skip
             launch.forget()
             launch.reap(timeout_s=0)
             self.supervisors.remove(launch)
@@ -532,22 +634,8 @@ class Worker:
     def _units(self) -> list[_Unit]:
         """What is waiting to be written, per supervisor."""
         units = []
-        closing = self.closing
-        if closing:
-            self._drop_unclaimed()
         for launch in self.launches.values():
             if launch.gone and launch.ended is None:
-                continue
-            plan = launch.plan
-            if plan is not None and not launch.claimed:
-                if plan["record"] is None or closing:
-                    continue  # (its plan failed: _write halts; closing: dropped)
-                runner = launch.identity.to_json()
-                claimed = ev.Claimed(launch.task.id, launch.task.attempt, launch.token,
-                                     runner, "work").encode()  # fmt: skip
-                plan_record = launch.plan_record
-                assert plan_record is not None
-                units.append(_Unit("claim", launch, [claimed, plan_record]))
                 continue
             if launch.task.id in self._cancel_before_spawn:
                 event = before_spawn_event(launch.task, launch.token, cancelled=True)
@@ -562,46 +650,51 @@ class Worker:
         return units
 
     def _write(self) -> None:
-        """One commit for everything pending; then each supervisor is told."""
-        for launch in self.launches.values():
-            if launch.plan is not None and launch.plan["record"] is None:  # (a bug)
-                error = launch.plan_error or InternalError("a task could not be planned")
-                self._halt(error, fail=True)
-                launch.forget()
+        """One write: everything the supervisors said (their ends decided against the
+        tasks as they are when written), and a claim for each free slot; then each
+        supervisor is told."""
         units = self._units()
-        if not units:
+        claimants = self._claimants(units)
+        if not units and not claimants:
             return
-        # Ends first: the place a task frees in its group may go to a claim of this write.
-        units.sort(key=lambda unit: unit.kind == "claim")
-        ends = [u for u in units if u.kind == "end"]
-        if ends:
+        if any(unit.kind == "end" for unit in units):
             with contextlib.suppress(FerryError):
                 self.store.refresh()  # a cancel that landed makes an end CANCELLED
+        ids = sorted({unit.launch.task.id for unit in units})
+        claims = [(launch.identity.to_json(), str(launch.claiming)) for launch in claimants]
         try:
-            for unit in ends:
-                unit.records = unit.launch.end_records(self.store)
-        except DatabaseUnavailableError as error:
-            self._unreachable(error)
-            return
-        records = [record for unit in units for record in unit.records]
-        try:
-            self.store.commit(*records, epoch=self.lead.epoch if not self.halted else 0)
+            written = self.store.commit_against(
+                ids, lambda current: _decided(units, current),
+                epoch=self.lead.epoch if not self.halted else 0, claims=claims, by="work",
+            )  # fmt: skip
         except LeaseHeldError as error:  # fenced: a newer leader claims now
+            self._unclaimed(claimants)
             self._halt(error, fail=True)
             self._write_each(units)
             return
         except RefusedError:  # one unit's record is no longer legal: find which
+            self._unclaimed(claimants)  # (claimed at the next turn)
             self._write_each(units)
             return
-        except DatabaseUnavailableError as error:  # (each unit is tried again next turn)
-            self._unreachable(error)
+        except DatabaseUnavailableError as error:  # (each unit is tried again next turn;
+            self._unreachable(error)  # the claims, their outcome unknown: _settle_claims)
             return
         except FerryError as error:  # the journal failed us (a full disk, corruption)
+            self._unclaimed(claimants)
             self._journal_failed(error)
             return
         self.outage = False
         for unit in units:
-            self._done(unit, None)
+            self._done(unit, None, written.tasks.get(unit.launch.task.id))
+        for launch, task in zip(claimants, written.claimed, strict=False):
+            self._claimed(launch, task, str(launch.claiming))
+        self._unclaimed(claimants[len(written.claimed) :])
+        if claimants:
+            self._queue_ran_dry = len(written.claimed) < len(claimants)
+
+    def _unclaimed(self, claimants: Sequence[Launch]) -> None:
+        for launch in claimants:
+            launch.unexpect()
 
     def _unreachable(self, error: FerryError) -> None:
         """The database is out of reach: what waits to be written stays pending and is
@@ -622,19 +715,14 @@ class Worker:
 
     def _write_each(self, units: list[_Unit]) -> None:
         for unit in units:
-            if unit.kind == "claim" and self.halted:
-                self._done(unit, LeaseHeldError("not claimed: the lease is lost"))
-                continue
-            epoch = self.lead.epoch if unit.kind == "claim" else 0
+            task_id = unit.launch.task.id
             try:
-                if unit.kind == "end":  # (as the journal is now: the failed commit caught up)
-                    unit.records = unit.launch.end_records(self.store)
-                self.store.commit(*unit.records, epoch=epoch)
+                written = self.store.commit_against([task_id], functools.partial(_decided, [unit]))
             except RefusedError as error:
-                self._done(unit, None if self._claimed_by_us(unit) else error)
+                self._done(unit, error, None)
                 continue
             except LeaseHeldError as error:
-                self._done(unit, error)
+                self._done(unit, error, None)
                 continue
             except DatabaseUnavailableError as error:
                 self._unreachable(error)
@@ -642,33 +730,18 @@ class Worker:
             except FerryError as error:
                 self._journal_failed(error)
                 return
-            self._done(unit, None)
+            self._done(unit, None, written.tasks.get(task_id))
 
-    def _done(self, unit: _Unit, error: FerryError | None) -> None:
+    def _done(self, unit: _Unit, error: FerryError | None, task: Task | None) -> None:
+        """``task``: as the write left it."""
         launch = unit.launch
-        if unit.kind == "claim":
-            if error is not None:
-                self.session.notice(error.message)
-                launch.abort()
-                launch.forget()
-                return
-            launch.claimed = True
-            plan_record = launch.plan_record
-            if plan_record is not None and plan_record[0] == "SETTLED":
-                task_id, attempt = launch.task.id, launch.task.attempt
-                launch.forget()  # a pinned input changed: settled FAILED, nothing to run
-                self._settled(task_id, attempt)
-            elif self._cancelled(launch):
-                self._cancel_before_spawn.add(launch.task.id)  # written next, then abort
-            else:
-                launch.go()
-        elif unit.kind == "cancelled":
+        if unit.kind == "cancelled":
             task_id, attempt = launch.task.id, launch.task.attempt
             self._cancel_before_spawn.discard(task_id)
             launch.abort()
             launch.forget()
             if error is None:
-                self._settled(task_id, attempt)
+                self._settled(task_id, attempt, task)
         elif unit.kind == "spawned":
             if error is None:
                 launch.written("SPAWNED")
@@ -681,26 +754,8 @@ class Worker:
             launch.ack()
             # Ours even when end_records found it written already (by the supervisor,
             # its launcher having been silent too long): the attempt we ran, settled.
-            self._settled(task_id, attempt)
-            self._retrying(task_id, attempt)
-
-    def _claimed_by_us(self, unit: _Unit) -> bool:
-        """A claim refused because it is ours already: its commit went through, only the
-        answer was lost (a connection cut during COMMIT)."""
-        if unit.kind != "claim":
-            return False
-        with contextlib.suppress(FerryError, OSError):
-            current = self.store.get(unit.launch.task.id)
-            return current is not None and current.claim_token == unit.launch.token
-        return False
-
-    def _cancelled(self, launch: Launch) -> bool:
-        """(The database out of reach: not known now; its supervisor's beats look.)"""
-        try:
-            task = self.store.get(launch.task.id)
-        except DatabaseUnavailableError:
-            return False
-        return bool(task and task.claim_token == launch.token and task.cancel_requested)
+            self._settled(task_id, attempt, task)
+            self._retrying(task_id, attempt, task)
 
     def _halt(self, error: FerryError | None, *, fail: bool = False) -> None:
         if not self.halted and error is not None:
@@ -708,6 +763,17 @@ class Worker:
         self.halted = True
         if fail and error is not None:
             self.failures.append(error)
+
+
+def _decided(units: Sequence[_Unit], current: Mapping[str, Task | None]) -> list[Record]:
+    """The units' records, each end as the task ``current`` needs it now
+    (``Launch.end_records_for``)."""
+    records: list[Record] = []
+    for unit in units:
+        if unit.kind == "end":
+            unit.records = unit.launch.end_records_for(current.get(unit.launch.task.id))
+        records.extend(unit.records)
+    return records
 
 
 def _ends_failed(launch: Launch) -> bool:

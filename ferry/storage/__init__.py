@@ -17,12 +17,13 @@ validates in the transaction that writes them, against the rows it locked (a
 conditional update on the claim token and the expected state: zero rows is a refusal).
 A use case never acts on a table read earlier without such a write, or a ``sync``.
 
-Claiming is a commit: the use case picks candidates (``queued``), then commits CLAIMED
-with the claim's DISPATCHING intent; a candidate claimed meanwhile is refused
-(``task.stale_claim`` and the other codes of ``ferry.core.fold.MOVED_CODES``) and the
-next is tried. The candidate query is where backends differ: the local journal reads
-its table (one writer at a time: the append lock); PostgreSQL selects ``FOR UPDATE SKIP
-LOCKED`` in the claim's transaction so that workers on many hosts take different rows.
+Claiming is one write the store decides (``claim_next``): the best candidate under the
+queue's gates, CLAIMED with its DISPATCHING intent (``ferry.storage.claiming``). The
+local journal picks from its table and commits, skipping a candidate the commit refused
+because it moved meanwhile (one writer at a time: the append lock); PostgreSQL does it
+in one call of a server-side function, one transaction, one round trip: the pick ``FOR
+UPDATE SKIP LOCKED`` (workers on many hosts take different rows), the queue's rules and
+the lease's epoch checked on the rows as they are, the events and the row written.
 
 What stays per host: process probes, signals, the alive-lock files and the logs belong
 to the machine the task runs on (``ferry.proc``, and the state directory). A shared
@@ -32,7 +33,7 @@ decides only its own tasks.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -46,6 +47,19 @@ EncodedEvent = tuple[str, dict[str, Any]]
 LOG_TAIL_BYTES = 64 * 1024  # of each stream, kept for other hosts by a shared backend
 # Reads the tails of an attempt's logs on this host (see TaskStore.log_tails).
 LogTailReader = Callable[[str, int], dict[str, tuple[bytes, int]]]
+Claimant = tuple[Mapping[str, Any], str]  # a claim to make: its runner, its token
+
+
+class Written:
+    """What ``TaskStore.commit_against`` wrote: the tasks it was asked about, as they
+    are after the write, and the tasks it claimed, in the order of the claims asked for
+    (fewer: nothing more to claim). (A plain class: a NamedTuple is compiled at import,
+    and every command imports this module.)"""
+
+    __slots__ = ("claimed", "tasks")
+
+    def __init__(self, tasks: dict[str, Task | None], claimed: list[Task]) -> None:
+        self.tasks, self.claimed = tasks, claimed
 
 
 class TaskStore(Protocol):
@@ -59,6 +73,53 @@ class TaskStore(Protocol):
         leader's, for a leader's writes; a write under an epoch older than one already
         used is refused (``journal.fenced``), and a LEASE_ACQUIRED for an epoch already
         used too: one holder per epoch."""
+        ...
+
+    def claim_next(
+        self,
+        runner: Mapping[str, Any],
+        token: str,
+        *,
+        by: str,
+        epoch: int,
+        announce: Sequence[Event] = (),
+    ) -> Task | None:
+        """Claim the first candidate of ``queued`` now, in one durable write decided at
+        write time: CLAIMED with ``token``, naming ``runner`` (the task's supervisor),
+        and, for a task without pinned inputs, its DISPATCHING (``ferry.storage.
+        claiming``); the task as claimed (DISPATCHING, or CLAIMED: the caller plans it
+        and writes its DISPATCHING or its SETTLED), or None: nothing to claim now.
+        ``epoch``: the leader's, fenced as ``commit``'s (``journal.fenced``: nothing
+        written); ``announce``: the leader's LEASE_ACQUIRED, written only with a claim.
+        Raises DatabaseUnavailableError when the write's outcome is not known
+        (``claimed_with`` finds out)."""
+        ...
+
+    def claimed_with(self, token: str, *, writer_pid: int | None = None) -> Task | None:
+        """The task in flight under the claim ``token``, or None: no such claim was
+        written (or it is over). For a claim whose outcome was not known: raises
+        DatabaseUnavailableError while it still cannot be (the store out of reach; on a
+        shared database, a connection of process ``writer_pid`` other than this one still
+        open, whose statement may yet commit)."""
+        ...
+
+    def commit_against(
+        self,
+        ids: Sequence[str],
+        decide: Callable[[Mapping[str, Task | None]], Sequence[Event | EncodedEvent]],
+        *,
+        epoch: int = 0,
+        claims: Sequence[Claimant] = (),
+        by: str = "work",
+    ) -> Written:
+        """``commit`` the records ``decide`` makes from the tasks ``ids`` (None: no such
+        task) as they are when written: a database backend decides on the rows it locked
+        for the write; the local journal on its table as last caught up (the commit is
+        validated under its lock). Then, in the same write, a claim for each of
+        ``claims`` (a runner and a token) as ``claim_next`` makes it, of the next
+        candidates: the places the records just freed in their groups count as free.
+        Nothing is written if there is nothing to. Raises DatabaseUnavailableError when
+        the write's outcome is not known (its claims: ``claimed_with`` finds out)."""
         ...
 
     def refresh(self) -> None:

@@ -129,7 +129,7 @@ def test_retries_and_not_before_on_the_database(hosts: Hosts, tmp_path: Path) ->
 
 def test_db_init_upgrades_a_version_2_database(pg_url: str, tmp_path: Path) -> None:
     """A database made by the schema of version 2, with a queued task in it: ``db init``
-    upgrades it (version 3), the task is in group default and runs."""
+    upgrades it (version 3, then 4), the task is in group default and runs."""
     with psycopg.connect(pg_url, autocommit=True) as conn:
         with conn.transaction():
             for number, migration in enumerate(schema.MIGRATIONS[:2], start=1):

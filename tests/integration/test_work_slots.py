@@ -77,10 +77,11 @@ def test_slots_run_every_queued_task_once_and_end_when_drained(
 def test_a_claim_refused_because_the_task_was_cancelled_meanwhile_is_skipped(
     ferry: Ferry, tmp_path: Path
 ) -> None:
-    """The race between the loop's pick (a task given to a supervisor, planned) and
-    its claim write, played step by step on a real state directory: another process
-    cancels the picked task in between. The claim is refused, the supervisor told to
-    drop it (it started nothing), and the next task is claimed."""
+    """The race between the loop's pick (from its table, as last caught up) and the
+    claim's write, played step by step on a real state directory: another process
+    cancels the first task after the worker read its table. The write catches up under
+    the journal's lock and refuses that claim; the next task is claimed in its place
+    (``claiming.commit_decided``), and nothing was started for the first."""
     from ferry.app.session import Session, Silent
     from ferry.app.worker import Worker
 
@@ -96,18 +97,13 @@ def test_a_claim_refused_because_the_task_was_cancelled_meanwhile_is_skipped(
                     stale_after_s=None)  # fmt: skip
     worker.lead.acquire()
     try:
-        worker.lead.commit()
-        worker._fill_slots()
-        worker._await_plans()
-        assert list(worker.launches) == [first]
-        ferry.ok("cancel", first)  # lands between the pick and the write
+        worker.lead.commit()  # (the worker's table: both tasks queued)
+        assert [t.id for t in session.store.queued(2)] == [first, second]
+        ferry.ok("cancel", first)  # lands between the worker's read and its write
         worker._write()
-        assert notices and first in notices[0] and not worker.failures
-        assert list(worker.launches) == []  # dropped: its supervisor is idle again
-        worker._fill_slots()  # the table caught up during the refused write
+        assert list(worker.launches) == [second] and not worker.failures, notices
         worker._await_plans()
-        assert list(worker.launches) == [second]
-        worker._write()
+        worker._dispatch()
         assert states(ferry)[second] in ("DISPATCHING", "RUNNING", "SUCCEEDED")
         launch = worker.launches[second]
         while not launch.idle and not launch.gone:  # let it run, and write its end

@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -44,6 +44,9 @@ from ferry.core.state import States, Table
 from ferry.failpoints import failpoint
 from ferry.proc import alivelock
 from ferry.storage.local.statedir import fsync_dir, make_dir_durable, private_open, write_atomic
+
+if TYPE_CHECKING:
+    from ferry.storage import Claimant, EncodedEvent, Written
 
 # Compact once this many records follow the last snapshot. Every command folds them
 # (about 14 µs each): at 5,000, `ferry run -- true` took 140 ms just before a compaction
@@ -355,6 +358,42 @@ class Store:
         for record_type, _ in batch:
             failpoint("after:" + record_type)
         return records
+
+    def claim_next(
+        self,
+        runner: Mapping[str, Any],
+        token: str,
+        *,
+        by: str,
+        epoch: int,
+        announce: Sequence[ev.Event] = (),
+    ) -> Task | None:
+        """The best candidate from the table, committed (validated under the lock);
+        one that moved meanwhile is skipped for the next (``ferry.storage.claiming``)."""
+        from ferry.storage.claiming import claim_by_commit
+
+        return claim_by_commit(self, runner, token, by=by, epoch=epoch, announce=announce)
+
+    def claimed_with(self, token: str, *, writer_pid: int | None = None) -> Task | None:
+        """(A commit's outcome is always known here: it appended, or raised.)"""
+        from ferry.storage.claiming import claimed_in
+
+        return claimed_in(self, token)
+
+    def commit_against(
+        self,
+        ids: Sequence[str],
+        decide: Callable[[Mapping[str, Task | None]], Sequence[ev.Event | EncodedEvent]],
+        *,
+        epoch: int = 0,
+        claims: Sequence[Claimant] = (),
+        by: str = "work",
+    ) -> Written:
+        """One commit: the records decided on the table as last caught up (validated
+        under the lock), the claims of the next candidates (``ferry.storage.claiming``)."""
+        from ferry.storage.claiming import commit_decided
+
+        return commit_decided(self, ids, decide, epoch=epoch, claims=claims, by=by)
 
     def _check_new_epoch(self, epoch: int) -> None:
         """A leader announces its epoch (LEASE_ACQUIRED) in its first write: refused if

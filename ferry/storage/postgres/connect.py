@@ -77,12 +77,21 @@ def _redacted(url: str) -> str:
     return f"{scheme}{sep}{rest}"
 
 
+def application_name(pid: int, host: str) -> str:
+    """The name a ferry process's connection carries (``pg_stat_activity``): its pid and
+    host. A claim whose answer was lost is known once no connection of its writer but
+    the asker's own is open (``PgStore.claimed_with``). (Cut to the server's 63 bytes.)"""
+    return f"ferry {pid}@{host}".encode()[:63].decode(errors="ignore")
+
+
 class Database:
     """A connection opened on first use, reopened after a failure. ``run`` maps the
-    driver's errors: a lost or refused connection is ``db.unavailable``."""
+    driver's errors: a lost or refused connection is ``db.unavailable``. ``host``: the
+    host id, for the connection's name (``application_name``)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, host: str = "") -> None:
         self.url = url
+        self.host = host
         self._conn: Any = None
         self._psycopg = _psycopg()
 
@@ -95,6 +104,7 @@ class Database:
                 self._conn = self._psycopg.connect(
                     self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S,
                     options="-c jit=off",
+                    application_name=application_name(os.getpid(), self.host),
                 )  # fmt: skip
             except self._psycopg.OperationalError as error:
                 raise unavailable(error, self.url) from error

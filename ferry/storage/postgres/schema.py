@@ -92,7 +92,148 @@ MIGRATIONS: tuple[str, ...] = (
     INSERT INTO ferry_meta (key, value) VALUES ('paused_all', 'false');
     ANALYZE ferry_groups;  -- (a handful of rows: without statistics the planner guesses 600)
     """,
-    # 4: the tail of each log stream, kept with the task's SETTLED for the other hosts
+    # 4: claims in one round trip (PgStore.claim_next, PgStore.commit_against; docs/
+    # postgres.md, "Claims"): the queue's rules, the pick (FOR UPDATE SKIP LOCKED), the
+    # lease's epoch and the writes in one call. A function, not one statement: in READ
+    # COMMITTED each of its statements reads a snapshot taken when it starts, so what it
+    # reads after taking a lock (the groups' settings after the queue's lock, a group's
+    # tasks in flight after the group's count lock) is what was committed before the
+    # lock was granted; one statement reads its whole snapshot before it waits for any
+    # lock. 1717924465 is queue.QUEUE_LOCK.
+    """
+    CREATE FUNCTION ferry_claim(p_host text, p_epoch bigint, p_tokens text[],
+                                p_runners jsonb[], p_by text, p_ts double precision)
+    RETURNS TABLE (claim_status text, claim_epoch bigint, claim_body jsonb)
+    LANGUAGE plpgsql VOLATILE AS $claim$
+    DECLARE
+        v_claim integer;
+        v_group record;
+        v_id text;
+        v_count bigint;
+        v_epoch bigint;
+        v_live boolean;
+        v_checked boolean := p_epoch <= 0;  -- the lease checked (none to check: 0)
+    BEGIN
+        -- Shared: claimers do not wait for one another; group set, pause and resume
+        -- take it exclusively, so the settings read below stay so until COMMIT.
+        PERFORM pg_advisory_xact_lock_shared(1717924465);
+        FOR v_claim IN 1 .. coalesce(array_length(p_tokens, 1), 0) LOOP
+            v_id := NULL;
+            -- The open groups (neither paused nor full) in the order of their best task
+            -- that may run now (its time come, every dependency SUCCEEDED: one missing
+            -- is not), read without locks; in that order, the first such task of the
+            -- group that no other claimer holds, locked: one row, the claim's own.
+            FOR v_group IN
+                SELECT g.name, coalesce(g.jobs, 0) AS jobs
+                FROM ferry_groups g CROSS JOIN LATERAL (
+                    SELECT q.priority, q.queue_seq, q.id FROM ferry_tasks q
+                    WHERE q.grp = g.name AND q.state = 'QUEUED'
+                      AND (q.not_before IS NULL OR q.not_before <= extract(epoch FROM now()))
+                      AND NOT EXISTS (
+                          SELECT 1 FROM unnest(q.deps) AS dep
+                          LEFT JOIN ferry_tasks d ON d.id = dep
+                          WHERE d.id IS NULL OR d.state <> 'SUCCEEDED')
+                    ORDER BY q.priority DESC, q.queue_seq, q.id
+                    LIMIT 1
+                ) head
+                WHERE NOT coalesce(g.paused, (SELECT m.value = 'true' FROM ferry_meta m
+                                              WHERE m.key = 'paused_all'))
+                  AND (coalesce(g.jobs, 0) <= 0 OR g.jobs > (
+                      SELECT count(*) FROM ferry_tasks r WHERE r.grp = g.name
+                      AND r.state IN ('CLAIMED', 'DISPATCHING', 'RUNNING', 'STALE')
+                      AND r.claimed_by IS DISTINCT FROM 'run'))
+                ORDER BY head.priority DESC, head.queue_seq, head.id
+            LOOP
+                SELECT q.id INTO v_id FROM ferry_tasks q
+                WHERE q.grp = v_group.name AND q.state = 'QUEUED'
+                  AND (q.not_before IS NULL OR q.not_before <= extract(epoch FROM now()))
+                  AND NOT EXISTS (
+                      SELECT 1 FROM unnest(q.deps) AS dep LEFT JOIN ferry_tasks d ON d.id = dep
+                      WHERE d.id IS NULL OR d.state <> 'SUCCEEDED')
+                ORDER BY q.priority DESC, q.queue_seq, q.id
+                LIMIT 1
+                FOR UPDATE OF q SKIP LOCKED;
+                CONTINUE WHEN v_id IS NULL;
+                IF v_group.jobs > 0 THEN
+                    -- A limited group: one claimer at a time counts its places, under its
+                    -- count lock (as a commit's claim does: queue.lock_counts).
+                    PERFORM pg_advisory_xact_lock(hashtextextended('count:' || v_group.name, 0));
+                    SELECT count(*) INTO v_count FROM ferry_tasks r WHERE r.grp = v_group.name
+                      AND r.state IN ('CLAIMED', 'DISPATCHING', 'RUNNING', 'STALE')
+                      AND r.claimed_by IS DISTINCT FROM 'run';
+                    IF v_count >= v_group.jobs THEN
+                        v_id := NULL;
+                        CONTINUE;
+                    END IF;
+                END IF;
+                EXIT;
+            END LOOP;
+            EXIT WHEN v_id IS NULL;  -- nothing (more) to claim now
+            IF NOT v_checked THEN
+                -- The host's lease, FOR SHARE until COMMIT, before the first write: a
+                -- claim under an epoch that is no longer the lease's, or after it
+                -- expired, writes nothing.
+                SELECT h.epoch, h.expires_at > now() INTO v_epoch, v_live
+                FROM ferry_hosts h WHERE h.host_id = p_host FOR SHARE;
+                IF v_epoch IS DISTINCT FROM p_epoch OR NOT coalesce(v_live, false) THEN
+                    claim_status := 'fenced';
+                    claim_epoch := v_epoch;
+                    RETURN NEXT;
+                    RETURN;
+                END IF;
+                v_checked := true;
+            END IF;
+            -- CLAIMED, and DISPATCHING for a task without pinned inputs (one with them
+            -- is planned first: its DISPATCHING, or its SETTLED, is written after); the
+            -- row as ferry.core.fold folds them (ferry.storage.claiming).
+            RETURN QUERY
+            WITH task AS (
+                SELECT t.id, (t.body->>'attempt')::bigint AS attempt,
+                       coalesce(jsonb_array_length(t.body->'spec'->'pointers'), 0) = 0
+                           AS dispatch,
+                       t.id || ':' || (t.body->>'attempt') || ':' || p_tokens[v_claim]
+                           AS marker
+                FROM ferry_tasks t WHERE t.id = v_id
+            ), written AS (
+                INSERT INTO ferry_events (epoch, ts, type, task, host, data)
+                SELECT p_epoch, p_ts, e.type, task.id, p_host, e.data
+                FROM task CROSS JOIN LATERAL (VALUES
+                    (1, 'CLAIMED', jsonb_build_object('task', task.id, 'attempt',
+                        task.attempt, 'token', p_tokens[v_claim], 'runner',
+                        p_runners[v_claim], 'by', p_by)),
+                    (2, 'DISPATCHING', jsonb_build_object('task', task.id, 'attempt',
+                        task.attempt, 'token', p_tokens[v_claim], 'marker', task.marker,
+                        'evidence', '{}'::jsonb))
+                ) AS e(n, type, data)
+                WHERE e.n = 1 OR task.dispatch
+                ORDER BY e.n
+                RETURNING seq
+            ), folded AS (
+                SELECT task.id, task.dispatch, task.marker,
+                       CASE WHEN task.dispatch THEN 'DISPATCHING' ELSE 'CLAIMED' END AS state,
+                       (SELECT max(written.seq) FROM written) AS seq
+                FROM task
+            )
+            UPDATE ferry_tasks t SET
+                state = folded.state, reason = NULL, host = p_runners[v_claim]->>'host_id',
+                claimed_by = p_by, updated_seq = folded.seq, updated_at = now(),
+                body = (t.body - ARRAY['pid', 'pgid', 'start_time', 'started_at',
+                                       'heartbeat_at', 'cancel_requested', 'reason',
+                                       'exit_code', 'signal', 'marker', 'claim_token',
+                                       'runner', 'claimed_by'])
+                    || jsonb_build_object('state', folded.state, 'claim_token',
+                                          p_tokens[v_claim], 'runner', p_runners[v_claim],
+                                          'claimed_by', p_by, 'updated_seq', folded.seq)
+                    || CASE WHEN folded.dispatch
+                            THEN jsonb_build_object('marker', folded.marker)
+                            ELSE '{}'::jsonb END
+            FROM folded WHERE t.id = folded.id
+            RETURNING 'claimed'::text, p_epoch, t.body;
+        END LOOP;
+    END
+    $claim$;
+    """,
+    # 5: the tail of each log stream, kept with the task's SETTLED for the other hosts
     # (contract.md, "Many machines": the whole log stays on the host that ran it).
     """
     CREATE TABLE ferry_log_tails (

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from ferry.core import events as ev
 from ferry.core.errors import (
     DatabaseError,
+    DatabaseUnavailableError,
     InternalError,
     LeaseHeldError,
     NotFoundError,
@@ -42,11 +43,12 @@ from ferry.core.ids import LAST, resolve_prefix, shown, task_number
 from ferry.core.model import IN_FLIGHT_STATES, Reason, State, Task
 from ferry.core.state import SNAPSHOT_FORMAT, States, Table
 from ferry.failpoints import failpoint
+from ferry.storage import Written
 from ferry.storage.postgres import queue, schema
-from ferry.storage.postgres.connect import Database, host_id
+from ferry.storage.postgres.connect import Database, application_name, host_id
 
 if TYPE_CHECKING:
-    from ferry.storage import EncodedEvent, LogTailReader
+    from ferry.storage import Claimant, EncodedEvent, LogTailReader
 
 _CLAIMED = ev.EventType.CLAIMED.value
 _SETTLED = ev.EventType.SETTLED.value
@@ -58,6 +60,7 @@ _FILES = "gc_files:"  # ferry_meta: gc_files:<host>:<id>, a forgotten task's fil
 _IN_FLIGHT = [state.value for state in IN_FLIGHT_STATES]
 _TERMINAL = {State.SUCCEEDED.value, State.FAILED.value, State.CANCELLED.value}
 _COLUMNS = "body"
+_CLAIM = "SELECT claim_status, claim_epoch, claim_body FROM ferry_claim(%s, %s, %s, %s, %s, %s)"
 
 
 def _task(row: Sequence[Any]) -> Task:
@@ -78,7 +81,7 @@ class PgStore:
     def open(
         cls, url: str, host: str | None = None, log_tails: LogTailReader | None = None
     ) -> PgStore:
-        db = Database(url)
+        db = Database(url, host_id(host))
         db.check_durable()
         found = schema.version(db.connection())
         if found == 0:
@@ -86,14 +89,18 @@ class PgStore:
                 "the database has no ferry schema: run 'ferry --database URL db init' first",
                 code="db.not_initialised",
             )
-        if found > schema.VERSION:
+        if found != schema.VERSION:
+            newer = found > schema.VERSION
             raise DatabaseError(
-                f"the database's ferry schema is version {found}, newer than this ferry's"
-                f" ({schema.VERSION}): upgrade ferry",
+                f"the database's ferry schema is version {found},"
+                f" {'newer' if newer else 'older'} than this ferry's ({schema.VERSION}): "
+                + (
+                    "upgrade ferry" if newer else "run 'ferry --database URL db init' to upgrade it"
+                ),
                 code="db.version",
                 details={"version": found, "supported": schema.VERSION},
             )
-        return cls(db, host_id(host), log_tails)
+        return cls(db, db.host, log_tails)
 
     def close(self) -> None:
         self.db.close()
@@ -101,7 +108,7 @@ class PgStore:
     # ---- writing -------------------------------------------------------------------
 
     def commit(self, *events: ev.Event | EncodedEvent, epoch: int = 0) -> list[Any]:
-        batch = [self._stamped(e if isinstance(e, tuple) else e.encode()) for e in events]
+        batch = self._encoded(events)
         if batch and all(kind == _FORGOTTEN for kind, _ in batch):
             self._forget(batch)
             return []
@@ -113,16 +120,20 @@ class PgStore:
             # The queue's advisory lock (queue module): shared by claims, taken with the
             # lease check (no round trip of its own); exclusive for a group change.
             claiming = bool(claims) and not changes
-            if epoch > 0:
-                self._check_lease(conn, epoch, lock_queue=claiming)
-            elif claiming or changes:
-                queue.lock(conn, exclusive=bool(changes))
+            others = [i for i in ids if i not in claims]
+            if claiming or changes:
+                if epoch > 0:
+                    self._check_lease(conn, epoch, lock_queue=claiming)
+                if changes or epoch <= 0:
+                    queue.lock(conn, exclusive=bool(changes))
+                rows = self._lock_tasks(conn, others)
+            else:  # (the lease checked in the statement that locks the rows)
+                rows = self._lock_tasks(conn, others, epoch=epoch)
             # SKIP LOCKED for the claimed rows only: another claimer holding one has
-            # it (refused at once). The batch's other rows (a worker's ends, written
-            # with its next claim) are waited for: a claimer that picked one from the
-            # queue a moment before it was claimed holds it until refused. They are
-            # locked first, in id order; the claimed rows after them never wait.
-            rows = self._lock_tasks(conn, [i for i in ids if i not in claims], skip_locked=False)
+            # it (refused at once). The batch's other rows (a worker's ends) are waited
+            # for: a claimer that picked one from the queue a moment before it was
+            # claimed holds it until refused. They are locked first, in id order; the
+            # claimed rows after them never wait.
             facts = queue.lock_claimed(conn, sorted(claims))  # (with their rules' facts)
             rows.update(facts.rows)
             taken = claims - set(rows)
@@ -132,29 +143,164 @@ class PgStore:
                     code="task.stale_claim",
                     details={"task": sorted(taken)[0]},
                 )
-            table = self._locked_table(conn, batch, rows, facts)
-            table.validate_batch(batch, now=facts.now)
-            ts = time.time()  # (one for the batch: its records commit together)
-            seqs = self._insert_events(conn, batch, epoch, ts)
-            records = []
-            numbers = iter(self._task_numbers(conn, batch))
-            for (kind, data), seq in zip(batch, seqs, strict=True):
-                if kind == _SUBMITTED:  # its number: the fold gives it submitted + 1
-                    table.submitted = next(numbers) - 1
-                table.apply(kind, data, seq, ts)
-                records.append((seq, epoch, kind, data))
-            self._write_tasks(conn, [t for t in map(table.get, ids) if t is not None])
-            self._keep_log_tails(conn, batch)
-            queue.write_settings(conn, batch)
-            submitted = [data["spec"].get("group") for kind, data in batch if kind == _SUBMITTED]
-            queue.ensure_groups(conn, [group for group in submitted if group])
-            # Inside the transaction, its row locks held, before COMMIT: a crash (or a
-            # connection killed) here commits nothing.
-            for record_type, _ in batch:
-                failpoint("before:" + record_type)
+            records, _ = self._write_locked(conn, batch, epoch, ids, rows, facts)
         for record_type, _ in batch:
             failpoint("after:" + record_type)
         return records
+
+    def commit_against(
+        self,
+        ids: Sequence[str],
+        decide: Callable[[Mapping[str, Task | None]], Sequence[ev.Event | EncodedEvent]],
+        *,
+        epoch: int = 0,
+        claims: Sequence[Claimant] = (),
+        by: str = "work",
+    ) -> Written:
+        """Decided on the rows locked for the write (``FOR UPDATE``, in the statement
+        that checks the lease): a cancel, a recovery decision or another host's write
+        that committed before is seen, one after waits for this write. The claims: one
+        call of ``ferry_claim`` in the same transaction (its count of a group's tasks in
+        flight sees the ends just written); without records to write, that call alone,
+        in autocommit (one round trip). Nothing to write: rolled back (row locks only:
+        a COMMIT would wait for a WAL flush)."""
+        wanted = sorted(set(ids))
+        if not wanted:
+            return Written({}, self._claim_now(claims, by, epoch) if claims else [])
+        claimed: list[Task] = []
+        try:
+            with self.db.transaction() as conn:
+                rows = self._lock_tasks(conn, wanted, epoch=epoch)
+                current = {i: (task_from_record(rows[i]) if i in rows else None) for i in wanted}
+                batch = self._encoded(decide(current))
+                kinds = {kind for kind, _ in batch}
+                if kinds & {_CLAIMED, _SUBMITTED, _FORGOTTEN} or queue.group_events(batch):
+                    raise InternalError(f"commit_against writes no {sorted(kinds)}")
+                after = dict(current)
+                if batch:
+                    more = sorted({str(d["task"]) for _, d in batch if "task" in d} - set(wanted))
+                    rows.update(self._lock_tasks(conn, more))
+                    every = sorted({*wanted, *more})
+                    _, table = self._write_locked(conn, batch, epoch, every, rows, None)
+                    after = {task_id: table.get(task_id) for task_id in wanted}
+                if claims:
+                    failpoint("before:" + _CLAIMED)  # (inside the transaction)
+                    claimed = self._claim(conn.execute, claims, by, epoch)
+                if not batch and not claimed:
+                    raise _NothingWritten(current)
+        except _NothingWritten as nothing:
+            return Written(nothing.tasks, [])
+        for record_type, _ in batch:
+            failpoint("after:" + record_type)
+        _after_claims(claimed)
+        return Written(after, claimed)
+
+    def claim_next(
+        self,
+        runner: Mapping[str, Any],
+        token: str,
+        *,
+        by: str,
+        epoch: int,
+        announce: Sequence[ev.Event] = (),
+    ) -> Task | None:
+        """One call of ``ferry_claim`` (schema version 4), in autocommit: one round trip,
+        one transaction (``announce``: with the leader's LEASE_ACQUIRED inserted first,
+        in the same transaction, rolled back if nothing is claimed). A connection lost
+        meanwhile leaves the outcome unknown: DatabaseUnavailableError, and
+        ``claimed_with`` finds out."""
+        if not announce:
+            claimed = self._claim_now([(runner, token)], by, epoch)
+            return claimed[0] if claimed else None
+        try:
+            with self.db.transaction() as conn:
+                self._insert_events(conn, [e.encode() for e in announce], epoch, time.time())
+                failpoint("before:" + _CLAIMED)
+                claimed = self._claim(conn.execute, [(runner, token)], by, epoch)
+                if not claimed:
+                    raise _NothingWritten({})
+        except _NothingWritten:
+            return None
+        _after_claims(claimed)
+        return claimed[0]
+
+    def _claim_now(self, claims: Sequence[Claimant], by: str, epoch: int) -> list[Task]:
+        """The claims in one call, in autocommit: one round trip, its own transaction."""
+        failpoint("before:" + _CLAIMED)  # (nothing sent yet)
+        claimed = self._claim(self.db.execute, claims, by, epoch)
+        _after_claims(claimed)
+        return claimed
+
+    def _claim(
+        self, execute: Callable[..., Any], claims: Sequence[Claimant], by: str, epoch: int
+    ) -> list[Task]:
+        """``ferry_claim`` for ``claims`` (their runners stamped with this host): the
+        tasks claimed, in order; its lease fenced: nothing written, journal.fenced."""
+        runners = [_json({"host_id": self.host, **runner}) for runner, _ in claims]
+        tokens = [token for _, token in claims]
+        rows = execute(_CLAIM, (self.host, epoch, tokens, runners, by, time.time())).fetchall()
+        if rows and rows[-1][0] == "fenced":
+            raise _fenced(self.host, epoch, rows[-1][1])
+        return [task_from_record(row[2]) for row in rows]
+
+    def claimed_with(self, token: str, *, writer_pid: int | None = None) -> Task | None:
+        """Found by the host's tasks in flight (their index); not found is an answer only
+        once no other connection of ``writer_pid`` is open (``connect.application_name``):
+        the server ends a backend whose client went away once its statement is over,
+        committed or not."""
+        writer = None if writer_pid is None else application_name(writer_pid, self.host)
+        row = self.db.execute(
+            "SELECT (SELECT body FROM ferry_tasks WHERE host = %s AND state = ANY(%s)"
+            " AND body->>'claim_token' = %s LIMIT 1), EXISTS (SELECT 1 FROM pg_stat_activity"
+            " WHERE application_name = %s AND pid <> pg_backend_pid())",
+            (self.host, _IN_FLIGHT, token, writer),
+        ).fetchone()
+        if row[0] is not None:
+            return task_from_record(row[0])
+        if row[1]:
+            raise DatabaseUnavailableError(
+                f"the outcome of claim {token} is not known yet: a connection of process"
+                f" {writer_pid} that may have written it is still open",
+                code="db.unavailable",
+                details={"token": token},
+            )
+        return None
+
+    def _encoded(self, events: Iterable[ev.Event | EncodedEvent]) -> list[EncodedEvent]:
+        return [self._stamped(e if isinstance(e, tuple) else e.encode()) for e in events]
+
+    def _write_locked(
+        self,
+        conn: Any,
+        batch: Sequence[EncodedEvent],
+        epoch: int,
+        ids: Sequence[str],
+        rows: dict[str, Any],
+        facts: queue.ClaimFacts | None,
+    ) -> tuple[list[Any], Table]:
+        """Check ``batch`` against the locked ``rows`` (and what the rules need beyond
+        them), then insert its events and write its tasks; the records and the table."""
+        table = self._locked_table(conn, batch, rows, facts)
+        table.validate_batch(batch, now=None if facts is None else facts.now)
+        ts = time.time()  # (one for the batch: its records commit together)
+        seqs = self._insert_events(conn, batch, epoch, ts)
+        records = []
+        numbers = iter(self._task_numbers(conn, batch))
+        for (kind, data), seq in zip(batch, seqs, strict=True):
+            if kind == _SUBMITTED:  # its number: the fold gives it submitted + 1
+                table.submitted = next(numbers) - 1
+            table.apply(kind, data, seq, ts)
+            records.append((seq, epoch, kind, data))
+        self._write_tasks(conn, [t for t in map(table.get, ids) if t is not None])
+        self._keep_log_tails(conn, batch)
+        queue.write_settings(conn, batch)
+        submitted = [data["spec"].get("group") for kind, data in batch if kind == _SUBMITTED]
+        queue.ensure_groups(conn, [group for group in submitted if group])
+        # Inside the transaction, its row locks held, before COMMIT: a crash (or a
+        # connection killed) here commits nothing.
+        for record_type, _ in batch:
+            failpoint("before:" + record_type)
+        return records, table
 
     def _locked_table(
         self,
@@ -190,7 +336,7 @@ class PgStore:
         else of the task is left: the database has no history to compact."""
         ids = sorted({str(data["task"]) for _, data in batch})
         with self.db.transaction() as conn:
-            rows = self._lock_tasks(conn, ids, skip_locked=False)
+            rows = self._lock_tasks(conn, ids)
             # (A task not settled that comes after one keeps it: Table._check_forget.)
             table = self._locked_table(conn, batch, rows, extra=queue.dependants(conn, ids))
             table.validate_batch(batch)
@@ -326,22 +472,33 @@ class PgStore:
             (queue.QUEUE_LOCK, self.host) if lock_queue else (self.host,),
         ).fetchone()
         if row is None or row[0] != epoch or not row[1]:
-            current = None if row is None else row[0]
-            raise LeaseHeldError(
-                f"fenced: host {self.host}'s lease is no longer at epoch {epoch}"
-                + ("" if current is None else f" (it is at {current}, or expired)"),
-                code="journal.fenced",
-                details={"epoch": epoch, "current_epoch": current, "host": self.host},
-            )
+            raise _fenced(self.host, epoch, None if row is None else row[0])
 
-    def _lock_tasks(self, conn: Any, ids: list[str], *, skip_locked: bool) -> dict[str, Any]:
+    def _lock_tasks(self, conn: Any, ids: list[str], *, epoch: int = 0) -> dict[str, Any]:
+        """The rows of ``ids``, locked ``FOR UPDATE`` in id order (waited for). ``epoch``:
+        a leader's write: its host's lease is checked (``FOR SHARE``) in the same
+        statement (no round trip of its own; on its own when no row is locked)."""
         if not ids:
+            if epoch > 0:
+                self._check_lease(conn, epoch)
             return {}
-        wait = "SKIP LOCKED" if skip_locked else ""
+        if epoch <= 0:
+            found = conn.execute(
+                "SELECT id, body FROM ferry_tasks WHERE id = ANY(%s) ORDER BY id FOR UPDATE",
+                (ids,),
+            ).fetchall()
+            return {row[0]: row[1] for row in found}
         found = conn.execute(
-            f"SELECT id, body FROM ferry_tasks WHERE id = ANY(%s) ORDER BY id FOR UPDATE {wait}",
-            (ids,),
+            "WITH lease AS MATERIALIZED (SELECT epoch, expires_at > now() AS live"
+            " FROM ferry_hosts WHERE host_id = %s FOR SHARE)"
+            " SELECT t.id, t.body, (SELECT epoch FROM lease), (SELECT live FROM lease)"
+            " FROM ferry_tasks t WHERE t.id = ANY(%s) ORDER BY t.id FOR UPDATE OF t",
+            (self.host, ids),
         ).fetchall()
+        if not found:
+            self._check_lease(conn, epoch)
+        elif found[0][2] != epoch or not found[0][3]:
+            raise _fenced(self.host, epoch, found[0][2])
         return {row[0]: row[1] for row in found}
 
     def _existing(self, conn: Any, ids: list[str]) -> bool:
@@ -598,6 +755,30 @@ class PgStore:
                 for h, e, holder, r, x, live in hosts
             ],
         }
+
+
+class _NothingWritten(Exception):
+    """Leaves a transaction that found nothing to write (rolled back)."""
+
+    def __init__(self, tasks: dict[str, Task | None]) -> None:
+        super().__init__("nothing written")
+        self.tasks = tasks
+
+
+def _after_claims(claimed: Sequence[Task]) -> None:
+    for task in claimed:
+        failpoint("after:" + _CLAIMED)
+        if task.state is State.DISPATCHING:
+            failpoint("after:" + ev.EventType.DISPATCHING.value)
+
+
+def _fenced(host: str, epoch: int, current: int | None) -> LeaseHeldError:
+    return LeaseHeldError(
+        f"fenced: host {host}'s lease is no longer at epoch {epoch}"
+        + ("" if current is None else f" (it is at {current}, or expired)"),
+        code="journal.fenced",
+        details={"epoch": epoch, "current_epoch": current, "host": host},
+    )
 
 
 def _table(
