@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ferry.app.foreground import run_task
 from ferry.app.recoverer import Recoverer
 from ferry.app.runner import RunResult
 from ferry.core import events as ev
+from ferry.core._value import replace
 from ferry.core.errors import (
     InternalError,
     RefusedError,

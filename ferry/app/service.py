@@ -560,9 +560,8 @@ def _dependencies_first(
     """The batch's SUBMITTED records, each after those of its batch it comes after (a
     task of the batch not queued because its key succeeded: the one that did it stands
     in for it). A cycle: ``task.dependency_cycle``, nothing written."""
-    from dataclasses import replace
-
     from ferry.app.queueing import cycle_error
+    from ferry.core._value import replace
     from ferry.core.queue import topological
 
     fixed = {}
