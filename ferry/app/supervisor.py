@@ -44,7 +44,6 @@ import contextlib
 import gc
 import os
 import signal
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -68,7 +67,7 @@ from ferry.core.fold import task_from_record
 from ferry.core.model import Reason, State, Task
 from ferry.failpoints import failpoint, supervisor_armed
 from ferry.proc import alivelock
-from ferry.proc._control import Channel, ChannelClosed, close_inherited_descriptors
+from ferry.proc._control import Channel, ChannelClosed, Ends, close_inherited_descriptors
 from ferry.proc._outputs import SignalTrap
 from ferry.proc.logorder import order_path
 from ferry.proc.process import identity_of
@@ -106,7 +105,7 @@ def error_from_json(data: dict[str, Any] | None) -> FerryError | None:
 
 
 def main(
-    sock: socket.socket,
+    ends: Ends,
     home: Path,
     environ: dict[str, str],
     *,
@@ -122,10 +121,10 @@ def main(
     # collection could close descriptors we reuse), its descriptors.
     signal.set_wakeup_fd(-1)
     gc.freeze()
-    close_inherited_descriptors({0, 1, 2, sock.fileno()})
+    close_inherited_descriptors({0, 1, 2, *ends})
     os.setsid()  # not in the launcher's group: the terminal's signals are for it
     supervisor_armed()  # failpoints armed for supervisors only, from here on
-    channel = Channel(sock)
+    channel = Channel(ends)
     with SignalTrap() as trap:
         while True:
             assignment = _next_task(channel)
