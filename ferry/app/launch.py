@@ -39,7 +39,7 @@ from ferry.core.errors import EX_FERRY_FAILED, FerryError, InternalError, Interr
 from ferry.core.fold import task_to_record
 from ferry.core.model import State, Task
 from ferry.core.spec import TaskSpec
-from ferry.proc._control import Channel, ChannelClosed, channel_pair, close_ends
+from ferry.proc._control import Channel, ChannelClosed, channel_pair
 from ferry.proc._outputs import SignalTrap
 from ferry.proc.process import ProcessIdentity, identity_of
 
@@ -90,7 +90,7 @@ class Launch:
                 )  # fmt: skip
             finally:
                 os._exit(status)
-        close_ends(theirs)  # (else its death would not end our read: we would hold its pipe)
+        theirs.close()
         failpoints.companion(pid)
         self.pid = pid
         identity = identity_of(pid)
@@ -406,11 +406,11 @@ class _Foreground:
     def _watch(self) -> RunResult:
         launch, store = self.launch, self.store
         wakeup_fd = self.trap.wakeup_fd
-        watched: list[Any] = [launch.channel.read_fd]
+        watched: list[Any] = [launch.channel.sock]
         if wakeup_fd is not None:
             watched.append(wakeup_fd)
         while True:
-            writable = [launch.channel.write_fd] if launch.channel.pending else []
+            writable = [launch.channel.sock] if launch.channel.pending else []
             ready, out, _ = select.select(watched, writable, [])
             if out:
                 launch.channel.flush()

@@ -68,7 +68,7 @@ from ferry.core.fold import task_from_record
 from ferry.core.model import Reason, State, Task
 from ferry.failpoints import failpoint, supervisor_armed
 from ferry.proc import alivelock
-from ferry.proc._control import Channel, ChannelClosed, Ends, close_inherited_descriptors
+from ferry.proc._control import Channel, ChannelClosed, Socket, close_inherited_descriptors
 from ferry.proc._outputs import SignalTrap
 from ferry.proc.logorder import order_path
 from ferry.proc.process import identity_of
@@ -91,7 +91,7 @@ OUTBOX_PATIENCE_S = float(os.environ.get("FERRY_OUTBOX_PATIENCE_S", "600"))
 
 
 def main(
-    ends: Ends,
+    sock: Socket,
     home: Path,
     environ: dict[str, str],
     *,
@@ -107,10 +107,10 @@ def main(
     # collection could close descriptors we reuse), its descriptors.
     signal.set_wakeup_fd(-1)
     gc.freeze()
-    close_inherited_descriptors({0, 1, 2, *ends})
+    close_inherited_descriptors({0, 1, 2, sock.fileno()})
     os.setsid()  # not in the launcher's group: the terminal's signals are for it
     supervisor_armed()  # failpoints armed for supervisors only, from here on
-    channel = Channel(ends)
+    channel = Channel(sock)
     with SignalTrap() as trap:
         while True:
             assignment = _next_task(channel)

@@ -167,10 +167,10 @@ class Worker:
         watched: list[Any] = [*live, *self.survivors]
         if self.trap.wakeup_fd is not None:
             watched.append(self.trap.wakeup_fd)
-        writable = {launch.channel.write_fd: launch for launch in live if launch.channel.pending}
-        ready, out, _ = select.select(watched, list(writable), [], max(0.0, timeout_s))
-        for fd in out:
-            writable[fd].channel.flush()
+        writable = [launch for launch in live if launch.channel.pending]
+        ready, out, _ = select.select(watched, writable, [], max(0.0, timeout_s))
+        for launch in out:
+            launch.channel.flush()
         if self.trap.wakeup_fd in ready:
             self.trap.drain()
         return ready
@@ -475,13 +475,11 @@ class Worker:
         ]  # fmt: skip
         deadline = time.monotonic() + PLAN_WAIT_S
         while waiting and time.monotonic() < deadline:
-            writable = {
-                launch.channel.write_fd: launch for launch in waiting if launch.channel.pending
-            }
+            writable = [launch for launch in waiting if launch.channel.pending]
             left = max(0.0, deadline - time.monotonic())
-            ready, out, _ = select.select(waiting, list(writable), [], left)
-            for fd in out:
-                writable[fd].channel.flush()  # (a large task, sent as it is read)
+            ready, out, _ = select.select(waiting, writable, [], left)
+            for launch in out:
+                launch.channel.flush()  # (a large task, sent in frames as it is read)
             for launch in ready:
                 launch.poll()
             waiting = [launch for launch in waiting if launch.plan is None and not launch.gone]

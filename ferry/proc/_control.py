@@ -1,23 +1,29 @@
 """The control channel between a launcher (``run``, ``claim``, ``work``) and one task's
-supervisor: messages over a pair of pipes, one each way (no I/O policy here).
+supervisor: messages over a ``SOCK_SEQPACKET`` socket pair (no I/O policy here).
 
-Why pipes: the end of the peer (its death included: the kernel closes its descriptors)
-reads as end-of-file, at once, in either direction, once every copy of the peer's
-write end is closed (each side closes the other's ends right after the fork); they
-cost nothing to import (a socket pair needs ``socket``, 3-5 ms of every ``ferry
-run``'s start-up). Messages are JSON objects (``{"t": <kind>, ...}``), one per line (a
-JSON text holds no raw newline); the journal records a supervisor hands its launcher
-travel inside them as ``[type, data]`` pairs, and a task goes to its supervisor as its
-snapshot record, which may be megabytes (its argv): a pipe holds 64 KiB.
+Why a seqpacket socket: each packet arrives whole or not at all, in order, and the end
+of the peer (its death included: the kernel closes its descriptors) reads as an empty
+packet, at once. Messages are JSON objects (``{"t": <kind>, ...}``); the journal
+records a supervisor hands its launcher travel inside them as ``[type, data]`` pairs,
+and a task goes to its supervisor as its snapshot record. A packet is one byte of
+framing (``.``: the last of its message; ``+``: more follow) and at most FRAME_BYTES of
+the message: a task may be megabytes (its argv), and a packet may not be larger than
+the socket's send buffer, which is 208 KiB on many systems.
+
+The pair is made with ``_socket``, the C module the standard library's ``socket`` wraps:
+importing ``socket`` costs every ``ferry run`` 3-5 ms (it turns the module's hundreds of
+constants into enums), and this needs none of what it adds. (A pipe each way costs
+nothing to import either, but doubles the descriptors a launcher holds: ``work -j 256``
+keeps up to 512 supervisors, whose pipes alone would reach the usual limit of 1024.)
 
 Sends never block: a launcher that is stopped (SIGSTOP) or slow must not pause the
-supervisor, which has a task to watch. What the pipe cannot take now waits in an
-outbox (the head of it maybe partly written), flushed whenever the channel is next used
-or becomes writable (``write_fd``).
+supervisor, which has a task to watch. What the socket cannot take now waits in an
+outbox, flushed whenever the channel is next used or becomes writable.
 """
 
 from __future__ import annotations
 
+import _socket
 import errno
 import os
 from collections import deque
@@ -25,70 +31,63 @@ from typing import Any
 
 import orjson
 
-READ_BYTES = 64 << 10  # per read (a pipe's capacity)
-_END = b"\n"
-
-# One side's ends of a channel: (the descriptor it reads, the descriptor it writes).
-Ends = tuple[int, int]
+FRAME_BYTES = 64 << 10  # per packet (a SETTLED record with its evidence fits whole)
+_LAST, _MORE = b".", b"+"
 
 
 class ChannelClosed(Exception):
-    """The peer is gone (its end of the channel closed: exit, crash, kill -9)."""
+    """The peer is gone (its end of the socket closed: exit, crash, kill -9)."""
 
 
-def channel_pair() -> tuple[Ends, Ends]:
-    """(launcher's ends, supervisor's ends): two pipes, every end close-on-exec and
-    non-blocking. After the fork each side closes the other's (``close_ends``)."""
-    down_read, down_write = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)  # launcher -> supervisor
-    up_read, up_write = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)  # supervisor -> launcher
-    return (up_read, down_write), (down_read, up_write)
+Socket = _socket.socket
 
 
-def close_ends(ends: Ends) -> None:
-    for fd in ends:
-        os.close(fd)
+def channel_pair() -> tuple[Socket, Socket]:
+    """(launcher's end, supervisor's end), both close-on-exec and non-blocking."""
+    ours, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
+    for end in (ours, theirs):
+        end.setblocking(False)
+    return ours, theirs
 
 
 class Channel:
-    """One side of a control channel."""
+    """One end of a control channel."""
 
-    def __init__(self, ends: Ends) -> None:
-        self.read_fd, self.write_fd = ends
+    def __init__(self, sock: Socket) -> None:
+        self.sock = sock
         self.closed = False  # the peer's end is gone
-        self._outbox: deque[memoryview] = deque()  # bytes the pipe has not taken yet
-        self._partial: list[bytes] = []  # the start of a message not yet whole
+        self._outbox: deque[bytes] = deque()  # packets not yet taken by the socket
+        self._partial: list[bytes] = []  # the frames of a message not yet whole
         self._inbox: list[dict[str, Any]] = []  # received, handed back unread (unread)
 
     def fileno(self) -> int:
-        """The descriptor to wait on for messages (readable)."""
-        return self.read_fd
+        return self.sock.fileno()
 
     @property
     def pending(self) -> bool:
-        """Bytes wait in the outbox (wait for ``write_fd`` to become writable)."""
+        """Messages wait in the outbox (wait for the socket to become writable)."""
         return bool(self._outbox)
 
     def send(self, kind: str, **fields: Any) -> None:
-        """Queue one message and send what the pipe takes now. Never blocks; a closed
+        """Queue one message and send what the socket takes now. Never blocks; a closed
         peer is remembered (``closed``), not raised: the caller learns it on receive."""
-        self._outbox.append(memoryview(orjson.dumps({"t": kind, **fields}) + _END))
+        body = orjson.dumps({"t": kind, **fields})
+        for start in range(0, len(body), FRAME_BYTES):
+            end = start + FRAME_BYTES
+            self._outbox.append((_LAST if end >= len(body) else _MORE) + body[start:end])
         self.flush()
 
     def flush(self) -> None:
         while self._outbox and not self.closed:
-            head = self._outbox[0]
             try:
-                written = os.write(self.write_fd, head)
+                self.sock.send(self._outbox[0])
             except BlockingIOError:
                 return
             except OSError as error:
-                if error.errno == errno.EPIPE:  # (SIGPIPE is ignored: Python's default)
+                if error.errno in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN):
                     self.closed = True
                     return
                 raise
-            if written < len(head):
-                self._outbox[0] = head[written:]  # (the pipe took part of it: full now)
-                return
             self._outbox.popleft()
 
     def unread(self, messages: list[dict[str, Any]]) -> None:
@@ -102,22 +101,20 @@ class Channel:
         messages, self._inbox = self._inbox, []
         while True:
             try:
-                raw = os.read(self.read_fd, READ_BYTES)
+                raw = self.sock.recv(FRAME_BYTES + 1)
             except BlockingIOError:
                 return messages
+            except ConnectionResetError:
+                raw = b""
             if not raw:
                 self.closed = True
                 if messages:
                     return messages
                 raise ChannelClosed("the other end of the control channel is gone")
-            if _END not in raw:
-                self._partial.append(raw)  # (a large message: joined once it is whole)
-                continue
-            lines = raw.split(_END)
-            self._partial.append(lines[0])
-            lines[0] = b"".join(self._partial)
-            self._partial = [lines.pop()]  # (b"": the read ended with a message)
-            messages.extend(orjson.loads(line) for line in lines)
+            self._partial.append(raw[1:])
+            if raw[:1] == _LAST:
+                messages.append(orjson.loads(b"".join(self._partial)))
+                self._partial = []
 
     def wait(self, timeout_s: float | None) -> list[dict[str, Any]]:
         """Block up to ``timeout_s`` (None: for ever) for messages, sending what waits in
@@ -129,8 +126,8 @@ class Channel:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while not self._inbox:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            writable = [self.write_fd] if self.pending and not self.closed else []
-            ready, out, _ = select.select([self.read_fd], writable, [], left)
+            writable = [self.sock] if self.pending and not self.closed else []
+            ready, out, _ = select.select([self.sock], writable, [], left)
             if out:
                 self.flush()
             if ready:
@@ -156,11 +153,8 @@ class Channel:
                 return None
 
     def close(self) -> None:
-        if self.read_fd < 0:
-            return
         self.closed = True
-        close_ends((self.read_fd, self.write_fd))
-        self.read_fd = self.write_fd = -1
+        self.sock.close()
 
 
 def close_inherited_descriptors(keep: set[int]) -> None:

@@ -1,7 +1,7 @@
 """The control channel between a launcher and a supervisor (``ferry.proc._control``), on
-real pipes and real processes: messages cross whole and in order both ways, a message
-many times a pipe's size crosses without a send ever blocking, and the end of the peer
-(closed, exited, killed) reads as ChannelClosed on either side."""
+a real socket pair and real processes: messages cross whole and in order both ways, a
+message many times the socket's buffer crosses without a send ever blocking, and the
+end of the peer (closed, exited, killed) reads as ChannelClosed on either side."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from ferry.proc._control import Channel, ChannelClosed, channel_pair, close_ends
+from ferry.proc._control import Channel, ChannelClosed, channel_pair
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -35,13 +35,13 @@ def test_messages_cross_whole_and_in_order_both_ways() -> None:
     supervisor.close()
 
 
-def test_a_message_larger_than_the_pipe_crosses_whole_and_no_send_blocks() -> None:
+def test_a_message_larger_than_the_buffer_crosses_whole_and_no_send_blocks() -> None:
     launcher, supervisor = _pair()
-    argv = [f"{n:05d}" + "x" * 1000 for n in range(4000)]  # 4 MB: 64 times a pipe
+    argv = [f"{n:05d}" + "x" * 1000 for n in range(4000)]  # 4 MB: in 64 KiB frames
     started = time.monotonic()
     launcher.send("task", argv=argv)
     launcher.send("go")
-    assert launcher.pending  # (what the pipe could not take waits: never a blocking write)
+    assert launcher.pending  # (what the socket cannot take waits: never a blocking send)
     assert time.monotonic() - started < 5
     got: list[dict[str, object]] = []
     deadline = time.monotonic() + 30
@@ -77,13 +77,13 @@ def test_the_death_of_the_supervisor_ends_the_launcher_s_wait() -> None:
     ours, theirs = channel_pair()
 
     def supervisor() -> int:
-        close_ends(ours)
+        ours.close()
         Channel(theirs).send("plan", record=None)
         time.sleep(60)
         return 0
 
     pid = _fork(supervisor)
-    close_ends(theirs)  # (else our own copy of its write end would keep the pipe open)
+    theirs.close()  # (else our own copy of its end would keep the pair open)
     launcher = Channel(ours)
     assert launcher.wait_for(("plan",), 10.0) == {"t": "plan", "record": None}
     os.kill(pid, signal.SIGKILL)
@@ -96,7 +96,7 @@ def test_the_end_of_the_launcher_ends_the_supervisor_s_wait() -> None:
     ours, theirs = channel_pair()
 
     def supervisor() -> int:
-        close_ends(ours)
+        ours.close()
         channel = Channel(theirs)
         try:
             channel.wait_for(("task",), 20.0)
@@ -105,7 +105,7 @@ def test_the_end_of_the_launcher_ends_the_supervisor_s_wait() -> None:
         return 3
 
     pid = _fork(supervisor)
-    close_ends(theirs)
+    theirs.close()
     Channel(ours).close()
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 7

@@ -391,17 +391,12 @@ def descriptors(pid: int) -> dict[int, str]:
     return found
 
 
-def pipes(held: dict[int, str]) -> set[str]:
-    """The pipes among the descriptors, stdio aside (a parent's, inherited)."""
-    return {to for fd, to in held.items() if fd > 2 and to.startswith("pipe:")}
-
-
 def test_neither_a_task_nor_a_supervisor_holds_what_is_not_theirs(
     ferry: Ferry, tmp_path: Path
 ) -> None:
     """work -j 3, three tasks running: each task holds its stdio and its own alive-lock
-    only; each supervisor holds no journal, lock or lease descriptor, and of the
-    launcher's control channels its own two pipes only (not its siblings')."""
+    only; each supervisor holds no journal, lock or lease descriptor, and one channel
+    socket (its own: not its siblings')."""
     gate = tmp_path / "gate"
     ids = [ferry.ok("submit", "--", *gated(gate)).text.strip() for _ in range(3)]
     worker = ferry.start("work", "-j", "3", "--poll", "0.05")
@@ -419,8 +414,7 @@ def test_neither_a_task_nor_a_supervisor_holds_what_is_not_theirs(
             held = descriptors(pid)
             assert not [to for to in held.values() if str(ferry.home) in to and (
                 "journal" in to or "lease" in to or to.endswith(".lock"))], held  # fmt: skip
-            channels = pipes(held) & pipes(descriptors(worker.pid))
-            assert len(channels) == 2, held  # (one pipe each way)
+            assert sum(1 for to in held.values() if to.startswith("socket:")) == 1, held
     finally:
         gate.touch()
     for task_id in ids:
