@@ -84,7 +84,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from journal import _fsutil, _reader
 from journal._codec import FORMAT_VERSION, Record, prepare, prepare_batch
@@ -104,8 +104,6 @@ from journal._errors import (
 )
 from journal._fsutil import NO_LOCK_ERRNOS
 from journal._reader import TornTail
-from journal._repair import RepairReport, repair
-from journal._salvage import SalvageReport, salvage
 from journal._segment import LOCK_NAME, list_segments
 from journal._snapshot import (
     Snapshot,
@@ -116,9 +114,13 @@ from journal._snapshot import (
     write_snapshot,
 )
 from journal._survey import Survey, iter_records, survey
-from journal._verify import VerifyReport, verify
-from journal._view import Accept, Piece, SnapshotRejected, View, readable, view_records
 from journal._writer import Fence, Hook, Subscriber, Writer
+
+if TYPE_CHECKING:
+    from journal._repair import RepairReport, repair
+    from journal._salvage import SalvageReport, salvage
+    from journal._verify import VerifyReport, verify
+    from journal._view import Accept, Piece, SnapshotRejected, View, readable
 
 __all__ = [
     "FORMAT_VERSION",
@@ -156,6 +158,27 @@ __all__ = [
     "salvage",
     "verify",
 ]
+
+# What only a damaged journal or a maintenance command needs is imported when first
+# used (PEP 562 ``__getattr__``): these modules are not on the start-up path of a
+# program that opens a healthy journal and appends to it.
+_LAZY = {
+    "RepairReport": "_repair", "repair": "_repair",
+    "SalvageReport": "_salvage", "salvage": "_salvage",
+    "VerifyReport": "_verify", "verify": "_verify",
+    "Accept": "_view", "Piece": "_view", "SnapshotRejected": "_view", "View": "_view",
+    "readable": "_view",
+}  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'journal' has no attribute {name!r}")
+    value = getattr(__import__(f"journal.{module}", fromlist=[name]), name)
+    globals()[name] = value
+    return value
+
 
 MiB = 1 << 20
 _OPEN_TRIES = 3  # surveys at open that a concurrent compaction may spoil, in a row
@@ -312,6 +335,8 @@ class Journal:
         rewrite its data), then every record after it up to the first damage.  It
         stays there: ``refresh`` reads nothing more, ``subscribe`` replays the view.
         ``view`` says what was found (the damage, where, what was skipped)."""
+        from journal._view import readable
+
         view = readable(Path(directory), accept)
         found = _EMPTY._replace(first_seq=view.first_seq, last_seq=view.last_seq)
         writer = Writer(Path(directory), -1, found, max_epoch=view.max_epoch, fence=None,
@@ -440,6 +465,8 @@ class Journal:
         writer = self._writer
         with writer.owned():
             if self._view is not None:
+                from journal._view import view_records
+
                 for record in view_records(self._view, after_seq):
                     on_record(record)
             elif after_seq < writer.pos.last_seq:

@@ -19,7 +19,6 @@ from journal import _fsutil
 from journal._codec import Record
 from journal._errors import CorruptionError, JournalError
 from journal._reader import SegmentScan, TornTail, damage_error
-from journal._repair import cut_tail
 from journal._segment import segment_name
 from journal._survey import Survey
 
@@ -172,6 +171,8 @@ class Position:
 
     def cut(self, torn: TornTail) -> None:
         """Cut a torn tail (under the lock): the segment then ends at our last record."""
+        from journal._repair import cut_tail  # (lazy: a torn tail is rare)
+
         cut_tail(self.directory, torn)
         self.allocated = 0  # (the zero tail went with it)
         self.tail_checked = True

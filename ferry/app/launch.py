@@ -33,8 +33,13 @@ from typing import TYPE_CHECKING, Any
 
 from ferry import failpoints
 from ferry.app import outbox
-from ferry.app.runner import RunResult, before_spawn_event, child_environ, unstarted_end
-from ferry.app.supervisor import error_from_json
+from ferry.app.runner import (
+    RunResult,
+    before_spawn_event,
+    child_environ,
+    error_from_json,
+    unstarted_end,
+)
 from ferry.core import events as ev
 from ferry.core.errors import EX_FERRY_FAILED, FerryError, InternalError, Interrupted, RefusedError
 from ferry.core.fold import task_to_record

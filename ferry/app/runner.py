@@ -30,7 +30,7 @@ import stat
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ferry.core import events as ev
 from ferry.core._value import Value, init
@@ -38,7 +38,9 @@ from ferry.core.errors import EX_FERRY_FAILED, EX_TIMEOUT, FerryError
 from ferry.core.model import Reason, State, Task
 from ferry.proc.alivelock import alive_path
 from ferry.proc.process import find_by_marker, make_marker, signal_task
-from ferry.proc.supervise import Outcome, SpawnFailed
+
+if TYPE_CHECKING:
+    from ferry.proc.supervise import Outcome
 
 ESCAPEE_POLL_S = 0.05
 # SPAWNED is journaled once the task has run this long; a task that ends sooner gets
@@ -158,8 +160,25 @@ def make_log_directory(stdout_log: Path) -> bool:
                 ) from None
             return False
     except OSError as e:
+        from ferry.proc.supervise import SpawnFailed
+
         message = f"cannot create the task's log directory: {e}"
         raise SpawnFailed("other", message, errno_=e.errno) from e
+
+
+def error_to_json(error: FerryError | None) -> dict[str, Any] | None:
+    """An error as the control channel carries it (``error_from_json`` reads it)."""
+    if error is None:
+        return None
+    return {**error.to_json(), "exit_code": error.exit_code}
+
+
+def error_from_json(data: dict[str, Any] | None) -> FerryError | None:
+    if data is None:
+        return None
+    return FerryError(
+        data["message"], code=data["code"], details=data["details"], exit_code=data["exit_code"]
+    )
 
 
 def exit_status_of(outcome: Outcome) -> int:

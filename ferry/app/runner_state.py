@@ -5,10 +5,10 @@ look."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 from ferry.app.runner import heartbeat_path
+from ferry.core._value import replace
 from ferry.core.model import Liveness, Task
 from ferry.proc.liveness import probe
 from ferry.proc.process import ProcessIdentity

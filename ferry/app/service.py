@@ -15,7 +15,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ferry.app.intake import build_spec, parse_from_lines, parse_shell_lines
 from ferry.app.runner import RunResult, log_paths
 from ferry.app.session import Session
 from ferry.core import events as ev
@@ -86,6 +85,8 @@ class Service:
         return {key: task_id for key, task_id in found.items() if task_id is not None}
 
     def submit(self, batch: Sequence[Mapping[str, Any]]) -> list[Task]:
+        from ferry.app.intake import build_spec  # (lazy, as each use: not for ls, show)
+
         return self._queue(
             [build_spec(self._with_after(opts), self.home, queued=True) for opts in batch]
         )
@@ -94,6 +95,8 @@ class Service:
         """``submit --from``: a line's ``after`` may name a task of the same batch by
         its line, ``"line:N"``, as well as any task queued before; the batch is written
         dependencies first, and a cycle among its lines is refused."""
+        from ferry.app.intake import build_spec, parse_from_lines
+
         lines = parse_from_lines(data, source)
         specs = []
         first_with: dict[str, int] = {}  # key -> the line of its first task
@@ -146,6 +149,8 @@ class Service:
                 "--key names one task: it cannot apply to every line of --lines",
                 code="usage.key_with_lines",
             )
+        from ferry.app.intake import build_spec, parse_shell_lines
+
         specs = []
         opts = self._with_after(opts)
         for number, line in parse_shell_lines(data, source):
@@ -206,6 +211,7 @@ class Service:
         The result carries the exit status to pass through; a task whose key already
         succeeded is not run (that task, exit 0)."""
         from ferry.app.foreground import run_task
+        from ferry.app.intake import build_spec
 
         spec = build_spec(opts, self.home)
         if spec.key is not None and (done := self._already_succeeded(spec.key, spec)):
@@ -604,9 +610,8 @@ def _dependencies_first(
     """The batch's SUBMITTED records, each after those of its batch it comes after (a
     task of the batch not queued because its key succeeded: the one that did it stands
     in for it). A cycle: ``task.dependency_cycle``, nothing written."""
-    from dataclasses import replace
-
     from ferry.app.queueing import cycle_error
+    from ferry.core._value import replace
     from ferry.core.queue import topological
 
     fixed = {}

@@ -52,7 +52,6 @@ import contextlib
 import gc
 import os
 import signal
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -61,6 +60,7 @@ from ferry.app import outbox
 from ferry.app.runner import (
     SPAWNED_AFTER_S,
     Plan,
+    error_to_json,
     exit_status_of,
     heartbeat_path,
     log_paths,
@@ -77,11 +77,10 @@ from ferry.core.fold import task_from_record
 from ferry.core.model import State, Task
 from ferry.failpoints import failpoint, supervisor_armed
 from ferry.proc import alivelock
-from ferry.proc._control import Channel, ChannelClosed, close_inherited_descriptors
+from ferry.proc._control import Channel, ChannelClosed, Socket, close_inherited_descriptors
 from ferry.proc._outputs import SignalTrap
 from ferry.proc.logorder import order_path
 from ferry.proc.process import identity_of
-from ferry.proc.supervise import SpawnFailed, SuperviseSpec, supervise
 
 # How long a supervisor waits for its launcher to confirm that its end is durable,
 # before it writes the end itself (a launcher stopped with SIGSTOP, a frozen
@@ -100,22 +99,8 @@ OUTBOX_RETRY_MAX_S = 5.0
 OUTBOX_PATIENCE_S = float(os.environ.get("FERRY_OUTBOX_PATIENCE_S", "600"))
 
 
-def error_to_json(error: FerryError | None) -> dict[str, Any] | None:
-    if error is None:
-        return None
-    return {**error.to_json(), "exit_code": error.exit_code}
-
-
-def error_from_json(data: dict[str, Any] | None) -> FerryError | None:
-    if data is None:
-        return None
-    return FerryError(
-        data["message"], code=data["code"], details=data["details"], exit_code=data["exit_code"]
-    )
-
-
 def main(
-    sock: socket.socket,
+    sock: Socket,
     home: Path,
     environ: dict[str, str],
     *,
@@ -248,6 +233,10 @@ class Supervisor:
         )  # fmt: skip
         if plan.env is None:
             return 0  # settled FAILED in the launcher's write of the claim
+        # What spawns and watches the task (subprocess among it) is imported now, while
+        # the launcher writes the intent (an fsync), not before the plan it waits for.
+        import ferry.proc.supervise  # noqa: F401
+
         if not self._wait_for_go():
             return 0
         records, exit_status, error = self._run(plan)
@@ -279,6 +268,8 @@ class Supervisor:
 
     def _run(self, plan: Plan) -> tuple[list[ev.Event], int, FerryError | None]:
         """Spawn and watch the task; its end's records, exit status and error."""
+        from ferry.proc.supervise import SpawnFailed, SuperviseSpec, supervise
+
         task, token = self.task, self.token
         assert plan.env is not None
         stdout_log, stderr_log = log_paths(self.home, task.id, task.attempt)

@@ -55,6 +55,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import ferry.proc.supervise  # noqa: F401 (here, once: the supervisors forked share it)
 from ferry.app.launch import Launch, Record, watch_journal
 from ferry.app.leader import Leadership, policy_of, recover_as
 from ferry.app.queueing import settle_doomed

@@ -413,8 +413,8 @@ _HISTORY = frozenset({"previous_attempt", "earlier_attempts"})
 
 
 def _evolve(task: Task, change: Mapping[str, Any]) -> Task:
-    """``dataclasses.replace`` without its per-field checks (a tenth of the cost; the
-    fold runs once per journal record at start-up). Only for fields of Task."""
+    """:func:`ferry.core.model.replace` without ``__init__`` (a fraction of the cost;
+    the fold runs once per journal record at start-up). Only for fields of Task."""
     new = object.__new__(Task)
     new.__dict__.update(task.__dict__)
     new.__dict__.update(change)

@@ -15,13 +15,12 @@ SUCCEEDED is final. Every code path that changes a task's state goes through
 
 from __future__ import annotations
 
-import datetime as _dt
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from ferry.core._value import Value, init, replace
 from ferry.core.errors import IllegalTransitionError
 from ferry.core.ids import new_claim_token, new_task_id, resolve_prefix
 from ferry.core.spec import PatchRef, TaskSpec, validate_spec
@@ -39,6 +38,7 @@ __all__ = [
     "check_transition",
     "new_claim_token",
     "new_task_id",
+    "replace",
     "resolve_prefix",
     "rfc3339",
     "task_to_json",
@@ -119,42 +119,135 @@ def check_transition(old: State, new: State, *, task: str | None = None) -> None
         )
 
 
-@dataclass(frozen=True)
-class Task:
-    """One task as the journal says it is now. Update with ``dataclasses.replace``.
+# The default of Task.evidence: each task gets a new dict of its own (as a dataclass's
+# default_factory=dict); the shared empty mapping itself is never stored.
+_NEW_DICT: Mapping[str, Any] = MappingProxyType({})
+
+
+class Task(Value):
+    """One task as the journal says it is now. Update with :func:`replace`.
 
     Times are Unix seconds (float). ``runner`` is the identity of the ferry process
     that claimed the current attempt (pid, start_time, boot_id, host); ``claim_token``
     is that claim's fencing token (None when no claim owns the task).
+
+    (A hand-written frozen value, not a dataclass: see ``ferry.core._value``.)
     """
 
+    _FIELDS = (
+        "id",
+        "spec",
+        "state",
+        "reason",
+        "attempt",
+        "releases",
+        "exit_code",
+        "signal",
+        "created_at",
+        "started_at",
+        "ended_at",
+        "heartbeat_at",
+        "pid",
+        "pgid",
+        "start_time",
+        "runner",
+        "claimed_by",
+        "claim_token",
+        "marker",
+        "cancel_requested",
+        "evidence",
+        "submit_seq",
+        "queue_seq",
+        "updated_seq",
+        "number",
+        "not_before",
+        "retries_used",
+    )
     id: str
     spec: TaskSpec
-    state: State = State.QUEUED
-    reason: Reason | None = None
-    attempt: int = 1
-    releases: int = 0
-    exit_code: int | None = None
-    signal: int | None = None
-    created_at: float = 0.0
-    started_at: float | None = None
-    ended_at: float | None = None
-    heartbeat_at: float | None = None
-    pid: int | None = None
-    pgid: int | None = None
-    start_time: float | None = None  # the task process's start time (identity)
-    runner: Mapping[str, Any] | None = None
-    claimed_by: str | None = None  # "run" | "claim" | "work"
-    claim_token: str | None = None
-    marker: str | None = None  # the environment marker of the current dispatch
-    cancel_requested: bool = False
-    evidence: Mapping[str, Any] = field(default_factory=dict)
-    submit_seq: int = 0  # journal seq of SUBMITTED
-    queue_seq: int = 0  # queue position: SUBMITTED's seq, or RETRIED's (a release keeps it)
-    updated_seq: int = 0  # journal seq of the last event that changed this task
-    number: int = 0  # 1, 2, 3, ... in submission order (0: submitted before numbers)
-    not_before: float | None = None  # this attempt is not claimed before (Unix seconds)
-    retries_used: int = 0  # automatic retries since submission (or the last manual retry)
+    state: State
+    reason: Reason | None
+    attempt: int
+    releases: int
+    exit_code: int | None
+    signal: int | None
+    created_at: float
+    started_at: float | None
+    ended_at: float | None
+    heartbeat_at: float | None
+    pid: int | None
+    pgid: int | None
+    start_time: float | None  # the task process's start time (identity)
+    runner: Mapping[str, Any] | None
+    claimed_by: str | None  # "run" | "claim" | "work"
+    claim_token: str | None
+    marker: str | None  # the environment marker of the current dispatch
+    cancel_requested: bool
+    evidence: Mapping[str, Any]
+    submit_seq: int  # journal seq of SUBMITTED
+    queue_seq: int  # queue position: SUBMITTED's seq, or RETRIED's (a release keeps it)
+    updated_seq: int  # journal seq of the last event that changed this task
+    number: int  # 1, 2, 3, ... in submission order (0: submitted before numbers)
+    not_before: float | None  # this attempt is not claimed before (Unix seconds)
+    retries_used: int  # automatic retries since submission (or the last manual retry)
+
+    def __init__(
+        self,
+        id: str,
+        spec: TaskSpec,
+        state: State = State.QUEUED,
+        reason: Reason | None = None,
+        attempt: int = 1,
+        releases: int = 0,
+        exit_code: int | None = None,
+        signal: int | None = None,
+        created_at: float = 0.0,
+        started_at: float | None = None,
+        ended_at: float | None = None,
+        heartbeat_at: float | None = None,
+        pid: int | None = None,
+        pgid: int | None = None,
+        start_time: float | None = None,
+        runner: Mapping[str, Any] | None = None,
+        claimed_by: str | None = None,
+        claim_token: str | None = None,
+        marker: str | None = None,
+        cancel_requested: bool = False,
+        evidence: Mapping[str, Any] = _NEW_DICT,
+        submit_seq: int = 0,
+        queue_seq: int = 0,
+        updated_seq: int = 0,
+        number: int = 0,
+        not_before: float | None = None,
+        retries_used: int = 0,
+    ) -> None:
+        init(self, "id", id)
+        init(self, "spec", spec)
+        init(self, "state", state)
+        init(self, "reason", reason)
+        init(self, "attempt", attempt)
+        init(self, "releases", releases)
+        init(self, "exit_code", exit_code)
+        init(self, "signal", signal)
+        init(self, "created_at", created_at)
+        init(self, "started_at", started_at)
+        init(self, "ended_at", ended_at)
+        init(self, "heartbeat_at", heartbeat_at)
+        init(self, "pid", pid)
+        init(self, "pgid", pgid)
+        init(self, "start_time", start_time)
+        init(self, "runner", runner)
+        init(self, "claimed_by", claimed_by)
+        init(self, "claim_token", claim_token)
+        init(self, "marker", marker)
+        init(self, "cancel_requested", cancel_requested)
+        init(self, "evidence", {} if evidence is _NEW_DICT else evidence)
+        init(self, "submit_seq", submit_seq)
+        init(self, "queue_seq", queue_seq)
+        init(self, "updated_seq", updated_seq)
+        init(self, "number", number)
+        init(self, "not_before", not_before)
+        init(self, "retries_used", retries_used)
 
     @property
     def terminal(self) -> bool:
@@ -169,6 +262,8 @@ def rfc3339(ts: float | None) -> str | None:
     """Unix seconds -> ``2024-05-01T12:00:00.123Z`` (UTC, milliseconds)."""
     if ts is None:
         return None
+    import datetime as _dt  # (lazy: run and submit never need it)
+
     moment = _dt.datetime.fromtimestamp(ts, tz=_dt.UTC)
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 

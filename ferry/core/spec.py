@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from ferry.core._value import Value, init
@@ -38,6 +38,11 @@ AFTER_MAX = 1_000  # dependencies of one task
 _SHA256_HEX = frozenset("0123456789abcdef")
 
 
+# The default of TaskSpec.env: each spec gets a new dict of its own (as a dataclass's
+# default_factory=dict); the shared empty mapping itself is never stored.
+_NEW_DICT: Mapping[str, str] = MappingProxyType({})
+
+
 class PatchRef(Value):
     """ferry's private copy of a patch (``path`` in the state directory) and its hash."""
 
@@ -51,34 +56,103 @@ class PatchRef(Value):
         init(self, "sha256", sha256)
 
 
-@dataclass(frozen=True)
-class TaskSpec:
-    """What to run and how, as submitted: journaled with the task and never changed."""
+class TaskSpec(Value):
+    """What to run and how, as submitted: journaled with the task and never changed.
+    (A hand-written frozen value, not a dataclass: see ``ferry.core._value``.)"""
 
+    _FIELDS = (
+        "argv",
+        "cwd",
+        "name",
+        "key",
+        "env",
+        "idempotent",
+        "max_releases",
+        "timeout_s",
+        "kill_grace_s",
+        "heartbeat_s",
+        "shell",
+        "pointers",
+        "patch",
+        "pty",
+        "log_max_bytes",
+        "group",
+        "priority",
+        "after",
+        "not_before",
+        "retries",
+        "retry_delay_s",
+    )
     argv: tuple[str, ...]
     cwd: str
-    name: str | None = None
-    key: str | None = None
-    env: Mapping[str, str] = field(default_factory=dict)
-    idempotent: bool = False
-    max_releases: int = MAX_RELEASES_DEFAULT
-    timeout_s: float | None = None
-    kill_grace_s: float = KILL_GRACE_DEFAULT_S
-    heartbeat_s: float = HEARTBEAT_DEFAULT_S
-    shell: bool = False
-    pointers: tuple[tuple[str, str], ...] = ()  # (path, sha256 hex)
-    patch: PatchRef | None = None
-    pty: bool = False  # stdout and stderr one pseudo-terminal (run/submit --pty)
+    name: str | None
+    key: str | None
+    env: Mapping[str, str]
+    idempotent: bool
+    max_releases: int
+    timeout_s: float | None
+    kill_grace_s: float
+    heartbeat_s: float
+    shell: bool
+    pointers: tuple[tuple[str, str], ...]  # (path, sha256 hex)
+    patch: PatchRef | None
+    pty: bool  # stdout and stderr one pseudo-terminal (run/submit --pty)
     # Each stream's log keeps its first and last log_max_bytes/2 (None: all of it).
-    log_max_bytes: int | None = None
+    log_max_bytes: int | None
     # Queue control. (These and the two above are written into a record only when not
     # the default: a task that uses none of them is journaled as before they existed.)
-    group: str = GROUP_DEFAULT
-    priority: int = 0  # higher first; FIFO within a priority
-    after: tuple[str, ...] = ()  # task ids that must SUCCEED before this one is claimed
-    not_before: float | None = None  # Unix seconds: not claimed before then
-    retries: int = 0  # automatic new attempts after EXIT_NONZERO or TIMEOUT
-    retry_delay_s: float = RETRY_DELAY_DEFAULT_S  # before the first; doubled each time
+    group: str
+    priority: int  # higher first; FIFO within a priority
+    after: tuple[str, ...]  # task ids that must SUCCEED before this one is claimed
+    not_before: float | None  # Unix seconds: not claimed before then
+    retries: int  # automatic new attempts after EXIT_NONZERO or TIMEOUT
+    retry_delay_s: float  # before the first; doubled each time
+
+    def __init__(
+        self,
+        argv: tuple[str, ...],
+        cwd: str,
+        name: str | None = None,
+        key: str | None = None,
+        env: Mapping[str, str] = _NEW_DICT,
+        idempotent: bool = False,
+        max_releases: int = MAX_RELEASES_DEFAULT,
+        timeout_s: float | None = None,
+        kill_grace_s: float = KILL_GRACE_DEFAULT_S,
+        heartbeat_s: float = HEARTBEAT_DEFAULT_S,
+        shell: bool = False,
+        pointers: tuple[tuple[str, str], ...] = (),
+        patch: PatchRef | None = None,
+        pty: bool = False,
+        log_max_bytes: int | None = None,
+        group: str = GROUP_DEFAULT,
+        priority: int = 0,
+        after: tuple[str, ...] = (),
+        not_before: float | None = None,
+        retries: int = 0,
+        retry_delay_s: float = RETRY_DELAY_DEFAULT_S,
+    ) -> None:
+        init(self, "argv", argv)
+        init(self, "cwd", cwd)
+        init(self, "name", name)
+        init(self, "key", key)
+        init(self, "env", {} if env is _NEW_DICT else env)
+        init(self, "idempotent", idempotent)
+        init(self, "max_releases", max_releases)
+        init(self, "timeout_s", timeout_s)
+        init(self, "kill_grace_s", kill_grace_s)
+        init(self, "heartbeat_s", heartbeat_s)
+        init(self, "shell", shell)
+        init(self, "pointers", pointers)
+        init(self, "patch", patch)
+        init(self, "pty", pty)
+        init(self, "log_max_bytes", log_max_bytes)
+        init(self, "group", group)
+        init(self, "priority", priority)
+        init(self, "after", after)
+        init(self, "not_before", not_before)
+        init(self, "retries", retries)
+        init(self, "retry_delay_s", retry_delay_s)
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -114,7 +188,7 @@ class TaskSpec:
         if not isinstance(data, Mapping):
             raise UsageError("a task spec must be a JSON object", code="usage.bad_spec")
         if strict:
-            unknown = sorted(set(data) - _FIELDS)
+            unknown = sorted(set(data) - _FIELD_NAMES)
             if unknown:
                 raise UsageError(
                     f"unknown task option(s): {', '.join(unknown)}",
@@ -171,7 +245,7 @@ class TaskSpec:
         return spec
 
 
-_FIELDS = frozenset(TaskSpec.__dataclass_fields__)
+_FIELD_NAMES = frozenset(TaskSpec._FIELDS)
 # Written into a record only when not the default: a task that uses none of them is
 # journaled exactly as before they existed.
 _OPTIONAL_DEFAULTS: dict[str, Any] = {

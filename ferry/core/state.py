@@ -36,11 +36,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ferry.core import events as ev
-from ferry.core._value import Value, init
+from ferry.core._value import Value, init, replace
 from ferry.core.decoding import decode
 from ferry.core.errors import (
     FerryError,

@@ -10,6 +10,12 @@ framing (``.``: the last of its message; ``+``: more follow) and at most FRAME_B
 the message: a task may be megabytes (its argv), and a packet may not be larger than
 the socket's send buffer, which is 208 KiB on many systems.
 
+The pair is made with ``_socket``, the C module the standard library's ``socket`` wraps:
+importing ``socket`` costs every ``ferry run`` 3-5 ms (it turns the module's hundreds of
+constants into enums), and this needs none of what it adds. (A pipe each way costs
+nothing to import either, but doubles the descriptors a launcher holds: ``work -j 256``
+keeps up to 512 supervisors, whose pipes alone would reach the usual limit of 1024.)
+
 Sends never block: a launcher that is stopped (SIGSTOP) or slow must not pause the
 supervisor, which has a task to watch. What the socket cannot take now waits in an
 outbox, flushed whenever the channel is next used or becomes writable.
@@ -17,9 +23,9 @@ outbox, flushed whenever the channel is next used or becomes writable.
 
 from __future__ import annotations
 
+import _socket
 import errno
 import os
-import socket
 from collections import deque
 from typing import Any
 
@@ -33,9 +39,12 @@ class ChannelClosed(Exception):
     """The peer is gone (its end of the socket closed: exit, crash, kill -9)."""
 
 
-def channel_pair() -> tuple[socket.socket, socket.socket]:
+Socket = _socket.socket
+
+
+def channel_pair() -> tuple[Socket, Socket]:
     """(launcher's end, supervisor's end), both close-on-exec and non-blocking."""
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    ours, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
     for end in (ours, theirs):
         end.setblocking(False)
     return ours, theirs
@@ -44,7 +53,7 @@ def channel_pair() -> tuple[socket.socket, socket.socket]:
 class Channel:
     """One end of a control channel."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: Socket) -> None:
         self.sock = sock
         self.closed = False  # the peer's end is gone
         self._outbox: deque[bytes] = deque()  # packets not yet taken by the socket

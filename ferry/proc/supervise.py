@@ -85,9 +85,9 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from ferry.core._value import replace
 from ferry.proc._outputs import (
     SignalTrap,
     create_private,

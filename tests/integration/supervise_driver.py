@@ -9,13 +9,13 @@ goes, as JSON), "spawned" (written with "pid pgid" from on_spawned) and optional
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import signal
 import sys
 from pathlib import Path
 
+from ferry.core._value import as_dict
 from ferry.proc.supervise import SpawnFailed, SuperviseSpec, supervise
 
 
@@ -45,7 +45,7 @@ def main() -> int:
     except SpawnFailed as e:
         result.write_text(json.dumps({"spawn_failed": e.kind}))
         return 0
-    result.write_text(json.dumps(dataclasses.asdict(outcome)))
+    result.write_text(json.dumps(as_dict(outcome)))
     return 0
 
 

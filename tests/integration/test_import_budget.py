@@ -4,6 +4,12 @@ interpreter): the modules ``ferry run -- true`` may load are listed in
 module (click's whole command tree, the database driver, the report page, a standard
 library package pulled in by a convenience import) fails here and says which; add it
 to the list only if ``run`` needs it, and measure (``python bench/run.py run-overhead``).
+
+The commands typed most (``run``, ``submit``, ``ls``, ``show``) are also held to what
+was taken off their path, each a measured cost: ferry imports no ``dataclasses`` (with
+``inspect``), no ``socket``, none of the journal's damage and maintenance machinery;
+and only ``run`` (whose supervisor spawns) loads ``subprocess`` and the supervisor's
+modules, and those in the supervisor only, after the fork.
 """
 
 from __future__ import annotations
@@ -33,15 +39,48 @@ PROBE = (
 
 BARE = "import json, sys\nsys.stderr.write(json.dumps(sorted(sys.modules)) + '\\n')\n"
 
+# Which modules ferry's own code imports (each import statement it executes, whether
+# or not the module was loaded already: orjson's extension loads some of these itself).
+TRACED = (
+    "import builtins, json, sys\n"
+    "imported = set()\n"
+    "plain_import = builtins.__import__\n"
+    "def traced(name, globals=None, locals=None, fromlist=(), level=0):\n"
+    "    if (globals or {}).get('__name__', '').split('.')[0] in ('ferry', 'journal'):\n"
+    "        imported.add(name)\n"
+    "    return plain_import(name, globals, locals, fromlist, level)\n"
+    "builtins.__import__ = traced\n"
+    "from ferry.cli import main\n"
+    "code = main(ARGS)\n"
+    "sys.stderr.write(json.dumps(sorted(imported)) + '\\n')\n"
+    "sys.stderr.write(json.dumps(sorted(sys.modules)) + '\\n')\n"
+    "sys.exit(code)\n"
+)
+# Never imported by ferry on the path of run, submit, ls and show.
+NOT_IMPORTED = ("dataclasses", "inspect", "socket")
+# Never loaded by them: only a damaged journal or a maintenance command needs these.
+NOT_LOADED = ("journal._repair", "journal._salvage", "journal._verify", "journal._view")
+# Never loaded by submit, ls and show, nor by run's own process: its supervisor (a
+# fork) loads them once it has sent its plan, while run writes the intent.
+SPAWNING = ("subprocess", "selectors", "ferry.proc.supervise", "ferry.proc._spawn",
+            "ferry.proc._taskloop", "ferry.proc._sink")  # fmt: skip
+TYPED_MOST = [["run", "--", "true"], ["submit", "--", "true"], ["ls"], ["show", "last"],
+              ["--json", "ls", "--limit", "100"]]  # fmt: skip
 
-def _loaded(code: str, home: Path) -> set[str]:
+
+def _lists(code: str, home: Path) -> list[list[str]]:
+    """The JSON lists the probe wrote on its last lines of stderr, one per line."""
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
         env={"FERRY_HOME": str(home), "PATH": "/usr/bin:/bin"},
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    loaded: list[str] = json.loads(done.stderr.strip().splitlines()[-1])
-    return set(loaded)
+    lines = [line for line in done.stderr.splitlines() if line.startswith("[")]
+    return [json.loads(line) for line in lines]
+
+
+def _loaded(code: str, home: Path) -> set[str]:
+    return set(_lists(code, home)[-1])
 
 
 def modules_of_run(home: Path) -> set[str]:
@@ -77,6 +116,20 @@ def test_the_plain_commands_typed_most_never_load_click(args: list[str], tmp_pat
     loaded = _loaded(probe, home) - _loaded(BARE, home)
     never = sorted(m for m in loaded if m.split(".")[0] in NEVER or m.startswith(NEVER))
     assert never == [], f"ferry {' '.join(args)} loads {never}"
+
+
+@pytest.mark.parametrize("args", TYPED_MOST, ids=" ".join)
+def test_the_commands_typed_most_keep_off_what_was_taken_off_their_path(
+    args: list[str], tmp_path: Path
+) -> None:
+    home = tmp_path / "home"
+    _loaded(PROBE, home)  # (a task for show)
+    imported, loaded = _lists(TRACED.replace("ARGS", repr(args)), home)
+    assert sorted(set(imported) & set(NOT_IMPORTED)) == []
+    assert sorted(set(loaded) & set(NOT_LOADED)) == []
+    assert sorted(set(loaded) & set(SPAWNING)) == []
+    if args[0] != "run":
+        assert "ferry.app.launch" not in loaded and "ferry.app.supervisor" not in loaded
 
 
 # Add what run loads to the list: python tests/integration/test_import_budget.py

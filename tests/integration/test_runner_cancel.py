@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from ferry.app.launch import run_foreground
 from ferry.core import events as ev
 from ferry.core.ids import new_claim_token, new_task_id
-from ferry.core.model import Reason, State
+from ferry.core.model import Reason, State, replace
 from ferry.core.spec import TaskSpec
 from ferry.proc.process import self_identity
 from ferry.storage.local.statedir import ensure_home

@@ -4,9 +4,9 @@ produces, the evidence, and the edges (stale limit, release limit, policy)."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Iterator
-from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -14,7 +14,7 @@ import pytest
 
 from ferry.core import events as ev
 from ferry.core.fold import task_to_record
-from ferry.core.model import Liveness, Reason, State, Task, TaskSpec
+from ferry.core.model import Liveness, Reason, State, Task, TaskSpec, replace
 from ferry.core.recovery import Action, Decision, Observation, Policy, decide
 from ferry.core.state import Table
 
@@ -165,7 +165,9 @@ def test_task_not_in_flight__leave(state: State) -> None:
 
 def test_every_combination_is_decided_and_every_action_is_reachable() -> None:
     seen_actions = {decide(t, o, POLICY, 0.0).action for t, o in cases()}
-    lost = {decide(t, replace(o, host_lost=True), POLICY, 0.0).action for t, o in cases()}
+    lost = {
+        decide(t, dataclasses.replace(o, host_lost=True), POLICY, 0.0).action for t, o in cases()
+    }
     assert seen_actions | lost == set(Action)
 
 

@@ -3,19 +3,18 @@ summary, the progress line and its ETA (issue 17)."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from ferry.app.tally import Progress, Tally, WaitReport, WorkReport
 from ferry.cli import render
-from ferry.core.model import Reason, State, Task
+from ferry.core.model import Reason, State, Task, replace
 from ferry.core.spec import TaskSpec
 
 SPEC = TaskSpec(argv=("/bin/sh", "-c", "exit 3"), cwd="/")
 
 
 def task(**fields: Any) -> Task:
-    return dataclasses.replace(Task(id="01m8t1qmfxw2b61d", spec=SPEC), **fields)
+    return replace(Task(id="01m8t1qmfxw2b61d", spec=SPEC), **fields)
 
 
 def test_a_settled_line_says_id_state_exit_duration_and_command() -> None:
@@ -40,7 +39,7 @@ def test_a_settled_line_names_the_reason_the_exit_does_not_tell() -> None:
             state=State.CANCELLED,
             reason=Reason.CANCELLED_BY_USER,
             signal=15,
-            spec=dataclasses.replace(SPEC, name="nightly"),
+            spec=replace(SPEC, name="nightly"),
         )
     )
     assert "signal 15, CANCELLED_BY_USER" in halted and halted.endswith("  nightly")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import orjson
@@ -11,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ferry.core.errors import UsageError
+from ferry.core.model import replace
 from ferry.core.spec import SECONDS_MAX, PatchRef, TaskSpec, validate_spec
 
 SHA = "ab" * 32
@@ -61,7 +61,7 @@ def test_unknown_keys_ignored_from_the_journal_refused_when_strict() -> None:
 
 
 def bad(code: str, **change: Any) -> None:
-    spec = dataclasses.replace(FULL, **change)
+    spec = replace(FULL, **change)
     with pytest.raises(UsageError) as caught:
         validate_spec(spec)
     assert caught.value.code == code, caught.value.message
@@ -124,7 +124,7 @@ def test_boundaries_accepted() -> None:
         {"pointers": ()},
         {"patch": None},
     ):
-        validate_spec(dataclasses.replace(FULL, **change))
+        validate_spec(replace(FULL, **change))
 
 
 @pytest.mark.parametrize(
@@ -148,7 +148,7 @@ def test_from_json_refuses_bad_shapes_with_a_usage_error(data: Any) -> None:
 
 @given(
     st.dictionaries(
-        st.sampled_from(sorted(TaskSpec.__dataclass_fields__)),
+        st.sampled_from(sorted(TaskSpec._FIELDS)),
         st.none() | st.booleans() | st.integers() | st.floats() | st.text() | st.lists(st.text()),
     )
 )
