@@ -85,6 +85,13 @@ def fd_of(event: Event) -> int:
     return int(match[1])
 
 
+def completion(events: list[Event], start: Event) -> Event:
+    """The line that shows the return value of the call ``start`` shows the arguments
+    of: the same line, or (the call interrupted in the trace by another process's)
+    its ``<... resumed>`` line."""
+    return next(e for e in events if e.index >= start.index and e.pid == start.pid and e.done)
+
+
 def sync_done_after(events: list[Event], write: Event, not_pid: int) -> Event:
     """The completion of the first fsync/fdatasync of ``write``'s descriptor that ferry
     (any traced process but the task) starts after that write."""
@@ -96,7 +103,7 @@ def sync_done_after(events: list[Event], write: Event, not_pid: int) -> Event:
     ]  # fmt: skip
     assert starts, f"no fsync of fd {fd} after the write at line {write.index}"
     start = starts[0]
-    done = next(e for e in events if e.index >= start.index and e.pid == start.pid and e.done)
+    done = completion(events, start)
     assert done.name == start.name and done.ret == 0, done
     return done
 
@@ -273,9 +280,11 @@ def test_a_new_log_directory_is_synced_before_settled(
     )
     assert proc.returncode == 0, proc.stderr
     logs = f'"{ferry_home / "logs"}"'
+    # (A call's arguments and its result may be two lines: the supervisor runs beside
+    # the launcher, and strace splits a call another process's call interrupts.)
     opened = [
-        e for e in events
-        if e.name == "openat" and e.done and logs in e.text and "O_DIRECTORY" in e.text
+        completion(events, e) for e in events
+        if e.name == "openat" and e.entry and logs in e.text and "O_DIRECTORY" in e.text
     ]  # fmt: skip
     settled = only(
         [
@@ -286,8 +295,9 @@ def test_a_new_log_directory_is_synced_before_settled(
         "SETTLED",
     )
     synced = [
-        e for e in events
-        if e.name == "fsync" and e.done and e.ret == 0 and e.index < settled.index
+        done for e in events
+        if e.name == "fsync" and e.entry
         and any(o.ret == fd_of(e) and o.index < e.index for o in opened)
+        and (done := completion(events, e)).ret == 0 and done.index < settled.index
     ]  # fmt: skip
     assert synced, "logs/ was not fsynced before SETTLED was written"
