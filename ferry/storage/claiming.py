@@ -15,7 +15,7 @@ launcher then writes its DISPATCHING, or its SETTLED FAILED if an input changed.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ferry.core import events as ev
 from ferry.core.errors import RefusedError
@@ -149,3 +149,43 @@ def _claim_each(store: TaskStore, claims: Sequence[Claimant], by: str, epoch: in
             break
         claimed.append(task)
     return claimed
+
+
+class ClaimsUnderLock:
+    """The seam's claim operations of a backend that decides under one writer's lock
+    (the local journal, the memory store): each a commit of the store itself, validated
+    under that lock. (PostgreSQL has its own: one call of ``ferry_claim``.)"""
+
+    def claim_next(
+        self,
+        runner: Mapping[str, Any],
+        token: str,
+        *,
+        by: str,
+        epoch: int,
+        announce: Sequence[ev.Event] = (),
+    ) -> Task | None:
+        """The best candidate from the table, committed (validated under the lock);
+        one that moved meanwhile is skipped for the next."""
+        return claim_by_commit(
+            cast("TaskStore", self), runner, token, by=by, epoch=epoch, announce=announce
+        )
+
+    def claimed_with(self, token: str, *, writer_pid: int | None = None) -> Task | None:
+        """(A commit's outcome is always known here: it appended, or raised.)"""
+        return claimed_in(cast("TaskStore", self), token)
+
+    def commit_against(
+        self,
+        ids: Sequence[str],
+        decide: Decide,
+        *,
+        epoch: int = 0,
+        claims: Sequence[Claimant] = (),
+        by: str = "work",
+    ) -> Written:
+        """One commit: the records decided on the table as last caught up (validated
+        under the lock), the claims of the next candidates."""
+        return commit_decided(
+            cast("TaskStore", self), ids, decide, epoch=epoch, claims=claims, by=by
+        )

@@ -6,21 +6,22 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ferry.core import events as ev
 from ferry.core.errors import LeaseHeldError
 from ferry.core.state import States, Table
+from ferry.storage.claiming import ClaimsUnderLock
 
 if TYPE_CHECKING:
     from ferry.core.model import Task
-    from ferry.storage import Claimant, EncodedEvent, Written
+    from ferry.storage import EncodedEvent
 
 _LEASE_ACQUIRED = ev.EventType.LEASE_ACQUIRED.value
 
 
-class MemoryStore:
+class MemoryStore(ClaimsUnderLock):
     """``ferry.storage.TaskStore`` over a list. ``records`` is what was committed, in
     order: (seq, epoch, type, data)."""
 
@@ -53,42 +54,6 @@ class MemoryStore:
                 committed.append(self.records[-1])
             self._highest_epoch = max(self._highest_epoch, epoch)
             return committed
-
-    def claim_next(
-        self,
-        runner: Mapping[str, Any],
-        token: str,
-        *,
-        by: str,
-        epoch: int,
-        announce: Sequence[ev.Event] = (),
-    ) -> Task | None:
-        """The best candidate from the table, committed (validated under the lock);
-        one that moved meanwhile is skipped for the next (``ferry.storage.claiming``)."""
-        from ferry.storage.claiming import claim_by_commit
-
-        return claim_by_commit(self, runner, token, by=by, epoch=epoch, announce=announce)
-
-    def claimed_with(self, token: str, *, writer_pid: int | None = None) -> Task | None:
-        """(A commit's outcome is always known here: it appended, or raised.)"""
-        from ferry.storage.claiming import claimed_in
-
-        return claimed_in(self, token)
-
-    def commit_against(
-        self,
-        ids: Sequence[str],
-        decide: Callable[[Mapping[str, Task | None]], Sequence[ev.Event | EncodedEvent]],
-        *,
-        epoch: int = 0,
-        claims: Sequence[Claimant] = (),
-        by: str = "work",
-    ) -> Written:
-        """One commit: the records decided on the table as last caught up (validated
-        under the lock), the claims of the next candidates (``ferry.storage.claiming``)."""
-        from ferry.storage.claiming import commit_decided
-
-        return commit_decided(self, ids, decide, epoch=epoch, claims=claims, by=by)
 
     def refresh(self) -> None:
         """Nothing to catch up with: every writer shares this object."""
