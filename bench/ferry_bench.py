@@ -180,7 +180,14 @@ def work_throughput(options: Options) -> Figure:
             round_no[0] += 1
             env = env_for(tmp / f"home{round_no[0]}")
             run([*ferry, "submit", "--from", "-"], env, input=lines, stdout=subprocess.DEVNULL)
-            seconds = timed(lambda: run([*ferry, "work", "--drain", "-j", "2"], env))
+            seconds = timed(
+                lambda: run(
+                    [*ferry, "work", "--drain", "-j", "2"],
+                    env,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
             # Each run's home stays until the end (scratch removes them all): deleting
             # its ~4,000 files here made the next run's file creations 2-3x slower, as
             # ext4 skips recently deleted inodes when it allocates one (perf showed

@@ -46,6 +46,9 @@ Naming convention (the registry :data:`FAILPOINTS` lists every name):
   and before it hands its end over).
 * ``before:spawn`` / ``after:spawn``: around starting a task's child process (in the
   supervisor).
+* ``before:go`` / ``after:go``: around a launcher telling a task's supervisor to spawn
+  it (its ``go``; for ``work``, usually the task itself, sent with its ``go``): the
+  intent is durable; ``after``: the supervisor will spawn without its launcher.
 * ``before:signal`` / ``after:signal``: around sending a verified signal
   (:func:`ferry.proc.process.signal_verified` calls them itself).
 * ``before:lease_write`` / ``after:lease_write``: around the atomic replace of
@@ -114,6 +117,8 @@ EVENT_TYPES: tuple[str, ...] = tuple(t.value for t in EventType)
 SIDE_EFFECT_POINTS: tuple[str, ...] = (
     "before:spawn",
     "after:spawn",
+    "before:go",
+    "after:go",
     "before:signal",
     "after:signal",
     "before:lease_write",

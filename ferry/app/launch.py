@@ -139,14 +139,23 @@ class Launch:
         self.claiming = None
         self.channel.send("unclaimed")
 
-    def assign(self, task: Task, token: str) -> None:
-        """Give it a task to plan (it is idle: its last task's end is durable)."""
+    def assign(self, task: Task, token: str, *, go: bool = False) -> None:
+        """Give it a task to plan (it is idle: its last task's end is durable). ``go``:
+        told to spawn with it, once its plan is made, without waiting for ``go``: the
+        task's DISPATCHING is durable with its claim and nothing is to be written
+        between (its plan must equal that record, or it waits: ``poll`` then takes the
+        ``go`` back)."""
         self.forget()
         self.claiming = None
         self.task, self.token = task, token
+        self.went = go
+        if go:
+            failpoints.failpoint("before:go")
         # (A large task goes in frames as the supervisor reads them: never block on it,
         # the launcher has others to answer. The launcher's waits flush the rest.)
-        self.channel.send("task", task=task_to_record(task), token=token)
+        self.channel.send("task", task=task_to_record(task), token=token, go=go)
+        if go:
+            failpoints.failpoint("after:go")
 
     @property
     def idle(self) -> bool:
@@ -168,6 +177,8 @@ class Launch:
             kind = message["t"]
             if kind == "plan":
                 self.plan = message
+                if message.get("waits"):
+                    self.went = False  # (told to go with its task, it did not: a bug)
             elif kind == "spawned":
                 self.spawned = _record(message["record"])
             elif kind == "running":
@@ -240,8 +251,10 @@ class Launch:
     # -- answers --------------------------------------------------------------------------
 
     def go(self) -> None:
+        failpoints.failpoint("before:go")
         self.went = True
         self.channel.send("go")
+        failpoints.failpoint("after:go")
 
     def abort(self) -> None:
         self.channel.send("abort")

@@ -81,6 +81,7 @@ from ferry.proc._control import Channel, ChannelClosed, Socket, close_inherited_
 from ferry.proc._outputs import SignalTrap
 from ferry.proc.logorder import order_path
 from ferry.proc.process import identity_of
+from ferry.storage.claiming import dispatching_with_claim
 
 # How long a supervisor waits for its launcher to confirm that its end is durable,
 # before it writes the end itself (a launcher stopped with SIGSTOP, a frozen
@@ -126,17 +127,20 @@ def main(
             assignment = _next_task(channel, home, launcher)
             if assignment is None:
                 return 0  # no more tasks for us (or the launcher is gone)
-            task, token = assignment
+            task, token, go = assignment
             trap.drain()
             trap.received.clear()  # (a signal between tasks was for none of them)
             supervisor = Supervisor(channel, home, task, token, environ, trap,
                                     passthrough=passthrough, stdout_echo_fd=stdout_echo_fd)  # fmt: skip
+            supervisor.told_to_go = go
             supervisor.run()
             if supervisor.orphaned:
                 return 0
 
 
-def _next_task(channel: Channel, home: Path, launcher: int) -> tuple[Task, str] | None:
+def _next_task(channel: Channel, home: Path, launcher: int) -> tuple[Task, str, bool] | None:
+    """The next task, its claim token, and whether it may be spawned once planned
+    (``go`` with the task: its DISPATCHING was written with its claim); None: no more."""
     claiming: str | None = None  # a claim naming us is being written with this token
     while True:
         try:
@@ -147,7 +151,8 @@ def _next_task(channel: Channel, home: Path, launcher: int) -> tuple[Task, str] 
             return None
         assert message is not None
         if message["t"] == "task":
-            return task_from_record(message["task"]), str(message["token"])
+            task, token = task_from_record(message["task"]), str(message["token"])
+            return task, token, bool(message.get("go"))
         claiming = str(message["token"]) if message["t"] == "claiming" else None
 
 
@@ -192,6 +197,14 @@ def open_store_patiently(home: Path, patience_s: float) -> Any:
             time.sleep(STORE_OPEN_RETRY_S)
 
 
+def _is_claimed_intent(plan: Plan, task: Task, token: str) -> bool:
+    expected = dispatching_with_claim(task, token)
+    return (
+        plan.env is not None and plan.error is None and expected is not None
+        and plan.event.encode() == expected.encode()
+    )  # fmt: skip
+
+
 class Supervisor:
     def __init__(
         self,
@@ -218,6 +231,7 @@ class Supervisor:
         self.stopped_because: dict[str, Any] = {}  # the launcher's why, for the evidence
         self.warnings: list[str] = []  # for the launcher to print (an incomplete log)
         self.spawn_at = 0.0  # wall clock, just before the spawn
+        self.told_to_go = False  # "go" came with the task: its claim wrote DISPATCHING
 
     # -- the life -----------------------------------------------------------------------
 
@@ -227,9 +241,12 @@ class Supervisor:
         except FerryError as failed:  # (an unreadable pinned input, say)
             self.channel.send("plan", record=None, error=error_to_json(failed), warnings=[])
             return EX_FERRY_FAILED
+        # Told to go with the task, it goes only if its plan is the DISPATCHING its
+        # claim wrote (anything else is a bug: it waits, and its launcher decides).
+        goes = self.told_to_go and _is_claimed_intent(plan, self.task, self.token)
         self.channel.send(
             "plan", record=list(plan.event.encode()), error=error_to_json(plan.error),
-            warnings=list(plan.warnings),
+            warnings=list(plan.warnings), waits=not goes,
         )  # fmt: skip
         if plan.env is None:
             return 0  # settled FAILED in the launcher's write of the claim
@@ -237,7 +254,7 @@ class Supervisor:
         # the launcher writes the intent (an fsync), not before the plan it waits for.
         import ferry.proc.supervise  # noqa: F401
 
-        if not self._wait_for_go():
+        if not goes and not self._wait_for_go():
             return 0
         records, exit_status, error = self._run(plan)
         self._hand_over(records, exit_status, error)

@@ -448,12 +448,16 @@ class Worker:
         return chosen
 
     def _claimed(self, launch: Launch, task: Task, token: str) -> None:
-        """Our claim of ``task`` is durable: the supervisor it names plans it."""
-        launch.assign(task, token)
-        launch.claimed = True
-        launch.dispatched = task.state is State.DISPATCHING
+        """Our claim of ``task`` is durable: the supervisor it names plans it, and
+        spawns it at once if its DISPATCHING was written with the claim (the usual
+        case: one message, not a plan awaited and a ``go`` sent back)."""
+        dispatched = task.state is State.DISPATCHING
         if task.cancel_requested:  # (a claim read back after a while: asked meanwhile)
             self._cancel_before_spawn.add(task.id)
+        go = dispatched and not task.cancel_requested and not self.closing
+        launch.assign(task, token, go=go)
+        launch.claimed = True
+        launch.dispatched = dispatched
 
     def _settle_claims(self) -> None:
         """Claims whose answer was lost (the database went away during the call): read
@@ -570,7 +574,8 @@ class Worker:
         for that.)"""
         waiting = [
             launch for launch in self.launches.values()
-            if launch.plan is None and not launch.gone and not launch.task.spec.pointers
+            if launch.plan is None and not launch.gone and not launch.went
+            and not launch.task.spec.pointers
         ]  # fmt: skip
         deadline = time.monotonic() + PLAN_WAIT_S
         while waiting and time.monotonic() < deadline:

@@ -93,6 +93,11 @@ PHASES = {
     # the intent is durable, the supervisor not yet told to spawn: nothing starts; the
     # supervisor gives the claim back (uncounted), and the next worker runs the task
     "before the spawn": "launcher:after:DISPATCHING=self",
+    # the same, a moment later: about to tell the supervisor to spawn (work: about to
+    # hand it the task with its go)
+    "before the go": "launcher:before:go=self",
+    # told to spawn (work: the task came with its go): the supervisor runs it alone
+    "after the go": "launcher:after:go=self",
     # spawned, running past 50 ms, SPAWNED not yet written: the supervisor writes it
     "between the spawn and SPAWNED": "launcher:before:SPAWNED=self",
     # the end known, not yet written: the supervisor writes it
@@ -122,7 +127,7 @@ def test_the_launcher_killed_at_each_phase_leaves_the_task_undisturbed(
         launcher.send_signal(signal.SIGKILL)
     assert launcher.wait(timeout=60) == -signal.SIGKILL, finish(launcher)
     gate.touch()
-    if phase == "before the spawn":
+    if phase in ("before the spawn", "before the go"):
         # Nothing was started: the claim is back in the queue, not counted.
         task = wait_until(lambda: (t := ferry.task(task_id))["state"] == "QUEUED" and t,
                           what="the claim to be released")  # fmt: skip
