@@ -24,6 +24,7 @@ from ferry.core.errors import (
     NotFoundError,
     OperatorNeededError,
     RefusedError,
+    StateDirMissingError,
     UsageError,
 )
 from ferry.core.fold import MOVED_CODES, RACE_TRIES
@@ -265,8 +266,14 @@ class Service:
         return work(self.session, **options)
 
     def recover(self, **options: Any) -> RecoverReport:
+        """(A missing state directory, opened with ``make=False``: nothing to recover, and
+        nothing made; cron may run ``recover`` before anything was ever submitted.)"""
         from ferry.app.leader import recover
 
+        if self.session.missing:
+            from ferry.core.recovery import RecoverReport
+
+            return RecoverReport(epoch=0, dry_run=bool(options.get("dry_run")))
         return recover(self.session, **options)
 
     # ---- looking -------------------------------------------------------------------
@@ -486,8 +493,10 @@ class Service:
 
     def gc(self, *, older_than_s: float, states: Sequence[str], dry_run: bool) -> GcReport:
         """``ferry gc``: forget settled tasks ended before the cut-off (:mod:`ferry.app.gc`)."""
-        from ferry.app.gc import gc
+        from ferry.app.gc import GcReport, gc
 
+        if self.session.missing:  # (nothing to forget; nothing made: see ``recover``)
+            return GcReport(dry_run=dry_run, cutoff_s=time.time() - older_than_s, states=states)
         return gc(self.session, older_than_s=older_than_s, states=states, dry_run=dry_run)
 
     # ---- the queue's groups (ferry.app.queueing) --------------------------------------
@@ -556,12 +565,21 @@ class Service:
     def journal_repair(self) -> dict[str, Any]:
         from ferry.storage.local.maintenance import repair
 
+        self._refuse_missing("repair")
         return repair(self.home / "journal")
 
     def journal_compact(self) -> dict[str, Any]:
+        self._refuse_missing("compact")
         report = self.store.compact(on_lock_wait=self._compact_wait_notice)
         assert report is not None  # (it waits for the lock)
         return report
+
+    def _refuse_missing(self, what: str) -> None:
+        if self.session.missing:
+            raise StateDirMissingError(
+                f"no state directory at {self.home}: nothing to {what}",
+                details={"home": str(self.home)},
+            )
 
     def _compact_wait_notice(self) -> None:
         self.notice(

@@ -196,6 +196,12 @@ class Session:
         return session
 
     @property
+    def missing(self) -> bool:
+        """The local state directory does not exist (it was opened with ``make=False``):
+        a maintenance command has nothing to do there, and must not make it."""
+        return self.database is None and not os.path.lexists(self.home)
+
+    @property
     def store(self) -> TaskStore:
         """Opened on first use: ``journal verify``/``repair`` must work without it,
         since opening replays the journal and refuses a corrupt one."""

@@ -331,7 +331,7 @@ def register(
         each task whose runner is gone (quarantine, fail, requeue), journals the decisions.
         """
         try:
-            report = ctx.service().recover(
+            report = ctx.service(make=False).recover(
                 dry_run=dry_run,
                 stale_after_s=stale_after,
                 kill_stale=kill_stale,
@@ -572,14 +572,14 @@ def register(
     @click.pass_obj
     def repair(ctx: Any) -> None:
         """Cut a torn tail (keeping a .broken copy); refuse to touch corruption elsewhere."""
-        report = ctx.service().journal_repair()
+        report = ctx.service(make=False).journal_repair()
         emit(ctx, render.repair_text(report), report)
 
     @journal.command(epilog=_example("ferry journal compact"))
     @click.pass_obj
     def compact(ctx: Any) -> None:
         """Write a snapshot and drop the segments it covers."""
-        report = ctx.service().journal_compact()
+        report = ctx.service(make=False).journal_compact()
         emit(ctx, render.compact_text(report), report)
 
     @journal.command(
@@ -601,7 +601,7 @@ def register(
         the damage, and each task whose state is now older, or gone. Refuses a journal
         that is only torn at its end ('ferry journal repair' cuts that) or not damaged.
         """
-        report = ctx.service().journal_salvage(dry_run=dry_run)
+        report = ctx.service(make=False).journal_salvage(dry_run=dry_run)
         emit(ctx, render.salvage_text(report), report)
 
     @journal.command(epilog=_example("ferry journal dump --from 1200 | jq .type"))

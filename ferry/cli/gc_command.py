@@ -104,6 +104,8 @@ def register(cli: click.Group) -> None:
 
         older_than_s = parse_duration(older_than)
         states = sorted({s.upper() for s in state}) or list(_SETTLED)
-        report = ctx.service().gc(older_than_s=older_than_s, states=states, dry_run=dry_run)
+        report = ctx.service(make=False).gc(
+            older_than_s=older_than_s, states=states, dry_run=dry_run
+        )
         human = None if ctx.verbosity < 0 else gc_text(report, ctx.verbosity)
         render.emit(as_json=ctx.as_json, human=human, payload=describe(report))

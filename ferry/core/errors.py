@@ -81,6 +81,14 @@ class NotFoundError(FerryError):
     exit_code = EX_NOT_FOUND
 
 
+class StateDirMissingError(FerryError):
+    """A maintenance command (``journal compact``, ``journal repair``) named a state
+    directory that does not exist (a typo in ``--home``, say): not made, nothing done."""
+
+    code = "state_dir.missing"
+    exit_code = EX_NOT_FOUND
+
+
 class AmbiguousIdError(FerryError):
     code = "task.ambiguous"
     exit_code = EX_NOT_FOUND

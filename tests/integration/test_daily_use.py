@@ -237,3 +237,25 @@ def test_acting_on_tasks_of_a_home_that_is_not_there_makes_no_home(
     result = ferry("--home", str(typo), *args)
     assert result.code == (0 if "--state" in args else 5), result
     assert not typo.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "says"),
+    [(("recover",), 0, ""), (("--json", "recover"), 0, '"decisions":[]'),
+     (("gc", "--older-than", "1d"), 0, "nothing to forget"),
+     (("journal", "compact"), 5, "error[state_dir.missing]: no state directory at"),
+     (("journal", "repair"), 5, "error[state_dir.missing]: no state directory at")],
+    ids=lambda v: " ".join(v) if isinstance(v, tuple) else str(v),
+)  # fmt: skip
+def test_maintenance_of_a_home_that_is_not_there_makes_no_home(
+    ferry: Ferry, tmp_path: Any, args: tuple[str, ...], code: int, says: str
+) -> None:
+    """``recover``, ``gc`` and ``journal compact``/``repair`` made a mistyped ``--home``
+    (an empty state directory, and a journal in it). Cron may run ``recover`` and ``gc``
+    before anything was submitted: nothing to do, exit 0, nothing made; the journal
+    commands, which an operator types, say that the directory is not there."""
+    typo = tmp_path / "ferry-hmoe"
+    result = ferry("--home", str(typo), *args)
+    assert result.code == code, result
+    assert says in result.text + result.err
+    assert not typo.exists()
