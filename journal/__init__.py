@@ -15,7 +15,7 @@ A journal is a directory::
 Only names of exactly these shapes matter; anything else (``.broken`` copies, temp
 files ``.*.tmp``) is ignored by readers.
 
-Record line: one JSON object, orjson-encoded, keys in this order, then ``\\n``::
+Record line: one compact JSON object (``journal._json``), keys in this order, then ``\\n``::
 
     {"v":1,"seq":7,"epoch":2,"ts":1700000000.25,"type":"SUBMITTED","data":{...},"crc":"0a1b2c3d"}
 

@@ -1,6 +1,7 @@
 """Encode and decode one record line (pure: no I/O).
 
-A v1 line is the orjson encoding of the object (keys in this order)::
+A v1 line is the compact JSON encoding of the object (keys in this order; made by
+:mod:`journal._json`)::
 
     {"v":1,"seq":<int>,"epoch":<int>,"ts":<float>,"type":<str>,"data":<object>,"crc":"<8 hex>"}
 
@@ -15,12 +16,10 @@ import math
 import time
 import zlib
 from collections.abc import Callable, Iterable
-from functools import partial
 from itertools import chain, repeat
 from typing import Any, NamedTuple, cast
 
-import orjson
-
+from journal import _json
 from journal._errors import FormatVersionError, InvalidRecordError, RecordTooLargeError
 
 FORMAT_VERSION = 1
@@ -30,9 +29,8 @@ _CRC_KEY = b',"crc":"'
 _SEQ_WIDTH_MAX = 20
 LINE_HEAD = b'{"v":1,"seq":'  # how every v1 line starts
 _OVERHEAD_BYTES = len(LINE_HEAD) + _SEQ_WIDTH_MAX + 1 + CRC_SUFFIX_BYTES
-# Refuse (TypeError) rather than silently convert dataclasses and datetimes: data must
-# be plain JSON.  orjson itself refuses non-str keys and integers beyond 64 bits.
-_DUMPS_OPTIONS = orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
+# Data must be plain JSON: _json refuses (TypeError) dataclasses, datetimes, non-str keys
+# and integers beyond 64 bits; NaN/Infinity (ValueError, or null from orjson: below).
 
 
 class Record(NamedTuple):
@@ -56,8 +54,7 @@ class Prepared(NamedTuple):
 
 
 _new_tuple = tuple.__new__
-_dumps, _loads, _now, _crc32 = orjson.dumps, orjson.loads, time.time, zlib.crc32
-_dumps_data = cast(Callable[[Any], bytes], partial(_dumps, option=_DUMPS_OPTIONS))
+_dumps, _loads, _now, _crc32 = _json.dumps, _json.loads, time.time, zlib.crc32
 # The three parts of a line, as C-level callables (``prepare_batch``, ``encode_lines``).
 _inner_of = cast(
     Callable[[tuple[Any, ...]], bytes], b'"epoch":%d,"ts":%s,"type":%s,"data":%s'.__mod__
@@ -71,7 +68,8 @@ _STR, _DICT = {str}, {dict}
 
 
 def _check_finite(value: Any, path: str) -> None:
-    """Refuse NaN/Infinity anywhere in ``value`` (orjson would write them as null)."""
+    """Refuse NaN/Infinity anywhere in ``value`` (orjson would write them as null, the
+    standard library refuses them without saying where)."""
     if isinstance(value, float):
         if not math.isfinite(value):
             raise InvalidRecordError(f"NaN/Infinity at {path} (JSON cannot hold it)")
@@ -106,12 +104,13 @@ def prepare(
         raise InvalidRecordError(f"ts must be a finite float, got {ts!r}")
     type_bytes = _type_bytes.get(type) if type.__class__ is str else None
     try:
-        data_bytes = _dumps(data, option=_DUMPS_OPTIONS)
+        data_bytes = _dumps(data)
         if type_bytes is None:
             type_bytes = _dumps(type)
             if len(_type_bytes) < _TYPE_CACHE_MAX and type.__class__ is str:
                 _type_bytes[type] = type_bytes
-    except (TypeError, orjson.JSONEncodeError) as exc:
+    except (TypeError, ValueError) as exc:  # (orjson's JSONEncodeError is a TypeError)
+        _check_finite(data, "data")  # (NaN: say where)
         raise InvalidRecordError(f"record cannot be encoded: {exc}") from exc
     if b"null" in data_bytes:
         # orjson writes NaN/Infinity as null without a word: only then walk the data
@@ -159,7 +158,8 @@ def prepare_batch(
                 raise ValueError  # (an empty type: prepare refuses it)
             _type_bytes.update((t, _dumps(t)) for t in set(types) - _type_bytes.keys())
             type_bytes = list(map(_type_bytes.get, types))
-        data_bytes = list(map(_dumps_data, datas))
+        _json.expect(len(datas))
+        data_bytes = list(map(_dumps, datas))
         inners = list(
             map(_inner_of, zip(repeat(epoch), repeat(_dumps(ts)), type_bytes, data_bytes))
         )
@@ -172,7 +172,7 @@ def prepare_batch(
                     _check_finite(data, "data")
     except (ValueError, TypeError, InvalidRecordError):  # (JSONEncodeError: a TypeError)
         return [prepare(type, data, epoch, record_bytes_max, ts) for type, data in pairs]
-    # The decoded copies, one parse for all: each part is orjson's encoding of a dict.
+    # The decoded copies, one parse for all: each part is the encoding of a dict.
     copies = _loads(b"[%s]" % joined)
     return list(
         map(_new_tuple, repeat(Prepared), zip(repeat(epoch), repeat(ts), types, copies, inners))
@@ -233,8 +233,8 @@ def decode_line(line: bytes, expected_seq: int | None = None) -> Record:
             raise LineProblem("NUL bytes", checks=False)
         raise LineProblem("checksum mismatch or malformed line", checks=False)
     try:
-        obj = orjson.loads(line)
-    except orjson.JSONDecodeError:
+        obj = _loads(line)
+    except ValueError:
         raise LineProblem("checksum matches but the line does not parse", checks=False) from None
     if not isinstance(obj, dict):
         raise LineProblem("not a JSON object", checks=True)

@@ -49,9 +49,7 @@ from operator import getitem, itemgetter
 from pathlib import Path
 from typing import Any, NamedTuple, cast
 
-import orjson
-
-from journal import _fsutil
+from journal import _fsutil, _json
 from journal._codec import LineProblem, Record, decode_line, line_checks
 from journal._errors import CorruptionError, FormatVersionError
 
@@ -112,10 +110,10 @@ def _parse_run(lines: list[bytes], expected: int) -> tuple[list[Record], int] | 
     a float, ``type`` a str, ``data`` an object."""
     count = len(lines)
     try:
-        objs = list(map(orjson.loads, lines))
+        objs = _json.loads_each(lines)
         fields = list(map(_FIELDS, objs))  # KeyError: a field is missing
         versions = list(map(getitem, objs, repeat("v", count)))  # TypeError: not an object
-    except (ValueError, KeyError, TypeError):  # orjson.JSONDecodeError is a ValueError
+    except (ValueError, KeyError, TypeError):  # (a JSON decoding error is a ValueError)
         return None
     seqs, epochs, stamps, types, datas = zip(*fields, strict=True)
     if (
@@ -144,7 +142,7 @@ def _held_seq(line: bytes) -> int | None:
         if start <= 0 or not line_checks(line[start:]):
             return None
     try:
-        seq = orjson.loads(line[start:]).get("seq")
+        seq = _json.loads(line[start:]).get("seq")
     except (ValueError, AttributeError):  # (does not parse; not an object)
         return 0
     return seq if type(seq) is int else 0

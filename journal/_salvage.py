@@ -34,9 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
-import orjson
-
-from journal import _fsutil
+from journal import _fsutil, _json
 from journal._codec import Record
 from journal._errors import CorruptionError, JournalError, SalvageRefusedError
 from journal._segment import LOCK_NAME, list_segments, segment_name
@@ -169,7 +167,7 @@ def _guess(damage: CorruptionError) -> Record | None:
     finally:
         _fsutil.close(fd)
     try:
-        obj = orjson.loads(line)
+        obj = _json.loads(line)
         seq, epoch, ts = obj["seq"], obj.get("epoch", 0), obj.get("ts", 0.0)
         kind, data = obj["type"], obj["data"]
     except (ValueError, TypeError, KeyError, AttributeError):
@@ -208,7 +206,7 @@ def _build(build: Path, stamp: str, report: SalvageReport, step: Hook) -> None:
     """The new journal, complete and durable, under ``build`` (a new directory)."""
     view = report.view
     _fsutil.mkdir(build)
-    _write_new(build / MARKER, orjson.dumps({"stamp": stamp}))
+    _write_new(build / MARKER, _json.dumps({"stamp": stamp}))
     if view.base is not None:
         epoch_max = max([view.max_epoch, *(r.epoch for r in report.lost_records)])
         body = encode_snapshot(view.base.seq, view.base.data, epoch_max)
@@ -286,7 +284,7 @@ def _marker_stamp(directory: Path) -> str | None:
     finally:
         _fsutil.close(fd)
     try:
-        stamp = orjson.loads(raw).get("stamp")
+        stamp = _json.loads(raw).get("stamp")
     except (ValueError, AttributeError):
         return ""  # a marker the crash cut short: a build (only builds have one)
     return stamp if isinstance(stamp, str) else ""

@@ -21,9 +21,7 @@ import zlib
 from pathlib import Path
 from typing import NamedTuple
 
-import orjson
-
-from journal import _fsutil
+from journal import _fsutil, _json
 from journal._codec import FORMAT_VERSION, line_checks
 from journal._errors import CorruptionError, FormatVersionError
 from journal._segment import Segment
@@ -101,7 +99,7 @@ def read_header(fd: int, seq_from_name: int) -> SnapshotHeader:
     if newline < 0 or not line_checks(head[:newline]):
         raise SnapshotDamaged("header incomplete or checksum mismatch")
     try:
-        obj = orjson.loads(head[:newline])
+        obj = _json.loads(head[:newline])
     except ValueError:
         raise SnapshotDamaged("header does not parse") from None
     if not isinstance(obj, dict):

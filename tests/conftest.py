@@ -33,6 +33,23 @@ def _no_inherited_failpoints(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv("FERRY_FAILPOINTS")
 
 
+# ---- JSON: the standard library's codec, or orjson (journal._json) ----
+# A process uses the standard library's until it has handled BULK_AFTER_ITEMS records,
+# then orjson: a test run would soon test only the second. Tests of what JSON the
+# journal writes and reads take this fixture, and run once in each mode.
+@pytest.fixture(scope="module", params=["stdlib", "orjson"])
+def json_mode(request: pytest.FixtureRequest) -> Iterator[str]:
+    from journal import _json
+
+    saved = (_json._orjson, _json._options, _json._items_left)
+    if request.param == "orjson":
+        _json.bulk()
+    else:
+        _json._orjson, _json._options, _json._items_left = None, 0, 2**62
+    yield request.param
+    _json._orjson, _json._options, _json._items_left = saved
+
+
 # ---- PostgreSQL ----
 # One server per pytest process, started the first time a test asks for it. Under
 # pytest-xdist each worker is a process of its own and so starts its own server (about

@@ -18,8 +18,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from ferry.core.errors import UsageError
 from ferry.core.spec import (
     GROUP_DEFAULT,
@@ -28,6 +26,7 @@ from ferry.core.spec import (
     TaskSpec,
     validate_spec,
 )
+from journal import _json
 
 # Keys a `submit --from` line may carry: the task options, by their option names.
 _LINE_KEYS = {
@@ -325,13 +324,15 @@ def parse_from_lines(data: bytes, source: str) -> list[tuple[int, dict[str, Any]
     line (blank lines skipped). Any bad line refuses the whole batch, naming the line:
     nothing is half-queued."""
     batch: list[tuple[int, dict[str, Any]]] = []
-    for number, line in enumerate(data.split(b"\n"), start=1):
+    lines = data.split(b"\n")
+    _json.expect(len(lines))
+    for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         where = f"line {number} of {source}"
         try:
-            obj = orjson.loads(line)
-        except orjson.JSONDecodeError as error:
+            obj = _json.loads(line)
+        except ValueError as error:
             raise UsageError(
                 f"{where}: not JSON ({error})", code="usage.bad_from_line", details={"line": number}
             ) from None

@@ -38,9 +38,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-import orjson
-
 from ferry.proc.logorder import ENTRY_BYTES, STDERR, STDOUT, order_path, unpack
+from journal import _json
 
 FOLLOW_POLL_S = 0.1
 _CHUNK_BYTES = 1 << 20
@@ -232,7 +231,7 @@ class _Replay:
         """Bytes the log did not keep (``--log-max``), at ``offset``: say so, in place."""
         if self.as_json:
             line = {"stream": _NAMES[stream], "offset": offset, "dropped": count}
-            out.write(orjson.dumps(line) + b"\n")
+            out.write(_json.dumps(line) + b"\n")
             self.last_out = out
             return
         if self.last_out is not None:
@@ -252,7 +251,7 @@ class _Replay:
         if self.as_json:
             text = chunk.decode("utf-8", "backslashreplace")
             line = {"task": self.task_id, "stream": _NAMES[stream], "offset": offset, "text": text}
-            out.write(orjson.dumps(line) + b"\n")
+            out.write(_json.dumps(line) + b"\n")
         else:
             if self.last_out is not None and self.last_out is not out:
                 self.last_out.flush()  # (both may be one terminal: keep them in order)

@@ -18,8 +18,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from ferry.app.runner import as_cancelled
 from ferry.app.session import this_host
 from ferry.core import events as ev
@@ -28,6 +26,7 @@ from ferry.core.fold import MOVED_CODES, RACE_TRIES
 from ferry.core.model import State, Task
 from ferry.storage import TaskStore
 from ferry.storage.local.statedir import fsync_dir, write_atomic
+from journal import _json
 
 OUTBOX = "outbox"
 
@@ -47,7 +46,7 @@ def keep(home: Path, records: Sequence[ev.Event]) -> Path:
     directory = _directory(home)
     directory.mkdir(mode=0o700, exist_ok=True)
     name = f"{settled.task}.{settled.attempt}.{settled.token}.json"
-    data = orjson.dumps({"records": [list(record.encode()) for record in records]})
+    data = _json.dumps({"records": [list(record.encode()) for record in records]})
     return write_atomic(directory, name, data)  # (the file and the directory fsynced)
 
 
@@ -61,7 +60,7 @@ def pending(home: Path) -> list[Path]:
 
 
 def load(path: Path) -> list[ev.Event]:
-    raw = orjson.loads(path.read_bytes())
+    raw = _json.loads(path.read_bytes())
     events = [ev.decode_checked(kind, data) for kind, data in raw["records"]]
     return [event for event in events if event is not None]
 

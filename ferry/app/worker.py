@@ -75,6 +75,7 @@ from ferry.core.model import IN_FLIGHT_STATES, TERMINAL_STATES, Liveness, State,
 from ferry.proc._outputs import SignalTrap
 from ferry.proc.liveness import probe
 from ferry.storage.claiming import dispatching_with_claim
+from journal import _json
 
 if TYPE_CHECKING:
     from ferry.app.session import Session
@@ -793,4 +794,7 @@ def _ends_failed(launch: Launch) -> bool:
 
 
 def work(session: Session, **options: Any) -> WorkReport:
+    # A loop that may commit for hours: orjson's import (15 ms) is paid back within a
+    # few hundred records; the supervisors forked from here share it.
+    _json.bulk()
     return Worker(session, **options).run()

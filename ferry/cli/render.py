@@ -11,16 +11,15 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import orjson
-
 from ferry.core.errors import FerryError
+from journal import _json
 
 
 def dumps(obj: Any) -> bytes:
     try:
-        return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)
-    except TypeError:  # a str with undecodable bytes in it (a path, an argument)
-        return orjson.dumps(_readable_json(obj), option=orjson.OPT_SORT_KEYS)
+        return _json.dumps_sorted(obj)
+    except (TypeError, ValueError):  # a str with undecodable bytes (a path, an argument)
+        return _json.dumps_sorted(_readable_json(obj))
 
 
 # Python's repr of an undecodable byte (argv and paths hold them as surrogate escapes),
@@ -228,7 +227,7 @@ def detail(obj: Mapping[str, Any]) -> str:
     lines = []
     for key, value in obj.items():
         if isinstance(value, (dict, list)):
-            text = orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+            text = _json.dumps_sorted(value).decode()
         else:
             text = "-" if value is None else str(value)
         lines.append(f"{key + ':':<14} {text}")

@@ -28,10 +28,9 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import orjson
-
 from ferry.cli.render import duration
 from ferry.core.model import State
+from journal import _json
 
 # The states in their order of life; each one's colour.
 STATE_ORDER = [state.value for state in State]
@@ -208,7 +207,7 @@ def embed_json(value: Any) -> str:
     """JSON that is safe inside a ``<script>`` element: ``<``, ``>`` and ``&`` (only
     ever inside JSON strings) and the two JavaScript line separators as \\u escapes, so
     no text of a task can close the element or open a comment."""
-    text = orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+    text = _json.dumps_sorted(value).decode()
     for char in "<>&\u2028\u2029":
         text = text.replace(char, f"\\u{ord(char):04x}")
     return text

@@ -6,5 +6,5 @@ rule every backend enforces), the table of tasks, the recovery matrix
 (``recovery.decide``), the patch and pinning decisions, and ``FerryError`` with its
 codes. May import only ``ferry.core`` and the standard library's pure parts (no os,
 files, time, randomness or processes: callers pass clocks and random bytes in), plus
-orjson. Everything else in ferry may import it.
+``journal._json`` (JSON, any layer may import it). Everything else in ferry may import it.
 """

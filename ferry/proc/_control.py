@@ -29,7 +29,7 @@ import os
 from collections import deque
 from typing import Any
 
-import orjson
+from journal import _json
 
 FRAME_BYTES = 64 << 10  # per packet (a SETTLED record with its evidence fits whole)
 _LAST, _MORE = b".", b"+"
@@ -71,7 +71,7 @@ class Channel:
     def send(self, kind: str, **fields: Any) -> None:
         """Queue one message and send what the socket takes now. Never blocks; a closed
         peer is remembered (``closed``), not raised: the caller learns it on receive."""
-        body = orjson.dumps({"t": kind, **fields})
+        body = _json.dumps({"t": kind, **fields})
         for start in range(0, len(body), FRAME_BYTES):
             end = start + FRAME_BYTES
             self._outbox.append((_LAST if end >= len(body) else _MORE) + body[start:end])
@@ -113,7 +113,7 @@ class Channel:
                 raise ChannelClosed("the other end of the control channel is gone")
             self._partial.append(raw[1:])
             if raw[:1] == _LAST:
-                messages.append(orjson.loads(b"".join(self._partial)))
+                messages.append(_json.loads(b"".join(self._partial)))
                 self._partial = []
 
     def wait(self, timeout_s: float | None) -> list[dict[str, Any]]:

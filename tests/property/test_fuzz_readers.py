@@ -38,7 +38,8 @@ FUZZ = settings(
     deadline=None,  # a slow example is not a bug; a hang is caught by the timeout below
     suppress_health_check=[HealthCheck.too_slow],
 )
-pytestmark = pytest.mark.timeout(240)
+# (and in both modes of journal._json: what JSON the journal reads)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("json_mode")]
 
 json_scalars = (
     st.none()

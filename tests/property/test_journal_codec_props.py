@@ -14,6 +14,9 @@ from hypothesis import strategies as st
 from journal import _codec
 from journal._errors import FormatVersionError, InvalidRecordError, RecordTooLargeError
 
+# What JSON the journal writes and reads: in both modes of journal._json.
+pytestmark = pytest.mark.usefixtures("json_mode")
+
 SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 INT_MIN, INT_MAX = -(2**63), 2**64 - 1  # what the codec promises to carry exactly

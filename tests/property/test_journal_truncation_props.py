@@ -22,6 +22,9 @@ from hypothesis import strategies as st
 
 import journal
 
+# What JSON the journal writes and reads: in both modes of journal._json.
+pytestmark = pytest.mark.usefixtures("json_mode")
+
 payloads = st.dictionaries(
     st.text(max_size=6),
     st.integers(-(2**63), 2**64 - 1)

@@ -22,6 +22,9 @@ from journal._codec import (
     prepare_batch,
 )
 
+# What JSON the journal writes and reads: in both modes of journal._json.
+pytestmark = pytest.mark.usefixtures("json_mode")
+
 MiB = 1 << 20
 
 

@@ -9,9 +9,14 @@ import hashlib
 import shutil
 from pathlib import Path
 
+import pytest
+
 from journal import FORMAT_VERSION, Journal, Record, Snapshot, read_records, verify
 from journal._codec import encode_record
 from journal._snapshot import encode_snapshot
+
+# What JSON the journal writes and reads: in both modes of journal._json.
+pytestmark = pytest.mark.usefixtures("json_mode")
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "journal-v1"
 

@@ -26,6 +26,9 @@ from journal import (
 from journal._codec import LineProblem, decode_line, encode_record
 from journal._segment import segment_name
 
+# What JSON the journal writes and reads: in both modes of journal._json.
+pytestmark = pytest.mark.usefixtures("json_mode")
+
 COUNTS = (3, 3, 4)  # records per segment: seqs 1-3, 4-6, 7-10
 LAST_SEQ = 10
 

@@ -22,6 +22,9 @@ from journal import (
 from journal._segment import list_segments
 from journal._snapshot import encode_snapshot, snapshot_name
 
+# What JSON the journal writes and reads: in both modes of journal._json.
+pytestmark = pytest.mark.usefixtures("json_mode")
+
 
 def fill(j: Journal, count: int, epoch: int = 0) -> None:
     for i in range(count):

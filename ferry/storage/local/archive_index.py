@@ -39,9 +39,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-import orjson
-
 from ferry.core.history import HistoryMissed
+from journal import _json
 
 INDEX_PREFIX = "index-"
 INDEX_SUFFIX = ".idx"
@@ -100,7 +99,7 @@ def build_index(
         ids.append(entry + _crc(entry, seed) + b"\n")
     about_index = {"v": INDEX_FORMAT, "archive": archive_name, "bytes": offset,
                    "count": len(records), "id_width": width, "states": states}  # fmt: skip
-    head = orjson.dumps(about_index)[:-1]
+    head = _json.dumps(about_index)[:-1]
     header = head + _CRC_KEY + _crc(head, seed) + b'"}\n'
     numbers = [int(r.get("number") or 0) for r in records]
     about: dict[str, Any] = {
@@ -121,7 +120,7 @@ def check_index(directory: Path, ref: Mapping[str, Any], body: bytes) -> str | N
     byte, and the snapshot says of it what it holds (``journal verify``)."""
     lines = body.splitlines(keepends=True)
     try:
-        records = [orjson.loads(line) for line in lines]
+        records = _json.loads_each(lines)
         index, about = build_index(str(ref["name"]), records, lines)
     except (ValueError, KeyError, TypeError) as error:
         return f"its records cannot be indexed ({error})"
@@ -187,7 +186,7 @@ class IndexedArchive:
         body, _, tail = line.rpartition(_CRC_KEY)
         if tail != _crc(body, self.seed) + b'"}\n':
             raise ValueError("its index's header does not check")
-        header = orjson.loads(line)
+        header = _json.loads(line)
         self.count, self.width = int(header["count"]), int(header["id_width"])
         self.states = [str(state) for state in header["states"]]
         said = (header["v"], header["archive"], header["bytes"], self.count)
@@ -297,7 +296,7 @@ class IndexedArchive:
         if len(line) != position.length or _crc(line, self.seed) != position.line_crc:
             raise HistoryMissed(f"archive {self.name}: a line does not check")
         try:
-            record = orjson.loads(line)
+            record = _json.loads(line)
         except ValueError as error:
             raise HistoryMissed(f"archive {self.name}: {error}") from error
         if not isinstance(record, dict) or record.get("id") != position.task_id:

@@ -42,13 +42,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeGuard
 
-import orjson
-
 from ferry.core.errors import LeaseHeldError, StateDirError
 from ferry.failpoints import failpoint
 from ferry.proc.liveness import Liveness, probe
 from ferry.proc.process import ProcessIdentity
 from ferry.storage.local.statedir import private_open, write_atomic
+from journal import _json
 
 __all__ = [
     "LEASE_VERSION",
@@ -144,8 +143,8 @@ def parse_lease(raw: bytes) -> Lease:
     if not raw.strip():
         raise _unreadable("empty file")
     try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError as e:
+        data = _json.loads(raw)
+    except ValueError as e:
         raise _unreadable(f"not JSON ({e})") from e
     return Lease.from_json(data)
 
@@ -322,7 +321,7 @@ class LeaseStore:
         # Atomic and durable (fsync, rename, directory fsync): a power loss must never
         # bring back an older lease.json, whose epoch the next acquire would hand out
         # again. The lease lock is held: a fixed temp name (a crash's stale one is reused).
-        data = orjson.dumps(lease.to_json()) + b"\n"
+        data = _json.dumps(lease.to_json()) + b"\n"
         write_atomic(self.path.parent, self.path.name, data, temp_name=self.path.name + ".tmp")
         failpoint("after:lease_write")
 

@@ -10,11 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, BinaryIO
 
-import orjson
-
 import journal
 from ferry.core.errors import EX_JOURNAL, FerryError, JournalIntegrityError
 from ferry.storage.local.store import Store, check_indexes, check_table, journal_error
+from journal import _json
 
 
 def verify(directory: Path) -> dict[str, Any]:
@@ -143,4 +142,4 @@ def _dump_line(record: journal.Record, out: BinaryIO) -> None:
         "type": record.type,
         "data": record.data,
     }
-    out.write(orjson.dumps(line) + b"\n")
+    out.write(_json.dumps(line) + b"\n")

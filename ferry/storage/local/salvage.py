@@ -24,8 +24,6 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 import journal
 from ferry.core.errors import EX_TEMPFAIL, FerryError, JournalIntegrityError, RefusedError
 from ferry.core.model import Task
@@ -38,6 +36,7 @@ from ferry.storage.local.store import (
     snapshot_refs,
     view_damage,
 )
+from journal import _json
 
 # Other processes with the journal open make salvage refuse (they could write into
 # the damaged copy): a reader holds it a moment, so look again a few times first.
@@ -152,12 +151,12 @@ def _acceptor(
             dropped[name] = list(_readable_lines(home / "archive" / name))
         if keep:
             _keep_archives(home, bad)
-        raw = orjson.loads(snapshot.data)
+        raw = _json.loads(snapshot.data)
         raw["settled_archives"] = [a for a in raw["settled_archives"] if a["name"] not in bad]
         # Its counts take in the tasks of the archives left out: not to be trusted now
         # (a table without them counts by loading its history; a compaction, once).
         raw.pop("settled_counts", None)
-        return orjson.dumps(raw)
+        return _json.dumps(raw)
 
     return accept
 
@@ -185,7 +184,7 @@ def _readable_lines(path: Path) -> Iterator[Mapping[str, Any]]:
     with contextlib.suppress(OSError):
         for line in path.read_bytes().splitlines():
             with contextlib.suppress(ValueError):
-                record = orjson.loads(line)
+                record = _json.loads(line)
                 if isinstance(record, dict) and isinstance(record.get("id"), str):
                     yield record
 

@@ -27,8 +27,6 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, S
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import orjson
-
 import journal
 from ferry.core import events as ev
 from ferry.core.errors import (
@@ -45,6 +43,7 @@ from ferry.failpoints import failpoint
 from ferry.proc import alivelock
 from ferry.storage.claiming import ClaimsUnderLock
 from ferry.storage.local.statedir import fsync_dir, make_dir_durable, private_open, write_atomic
+from journal import _json
 
 if TYPE_CHECKING:
     pass
@@ -505,7 +504,7 @@ class Store(ClaimsUnderLock):
             prev_seq, archives = 0, []
             if previous is not None:
                 prev_seq = previous.seq
-                archives = list(orjson.loads(previous.data).get("settled_archives", []))
+                archives = list(_json.loads(previous.data).get("settled_archives", []))
             with self.lock:
                 data = self.table.live_snapshot()
                 seq = self.table.last_seq
@@ -534,7 +533,7 @@ class Store(ClaimsUnderLock):
             # them: their files go first (a gc killed before it removed them).
             _remove_task_files(self.home, forgotten)
             failpoint("before:snapshot_write")
-            self.wal.write_snapshot(seq, orjson.dumps(data))
+            self.wal.write_snapshot(seq, _json.dumps(data))
             failpoint("after:snapshot_write")
             self.snapshot_seq = seq
             if merge:
@@ -542,7 +541,7 @@ class Store(ClaimsUnderLock):
                     self.table.forget_done(seq)
             removed = self.wal.compact()
             if previous is not None:
-                named = [*archives, *orjson.loads(previous.data).get("settled_archives", [])]
+                named = [*archives, *_json.loads(previous.data).get("settled_archives", [])]
                 keep = {a["name"] for a in named}
                 keep.update(a["index"] for a in named if isinstance(a.get("index"), str))
                 _prune_archives(directory, keep)
@@ -615,7 +614,7 @@ def _parse_snapshot(blob: bytes) -> tuple[dict[str, Any], ArchiveRefs]:
     """The table part of a snapshot and the archives it names (the snapshot's own
     entries for them stay in ``data["settled_archives"]``)."""
     try:
-        data = orjson.loads(blob)
+        data = _json.loads(blob)
         archives = data.get("settled_archives", [])
         return data, [(str(ref["name"]), str(ref["sha256"])) for ref in archives]
     except _SNAPSHOT_DECODE_ERRORS as error:
@@ -793,7 +792,7 @@ def check_indexes(home: Path, snapshot: journal.Snapshot | None) -> None:
     if snapshot is None:
         return
     directory = home / "archive"
-    for ref in orjson.loads(snapshot.data).get("settled_archives", []):
+    for ref in _json.loads(snapshot.data).get("settled_archives", []):
         if not isinstance(ref.get("index"), str):
             continue  # (written before indexes: the next compaction writes one)
         path = directory / ref["name"]
@@ -829,7 +828,8 @@ def _write_archive(
     while name in present or index_name(name) in present:
         name = _archive_name(seq)
     records = sorted(records, key=order_key)
-    lines = [orjson.dumps(record) + b"\n" for record in records]
+    _json.expect(len(records))
+    lines = [_json.dumps(record) + b"\n" for record in records]
     body = b"".join(lines)
     index, about = build_index(name, records, lines)
     write_atomic(directory, name, body)
@@ -879,9 +879,11 @@ def _archive_lines(path: Path, sha256: str) -> list[bytes]:
 
 
 def _read_archive(path: Path, sha256: str) -> Iterator[Mapping[str, Any]]:
-    for line in _archive_lines(path, sha256):
+    lines = _archive_lines(path, sha256)
+    _json.expect(len(lines))
+    for line in lines:
         try:
-            yield orjson.loads(line)
+            yield _json.loads(line)
         except ValueError as error:  # it matched its hash: written so by a bug
             raise _undecodable_snapshot(error) from error
 
