@@ -76,9 +76,14 @@ from benchkit import Figure, Options, fmt_rate, interleaved, rate, scratch, time
 import journal
 from journal import (
     _codec,  # (encode_only_rate: the library's own encoding steps)
+    _json,
     _reader,  # (floor_replay: the library's own bulk checksum check)
 )
 from journal._codec import Record
+
+# Steady state: a process that appends or reads much switches to orjson after its first
+# 2,000 records (journal._json); these benchmarks measure what comes after.
+_json.bulk()
 
 PAYLOAD_TEXT = "x" * 160  # with the envelope, a line of roughly 250 bytes
 

@@ -103,6 +103,7 @@ def prepare(
     elif not isinstance(ts, float) or not math.isfinite(ts):
         raise InvalidRecordError(f"ts must be a finite float, got {ts!r}")
     type_bytes = _type_bytes.get(type) if type.__class__ is str else None
+    _json.expect(1)
     try:
         data_bytes = _dumps(data)
         if type_bytes is None:
