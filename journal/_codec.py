@@ -111,7 +111,8 @@ def prepare(
             if len(_type_bytes) < _TYPE_CACHE_MAX and type.__class__ is str:
                 _type_bytes[type] = type_bytes
     except (TypeError, ValueError) as exc:  # (orjson's JSONEncodeError is a TypeError)
-        _check_finite(data, "data")  # (NaN: say where)
+        if exc.__class__ is ValueError:  # (the standard library's NaN: say where)
+            _check_finite(data, "data")
         raise InvalidRecordError(f"record cannot be encoded: {exc}") from exc
     if b"null" in data_bytes:
         # orjson writes NaN/Infinity as null without a word: only then walk the data

@@ -13,36 +13,71 @@ Both ways give the same results for what ferry writes and reads, and refuse the 
 things (what the journal promises, ``docs/journal-format.md``):
 
 * encoding: compact (``,`` and ``:``, no spaces), UTF-8, keys in the given order
-  (``dumps_sorted``: sorted). Refused, with TypeError: a key that is not a str, an
-  integer outside [-2**63, 2**64), a value JSON cannot hold (bytes, a set, an object,
-  a dataclass, a datetime); with ValueError: NaN and the infinities, a str that is not
-  valid Unicode (a lone surrogate). Floats may be spelled differently (``1e+16`` and
-  ``1e16``): the same number. What this module wrote, both read back equal.
-* decoding: bytes or str; invalid JSON, ``NaN``/``Infinity``, bytes that are not
-  UTF-8, and an escaped lone surrogate (``"\\ud800"``) raise ValueError.
+  (``dumps_sorted``: sorted). Refused, with TypeError: a key that is not exactly a str,
+  an integer outside [-2**63, 2**64), more than 254 levels of nesting (a cycle too), a
+  value JSON cannot hold (bytes, a set, an object, a dataclass, a datetime, a subclass
+  of float or tuple: a named tuple); with TypeError or ValueError: a str that is not
+  valid Unicode (a lone surrogate); with ValueError, or written as null by orjson (the
+  journal's codec refuses it itself): NaN and the infinities. Written as orjson writes
+  them: an Enum member as its value, a UUID as its text. Floats may be spelled
+  differently (``1e+16`` and ``1e16``): the same number. What this module wrote, both
+  read back equal.
+* decoding: bytes or str; invalid JSON, ``NaN``/``Infinity``, a number beyond the
+  floats (``1e400``), bytes that are not UTF-8, an escaped lone surrogate
+  (``"\\ud800"``) and nesting deeper than the interpreter's recursion allows raise
+  ValueError; an integer outside [-2**63, 2**64) reads as a float.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
 _INT_MIN, _INT_END = -(2**63), 2**64
+_DEPTH_MAX = 254  # orjson's: containers within containers
 
 
 def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def _int(text: str) -> int | float:
+    value = int(text)
+    return value if _INT_MIN <= value < _INT_END else float(text)  # (as orjson reads it)
+
+
+def _float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"number out of range: {text}")
+    return value
+
+
+def _default(obj: Any) -> Any:
+    """What orjson writes of an Enum member and a UUID (the standard library refuses
+    them); anything else: refused."""
+    import enum
+
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    if type(obj).__module__ == "uuid" and type(obj).__name__ == "UUID":
+        return str(obj)
+    raise TypeError(f"Type is not JSON serializable: {type(obj).__name__}")
+
+
 _encode = json.JSONEncoder(
-    ensure_ascii=False, allow_nan=False, check_circular=False, separators=(",", ":")
-).encode
+    ensure_ascii=False, allow_nan=False, check_circular=False, separators=(",", ":"),
+    default=_default,
+).encode  # fmt: skip
 _encode_sorted = json.JSONEncoder(
     ensure_ascii=False, allow_nan=False, check_circular=False, separators=(",", ":"),
-    sort_keys=True,
+    sort_keys=True, default=_default,
 ).encode  # fmt: skip
-_decode = json.JSONDecoder(parse_constant=_refuse_constant).decode
+_decode = json.JSONDecoder(
+    parse_constant=_refuse_constant, parse_int=_int, parse_float=_float
+).decode
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # (a pair is fine; one alone is not)
 
 _orjson: Any = None  # the module, once ``bulk`` was called
@@ -78,13 +113,15 @@ def expect(items: int) -> None:
 def dumps(obj: Any) -> bytes:
     if _orjson is not None:
         return _orjson.dumps(obj, option=_options)  # type: ignore[no-any-return]
-    return _checked(obj, _encode(obj).encode())
+    _refuse_non_json(obj, 0)
+    return _encode(obj).encode()
 
 
 def dumps_sorted(obj: Any) -> bytes:
     if _orjson is not None:
         return _orjson.dumps(obj, option=_options | _orjson.OPT_SORT_KEYS)  # type: ignore[no-any-return]
-    return _checked(obj, _encode_sorted(obj).encode())
+    _refuse_non_json(obj, 0)
+    return _encode_sorted(obj).encode()
 
 
 def loads(data: bytes | bytearray | memoryview | str) -> Any:
@@ -94,7 +131,10 @@ def loads(data: bytes | bytearray | memoryview | str) -> Any:
         return _orjson.loads(data)
     if not isinstance(data, str):
         data = bytes(data).decode()  # (UnicodeDecodeError: a ValueError)
-    obj = _decode(data)
+    try:
+        obj = _decode(data)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
     if "\\u" in data and _SURROGATE_ESCAPE.search(data):
         _encode(obj).encode()  # a lone surrogate: UnicodeEncodeError (as orjson refuses it)
     return obj
@@ -106,31 +146,31 @@ def loads_each(documents: list[bytes]) -> list[Any]:
     return list(map(loads if _orjson is None else _orjson.loads, documents))
 
 
-def _checked(obj: Any, encoded: bytes) -> bytes:
-    """``encoded``, if orjson would have encoded ``obj`` too; else orjson's TypeError.
-    (The standard library writes a non-str key as a str, ``1`` as ``"1"``, and any
-    integer.) A walk of ``obj``: about as long as encoding it, and much shorter than
-    importing orjson."""
-    _refuse_non_json(obj, "")
-    return encoded
-
-
 _PLAIN = frozenset({str, float, bool, type(None)})
 
 
-def _refuse_non_json(obj: Any, path: str) -> None:
+def _refuse_non_json(obj: Any, depth: int) -> None:
+    """orjson's TypeError for what the standard library would write but orjson refuses
+    (a non-str key as a str, any integer, any depth, a float or tuple subclass). A walk
+    of ``obj``: about as long as encoding it, and much shorter than importing orjson."""
     kind = type(obj)
     if kind in _PLAIN:
         return
-    if kind is dict or isinstance(obj, dict):
-        for key, value in obj.items():
-            if type(key) is not str and not isinstance(key, str):
-                raise TypeError(f"Dict key must be str at {path or 'the top'}: {key!r}")
-            if type(value) not in _PLAIN:
-                _refuse_non_json(value, f"{path}.{key}")
-    elif kind is list or kind is tuple or isinstance(obj, list | tuple):
-        for index, value in enumerate(obj):
-            if type(value) not in _PLAIN:
-                _refuse_non_json(value, f"{path}[{index}]")
-    elif isinstance(obj, int) and not _INT_MIN <= obj < _INT_END:
-        raise TypeError(f"Integer exceeds 64-bit range at {path or 'the top'}")
+    if kind is dict or kind is list or kind is tuple or isinstance(obj, dict | list):
+        if depth >= _DEPTH_MAX:
+            raise TypeError("Recursion limit reached")
+        if isinstance(obj, dict):
+            for key, value in obj.items():
+                if type(key) is not str:
+                    raise TypeError(f"Dict key must be str: {key!r}")
+                if type(value) not in _PLAIN:
+                    _refuse_non_json(value, depth + 1)
+        else:
+            for value in obj:
+                if type(value) not in _PLAIN:
+                    _refuse_non_json(value, depth + 1)
+    elif isinstance(obj, int):
+        if not _INT_MIN <= obj < _INT_END:
+            raise TypeError("Integer exceeds 64-bit range")
+    elif isinstance(obj, float | tuple):
+        raise TypeError(f"Type is not JSON serializable: {kind.__name__}")

@@ -239,7 +239,9 @@ class Supervisor:
         try:
             plan = plan_task(self.task, self.token, self.environ)
         except FerryError as failed:  # (an unreadable pinned input, say)
-            self.channel.send("plan", record=None, error=error_to_json(failed), warnings=[])
+            self.channel.send(
+                "plan", record=None, error=error_to_json(failed), warnings=[], waits=True
+            )
             return EX_FERRY_FAILED
         # Told to go with the task, it goes only if its plan is the DISPATCHING its
         # claim wrote (anything else is a bug: it waits, and its launcher decides).

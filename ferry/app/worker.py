@@ -621,7 +621,9 @@ class Worker:
                 self.session.notice(
                     f"task {launch.task.id}: its end is left to its supervisor's own write"
                 )
-            elif launch.claimed and not launch.went:
+            elif launch.claimed and (not launch.went or launch.plan is None):
+                # (Told to go with its task, it sends its plan before it spawns: gone
+                # without one, it started nothing.)
                 task_id = launch.task.id
                 self._give_back(launch.task, launch.token, "its supervisor died before the spawn")
                 deaths = self._plan_deaths[task_id] = self._plan_deaths.get(task_id, 0) + 1

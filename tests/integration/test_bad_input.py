@@ -257,7 +257,18 @@ BAD_LINES = [
     b'{"argv": "true"}',
     b'["true"]',
     b'{"argv": ["\\ud800"]}',
+    # (a number beyond 64 bits reads as a float, as orjson reads it; nesting too deep
+    # for the parser: not JSON. Both were an internal error, exit 125 or a traceback.)
+    b'{"argv": ["true"], "priority": 99999999999999999999999999}',
+    b'{"argv": ["true"], "after": ' + b"[" * 1000 + b"]" * 1000 + b"}",
 ]
+
+
+def test_a_bad_from_line_is_one_json_error_document_under_json(cli: Ferry) -> None:
+    line = b'{"argv": ["true"], "retries": 99999999999999999999999999}\n'
+    result = cli("--json", "submit", "--from", "-", stdin=line)
+    assert result.code == 2, result
+    assert result.json()["error"]["code"] == "usage.bad_from_line", result
 
 
 def test_a_bad_from_line_leaves_the_journal_byte_identical(cli: Ferry) -> None:

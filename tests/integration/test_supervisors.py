@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -138,6 +139,34 @@ def test_the_launcher_killed_at_each_phase_leaves_the_task_undisturbed(
     assert runs(mark) == 1
     nothing_left_for_recovery(ferry)
     ferry.verify_clean()
+
+
+# A work whose supervisors all die (SIGKILL) while they plan their task: after the task
+# came to them with its go, before their plan (which they send before the spawn).
+_DYING_PLANS = """
+import os, signal, sys
+import ferry.app.supervisor as supervisor
+supervisor.plan_task = lambda *args, **kwargs: os.kill(os.getpid(), signal.SIGKILL)
+from ferry.cli import main
+sys.exit(main())
+"""
+
+
+def test_a_supervisor_that_dies_before_its_plan_started_nothing(ferry: Ferry) -> None:
+    """Told to go with its task, a supervisor that dies before its plan reached the
+    worker started nothing: the claim goes back to the queue, uncounted, and three such
+    deaths stop work (a bug of ferry's). Before the fix the task was left DISPATCHING
+    for recovery, which FAILED it (MARKED_FAILED_MUTATION_UNSAFE) though it never ran."""
+    task_id = ferry.ok("submit", "--", "true").text.strip()
+    done = subprocess.run([sys.executable, "-c", _DYING_PLANS, "work", "--drain"],
+                          env=ferry.env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 125, done
+    assert "3 supervisors died before starting it" in done.stderr
+    task = ferry.task(task_id)
+    assert (task["state"], task["reason"], task["releases"]) == ("QUEUED", "RELEASED_TO_QUEUE", 0)
+    ferry.ok("work", "--drain")
+    assert ferry.task(task_id)["state"] == "SUCCEEDED"
+    nothing_left_for_recovery(ferry)
 
 
 @pytest.mark.parametrize("ending", ["exit 0", "exit 3", "killed by SIGTERM"])

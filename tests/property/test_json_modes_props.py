@@ -3,7 +3,11 @@ handle, then orjson) write text that both read back equal, and refuse the same v
 
 from __future__ import annotations
 
+import enum
 import math
+import uuid
+import zlib
+from collections import namedtuple
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,6 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from journal import _json
+from journal._codec import LineProblem, decode_line, prepare
+from journal._errors import InvalidRecordError
 
 INT_MIN, INT_END = -(2**63), 2**64
 scalars = (
@@ -105,3 +111,82 @@ def _leaves(doc: Any) -> Iterator[Any]:
             yield from _leaves(value)
     else:
         yield doc
+
+
+# ---- cases found by an adversarial review: where the modes used to differ ----------
+
+
+def _outcome(fn: Any, *args: Any) -> tuple[str, Any]:
+    try:
+        return ("ok", fn(*args))
+    except Exception as error:
+        return ("raises", type(error).__name__)
+
+
+def _both(fn: Any, *args: Any) -> tuple[Any, Any]:
+    return _outcome(fn, *args), _in_orjson_mode(_outcome, fn, *args)
+
+
+def _nest(depth: int) -> Any:
+    doc: Any = {}
+    for _ in range(depth):
+        doc = {"a": doc}
+    return doc
+
+
+class _Plain(enum.Enum):
+    A = "a"
+
+
+class _Named(enum.StrEnum):
+    QUEUED = "QUEUED"
+
+
+class _Float(float):
+    pass
+
+
+_Pair = namedtuple("_Pair", "x y")
+
+
+@pytest.mark.parametrize(
+    "value",
+    [_nest(253), _nest(254), _nest(300), {_Named.QUEUED: 1}, {"x": _Plain.A},
+     {"x": uuid.UUID(int=1)}, {"x": _Float(1.5)}, {"x": _Pair(1, 2)}, {"x": _Named.QUEUED}],
+    ids=["depth253", "depth254", "depth300", "strenum-key", "plain-enum", "uuid",
+         "float-subclass", "named-tuple", "strenum-value"],
+)  # fmt: skip
+def test_both_modes_accept_or_refuse_alike(stdlib: None, value: Any) -> None:
+    ours, theirs = _both(_json.dumps, value)
+    assert ours == theirs or (ours[0] == theirs[0] == "ok"), (ours, theirs)
+    if ours[0] == "ok":
+        assert _json.loads(ours[1]) == _json.loads(theirs[1])
+
+
+def test_the_codec_refuses_deep_data_in_both_modes(stdlib: None) -> None:
+    for depth in (300, 1200):
+        with pytest.raises(InvalidRecordError):
+            prepare("T", _nest(depth), 1, 2**30, 1.0)
+        with pytest.raises(InvalidRecordError):
+            _in_orjson_mode(prepare, "T", _nest(depth), 1, 2**30, 1.0)
+
+
+def _checksummed(body: bytes) -> bytes:
+    return body + b',"crc":"%08x"}' % zlib.crc32(body)
+
+
+@pytest.mark.parametrize("field", [b'"ts":1e400', b'"ts":1.0,"x":' + b"[" * 1100 + b"]" * 1100])
+def test_a_checksummed_line_that_is_not_a_record_is_a_line_problem_in_both_modes(
+    stdlib: None, field: bytes
+) -> None:
+    line = _checksummed(b'{"v":1,"seq":1,"epoch":0,' + field + b',"type":"T","data":{}')
+    with pytest.raises(LineProblem):
+        decode_line(line, 1)
+    with pytest.raises(LineProblem):
+        _in_orjson_mode(decode_line, line, 1)
+
+
+@pytest.mark.parametrize("text", [b"99999999999999999999999999", b"-9223372036854775809"])
+def test_integers_beyond_64_bits_read_as_floats_in_both_modes(stdlib: None, text: bytes) -> None:
+    ours, theirs = _both(_json.loads, text)
+    assert ours == theirs and type(ours[1]) is float, (ours, theirs)
