@@ -17,9 +17,7 @@ cancelled stays so: retry it too (its dependencies are checked again).
 
 from __future__ import annotations
 
-import datetime as _dt
 import math
-import random
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -43,8 +41,14 @@ RETRY_DELAY_MAX_S = 24 * 3600.0
 # ---- --retries ----------------------------------------------------------------------
 
 
-def retry_delay_s(delay_s: float, used: int, rng: Callable[[], float] = random.random) -> float:
-    """The delay before automatic retry number ``used + 1``."""
+def retry_delay_s(delay_s: float, used: int, rng: Callable[[], float] | None = None) -> float:
+    """The delay before automatic retry number ``used + 1`` (``rng``: random.random).
+    (``random`` and ``datetime`` are imported where they are used: ``submit`` loads this
+    module, and needs neither for a plain task.)"""
+    if rng is None:
+        import random
+
+        rng = random.random
     nominal = min(RETRY_DELAY_MAX_S, delay_s * 2.0 ** min(used, 64))
     return min(RETRY_DELAY_MAX_S, nominal * (1.0 + RETRY_JITTER * rng()))
 
@@ -82,8 +86,10 @@ def parse_not_before(text: str, now: float) -> float:
                 code="usage.bad_time",
             )
         return now + seconds
+    import datetime
+
     try:
-        moment = _dt.datetime.fromisoformat(value)
+        moment = datetime.datetime.fromisoformat(value)
     except ValueError:
         moment = None
     if moment is None or "T" not in value.upper() or moment.tzinfo is None:
