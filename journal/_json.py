@@ -45,13 +45,15 @@ def _refuse_constant(name: str) -> Any:
 
 def _int(text: str) -> int | float:
     value = int(text)
-    return value if _INT_MIN <= value < _INT_END else float(text)  # (as orjson reads it)
+    if _INT_MIN <= value < _INT_END:
+        return value
+    return _float(text)  # (as orjson reads it: a float, refused beyond the floats)
 
 
 def _float(text: str) -> float:
     value = float(text)
     if math.isinf(value):
-        raise ValueError(f"number out of range: {text}")
+        raise ValueError(f"number out of range: {text[:30]}")
     return value
 
 
@@ -61,6 +63,7 @@ def _default(obj: Any) -> Any:
     import enum
 
     if isinstance(obj, enum.Enum):
+        _refuse_non_json(obj.value, 0)  # (orjson refuses what it would refuse anyway)
         return obj.value
     if type(obj).__module__ == "uuid" and type(obj).__name__ == "UUID":
         return str(obj)

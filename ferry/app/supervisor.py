@@ -256,6 +256,9 @@ class Supervisor:
         # the launcher writes the intent (an fsync), not before the plan it waits for.
         import ferry.proc.supervise  # noqa: F401
 
+        if goes and not self.channel.drain():  # (its plan must be out before the spawn)
+            self._orphaned_before_the_spawn()
+            return 0
         if not goes and not self._wait_for_go():
             return 0
         records, exit_status, error = self._run(plan)

@@ -90,6 +90,19 @@ class Channel:
                 raise
             self._outbox.popleft()
 
+    def drain(self) -> bool:
+        """Block until every queued packet is in the socket (True) or the peer is gone
+        (False). For a message that must be sent before what follows it happens (a
+        supervisor's plan before its spawn: a launcher that never got it gives the task
+        back as not started)."""
+        import select
+
+        self.flush()
+        while self._outbox and not self.closed:
+            select.select([], [self.sock], [])
+            self.flush()
+        return not self._outbox
+
     def unread(self, messages: list[dict[str, Any]]) -> None:
         """Hand back messages received but not for the caller: the next receive returns
         them first (a waiter for one kind must not lose the next one behind it)."""
@@ -99,12 +112,19 @@ class Channel:
         """Every message that has arrived (maybe none). ChannelClosed once the peer is
         gone and nothing is left to read."""
         messages, self._inbox = self._inbox, []
+        resets = 0
         while True:
             try:
                 raw = self.sock.recv(FRAME_BYTES + 1)
             except BlockingIOError:
                 return messages
             except ConnectionResetError:
+                # The peer died with packets of ours unread: the kernel says so once,
+                # before the packets it sent first, which are still to be read (its
+                # plan, its end): read on.
+                resets += 1
+                if resets == 1:
+                    continue
                 raw = b""
             if not raw:
                 self.closed = True

@@ -109,3 +109,17 @@ def test_the_end_of_the_launcher_ends_the_supervisor_s_wait() -> None:
     Channel(ours).close()
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 7
+
+
+def test_what_a_peer_sent_before_it_died_is_read_though_our_message_was_unread() -> None:
+    """A supervisor sends its plan, then dies with a message of ours unread (a ``stop``):
+    the kernel reports ECONNRESET on our next read, before the packets still queued.
+    That read ended the channel, and the plan was lost: ``work`` then gave back a task
+    that had started (found by a review: it ran twice)."""
+    ours, theirs = (Channel(s) for s in channel_pair())
+    theirs.send("plan", record=["DISPATCHING", {}])
+    ours.send("stop", signal=15)  # (never read)
+    theirs.sock.close()
+    assert [m["t"] for m in ours.receive()] == ["plan"]
+    with pytest.raises(ChannelClosed):
+        ours.receive()

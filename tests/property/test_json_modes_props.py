@@ -142,6 +142,11 @@ class _Named(enum.StrEnum):
     QUEUED = "QUEUED"
 
 
+class _Huge(enum.Enum):
+    BIG = 2**70
+    KEYED = {1: "a"}  # noqa: RUF012
+
+
 class _Float(float):
     pass
 
@@ -152,9 +157,11 @@ _Pair = namedtuple("_Pair", "x y")
 @pytest.mark.parametrize(
     "value",
     [_nest(253), _nest(254), _nest(300), {_Named.QUEUED: 1}, {"x": _Plain.A},
-     {"x": uuid.UUID(int=1)}, {"x": _Float(1.5)}, {"x": _Pair(1, 2)}, {"x": _Named.QUEUED}],
+     {"x": uuid.UUID(int=1)}, {"x": _Float(1.5)}, {"x": _Pair(1, 2)}, {"x": _Named.QUEUED},
+     {"x": _Huge.BIG}, {"x": _Huge.KEYED}],
     ids=["depth253", "depth254", "depth300", "strenum-key", "plain-enum", "uuid",
-         "float-subclass", "named-tuple", "strenum-value"],
+         "float-subclass", "named-tuple", "strenum-value", "enum-of-huge-int",
+         "enum-of-int-keys"],
 )  # fmt: skip
 def test_both_modes_accept_or_refuse_alike(stdlib: None, value: Any) -> None:
     ours, theirs = _both(_json.dumps, value)
@@ -190,3 +197,11 @@ def test_a_checksummed_line_that_is_not_a_record_is_a_line_problem_in_both_modes
 def test_integers_beyond_64_bits_read_as_floats_in_both_modes(stdlib: None, text: bytes) -> None:
     ours, theirs = _both(_json.loads, text)
     assert ours == theirs and type(ours[1]) is float, (ours, theirs)
+
+
+@pytest.mark.parametrize("text", [b"1" + b"0" * 400, b"-1" + b"0" * 400])
+def test_an_integer_beyond_the_floats_is_refused_in_both_modes(stdlib: None, text: bytes) -> None:
+    with pytest.raises(ValueError):
+        _json.loads(text)
+    with pytest.raises(ValueError):
+        _in_orjson_mode(_json.loads, text)
