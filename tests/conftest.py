@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from hypothesis import settings
+from jsonmodes import using
 from pgserver import PgServer, PgServerError
 
 # No timing thresholds in tests: hypothesis's per-example deadline (200 ms) failed a
@@ -39,15 +40,8 @@ def _no_inherited_failpoints(monkeypatch: pytest.MonkeyPatch) -> None:
 # journal writes and reads take this fixture, and run once in each mode.
 @pytest.fixture(scope="module", params=["stdlib", "orjson"])
 def json_mode(request: pytest.FixtureRequest) -> Iterator[str]:
-    from journal import _json
-
-    saved = (_json._orjson, _json._options, _json._items_left)
-    if request.param == "orjson":
-        _json.bulk()
-    else:
-        _json._orjson, _json._options, _json._items_left = None, 0, 2**62
-    yield request.param
-    _json._orjson, _json._options, _json._items_left = saved
+    with using(request.param):
+        yield request.param
 
 
 # ---- PostgreSQL ----

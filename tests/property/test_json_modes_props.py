@@ -15,6 +15,7 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from jsonmodes import using
 
 from journal import _json
 from journal._codec import LineProblem, decode_line, prepare
@@ -39,19 +40,13 @@ refused = st.sampled_from(
 
 @pytest.fixture
 def stdlib() -> Iterator[None]:
-    saved = (_json._orjson, _json._options, _json._items_left)
-    _json._orjson, _json._options, _json._items_left = None, 0, 2**62
-    yield
-    _json._orjson, _json._options, _json._items_left = saved
+    with using("stdlib"):
+        yield
 
 
 def _in_orjson_mode(fn: Any, *args: Any) -> Any:
-    saved = (_json._orjson, _json._options, _json._items_left)
-    _json.bulk()
-    try:
+    with using("orjson"):
         return fn(*args)
-    finally:
-        _json._orjson, _json._options, _json._items_left = saved
 
 
 # (The fixture sets the mode once for all examples: nothing in a test changes it.)
