@@ -501,10 +501,11 @@ class Store(ClaimsUnderLock):
         try:
             self.refresh()
             previous = self.wal.latest_snapshot()
-            prev_seq, archives = 0, []
+            prev_seq, previous_archives = 0, []
             if previous is not None:
                 prev_seq = previous.seq
-                archives = list(_json.loads(previous.data).get("settled_archives", []))
+                previous_archives = list(_json.loads(previous.data).get("settled_archives", []))
+            archives = list(previous_archives)
             with self.lock:
                 data = self.table.live_snapshot()
                 seq = self.table.last_seq
@@ -541,7 +542,7 @@ class Store(ClaimsUnderLock):
                     self.table.forget_done(seq)
             removed = self.wal.compact()
             if previous is not None:
-                named = [*archives, *_json.loads(previous.data).get("settled_archives", [])]
+                named = [*archives, *previous_archives]
                 keep = {a["name"] for a in named}
                 keep.update(a["index"] for a in named if isinstance(a.get("index"), str))
                 _prune_archives(directory, keep)
