@@ -130,9 +130,8 @@ def main(
             task, token, go = assignment
             trap.drain()
             trap.received.clear()  # (a signal between tasks was for none of them)
-            supervisor = Supervisor(channel, home, task, token, environ, trap,
+            supervisor = Supervisor(channel, home, task, token, environ, trap, told_to_go=go,
                                     passthrough=passthrough, stdout_echo_fd=stdout_echo_fd)  # fmt: skip
-            supervisor.told_to_go = go
             supervisor.run()
             if supervisor.orphaned:
                 return 0
@@ -217,6 +216,7 @@ class Supervisor:
         *,
         passthrough: bool,
         stdout_echo_fd: int,
+        told_to_go: bool = False,
     ) -> None:
         self.channel, self.home, self.task, self.token = channel, home, task, token
         self.environ, self.trap = environ, trap
@@ -231,7 +231,7 @@ class Supervisor:
         self.stopped_because: dict[str, Any] = {}  # the launcher's why, for the evidence
         self.warnings: list[str] = []  # for the launcher to print (an incomplete log)
         self.spawn_at = 0.0  # wall clock, just before the spawn
-        self.told_to_go = False  # "go" came with the task: its claim wrote DISPATCHING
+        self.told_to_go = told_to_go  # "go" came with the task: its claim wrote DISPATCHING
 
     # -- the life -----------------------------------------------------------------------
 
@@ -256,9 +256,11 @@ class Supervisor:
         # the launcher writes the intent (an fsync), not before the plan it waits for.
         import ferry.proc.supervise  # noqa: F401
 
-        if goes and not self.channel.drain():  # (its plan must be out before the spawn)
-            self._orphaned_before_the_spawn()
-            return 0
+        if goes:
+            # Its plan out before the spawn: a launcher that never got it gives the task
+            # back as not started. (One gone meanwhile reads nothing and gives nothing
+            # back: this supervisor runs the task alone, as told.)
+            self.channel.drain()
         if not goes and not self._wait_for_go():
             return 0
         records, exit_status, error = self._run(plan)

@@ -90,18 +90,16 @@ class Channel:
                 raise
             self._outbox.popleft()
 
-    def drain(self) -> bool:
-        """Block until every queued packet is in the socket (True) or the peer is gone
-        (False). For a message that must be sent before what follows it happens (a
-        supervisor's plan before its spawn: a launcher that never got it gives the task
-        back as not started)."""
+    def drain(self) -> None:
+        """Block until every queued packet is in the socket or the peer is gone: for a
+        message that must be out before what follows it happens (a supervisor's plan
+        before its spawn)."""
         import select
 
         self.flush()
         while self._outbox and not self.closed:
             select.select([], [self.sock], [])
             self.flush()
-        return not self._outbox
 
     def unread(self, messages: list[dict[str, Any]]) -> None:
         """Hand back messages received but not for the caller: the next receive returns

@@ -169,6 +169,41 @@ def test_a_supervisor_that_dies_before_its_plan_started_nothing(ferry: Ferry) ->
     nothing_left_for_recovery(ferry)
 
 
+# A work whose supervisors make their plan only once their launcher is gone (a deadline
+# bounds the wait).
+_LATE_PLANS = """
+import os, sys, time
+import ferry.app.supervisor as supervisor
+plan_task = supervisor.plan_task
+def late_plan(*args, **kwargs):
+    launcher, deadline = os.getppid(), time.monotonic() + 30
+    while os.getppid() == launcher and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return plan_task(*args, **kwargs)
+supervisor.plan_task = late_plan
+from ferry.cli import main
+sys.exit(main())
+"""
+
+
+def test_a_supervisor_told_to_go_runs_its_task_though_its_launcher_died_before_its_plan(
+    ferry: Ferry, tmp_path: Path
+) -> None:
+    """``work`` killed right after it handed the task over with its go, before the
+    supervisor's plan could reach it: nobody will read the plan, and nobody gives the
+    task back, so the supervisor runs it alone, as told. (Its plan unsent, it once gave
+    the claim back instead: the task waited for the next worker.)"""
+    mark = tmp_path / "runs"
+    task_id = ferry.ok("submit", "--", *counting_task(mark)).text.strip()
+    env = {**ferry.env, "FERRY_FAILPOINTS": "launcher:after:go=self"}
+    done = subprocess.run([sys.executable, "-c", _LATE_PLANS, "work", "-j", "1"],
+                          env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == -signal.SIGKILL, done
+    task = settled(ferry, task_id)
+    assert (task["state"], task["attempt"], runs(mark)) == ("SUCCEEDED", 1, 1), task
+    nothing_left_for_recovery(ferry)
+
+
 @pytest.mark.parametrize("ending", ["exit 0", "exit 3", "killed by SIGTERM"])
 def test_an_end_after_the_worker_s_death_is_journaled_as_if_nothing_had_happened(
     ferry: Ferry, tmp_path: Path, ending: str
