@@ -7,7 +7,9 @@ run`` or ``ferry submit`` handles, and a fifth of their start-up. The standard
 library's json costs about 1 ms (``re``, which it needs, is loaded by then). orjson
 parses and encodes 3 to 10 times faster, which matters for what is large or long: a
 replay of thousands of records, a snapshot of megabytes, ``work``'s stream of commits.
-Those call :func:`bulk` first; from then on the process uses orjson for everything.
+A process switches once it has counted 2,000 records or lines (:func:`expect`, which the
+codec, the reader and the archives call), parses a document of 512 KiB, or calls
+:func:`bulk` (``work`` does, at once); from then on it uses orjson for everything.
 
 Both ways give the same results for what ferry writes and reads, and refuse the same
 things (what the journal promises, ``docs/journal-format.md``):
