@@ -20,11 +20,13 @@ when written: a cancel that landed makes an end CANCELLED) and of a claim for ea
 free slot (CLAIMED, naming an idle supervisor, or a new one, with the task's
 DISPATCHING: the store chooses the task; the places the ends free go to these claims).
 Only after that write returns is a supervisor told its end is durable (``ack``), or
-given its claimed task to plan; once its plan is in (the moment it takes), ``go``
-(spawn). A task with pinned inputs is claimed alone: its plan's record (DISPATCHING, or
-SETTLED FAILED if an input changed) is written before the ``go``. A supervisor is told
-a claim naming it is being written (``claiming``): should ``work`` die before it hears
-the outcome, it looks the claim up and releases it.
+given its claimed task with its ``go``: it plans it, checks the plan is the DISPATCHING
+the claim wrote, sends the plan and spawns (one message each way, no round trip on this
+loop's path; a supervisor gone before its plan arrived started nothing: the claim goes
+back). A task with pinned inputs is claimed alone and planned first: its plan's record
+(DISPATCHING, or SETTLED FAILED if an input changed) is written, then ``go``. A
+supervisor is told a claim naming it is being written (``claiming``): should ``work``
+die before it hears the outcome, it looks the claim up and releases it.
 
 Survivors: tasks still running under the supervisors of an earlier ``work`` (killed
 with -9, say) count against ``jobs`` until they end; they write their own ends.
