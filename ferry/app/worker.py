@@ -609,9 +609,10 @@ class Worker:
 
     def _let_go(self) -> None:
         """Forget the supervisors that exited (reaped). One that died holding a claimed
-        task before it was told to spawn started nothing: the claim goes back to the
-        queue (three such deaths for one task: ferry has a bug, stop). One that died
-        after leaves its task to recovery (its runner is dead). One whose end waits to
+        task before it was told to spawn, or told with its task but before its plan
+        arrived (it sends the plan before the spawn), started nothing: the claim goes
+        back to the queue (three such deaths for one task: ferry has a bug, stop). One
+        that died after leaves its task to recovery (its runner is dead). One whose end waits to
         be written stays until it is; one a claim of unknown outcome named, until that
         is known."""
         for launch in list(self.supervisors):
