@@ -23,10 +23,8 @@ This module holds what both sides share: the plan, the end's records, the paths.
 
 from __future__ import annotations
 
-import errno
 import os
 import signal
-import stat
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -143,29 +141,6 @@ def plan_task(task: Task, token: str, environ: dict[str, str]) -> Plan:
     return Plan(task, token, dispatching, env, None, warnings)
 
 
-def make_log_directory(stdout_log: Path) -> bool:
-    """Create the task's log directory; True if this call made it. A full disk (or no
-    inode) is SpawnFailed: the task must settle SPAWN_FAILED, not stay DISPATCHING for
-    recovery to mark unsafe, since nothing has run."""
-    try:
-        try:
-            stdout_log.parent.mkdir(mode=0o700, parents=True)
-            return True
-        except FileExistsError:
-            # logs/<id>/ exists from an earlier attempt: a symlink planted there in its
-            # place must not redirect the logs (O_NOFOLLOW follows a directory link).
-            if stat.S_ISLNK(os.lstat(stdout_log.parent).st_mode):
-                raise OSError(
-                    errno.ELOOP, "a symlink, not followed", str(stdout_log.parent)
-                ) from None
-            return False
-    except OSError as e:
-        from ferry.proc.supervise import SpawnFailed
-
-        message = f"cannot create the task's log directory: {e}"
-        raise SpawnFailed("other", message, errno_=e.errno) from e
-
-
 def error_to_json(error: FerryError | None) -> dict[str, Any] | None:
     """An error as the control channel carries it (``error_from_json`` reads it)."""
     if error is None:
@@ -213,6 +188,9 @@ def settle_event(
         evidence["killed_after_grace"] = True
     if outcome.leftover_killed:
         evidence["leftover_killed"] = True
+    # What each stream wrote: a log is made at its first byte, so a stream that wrote
+    # nothing has no file, and one that wrote but has none was lost (``ferry logs``).
+    evidence["log_bytes"] = {"stdout": outcome.log_bytes[0], "stderr": outcome.log_bytes[1]}
     if outcome.log_error:
         evidence["log_error"] = outcome.log_error
     if outcome.log_dropped is not None:  # (--log-max)

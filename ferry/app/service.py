@@ -343,10 +343,10 @@ class Service:
         if current.attempt != which:
             # (An earlier attempt's evidence is not kept; it was retried: not a success.)
             return False
-        lost = [path.name for path in paths if not path.exists()]
+        lost = _lost_logs(paths, current)
         if problem := current.evidence.get("log_error"):
             self.notice(f"warning: task {task.id}: its log is incomplete ({problem})")
-        elif lost and current.started_at is not None:
+        elif lost:
             self.notice(f"warning: task {task.id}: log file(s) missing: {', '.join(lost)}")
         return current.state is State.SUCCEEDED
 
@@ -606,6 +606,24 @@ class Service:
         if self.session.database is not None:
             raise UsageError(f"'journal {command}' {does} a local journal; a database has none",
                              code="usage.not_local")  # fmt: skip
+
+
+def _lost_logs(paths: tuple[Path, Path], task: Task) -> list[str]:
+    """The logs of a settled attempt that wrote to them and that are not there. A log
+    is made at its stream's first byte: ``log_bytes`` in the evidence says which
+    streams wrote (an attempt settled before it was recorded made both at its start;
+    one still running may not have written yet)."""
+    if not task.terminal or task.started_at is None:
+        return []
+    written = task.evidence.get("log_bytes")
+    streams = ("stdout", "stderr")
+    if not isinstance(written, dict):
+        written = dict.fromkeys(streams, 1)
+    return [
+        path.name
+        for path, stream in zip(paths, streams, strict=True)
+        if written.get(stream) and not path.exists()
+    ]
 
 
 def _parse_signal(name: str) -> int:

@@ -64,7 +64,6 @@ from ferry.app.runner import (
     exit_status_of,
     heartbeat_path,
     log_paths,
-    make_log_directory,
     plan_task,
     settle_event,
     spawn_failed_event,
@@ -299,7 +298,6 @@ class Supervisor:
         stdout_log, stderr_log = log_paths(self.home, task.id, task.attempt)
         failpoint("before:spawn")  # DISPATCHING is durable, no child exists yet
         try:
-            new_dir = make_log_directory(stdout_log)
             lock_path = heartbeat_path(self.home, task.id, task.attempt)
             try:
                 lock_fd = alivelock.hold(lock_path)
@@ -311,9 +309,8 @@ class Supervisor:
                 kill_grace_s=spec.kill_grace_s, heartbeat_s=spec.heartbeat_s,
                 stdout_log=stdout_log, stderr_log=stderr_log, heartbeat_path=lock_path,
                 passthrough=self.passthrough, stdout_echo_fd=self.stdout_echo_fd,
-                shell=spec.shell, pass_fds=(lock_fd,), log_dir_new=new_dir,
-                order_log=order_path(stdout_log), pty=spec.pty,
-                log_max_bytes=spec.log_max_bytes,
+                shell=spec.shell, pass_fds=(lock_fd,), order_log=order_path(stdout_log),
+                pty=spec.pty, log_max_bytes=spec.log_max_bytes,
             )  # fmt: skip
             self.spawn_at = time.time()  # (a bound on the spawn from below: the task's start)
             try:

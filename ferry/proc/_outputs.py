@@ -1,6 +1,7 @@
 """Private files and the signal trap used by :mod:`ferry.proc.supervise` (no policy here).
 
-Logs and the heartbeat file are created 0600 and never through a symlink. A
+Logs and the heartbeat file are created 0600 and never through a symlink; a log (and
+its directory) only once it gets its first byte (:class:`LogFile`). A
 :class:`SignalTrap` turns SIGINT/SIGTERM/SIGHUP into recorded numbers plus a readable
 wakeup descriptor, so one poll loop can wait for output, the child's exit and signals
 together.
@@ -8,8 +9,11 @@ together.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import signal
+import stat
 import threading
 from collections.abc import Iterable
 from pathlib import Path
@@ -31,6 +35,78 @@ _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLO
 def create_private(path: Path) -> None:
     """Create ``path`` 0600 if missing (a symlink there is refused), leave it as is."""
     os.close(os.open(path, _CREATE_FLAGS, 0o600))
+
+
+def _refused(path: Path, what: str) -> OSError:
+    return OSError(errno.ELOOP, f"{what}, not followed", str(path))
+
+
+class LogFile:
+    """One stream's log, made at its first byte: a stream the task never writes leaves
+    no file, and a task that writes nothing no directory. (Each file made is an inode
+    allocated; ``work`` over many short silent tasks made four per task, and on a file
+    system with many recent deletions each took hundreds of microseconds.)
+
+    What is already there is checked when this is made, before the spawn, so that a
+    task whose log cannot be kept does not start: a symlink in the log's place or in its
+    directory's is refused, never followed (OSError), and so are a directory in the
+    log's place and a file system with no inode left. A failure to make the log later (the disk
+    filled since) is the caller's to report, as a failed write is.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fd: int | None = None
+        self.existed = False  # a file was there: an earlier run of the attempt wrote it
+        self.size_at_start = self._check()
+        self.made_directory = False  # this run made the log's directory
+        self.created = False  # this run made the file (its name needs its directory synced)
+
+    def _check(self) -> int:
+        """The log's size now; raises OSError for what must not be used."""
+        try:
+            st = os.lstat(self.path)
+        except FileNotFoundError:
+            pass
+        else:
+            if stat.S_ISLNK(st.st_mode):
+                raise _refused(self.path, "a symlink")
+            if stat.S_ISDIR(st.st_mode):
+                raise OSError(errno.EISDIR, "a directory", str(self.path))
+            self.existed = True
+            return st.st_size
+        directory = self.path.parent
+        try:
+            if stat.S_ISLNK(os.lstat(directory).st_mode):
+                raise _refused(directory, "a symlink")
+        except FileNotFoundError:
+            directory = directory.parent  # (made with the log: its file system is asked)
+        with contextlib.suppress(FileNotFoundError):
+            vfs = os.statvfs(directory)
+            # (f_files 0: a file system that does not count its inodes, btrfs say)
+            if vfs.f_files and not vfs.f_favail:
+                raise OSError(errno.ENOSPC, "no inode left for the task's log", str(directory))
+        return 0
+
+    def open(self) -> int:
+        """The log's descriptor, for appending; made (0600) on the first call."""
+        if self.fd is None:
+            directory = self.path.parent
+            try:
+                directory.mkdir(mode=0o700, parents=True)
+                self.made_directory = True
+            except FileExistsError:
+                # (A symlink planted there since the check: O_NOFOLLOW would follow it.)
+                if stat.S_ISLNK(os.lstat(directory).st_mode):
+                    raise _refused(directory, "a symlink") from None
+            self.fd = open_private(self.path)
+            self.created = not self.existed
+        return self.fd
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
 def fsync_dirs(directories: Iterable[Path]) -> str | None:

@@ -30,8 +30,9 @@ from typing import TYPE_CHECKING
 
 from ferry.proc import _splice
 
-if TYPE_CHECKING:  # loaded by the supervisor only for --log-max
-    from ferry.proc._logcap import LogCap
+if TYPE_CHECKING:
+    from ferry.proc._logcap import LogCap  # loaded by the supervisor only for --log-max
+    from ferry.proc._outputs import LogFile
 
 ECHO_BACKLOG_BYTES = 4 << 20
 ECHO_PIPE_BYTES = 1 << 20
@@ -78,11 +79,12 @@ def _is_pipe(fd: int) -> bool:
 class Sink:
     """Where one child stream goes. ``write`` never blocks on a piped passthrough."""
 
-    def __init__(self, log_fd: int, echo_fd: int | None, cap: LogCap | None = None) -> None:
-        self.log_fd = log_fd
+    def __init__(self, log: LogFile, echo_fd: int | None, cap_bytes: int | None = None) -> None:
+        self.log = log  # made at the stream's first byte
         # --log-max: the log keeps the stream's head and tail (ferry.proc._logcap). The
         # zero-copy path is not used then: it would splice every byte into the log.
-        self.cap = cap
+        self.cap_bytes = cap_bytes
+        self.cap: LogCap | None = None
         self.echo_fd = echo_fd
         self.bytes_total = 0
         self.log_error: str | None = None
@@ -91,7 +93,7 @@ class Sink:
         self._backlog: deque[bytes] = deque()
         self._head_done = 0  # bytes of _backlog[0] already written
         self._nowait = bool(_RWF_NOWAIT) and echo_fd is not None and _is_pipe(echo_fd)
-        self._zero_copy = self._nowait and _splice.available() and cap is None
+        self._zero_copy = self._nowait and _splice.available() and cap_bytes is None
         self._log_unappended = False
         self._writeback_at = _splice.WRITEBACK_EVERY_BYTES
         # Called before each chunk is logged (the order index: ferry.proc.logorder).
@@ -117,10 +119,12 @@ class Sink:
         the log without copying them through ferry. Returns the byte count (0: end of
         stream), or None: use the classic read-and-write path for this chunk (ferry's
         pipe is full, something waits in the backlog, the stream is still small...)."""
+        log_fd = self.log.fd  # (open: the stream's first bytes took the classic path)
         if (
             not self._zero_copy
             or self.echo_fd is None
             or self._backlog
+            or log_fd is None
             or self.log_error is not None
             or self.bytes_total < _splice.TEE_AFTER_BYTES
         ):
@@ -131,7 +135,7 @@ class Sink:
             return None
         try:
             if not self._log_unappended:
-                _splice.unappend(self.log_fd)
+                _splice.unappend(log_fd)
                 self._log_unappended = True
             moved = tee(src_fd, self.echo_fd, max_bytes)
         except BlockingIOError:
@@ -144,7 +148,7 @@ class Sink:
         if moved:
             if self.before_log is not None:
                 self.before_log()
-            error, spliced = _splice.move_to_log(src_fd, self.log_fd, moved)
+            error, spliced = _splice.move_to_log(src_fd, log_fd, moved)
             self._zero_copy = spliced
             self.bytes_total += moved
             if error is not None:
@@ -155,9 +159,20 @@ class Sink:
     def _maybe_writeback(self) -> None:
         # A big log: let the disk start on it now, so the fdatasync before SETTLED
         # finds little left to write (durability still comes from that fdatasync).
-        if self.bytes_total >= self._writeback_at:
+        if self.bytes_total >= self._writeback_at and self.log.fd is not None:
             self._writeback_at = self.bytes_total + _splice.WRITEBACK_EVERY_BYTES
-            _splice.start_writeback(self.log_fd)
+            _splice.start_writeback(self.log.fd)
+
+    def _log_fd(self) -> int:
+        """The log's descriptor (the log, and its cap, are made at the first byte)."""
+        fd = self.log.fd
+        if fd is None:
+            fd = self.log.open()
+            if self.cap_bytes is not None:
+                from ferry.proc._logcap import LogCap
+
+                self.cap = LogCap(fd, self.cap_bytes)
+        return fd
 
     def write(self, data: bytes | memoryview) -> None:
         if self.before_log is not None:
@@ -165,8 +180,9 @@ class Sink:
         self.bytes_total += len(data)
         if self.log_error is None:
             try:
+                fd = self._log_fd()
                 if self.cap is None:
-                    write_all(self.log_fd, data)
+                    write_all(fd, data)
                     self._maybe_writeback()
                 else:
                     self.cap.write(data)
@@ -245,10 +261,9 @@ class Sink:
     def sync_and_close(self) -> None:
         """fdatasync the log (the evidence must survive a crash after SETTLED), close it.
 
-        A stream that wrote nothing is not synced: its earlier bytes (an appended log)
-        were synced by the run that wrote them, and an empty log that a crash takes
-        away says the same thing as an empty file. That keeps ``run -- true`` free of
-        fsyncs here (each costs milliseconds).
+        A stream that wrote nothing has no log made by this run, and is not synced: its
+        earlier bytes (an appended log) were synced by the run that wrote them. That
+        keeps ``run -- true`` free of fsyncs here (each costs milliseconds).
         """
         try:
             if self.cap is not None and self.log_error is None:
@@ -256,10 +271,10 @@ class Sink:
                     self.cap.finish()
                 except OSError as e:
                     self.log_error = f"dropping the middle of the log failed: {e}"
-            if self.log_error is None and self.bytes_total > 0:
+            if self.log_error is None and self.log.fd is not None:
                 try:
-                    _sync_data(self.log_fd)
+                    _sync_data(self.log.fd)
                 except OSError as e:
                     self.log_error = f"fdatasync of the log failed: {e}"
         finally:
-            os.close(self.log_fd)
+            self.log.close()

@@ -16,14 +16,14 @@ class SuperviseSpec(Value):
     where its output and heartbeat go, and how long and how hard to wait for it."""
 
     __slots__ = (
-        "argv", "cwd", "env", "heartbeat_path", "heartbeat_s", "kill_grace_s", "log_dir_new",
-        "log_max_bytes", "order_log", "pass_fds", "passthrough", "pty", "shell", "stderr_log",
-        "stdin", "stdout_echo_fd", "stdout_log", "timeout_s",
+        "argv", "cwd", "env", "heartbeat_path", "heartbeat_s", "kill_grace_s", "log_max_bytes",
+        "order_log", "pass_fds", "passthrough", "pty", "shell", "stderr_log", "stdin",
+        "stdout_echo_fd", "stdout_log", "timeout_s",
     )  # fmt: skip
     _FIELDS = (
         "argv", "cwd", "env", "timeout_s", "kill_grace_s", "heartbeat_s", "stdout_log",
         "stderr_log", "heartbeat_path", "passthrough", "stdout_echo_fd", "shell", "stdin",
-        "pass_fds", "log_dir_new", "order_log", "pty", "log_max_bytes",
+        "pass_fds", "order_log", "pty", "log_max_bytes",
     )  # fmt: skip
     argv: Sequence[str]
     cwd: str
@@ -39,9 +39,6 @@ class SuperviseSpec(Value):
     shell: bool
     stdin: int | None  # None: inherit ferry's stdin
     pass_fds: tuple[int, ...]  # descriptors the child inherits (the alive-lock)
-    # The caller made the logs' directory for this run: once a log holds bytes, that
-    # directory's own name (in its parent) is synced too, like a new log's.
-    log_dir_new: bool
     # Where the order of the two streams is recorded (ferry.proc.logorder); None: not.
     order_log: Path | None
     # The task's stdout and stderr are one pseudo-terminal held by the supervisor (its
@@ -67,7 +64,6 @@ class SuperviseSpec(Value):
         shell: bool = False,
         stdin: int | None = None,
         pass_fds: tuple[int, ...] = (),
-        log_dir_new: bool = False,
         order_log: Path | None = None,
         pty: bool = False,
         log_max_bytes: int | None = None,
@@ -86,7 +82,6 @@ class SuperviseSpec(Value):
         init(self, "shell", shell)
         init(self, "stdin", stdin)
         init(self, "pass_fds", pass_fds)
-        init(self, "log_dir_new", log_dir_new)
         init(self, "order_log", order_log)
         init(self, "pty", pty)
         init(self, "log_max_bytes", log_max_bytes)
@@ -98,13 +93,13 @@ class Outcome(Value):
 
     __slots__ = (
         "drain_timed_out", "ended_at", "exit_code", "forwarded_signal", "group_survived",
-        "killed_after_grace", "leftover_killed", "log_dropped", "log_error",
+        "killed_after_grace", "leftover_killed", "log_bytes", "log_dropped", "log_error",
         "passthrough_error", "pgid", "pid", "signal", "started_at", "stop_signal", "timed_out",
     )  # fmt: skip
     _FIELDS = (
         "exit_code", "signal", "timed_out", "forwarded_signal", "killed_after_grace",
         "started_at", "ended_at", "pid", "pgid", "leftover_killed", "stop_signal", "log_error",
-        "drain_timed_out", "group_survived", "passthrough_error", "log_dropped",
+        "drain_timed_out", "group_survived", "passthrough_error", "log_dropped", "log_bytes",
     )  # fmt: skip
     exit_code: int | None  # exactly one of exit_code / signal is set
     signal: int | None
@@ -123,6 +118,8 @@ class Outcome(Value):
     passthrough_error: str | None  # why (part of) a stream was not passed through
     # With log_max_bytes: the bytes of (stdout, stderr) not kept in their logs.
     log_dropped: tuple[int, int] | None
+    # The bytes the task wrote to (stdout, stderr), logged or not.
+    log_bytes: tuple[int, int]
 
     def __init__(
         self,
@@ -142,6 +139,7 @@ class Outcome(Value):
         group_survived: bool = False,
         passthrough_error: str | None = None,
         log_dropped: tuple[int, int] | None = None,
+        log_bytes: tuple[int, int] = (0, 0),
     ) -> None:
         init(self, "exit_code", exit_code)
         init(self, "signal", signal)
@@ -159,3 +157,4 @@ class Outcome(Value):
         init(self, "group_survived", group_survived)
         init(self, "passthrough_error", passthrough_error)
         init(self, "log_dropped", log_dropped)
+        init(self, "log_bytes", log_bytes)

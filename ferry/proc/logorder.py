@@ -52,7 +52,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from ferry.failpoints import failpoint
-from ferry.proc._outputs import open_private
+from ferry.proc._outputs import LogFile, open_private
 
 STDOUT, STDERR = 0, 1
 _HEAD = struct.Struct("<B3xQ")
@@ -86,14 +86,14 @@ def unpack(data: bytes) -> Iterator[tuple[int, int]]:
 class OrderWriter:
     """The supervisor's side: :meth:`before_chunk` before each chunk is logged.
 
-    ``log_fds`` are the two logs (opened ``O_APPEND``: after a write, the position is
-    the log's end); ``sizes_at_open`` their sizes when this run opened them. Never
-    raises: an index it cannot write is given up (``error`` says why), the logs go on.
+    ``logs`` are the two logs (opened ``O_APPEND`` at their first byte: after a write,
+    the position is the log's end). Never raises: an index it cannot write is given up
+    (``error`` says why), the logs go on.
     """
 
-    def __init__(self, path: Path, log_fds: Sequence[int], sizes_at_open: Sequence[int]) -> None:
+    def __init__(self, path: Path, logs: Sequence[LogFile]) -> None:
         self.path = path
-        self.log_fds = tuple(log_fds)
+        self.logs = tuple(logs)
         self.current: int | None = None  # the stream logged last
         self.fd: int | None = None
         self.created = False  # this run made the file (its directory entry needs a sync)
@@ -101,9 +101,9 @@ class OrderWriter:
         self.error: str | None = None
         # A re-run's logs hold an earlier run's bytes: they go before this run's.
         self._earlier = [
-            (stream, size)
-            for stream, size in zip((STDOUT, STDERR), sizes_at_open, strict=True)
-            if size
+            (stream, log.size_at_start)
+            for stream, log in zip((STDOUT, STDERR), logs, strict=True)
+            if log.size_at_start
         ]
 
     def before_chunk(self, stream: int) -> None:
@@ -116,7 +116,10 @@ class OrderWriter:
             self._earlier = []
             return
         try:
-            end = os.lseek(self.log_fds[previous], 0, os.SEEK_CUR)
+            fd = self.logs[previous].fd
+            if fd is None:  # (it could not be made: the stream's bytes are not logged)
+                raise OSError(f"the {('stdout', 'stderr')[previous]} log could not be made")
+            end = os.lseek(fd, 0, os.SEEK_CUR)
         except OSError as e:
             self._give_up(e)
             return

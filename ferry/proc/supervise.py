@@ -43,12 +43,15 @@ Choices where the brief is silent (the contract of this module):
   write error does not stop the task (its pipe must keep draining); it is reported in
   ``log_error``. Buffered ``sys.stdout``/``sys.stderr`` are flushed before the task
   starts, so ferry's own earlier output comes first.
-* Durability. Before returning, every log that received bytes is fdatasync'ed, and
-  the directory of a log this call created is fsync'ed (and that directory's parent,
-  when the caller made the directory for this run: ``log_dir_new``). A log that received nothing
-  is not synced (an empty file that a crash removes tells the same story), so a task
-  that prints nothing costs no fsync here. Logs are opened ``O_APPEND|O_NOFOLLOW``,
-  created 0600; the heartbeat file too. With ``order_log``, the order of the two
+* Logs. A stream's log, and the logs' directory, are made at its first byte
+  (:class:`ferry.proc._outputs.LogFile`): a task that prints nothing gets no file, and
+  costs no fsync here. What is there is checked before the spawn (a symlink is refused,
+  a file system with no inode left too: ``SpawnFailed``); a log that cannot be made
+  later is a ``log_error``, as a failed write is. Before returning, every log that
+  received bytes is fdatasync'ed, and the directory of a log this call made is
+  fsync'ed (and that directory's parent, when this call made the directory). Logs
+  are opened ``O_APPEND|O_NOFOLLOW``, created 0600; the heartbeat file too.
+  ``Outcome.log_bytes``: what the task wrote to each stream. With ``order_log``, the order of the two
   streams is recorded beside them (:mod:`ferry.proc.logorder`: an entry at each switch
   between the streams, before the chunk that switches is logged), and synced with them.
 * A cap. With ``log_max_bytes`` each log keeps the stream's first and last
@@ -81,28 +84,17 @@ Choices where the brief is silent (the contract of this module):
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from ferry.core._value import replace
-from ferry.proc._outputs import (
-    SignalTrap,
-    create_private,
-    descriptor_open,
-    fsync_dirs,
-    open_private,
-)
+from ferry.proc._outputs import LogFile, SignalTrap, create_private, descriptor_open, fsync_dirs
 from ferry.proc._sink import Sink
 from ferry.proc._spawn import SpawnFailed, kill_unsupervised, spawn
 from ferry.proc._supervise_types import Outcome, SuperviseSpec
 from ferry.proc._taskloop import DRAIN_TIMEOUT_S, SIGKILL_WAIT_S, Control, TaskLoop
 from ferry.proc.logorder import OrderWriter
-
-if TYPE_CHECKING:  # loaded only for --log-max
-    from ferry.proc._logcap import LogCap
 
 __all__ = [
     "DRAIN_TIMEOUT_S",
@@ -158,36 +150,21 @@ def supervise(
         if stream is not None:
             with contextlib.suppress(OSError, ValueError):
                 stream.flush()
-    paths = [spec.stdout_log, spec.stderr_log]
-    log_fds: list[int] = []
-    created = [not os.path.lexists(path) for path in paths]
     try:
-        for path in paths:
-            log_fds.append(open_private(path))
-        # (A log this run created is empty: only a re-run's logs are measured.)
-        sizes = [
-            0 if new else os.fstat(fd).st_size for fd, new in zip(log_fds, created, strict=True)
-        ]
+        # (Checked now, made at their first byte: a task that prints nothing has none.)
+        logs = [LogFile(spec.stdout_log), LogFile(spec.stderr_log)]
         create_private(spec.heartbeat_path)
-        caps: list[LogCap | None] = [None, None]
-        if spec.log_max_bytes is not None:
-            from ferry.proc._logcap import LogCap  # only a capped log needs it
-
-            caps = [LogCap(fd, spec.log_max_bytes) for fd in log_fds]
     except OSError as e:
-        for fd in log_fds:
-            os.close(fd)
         raise SpawnFailed("other", f"cannot open the task's files: {e}", errno_=e.errno) from e
-    order = None if spec.order_log is None else OrderWriter(spec.order_log, log_fds, sizes)
+    order = None if spec.order_log is None else OrderWriter(spec.order_log, logs)
+    passthrough = spec.passthrough
     sinks = [
         Sink(
-            log_fds[0],
-            spec.stdout_echo_fd
-            if spec.passthrough and descriptor_open(spec.stdout_echo_fd)
-            else None,
-            caps[0],
+            logs[0],
+            spec.stdout_echo_fd if passthrough and descriptor_open(spec.stdout_echo_fd) else None,
+            spec.log_max_bytes,
         ),
-        Sink(log_fds[1], 2 if spec.passthrough and descriptor_open(2) else None, caps[1]),
+        Sink(logs[1], 2 if passthrough and descriptor_open(2) else None, spec.log_max_bytes),
     ]
     log_error: str | None = None
     spawned = False
@@ -237,19 +214,21 @@ def supervise(
             log_error = log_error or sink.log_error
         if order is not None:
             order.sync_and_close()
-    # A log this call created must keep its name through a crash too (if it has bytes),
-    # and so must a directory the caller created for the logs (and the order index's).
-    new_logs = [p for p, new, s in zip(paths, created, sinks, strict=True) if new and s.bytes_total]
+    # A log this call made must keep its name through a crash too, and so must its
+    # directory, if this call made it (and the order index's).
+    new_logs = [log.path for log in logs if log.created]
     if order is not None and order.created and order.wrote:
         new_logs.append(order.path)
     directories = {p.parent for p in new_logs}
-    if directories and spec.log_dir_new:
+    if any(log.made_directory for log in logs):
         directories.add(spec.stdout_log.parent.parent)
     log_error = log_error or fsync_dirs(directories)
     if spec.log_max_bytes is not None:
+        caps = [sink.cap for sink in sinks]
         dropped = tuple(0 if cap is None else cap.dropped for cap in caps)
         outcome = replace(outcome, log_dropped=(dropped[0], dropped[1]))
         log_error = log_error or next((cap.error for cap in caps if cap and cap.error), None)
+    outcome = replace(outcome, log_bytes=(sinks[0].bytes_total, sinks[1].bytes_total))
     if log_error is not None:
         outcome = replace(outcome, log_error=log_error)
     return outcome

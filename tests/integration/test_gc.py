@@ -95,11 +95,12 @@ def test_dry_run_prints_the_plan_and_changes_nothing(ferry: Ferry) -> None:
 
 def test_gc_never_touches_a_task_in_flight(ferry: Ferry) -> None:
     done = run_tasks(ferry, 1)
-    worker = ferry.start("run", "--", "sleep", "300")
+    worker = ferry.start("run", "--", "sh", "-c", "echo started; exec sleep 300")
     running = wait_until(
         lambda: next((t for t in ferry.tasks() if t["state"] == "RUNNING"), None),
         what="the task to run",
     )
+    wait_until(lambda: running["id"] in log_dirs(ferry), what="its log (made at its first byte)")
     report = ferry.json("gc", "--older-than", "0s")
     assert [t["id"] for t in report["forgotten"]] == done
     assert ferry.task(running["id"])["state"] == "RUNNING"

@@ -38,9 +38,9 @@ for word in sys.argv[1:]:
         continue
     fd = 2 if word.startswith("e") else 1
     log = os.path.join(home, "logs", task, attempt + (".stderr" if fd == 2 else ".stdout"))
-    size = os.path.getsize(log)
+    size = os.path.getsize(log) if os.path.exists(log) else 0  # (made at its first byte)
     os.write(fd, word.encode() + b"\n")
-    while os.path.getsize(log) < size + len(word) + 1:
+    while not os.path.exists(log) or os.path.getsize(log) < size + len(word) + 1:
         time.sleep(0.002)
 """
 
@@ -237,3 +237,22 @@ def test_read_tails_keeps_the_last_bytes_of_each_stream_and_its_size(tmp_path: P
         f.write(b"end\n")
     data, size = read_tails((out, err), 1 << 16)["stdout"]
     assert size == (1 << 20) + 4 and data.endswith(b"end\n") and len(data) <= 1 << 16
+
+
+def test_a_stream_that_wrote_nothing_has_no_file_and_is_not_called_missing(ferry: Ferry) -> None:
+    """A log is made at its stream's first byte: a silent task leaves no file (nor a
+    directory), and ``logs`` does not call that loss. The evidence (``log_bytes``) says
+    which streams wrote, so a log that did write and is gone is still reported."""
+    silent = ferry.json("run", "--", "true")
+    assert silent["evidence"]["log_bytes"] == {"stdout": 0, "stderr": 0}
+    assert not (ferry.home / "logs" / silent["id"]).exists()
+    shown = ferry("logs", silent["id"])
+    assert (shown.code, shown.out, shown.err) == (0, b"", "")
+    noisy = ferry.json("run", "--", "sh", "-c", "echo only-stderr >&2")
+    assert noisy["evidence"]["log_bytes"] == {"stdout": 0, "stderr": 12}
+    assert os.listdir(ferry.home / "logs" / noisy["id"]) == ["1.stderr"]
+    shown = ferry("logs", noisy["id"])
+    assert (shown.code, shown.out, shown.err) == (0, b"", "only-stderr\n")
+    (ferry.home / "logs" / noisy["id"] / "1.stderr").unlink()  # lost by hand
+    shown = ferry("logs", noisy["id"])
+    assert "missing: 1.stderr" in shown.err and "1.stdout" not in shown.err

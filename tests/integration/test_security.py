@@ -147,7 +147,7 @@ def test_nul_and_control_characters_in_names_are_refused(cli: Ferry) -> None:
 
 
 def test_ids_that_look_like_paths_match_nothing(cli: Ferry) -> None:
-    cli.ok("run", "--", "true")
+    cli.ok("run", "--", "echo", "logged")
     for command in ("show", "logs", "cancel", "retry", "kill"):
         for text in ("../../etc/passwd", "/etc/passwd"):
             result = cli(command, text)

@@ -27,6 +27,7 @@ import pytest
 from hardkit import wait_for
 from taskscripts import TREE_LEAF
 
+from ferry.proc._outputs import LogFile
 from ferry.proc._sink import ECHO_BACKLOG_BYTES, Sink
 from ferry.proc.supervise import Outcome, SpawnFailed, SuperviseSpec, supervise
 
@@ -305,13 +306,54 @@ def test_stdin_fd_is_passed(tmp_path: Path) -> None:
 
 
 def test_logs_are_private_and_appended(tmp_path: Path) -> None:
-    spec = make_spec(tmp_path, [PY, "-c", "print('one')"])
+    spec = make_spec(tmp_path, [PY, "-c", "import sys; print('one'); sys.stderr.write('e')"])
     run(spec)
     run(spec)
     assert (tmp_path / "task.out").read_text() == "one\none\n"
+    assert (tmp_path / "task.err").read_text() == "ee"
     assert (tmp_path / "task.out").stat().st_mode & 0o777 == 0o600
     assert (tmp_path / "task.err").stat().st_mode & 0o777 == 0o600
     assert (tmp_path / "task.hb").stat().st_mode & 0o777 == 0o600
+
+
+def test_a_stream_that_writes_nothing_gets_no_log(tmp_path: Path) -> None:
+    """A log, and the logs' directory, are made at the stream's first byte: a task
+    that prints nothing costs no inode (``work`` over many short tasks made four each)."""
+    logs = tmp_path / "logs" / "task"
+    paths = {"stdout_log": logs / "1.stdout", "stderr_log": logs / "1.stderr"}
+    outcome = run(make_spec(tmp_path, [PY, "-c", "pass"], **paths))
+    assert (outcome.exit_code, outcome.log_bytes) == (0, (0, 0))
+    assert not (tmp_path / "logs").exists()
+    script = "import sys; sys.stderr.write('only this')"
+    outcome = run(make_spec(tmp_path, [PY, "-c", script], **paths))
+    assert outcome.log_bytes == (0, 9)
+    assert sorted(os.listdir(logs)) == ["1.stderr"]
+    assert (logs / "1.stderr").read_text() == "only this"
+    assert logs.stat().st_mode & 0o777 == 0o700
+
+
+@pytest.mark.parametrize("planted", ["the log", "its directory"])
+def test_a_symlink_in_a_logs_place_is_refused_before_the_start(
+    tmp_path: Path, planted: str
+) -> None:
+    logs = tmp_path / "logs" / "task"
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    if planted == "the log":
+        logs.mkdir(parents=True)
+        (logs / "1.stdout").symlink_to(target / "bait")
+    else:
+        logs.parent.mkdir()
+        logs.symlink_to(target)
+    marker = tmp_path / "ran"
+    spec = make_spec(
+        tmp_path, [PY, "-c", f"open({str(marker)!r}, 'w')"],
+        stdout_log=logs / "1.stdout", stderr_log=logs / "1.stderr",
+    )  # fmt: skip
+    with pytest.raises(SpawnFailed, match="not followed"):
+        supervise(spec, on_spawned=lambda pid, pgid: None)
+    assert not marker.exists(), "nothing started"
+    assert os.listdir(target) == []
 
 
 def test_stdout_and_stderr_are_kept_apart(tmp_path: Path) -> None:
@@ -443,7 +485,7 @@ def test_twenty_megabytes_of_binary_byte_exact_in_log_and_passthrough(
     assert outcome["exit_code"] == 0
     assert (tmp_path / "task.out").read_bytes() == payload
     assert (tmp_path / "ferry.stdout").read_bytes() == payload
-    assert (tmp_path / "task.err").read_bytes() == b""
+    assert not (tmp_path / "task.err").exists(), "nothing written, no log made"
 
 
 def test_passthrough_to_a_closed_stdout_still_logs_everything(
@@ -532,7 +574,7 @@ def test_quiet_task_keeps_its_heartbeat_fresh(tmp_path: Path) -> None:
     assert outcome.signal == signal.SIGTERM
     assert mtimes == sorted(mtimes)
     assert len(set(mtimes)) >= 4
-    assert (tmp_path / "task.out").read_bytes() == b""
+    assert not (tmp_path / "task.out").exists(), "nothing written, no log made"
 
 
 def test_leftover_background_child_is_terminated_after_a_normal_exit(
@@ -785,8 +827,7 @@ def test_logs_with_bytes_are_fdatasynced_before_supervise_returns(tmp_path: Path
         return hits[0]
 
     out_fd = re.search(r"= (\d+)$", calls[index(r'openat\(.*task\.out"')])
-    err_fd = re.search(r"= (\d+)$", calls[index(r'openat\(.*task\.err"')])
-    assert out_fd is not None and err_fd is not None
+    assert out_fd is not None
     synced = index(rf"^fdatasync\({out_fd.group(1)}\)\s+= 0")
     dir_open = index(rf'openat\(AT_FDCWD, "{re.escape(str(tmp_path))}", .*O_DIRECTORY')
     dir_fd = re.search(r"= (\d+)$", calls[dir_open])
@@ -794,9 +835,10 @@ def test_logs_with_bytes_are_fdatasynced_before_supervise_returns(tmp_path: Path
     dir_synced = index(rf"^fsync\({dir_fd.group(1)}\)\s+= 0")
     returned = index(r'openat\(.*result\.json"')
     assert synced < returned and dir_open < dir_synced < returned
-    # stderr stayed empty: nothing to make durable, no fdatasync for it.
-    assert not [c for c in calls[:returned] if c.startswith(f"fdatasync({err_fd.group(1)})")]
+    # stderr stayed empty: no log made, nothing to make durable.
+    assert not [c for c in calls if re.search(r'openat\(.*task\.err"', c)]
     assert (tmp_path / "task.out").read_text() == "evidence"
+    assert not (tmp_path / "task.err").exists()
 
 
 # -- a reader of ferry's stdout that stops reading -----------------------------------------
@@ -849,7 +891,8 @@ def test_signals_reach_the_task_and_end_ferry_while_its_stdout_reader_stalls(
         write_fd = -1
         pgid = spawned_pgid(tmp_path)
         # The log runs ahead of the stalled passthrough by a whole backlog.
-        backlog_built = lambda: (tmp_path / "task.out").stat().st_size > ECHO_BACKLOG_BYTES  # noqa: E731
+        out = tmp_path / "task.out"  # (made at the task's first byte)
+        backlog_built = lambda: out.exists() and out.stat().st_size > ECHO_BACKLOG_BYTES  # noqa: E731
         wait_for(backlog_built, "a passthrough backlog to build up")
         proc.send_signal(signal.SIGTERM)  # forwarded although ferry's stdout is stalled
         wait_for(lambda: live_members(pgid) == [], "the forwarded SIGTERM to end the task")
@@ -902,21 +945,21 @@ def test_twenty_megabytes_byte_exact_through_a_piped_stdout(
 
 
 @pytest.fixture
-def sink_fds(tmp_path: Path) -> Iterator[tuple[int, int, int]]:
-    """(log fd, read end, write end) of a log file and a 64 KiB pipe."""
-    log_fd = os.open(tmp_path / "sink.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+def sink_fds(tmp_path: Path) -> Iterator[tuple[LogFile, int, int]]:
+    """(the log, read end, write end) of a log file (made at its first byte) and a
+    64 KiB pipe."""
     read_fd, write_fd = os.pipe()
-    yield log_fd, read_fd, write_fd
+    yield LogFile(tmp_path / "sink.log"), read_fd, write_fd
     for fd in (read_fd, write_fd):
         with contextlib.suppress(OSError):
             os.close(fd)
 
 
 def test_sink_queues_what_a_full_pipe_cannot_take_and_keeps_order(
-    tmp_path: Path, sink_fds: tuple[int, int, int]
+    tmp_path: Path, sink_fds: tuple[LogFile, int, int]
 ) -> None:
-    log_fd, read_fd, write_fd = sink_fds
-    sink = Sink(log_fd, write_fd)
+    log, read_fd, write_fd = sink_fds
+    sink = Sink(log, write_fd)
     chunks = [os.urandom(600_000) for _ in range(5)]  # more than the (widened) pipe holds
     for chunk in chunks:
         sink.write(chunk)  # never blocks, although nobody reads yet
@@ -933,15 +976,15 @@ def test_sink_queues_what_a_full_pipe_cannot_take_and_keeps_order(
 
 
 def test_sink_without_rwf_nowait_support_writes_blocking(
-    tmp_path: Path, sink_fds: tuple[int, int, int], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, sink_fds: tuple[LogFile, int, int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    log_fd, read_fd, write_fd = sink_fds
+    log, read_fd, write_fd = sink_fds
 
     def old_kernel(*args: object) -> int:
         raise OSError(errno.EOPNOTSUPP, "Operation not supported")
 
     monkeypatch.setattr(os, "pwritev", old_kernel)
-    sink = Sink(log_fd, write_fd)
+    sink = Sink(log, write_fd)
     sink.write(b"small enough for the pipe")
     assert not sink.wants_write and sink.echo_error is None
     sink.sync_and_close()
@@ -949,11 +992,11 @@ def test_sink_without_rwf_nowait_support_writes_blocking(
 
 
 def test_sink_with_a_closed_reader_stops_passthrough_and_keeps_logging(
-    tmp_path: Path, sink_fds: tuple[int, int, int]
+    tmp_path: Path, sink_fds: tuple[LogFile, int, int]
 ) -> None:
-    log_fd, read_fd, write_fd = sink_fds
+    log, read_fd, write_fd = sink_fds
     os.close(read_fd)
-    sink = Sink(log_fd, write_fd)
+    sink = Sink(log, write_fd)
     sink.write(b"first")
     sink.write(b"second")
     assert sink.echo_fd is None and sink.echo_error is not None
