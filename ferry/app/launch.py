@@ -194,9 +194,8 @@ class Launch:
                 self.plan = message
                 if message.get("waits"):
                     self.went = False  # (told to go with its task, it did not: a bug)
-            elif kind == "spawned":
-                self.spawned = _record(message["record"])
             elif kind == "running":
+                self.spawned = _record(message["record"])
                 self.spawned_due = True
             elif kind == "beat":
                 self.beat = True

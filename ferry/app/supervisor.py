@@ -24,8 +24,9 @@ The conversation with the launcher (:mod:`ferry.proc._control`; S: supervisor, L
                                                     written with the claim already, for
                                                     a task without pinned inputs
     L -> S  go | abort                              the intent is durable / do not run
-    S -> L  spawned  {record}                       SPAWNED, held by L until due
-    S -> L  running                                 SPAWNED is due: L writes it
+    S -> L  running  {record}                       SPAWNED is due: L writes it (a
+                                                    task that ends sooner: its SPAWNED
+                                                    comes with its end)
     S -> L  beat                                    at each heartbeat: L looks at the
                                                     journal (a cancel, a STALE mark)
     L -> S  durable  {type}                         (L wrote a record of ours)
@@ -224,7 +225,9 @@ class Supervisor:
             None  # opened only once the launcher is gone (ferry.app.session.open_store)
         )
         self.orphaned = False  # the launcher is gone: this supervisor writes its records
-        self.spawned: ev.Spawned | None = None  # not yet known durable
+        self.child = 0, 0  # its pid and group, once spawned
+        self.exit_start_time = 0  # the child's start time, read as it exited
+        self.spawned: ev.Spawned | None = None  # due, not yet known durable
         self.spawned_due = False  # it has run SPAWNED_AFTER_S
         self.cancelled = False  # its cancel was asked for (by the launcher, or seen here)
         self.stopped_because: dict[str, Any] = {}  # the launcher's why, for the evidence
@@ -317,7 +320,7 @@ class Supervisor:
                 outcome = supervise(
                     sup, on_spawned=self._on_spawned, should_stop=self._should_stop,
                     on_running=self._on_running, running_after_s=SPAWNED_AFTER_S,
-                    control=_Control(self), trap=self.trap,
+                    on_exit=self._on_exit, control=_Control(self), trap=self.trap,
                 )  # fmt: skip
             finally:
                 alivelock.release(lock_fd)
@@ -334,7 +337,9 @@ class Supervisor:
                 f"warning: task {task.id}: its log is incomplete ({outcome.log_error})"
             )
         records: list[ev.Event] = [settled]
-        if self.spawned is not None:  # a task that ended within SPAWNED_AFTER_S
+        if not self.spawned_due:  # it ended within SPAWNED_AFTER_S: SPAWNED goes with it
+            records.insert(0, self._spawned_event(self.exit_start_time))
+        elif self.spawned is not None:  # (due, not yet known durable)
             records.insert(0, self.spawned)
         return records, exit_status_of(outcome), None
 
@@ -343,22 +348,36 @@ class Supervisor:
     def _on_spawned(self, pid: int, pgid: int) -> None:
         # The child exists (exec'd) and SPAWNED is not yet durable: a crash here leaves
         # DISPATCHING alone, and the marker scan and the alive-lock find it.
-        started_at = self.spawn_at
         failpoint("after:spawn")
-        identity = identity_of(pid)
-        start_time = identity.start_time if identity is not None else 0
-        self.spawned = ev.Spawned(
-            self.task.id, self.task.attempt, self.token, pid, pgid, start_time, started_at
-        )
-        self.channel.send("spawned", record=list(self.spawned.encode()))
+        self.child = pid, pgid
+
+    def _spawned_event(self, start_time: int) -> ev.Spawned:
+        pid, pgid = self.child
+        task, started_at = self.task, self.spawn_at
+        return ev.Spawned(task.id, task.attempt, self.token, pid, pgid, start_time, started_at)
+
+    def _start_time(self) -> int:
+        """The child's start time (its identity with its pid), read from /proc: not
+        right after the spawn, where the read waits for the loader's mappings (half a
+        millisecond of every short task), but once SPAWNED is due or the child exited
+        (unreaped, its entry is still there). 0: unknown."""
+        identity = identity_of(self.child[0])
+        return identity.start_time if identity is not None else 0
 
     def _on_running(self) -> None:
         """Still running SPAWNED_AFTER_S after the spawn: SPAWNED is due."""
         self.spawned_due = True
+        self.spawned = self._spawned_event(self._start_time())
         if self.orphaned:
             self._write_spawned()
         else:
-            self.channel.send("running")
+            self.channel.send("running", record=list(self.spawned.encode()))
+
+    def _on_exit(self) -> None:
+        """The child exited, not yet reaped: its start time, if SPAWNED is still to
+        come (with its end)."""
+        if not self.spawned_due:
+            self.exit_start_time = self._start_time()
 
     def _on_message(self, message: dict[str, Any]) -> int | None:
         kind = message["t"]

@@ -76,9 +76,10 @@ class TaskLoop:
         running_after_s: float = 0.0,
         control: Control | None = None,
         order: OrderWriter | None = None,
+        on_exit: Callable[[], None] | None = None,
     ) -> None:
         self.spec, self.proc, self.trap, self.should_stop = spec, proc, trap, should_stop
-        self.on_running = on_running
+        self.on_running, self.on_exit = on_running, on_exit
         self.control = control
         self.started_at = started_at
         self.group = TaskGroup(proc.pid)
@@ -198,6 +199,8 @@ class TaskLoop:
         self.leader_exited = True
         self.running_at = None
         self.ended_at = time.time()
+        if self.on_exit is not None:
+            self.on_exit()  # (unreaped: its /proc entry is still there)
         self.returncode = self.proc.wait()  # reaps; the pidfd keeps naming the group
         if not self.group.alive():
             self._on_group_gone(now)

@@ -130,13 +130,16 @@ def supervise(
     should_stop: Callable[[], int | None] | None = None,
     on_running: Callable[[], None] | None = None,
     running_after_s: float = 0.0,
+    on_exit: Callable[[], None] | None = None,
     control: Control | None = None,
     trap: SignalTrap | None = None,
 ) -> Outcome:
     """Run ``spec`` to its end and say how it ended (see the module docstring).
 
     ``on_spawned(pid, pgid)`` is called once the child exists; ``on_running()`` once
-    the leader has run for ``running_after_s`` (if it exits sooner, never).
+    the leader has run for ``running_after_s`` (if it exits sooner, never);
+    ``on_exit()`` when the leader exited, before it is reaped (its /proc entry is
+    still there).
     ``should_stop`` is asked at every heartbeat; ``control`` whenever it is readable.
 
     Raises ValueError for a nonsensical spec (empty argv, heartbeat_s <= 0...) and
@@ -179,7 +182,7 @@ def supervise(
             try:
                 run = TaskLoop(
                     spec, proc, sinks, trap, should_stop, started_at,
-                    on_running, running_after_s, control, order,
+                    on_running, running_after_s, control, order, on_exit,
                 )  # fmt: skip
             except BaseException as e:
                 # No pidfd or selector (EMFILE, say): the child must not run on alone.
