@@ -30,9 +30,10 @@ def test_gc_deletes_rows_and_events_and_each_host_frees_its_own_logs(
     hosts: Hosts, pg_url: str
 ) -> None:
     a, b = hosts("a"), hosts("b")
-    a.ok("run", "--key", "deploy", "--", "true")
-    a.ok("run", "--", "false", codes=(1,))
-    b.ok("run", "--", "true")
+    # (Each prints: a log, and its directory, is made at a stream's first byte.)
+    a.ok("run", "--key", "deploy", "--", "echo", "deployed")
+    a.ok("run", "--", "sh", "-c", "echo failing; exit 1", codes=(1,))
+    b.ok("run", "--", "echo", "on b")
     queued = b.ok("submit", "--", "true").text.strip()
     on_a = [t["id"] for t in a.tasks() if t["host"] == "a"]
     [on_b] = [t["id"] for t in a.tasks() if t["host"] == "b"]
@@ -63,7 +64,7 @@ def test_gc_deletes_rows_and_events_and_each_host_frees_its_own_logs(
 
 def test_a_gc_killed_in_its_transaction_deletes_nothing(hosts: Hosts) -> None:
     a = hosts("a")
-    a.ok("run", "--", "true")
+    a.ok("run", "--", "echo", "logged")  # (a log is made at its first byte)
     [task] = a.tasks()
     killed = a("gc", "--older-than", "0s", failpoints="before:FORGOTTEN")
     assert killed.code == -9

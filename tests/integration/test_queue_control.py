@@ -301,8 +301,9 @@ def test_retries_run_new_attempts_each_with_its_own_log_and_evidence(
     ferry: Ferry, tmp_path: Path
 ) -> None:
     stamps = Stamps(tmp_path / "stamps")
-    task_id = submit(ferry, "--retries", "3", "--retry-delay", "0.2", "--",
-                     *stamped(stamps, "flaky", fail_attempts=2))  # fmt: skip
+    argv = stamped(stamps, "flaky", fail_attempts=2)
+    argv[-1] = 'echo "attempt $FERRY_ATTEMPT"; ' + argv[-1]
+    task_id = submit(ferry, "--retries", "3", "--retry-delay", "0.2", "--", *argv)
     result = ferry("work", "--drain", "--poll", "0.05")
     assert result.code == 0, result
     assert "attempt 1 failed (EXIT_NONZERO): retry 1 of 3" in result.err
@@ -315,7 +316,8 @@ def test_retries_run_new_attempts_each_with_its_own_log_and_evidence(
     )  # fmt: skip
     assert [e["attempt"] for e in task["evidence"]["earlier_attempts"]] == [1]
     for attempt in (1, 2, 3):  # each attempt's own log
-        assert (ferry.home / "logs" / task_id / f"{attempt}.stdout").exists()
+        log = ferry.home / "logs" / task_id / f"{attempt}.stdout"
+        assert log.read_text() == f"attempt {attempt}\n"
     # Each retry waited its delay (doubled), never less: by the attempts' stamps.
     spans = stamps.intervals()
     assert spans[("flaky", 2)][0] - spans[("flaky", 1)][1] >= 0.2
