@@ -25,8 +25,15 @@ _LOG_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | getattr(os,
 
 
 def open_private(path: Path, flags: int = _LOG_FLAGS) -> int:
-    """Open (creating it 0600) ``path`` for appending, refusing a symlink."""
-    return os.open(path, flags, 0o600)
+    """Open (creating it 0600) ``path`` for appending, refusing a symlink and anything
+    but a regular file: a FIFO put there (by the task itself: a log is made at its
+    first byte) would block the open, and the supervisor with it, for ever. Opened
+    ``O_NONBLOCK`` (nothing to a regular file), the FIFO fails or is refused."""
+    fd = os.open(path, flags | os.O_NONBLOCK, 0o600)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    return fd
 
 
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)

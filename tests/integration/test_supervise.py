@@ -332,6 +332,32 @@ def test_a_stream_that_writes_nothing_gets_no_log(tmp_path: Path) -> None:
     assert logs.stat().st_mode & 0o777 == 0o700
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("reader", [False, True])
+def test_a_fifo_the_task_plants_in_its_logs_place_never_blocks_the_supervisor(
+    tmp_path: Path, reader: bool
+) -> None:
+    """The log is made at the first byte: the task may have put something there by
+    then. A FIFO would block the open for ever (no reader), or each write (a reader
+    that does not read), and with them the timeout and every signal; it is refused
+    instead (the task runs on, that log lost: log_error)."""
+    logs = tmp_path / "logs" / "task"
+    fifo = str(logs / "1.stdout")
+    hold = f"held = os.open({fifo!r}, os.O_RDONLY | os.O_NONBLOCK);" if reader else ""
+    script = (
+        f"import os, sys; os.makedirs({str(logs)!r}); os.mkfifo({fifo!r}); {hold}"
+        " print('hi', flush=True); sys.stderr.write('kept')"
+    )
+    spec = make_spec(
+        tmp_path, [PY, "-c", script], stdout_log=logs / "1.stdout", stderr_log=logs / "1.stderr",
+        timeout_s=20.0,
+    )  # fmt: skip
+    outcome = run(spec)
+    assert (outcome.exit_code, outcome.timed_out) == (0, False)
+    assert outcome.log_error is not None and "1.stdout" in outcome.log_error
+    assert (logs / "1.stderr").read_text() == "kept"
+
+
 @pytest.mark.parametrize("planted", ["the log", "its directory"])
 def test_a_symlink_in_a_logs_place_is_refused_before_the_start(
     tmp_path: Path, planted: str
@@ -749,10 +775,12 @@ def test_log_write_failure_is_reported_and_the_task_still_runs_to_its_end(tmp_pa
     script = (
         "import sys\nsys.stdout.write('x' * 100000)\nsys.stderr.write('still here')\nsys.exit(7)"
     )
+    # (/dev/full is refused as a log, not a regular file; a full disk's ENOSPC on a
+    # write is tests/integration/test_faults.py::test_disk_full_during_a_log_write.)
     spec = make_spec(tmp_path, [PY, "-c", script], stdout_log=Path("/dev/full"))
     outcome = run(spec)
     assert outcome.exit_code == 7
-    assert outcome.log_error is not None and "No space" in outcome.log_error
+    assert outcome.log_error is not None and "not a regular file" in outcome.log_error
     assert (tmp_path / "task.err").read_text() == "still here"
 
 
