@@ -56,7 +56,12 @@ class MalformedEventError(InternalError):
 Payload = dict[str, Any]
 
 
+_PLAIN = frozenset({str, int, float, bool, type(None)})  # (most fields: as they are)
+
+
 def _to_json(value: Any) -> Any:
+    if value.__class__ in _PLAIN:
+        return value
     if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, TaskSpec):
