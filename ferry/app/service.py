@@ -364,6 +364,9 @@ class Service:
 
         owner = None if task.runner is None else task.runner.get("host_id")
         tails = self.store.log_tails(task.id, attempt)
+        written = _written(task) if task.attempt == attempt else None
+        if not tails and written is not None and not any(written.values()):
+            return task.state is State.SUCCEEDED  # (it wrote nothing: there is no log)
         if not tails:
             raise NotFoundError(
                 f"task {task.id} ran on host {owner}: its log is there ('ferry logs' on it)",
@@ -608,21 +611,35 @@ class Service:
                              code="usage.not_local")  # fmt: skip
 
 
+_STREAMS = ("stdout", "stderr")
+
+
+def _written(task: Task) -> dict[str, bool] | None:
+    """Which streams of the task's last attempt had a log, as its end's evidence says
+    (a log is made at its stream's first byte): ``log_bytes`` from its supervisor, or
+    the tails recovery salvaged (None: the file was not there). None: not known (still
+    running, or an end that says neither: then nothing is called missing)."""
+    if not task.terminal:
+        return None
+    evidence = task.evidence
+    logged = evidence.get("log_bytes")
+    if isinstance(logged, dict):
+        return {stream: bool(logged.get(stream)) for stream in _STREAMS}
+    salvage = evidence.get("salvage")
+    if isinstance(salvage, dict) and "stdout_tail" in salvage:
+        return {stream: salvage.get(f"{stream}_tail") is not None for stream in _STREAMS}
+    return None
+
+
 def _lost_logs(paths: tuple[Path, Path], task: Task) -> list[str]:
-    """The logs of a settled attempt that wrote to them and that are not there. A log
-    is made at its stream's first byte: ``log_bytes`` in the evidence says which
-    streams wrote (an attempt settled before it was recorded made both at its start;
-    one still running may not have written yet)."""
-    if not task.terminal or task.started_at is None:
+    """The logs of the task's settled attempt that were written and are not there."""
+    written = _written(task)
+    if written is None:
         return []
-    written = task.evidence.get("log_bytes")
-    streams = ("stdout", "stderr")
-    if not isinstance(written, dict):
-        written = dict.fromkeys(streams, 1)
     return [
         path.name
-        for path, stream in zip(paths, streams, strict=True)
-        if written.get(stream) and not path.exists()
+        for path, stream in zip(paths, _STREAMS, strict=True)
+        if written[stream] and not path.exists()
     ]
 
 

@@ -360,8 +360,12 @@ class Supervisor:
         """The child's start time (its identity with its pid), read from /proc: not
         right after the spawn, where the read waits for the loader's mappings (half a
         millisecond of every short task), but once SPAWNED is due or the child exited
-        (unreaped, its entry is still there). 0: unknown."""
-        identity = identity_of(self.child[0])
+        (unreaped, its entry is still there). 0: unknown (also when /proc cannot be read:
+        descriptors short, say; the task runs on, and ends as it ends)."""
+        try:
+            identity = identity_of(self.child[0])
+        except (OSError, ValueError):
+            return 0
         return identity.start_time if identity is not None else 0
 
     def _on_running(self) -> None:

@@ -256,3 +256,21 @@ def test_a_stream_that_wrote_nothing_has_no_file_and_is_not_called_missing(ferry
     (ferry.home / "logs" / noisy["id"] / "1.stderr").unlink()  # lost by hand
     shown = ferry("logs", noisy["id"])
     assert "missing: 1.stderr" in shown.err and "1.stdout" not in shown.err
+
+
+def test_a_silent_task_settled_by_recovery_is_not_called_missing(
+    ferry: Ferry, tmp_path: Path
+) -> None:
+    """Recovery's SETTLED has no ``log_bytes``; what its evidence salvaged says which
+    logs were there (found by a review: a silent task failed by recovery was warned
+    about two missing logs)."""
+    killed = ferry("run", "--", "sh", "-c", "exec sleep 300", failpoints="after:SPAWNED")
+    assert killed.code == -9
+    [task] = ferry.tasks()
+    os.kill(int(task["pid"]), signal.SIGKILL)
+    wait_until(lambda: ferry.json("show", task["id"])["runner"]["alive"] is False, what="dead")
+    ferry("recover")
+    decided = ferry.task(task["id"])
+    assert decided["state"] == "FAILED" and "log_bytes" not in decided["evidence"]
+    shown = ferry("logs", task["id"])
+    assert (shown.out, shown.err) == (b"", "")

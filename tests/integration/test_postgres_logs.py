@@ -68,3 +68,14 @@ def test_a_task_still_running_on_another_host_has_no_tail_yet(hosts: Hosts, tmp_
         finish(proc)
     result = hosts("b").ok("logs", task["id"])  # settled: its tail is kept now
     assert result.out == b"started\n"
+
+
+def test_a_task_that_wrote_nothing_shows_nothing_on_another_host(hosts: Hosts) -> None:
+    """A log is made at its stream's first byte: a silent task leaves neither a file on
+    its host nor a tail in the database. Its end says it wrote nothing (``log_bytes``),
+    so ``logs`` elsewhere shows nothing and exits by its state (found by a review: it
+    said 'its log is there', exit 5)."""
+    hosts("a").ok("run", "--", "true")
+    [task] = hosts("b").tasks()
+    result = hosts("b").ok("logs", task["id"])
+    assert (result.out, result.err) == (b"", "")
