@@ -110,6 +110,14 @@ def interleaved(sides: dict[str, Callable[[], float]], runs: int) -> dict[str, f
     return {name: statistics.median(v) for name, v in values.items()}
 
 
+def children_cpu_s() -> float:
+    """User and system CPU of every child process reaped so far (and of theirs)."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def rate(count: float, seconds: float) -> float:
     return count / seconds if seconds > 0 else float("inf")
 

@@ -22,7 +22,8 @@ work-throughput   `ferry work --drain -j 2` over 1,000 queued `true` tasks, ever
                   commands: ratio = parallel's time per task / ours (higher is better;
                   target >= 2); also the same against `xargs -P 2` (no durability at
                   all). Without GNU parallel the line says base=missing(...) and the
-                  ratio is nan.
+                  ratio is nan. cpu_ours= and cpu_parallel=: the CPU (user + system)
+                  of every process of each side, per task.
 recover-time      `ferry recover` on a journal of 1,000,000 settled records plus 10
                   in-flight tasks vs on a journal with only the 10: ratio ours/base
                   (lower is better; target <= 5). Both journals are compacted first,
@@ -37,11 +38,20 @@ from __future__ import annotations
 
 import os
 import shutil
+import statistics
 import subprocess
 import time
 from pathlib import Path
 
-from benchkit import Figure, Options, interleaved, scratch, side_by_side, timed
+from benchkit import (
+    Figure,
+    Options,
+    children_cpu_s,
+    interleaved,
+    scratch,
+    side_by_side,
+    timed,
+)
 from ferrykit import PY, compile_packages, env_for, ferry_cmd, journal_with, run
 
 import journal
@@ -175,11 +185,13 @@ def work_throughput(options: Options) -> Figure:
         lines = "".join('{"argv": ["true"]}\n' for _ in range(n)).encode()
         commands = "".join("true\n" for _ in range(n)).encode()
         round_no = [0]
+        cpu: dict[str, list[float]] = {"ours": [], "parallel": []}
 
         def ours() -> float:
             round_no[0] += 1
             env = env_for(tmp / f"home{round_no[0]}")
             run([*ferry, "submit", "--from", "-"], env, input=lines, stdout=subprocess.DEVNULL)
+            before = children_cpu_s()
             seconds = timed(
                 lambda: run(
                     [*ferry, "work", "--drain", "-j", "2"],
@@ -188,6 +200,7 @@ def work_throughput(options: Options) -> Figure:
                     stderr=subprocess.DEVNULL,
                 )
             )
+            cpu["ours"].append((children_cpu_s() - before) / n)
             # Each run's home stays until the end (scratch removes them all): deleting
             # its ~4,000 files here made the next run's file creations 2-3x slower, as
             # ext4 skips recently deleted inodes when it allocates one (perf showed
@@ -196,6 +209,7 @@ def work_throughput(options: Options) -> Figure:
             return seconds / n
 
         def parallel() -> float:
+            before = children_cpu_s()
             seconds = timed(
                 lambda: run(
                     ["parallel", "--will-cite", "-j", "2"],
@@ -203,6 +217,7 @@ def work_throughput(options: Options) -> Figure:
                     stdout=subprocess.DEVNULL,
                 )
             )
+            cpu["parallel"].append((children_cpu_s() - before) / n)
             return seconds / n
 
         def xargs() -> float:
@@ -224,6 +239,11 @@ def work_throughput(options: Options) -> Figure:
         "xargs": f"{xargs_s * 1000:.2f}ms/task",
         "ratio_vs_xargs": f"{xargs_s / ours_s:.2f}",
     }
+    # CPU of every process of each side (user + system, reaped descendants included),
+    # per task: on 2 cores, time per task can never be below half of it.
+    for side, values in cpu.items():
+        if values:
+            extra[f"cpu_{side}"] = f"{statistics.median(values) * 1000:.2f}ms/task"
     if "parallel" in per_task:
         base_s, base = per_task["parallel"], f"{per_task['parallel'] * 1000:.2f}ms/task(parallel)"
     else:

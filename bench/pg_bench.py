@@ -45,7 +45,6 @@ import importlib.util
 import json
 import math
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -58,7 +57,15 @@ BENCH_DIR = Path(__file__).resolve().parent
 if str(BENCH_DIR) not in sys.path:  # (run as a child script)
     sys.path.insert(0, str(BENCH_DIR))
 
-from benchkit import REPO, Figure, Options, rate, scratch, side_by_side  # noqa: E402
+from benchkit import (  # noqa: E402
+    REPO,
+    Figure,
+    Options,
+    children_cpu_s,
+    rate,
+    scratch,
+    side_by_side,
+)
 
 PY = sys.executable
 THROUGHPUT_TASKS = 2000
@@ -196,12 +203,6 @@ def _ferry_env(url: str, home: Path, host: str = "admin") -> dict[str, str]:
     return env
 
 
-def _children_cpu_s() -> float:
-    """User and system CPU of every child process reaped so far (and of theirs)."""
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
 def _quiet(cmd: list[str], env: dict[str, str], log: IO[bytes]) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log
@@ -239,7 +240,7 @@ def _ferry_run(server: Any, tmp: Path, n: int, run_no: int) -> tuple[float, dict
     counters = Counters(server, dbname)
     log = (root / "workers.log").open("wb")
     with log:
-        cpu = _children_cpu_s()
+        cpu = children_cpu_s()
         start = time.perf_counter()
         work = [*ferry, "work", "-j", str(THROUGHPUT_JOBS), "--drain"]
         procs = [
@@ -248,7 +249,7 @@ def _ferry_run(server: Any, tmp: Path, n: int, run_no: int) -> tuple[float, dict
         ]
         _wait_all(procs, "ferry work", root / "workers.log")
         seconds = time.perf_counter() - start
-        cpu = _children_cpu_s() - cpu
+        cpu = children_cpu_s() - cpu
     counts = counters.per_task(n)
     counts["cpu_ms"] = cpu * 1000 / n
     done = server.execute(
@@ -281,12 +282,12 @@ def _procrastinate_run(
            "worker", f"--concurrency={THROUGHPUT_JOBS}", "--one-shot"]  # fmt: skip
     log_path = tmp / f"procrastinate{run_no}.log"
     with log_path.open("wb") as log:
-        cpu = _children_cpu_s()
+        cpu = children_cpu_s()
         start = time.perf_counter()
         procs = [_quiet(cmd, env, log) for _ in range(THROUGHPUT_WORKERS)]
         _wait_all(procs, "procrastinate worker", log_path)
         seconds = time.perf_counter() - start
-        cpu = _children_cpu_s() - cpu
+        cpu = children_cpu_s() - cpu
     counts = counters.per_task(n)
     counts["cpu_ms"] = cpu * 1000 / n
     done = server.execute(
