@@ -55,10 +55,11 @@ class LogFile:
     system with many recent deletions each took hundreds of microseconds.)
 
     What is already there is checked when this is made, before the spawn, so that a
-    task whose log cannot be kept does not start: a symlink in the log's place or in its
-    directory's is refused, never followed (OSError), and so are a directory in the
-    log's place and a file system with no inode left. A failure to make the log later (the disk
-    filled since) is the caller's to report, as a failed write is.
+    task whose log cannot be kept does not start: a symlink in the log's place or in
+    its directory's is refused, never followed (OSError), and so are a directory in
+    the log's place and a file system with no inode left. A failure to make the log
+    later (the disk filled since, a FIFO the task put there) is the caller's to
+    report, as a failed write is.
     """
 
     def __init__(self, path: Path) -> None:
