@@ -164,9 +164,7 @@ class Recoverer:
                 for task_id, outcome in outbox.deliver_pending(self.store, self.home)
             ]
         self.store.refresh()
-        for task in self.store.live():
-            if not task.in_flight:
-                continue
+        for task in self.store.in_flight():
             if tick is not None:
                 tick()
             lost = self.store.host_lost(task, host_ttl_s)

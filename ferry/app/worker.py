@@ -73,7 +73,7 @@ from ferry.core.errors import (
     RefusedError,
 )
 from ferry.core.ids import new_claim_token
-from ferry.core.model import IN_FLIGHT_STATES, TERMINAL_STATES, Liveness, State, Task
+from ferry.core.model import TERMINAL_STATES, Liveness, State, Task
 from ferry.proc._outputs import SignalTrap
 from ferry.proc.liveness import probe
 from ferry.storage.claiming import dispatching_with_claim
@@ -377,7 +377,7 @@ class Worker:
             return
         self._next_progress = now + self.progress_s
         try:
-            queued = sum(1 for task in self.store.live() if task.state is State.QUEUED)
+            queued = self.store.count(State.QUEUED)
         except (FerryError, OSError):
             return
         running = sum(1 for launch in self.launches.values() if launch.claimed)
@@ -397,12 +397,16 @@ class Worker:
             watch_journal(self.store, launch, refresh=False)
 
     def _find_survivors(self) -> None:
-        """Tasks in flight whose supervisor (their runner) is alive: an earlier work's,
-        killed or stopped. They hold slots until their supervisor exits."""
-        for task in self.store.live():
+        """Tasks of this host in flight whose supervisor (their runner) is alive: an
+        earlier work's, killed or stopped. They hold slots until their supervisor exits.
+        (Another host's tasks, on a shared database, hold that host's slots: its
+        supervisors' pids mean nothing here.)"""
+        for task in self.store.in_flight():
             identity = runner_identity(task)
-            if task.state not in IN_FLIGHT_STATES or identity is None:
+            if identity is None:
                 continue
+            if self.store.host_lost(task, float("inf")) is not None:
+                continue  # another host's
             if probe(identity) is not Liveness.ALIVE:
                 continue  # (UNKNOWN: recovery leaves it alone, but it is not ours to count)
             try:

@@ -274,6 +274,11 @@ class Table:
         """Tasks not in a terminal state, in submission order."""
         return sorted(self._live.values(), key=lambda task: task.submit_seq)
 
+    def in_flight(self) -> list[Task]:
+        """Tasks in flight, in submission order."""
+        found = [task for task in self._live.values() if task.in_flight]
+        return sorted(found, key=lambda task: task.submit_seq)
+
     def ids(self) -> list[str]:
         """Every task id (loads settled tasks), sorted (= creation order)."""
         self._ensure_settled()

@@ -152,6 +152,12 @@ class TaskStore(Protocol):
         snapshot."""
         ...
 
+    def in_flight(self) -> list[Task]:
+        """The tasks in flight (claimed to settled: what recovery decides and a new
+        ``work`` counts), in submission order; without reading the queue, which may
+        hold many more."""
+        ...
+
     def newest(self, limit: int, state: States = None) -> list[Task]:
         """The last ``limit`` tasks submitted (0: all), in submission order, optionally
         of one state."""

@@ -82,8 +82,8 @@ def claim_by_commit(
 def claimed_in(store: TaskStore, token: str) -> Task | None:
     """The task in flight under the claim ``token``, from ``store``'s table (caught up)."""
     store.refresh()
-    for task in store.live():
-        if task.claim_token == token and task.in_flight:
+    for task in store.in_flight():
+        if task.claim_token == token:
             return task
     return None
 

@@ -86,6 +86,10 @@ class MemoryStore(ClaimsUnderLock):
         with self._lock:
             return self.table.live()
 
+    def in_flight(self) -> list[Task]:
+        with self._lock:
+            return self.table.in_flight()
+
     def newest(self, limit: int, state: States = None) -> list[Task]:
         with self._lock:
             return self.table.newest(limit, state)

@@ -128,6 +128,52 @@ def test_two_hosts_drain_one_queue_each_task_run_once(
     assert {t["host"] for t in hosts("a").tasks()} <= {"a", "a2", "b", "b2"}
 
 
+def test_a_task_running_on_another_host_takes_no_slot_of_a_worker_here(
+    hosts: Hosts, tmp_path: Path
+) -> None:
+    # (Was: a new `work` counted every task running under a live supervisor as a
+    # survivor of an earlier `work` of its own, whatever its host: b's worker, started
+    # while a's ran its -j tasks, claimed nothing until they ended.)
+    gate = tmp_path / "gate"
+    a, b = hosts("a"), hosts("b")
+    for _ in range(2):
+        a.ok("submit", "--", "sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done")
+
+    def running() -> int:
+        return [t["state"] for t in a.tasks()].count("RUNNING")
+
+    first = a.start("work", "-j", "1", "--drain", "--poll", "0.1")
+    wait_until(lambda: running() == 1, what="a's worker to run a task")
+    second = b.start("work", "-j", "1", "--drain", "--poll", "0.1")
+    try:
+        wait_until(lambda: running() == 2, what="b's worker to run the other task")
+    finally:
+        gate.touch()
+    for proc in (first, second):
+        proc.wait(timeout=60)
+        assert proc.returncode == 0
+    assert second.stderr is not None and b"earlier work" not in second.stderr.read()
+    assert sorted(t["host"] for t in a.tasks()) == ["a", "b"]
+
+
+def test_in_flight_reads_only_the_tasks_in_flight(hosts: Hosts, pg_url: str) -> None:
+    # (What recovery and a new `work` read: a queue of many tasks is not decoded.)
+    store = PgStore.open(pg_url, "h1")
+    try:
+        spec = TaskSpec(argv=("true",), cwd="/")
+        ids = [new_task_id(time.time_ns() + i, os.urandom(4)) for i in range(4)]
+        store.commit(*(ev.Submitted(task_id, spec, time.time()) for task_id in ids))
+        me = self_identity().to_json()
+        for task_id in (ids[2], ids[0]):
+            token = new_claim_token(os.urandom(10))
+            store.commit(ev.Claimed(task_id, 1, token, me, "claim"),
+                         ev.Dispatching(task_id, 1, token, f"m-{task_id}", {}))  # fmt: skip
+        assert [t.id for t in store.in_flight()] == [ids[0], ids[2]]
+        assert [t.id for t in store.in_flight()] == [t.id for t in store.live() if t.in_flight]
+    finally:
+        store.close()
+
+
 def claim_all(pg_url: str, host: str, stop: threading.Event, claimed: list[str]) -> None:
     """Claim (CLAIMED + DISPATCHING in one transaction) until the queue is empty."""
     store = PgStore.open(pg_url, host)

@@ -113,6 +113,7 @@ def test_queue_is_fifo_by_submission_and_release_keeps_the_place(h: Harness) -> 
     assert h.table.oldest_queued().id == a  # type: ignore[union-attr]
     h.start(a)
     assert h.table.oldest_queued().id == b  # type: ignore[union-attr]
+    assert [t.id for t in h.table.in_flight()] == [a]
     h.write(ev.Released(a, 1, "tok", Reason.RELEASED_TO_QUEUE, True))
     assert [t.id for t in h.table.queued()] == [a, b, c]
     assert h.table.oldest_queued().id == a  # type: ignore[union-attr]
@@ -577,6 +578,7 @@ def test_snapshot_without_settled_loads_history_only_when_needed() -> None:
 
     lazy = Harness(Table.from_snapshot(snapshot, load_settled=load))
     assert [t.id for t in lazy.table.live()] == [ids["running"], ids["queued"]]
+    assert [t.id for t in lazy.table.in_flight()] == [ids["running"]]
     assert lazy.table.oldest_queued().id == ids["queued"]  # type: ignore[union-attr]
     lazy.submit()  # a new task without a key
     with pytest.raises(RefusedError):  # the succeeded key is known without history

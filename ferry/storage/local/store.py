@@ -415,6 +415,10 @@ class Store(ClaimsUnderLock):
         with self.lock:
             return self.table.live()
 
+    def in_flight(self) -> list[Task]:
+        with self.lock:
+            return self.table.in_flight()
+
     def newest(self, limit: int, state: States = None) -> list[Task]:
         """``Table.newest``: the newest ``limit`` tasks (0: all), oldest first."""
         with self.lock:
