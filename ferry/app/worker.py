@@ -75,6 +75,7 @@ from ferry.core.errors import (
 from ferry.core.ids import new_claim_token
 from ferry.core.model import TERMINAL_STATES, Liveness, State, Task
 from ferry.proc._outputs import SignalTrap
+from ferry.proc.alivelock import alive_path
 from ferry.proc.liveness import probe
 from ferry.storage.claiming import dispatching_with_claim
 from journal import _json
@@ -397,15 +398,19 @@ class Worker:
             watch_journal(self.store, launch, refresh=False)
 
     def _find_survivors(self) -> None:
-        """Tasks of this host in flight whose supervisor (their runner) is alive: an
+        """Tasks of this home in flight whose supervisor (their runner) is alive: an
         earlier work's, killed or stopped. They hold slots until their supervisor exits.
         (Another host's tasks, on a shared database, hold that host's slots: its
-        supervisors' pids mean nothing here.)"""
+        supervisors' pids mean nothing here. A task whose runner names another host id
+        is still ours if its alive-lock is in this home: the same home restarted under a
+        new ``FERRY_HOST_ID``.)"""
+        home = self.session.home
         for task in self.store.in_flight():
             identity = runner_identity(task)
             if identity is None:
                 continue
-            if self.store.host_lost(task, float("inf")) is not None:
+            if (self.store.host_lost(task, float("inf")) is not None
+                    and not alive_path(home, task.id, task.attempt).exists()):  # fmt: skip
                 continue  # another host's
             if probe(identity) is not Liveness.ALIVE:
                 continue  # (UNKNOWN: recovery leaves it alone, but it is not ours to count)

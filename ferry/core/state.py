@@ -305,9 +305,12 @@ class Table:
 
     def count(self, state: States = None) -> int:
         """How many tasks (in ``state`` if given) there are (without loading history
-        when the snapshot said how many settled tasks it holds in each state)."""
+        when the snapshot said how many settled tasks it holds in each state, nor
+        ever for states that are not terminal: those tasks are all held, in ``_live``)."""
+        wanted = _wanted(state)
+        if wanted is not None and wanted.isdisjoint(_SETTLED_VALUES):
+            return sum(1 for task in self._live.values() if task.state.value in wanted)
         if self._history is not None and self._hidden is not None:
-            wanted = _wanted(state)
             return len(self._held_ids(wanted)) + self._hidden_in(wanted)
         return len(self._ids_in(state))
 

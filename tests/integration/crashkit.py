@@ -69,3 +69,26 @@ def decision_records(records: Sequence[dict[str, Any]]) -> dict[str, list[dict[s
         if record["type"] in ("SETTLED", "RELEASED", "STALE") and by_leader:
             decided.setdefault(data["task"], []).append(record)
     return decided
+
+
+def stamping_task(stamps: Path, n: int, sleep_s: float, mark: Path | None = None) -> list[str]:
+    """A task that appends ``start <n> <time>`` and ``end <n> <time>`` to ``stamps`` (and
+    first counts its execution in ``mark``, as counting_task does)."""
+    now = "date +%s.%N"
+    count = 'echo "$FERRY_TASK" >> "$1"; ' if mark is not None else ""
+    script = (f'{count}echo "start {n} $({now})" >> "$0"; sleep {sleep_s}; '
+              f'echo "end {n} $({now})" >> "$0"')  # fmt: skip
+    return ["/bin/sh", "-c", script, str(stamps), *([str(mark)] if mark else [])]
+
+
+def most_at_once(stamps: Path) -> int:
+    """The most tasks running at one time, by their own stamps."""
+    events = []
+    for line in stamps.read_text().splitlines():
+        kind, _, at = line.split()
+        events.append((float(at), 1 if kind == "start" else -1))
+    running = peak = 0
+    for _, step in sorted(events, key=lambda e: (e[0], e[1])):  # an end before a start
+        running += step
+        peak = max(peak, running)
+    return peak

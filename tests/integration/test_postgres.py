@@ -17,6 +17,7 @@ from typing import Any
 import psycopg
 import pytest
 from clikit import Ferry, Hosts, processes_with_env, wait_until
+from crashkit import most_at_once, stamping_task, wait_task_gone
 
 from ferry.core import events as ev
 from ferry.core.errors import FerryError, LeaseHeldError
@@ -154,6 +155,28 @@ def test_a_task_running_on_another_host_takes_no_slot_of_a_worker_here(
         assert proc.returncode == 0
     assert second.stderr is not None and b"earlier work" not in second.stderr.read()
     assert sorted(t["host"] for t in a.tasks()) == ["a", "b"]
+
+
+def test_jobs_holds_across_a_restart_with_a_new_host_id(hosts: Hosts, tmp_path: Path) -> None:
+    # (Was: the survivors of the killed `work` were counted only if their runner's host
+    # id was this worker's; a restart on the same home under a changed FERRY_HOST_ID
+    # took them for another host's and ran two tasks under -j 1.)
+    stamps = tmp_path / "stamps"
+    a = hosts("a")
+    for n in range(3):
+        a.ok("submit", "--", *stamping_task(stamps, n, 1.5))
+    first = a.start("work", "-j", "1", "--poll", "0.05")
+    wait_until(lambda: stamps.exists() and "start" in stamps.read_text(),
+               what="a task to start")  # fmt: skip
+    first.send_signal(signal.SIGKILL)
+    first.wait(timeout=30)
+    a.env["FERRY_HOST_ID"] = "a-renamed"
+    a.ok("work", "-j", "1", "--drain", "--poll", "0.05")
+    for task in a.tasks():
+        wait_task_gone(str(task["id"]))
+    assert [t["state"] for t in a.tasks()] == ["SUCCEEDED"] * 3
+    assert stamps.read_text().count("end") == 3
+    assert most_at_once(stamps) <= 1
 
 
 def test_in_flight_reads_only_the_tasks_in_flight(hosts: Hosts, pg_url: str) -> None:

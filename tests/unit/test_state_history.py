@@ -214,3 +214,25 @@ def test_a_later_archive_holds_the_newer_record_of_a_task() -> None:
     assert table.get(failed) == home.table.get(failed)
     assert table.newest(30, "FAILED") == home.table.newest(30, "FAILED")
     assert table.count("CANCELLED") == 1 and table.count("FAILED") == 3
+
+
+def test_counting_tasks_not_settled_never_loads_the_history() -> None:
+    """``work``'s progress line counts the queue at every tick: the queued and the
+    in-flight tasks are all held, so no history (of possibly 100,000 tasks) is read,
+    even when nothing says how many settled tasks there are."""
+    home = busy()
+    home.submit(), home.submit()
+    snapshot = home.table.to_snapshot()
+    settled = snapshot.pop("settled")
+    del snapshot["settled_counts"]
+    loads: list[int] = []
+
+    def load(_seq: int) -> Iterable[Mapping[str, Any]]:
+        loads.append(1)
+        return settled
+
+    table = Table.from_snapshot(snapshot, load_settled=load)
+    assert table.count(State.QUEUED) == 2 and table.count(("QUEUED", "RUNNING")) == 2
+    assert table.count("RUNNING") == 0 and loads == []
+    assert table.count(("QUEUED", "FAILED")) == home.table.count(("QUEUED", "FAILED")) == 6
+    assert loads == [1]  # a settled state asks the history
