@@ -1,7 +1,5 @@
 """``python -m ferry.cli``: the ``ferry`` command."""
 
-import sys
+from ferry.cli import console
 
-from ferry.cli import main
-
-sys.exit(main())
+console()
