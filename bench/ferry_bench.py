@@ -17,7 +17,7 @@ run-capture       1 GiB of task output through `ferry run -- cat FILE` (ferry ke
                   tool that keeps a log can approach) and against
                   `cat FILE | tee LOG > /dev/null` (the like-for-like with a log; tee
                   does not fsync its log, ferry does).
-work-throughput   `ferry work --drain -j 2` over 1,000 queued `true` tasks, every
+work-throughput   `ferry -q work --drain -j 2` over 1,000 queued `true` tasks, every
                   transition durably journaled, vs GNU parallel -j 2 over the same
                   commands: ratio = parallel's time per task / ours (higher is better;
                   target >= 2); also the same against `xargs -P 2` (no durability at
@@ -194,7 +194,8 @@ def work_throughput(options: Options) -> Figure:
             before = children_cpu_s()
             seconds = timed(
                 lambda: run(
-                    [*ferry, "work", "--drain", "-j", "2"],
+                    # -q: no line per settled task (GNU parallel prints none either)
+                    [*ferry, "-q", "work", "--drain", "-j", "2"],
                     env,
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,

@@ -3,8 +3,9 @@ the run the way the tests start theirs (tests/pgserver.py: initdb into the tempo
 directory, which must be on a real disk, fsync and synchronous_commit on), with
 pg_stat_statements loaded to count the statements. Each side gets databases of its own.
 
-pg-throughput     four `ferry work -j 2 --drain` processes, four simulated hosts
-                  (FERRY_HOST_ID h1..h4, each its own state directory) over 2,000 `true`
+pg-throughput     four `ferry -q work -j 2 --drain` processes (`-q`: no line per
+                  settled task, as procrastinate's workers at WARNING), four simulated
+                  hosts (FERRY_HOST_ID h1..h4, each its own state directory) over 2,000 `true`
                   tasks submitted up front (one `ferry submit --from -`), against the
                   same jobs through procrastinate: four `procrastinate worker
                   --concurrency 2 --one-shot` processes, its task a sync function
@@ -242,7 +243,8 @@ def _ferry_run(server: Any, tmp: Path, n: int, run_no: int) -> tuple[float, dict
     with log:
         cpu = children_cpu_s()
         start = time.perf_counter()
-        work = [*ferry, "work", "-j", str(THROUGHPUT_JOBS), "--drain"]
+        # -q: no line per settled task (procrastinate's workers log at WARNING: none)
+        work = [*ferry, "-q", "work", "-j", str(THROUGHPUT_JOBS), "--drain"]
         procs = [
             _quiet(work, _ferry_env(url, root / f"h{i}", f"h{i}"), log)
             for i in range(1, THROUGHPUT_WORKERS + 1)
