@@ -18,6 +18,7 @@ import psycopg
 import pytest
 from clikit import Ferry, Hosts, processes_with_env, wait_until
 from crashkit import most_at_once, stamping_task, wait_task_gone
+from pgserver import PgServer
 
 from ferry.core import events as ev
 from ferry.core.errors import FerryError, LeaseHeldError
@@ -84,6 +85,28 @@ def test_a_database_that_may_lose_commits_is_refused(hosts: Hosts, pg_url: str) 
         conn.execute(f'ALTER DATABASE "{dbname}" SET synchronous_commit = off')
     result = hosts("a").refused(125, "db.not_durable", "run", "--", "true")
     assert "synchronous_commit=off" in result.err
+
+
+def test_a_server_without_fsync_is_refused(hosts: Hosts, pg_server: PgServer) -> None:
+    # (fsync is the server's, not a database's: set on this session's private server
+    # for the length of the test, every test of this worker waiting meanwhile.)
+    if not pg_server.restartable:
+        pytest.skip("fsync is server-wide: not changed on a server that is not ours")
+
+    def fsync_is(value: str) -> bool:
+        return bool(pg_server.execute("SHOW fsync")[0][0] == value)
+
+    pg_server.execute("ALTER SYSTEM SET fsync = off")
+    pg_server.execute("SELECT pg_reload_conf()")
+    try:
+        wait_until(lambda: fsync_is("off"), what="the server to reload with fsync off")
+        result = hosts("a").refused(125, "db.not_durable", "run", "--", "true")
+        assert "fsync=off" in result.err
+    finally:
+        pg_server.execute("ALTER SYSTEM RESET fsync")
+        pg_server.execute("SELECT pg_reload_conf()")
+        wait_until(lambda: fsync_is("on"), what="the server to reload with fsync on")
+    assert hosts("a").tasks() == []  # (nothing was written)
 
 
 # ---- one queue, many hosts -----------------------------------------------------------
