@@ -152,6 +152,31 @@ def test_two_hosts_drain_one_queue_each_task_run_once(
     assert {t["host"] for t in hosts("a").tasks()} <= {"a", "a2", "b", "b2"}
 
 
+@pytest.mark.soak
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(
+    "names", [("a", "a", "b", "b"), ("a", "a2", "b", "b2")], ids=["2-hosts", "4-hosts"]
+)
+def test_four_workers_drain_a_thousand_tasks_each_run_once(
+    hosts: Hosts, pg_url: str, tmp_path: Path, names: tuple[str, ...]
+) -> None:
+    # (The case: four `work -j 2` on two hosts, so each host's second worker
+    # stands by for its host's lease; and on four.)
+    marks = tmp_path / "marks"
+    line = b'{"argv": ["sh", "-c", "echo $FERRY_TASK_ID >> %s"]}\n' % str(marks).encode()
+    hosts("a").ok("submit", "--from", "-", stdin=line * 1000)
+    workers = [hosts(name).start("-q", "work", "-j", "2", "--drain") for name in names]
+    for proc in workers:
+        proc.wait(timeout=500)
+        assert proc.returncode == 0, proc.stderr.read() if proc.stderr else b""
+    states = {t["id"]: t["state"] for t in hosts("a").tasks()}
+    assert set(states.values()) == {"SUCCEEDED"} and len(states) == 1000
+    assert runs(marks) == dict.fromkeys(states, 1)
+    dispatched = events(pg_url, "DISPATCHING")
+    assert sorted(dispatched) == sorted(set(dispatched)) and len(dispatched) == 1000
+    assert {t["host"] for t in hosts("a").tasks()} == set(names)
+
+
 def test_a_task_running_on_another_host_takes_no_slot_of_a_worker_here(
     hosts: Hosts, tmp_path: Path
 ) -> None:
