@@ -131,25 +131,30 @@ def test_ls_state_given_twice_lists_both_states(hosts: Hosts) -> None:
     assert "1 of 2 shown" in result.err
 
 
+def drain_each_once(
+    hosts: Hosts, pg_url: str, marks: Path, names: tuple[str, ...], tasks: int
+) -> set[str]:
+    """``tasks`` tasks drained by a `work -j 2` on each host of ``names``: each run once
+    (by its own mark), one DISPATCHING each; the hosts that ran them."""
+    line = b'{"argv": ["sh", "-c", "echo $FERRY_TASK_ID >> %s"]}\n' % str(marks).encode()
+    hosts("a").ok("submit", "--from", "-", stdin=line * tasks)
+    workers = [hosts(name).start("-q", "work", "-j", "2", "--drain") for name in names]
+    for proc in workers:
+        proc.wait(timeout=500)
+        assert proc.returncode == 0, proc.stderr.read() if proc.stderr else b""
+    states = {t["id"]: t["state"] for t in hosts("a").tasks()}
+    assert set(states.values()) == {"SUCCEEDED"} and len(states) == tasks
+    assert runs(marks) == dict.fromkeys(states, 1)
+    dispatched = events(pg_url, "DISPATCHING")
+    assert sorted(dispatched) == sorted(set(dispatched)) and len(dispatched) == tasks
+    return {str(t["host"]) for t in hosts("a").tasks()}
+
+
 def test_two_hosts_drain_one_queue_each_task_run_once(
     hosts: Hosts, pg_url: str, tmp_path: Path
 ) -> None:
-    marks = tmp_path / "marks"
-    lines = b"".join(
-        b'{"argv": ["sh", "-c", "echo $FERRY_TASK_ID >> %s"]}\n' % str(marks).encode()
-        for _ in range(60)
-    )
-    hosts("a").ok("submit", "--from", "-", stdin=lines)
-    workers = [hosts(h).start("work", "-j", "2", "--drain") for h in ("a", "a2", "b", "b2")]
-    for proc in workers:
-        proc.wait(timeout=100)
-        assert proc.returncode == 0, proc.stderr.read() if proc.stderr else b""
-    states = {t["id"]: t["state"] for t in hosts("a").tasks()}
-    assert set(states.values()) == {"SUCCEEDED"} and len(states) == 60
-    assert runs(marks) == dict.fromkeys(states, 1)
-    dispatched = events(pg_url, "DISPATCHING")
-    assert sorted(dispatched) == sorted(set(dispatched)) and len(dispatched) == 60
-    assert {t["host"] for t in hosts("a").tasks()} <= {"a", "a2", "b", "b2"}
+    ran_on = drain_each_once(hosts, pg_url, tmp_path / "marks", ("a", "a2", "b", "b2"), 60)
+    assert ran_on <= {"a", "a2", "b", "b2"}
 
 
 @pytest.mark.soak
@@ -162,19 +167,7 @@ def test_four_workers_drain_a_thousand_tasks_each_run_once(
 ) -> None:
     # (The issue's case: four `work -j 2` on two hosts, so each host's second worker
     # stands by for its host's lease; and on four.)
-    marks = tmp_path / "marks"
-    line = b'{"argv": ["sh", "-c", "echo $FERRY_TASK_ID >> %s"]}\n' % str(marks).encode()
-    hosts("a").ok("submit", "--from", "-", stdin=line * 1000)
-    workers = [hosts(name).start("-q", "work", "-j", "2", "--drain") for name in names]
-    for proc in workers:
-        proc.wait(timeout=500)
-        assert proc.returncode == 0, proc.stderr.read() if proc.stderr else b""
-    states = {t["id"]: t["state"] for t in hosts("a").tasks()}
-    assert set(states.values()) == {"SUCCEEDED"} and len(states) == 1000
-    assert runs(marks) == dict.fromkeys(states, 1)
-    dispatched = events(pg_url, "DISPATCHING")
-    assert sorted(dispatched) == sorted(set(dispatched)) and len(dispatched) == 1000
-    assert {t["host"] for t in hosts("a").tasks()} == set(names)
+    assert drain_each_once(hosts, pg_url, tmp_path / "marks", names, 1000) == set(names)
 
 
 def test_a_task_running_on_another_host_takes_no_slot_of_a_worker_here(

@@ -179,8 +179,9 @@ def test_a_history_that_cannot_answer_loads_it_whole() -> None:
     assert table.get(home.ids[2]) == home.table.get(home.ids[2]) and loads == [1]
 
 
-def test_a_snapshot_without_counts_counts_by_loading() -> None:
-    home = busy()
+def uncounted(home: Home, *, with_history: bool) -> tuple[Table, list[int]]:
+    """A table loaded from a snapshot of ``home`` that does not say how many settled
+    tasks it holds in each state (an older format), and the calls of its history load."""
     snapshot = home.table.to_snapshot()
     settled = snapshot.pop("settled")
     del snapshot["settled_counts"]
@@ -190,7 +191,13 @@ def test_a_snapshot_without_counts_counts_by_loading() -> None:
         loads.append(1)
         return settled
 
-    table = Table.from_snapshot(snapshot, load_settled=load, history=ListHistory([settled]))
+    history = ListHistory([settled]) if with_history else None
+    return Table.from_snapshot(snapshot, load_settled=load, history=history), loads
+
+
+def test_a_snapshot_without_counts_counts_by_loading() -> None:
+    home = busy()
+    table, loads = uncounted(home, with_history=True)
     assert table.newest(2) == home.table.newest(2) and loads == []
     assert table.settled_counts() is None
     assert table.count() == 30 and loads == [1]
@@ -222,16 +229,7 @@ def test_counting_tasks_not_settled_never_loads_the_history() -> None:
     even when nothing says how many settled tasks there are."""
     home = busy()
     home.submit(), home.submit()
-    snapshot = home.table.to_snapshot()
-    settled = snapshot.pop("settled")
-    del snapshot["settled_counts"]
-    loads: list[int] = []
-
-    def load(_seq: int) -> Iterable[Mapping[str, Any]]:
-        loads.append(1)
-        return settled
-
-    table = Table.from_snapshot(snapshot, load_settled=load)
+    table, loads = uncounted(home, with_history=False)
     assert table.count(State.QUEUED) == 2 and table.count(("QUEUED", "RUNNING")) == 2
     assert table.count("RUNNING") == 0 and loads == []
     assert table.count(("QUEUED", "FAILED")) == home.table.count(("QUEUED", "FAILED")) == 6
