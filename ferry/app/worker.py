@@ -74,6 +74,7 @@ from ferry.core.errors import (
 )
 from ferry.core.ids import new_claim_token
 from ferry.core.model import TERMINAL_STATES, Liveness, State, Task
+from ferry.proc import alivelock
 from ferry.proc._outputs import SignalTrap
 from ferry.proc.alivelock import alive_path
 from ferry.proc.liveness import probe
@@ -401,17 +402,11 @@ class Worker:
         """Tasks of this home in flight whose supervisor (their runner) is alive: an
         earlier work's, killed or stopped. They hold slots until their supervisor exits.
         (Another host's tasks, on a shared database, hold that host's slots: its
-        supervisors' pids mean nothing here. A task whose runner names another host id
-        is still ours if its alive-lock is in this home: the same home restarted under a
-        new ``FERRY_HOST_ID``.)"""
-        home = self.session.home
+        supervisors' pids mean nothing here.)"""
         for task in self.store.in_flight():
             identity = runner_identity(task)
-            if identity is None:
+            if identity is None or not self._of_this_home(task):
                 continue
-            if (self.store.host_lost(task, float("inf")) is not None
-                    and not alive_path(home, task.id, task.attempt).exists()):  # fmt: skip
-                continue  # another host's
             if probe(identity) is not Liveness.ALIVE:
                 continue  # (UNKNOWN: recovery leaves it alone, but it is not ours to count)
             try:
@@ -427,6 +422,20 @@ class Worker:
                 f"{len(self.survivors)} task(s) still run under an earlier work's"
                 " supervisors: they hold slots until they end"
             )
+
+    def _of_this_home(self, task: Task) -> bool:
+        """Was the task claimed from this state directory? ``work``'s claims say so
+        (``runner.home``), whatever host id they name: the same home may restart under a
+        new ``FERRY_HOST_ID``, and a task released here may run on another host under
+        the same attempt. Other claims: this host's, or its supervisor holds the
+        alive-lock of this home."""
+        home = str(self.session.home)
+        claimed_from = (task.runner or {}).get("home")
+        if claimed_from is not None:
+            return bool(claimed_from == home)
+        if self.store.host_lost(task, float("inf")) is None:
+            return True
+        return alivelock.held(alive_path(self.session.home, task.id, task.attempt)) is True
 
     # -- the supervisors ------------------------------------------------------------------
 
@@ -682,7 +691,9 @@ class Worker:
             with contextlib.suppress(FerryError):
                 self.store.refresh()  # a cancel that landed makes an end CANCELLED
         ids = sorted({unit.launch.task.id for unit in units})
-        claims = [(launch.identity.to_json(), str(launch.claiming)) for launch in claimants]
+        home = str(self.session.home)  # (runner.home: see _of_this_home)
+        claims = [({**launch.identity.to_json(), "home": home}, str(launch.claiming))
+                  for launch in claimants]  # fmt: skip
         try:
             written = self.store.commit_against(
                 ids, lambda current: _decided(units, current),

@@ -137,8 +137,9 @@ def console() -> None:
     handlers = getattr(atexit, "_ncallbacks", lambda: 1)()
     if threading.active_count() == 1 and handlers == 0:
         try:
-            sys.stdout.flush()
-            sys.stderr.flush()
+            for stream in (sys.stdout, sys.stderr):
+                if stream is not None:  # (None: ferry was started with it closed)
+                    stream.flush()
         except (OSError, ValueError):
             sys.exit(code)
         os._exit(code)

@@ -25,7 +25,7 @@ from ferry.core.errors import FerryError, LeaseHeldError
 from ferry.core.ids import new_claim_token, new_task_id
 from ferry.core.model import State
 from ferry.core.spec import TaskSpec
-from ferry.proc.process import self_identity
+from ferry.proc.process import read_stat, self_identity
 from ferry.storage.postgres import schema
 from ferry.storage.postgres.store import PgStore
 
@@ -218,6 +218,66 @@ def test_jobs_holds_across_a_restart_with_a_new_host_id(hosts: Hosts, tmp_path: 
     assert [t["state"] for t in a.tasks()] == ["SUCCEEDED"] * 3
     assert stamps.read_text().count("end") == 3
     assert most_at_once(stamps) <= 1
+
+
+def test_a_task_released_here_and_run_by_another_host_takes_no_slot_here(
+    hosts: Hosts, tmp_path: Path
+) -> None:
+    # (Found by a review: a release keeps the attempt, and a crash leaves the attempt's
+    # alive-lock file in a's home; a restarted `work -j 1` on a took b's run of the same
+    # attempt for its own survivor, by that file, and claimed nothing while it ran.)
+    gate = tmp_path / "gate"
+    a, b = hosts("a"), hosts("b")
+    waits = ["sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done"]
+    x = a.ok("submit", "--idempotent", "--", *waits).out.decode().strip()
+    a.start("work", "-j", "1", "--poll", "0.05")
+    a.wait_running()
+    kill_host(a)
+    assert (a.home / "heartbeats" / f"{x}.1").exists()  # (left by the crash)
+    _, report = a.recover()
+    assert (a.task(x)["state"], a.task(x)["attempt"]) == ("QUEUED", 1), report
+    b.start("work", "-j", "1", "--poll", "0.05")
+    wait_until(lambda: (t := a.task(x))["state"] == "RUNNING" and t["host"] == "b",
+               what="b to run x (attempt 1 again)")  # fmt: skip
+    y = a.ok("submit", "--", "true").out.decode().strip()
+    try:
+        a.ok("work", "-j", "1", "--drain", "--poll", "0.05")  # (b's run of x left alone)
+        assert a.task(y)["state"] == "SUCCEEDED" and a.task(x)["state"] == "RUNNING"
+    finally:
+        gate.touch()
+    wait_until(lambda: a.task(x)["state"] == "SUCCEEDED", what="b's run of x to end")
+
+
+def test_a_survivor_stopped_before_its_alive_lock_holds_its_slot(
+    hosts: Hosts, tmp_path: Path
+) -> None:
+    # (Found by a review: a supervisor makes the alive-lock after the DISPATCHING is
+    # durable; stopped in between, its worker killed, and the home restarted under a new
+    # host id, its task was taken for another host's: y ran while x's supervisor held
+    # x's slot, then x ran.)
+    stamps = tmp_path / "stamps"
+    a = hosts("a")
+    x = a.ok("submit", "--", *stamping_task(stamps, 0, 0.2)).out.decode().strip()
+    a.ok("submit", "--", *stamping_task(stamps, 1, 0.2))
+    first = a.start("work", "-j", "1", "--poll", "0.05", failpoints="supervisor:before:spawn=stop")
+    supervisor = wait_until(lambda: (t := a.task(x))["state"] == "DISPATCHING" and t["runner"]["pid"],
+                            what="x's claim")  # fmt: skip
+    wait_until(lambda: read_stat(supervisor).state == "T", what="x's supervisor to stop")
+    first.send_signal(signal.SIGKILL)
+    first.wait(timeout=30)
+    assert not (a.home / "heartbeats" / f"{x}.1").exists()
+    a.env["FERRY_HOST_ID"] = "a-renamed"
+    second = a.start("work", "-j", "1", "--drain", "--poll", "0.05")
+    try:
+        assert second.stderr is not None
+        notice = second.stderr.readline()  # (once it counted the survivors)
+        assert b"1 task(s) still run under an earlier work's supervisors" in notice, notice
+    finally:
+        os.kill(supervisor, signal.SIGCONT)
+    assert second.wait(timeout=60) == 0
+    wait_task_gone(x)
+    assert [t["state"] for t in a.tasks()] == ["SUCCEEDED"] * 2
+    assert most_at_once(stamps) == 1 and stamps.read_text().startswith("start 0")
 
 
 def test_in_flight_reads_only_the_tasks_in_flight(hosts: Hosts, pg_url: str) -> None:
