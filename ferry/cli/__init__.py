@@ -133,6 +133,7 @@ def console() -> None:
     import os
     import threading
 
+    _open_standard_descriptors()
     code = main()
     handlers = getattr(atexit, "_ncallbacks", lambda: 1)()
     if threading.active_count() == 1 and handlers == 0:
@@ -144,6 +145,27 @@ def console() -> None:
             sys.exit(code)
         os._exit(code)
     sys.exit(code)
+
+
+def _open_standard_descriptors() -> None:
+    """Started with descriptor 0, 1 or 2 closed (``>&-``, some daemons): /dev/null
+    there, and Python's stream for it. Otherwise the first file ferry opens takes the
+    free number, and what ferry or its task writes as output lands in it; and Python,
+    which found it closed, left ``sys.stdout`` (or stdin, stderr) None. (Output asked
+    to go nowhere goes nowhere; the exit status still tells.)"""
+    import os
+
+    for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")):
+        try:
+            os.fstat(fd)
+            continue
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)  # (the lowest free number: fd itself)
+        if null != fd:
+            os.dup2(null, fd)
+            os.close(null)
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(fd, "r" if fd == 0 else "w", closefd=False))  # noqa: SIM115
 
 
 def _fast(fast: Any) -> int:

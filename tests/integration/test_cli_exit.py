@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import pytest
 from clikit import Ferry
@@ -28,22 +27,37 @@ def test_exit_statuses_and_the_task_s_output_are_kept(ferry: Ferry) -> None:
     assert refused.code != 0 and refused.err.startswith("ferry: error[")
 
 
-# The entry before the early exit, to compare with.
-TEARDOWN = (sys.executable, "-c", "import sys; from ferry.cli import main; sys.exit(main())")
-
-
 @pytest.mark.parametrize("closed", [1, 2])
 def test_a_descriptor_closed_at_the_start_changes_no_exit_status(ferry: Ferry, closed: int) -> None:
     # (Was: started with stdout or stderr closed, Python makes sys.stdout or sys.stderr
-    # None, and the early exit's flush raised: a traceback and exit 1 after the work was
-    # done, so `ferry submit ... || retry` submitted twice.)
+    # None: the early exit's flush raised after the work was done (a traceback, exit 1:
+    # `ferry submit ... || retry` submitted twice), and most commands failed before
+    # with error[internal].)
     def close() -> None:
         os.close(closed)
 
     ferry.ok("submit", "--", "true")
     for command in (("-q", "submit", "--", "true"), ("--version",), ("ls",), ("show", "1"),
                     ("wait", "--timeout", "0.1", "1"), ("show", "no-such-task")):  # fmt: skip
-        ours = ferry(*command, preexec=close)
-        before = ferry(*command, preexec=close, command=TEARDOWN)
-        assert ours.code == before.code, (command, ours, before)  # (and no traceback)
+        closed_run, open_run = ferry(*command, preexec=close), ferry(*command)
+        assert closed_run.code == open_run.code, (command, closed_run, open_run)
     assert len(ferry.tasks()) == 3  # (one submit each way)
+
+
+@pytest.mark.parametrize("closed", [0, 1, 2])
+def test_a_standard_descriptor_closed_at_the_start_is_as_dev_null(
+    ferry: Ferry, closed: int
+) -> None:
+    # (Was: `ferry run` started with stdout or stderr closed ended in error[internal]
+    # (exit 125 or 1, nothing run), and the first file ferry opened took the free
+    # descriptor: one that ferry and the task write their output to.)
+    def close() -> None:
+        os.close(closed)
+
+    run = ferry("run", "--", "sh", "-c", "echo out; echo err >&2", preexec=close)
+    assert run.code == 0, run
+    assert run.out == (b"" if closed == 1 else b"out\n")
+    assert ("err" in run.err) is (closed != 2)
+    assert ferry.only_task()["state"] == "SUCCEEDED"
+    assert ferry.ok("logs", "--merged", "1").out == b"out\nerr\n"  # (the log holds both)
+    ferry.ok("journal", "verify")
