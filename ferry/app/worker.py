@@ -429,10 +429,9 @@ class Worker:
         new ``FERRY_HOST_ID``, and a task released here may run on another host under
         the same attempt. Other claims: this host's, or its supervisor holds the
         alive-lock of this home."""
-        home = str(self.session.home)
         claimed_from = (task.runner or {}).get("home")
         if claimed_from is not None:
-            return bool(claimed_from == home)
+            return bool(claimed_from == str(self.session.home))
         if self.store.host_lost(task, float("inf")) is None:
             return True
         return alivelock.held(alive_path(self.session.home, task.id, task.attempt)) is True

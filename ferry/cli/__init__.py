@@ -20,6 +20,7 @@ of ``run``, goes to click. Errors of every kind leave through :func:`main`, whic
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -99,8 +100,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         return 0
     except OSError as exc:  # ferry's own I/O: disk full, read-only, out of descriptors
-        import os
-
         if os.environ.get("FERRY_DEBUG"):
             import traceback
 
@@ -112,7 +111,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             error, runs_task=ctx.runs_task if ctx else command in _RUNS_TASK
         )
     except Exception as exc:  # the last net: no traceback reaches a user
-        import os
         import traceback
 
         if os.environ.get("FERRY_DEBUG"):
@@ -130,7 +128,6 @@ def console() -> None:
     ``ferry run -- true`` 14 of its 130 ms here (medians of 40 interleaved runs). A
     flush that fails (the reader of a pipe went) leaves it to the usual exit."""
     import atexit
-    import os
     import threading
 
     _open_standard_descriptors()
@@ -153,18 +150,14 @@ def _open_standard_descriptors() -> None:
     free number, and what ferry or its task writes as output lands in it; and Python,
     which found it closed, left ``sys.stdout`` (or stdin, stderr) None. (Output asked
     to go nowhere goes nowhere; the exit status still tells.)"""
-    import os
-
     for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")):
         try:
             os.fstat(fd)
-            continue
         except OSError:
             null = os.open(os.devnull, os.O_RDWR)  # (the lowest free number: fd itself)
-        if null != fd:
-            os.dup2(null, fd)
-            os.close(null)
-        if getattr(sys, name) is None:
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
             setattr(sys, name, open(fd, "r" if fd == 0 else "w", closefd=False))  # noqa: SIM115
 
 
