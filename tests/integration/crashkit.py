@@ -9,11 +9,12 @@ crash the pipe has no reader).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import signal
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from clikit import WAIT_S, wait_until
+from clikit import WAIT_S, Ferry, wait_until
 
 from ferry.app.runner import SPAWNED_AFTER_S
 from ferry.proc.process import ProcessIdentity, find_by_marker, marker_prefix, read_stat
@@ -92,3 +93,22 @@ def most_at_once(stamps: Path) -> int:
         running += step
         peak = max(peak, running)
     return peak
+
+
+def restart_worker_midway(
+    ferry: Ferry, stamps: Path, *, tasks: int, jobs: int, before_restart: Callable[[], None]
+) -> None:
+    """``tasks`` stamping tasks of 1.5 s; a ``work -j jobs`` killed with SIGKILL once
+    ``jobs`` of them started; ``before_restart()``; a ``work -j jobs --drain``; then
+    until every task's processes are gone."""
+    for n in range(tasks):
+        ferry.ok("submit", "--", *stamping_task(stamps, n, 1.5))
+    first = ferry.start("work", "-j", str(jobs), "--poll", "0.05")
+    wait_until(lambda: stamps.exists() and stamps.read_text().count("start") == jobs,
+               what=f"{jobs} task(s) to start")  # fmt: skip
+    first.send_signal(signal.SIGKILL)
+    first.wait(timeout=30)
+    before_restart()
+    ferry.ok("work", "-j", str(jobs), "--drain", "--poll", "0.05")
+    for task in ferry.tasks():
+        wait_task_gone(str(task["id"]))

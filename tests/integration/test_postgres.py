@@ -17,7 +17,7 @@ from typing import Any
 import psycopg
 import pytest
 from clikit import Ferry, Hosts, processes_with_env, wait_until
-from crashkit import most_at_once, stamping_task, wait_task_gone
+from crashkit import most_at_once, restart_worker_midway, stamping_task, wait_task_gone
 from pgserver import PgServer
 
 from ferry.core import events as ev
@@ -204,17 +204,11 @@ def test_jobs_holds_across_a_restart_with_a_new_host_id(hosts: Hosts, tmp_path: 
     # took them for another host's and ran two tasks under -j 1.)
     stamps = tmp_path / "stamps"
     a = hosts("a")
-    for n in range(3):
-        a.ok("submit", "--", *stamping_task(stamps, n, 1.5))
-    first = a.start("work", "-j", "1", "--poll", "0.05")
-    wait_until(lambda: stamps.exists() and "start" in stamps.read_text(),
-               what="a task to start")  # fmt: skip
-    first.send_signal(signal.SIGKILL)
-    first.wait(timeout=30)
-    a.env["FERRY_HOST_ID"] = "a-renamed"
-    a.ok("work", "-j", "1", "--drain", "--poll", "0.05")
-    for task in a.tasks():
-        wait_task_gone(str(task["id"]))
+
+    def rename() -> None:
+        a.env["FERRY_HOST_ID"] = "a-renamed"
+
+    restart_worker_midway(a, stamps, tasks=3, jobs=1, before_restart=rename)
     assert [t["state"] for t in a.tasks()] == ["SUCCEEDED"] * 3
     assert stamps.read_text().count("end") == 3
     assert most_at_once(stamps) <= 1

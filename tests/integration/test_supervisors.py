@@ -23,6 +23,7 @@ from clikit import Ferry, finish, wait_until
 from crashkit import (
     counting_task,
     most_at_once,
+    restart_worker_midway,
     runs,
     stamping_task,
     task_processes,
@@ -278,16 +279,7 @@ def test_jobs_holds_across_a_restart_of_the_worker(ferry: Ferry, tmp_path: Path)
     """Before: a worker killed with two tasks running, and a new ``work -j 2`` started at
     once, ran four tasks at the same time. Now the new worker counts the survivors."""
     stamps = tmp_path / "stamps"
-    for n in range(6):
-        ferry.ok("submit", "--", *stamping_task(stamps, n, 1.5))
-    first = ferry.start("work", "-j", "2", "--poll", "0.05")
-    wait_until(lambda: stamps.exists() and stamps.read_text().count("start") == 2,
-               what="two tasks to start")  # fmt: skip
-    first.send_signal(signal.SIGKILL)
-    first.wait(timeout=30)
-    ferry.ok("work", "-j", "2", "--drain", "--poll", "0.05")
-    for task in ferry.tasks():
-        wait_task_gone(str(task["id"]))
+    restart_worker_midway(ferry, stamps, tasks=6, jobs=2, before_restart=lambda: None)
     assert [t["state"] for t in ferry.tasks()] == ["SUCCEEDED"] * 6
     assert stamps.read_text().count("end") == 6
     assert most_at_once(stamps) <= 2
