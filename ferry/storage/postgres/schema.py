@@ -246,6 +246,91 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (task, attempt, stream)
     );
     """,
+    # 6: a worker's write in one round trip (ferry.storage.postgres.optimistic): its
+    # records, decided on the rows at the versions it last wrote or claimed them, and
+    # its claims. Under the row locks, each row's version (updated_seq: a new seq at
+    # every change of it) is compared with the one the decision was made on: any other
+    # writes nothing ('moved', and the caller decides again on the rows locked); a
+    # lease no longer at the epoch writes nothing ('fenced'). Otherwise what the
+    # commit path writes: the events, the rows (each one's updated_seq its last
+    # event's), the log tails, then ferry_claim, which sees them.
+    """
+    CREATE FUNCTION ferry_write(p_host text, p_epoch bigint, p_ids text[], p_seqs bigint[],
+                                p_events jsonb, p_ts double precision, p_rows jsonb,
+                                p_tails jsonb, p_tokens text[], p_runners jsonb[], p_by text)
+    RETURNS TABLE (write_status text, write_epoch bigint, write_seq bigint, write_body jsonb)
+    LANGUAGE plpgsql VOLATILE AS $write$
+    DECLARE
+        v_epoch bigint;
+        v_live boolean;
+        v_same integer;
+        v_claim record;
+    BEGIN
+        IF p_epoch > 0 THEN
+            SELECT h.epoch, h.expires_at > now() INTO v_epoch, v_live
+            FROM ferry_hosts h WHERE h.host_id = p_host FOR SHARE;
+            IF v_epoch IS DISTINCT FROM p_epoch OR NOT coalesce(v_live, false) THEN
+                RETURN QUERY SELECT 'fenced'::text, v_epoch, NULL::bigint, NULL::jsonb;
+                RETURN;
+            END IF;
+        END IF;
+        -- Locked in id order (as the commit path locks them); a row locked after a
+        -- wait is read as the writer that held it left it.
+        SELECT count(*) INTO v_same FROM (
+            SELECT t.id, t.updated_seq FROM ferry_tasks t WHERE t.id = ANY(p_ids)
+            ORDER BY t.id FOR UPDATE OF t
+        ) locked JOIN unnest(p_ids, p_seqs) AS x(id, seq)
+            ON x.id = locked.id AND x.seq = locked.updated_seq;
+        IF v_same <> cardinality(p_ids) THEN
+            RETURN QUERY SELECT 'moved'::text, NULL::bigint, NULL::bigint, NULL::jsonb;
+            RETURN;
+        END IF;
+        RETURN QUERY
+        WITH written AS (
+            INSERT INTO ferry_events (epoch, ts, type, task, host, data)
+            SELECT p_epoch, p_ts, e.event->>'type', e.event->'data'->>'task', p_host,
+                   e.event->'data'
+            FROM jsonb_array_elements(p_events) WITH ORDINALITY AS e(event, position)
+            ORDER BY e.position
+            RETURNING seq, task
+        ), last AS (
+            SELECT w.task, max(w.seq) AS seq FROM written w GROUP BY w.task
+        ), rewritten AS (
+            UPDATE ferry_tasks t SET
+                state = r.state, reason = r.reason, host = r.host, queue_seq = r.queue_seq,
+                not_before = r.not_before, claimed_by = r.claimed_by,
+                updated_seq = last.seq,
+                body = r.body || jsonb_build_object('updated_seq', last.seq),
+                updated_at = now(),
+                heartbeat_at = CASE WHEN r.state IN ('CLAIMED', 'DISPATCHING', 'RUNNING',
+                                                     'STALE') THEN t.heartbeat_at END
+            FROM jsonb_to_recordset(p_rows) AS r(id text, state text, reason text,
+                     host text, queue_seq bigint, not_before float8, claimed_by text,
+                     body jsonb)
+            JOIN last ON last.task = r.id
+            WHERE t.id = r.id AND t.id = ANY(p_ids)
+            RETURNING t.id
+        )
+        SELECT 'written'::text, NULL::bigint, w.seq, NULL::jsonb FROM written w ORDER BY w.seq;
+        INSERT INTO ferry_log_tails (task, attempt, stream, host, size, tail)
+        SELECT l.task, l.attempt, l.stream, p_host, l.size, decode(l.tail, 'hex')
+        FROM jsonb_to_recordset(p_tails) AS l(task text, attempt integer, stream text,
+                                              size bigint, tail text)
+        ON CONFLICT DO NOTHING;
+        IF coalesce(array_length(p_tokens, 1), 0) > 0 THEN
+            FOR v_claim IN
+                SELECT * FROM ferry_claim(p_host, p_epoch, p_tokens, p_runners, p_by, p_ts)
+            LOOP
+                IF v_claim.claim_status = 'fenced' THEN  -- (the lease was checked above)
+                    RAISE EXCEPTION 'ferry_write: fenced after its lease was checked';
+                END IF;
+                RETURN QUERY SELECT v_claim.claim_status, v_claim.claim_epoch, NULL::bigint,
+                                    v_claim.claim_body;
+            END LOOP;
+        END IF;
+    END
+    $write$;
+    """,
 )
 VERSION = len(MIGRATIONS)
 _LOCK_ID = 0x66657272  # "ferr": serialises concurrent `db init`s

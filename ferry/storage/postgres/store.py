@@ -33,6 +33,7 @@ from ferry.core import events as ev
 from ferry.core.errors import (
     DatabaseError,
     DatabaseUnavailableError,
+    FerryError,
     InternalError,
     LeaseHeldError,
     NotFoundError,
@@ -40,11 +41,11 @@ from ferry.core.errors import (
 )
 from ferry.core.fold import task_from_record, task_to_record
 from ferry.core.ids import LAST, resolve_prefix, shown, task_number
-from ferry.core.model import IN_FLIGHT_STATES, Reason, State, Task
+from ferry.core.model import IN_FLIGHT_STATES, Reason, State, Task, replace
 from ferry.core.state import SNAPSHOT_FORMAT, States, Table
 from ferry.failpoints import failpoint
 from ferry.storage import Written
-from ferry.storage.postgres import queue, schema
+from ferry.storage.postgres import optimistic, queue, schema
 from ferry.storage.postgres.connect import Database, application_name, host_id
 
 if TYPE_CHECKING:
@@ -77,6 +78,7 @@ class PgStore:
         self.db = db
         self.host = host
         self.read_log_tails = log_tails
+        self.known = optimistic.Known()  # (the rows a write in one call is decided on)
 
     @classmethod
     def open(
@@ -117,6 +119,7 @@ class PgStore:
         new_ids = {str(data["task"]) for kind, data in batch if kind == _SUBMITTED}
         claims = {str(data["task"]) for kind, data in batch if kind == _CLAIMED} - new_ids
         changes = queue.group_events(batch)
+        self.known.forget(ids)
         with self.db.transaction() as conn:
             # The queue's advisory lock (queue module): shared by claims, taken with the
             # lease check (no round trip of its own); exclusive for a group change.
@@ -164,10 +167,17 @@ class PgStore:
         call of ``ferry_claim`` in the same transaction (its count of a group's tasks in
         flight sees the ends just written); without records to write, that call alone,
         in autocommit (one round trip). Nothing to write: rolled back (row locks only:
-        a COMMIT would wait for a WAL flush)."""
+        a COMMIT would wait for a WAL flush).
+
+        First, when this process knows the rows (it wrote or claimed them last): decided
+        on them and written in one call, which writes nothing if any row moved since
+        (``optimistic``); then as above."""
         wanted = sorted(set(ids))
         if not wanted:
             return Written({}, self._claim_now(claims, by, epoch) if claims else [])
+        known = self._write_known(wanted, decide, epoch, claims, by)
+        if known is not None:
+            return known
         claimed: list[Task] = []
         try:
             with self.db.transaction() as conn:
@@ -191,10 +201,83 @@ class PgStore:
                     raise _NothingWritten(current)
         except _NothingWritten as nothing:
             return Written(nothing.tasks, [])
+        for task in after.values():
+            if task is not None:
+                self.known.keep(task)
         for record_type, _ in batch:
             failpoint("after:" + record_type)
         _after_claims(claimed)
         return Written(after, claimed)
+
+    def _write_known(
+        self,
+        wanted: list[str],
+        decide: Callable[[Mapping[str, Task | None]], Sequence[ev.Event | EncodedEvent]],
+        epoch: int,
+        claims: Sequence[Claimant],
+        by: str,
+    ) -> Written | None:
+        """``commit_against`` in one call of ``ferry_write``, decided on the rows as
+        this process last wrote or claimed them (``optimistic``). None: written nothing
+        (a row not known, or moved since; a write that is not for one call; refused on
+        the rows known): decide on the rows locked."""
+        known = self.known.rows(wanted)
+        if known is None:
+            return None
+        current: dict[str, Task | None] = {task_id: task for task_id, (_, task) in known.items()}
+        batch = self._encoded(decide(current))
+        if not optimistic.eligible(batch, wanted, known):
+            return None
+        table = _table({task_id: body for task_id, (body, _) in known.items()})
+        try:
+            table.validate_batch(batch)
+        except FerryError:
+            return None  # (refused there too, if the rows are as known)
+        ts = time.time()
+        for position, (kind, data) in enumerate(batch, 1):  # (its seqs: the function's)
+            table.apply(kind, data, position, ts)
+        changed: dict[str, Task] = {}
+        for _, data in batch:
+            task = table.get(str(data["task"]))
+            assert task is not None  # (known, and none of these records removes it)
+            changed[task.id] = task
+        bodies = {task_id: task_to_record(task) for task_id, task in changed.items()}
+        for record_type, _ in batch:  # (before the one statement: nothing sent yet)
+            failpoint("before:" + record_type)
+        if claims:
+            failpoint("before:" + _CLAIMED)
+        try:
+            answer = optimistic.call(
+                self.db.execute, _json, host=self.host, epoch=epoch,
+                expected={task_id: task.updated_seq for task_id, (_, task) in known.items()},
+                batch=batch, ts=ts, tails=self._log_tails(batch), claims=claims, by=by,
+                rows=[optimistic.row(changed[i], body) for i, body in bodies.items()],
+            )  # fmt: skip
+        except Exception:
+            self.known.forget(wanted)  # (its outcome unknown: read again next time)
+            raise
+        if answer.status == "fenced":
+            raise _fenced(self.host, epoch, answer.epoch)
+        if answer.status == "moved":
+            self.known.forget(wanted)
+            return None
+        if len(answer.seqs) != len(batch):  # (cannot happen: an INSERT inserts them all)
+            raise InternalError(f"{len(batch)} events sent, {len(answer.seqs)} inserted")
+        after = dict(current)
+        for task_id, body in bodies.items():
+            seq = answer.seqs[changed[task_id].updated_seq - 1]
+            after[task_id] = task = replace(changed[task_id], updated_seq=seq)
+            self.known.keep(task, {**body, "updated_seq": seq})
+        claimed = [self._claimed(body) for body in answer.claimed]
+        for record_type, _ in batch:
+            failpoint("after:" + record_type)
+        _after_claims(claimed)
+        return Written(after, claimed)
+
+    def _claimed(self, body: Any) -> Task:
+        task = task_from_record(body)
+        self.known.keep(task, body)
+        return task
 
     def claim_next(
         self,
@@ -242,7 +325,7 @@ class PgStore:
         rows = execute(_CLAIM, (self.host, epoch, tokens, runners, by, time.time())).fetchall()
         if rows and rows[-1][0] == "fenced":
             raise _fenced(self.host, epoch, rows[-1][1])
-        return [task_from_record(row[2]) for row in rows]
+        return [self._claimed(row[2]) for row in rows]
 
     def claimed_with(self, token: str, *, writer_pid: int | None = None) -> Task | None:
         """Found by the host's tasks in flight (their index); not found is an answer only
@@ -441,21 +524,29 @@ class PgStore:
         return sorted(row[0] for row in found)
 
     def _keep_log_tails(self, conn: Any, batch: Sequence[EncodedEvent]) -> None:
+        """The batch's log tails (``_log_tails``), in the SETTLED's transaction."""
+        tails = self._log_tails(batch)
+        if tails:
+            conn.execute(
+                "INSERT INTO ferry_log_tails (task, attempt, stream, host, size, tail)"
+                " SELECT l.task, l.attempt, l.stream, %s, l.size, decode(l.tail, 'hex')"
+                " FROM jsonb_to_recordset(%s) AS l(task text, attempt integer, stream text,"
+                " size bigint, tail text) ON CONFLICT DO NOTHING",
+                (self.host, _json(tails)),
+            )
+
+    def _log_tails(self, batch: Sequence[EncodedEvent]) -> list[dict[str, Any]]:
         """The tails of the logs of each attempt the batch settles, as this host has
-        them (none: the task did not run here), in the SETTLED's transaction."""
+        them (none: the task did not run here), as rows of ``ferry_log_tails`` (the
+        bytes in hex)."""
         if self.read_log_tails is None:
-            return
-        rows = [
-            (data["task"], data["attempt"], stream, self.host, size, tail)
+            return []
+        return [
+            {"task": data["task"], "attempt": data["attempt"], "stream": stream, "size": size,
+             "tail": tail.hex()}
             for kind, data in batch if kind == _SETTLED
             for stream, (tail, size) in self.read_log_tails(data["task"], data["attempt"]).items()
         ]  # fmt: skip
-        if rows:
-            conn.cursor().executemany(
-                "INSERT INTO ferry_log_tails (task, attempt, stream, host, size, tail)"
-                " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-                rows,
-            )
 
     def _stamped(self, record: EncodedEvent) -> EncodedEvent:
         """A claim names the host of its runner (``host_id``): recovery is host-aware."""
@@ -522,19 +613,7 @@ class PgStore:
         one JSON array of rows."""
         if not tasks:
             return
-        rows = [
-            {
-                "id": t.id, "state": t.state.value,
-                "reason": None if t.reason is None else t.reason.value, "key": t.spec.key,
-                "host": None if t.runner is None else t.runner.get("host_id"),
-                "submit_seq": t.submit_seq, "queue_seq": t.queue_seq,
-                "updated_seq": t.updated_seq, "body": task_to_record(t),
-                "number": t.number or None, "grp": t.spec.group, "priority": t.spec.priority,
-                "deps": list(t.spec.after), "not_before": t.not_before,
-                "claimed_by": t.claimed_by,
-            }
-            for t in tasks
-        ]  # fmt: skip
+        rows = [optimistic.row(task) for task in tasks]
         conn.execute(
             "INSERT INTO ferry_tasks (id, state, reason, key, host, submit_seq, queue_seq,"
             " updated_seq, body, number, grp, priority, deps, not_before, claimed_by)"
