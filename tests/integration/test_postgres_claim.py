@@ -356,6 +356,128 @@ def test_an_end_is_decided_on_the_row_as_it_is_when_written(url: str, host: Host
     assert written.tasks[task.id].state is State.CANCELLED  # type: ignore[union-attr]
 
 
+# ---- a worker's write in one call (ferry_write) -----------------------------------------
+
+
+def _ended(task: Task, state: State = State.SUCCEEDED) -> list[ev.Event]:
+    token = str(task.claim_token)
+    reason = None if state is State.SUCCEEDED else Reason.EXIT_NONZERO
+    return [ev.Spawned(task.id, task.attempt, token, 4242, 4242, 1),
+            ev.Settled(task.id, task.attempt, token, state, reason, 3)]  # fmt: skip
+
+
+def test_a_row_that_moved_after_the_decision_is_decided_again_on_the_row_locked(
+    url: str, host: Host
+) -> None:
+    """The point: between the decision, made on the row as the claim left it, and the
+    one call that writes it, another host asks for a cancel. The call writes nothing
+    (the row's version moved); the end is decided again on the row locked: CANCELLED,
+    after the cancel's record. (Without the version check, SUCCEEDED was written over
+    the cancel.)"""
+    from ferry.app.outbox import end_writes
+
+    submit(host.store, 1)
+    task = host.claim()
+    assert task is not None
+    other = PgStore.open(url, "b")
+    # (The decision is made on the rows locked by the commit path: there the cancel
+    # would wait for this write, and the test fail on its lock timeout, not hang.)
+    other.db.execute("SET lock_timeout = '5s'")
+    seen: list[Task | None] = []
+
+    def decide(current: Any) -> list[ev.Event]:
+        seen.append(current[task.id])
+        if len(seen) == 1:  # after the decision, before the write
+            other.commit(ev.CancelRequested(task.id, 1, str(task.claim_token)))
+        return end_writes(current[task.id], _ended(task))[1]
+
+    try:
+        written = host.store.commit_against([task.id], decide, epoch=host.epoch)
+    finally:
+        other.close()
+    assert [t.cancel_requested for t in seen if t is not None] == [False, True]
+    after = written.tasks[task.id]
+    assert after is not None and after.state is State.CANCELLED
+    assert after == host.store.get(task.id)
+    assert [kind for (kind,) in rows(url, "SELECT type FROM ferry_events WHERE task = %s"
+                                     " ORDER BY seq", (task.id,))] == [
+        "SUBMITTED", "CLAIMED", "DISPATCHING", "CANCEL_REQUESTED", "SPAWNED", "SETTLED"]  # fmt: skip
+
+
+def test_a_write_in_one_call_under_a_stale_epoch_writes_nothing(url: str, host: Host) -> None:
+    submit(host.store, 2)
+    task = host.claim()
+    assert task is not None
+    before = rows(url, "SELECT id, body, updated_at FROM ferry_tasks ORDER BY id")
+    events = rows(url, "SELECT count(*) FROM ferry_events")
+    stale = host.epoch
+    host.lease = host.leases.acquire(self_identity())  # (a new holder: a newer epoch)
+    with pytest.raises(LeaseHeldError) as fenced:
+        host.store.commit_against([task.id], lambda current: _ended(task), epoch=stale,
+                                  claims=[(RUNNER, new_claim_token(os.urandom(10)))])  # fmt: skip
+    assert fenced.value.details["current_epoch"] == host.epoch
+    assert rows(url, "SELECT id, body, updated_at FROM ferry_tasks ORDER BY id") == before
+    assert rows(url, "SELECT count(*) FROM ferry_events") == events
+
+
+def test_a_write_in_one_call_writes_what_the_commit_path_writes(url: str, host: Host) -> None:
+    """Two tasks alike, each claimed, then ended with the claim of one more task: one in
+    one call (its row known from the claim), one by the commit path (the row forgotten
+    first). The same events, the same rows, the same claims; each a transaction."""
+    one_call, by_commit = submit(host.store, 2)
+    submit(host.store, 2)
+    tokens: dict[str, str] = {}
+    for task_id in (one_call, by_commit):
+        claimed = host.claim()
+        assert claimed is not None and claimed.id == task_id
+        tokens[task_id] = str(claimed.claim_token)
+    host.store.known.forget([by_commit])
+    next_claims = {}
+    for task_id in (one_call, by_commit):
+        task = host.store.get(task_id)
+        assert task is not None
+        (last_seq,) = rows(url, "SELECT max(seq) FROM ferry_events")[0]
+        token = new_claim_token(os.urandom(10))
+        written = host.store.commit_against(
+            [task_id], lambda current, task=task: _ended(task, State.FAILED),
+            epoch=host.epoch, claims=[(RUNNER, token)],
+        )  # fmt: skip
+        assert written.tasks[task_id] == host.store.get(task_id)
+        (claimed,) = written.claimed
+        assert claimed == host.store.get(claimed.id) and claimed.claim_token == token
+        next_claims[task_id] = (claimed.id, token)
+        assert rows(url, "SELECT count(DISTINCT xmin::text) FROM ferry_events"
+                    " WHERE seq > %s", (last_seq,)) == [(1,)]  # fmt: skip
+    found = {
+        task_id: rows(url, "SELECT body, state, reason, host, claimed_by, heartbeat_at,"
+                      " updated_seq = (body->>'updated_seq')::bigint,"
+                      " updated_seq = (SELECT max(seq) FROM ferry_events WHERE task = id)"
+                      " FROM ferry_tasks WHERE id = %s", (task_id,))[0]
+        for task_id in (one_call, by_commit)
+    }  # fmt: skip
+    bodies = [_comparable(found[t][0], t, tokens[t]) for t in (one_call, by_commit)]
+    for body in bodies:  # (the times of each write's own records)
+        assert body.pop("started_at") == body.pop("ended_at") == body.pop("heartbeat_at")
+    assert bodies[0] == bodies[1]
+    assert bodies[0]["state"] == "FAILED" and bodies[0]["exit_code"] == 3
+    assert found[one_call][1:] == found[by_commit][1:]
+    assert found[one_call][-2:] == (True, True)
+    events = {
+        task_id: [(kind, epoch, where, _comparable(data, task_id, tokens[task_id]))
+                  for kind, epoch, where, data in rows(
+                      url, "SELECT type, epoch, host, data FROM ferry_events WHERE task = %s"
+                      " AND type IN ('SPAWNED', 'SETTLED') ORDER BY seq", (task_id,))]
+        for task_id in (one_call, by_commit)
+    }  # fmt: skip
+    assert events[one_call] == events[by_commit]
+    assert [kind for kind, *_ in events[one_call]] == ["SPAWNED", "SETTLED"]
+    claimed_rows = [
+        _comparable(rows(url, "SELECT body FROM ferry_tasks WHERE id = %s", (i,))[0][0], i, t)
+        for i, t in next_claims.values()
+    ]
+    assert claimed_rows[0] == claimed_rows[1]
+
+
 # ---- many claimers; an answer lost ------------------------------------------------------
 
 
