@@ -44,10 +44,7 @@ _NOT_HERE = frozenset(
         ev.EventType.FORGOTTEN,
     )
 )
-_WRITE = (
-    "SELECT write_status, write_epoch, write_seq, write_body"
-    " FROM ferry_write(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
-)
+_WRITE = "SELECT write_status, write_epoch, write_seq, write_body FROM ferry_write(%s)"
 
 
 class Known:
@@ -129,16 +126,17 @@ def call(
     claims: Sequence[Claimant],
     by: str,
 ) -> Answer:
-    """One call of ``ferry_write``, in autocommit (one statement, one transaction)."""
-    found = execute(
-        _WRITE,
-        (
-            host, epoch, list(expected), list(expected.values()),
-            json([{"type": kind, "data": data} for kind, data in batch]), ts, json(rows),
-            json(tails), [token for _, token in claims],
-            [json({"host_id": host, **runner}) for runner, _ in claims], by,
-        ),
-    ).fetchall()  # fmt: skip
+    """One call of ``ferry_write``, in autocommit (one statement, one transaction). Its
+    one argument: the rows' ``ids`` and the versions decided on (``seqs``), the
+    ``events`` (each ``{"type", "data"}``) stamped ``host``, ``epoch`` and ``ts``, the
+    changed ``rows`` (``row``), the log ``tails`` (``ferry_log_tails``'s rows, the
+    bytes in hex), and the claims' ``tokens`` and ``runners`` and ``by``."""
+    found = execute(_WRITE, (json({
+        "host": host, "epoch": epoch, "ids": list(expected), "seqs": list(expected.values()),
+        "events": [{"type": kind, "data": data} for kind, data in batch], "ts": ts,
+        "rows": rows, "tails": tails, "tokens": [token for _, token in claims],
+        "runners": [{"host_id": host, **runner} for runner, _ in claims], "by": by,
+    }),)).fetchall()  # fmt: skip
     if found and found[0][0] in ("fenced", "moved"):
         return Answer(found[0][0], found[0][1], [], [])
     seqs = [int(r[2]) for r in found if r[0] == "written"]

@@ -253,44 +253,51 @@ MIGRATIONS: tuple[str, ...] = (
     # writes nothing ('moved', and the caller decides again on the rows locked); a
     # lease no longer at the epoch writes nothing ('fenced'). Otherwise what the
     # commit path writes: the events, the rows (each one's updated_seq its last
-    # event's), the log tails, then ferry_claim, which sees them.
+    # event's), the log tails, then ferry_claim, which sees them. One JSON argument
+    # (optimistic.call says what it holds): a client adapts one value, where arrays
+    # cost it more than the statement.
     """
-    CREATE FUNCTION ferry_write(p_host text, p_epoch bigint, p_ids text[], p_seqs bigint[],
-                                p_events jsonb, p_ts double precision, p_rows jsonb,
-                                p_tails jsonb, p_tokens text[], p_runners jsonb[], p_by text)
+    CREATE FUNCTION ferry_write(p jsonb)
     RETURNS TABLE (write_status text, write_epoch bigint, write_seq bigint, write_body jsonb)
     LANGUAGE plpgsql VOLATILE AS $write$
     DECLARE
-        v_epoch bigint;
+        v_host text := p->>'host';
+        v_epoch bigint := (p->>'epoch')::bigint;
+        v_ts double precision := (p->>'ts')::float8;
+        v_ids text[] := ARRAY(SELECT jsonb_array_elements_text(p->'ids'));
+        v_seqs bigint[] := ARRAY(SELECT x::bigint FROM jsonb_array_elements_text(p->'seqs') x);
+        v_tokens text[] := ARRAY(SELECT jsonb_array_elements_text(p->'tokens'));
+        v_runners jsonb[] := ARRAY(SELECT jsonb_array_elements(p->'runners'));
+        v_current bigint;
         v_live boolean;
         v_same integer;
         v_claim record;
     BEGIN
-        IF p_epoch > 0 THEN
-            SELECT h.epoch, h.expires_at > now() INTO v_epoch, v_live
-            FROM ferry_hosts h WHERE h.host_id = p_host FOR SHARE;
-            IF v_epoch IS DISTINCT FROM p_epoch OR NOT coalesce(v_live, false) THEN
-                RETURN QUERY SELECT 'fenced'::text, v_epoch, NULL::bigint, NULL::jsonb;
+        IF v_epoch > 0 THEN
+            SELECT h.epoch, h.expires_at > now() INTO v_current, v_live
+            FROM ferry_hosts h WHERE h.host_id = v_host FOR SHARE;
+            IF v_current IS DISTINCT FROM v_epoch OR NOT coalesce(v_live, false) THEN
+                RETURN QUERY SELECT 'fenced'::text, v_current, NULL::bigint, NULL::jsonb;
                 RETURN;
             END IF;
         END IF;
         -- Locked in id order (as the commit path locks them); a row locked after a
         -- wait is read as the writer that held it left it.
         SELECT count(*) INTO v_same FROM (
-            SELECT t.id, t.updated_seq FROM ferry_tasks t WHERE t.id = ANY(p_ids)
+            SELECT t.id, t.updated_seq FROM ferry_tasks t WHERE t.id = ANY(v_ids)
             ORDER BY t.id FOR UPDATE OF t
-        ) locked JOIN unnest(p_ids, p_seqs) AS x(id, seq)
+        ) locked JOIN unnest(v_ids, v_seqs) AS x(id, seq)
             ON x.id = locked.id AND x.seq = locked.updated_seq;
-        IF v_same <> cardinality(p_ids) THEN
+        IF v_same <> cardinality(v_ids) THEN
             RETURN QUERY SELECT 'moved'::text, NULL::bigint, NULL::bigint, NULL::jsonb;
             RETURN;
         END IF;
         RETURN QUERY
         WITH written AS (
             INSERT INTO ferry_events (epoch, ts, type, task, host, data)
-            SELECT p_epoch, p_ts, e.event->>'type', e.event->'data'->>'task', p_host,
+            SELECT v_epoch, v_ts, e.event->>'type', e.event->'data'->>'task', v_host,
                    e.event->'data'
-            FROM jsonb_array_elements(p_events) WITH ORDINALITY AS e(event, position)
+            FROM jsonb_array_elements(p->'events') WITH ORDINALITY AS e(event, position)
             ORDER BY e.position
             RETURNING seq, task
         ), last AS (
@@ -304,22 +311,22 @@ MIGRATIONS: tuple[str, ...] = (
                 updated_at = now(),
                 heartbeat_at = CASE WHEN r.state IN ('CLAIMED', 'DISPATCHING', 'RUNNING',
                                                      'STALE') THEN t.heartbeat_at END
-            FROM jsonb_to_recordset(p_rows) AS r(id text, state text, reason text,
+            FROM jsonb_to_recordset(p->'rows') AS r(id text, state text, reason text,
                      host text, queue_seq bigint, not_before float8, claimed_by text,
                      body jsonb)
             JOIN last ON last.task = r.id
-            WHERE t.id = r.id AND t.id = ANY(p_ids)
+            WHERE t.id = r.id AND t.id = ANY(v_ids)
             RETURNING t.id
         )
         SELECT 'written'::text, NULL::bigint, w.seq, NULL::jsonb FROM written w ORDER BY w.seq;
         INSERT INTO ferry_log_tails (task, attempt, stream, host, size, tail)
-        SELECT l.task, l.attempt, l.stream, p_host, l.size, decode(l.tail, 'hex')
-        FROM jsonb_to_recordset(p_tails) AS l(task text, attempt integer, stream text,
-                                              size bigint, tail text)
+        SELECT l.task, l.attempt, l.stream, v_host, l.size, decode(l.tail, 'hex')
+        FROM jsonb_to_recordset(p->'tails') AS l(task text, attempt integer, stream text,
+                                                 size bigint, tail text)
         ON CONFLICT DO NOTHING;
-        IF coalesce(array_length(p_tokens, 1), 0) > 0 THEN
+        IF cardinality(v_tokens) > 0 THEN
             FOR v_claim IN
-                SELECT * FROM ferry_claim(p_host, p_epoch, p_tokens, p_runners, p_by, p_ts)
+                SELECT * FROM ferry_claim(v_host, v_epoch, v_tokens, v_runners, p->>'by', v_ts)
             LOOP
                 IF v_claim.claim_status = 'fenced' THEN  -- (the lease was checked above)
                     RAISE EXCEPTION 'ferry_write: fenced after its lease was checked';
