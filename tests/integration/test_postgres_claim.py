@@ -404,6 +404,33 @@ def test_a_row_that_moved_after_the_decision_is_decided_again_on_the_row_locked(
         "SUBMITTED", "CLAIMED", "DISPATCHING", "CANCEL_REQUESTED", "SPAWNED", "SETTLED"]  # fmt: skip
 
 
+def test_a_write_decided_again_passes_each_failpoint_once(
+    url: str, host: Host, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write whose row moved (tried in one call, then by the commit path) is one
+    write to the failpoints: each ``before:`` once (a ``before:SETTLED=2`` armed for a
+    second end must not fire at the first one's), then each ``after:`` once."""
+    import ferry.storage.postgres.store as store_module
+
+    submit(host.store, 1)
+    task = host.claim()
+    assert task is not None
+    other = PgStore.open(url, "b")
+    try:
+        other.commit(ev.CancelRequested(task.id, 1, str(task.claim_token)))
+    finally:
+        other.close()
+    passed: list[str] = []
+    monkeypatch.setattr(store_module, "failpoint", passed.append)
+    written = host.store.commit_against(
+        [task.id], lambda current: _ended(task), epoch=host.epoch,
+        claims=[(RUNNER, new_claim_token(os.urandom(10)))],
+    )  # fmt: skip
+    assert written.tasks[task.id].state is State.SUCCEEDED  # type: ignore[union-attr]
+    assert passed == ["before:SPAWNED", "before:SETTLED", "before:CLAIMED",
+                      "after:SPAWNED", "after:SETTLED"]  # fmt: skip
+
+
 def test_a_write_in_one_call_under_a_stale_epoch_writes_nothing(url: str, host: Host) -> None:
     submit(host.store, 2)
     task = host.claim()

@@ -175,7 +175,7 @@ class PgStore:
         wanted = sorted(set(ids))
         if not wanted:
             return Written({}, self._claim_now(claims, by, epoch) if claims else [])
-        known = self._write_known(wanted, decide, epoch, claims, by)
+        known, announced = self._write_known(wanted, decide, epoch, claims, by)
         if known is not None:
             return known
         claimed: list[Task] = []
@@ -192,10 +192,13 @@ class PgStore:
                     more = sorted({str(d["task"]) for _, d in batch if "task" in d} - set(wanted))
                     rows.update(self._lock_tasks(conn, more))
                     every = sorted({*wanted, *more})
-                    _, table = self._write_locked(conn, batch, epoch, every, rows, None)
+                    _, table = self._write_locked(
+                        conn, batch, epoch, every, rows, None, announce=not announced
+                    )
                     after = {task_id: table.get(task_id) for task_id in wanted}
                 if claims:
-                    failpoint("before:" + _CLAIMED)  # (inside the transaction)
+                    if not announced:
+                        failpoint("before:" + _CLAIMED)  # (inside the transaction)
                     claimed = self._claim(conn.execute, claims, by, epoch)
                 if not batch and not claimed:
                     raise _NothingWritten(current)
@@ -216,23 +219,25 @@ class PgStore:
         epoch: int,
         claims: Sequence[Claimant],
         by: str,
-    ) -> Written | None:
+    ) -> tuple[Written | None, bool]:
         """``commit_against`` in one call of ``ferry_write``, decided on the rows as
-        this process last wrote or claimed them (``optimistic``). None: written nothing
-        (a row not known, or moved since; a write that is not for one call; refused on
-        the rows known): decide on the rows locked."""
+        this process last wrote or claimed them (``optimistic``): what it wrote, and
+        whether its ``before:`` failpoints were passed (one hit per write: the commit
+        path does not pass them again). None written: a row not known, or moved since;
+        a write that is not for one call; refused on the rows known: decide on the rows
+        locked."""
         known = self.known.rows(wanted)
         if known is None:
-            return None
+            return None, False
         current: dict[str, Task | None] = {task_id: task for task_id, (_, task) in known.items()}
         batch = self._encoded(decide(current))
         if not optimistic.eligible(batch, wanted, known):
-            return None
+            return None, False
         table = _table({task_id: body for task_id, (body, _) in known.items()})
         try:
             table.validate_batch(batch)
         except FerryError:
-            return None  # (refused there too, if the rows are as known)
+            return None, False  # (refused there too, if the rows are as known)
         ts = time.time()
         for position, (kind, data) in enumerate(batch, 1):  # (its seqs: the function's)
             table.apply(kind, data, position, ts)
@@ -260,7 +265,7 @@ class PgStore:
             raise _fenced(self.host, epoch, answer.epoch)
         if answer.status == "moved":
             self.known.forget(wanted)
-            return None
+            return None, True
         if len(answer.seqs) != len(batch):  # (cannot happen: an INSERT inserts them all)
             raise InternalError(f"{len(batch)} events sent, {len(answer.seqs)} inserted")
         after = dict(current)
@@ -272,7 +277,7 @@ class PgStore:
         for record_type, _ in batch:
             failpoint("after:" + record_type)
         _after_claims(claimed)
-        return Written(after, claimed)
+        return Written(after, claimed), True
 
     def _claimed(self, body: Any) -> Task:
         task = task_from_record(body)
@@ -361,9 +366,13 @@ class PgStore:
         ids: Sequence[str],
         rows: dict[str, Any],
         facts: queue.ClaimFacts | None,
+        *,
+        announce: bool = True,
     ) -> tuple[list[Any], Table]:
         """Check ``batch`` against the locked ``rows`` (and what the rules need beyond
-        them), then insert its events and write its tasks; the records and the table."""
+        them), then insert its events and write its tasks; the records and the table
+        (``announce``: pass the ``before:`` failpoints, unless the write passed them
+        already)."""
         table = self._locked_table(conn, batch, rows, facts)
         table.validate_batch(batch, now=None if facts is None else facts.now)
         ts = time.time()  # (one for the batch: its records commit together)
@@ -382,7 +391,7 @@ class PgStore:
         queue.ensure_groups(conn, [group for group in submitted if group])
         # Inside the transaction, its row locks held, before COMMIT: a crash (or a
         # connection killed) here commits nothing.
-        for record_type, _ in batch:
+        for record_type, _ in batch if announce else ():
             failpoint("before:" + record_type)
         return records, table
 
