@@ -3,9 +3,12 @@ heartbeat and a settle, and the server crashed and restarted (``pg_ctl restart -
 immediate``) under load: nothing acknowledged is lost, nothing runs twice, and the
 worker goes on on a new connection (contract.md, "Many machines: PostgreSQL").
 
-"In the middle" is made to happen: the worker is stopped (SIGSTOP, a failpoint armed in
-the launcher only) inside its transaction, with the task rows locked and nothing
-committed; its connection is killed; then it is continued.
+"In the middle" is made to happen. A claim: the worker is stopped (SIGSTOP, a failpoint
+armed in the launcher only) just before it sends the claim; its connection is killed;
+then it is continued (the claim's answer is lost: read back by its token). A settle:
+the test holds the task's row lock, so the worker's write (one call of ``ferry_write``,
+or the commit path's transaction) waits for it inside its own transaction; the
+worker's connection is killed there; then the lock is let go.
 """
 
 from __future__ import annotations
@@ -64,15 +67,14 @@ def dispatched(pg_url: str) -> list[tuple[str, int]]:
     return [(row[0], row[1]) for row in rows]
 
 
-@pytest.mark.parametrize("point", ["before:CLAIMED", "before:SETTLED"])
-def test_the_worker_s_connection_killed_inside_its_transaction(
-    host: Ferry, pg_url: str, tmp_path: Path, point: str
+def test_the_worker_s_connection_killed_before_its_claim_is_answered(
+    host: Ferry, pg_url: str, tmp_path: Path
 ) -> None:
     marks = tmp_path / "marks"
     task_id = host.ok("submit", "--", *marking(marks)).out.decode().strip()
     worker = host.start_stopped("work", "-j", "1", "--drain", "--poll", "0.1",
-                                at=f"launcher:{point}")  # fmt: skip
-    assert terminate_others(pg_url) >= 1  # (its transaction dies with its connection)
+                                at="launcher:before:CLAIMED")  # fmt: skip
+    assert terminate_others(pg_url) >= 1
     os.kill(worker.pid, signal.SIGCONT)
     code, err = finish(worker)
     assert code == 0, err
@@ -80,6 +82,41 @@ def test_the_worker_s_connection_killed_inside_its_transaction(
     assert (task["state"], task["attempt"]) == ("SUCCEEDED", 1)
     assert runs(marks) == {task_id: 1}
     assert dispatched(pg_url) == [(task_id, 1)]
+
+
+def test_the_worker_s_connection_killed_inside_its_settle_s_transaction(
+    host: Ferry, pg_url: str, tmp_path: Path
+) -> None:
+    """The point: the worker's end of a task waits for the task's row lock (held by
+    the test) inside the transaction that writes it; there its connection is killed.
+    Nothing of that transaction is committed; the worker writes the end again on a new
+    connection: SUCCEEDED once, the task ran once."""
+    marks, gate = tmp_path / "marks", tmp_path / "gate"
+    wait = f'while [ ! -e "{gate}" ]; do sleep 0.05; done'
+    task_id = host.ok("submit", "--", *marking(marks, wait)).out.decode().strip()
+    worker = host.start("work", "-j", "1", "--drain", "--poll", "0.1")
+    wait_until(lambda: host.task(task_id)["state"] == "RUNNING", what="the task's SPAWNED")
+    waiting = (
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        " AND application_name LIKE 'ferry %%' AND wait_event_type = 'Lock'"
+    )
+    with psycopg.connect(pg_url, autocommit=True) as locker:
+        with locker.transaction():
+            locker.execute("SELECT 1 FROM ferry_tasks WHERE id = %s FOR UPDATE", (task_id,))
+            gate.touch()
+            wait_until(lambda: locker.execute(waiting).fetchone()[0] >= 1,  # type: ignore[index]
+                       what="the worker's end to wait for the row lock")  # fmt: skip
+            killed = locker.execute(TERMINATE).fetchone()
+            assert killed is not None and killed[0] >= 1
+    code, err = finish(worker)
+    assert code == 0, err
+    task = host.task(task_id)
+    assert (task["state"], task["attempt"]) == ("SUCCEEDED", 1)
+    assert runs(marks) == {task_id: 1}
+    with psycopg.connect(pg_url) as conn:
+        ends = conn.execute("SELECT count(*) FROM ferry_events WHERE task = %s"
+                            " AND type = 'SETTLED'", (task_id,)).fetchone()  # fmt: skip
+    assert ends == (1,)
 
 
 def test_connections_killed_while_tasks_run_and_beat(
@@ -128,7 +165,8 @@ def test_the_server_crashed_and_restarted_under_load(
     [
         ("after:CLAIMED", True),  # claim and intent committed, nothing spawned: released
         ("after:SPAWNED", False),  # the task runs: its supervisor finishes it
-        ("before:SETTLED", False),  # inside the settle's transaction: rolled back
+        ("before:SETTLED", False),  # the settle not sent yet (inside its transaction, on
+        # the commit path): nothing committed
         ("after:SETTLED", False),  # the end committed, not yet acknowledged
     ],
 )
