@@ -106,6 +106,11 @@ def bulk() -> None:
         _orjson = orjson
 
 
+def in_bulk() -> bool:
+    """Whether this process uses orjson now (:func:`bulk`)."""
+    return _orjson is not None
+
+
 def expect(items: int) -> None:
     """``items`` records or lines are about to be encoded or parsed: after
     ``BULK_AFTER_ITEMS`` of them in this process, :func:`bulk`."""

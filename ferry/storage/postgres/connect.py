@@ -60,15 +60,18 @@ def _psycopg() -> Any:
 
 
 def _json_codec(conn: Any) -> None:
-    """JSON to and from the server by ferry's own codec (``journal._json``: orjson in a
-    process that handles many records, as ``work``), not psycopg's default (the
-    standard library's): the same documents, a fraction of a worker's CPU."""
-    from psycopg.types.json import set_json_dumps, set_json_loads
-
+    """In a process that handles many records (``work``: ``journal._json.bulk``), JSON
+    to and from the server by orjson, not psycopg's default (the standard library's):
+    the same documents, a fraction of a worker's CPU. (Not ``journal._json``'s own
+    standard-library mode: its checks, which make it refuse what orjson refuses, cost
+    a short command more than the server's check of the same document.)"""
     from journal import _json
 
-    set_json_dumps(_json.dumps, conn)
-    set_json_loads(_json.loads, conn)
+    if _json.in_bulk():
+        from psycopg.types.json import set_json_dumps, set_json_loads
+
+        set_json_dumps(_json.dumps, conn)
+        set_json_loads(_json.loads, conn)
 
 
 def unavailable(error: Exception, url: str) -> DatabaseUnavailableError:
