@@ -252,6 +252,56 @@ def test_missing_cwd_is_a_ferry_failure_not_command_not_found(tmp_path: Path) ->
     assert (info.value.kind, info.value.exit_code) == ("other", 125)
 
 
+def test_the_program_is_found_in_the_task_s_path_in_order(tmp_path: Path) -> None:
+    """As ``subprocess`` finds it: in the PATH of the task's environment (not the
+    supervisor's), each place in turn; a place where the name is not executable is
+    passed over for a later one that is, and named only when none starts."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    for where in (first, second):
+        where.mkdir()
+    (first / "ferry-probe").write_text("#!/bin/sh\necho first\n")  # not executable
+    (second / "ferry-probe").write_text("#!/bin/sh\necho second\n")
+    (second / "ferry-probe").chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path / 'none'}:{first}:{second}"}
+    run(make_spec(tmp_path, ["ferry-probe"], env=env))
+    assert (tmp_path / "task.out").read_bytes() == b"second\n"
+    (second / "ferry-probe").unlink()
+    with pytest.raises(SpawnFailed) as info:
+        supervise(make_spec(tmp_path, ["ferry-probe"], env=env), on_spawned=lambda p, g: None)
+    assert (info.value.kind, info.value.exit_code) == ("not_executable", 126)
+
+
+def test_a_relative_program_is_found_from_the_task_s_cwd(tmp_path: Path) -> None:
+    here = os.getcwd()
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "hello").write_text("#!/bin/sh\npwd\n")
+    (tmp_path / "bin" / "hello").chmod(0o755)
+    run(make_spec(tmp_path, ["bin/hello"]))
+    assert (tmp_path / "task.out").read_bytes() == str(tmp_path).encode() + b"\n"
+    assert os.getcwd() == here  # (the spawning process is back where it was)
+
+
+def test_the_task_inherits_only_its_standard_descriptors_and_pass_fds(tmp_path: Path) -> None:
+    """A descriptor open in the spawning process without close-on-exec is not the
+    task's (``close_fds``), the one in ``pass_fds`` is; SIGPIPE, which Python ignores,
+    is at its default in the task (an ignored signal stays ignored across an exec)."""
+    stray = os.open(os.devnull, os.O_RDONLY)
+    passed = os.open(os.devnull, os.O_RDONLY)
+    os.set_inheritable(stray, True)
+    try:
+        script = "ls /proc/$$/fd; grep SigIgn /proc/$$/status"
+        run(make_spec(tmp_path, ["sh", "-c", script], pass_fds=(passed,)))
+        assert os.get_inheritable(stray) and not os.get_inheritable(passed)
+    finally:
+        os.close(stray)
+        os.close(passed)
+    lines = (tmp_path / "task.out").read_text().split()
+    fds = {int(line) for line in lines if line.isdigit()}
+    assert passed in fds and stray not in fds and {0, 1, 2} <= fds
+    ignored = int(lines[lines.index("SigIgn:") + 1], 16)
+    assert not ignored & (1 << (signal.SIGPIPE - 1))
+
+
 def test_spawn_failure_does_not_call_on_spawned(tmp_path: Path) -> None:
     called: list[int] = []
     with pytest.raises(SpawnFailed):
