@@ -100,14 +100,13 @@ def test_the_worker_s_connection_killed_inside_its_settle_s_transaction(
         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
         " AND application_name LIKE 'ferry %%' AND wait_event_type = 'Lock'"
     )
-    with psycopg.connect(pg_url, autocommit=True) as locker:
-        with locker.transaction():
-            locker.execute("SELECT 1 FROM ferry_tasks WHERE id = %s FOR UPDATE", (task_id,))
-            gate.touch()
-            wait_until(lambda: locker.execute(waiting).fetchone()[0] >= 1,  # type: ignore[index]
-                       what="the worker's end to wait for the row lock")  # fmt: skip
-            killed = locker.execute(TERMINATE).fetchone()
-            assert killed is not None and killed[0] >= 1
+    with psycopg.connect(pg_url, autocommit=True) as locker, locker.transaction():
+        locker.execute("SELECT 1 FROM ferry_tasks WHERE id = %s FOR UPDATE", (task_id,))
+        gate.touch()
+        wait_until(lambda: locker.execute(waiting).fetchone()[0] >= 1,  # type: ignore[index]
+                   what="the worker's end to wait for the row lock")  # fmt: skip
+        killed = locker.execute(TERMINATE).fetchone()
+        assert killed is not None and killed[0] >= 1
     code, err = finish(worker)
     assert code == 0, err
     task = host.task(task_id)
