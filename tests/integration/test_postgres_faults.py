@@ -87,15 +87,18 @@ def test_the_worker_s_connection_killed_before_its_claim_is_answered(
 def test_the_worker_s_connection_killed_inside_its_settle_s_transaction(
     host: Ferry, pg_url: str, tmp_path: Path
 ) -> None:
-    """The point: the worker's end of a task waits for the task's row lock (held by
-    the test) inside the transaction that writes it; there its connection is killed.
-    Nothing of that transaction is committed; the worker writes the end again on a new
-    connection: SUCCEEDED once, the task ran once."""
+    """The point: the worker's end of a task, with the claim of the next task queued,
+    waits for the task's row lock (held by the test) inside the transaction that
+    writes them; there its connection is killed. Nothing of that transaction is
+    committed; the claim's answer is lost (read back by its token); the worker writes
+    the end again on a new connection: each task SUCCEEDED once, ran once, one
+    DISPATCHING each."""
     marks, gate = tmp_path / "marks", tmp_path / "gate"
     wait = f'while [ ! -e "{gate}" ]; do sleep 0.05; done'
     task_id = host.ok("submit", "--", *marking(marks, wait)).out.decode().strip()
     worker = host.start("work", "-j", "1", "--drain", "--poll", "0.1")
     wait_until(lambda: host.task(task_id)["state"] == "RUNNING", what="the task's SPAWNED")
+    next_id = host.ok("submit", "--", *marking(marks)).out.decode().strip()
     waiting = (
         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
         " AND application_name LIKE 'ferry %%' AND wait_event_type = 'Lock'"
@@ -109,9 +112,10 @@ def test_the_worker_s_connection_killed_inside_its_settle_s_transaction(
         assert killed is not None and killed[0] >= 1
     code, err = finish(worker)
     assert code == 0, err
-    task = host.task(task_id)
-    assert (task["state"], task["attempt"]) == ("SUCCEEDED", 1)
-    assert runs(marks) == {task_id: 1}
+    assert [(host.task(i)["state"], host.task(i)["attempt"]) for i in (task_id, next_id)] == [
+        ("SUCCEEDED", 1), ("SUCCEEDED", 1)]  # fmt: skip
+    assert runs(marks) == {task_id: 1, next_id: 1}
+    assert sorted(dispatched(pg_url)) == sorted([(task_id, 1), (next_id, 1)])
     with psycopg.connect(pg_url) as conn:
         ends = conn.execute("SELECT count(*) FROM ferry_events WHERE task = %s"
                             " AND type = 'SETTLED'", (task_id,)).fetchone()  # fmt: skip
