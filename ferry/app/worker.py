@@ -74,9 +74,8 @@ from ferry.core.errors import (
 )
 from ferry.core.ids import new_claim_token
 from ferry.core.model import TERMINAL_STATES, Liveness, State, Task
-from ferry.proc import alivelock
 from ferry.proc._outputs import SignalTrap
-from ferry.proc.alivelock import alive_path
+from ferry.proc.alivelock import alive_path, held
 from ferry.proc.liveness import probe
 from ferry.storage.claiming import dispatching_with_claim
 from journal import _json
@@ -434,7 +433,7 @@ class Worker:
             return bool(claimed_from == str(self.session.home))
         if self.store.host_lost(task, float("inf")) is None:
             return True
-        return alivelock.held(alive_path(self.session.home, task.id, task.attempt)) is True
+        return held(alive_path(self.session.home, task.id, task.attempt)) is True
 
     # -- the supervisors ------------------------------------------------------------------
 

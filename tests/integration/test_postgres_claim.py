@@ -82,10 +82,16 @@ def submit(store: PgStore, count: int = 1, **spec: Any) -> list[str]:
 
 
 def settle(store: PgStore, task: Task, state: State = State.SUCCEEDED) -> None:
-    reason = None if state is State.SUCCEEDED else Reason.EXIT_NONZERO
-    token = task.claim_token
-    spawned = ev.Spawned(task.id, task.attempt, str(token), 4242, 4242, 1)
-    store.commit(spawned, ev.Settled(task.id, task.attempt, token, state, reason, 0))
+    store.commit(*_ended(task, state))
+
+
+def _ended(task: Task, state: State = State.SUCCEEDED) -> list[ev.Event]:
+    """A claimed task's SPAWNED and SETTLED (exit 0, or 3 with EXIT_NONZERO)."""
+    token = str(task.claim_token)
+    failed = state is not State.SUCCEEDED
+    reason, code = (Reason.EXIT_NONZERO, 3) if failed else (None, 0)
+    return [ev.Spawned(task.id, task.attempt, token, 4242, 4242, 1),
+            ev.Settled(task.id, task.attempt, token, state, reason, code)]  # fmt: skip
 
 
 def rows(url: str, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
@@ -357,13 +363,6 @@ def test_an_end_is_decided_on_the_row_as_it_is_when_written(url: str, host: Host
 
 
 # ---- a worker's write in one call (ferry_write) -----------------------------------------
-
-
-def _ended(task: Task, state: State = State.SUCCEEDED) -> list[ev.Event]:
-    token = str(task.claim_token)
-    reason = None if state is State.SUCCEEDED else Reason.EXIT_NONZERO
-    return [ev.Spawned(task.id, task.attempt, token, 4242, 4242, 1),
-            ev.Settled(task.id, task.attempt, token, state, reason, 3)]  # fmt: skip
 
 
 def test_a_row_that_moved_after_the_decision_is_decided_again_on_the_row_locked(

@@ -77,10 +77,8 @@ class Known:
         return {task_id: row for task_id, row in found.items() if row is not None}
 
 
-def eligible(
-    batch: Sequence[EncodedEvent], ids: Sequence[str], rows: Mapping[str, tuple[Any, Task]]
-) -> bool:
-    """Whether ``batch``, about ``ids`` whose ``rows`` are known, is a write for one call."""
+def eligible(batch: Sequence[EncodedEvent], rows: Mapping[str, tuple[Any, Task]]) -> bool:
+    """Whether ``batch``, about tasks whose ``rows`` are known, is a write for one call."""
     if not batch:
         return False  # (nothing to write is answered on the rows locked)
     for kind, data in batch:

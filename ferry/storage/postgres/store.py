@@ -231,7 +231,7 @@ class PgStore:
             return None, False
         current: dict[str, Task | None] = {task_id: task for task_id, (_, task) in known.items()}
         batch = self._encoded(decide(current))
-        if not optimistic.eligible(batch, wanted, known):
+        if not optimistic.eligible(batch, known):
             return None, False
         table = _table({task_id: body for task_id, (body, _) in known.items()})
         try:
