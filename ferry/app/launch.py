@@ -46,7 +46,7 @@ from ferry.core.fold import task_to_record
 from ferry.core.model import State, Task
 from ferry.core.spec import TaskSpec
 from ferry.proc._control import Channel, ChannelClosed, channel_pair
-from ferry.proc._outputs import SignalTrap
+from ferry.proc._outputs import SignalTrap, fork_untrapped
 from ferry.proc.process import ProcessIdentity, identity_of
 from ferry.storage.claiming import dispatching_with_claim
 
@@ -102,7 +102,7 @@ class Launch:
         for stream in (sys.stdout, sys.stderr):  # our buffered bytes must not be copied
             with contextlib.suppress(OSError, ValueError):
                 stream.flush()
-        pid = os.fork()
+        pid = fork_untrapped()
         if pid == 0:  # the supervisor: never returns into the launcher's code
             status = EX_FERRY_FAILED
             try:
@@ -544,6 +544,7 @@ class _Foreground:
         task (the table is current: the commit just made caught up on the journal)."""
         current = self._task()
         cancelled = current.cancel_requested and current.claim_token == self.launch.token
+        self.trap.drain()
         if not cancelled and not self.trap.received:
             return False
         signum = None if cancelled else self.trap.received[0]

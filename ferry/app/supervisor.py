@@ -112,10 +112,9 @@ def main(
     the returned status: the launcher's stack, copied by the fork, is never unwound).
     It serves the tasks its launcher gives it, one at a time, until the launcher has no
     more for it (the channel ends) or is gone."""
-    # Inherited state that is not ours: the launcher's signal wakeup descriptor (a
-    # signal would write into whatever file reuses its number), its garbage (frozen: a
-    # collection could close descriptors we reuse), its descriptors.
-    signal.set_wakeup_fd(-1)
+    # Inherited state that is not ours (the launcher's signal wakeup descriptor went at
+    # the fork: fork_untrapped): its garbage (frozen: a collection could close
+    # descriptors we reuse), its descriptors.
     gc.freeze()
     close_inherited_descriptors({0, 1, 2, sock.fileno()})
     os.setsid()  # not in the launcher's group: the terminal's signals are for it

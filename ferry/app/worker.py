@@ -141,7 +141,10 @@ class Worker:
 
     @property
     def stopping(self) -> bool:
-        return self.trap is not None and bool(self.trap.received)
+        if self.trap is None:
+            return False
+        self.trap.drain()
+        return bool(self.trap.received)
 
     @property
     def closing(self) -> bool:
@@ -278,6 +281,7 @@ class Worker:
 
     def _on_signals(self) -> None:
         assert self.trap is not None
+        self.trap.drain()
         count = len(self.trap.received)
         if count == self.signals_seen:
             return

@@ -151,17 +151,25 @@ class SignalTrap:
     A signal that ferry inherited as ignored (``nohup``, a background job of a
     non-interactive shell) stays ignored, for ferry and for the task: that is what the
     user who started ferry that way asked for.
+
+    The numbers come from the wakeup pipe, not from the Python-level handler: the C
+    handler writes a signal's byte the moment it arrives, but the Python handler runs
+    only later, at the interpreter's next check. A reader that drained the pipe and
+    then read a list filled by the Python handler could drain the byte of a signal
+    whose handler had not run yet, and never wake for it again (a second Ctrl-C lost).
+    So ``received`` holds what ``drain`` read: drain, then read it.
     """
 
     def __init__(self) -> None:
-        self.received: list[int] = []
+        self.received: list[int] = []  # (filled by drain)
         self.wakeup_fd: int | None = None
         self._write_fd: int | None = None
         self._old_wakeup_fd = -1
         self._old_handlers: dict[int, signal.Handlers | object] = {}
 
-    def _record(self, signum: int, frame: FrameType | None) -> None:
-        self.received.append(signum)
+    def _ignore(self, signum: int, frame: FrameType | None) -> None:
+        """A Python-level handler must exist (else the default action runs); the number
+        was already written to the wakeup pipe."""
 
     def __enter__(self) -> SignalTrap:
         if threading.current_thread() is not threading.main_thread():
@@ -181,16 +189,16 @@ class SignalTrap:
             if old == signal.SIG_IGN:
                 continue
             self._old_handlers[signum] = old
-            signal.signal(signum, self._record)
+            signal.signal(signum, self._ignore)
         return self
 
     def drain(self) -> None:
-        """Empty the wakeup pipe (the numbers are recorded by the handler)."""
+        """Empty the wakeup pipe into ``received`` (only the signals trapped here)."""
         if self.wakeup_fd is None:
             return
         try:
-            while os.read(self.wakeup_fd, 4096):
-                pass
+            while chunk := os.read(self.wakeup_fd, 4096):
+                self.received.extend(n for n in chunk if n in self._old_handlers)
         except BlockingIOError:
             pass
 
@@ -210,3 +218,19 @@ class SignalTrap:
         os.close(self.wakeup_fd)
         os.close(self._write_fd)
         self.wakeup_fd = self._write_fd = None
+
+
+def fork_untrapped() -> int:
+    """``os.fork``, the child without the parent's wakeup descriptor: trapped signals are
+    blocked across the fork, so none reaches the child's copy of the parent's handler
+    before it lets go of the parent's pipe (a byte there would count as the parent's
+    signal; after the child closes its inherited descriptors, it would land in whatever
+    file took that number). The child keeps the parent's handlers (a trap's ignores
+    what it gets) until it sets its own."""
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, TRAPPED_SIGNALS)
+    pid = os.fork()
+    if pid == 0:
+        with contextlib.suppress(ValueError):  # (not the main interpreter: none set)
+            signal.set_wakeup_fd(-1)
+    signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    return pid

@@ -303,8 +303,7 @@ class TaskLoop:
 
     def loop(self) -> Outcome:
         pidfd, wakeup_fd = self.group.pidfd, self.trap.wakeup_fd
-        if self.trap.received:  # arrived between trap and spawn
-            self._on_signals(time.monotonic())
+        self._on_signals(time.monotonic())  # (any arrived between trap and spawn)
         while True:
             now = time.monotonic()
             self._on_time(now)

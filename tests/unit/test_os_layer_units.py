@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 from pathlib import Path
 
 import pytest
 
 from ferry.failpoints import parse
 from ferry.proc import liveness, process
+from ferry.proc._outputs import SignalTrap, fork_untrapped
 from ferry.proc.liveness import Liveness, probe, probe_task
 from ferry.proc.process import (
     ProcessIdentity,
@@ -264,3 +266,35 @@ def test_failpoint_spec_parsing() -> None:
     for bad in ("a=0", "a=x", "a=-1", "a=2=later"):
         with pytest.raises(ValueError):
             parse(bad)
+
+
+# --- the signal trap ------------------------------------------------------------------
+
+
+def test_a_signal_counts_from_its_byte_before_its_python_handler_runs() -> None:
+    # The C handler writes the byte at once; the Python handler runs at the next check.
+    # Between the two, a drain must not swallow the signal (a second Ctrl-C was lost so).
+    with SignalTrap() as trap:
+        assert trap.wakeup_fd is not None and trap._write_fd is not None
+        os.write(trap._write_fd, bytes([signal.SIGINT, signal.SIGUSR1, signal.SIGTERM]))
+        trap.drain()
+        assert trap.received == [signal.SIGINT, signal.SIGTERM]  # (SIGUSR1: not trapped)
+        os.kill(os.getpid(), signal.SIGHUP)  # a real one, through both handlers
+        trap.drain()
+        trap.drain()
+        assert trap.received == [signal.SIGINT, signal.SIGTERM, signal.SIGHUP]  # (once)
+
+
+def test_a_child_forked_under_a_trap_writes_nothing_into_its_pipe() -> None:
+    # A forked supervisor inherits the launcher's wakeup fd: a signal it got before its
+    # own trap would count as the launcher's (a worker stopping its tasks at one Ctrl-C),
+    # or, once it closed its inherited descriptors, land as a byte in a file it opened.
+    with SignalTrap() as trap:
+        pid = fork_untrapped()
+        if pid == 0:
+            os.kill(os.getpid(), signal.SIGINT)  # (the launcher's handler: ignored)
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        trap.drain()
+        assert trap.received == []
