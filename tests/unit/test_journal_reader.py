@@ -5,6 +5,7 @@ chunks, so that lines split across reads are covered."""
 
 from __future__ import annotations
 
+import os
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -335,6 +336,12 @@ def chunk(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> No
         monkeypatch.setattr(reader_module, "CHUNK_BYTES", request.param)
 
 
+@pytest.fixture(autouse=True)
+def _no_rescan_pause(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Corruption is looked at again after a pause, for a live writer: none here.
+    monkeypatch.setattr(reader_module, "RESCAN_DELAYS_S", (0.0,))
+
+
 @pytest.fixture
 def j3(tmp_path: Path) -> Journal3:
     return Journal3(tmp_path / "j")
@@ -596,3 +603,54 @@ def test_bulk_and_line_by_line_checks_agree(case: str, tmp_path: Path) -> None:
     assert (caught.value.offset, caught.value.seq) == (offset, bad_seq)
     if isinstance(alone, LineProblem):
         assert alone.checks or case == "not-json"
+
+
+# -- a lock-free reader racing an append -----------------------------------------------
+
+
+def _racing_first_read(
+    monkeypatch: pytest.MonkeyPatch, path: Path, copied_to: int, copied_later: list[int]
+) -> None:
+    """The scan's first read of ``path`` sees an append copied in only up to byte
+    ``copied_to`` (zeros after it: the writer was mid-copy, lock-free readers race it);
+    its later reads see the append whole, as the writer finished meanwhile."""
+    real = reader_module._fsutil.pread
+    target = os.stat(path).st_ino
+
+    def pread(fd: int, size: int, offset: int) -> bytes:
+        data = real(fd, size, offset)
+        if os.fstat(fd).st_ino == target and not copied_later:
+            copied_later.append(offset)
+            cut = max(0, copied_to - offset)
+            return data[:cut] + bytes(max(0, len(data) - cut))
+        return data
+
+    monkeypatch.setattr(reader_module._fsutil, "pread", pread)
+
+
+@pytest.mark.parametrize("torn", ["mid-line", "line-start"])
+def test_an_append_copied_in_during_the_read_is_not_damage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, torn: str
+) -> None:
+    # The reader reads a chunk while an append that runs past the chunk's end is being
+    # copied in: the chunk ends in zeros, the bytes after it are already there. Seen
+    # as damage (exit 4 from a read-only `journal dump` while `work` ran, once in CI).
+    monkeypatch.setattr(reader_module, "CHUNK_BYTES", 4096)
+    lines = [line(seq) for seq in range(1, 201)]
+    directory = tmp_path / "j"
+    directory.mkdir()
+    path = directory / segment_name(1)
+    path.write_bytes(b"".join(lines) + bytes(8192))  # (the writer's preallocated zeros)
+    starts = [sum(map(len, lines[:n])) for n in range(len(lines))]
+    line_start = next(s for s in starts if s > 2000)
+    copied_to = line_start + (7 if torn == "mid-line" else 0)
+    seen: list[int] = []
+    _racing_first_read(monkeypatch, path, copied_to, seen)
+    got = [r.seq for r in read_records(directory)]
+    assert seen == [0]
+    if torn == "mid-line":  # (seen as no torn write leaves: looked at again)
+        assert got == list(range(1, 201))
+    else:  # (a write whose first sectors had not landed: it ends there, or is whole)
+        assert got in (list(range(1, 22)), list(range(1, 201)))
+    seen.clear()
+    assert verify(directory).last_seq == got[-1]
