@@ -6,13 +6,14 @@ from __future__ import annotations
 import errno
 import os
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from ferry.failpoints import parse
 from ferry.proc import liveness, process
-from ferry.proc._outputs import SignalTrap, fork_untrapped
+from ferry.proc._outputs import TRAPPED_SIGNALS, SignalTrap, fork_untrapped
 from ferry.proc.liveness import Liveness, probe, probe_task
 from ferry.proc.process import (
     ProcessIdentity,
@@ -271,6 +272,19 @@ def test_failpoint_spec_parsing() -> None:
 # --- the signal trap ------------------------------------------------------------------
 
 
+@pytest.fixture
+def trappable() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP at their defaults, as the trap finds them in a command
+    run from a shell (an xdist worker inherits SIGINT ignored: the trap leaves it so)."""
+    old = {sig: signal.signal(sig, signal.SIG_DFL) for sig in TRAPPED_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+@pytest.mark.usefixtures("trappable")
 def test_a_signal_counts_from_its_byte_before_its_python_handler_runs() -> None:
     # The C handler writes the byte at once; the Python handler runs at the next check.
     # Between the two, a drain must not swallow the signal (a second Ctrl-C was lost so).
@@ -285,6 +299,7 @@ def test_a_signal_counts_from_its_byte_before_its_python_handler_runs() -> None:
         assert trap.received == [signal.SIGINT, signal.SIGTERM, signal.SIGHUP]  # (once)
 
 
+@pytest.mark.usefixtures("trappable")
 def test_a_child_forked_under_a_trap_writes_nothing_into_its_pipe() -> None:
     # A forked supervisor inherits the launcher's wakeup fd: a signal it got before its
     # own trap would count as the launcher's (a worker stopping its tasks at one Ctrl-C),
