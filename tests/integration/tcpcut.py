@@ -18,9 +18,10 @@ from contextlib import contextmanager
 
 
 class TcpCut:
-    def __init__(self, target_host: str, target_port: int) -> None:
+    def __init__(self, target_host: str, target_port: int, bind: str = "127.0.0.1") -> None:
         self.target = (target_host, target_port)
-        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener = socket.create_server((bind, 0))
+        self.bind = bind
         self.port = self.listener.getsockname()[1]
         self._lock = threading.Lock()
         self._links: list[tuple[socket.socket, socket.socket]] = []
@@ -33,7 +34,8 @@ class TcpCut:
         """``url`` (a postgresql:// URL to the target) through this relay."""
         parts = urllib.parse.urlsplit(url)
         credentials = parts.netloc.rpartition("@")[0]
-        netloc = f"{credentials}@127.0.0.1:{self.port}" if credentials else f"127.0.0.1:{self.port}"
+        where = f"{self.bind}:{self.port}"
+        netloc = f"{credentials}@{where}" if credentials else where
         return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
     def cut(self) -> None:
@@ -96,12 +98,13 @@ class TcpCut:
 
 
 @contextmanager
-def relayed(url: str) -> Iterator[tuple[TcpCut, str]]:
-    """A relay to the server of ``url`` (TCP), and ``url`` through it."""
+def relayed(url: str, bind: str = "127.0.0.1") -> Iterator[tuple[TcpCut, str]]:
+    """A relay to the server of ``url`` (TCP), listening on ``bind``, and ``url``
+    through it."""
     parts = urllib.parse.urlsplit(url)
     if not parts.hostname or parts.hostname.startswith("/") or "host=" in parts.query:
         raise RuntimeError(f"not a TCP URL, nothing to relay: {url}")
-    relay = TcpCut(parts.hostname, parts.port or 5432)
+    relay = TcpCut(parts.hostname, parts.port or 5432, bind)
     try:
         yield relay, relay.url(url)
     finally:

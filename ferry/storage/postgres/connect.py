@@ -12,6 +12,7 @@ ferry process needs: its writes are one transaction at a time.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,6 +21,12 @@ from typing import Any
 from ferry.core.errors import DatabaseError, DatabaseUnavailableError, UsageError
 
 CONNECT_TIMEOUT_S = 5
+# The longest a call may wait on a silent network (a partition drops packets: nothing is
+# refused or reset) before its connection is given up: ``tcp_user_timeout`` (data or
+# keepalive probes unanswered that long) with keepalives on. A server that is slow but
+# there answers the probes: a long statement is not cut. A lease holder bounds it
+# tighter, by its TTL (``bound``): it must see its lease expire in time to stop its tasks.
+SILENCE_S = 10.0
 
 
 def database_url(given: str | None) -> str | None:
@@ -107,8 +114,17 @@ class Database:
     def __init__(self, url: str, host: str = "") -> None:
         self.url = url
         self.host = host
+        self.silence_s = SILENCE_S
         self._conn: Any = None
         self._psycopg = _psycopg()
+
+    def bound(self, silence_s: float) -> None:
+        """Give a connection up after ``silence_s`` of silence (no tighter than 1 s), from
+        the next connection on (an open one is closed)."""
+        silence_s = max(1.0, silence_s)
+        if silence_s < self.silence_s:
+            self.silence_s = silence_s
+            self.close()
 
     def connection(self) -> Any:
         if self._conn is None or self._conn.closed:
@@ -116,9 +132,14 @@ class Database:
                 # jit off: ferry's statements are short, and planned each time; a cost
                 # estimate past jit_above_cost made one of them spend a second
                 # compiling what runs in a millisecond.
+                silence_s = self.silence_s
                 self._conn = self._psycopg.connect(
-                    self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S,
-                    options="-c jit=off",
+                    self.url, autocommit=True, options="-c jit=off",
+                    # (libpq: whole seconds, at least 2)
+                    connect_timeout=max(2, min(CONNECT_TIMEOUT_S, math.ceil(silence_s))),
+                    keepalives=1, keepalives_idle=max(1, int(silence_s / 3)),
+                    keepalives_interval=1, keepalives_count=3,
+                    tcp_user_timeout=int(silence_s * 1000),
                     application_name=application_name(os.getpid(), self.host),
                 )  # fmt: skip
             except self._psycopg.OperationalError as error:

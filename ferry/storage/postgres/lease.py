@@ -30,6 +30,10 @@ _ROW = (
 class PgLeases:
     def __init__(self, db: Database, host: str, ttl_s: float) -> None:
         self.db, self.host, self.ttl_s = db, host, ttl_s
+        # A call hung on a silent network must end in time for the holder to see its
+        # lease expire (on its own clock) and stop its tasks, before another host may
+        # take them over (the lease's TTL after it expired).
+        db.bound(ttl_s / 4)
 
     def _lease(self, row: Any, deadline_base: float | None = None) -> Lease:
         epoch, holder, acquired, renewed, expires, left = row
