@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import math
 import os
 import signal
 import time
@@ -82,6 +83,7 @@ from ferry.proc._outputs import SignalTrap
 from ferry.proc.logorder import order_path
 from ferry.proc.process import identity_of
 from ferry.storage.claiming import dispatching_with_claim
+from ferry.storage.local.lease import boot_clock
 
 # How long a supervisor waits for its launcher to confirm that its end is durable,
 # before it writes the end itself (a launcher stopped with SIGSTOP, a frozen
@@ -224,6 +226,9 @@ class Supervisor:
             None  # opened only once the launcher is gone (ferry.app.session.open_store)
         )
         self.orphaned = False  # the launcher is gone: this supervisor writes its records
+        # Orphaned: when its host's lease expires on this host's clock, as of the last
+        # beat the database took (CLOCK_BOOTTIME; infinite until one was taken).
+        self.lease_deadline = math.inf
         self.child = 0, 0  # its pid and group, once spawned
         self.exit_start_time = 0  # the child's start time, read as it exited
         self.spawned: ev.Spawned | None = None  # due, not yet known durable
@@ -418,15 +423,23 @@ class Supervisor:
             current = self.store.get(self.task.id)
             if current is None or current.claim_token != self.token:
                 return None  # not our claim any more: its end will be refused
-            if not self.store.beat(current):
+            sent = boot_clock()
+            left = self.store.beat(current)
+            if left is None:
                 # A shared database: our host's lease expired (no worker of this host
                 # renews it): other hosts may decide the task now. Stop it.
                 return signal.SIGTERM
+            self.lease_deadline = sent + left
             if current.cancel_requested:
                 self.cancelled = True
                 return signal.SIGTERM
             if current.state is State.STALE:
                 self.store.commit(ev.Resumed(self.task.id, self.task.attempt, self.token))
+        except DatabaseUnavailableError:
+            # Out of reach (the server down, or this host cut off, silently or not):
+            # once the lease has expired the beat would be refused, and other hosts
+            # may take the task over a TTL later. Stop it, as a worker would.
+            return signal.SIGTERM if boot_clock() >= self.lease_deadline else None
         except (FerryError, OSError):
             # A refused RESUMED (recovery moved first), a journal hiccup or a lack of
             # descriptors must not kill a running task, nor stop its beats: the end

@@ -126,11 +126,12 @@ class TaskStore(Protocol):
         """Catch up with what other processes wrote."""
         ...
 
-    def beat(self, task: Task) -> bool:
+    def beat(self, task: Task) -> float | None:
         """The task's supervisor is alive: a beat other hosts can see. The local backend
         keeps beats in the heartbeat file the supervisor touches (nothing to do here); a
-        shared one records it with the task, fenced by its claim token. False: the claim
-        moved."""
+        shared one records it with the task, fenced by its claim token and its host's
+        lease. None: refused (the claim moved, the lease expired); else the seconds the
+        host's lease has left (infinite: no lease to lose)."""
         ...
 
     def sync(self) -> None:

@@ -20,6 +20,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 from clikit import Ferry, wait_until
 from tcpcut import relayed
@@ -90,9 +91,41 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-def test_a_host_cut_off_silently_stops_its_task_before_another_may_take_it(
-    pg_url: str, tmp_path: Path, namespace: Namespace
-) -> None:
+class Hosts:
+    """Host ``a`` in the namespace, through the relay; host ``b`` (and the test) straight
+    to the server."""
+
+    def __init__(self, a: Ferry, b: Ferry, namespace: Namespace, pid_file: Path) -> None:
+        self.a, self.b, self.namespace, self.pid_file = a, b, namespace, pid_file
+
+    def run_on_a(self, *work: str) -> tuple[str, subprocess.Popen[bytes], int]:
+        """An idempotent task (beating each second) started by a ``work`` of host a:
+        the task's id, the worker, the task's pid."""
+        script = f'echo $$ > "{self.pid_file}"; exec sleep 600'
+        submitted = self.b.ok(
+            "submit", "--idempotent", "--heartbeat", "1", "--", "sh", "-c", script
+        )
+        worker = self.a.start("work", "-j", "1", "--lease-ttl", str(TTL_S), "--poll", "0.2", *work)
+        wait_until(self.pid_file.exists, what="a's worker to start the task")
+        task_id = submitted.out.decode().strip()
+        assert self.b.task(task_id)["state"] == "RUNNING"
+        return task_id, worker, int(self.pid_file.read_text())
+
+    def taken_over(self, task_id: str) -> None:
+        """b takes the task over as soon as the contract lets it: a's lease expired and
+        a had the lease's time after it to stop its tasks."""
+        wait_until(
+            lambda: (
+                self.b("recover", "--lease-ttl", str(TTL_S))
+                and self.b.task(task_id)["state"] != "RUNNING"
+            ),
+            what="b to take a's task over",
+            timeout_s=8 * TTL_S,
+        )
+
+
+@pytest.fixture
+def hosts(pg_url: str, tmp_path: Path, namespace: Namespace) -> Iterator[Hosts]:
     with relayed(pg_url, bind=namespace.outer_ip) as (_relay, relayed_url):
         a = Ferry(tmp_path / "a", command=namespace.command())
         b = Ferry(tmp_path / "b")
@@ -101,28 +134,42 @@ def test_a_host_cut_off_silently_stops_its_task_before_another_may_take_it(
         pid_file = tmp_path / "pid"
         try:
             b.ok("db", "init")
-            script = f'echo $$ > "{pid_file}"; exec sleep 600'
-            task_id = b.ok("submit", "--idempotent", "--", "sh", "-c", script).out.decode().strip()
-            a.start("work", "-j", "1", "--lease-ttl", str(TTL_S), "--poll", "0.2")
-            wait_until(pid_file.exists, what="a's worker to start the task")
-            pid = int(pid_file.read_text())
-            assert b.task(task_id)["state"] == "RUNNING"
-            namespace.cut()
-            # b takes the task over as soon as the contract lets it: a's lease expired
-            # and a had the lease's time after it to stop its tasks.
-            wait_until(
-                lambda: (
-                    b("recover", "--lease-ttl", str(TTL_S))
-                    and b.task(task_id)["state"] != "RUNNING"
-                ),
-                what="b to take a's task over",
-                timeout_s=8 * TTL_S,
-            )
-            assert not alive(pid), "a's task still ran when b took it over: it may run twice"
-            assert b.task(task_id)["state"] == "QUEUED"  # (released: it is idempotent)
+            yield Hosts(a, b, namespace, pid_file)
         finally:
             if pid_file.exists() and alive(pid := int(pid_file.read_text())):
                 os.kill(pid, signal.SIGKILL)  # (a's task, had it outlived its worker)
             namespace.restore()
             a.close()
             b.close()
+
+
+def test_a_host_cut_off_silently_stops_its_task_before_another_may_take_it(
+    hosts: Hosts,
+) -> None:
+    task_id, _, pid = hosts.run_on_a()
+    hosts.namespace.cut()
+    hosts.taken_over(task_id)
+    assert not alive(pid), "a's task still ran when b took it over: it may run twice"
+    assert hosts.b.task(task_id)["state"] == "QUEUED"  # (released: it is idempotent)
+
+
+def test_an_orphaned_supervisor_cut_off_silently_stops_its_task_in_time(
+    hosts: Hosts, pg_url: str
+) -> None:
+    # a's worker killed: its supervisor beats the task on its own, fenced by the host's
+    # lease, which nobody renews now. Cut off, its beats are neither taken nor refused.
+    task_id, worker, pid = hosts.run_on_a()
+    with psycopg.connect(pg_url, autocommit=True) as db:
+        killed_at = db.execute("SELECT now()").fetchone()[0]
+        worker.kill()
+        worker.wait(timeout=30)
+
+        def beaten() -> bool:
+            row = db.execute("SELECT heartbeat_at FROM ferry_tasks WHERE id = %s", (task_id,))
+            at = row.fetchone()[0]
+            return at is not None and at > killed_at
+
+        wait_until(beaten, what="the orphaned supervisor to beat on its own")
+    hosts.namespace.cut()
+    hosts.taken_over(task_id)
+    assert not alive(pid), "a's task still ran when b took it over: it may run twice"

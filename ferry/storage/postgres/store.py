@@ -639,17 +639,19 @@ class PgStore:
             (_json(rows), _IN_FLIGHT),
         )
 
-    def beat(self, task: Task) -> bool:
+    def beat(self, task: Task) -> float | None:
         """The task's supervisor is alive: the beat other hosts' recovery reads. Fenced
-        by the claim token, and by this host's lease: False if the claim moved or the
-        lease expired (other hosts may take the task over: its supervisor stops it)."""
+        by the claim token, and by this host's lease: None if the claim moved or the
+        lease expired (other hosts may take the task over: its supervisor stops it);
+        else the seconds the lease has left."""
         row = self.db.execute(
-            "UPDATE ferry_tasks SET heartbeat_at = now() WHERE id = %s AND state = ANY(%s)"
-            " AND body->>'claim_token' = %s AND EXISTS (SELECT 1 FROM ferry_hosts"
-            " WHERE host_id = %s AND expires_at > now()) RETURNING 1",
+            "UPDATE ferry_tasks AS t SET heartbeat_at = now() FROM ferry_hosts AS h"
+            " WHERE t.id = %s AND t.state = ANY(%s) AND t.body->>'claim_token' = %s"
+            " AND h.host_id = %s AND h.expires_at > now()"
+            " RETURNING extract(epoch FROM h.expires_at - now())",
             (task.id, _IN_FLIGHT, task.claim_token, self.host),
         ).fetchone()
-        return row is not None
+        return None if row is None else float(row[0])
 
     def refresh(self) -> None:
         """Reads are of the database itself: nothing to catch up with."""
