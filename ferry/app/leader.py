@@ -21,6 +21,7 @@ from ferry.app.foreground import claim_task
 from ferry.app.recoverer import Recoverer
 from ferry.app.runner import RunResult
 from ferry.core import events as ev
+from ferry.core.errors import FerryError
 from ferry.core.model import Task
 from ferry.core.recovery import Policy, RecoverReport
 from ferry.proc.process import ProcessIdentity, self_identity
@@ -85,6 +86,15 @@ class Leadership:
         from ferry.storage.local.lease import boot_clock
 
         return self.lease is None or boot_clock() >= self.lease.expires_boot_s
+
+    def expired_error(self) -> FerryError:
+        """What ``expired`` means, as an error (``lease.lost``)."""
+        from ferry.storage.local.lease import LeaseLostError
+
+        return LeaseLostError(
+            f"the lease (epoch {self.epoch}) expired on this host's clock, unrenewed",
+            details={"epoch": self.epoch},
+        )
 
     def renew_if_due(self) -> None:
         """Renew when due: called between the steps of long work (a recovery pass over

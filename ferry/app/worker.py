@@ -252,9 +252,7 @@ class Worker:
         try:
             self.lead.renew_if_due()
         except DatabaseUnavailableError as error:
-            if not self.lead.expired():
-                return  # (retried at the next turn; claims fail meanwhile)
-            self._lease_lost(error)
+            self._unreachable(error)  # (retried at the next turn; lost past the deadline)
         except LeaseHeldError as error:
             self._lease_lost(error)
 
@@ -318,8 +316,11 @@ class Worker:
         except LeaseHeldError as error:
             self._lease_lost(error)
             return
+        except DatabaseUnavailableError as error:
+            self._unreachable(error)
+            return
         except (FerryError, OSError):
-            return  # (the journal or the database in trouble: the next poll tries again)
+            return  # (the journal in trouble: the next poll tries again)
         for decision in decisions:
             self._settled(decision["task"])
 
@@ -399,6 +400,8 @@ class Worker:
         with contextlib.suppress(FerryError, OSError):
             self.store.refresh()
         for launch in beating:
+            if self._lease_gone():
+                return  # (its tasks are being stopped)
             watch_journal(self.store, launch, refresh=False)
 
     def _find_survivors(self) -> None:
@@ -738,6 +741,19 @@ class Worker:
         if not self.outage:
             self.session.notice(f"{error.message}; trying again")
         self.outage = True
+        self._lease_gone()
+
+    def _lease_gone(self) -> bool:
+        """On a shared database, out of reach: each call takes up to its connection's
+        bound (a quarter of the lease's TTL on a silent network) and a turn makes
+        several, so the lease's deadline is looked at after each, not only at the next
+        renewal. Past it: lost (its tasks are stopped)."""
+        if self.session.database is None or self.halted:
+            return self.halted
+        if not self.lead.expired():
+            return False
+        self._lease_lost(self.lead.expired_error())
+        return True
 
     def _journal_failed(self, error: FerryError) -> None:
         """The journal refuses every write now (the handle failed): claim nothing more,

@@ -19,6 +19,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -83,6 +84,10 @@ def namespace() -> Iterator[Namespace]:
         made.close()
 
 
+def _written(path: Path) -> bool:
+    return path.exists() and path.read_text().endswith("\n")
+
+
 def alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
@@ -93,23 +98,35 @@ def alive(pid: int) -> bool:
 
 class Hosts:
     """Host ``a`` in the namespace, through the relay; host ``b`` (and the test) straight
-    to the server."""
+    to the server, and ``db``, the test's own connection."""
 
-    def __init__(self, a: Ferry, b: Ferry, namespace: Namespace, pid_file: Path) -> None:
-        self.a, self.b, self.namespace, self.pid_file = a, b, namespace, pid_file
+    def __init__(self, a: Ferry, b: Ferry, namespace: Namespace, pids: Path, db: Any) -> None:
+        self.a, self.b, self.namespace, self.pids, self.db = a, b, namespace, pids, db
 
-    def run_on_a(self, *work: str) -> tuple[str, subprocess.Popen[bytes], int]:
-        """An idempotent task (beating each second) started by a ``work`` of host a:
-        the task's id, the worker, the task's pid."""
-        script = f'echo $$ > "{self.pid_file}"; exec sleep 600'
-        submitted = self.b.ok(
-            "submit", "--idempotent", "--heartbeat", "1", "--", "sh", "-c", script
+    def run_on_a(self, jobs: int = 1) -> tuple[list[str], subprocess.Popen[bytes], list[int]]:
+        """``jobs`` idempotent tasks (beating each second) started by one ``work -j
+        jobs`` of host a: their ids, the worker, their pids."""
+        ids = []
+        for n in range(jobs):
+            script = f'echo $$ > "{self.pids / str(n)}"; exec sleep 600'
+            submitted = self.b.ok(
+                "submit", "--idempotent", "--heartbeat", "1", "--", "sh", "-c", script
+            )
+            ids.append(submitted.out.decode().strip())
+        worker = self.a.start("work", "-j", str(jobs), "--lease-ttl", str(TTL_S), "--poll", "0.2")
+        wait_until(
+            lambda: all(_written(self.pids / str(n)) for n in range(jobs)),
+            what="a's worker to start the tasks",
         )
-        worker = self.a.start("work", "-j", "1", "--lease-ttl", str(TTL_S), "--poll", "0.2", *work)
-        wait_until(self.pid_file.exists, what="a's worker to start the task")
-        task_id = submitted.out.decode().strip()
-        assert self.b.task(task_id)["state"] == "RUNNING"
-        return task_id, worker, int(self.pid_file.read_text())
+        assert {self.b.task(task_id)["state"] for task_id in ids} == {"RUNNING"}
+        return ids, worker, [int((self.pids / str(n)).read_text()) for n in range(jobs)]
+
+    def lease_left_s(self) -> float:
+        """What a's lease has left, by the database's clock."""
+        row = self.db.execute(
+            "SELECT extract(epoch FROM expires_at - now()) FROM ferry_hosts WHERE host_id = 'a'"
+        ).fetchone()
+        return float(row[0])
 
     def taken_over(self, task_id: str) -> None:
         """b takes the task over as soon as the contract lets it: a's lease expired and
@@ -131,45 +148,54 @@ def hosts(pg_url: str, tmp_path: Path, namespace: Namespace) -> Iterator[Hosts]:
         b = Ferry(tmp_path / "b")
         a.env.update(FERRY_DATABASE_URL=relayed_url, FERRY_HOST_ID="a")
         b.env.update(FERRY_DATABASE_URL=pg_url, FERRY_HOST_ID="b")
-        pid_file = tmp_path / "pid"
+        pids = tmp_path / "pids"
+        pids.mkdir()
         try:
-            b.ok("db", "init")
-            yield Hosts(a, b, namespace, pid_file)
+            with psycopg.connect(pg_url, autocommit=True) as db:
+                b.ok("db", "init")
+                yield Hosts(a, b, namespace, pids, db)
         finally:
-            if pid_file.exists() and alive(pid := int(pid_file.read_text())):
-                os.kill(pid, signal.SIGKILL)  # (a's task, had it outlived its worker)
+            for pid_file in pids.iterdir():  # (a's tasks, had they outlived their worker)
+                if _written(pid_file) and alive(pid := int(pid_file.read_text())):
+                    os.kill(pid, signal.SIGKILL)
             namespace.restore()
             a.close()
             b.close()
 
 
-def test_a_host_cut_off_silently_stops_its_task_before_another_may_take_it(
-    hosts: Hosts,
+@pytest.mark.parametrize("jobs", [1, 4])
+def test_a_host_cut_off_silently_stops_its_tasks_before_another_may_take_them(
+    hosts: Hosts, jobs: int
 ) -> None:
-    task_id, _, pid = hosts.run_on_a()
+    # With 4 tasks, each turn of the worker makes more calls, each of which hangs
+    # until its connection's bound: the deadline is looked at after each.
+    ids, _, pids = hosts.run_on_a(jobs)
     hosts.namespace.cut()
-    hosts.taken_over(task_id)
-    assert not alive(pid), "a's task still ran when b took it over: it may run twice"
-    assert hosts.b.task(task_id)["state"] == "QUEUED"  # (released: it is idempotent)
+    hosts.taken_over(ids[0])
+    running = [pid for pid in pids if alive(pid)]
+    assert running == [], "a's tasks still ran when b took them over: they may run twice"
+    assert hosts.b.task(ids[0])["state"] == "QUEUED"  # (released: it is idempotent)
 
 
+@pytest.mark.parametrize("cut_at", ["its-first-beat", "the-lease-s-last-second"])
 def test_an_orphaned_supervisor_cut_off_silently_stops_its_task_in_time(
-    hosts: Hosts, pg_url: str
+    hosts: Hosts, cut_at: str
 ) -> None:
     # a's worker killed: its supervisor beats the task on its own, fenced by the host's
     # lease, which nobody renews now. Cut off, its beats are neither taken nor refused.
-    task_id, worker, pid = hosts.run_on_a()
-    with psycopg.connect(pg_url, autocommit=True) as db:
-        killed_at = db.execute("SELECT now()").fetchone()[0]
-        worker.kill()
-        worker.wait(timeout=30)
+    [task_id], worker, [pid] = hosts.run_on_a()
+    killed_at = hosts.db.execute("SELECT now()").fetchone()[0]
+    worker.kill()
+    worker.wait(timeout=30)
 
-        def beaten() -> bool:
-            row = db.execute("SELECT heartbeat_at FROM ferry_tasks WHERE id = %s", (task_id,))
-            at = row.fetchone()[0]
-            return at is not None and at > killed_at
+    def beaten() -> bool:
+        row = hosts.db.execute("SELECT heartbeat_at FROM ferry_tasks WHERE id = %s", (task_id,))
+        at = row.fetchone()[0]
+        return at is not None and at > killed_at
 
-        wait_until(beaten, what="the orphaned supervisor to beat on its own")
+    wait_until(beaten, what="the orphaned supervisor to beat on its own")
+    if cut_at == "the-lease-s-last-second":  # (its calls hang past the deadline)
+        wait_until(lambda: hosts.lease_left_s() < 1.0, what="a's lease to near its end")
     hosts.namespace.cut()
     hosts.taken_over(task_id)
     assert not alive(pid), "a's task still ran when b took it over: it may run twice"
