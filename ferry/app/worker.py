@@ -123,6 +123,7 @@ class Worker:
         self.halted = False  # no more claims: the lease is lost, or the journal failed us
         self.failures: list[FerryError] = []
         self.outage = False  # the database out of reach at the last try (said once)
+        self.lease_lost = False  # (then, on a shared database, its tasks were stopped)
         self.trap: SignalTrap | None = None
         self._cancel_before_spawn: set[str] = set()
         self._plan_deaths: dict[str, int] = {}  # task id -> supervisors that died planning it
@@ -257,9 +258,11 @@ class Worker:
             self._lease_lost(error)
 
     def _lease_lost(self, error: FerryError) -> None:
-        first = not self.halted
+        if self.lease_lost:
+            return
+        self.lease_lost = True
         self._halt(error, fail=True)
-        if self.session.database is None or not first:
+        if self.session.database is None:
             return
         self.session.notice("the host's lease is lost: stopping its running tasks")
         for launch in self.launches.values():
@@ -748,12 +751,11 @@ class Worker:
         bound (a quarter of the lease's TTL on a silent network) and a turn makes
         several, so the lease's deadline is looked at after each, not only at the next
         renewal. Past it: lost (its tasks are stopped)."""
-        if self.session.database is None or self.halted:
-            return self.halted
-        if not self.lead.expired():
+        if self.session.database is None:
             return False
-        self._lease_lost(self.lead.expired_error())
-        return True
+        if not self.lease_lost and self.lead.expired():
+            self._lease_lost(self.lead.expired_error())
+        return self.lease_lost
 
     def _journal_failed(self, error: FerryError) -> None:
         """The journal refuses every write now (the handle failed): claim nothing more,
