@@ -83,7 +83,6 @@ from ferry.proc._outputs import SignalTrap
 from ferry.proc.logorder import order_path
 from ferry.proc.process import identity_of
 from ferry.storage.claiming import dispatching_with_claim
-from ferry.storage.local.lease import boot_clock
 
 # How long a supervisor waits for its launcher to confirm that its end is durable,
 # before it writes the end itself (a launcher stopped with SIGSTOP, a frozen
@@ -416,6 +415,8 @@ class Supervisor:
             return None
         if self._open_store() is None:
             return None
+        from ferry.storage.local.lease import boot_clock  # (orphaned only: off run's path)
+
         if self.spawned_due:
             self._write_spawned()
         try:
