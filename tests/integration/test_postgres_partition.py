@@ -38,8 +38,8 @@ class Namespace:
     def __init__(self) -> None:
         tag = secrets.token_hex(3)
         self.name, self.outer, inner = f"ferry-{tag}", f"fyo{tag}", f"fyi{tag}"
-        octet = 1 + int(tag[:2], 16) % 250
-        self.outer_ip, inner_ip = f"10.213.{octet}.1", f"10.213.{octet}.2"
+        net = f"10.{200 + int(tag[:2], 16) % 50}.{int(tag[2:4], 16)}"  # (tests run at once)
+        self.outer_ip, inner_ip = f"{net}.1", f"{net}.2"
         ip("netns", "add", self.name)
         try:
             ip("link", "add", self.outer, "type", "veth", "peer", "name", inner)
