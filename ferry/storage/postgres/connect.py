@@ -27,7 +27,7 @@ CONNECT_TIMEOUT_S = 5
 # there answers the probes: a long statement is not cut. A lease holder bounds it
 # tighter, by its TTL (``bound``): it must see its lease expire in time to stop its tasks.
 SILENCE_S = 10.0
-_silence_s = [SILENCE_S]  # this process's bound (Database.bound)
+_process_silence_s = SILENCE_S  # this process's bound (Database.bound)
 
 
 def database_url(given: str | None) -> str | None:
@@ -115,7 +115,7 @@ class Database:
     def __init__(self, url: str, host: str = "") -> None:
         self.url = url
         self.host = host
-        self.silence_s = _silence_s[0]
+        self.silence_s = _process_silence_s
         self._conn: Any = None
         self._psycopg = _psycopg()
 
@@ -124,8 +124,9 @@ class Database:
         the next connection on (an open one is closed). For every connection this
         process opens from now on too, and its forks': a supervisor forked by a lease
         holder must see the lease expire as soon as its launcher would."""
+        global _process_silence_s
         silence_s = max(1.0, silence_s)
-        _silence_s[0] = min(_silence_s[0], silence_s)
+        _process_silence_s = min(_process_silence_s, silence_s)
         if silence_s < self.silence_s:
             self.silence_s = silence_s
             self.close()
