@@ -9,6 +9,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -450,6 +451,53 @@ def test_a_leader_write_after_its_lease_expired_is_fenced(hosts: Hosts, pg_url: 
         assert newer.epoch > lease.epoch
     finally:
         store.close()
+
+
+def test_two_first_acquisitions_of_a_host_lease_elect_one_holder(hosts: Hosts, pg_url: str) -> None:
+    # (Was: a host's first acquisition found no row, so its FOR UPDATE locked nothing;
+    # two workers of one host starting at once both inserted, the second's upsert
+    # taking epoch 3 over the first's 2: two leaders, and the first fenced at its next
+    # write, exiting 75. Seen under load in the soak's four workers on two hosts.)
+    from ferry.proc.process import identity_of
+    from ferry.storage.postgres.lease import PgLeases
+
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    blocker = psycopg.connect(pg_url)
+    stores = [PgStore.open(pg_url, "a") for _ in range(2)]
+    try:
+        other = identity_of(sleeper.pid)
+        assert other is not None
+        # Both acquisitions read the table, then queue behind this lock to write in it.
+        blocker.execute("LOCK TABLE ferry_hosts IN SHARE MODE")
+        outcomes: list[object] = []
+
+        def acquire(store: PgStore, me: Any) -> None:
+            try:
+                outcomes.append(PgLeases(store.db, "a", ttl_s=30).acquire(me).epoch)
+            except FerryError as error:
+                outcomes.append(error.code)
+
+        threads = [
+            threading.Thread(target=acquire, args=(store, me))
+            for store, me in zip(stores, (self_identity(), other), strict=True)
+        ]
+        for thread in threads:
+            thread.start()
+        with psycopg.connect(pg_url, autocommit=True) as watcher:  # (no stats snapshot)
+            wait_until(lambda: watcher.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                " AND datname = current_database()").fetchone()[0] == 2,
+                what="both acquisitions to wait for the lock")  # fmt: skip
+        blocker.commit()
+        for thread in threads:
+            thread.join(timeout=30)
+        assert len(outcomes) == 2 and outcomes.count("lease.held") == 1, outcomes
+    finally:
+        blocker.close()
+        for store in stores:
+            store.close()
+        sleeper.kill()
+        sleeper.wait()
 
 
 # ---- host loss --------------------------------------------------------------------------

@@ -56,6 +56,15 @@ class PgLeases:
         once; one of another machine only by expiry)."""
         sent = boot_clock()
         with self.db.transaction() as conn:
+            # The row exists before it is locked: a host's first two acquisitions at once
+            # would otherwise each find no row to lock and both write one (two leaders).
+            # This waits for a concurrent first insert and leaves nothing of its own.
+            conn.execute(
+                "INSERT INTO ferry_hosts (host_id, epoch, holder, acquired_at, renewed_at,"
+                " expires_at) VALUES (%s, 0, NULL, now(), now(), now())"
+                " ON CONFLICT (host_id) DO NOTHING",
+                (self.host,),
+            )
             row = conn.execute(
                 f"SELECT {_ROW}, expires_at > now() FROM ferry_hosts WHERE host_id = %s FOR UPDATE",
                 (self.host,),
