@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from ferry.app.launch import claim_foreground, run_foreground
+from ferry.app.launch import RUN_BEAT_TTL_S, beat_ttl, claim_foreground, run_foreground
 from ferry.core.errors import FerryError
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ def run_task(
     result = run_foreground(
         session.store, session.home, task, token, lead=lead, epoch=epoch,
         on_claimed=on_claimed, stdout_echo_fd=stdout_echo_fd, notice=session.notice,
-        on_started=on_started,
+        on_started=on_started, beat_ttl_s=beat_ttl(session, RUN_BEAT_TTL_S),
     )  # fmt: skip
     _compact_quietly(session)
     if result.error is not None:
@@ -51,6 +51,7 @@ def claim_task(
     claim: Callable[[ProcessIdentity, str], Task | None],
     *,
     epoch: int,
+    lease_ttl_s: float,
     on_claimed: Callable[[], None] = lambda: None,
     stdout_echo_fd: int = 1,
 ) -> RunResult | None:
@@ -59,6 +60,7 @@ def claim_task(
     result = claim_foreground(
         session.store, session.home, claim, epoch=epoch, on_claimed=on_claimed,
         stdout_echo_fd=stdout_echo_fd, notice=session.notice,
+        beat_ttl_s=beat_ttl(session, lease_ttl_s),
     )  # fmt: skip
     if result is None:
         return None

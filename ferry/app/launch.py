@@ -20,6 +20,7 @@ the launcher of ``run`` and ``claim`` (one task, its output passed through).
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import select
 import signal
@@ -47,16 +48,26 @@ from ferry.core.model import State, Task
 from ferry.core.spec import TaskSpec
 from ferry.proc._control import Channel, ChannelClosed, channel_pair
 from ferry.proc._outputs import SignalTrap, fork_untrapped
-from ferry.proc.process import ProcessIdentity, identity_of
+from ferry.proc.process import ProcessIdentity, boot_clock, identity_of
 from ferry.storage.claiming import dispatching_with_claim
 
 if TYPE_CHECKING:
+    from ferry.app.session import Session
     from ferry.storage import TaskStore
 
 Record = tuple[str, dict[str, Any]]
 _NO_SPEC = TaskSpec(argv=("-",), cwd="/")  # the task of an idle supervisor (none)
 # A supervisor reaped this long after its channel ended, at most (it exits at once).
 REAP_WAIT_S = 5.0
+# On a shared database, how long a task of ``run`` may go unheard before its supervisor
+# stops it (``claim`` and ``work``: their ``--lease-ttl``; the same default).
+RUN_BEAT_TTL_S = 30.0
+
+
+def beat_ttl(session: Session, ttl_s: float) -> float:
+    """How long a task may go unheard before its supervisor stops it: ``ttl_s`` on a
+    shared database (other hosts decide it after twice that); never on one host."""
+    return ttl_s if session.database is not None else math.inf
 
 
 def _wait_for_exit(pid: int, timeout_s: float) -> None:
@@ -95,7 +106,10 @@ class Launch:
         *,
         passthrough: bool = False,
         stdout_echo_fd: int = 1,
+        beat_ttl_s: float = math.inf,
     ) -> None:
+        """``beat_ttl_s``: on a shared database, how long its task may go unheard (no
+        claim or beat of it taken) before the supervisor stops it; infinite: never."""
         from ferry.app import supervisor
 
         ours, theirs = channel_pair()
@@ -107,8 +121,8 @@ class Launch:
             status = EX_FERRY_FAILED
             try:
                 status = supervisor.main(
-                    theirs, home, environ,
-                    passthrough=passthrough, stdout_echo_fd=stdout_echo_fd,
+                    theirs, home, environ, passthrough=passthrough,
+                    stdout_echo_fd=stdout_echo_fd, beat_ttl_s=beat_ttl_s,
                 )  # fmt: skip
             finally:
                 os._exit(status)
@@ -120,6 +134,8 @@ class Launch:
             raise InternalError(f"cannot read the new supervisor's identity (pid {pid})")
         self.identity: ProcessIdentity = identity
         self.channel = Channel(ours)
+        self.beat_ttl_s = beat_ttl_s
+        self.heard_sent = 0.0  # (boot_clock) the last write showing its task alive was sent
         self.gone = False  # its channel ended (it exited, or died)
         self.reaped = False
         self.claiming: str | None = None  # the token of a claim naming it, its outcome not told yet
@@ -147,12 +163,26 @@ class Launch:
         idle). Should the launcher die before telling it the outcome (``assign`` or
         ``unexpect``), it finds out itself, and releases the claim (nothing started)."""
         self.claiming = token
+        self.heard_sent = boot_clock()  # (the claim is sent after this)
         self.channel.send("claiming", token=token)
 
     def unexpect(self) -> None:
         """The claim it expected was not written (nothing to claim)."""
         self.claiming = None
         self.channel.send("unclaimed")
+
+    def until(self) -> float | None:
+        """The supervisor's deadline: the TTL after the last write that showed its task
+        alive (its claim, its DISPATCHING, a beat) was sent (``heard_sent``), so before
+        the database's own time of it. None: no deadline (one host)."""
+        return None if math.isinf(self.beat_ttl_s) else self.heard_sent + self.beat_ttl_s
+
+    def heard(self, sent: float) -> None:
+        """A beat of its running task, sent at ``sent``, was taken: its new deadline."""
+        self.heard_sent = sent
+        until = self.until()
+        if until is not None:
+            self.channel.send("until", until=until)
 
     def assign(self, task: Task, token: str, *, go: bool = False) -> None:
         """Give it a task to plan (it is idle: its last task's end is durable). ``go``:
@@ -168,7 +198,7 @@ class Launch:
             failpoints.failpoint("before:go")
         # (A large task goes in frames as the supervisor reads them: never block on it,
         # the launcher has others to answer. The launcher's waits flush the rest.)
-        self.channel.send("task", task=task_to_record(task), token=token, go=go)
+        self.channel.send("task", task=task_to_record(task), token=token, go=go, until=self.until())
         if go:
             failpoints.failpoint("after:go")
 
@@ -267,7 +297,7 @@ class Launch:
     def go(self) -> None:
         failpoints.failpoint("before:go")
         self.went = True
-        self.channel.send("go")
+        self.channel.send("go", until=self.until())
         failpoints.failpoint("after:go")
 
     def abort(self) -> None:
@@ -347,6 +377,7 @@ def run_foreground(
     stdout_echo_fd: int = 1,
     notice: Callable[[str], None] = lambda message: None,
     on_started: Callable[[Task], None] = lambda task: None,
+    beat_ttl_s: float = math.inf,
 ) -> RunResult:
     """``run`` and ``claim``: fork the task's supervisor, write the claim (``lead``'s
     records, which name the supervisor as the runner, then the plan's DISPATCHING) in
@@ -358,7 +389,10 @@ def run_foreground(
     to the supervisor (which forwards them to the task's group). Before that (while the
     supervisor hashes pinned inputs, say) a Ctrl-C just interrupts: nothing exists yet,
     and the supervisor, which has started nothing, is killed."""
-    launch = Launch(home, child_environ(), passthrough=True, stdout_echo_fd=stdout_echo_fd)
+    launch = Launch(
+        home, child_environ(), passthrough=True, stdout_echo_fd=stdout_echo_fd,
+        beat_ttl_s=beat_ttl_s,
+    )  # fmt: skip
     try:
         launch.assign(task, token)
         with _interruptible():
@@ -387,6 +421,7 @@ def claim_foreground(
     stdout_echo_fd: int = 1,
     notice: Callable[[str], None] = lambda message: None,
     on_started: Callable[[Task], None] = lambda task: None,
+    beat_ttl_s: float = math.inf,
 ) -> RunResult | None:
     """``claim``: fork the supervisor, have ``claim`` write a claim naming it (the store
     chooses the task; None: nothing to claim), then as ``run_foreground``: the plan (a
@@ -395,7 +430,10 @@ def claim_foreground(
     before the spawn) goes back to the queue."""
     from ferry.core.ids import new_claim_token
 
-    launch = Launch(home, child_environ(), passthrough=True, stdout_echo_fd=stdout_echo_fd)
+    launch = Launch(
+        home, child_environ(), passthrough=True, stdout_echo_fd=stdout_echo_fd,
+        beat_ttl_s=beat_ttl_s,
+    )  # fmt: skip
     try:
         token = new_claim_token(os.urandom(10))
         launch.expect(token)  # (should we die now, it releases the claim itself)
@@ -488,6 +526,7 @@ class _Foreground:
     ) -> RunResult:
         launch = self.launch
         record = self._plan()
+        launch.heard_sent = boot_clock()
         try:
             self.store.commit(*lead(launch.identity), record, epoch=epoch)
         except BaseException:
@@ -508,6 +547,7 @@ class _Foreground:
                     f"task {launch.task.id}: its plan ({record}) is not what its claim wrote"
                 )
         else:
+            launch.heard_sent = boot_clock()
             try:
                 self.store.commit(record, epoch=epoch)
             except BaseException:
@@ -608,7 +648,8 @@ class _Foreground:
 
 def watch_journal(store: TaskStore, launch: Launch, *, refresh: bool = True) -> None:
     """What the journal asks of a running task, looked at when its supervisor beats: its
-    cancel (stop it), a STALE mark (RESUMED: it beats). Errors do not stop the task."""
+    cancel (stop it), a STALE mark (RESUMED: it beats). The beat taken gives the
+    supervisor its next deadline. Errors do not stop the task."""
     launch.beat = False
     with contextlib.suppress(FerryError, OSError):
         if refresh:
@@ -616,7 +657,9 @@ def watch_journal(store: TaskStore, launch: Launch, *, refresh: bool = True) -> 
         current = store.get(launch.task.id)
         if current is None or current.claim_token != launch.token:
             return
-        store.beat(current)
+        sent = boot_clock()
+        if store.beat(current, launch.beat_ttl_s):
+            launch.heard(sent)
         if current.cancel_requested and not launch.stop_sent:
             launch.stop(signal.SIGTERM, cancel=True)
         elif current.state is State.STALE:

@@ -24,7 +24,7 @@ from ferry.core import events as ev
 from ferry.core.errors import FerryError
 from ferry.core.model import Task
 from ferry.core.recovery import Policy, RecoverReport
-from ferry.proc.process import ProcessIdentity, self_identity
+from ferry.proc.process import ProcessIdentity, boot_clock, self_identity
 
 if TYPE_CHECKING:
     from ferry.app.session import Session
@@ -83,8 +83,6 @@ class Leadership:
 
     def expired(self) -> bool:
         """Past the lease's deadline on this host's clock (CLOCK_BOOTTIME)."""
-        from ferry.storage.local.lease import boot_clock
-
         return self.lease is None or boot_clock() >= self.lease.expires_boot_s
 
     def expired_error(self) -> FerryError:
@@ -166,8 +164,8 @@ def claim(session: Session, *, lease_ttl_s: float, stdout_echo_fd: int = 1) -> R
             lead.release()  # the task runs under its claim token, not the lease
 
         return claim_task(
-            session, claim_one, epoch=lead.epoch, on_claimed=on_claimed,
-            stdout_echo_fd=stdout_echo_fd,
+            session, claim_one, epoch=lead.epoch, lease_ttl_s=lease_ttl_s,
+            on_claimed=on_claimed, stdout_echo_fd=stdout_echo_fd,
         )  # fmt: skip
     finally:
         lead.release()

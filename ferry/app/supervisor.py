@@ -81,7 +81,7 @@ from ferry.proc import alivelock
 from ferry.proc._control import Channel, ChannelClosed, Socket, close_inherited_descriptors
 from ferry.proc._outputs import SignalTrap
 from ferry.proc.logorder import order_path
-from ferry.proc.process import identity_of
+from ferry.proc.process import boot_clock, identity_of
 from ferry.storage.claiming import dispatching_with_claim
 
 # How long a supervisor waits for its launcher to confirm that its end is durable,
@@ -108,6 +108,7 @@ def main(
     *,
     passthrough: bool,
     stdout_echo_fd: int,
+    beat_ttl_s: float,
 ) -> int:
     """The supervisor's whole life, in the forked child (the caller ``os._exit``s with
     the returned status: the launcher's stack, copied by the fork, is never unwound).
@@ -127,19 +128,25 @@ def main(
             assignment = _next_task(channel, home, launcher)
             if assignment is None:
                 return 0  # no more tasks for us (or the launcher is gone)
-            task, token, go = assignment
+            task, token, go, until = assignment
             trap.drain()
             trap.received.clear()  # (a signal between tasks was for none of them)
-            supervisor = Supervisor(channel, home, task, token, environ, trap, told_to_go=go,
-                                    passthrough=passthrough, stdout_echo_fd=stdout_echo_fd)  # fmt: skip
+            supervisor = Supervisor(
+                channel, home, task, token, environ, trap, told_to_go=go,
+                passthrough=passthrough, stdout_echo_fd=stdout_echo_fd, beat_ttl_s=beat_ttl_s,
+            )  # fmt: skip
+            supervisor.heard(until)
             supervisor.run()
             if supervisor.orphaned:
                 return 0
 
 
-def _next_task(channel: Channel, home: Path, launcher: int) -> tuple[Task, str, bool] | None:
-    """The next task, its claim token, and whether it may be spawned once planned
-    (``go`` with the task: its DISPATCHING was written with its claim); None: no more."""
+def _next_task(
+    channel: Channel, home: Path, launcher: int
+) -> tuple[Task, str, bool, float | None] | None:
+    """The next task, its claim token, whether it may be spawned once planned (``go``
+    with the task: its DISPATCHING was written with its claim), and its deadline as of
+    its claim (``Launch.until``); None: no more."""
     claiming: str | None = None  # a claim naming us is being written with this token
     while True:
         try:
@@ -151,7 +158,7 @@ def _next_task(channel: Channel, home: Path, launcher: int) -> tuple[Task, str, 
         assert message is not None
         if message["t"] == "task":
             task, token = task_from_record(message["task"]), str(message["token"])
-            return task, token, bool(message.get("go"))
+            return task, token, bool(message.get("go")), message.get("until")
         claiming = str(message["token"]) if message["t"] == "claiming" else None
 
 
@@ -217,6 +224,7 @@ class Supervisor:
         passthrough: bool,
         stdout_echo_fd: int,
         told_to_go: bool = False,
+        beat_ttl_s: float = math.inf,
     ) -> None:
         self.channel, self.home, self.task, self.token = channel, home, task, token
         self.environ, self.trap = environ, trap
@@ -225,9 +233,12 @@ class Supervisor:
             None  # opened only once the launcher is gone (ferry.app.session.open_store)
         )
         self.orphaned = False  # the launcher is gone: this supervisor writes its records
-        # Orphaned: when its host's lease expires on this host's clock, as of the last
-        # beat the database took (CLOCK_BOOTTIME; infinite until one was taken).
-        self.lease_deadline = math.inf
+        # On a shared database: the task goes unheard by the other hosts (no claim or
+        # beat of it taken) for beat_ttl_s after this (CLOCK_BOOTTIME), when they may
+        # soon decide it. It is stopped then. Told by the launcher (Launch.until), or
+        # from its own beats once orphaned; infinite on one host.
+        self.beat_ttl_s = beat_ttl_s
+        self.beat_deadline = math.inf
         self.child = 0, 0  # its pid and group, once spawned
         self.exit_start_time = 0  # the child's start time, read as it exited
         self.spawned: ev.Spawned | None = None  # due, not yet known durable
@@ -280,7 +291,15 @@ class Supervisor:
         except ChannelClosed:
             self._orphaned_before_the_spawn()
             return False
-        return message is not None and message["t"] == "go"
+        if message is None or message["t"] != "go":
+            return False
+        self.heard(message.get("until"))
+        return True
+
+    def heard(self, until: float | None) -> None:
+        """Its task was heard: unheard from now, it may run until ``until``."""
+        if until is not None:
+            self.beat_deadline = float(until)
 
     def _orphaned_before_the_spawn(self) -> None:
         self.orphaned = True
@@ -312,7 +331,9 @@ class Supervisor:
             spec = task.spec
             sup = SuperviseSpec(
                 argv=spec.argv, cwd=spec.cwd, env=plan.env, timeout_s=spec.timeout_s,
-                kill_grace_s=spec.kill_grace_s, heartbeat_s=spec.heartbeat_s,
+                kill_grace_s=spec.kill_grace_s,
+                # (heard at least three times in each TTL: one beat lost costs nothing)
+                heartbeat_s=min(spec.heartbeat_s, self.beat_ttl_s / 3),
                 stdout_log=stdout_log, stderr_log=stderr_log, heartbeat_path=lock_path,
                 passthrough=self.passthrough, stdout_echo_fd=self.stdout_echo_fd,
                 shell=spec.shell, pass_fds=(lock_fd,), order_log=order_path(stdout_log),
@@ -395,6 +416,8 @@ class Supervisor:
         if kind == "durable" and message.get("type") == "SPAWNED":
             self.spawned = None
             failpoint("after:SPAWNED")
+        elif kind == "until":
+            self.heard(message["until"])
         return None
 
     def _launcher_gone(self) -> int | None:
@@ -407,7 +430,11 @@ class Supervisor:
     def _should_stop(self) -> int | None:
         """At each heartbeat: a cancel request stops the task; a STALE mark is answered
         by RESUMED. While the launcher lives it looks (told of each beat: it answers a
-        STALE mark only while we beat); once it is gone, we do."""
+        STALE mark only while we beat); once it is gone, we do. On a shared database,
+        a task unheard past its deadline is stopped (other hosts may decide it soon:
+        twice the TTL after it was last heard), whoever failed to beat it."""
+        if self._unheard():
+            return signal.SIGTERM
         if not self.orphaned:
             if not self.channel.pending:  # (a silent launcher: one unread beat is enough)
                 self.channel.send("beat")
@@ -415,8 +442,6 @@ class Supervisor:
             return None
         if self._open_store() is None:
             return None
-        from ferry.storage.local.lease import boot_clock  # (orphaned only: off run's path)
-
         if self.spawned_due:
             self._write_spawned()
         try:
@@ -425,28 +450,33 @@ class Supervisor:
             if current is None or current.claim_token != self.token:
                 return None  # not our claim any more: its end will be refused
             sent = boot_clock()
-            left = self.store.beat(current)
-            if left is None:
-                # A shared database: our host's lease expired (no worker of this host
-                # renews it): other hosts may decide the task now. Stop it.
-                return signal.SIGTERM
-            self.lease_deadline = sent + left
+            if not self.store.beat(current, self.beat_ttl_s):
+                return signal.SIGTERM  # (another host decided it meanwhile)
+            self.heard(sent + self.beat_ttl_s)
             if current.cancel_requested:
                 self.cancelled = True
                 return signal.SIGTERM
             if current.state is State.STALE:
                 self.store.commit(ev.Resumed(self.task.id, self.task.attempt, self.token))
         except DatabaseUnavailableError:
-            # Out of reach (the server down, or this host cut off, silently or not):
-            # once the lease has expired the beat would be refused, and other hosts
-            # may take the task over a TTL later. Stop it, as a worker would.
-            return signal.SIGTERM if boot_clock() >= self.lease_deadline else None
+            return signal.SIGTERM if self._unheard() else None  # (its call took a while)
         except (FerryError, OSError):
             # A refused RESUMED (recovery moved first), a journal hiccup or a lack of
             # descriptors must not kill a running task, nor stop its beats: the end
             # reports what is true.
             return None
         return None
+
+    def _unheard(self) -> bool:
+        """Past the deadline: the evidence says why the task was stopped."""
+        if self.beat_deadline == math.inf or boot_clock() < self.beat_deadline:
+            return False
+        self.stopped_because.setdefault(
+            "unheard",
+            f"no beat of the task reached the database for {self.beat_ttl_s:g} s (its"
+            " lease TTL): other hosts could take it over",
+        )
+        return True
 
     def _cancel_seen(self) -> bool:
         """At the end, without a launcher: was a cancel asked for meanwhile?"""

@@ -58,7 +58,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import ferry.proc.supervise  # noqa: F401 (here, once: the supervisors forked share it)
-from ferry.app.launch import Launch, Record, watch_journal
+from ferry.app.launch import Launch, Record, beat_ttl, watch_journal
 from ferry.app.leader import Leadership, policy_of, recover_as
 from ferry.app.queueing import settle_doomed
 from ferry.app.runner import before_spawn_event, child_environ, unstarted_end
@@ -77,6 +77,7 @@ from ferry.core.model import TERMINAL_STATES, Liveness, State, Task
 from ferry.proc._outputs import SignalTrap
 from ferry.proc.alivelock import alive_path, held
 from ferry.proc.liveness import probe
+from ferry.proc.process import boot_clock
 from ferry.storage.claiming import dispatching_with_claim
 from journal import _json
 
@@ -116,6 +117,7 @@ class Worker:
         self.jobs, self.drain, self.poll_s = jobs, drain, poll_s
         self.policy = policy_of(stale_after_s, kill_stale)
         self.lead = Leadership(session, lease_ttl_s)
+        self.beat_ttl_s = beat_ttl(session, lease_ttl_s)
         self.environ = child_environ()
         self.supervisors: list[Launch] = []  # ours: each holds a task, or waits for one
         self.survivors: dict[int, str] = {}  # pidfd -> task id (an earlier work's)
@@ -468,7 +470,7 @@ class Worker:
         if self._queue_ran_dry:
             forks = min(forks, 0 if idle or ending else 1)
         for _ in range(max(0, forks)):
-            launch = Launch(self.session.home, self.environ)
+            launch = Launch(self.session.home, self.environ, beat_ttl_s=self.beat_ttl_s)
             self.supervisors.append(launch)
             idle.append(launch)
         chosen = idle[: max(0, free)]
@@ -570,6 +572,7 @@ class Worker:
     def _write_plan(self, launch: Launch, record: Record) -> bool:
         """A task with pinned inputs: its plan's record (DISPATCHING, or SETTLED FAILED:
         forgotten then), under the lease. True: go."""
+        launch.heard_sent = boot_clock()
         try:
             self.store.commit(record, epoch=self.lead.epoch)
         except LeaseHeldError as error:

@@ -30,6 +30,7 @@ import errno
 import functools
 import os
 import signal
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeGuard
 
@@ -221,6 +222,11 @@ def pid_absent(pid: int) -> bool:
     except PermissionError:
         return False
     return False
+
+
+def boot_clock() -> float:
+    """Seconds since boot, counting suspend: comparable across processes of one boot."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
 @functools.cache

@@ -126,12 +126,13 @@ class TaskStore(Protocol):
         """Catch up with what other processes wrote."""
         ...
 
-    def beat(self, task: Task) -> float | None:
+    def beat(self, task: Task, ttl_s: float) -> bool:
         """The task's supervisor is alive: a beat other hosts can see. The local backend
         keeps beats in the heartbeat file the supervisor touches (nothing to do here); a
-        shared one records it with the task, fenced by its claim token and its host's
-        lease. None: refused (the claim moved, the lease expired); else the seconds the
-        host's lease has left (infinite: no lease to lose)."""
+        shared one records it with the task, fenced by its claim token, with ``ttl_s``:
+        the supervisor stops the task itself when it goes unheard that long, and other
+        hosts wait for twice that before they decide it. False: refused (the claim
+        moved)."""
         ...
 
     def sync(self) -> None:

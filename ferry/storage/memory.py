@@ -4,7 +4,6 @@ local journal, with nothing on disk and nothing durable. Not a backend for users
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
@@ -59,10 +58,9 @@ class MemoryStore(ClaimsUnderLock):
     def refresh(self) -> None:
         """Nothing to catch up with: every writer shares this object."""
 
-    def beat(self, task: Task) -> float | None:
-        """Beats are the heartbeat file the supervisor touches: nothing to record (and
-        no host lease to lose)."""
-        return math.inf
+    def beat(self, task: Task, ttl_s: float) -> bool:
+        """Beats are the heartbeat file the supervisor touches: nothing to record."""
+        return True
 
     def host_lost(self, task: Task, ttl_s: float) -> bool | None:
         """One host: every task is this host's to decide."""

@@ -621,6 +621,54 @@ def test_a_worker_killed_leaves_its_task_to_finish_and_record_its_end(
     assert a.ok("logs", task_id).out == b"done\n"
 
 
+def gated(gate: Path) -> list[str]:
+    return ["sh", "-c", f'while [ ! -e "{gate}" ]; do sleep 0.05; done; echo done']
+
+
+def test_a_task_outlives_its_killed_worker_past_the_host_s_lease(
+    hosts: Hosts, pg_url: str, tmp_path: Path
+) -> None:
+    # (Was: the orphaned supervisor's beats were fenced by its host's lease, which no
+    # worker renews once `work` is killed: the lease expired and the supervisor stopped
+    # its task. A worker's death disturbed every task that outlived its lease's TTL.)
+    a, b = hosts("a"), hosts("b")
+    gate = tmp_path / "gate"
+    task_id = a.ok("submit", "--heartbeat", "0.5", "--", *gated(gate)).out.decode().strip()
+    worker = a.start("work", "-j", "1", "--lease-ttl", "1", "--poll", "0.1")
+    wait_until(lambda: a.task(task_id)["state"] == "RUNNING", what="the task to run")
+    worker.kill()
+    worker.wait(timeout=30)
+    with psycopg.connect(pg_url, autocommit=True) as db:
+        wait_until(lambda: db.execute(
+            "SELECT expires_at < now() - interval '3 seconds' FROM ferry_hosts"
+            " WHERE host_id = 'a'").fetchone()[0], what="a's lease to be 3 TTLs past")  # fmt: skip
+    assert b("recover", "--lease-ttl", "1").code == 0  # (it beats: left alone)
+    assert a.task(task_id)["state"] == "RUNNING"
+    gate.touch()
+    task = wait_until(lambda: (t := b.task(task_id))["state"] != "RUNNING" and t,
+                      what="its supervisor to record the end")  # fmt: skip
+    assert (task["state"], task["exit_code"], task["signal"]) == ("SUCCEEDED", 0, None)
+
+
+def test_a_long_run_is_left_alone_by_another_host_s_recover(hosts: Hosts, tmp_path: Path) -> None:
+    # (Was: `run` holds no host lease, and a beat was taken only under one: its beats
+    # never landed, and b's recover, finding a's lease (none) expired and the task
+    # silent, failed it HOST_LOST while it ran, a second after it started.)
+    a, b = hosts("a"), hosts("b")
+    gate = tmp_path / "gate"
+    run = a.start("run", "--heartbeat", "0.5", "--", *gated(gate))
+    try:
+        wait_until(lambda: [t["state"] for t in a.tasks()] == ["RUNNING"], what="the run")
+        watched_until = time.monotonic() + 4  # (four of b's TTLs, eight of a's beats)
+        while time.monotonic() < watched_until:
+            assert b("recover", "--lease-ttl", "1").code == 0
+    finally:
+        gate.touch()
+        run.wait(timeout=60)
+    assert run.returncode == 0
+    assert [t["state"] for t in b.tasks()] == ["SUCCEEDED"]
+
+
 def test_task_numbers_are_one_sequence_across_hosts(hosts: Hosts) -> None:
     hosts("a").ok("submit", "--", "true")
     hosts("b").ok("submit", "--", "true")

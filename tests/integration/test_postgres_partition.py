@@ -177,12 +177,13 @@ def test_a_host_cut_off_silently_stops_its_tasks_before_another_may_take_them(
     assert hosts.b.task(ids[0])["state"] == "QUEUED"  # (released: it is idempotent)
 
 
-@pytest.mark.parametrize("cut_at", ["its-first-beat", "the-lease-s-last-second"])
+@pytest.mark.parametrize("cut_at", ["once-it-beat-alone", "at-once"])
 def test_an_orphaned_supervisor_cut_off_silently_stops_its_task_in_time(
     hosts: Hosts, cut_at: str
 ) -> None:
-    # a's worker killed: its supervisor beats the task on its own, fenced by the host's
-    # lease, which nobody renews now. Cut off, its beats are neither taken nor refused.
+    # a's worker killed: its supervisor beats the task on its own. Cut off, its beats
+    # are neither taken nor refused. "at-once": cut before its first own beat (was:
+    # it knew no deadline until one was taken, and ran its task on for good).
     [task_id], worker, [pid] = hosts.run_on_a()
     killed_at = hosts.db.execute("SELECT now()").fetchone()[0]
     worker.kill()
@@ -193,9 +194,8 @@ def test_an_orphaned_supervisor_cut_off_silently_stops_its_task_in_time(
         at = row.fetchone()[0]
         return at is not None and at > killed_at
 
-    wait_until(beaten, what="the orphaned supervisor to beat on its own")
-    if cut_at == "the-lease-s-last-second":  # (its calls hang past the deadline)
-        wait_until(lambda: hosts.lease_left_s() < 1.0, what="a's lease to near its end")
+    if cut_at == "once-it-beat-alone":
+        wait_until(beaten, what="the orphaned supervisor to beat on its own")
     hosts.namespace.cut()
     hosts.taken_over(task_id)
     assert not alive(pid), "a's task still ran when b took it over: it may run twice"

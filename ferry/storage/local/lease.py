@@ -45,7 +45,7 @@ from typing import Any, TypeGuard
 from ferry.core.errors import LeaseHeldError, StateDirError
 from ferry.failpoints import failpoint
 from ferry.proc.liveness import Liveness, probe
-from ferry.proc.process import ProcessIdentity
+from ferry.proc.process import ProcessIdentity, boot_clock
 from ferry.storage.local.statedir import private_open, write_atomic
 from journal import _json
 
@@ -75,11 +75,6 @@ class LeaseUnreadableError(StateDirError):
     or from a newer ferry (``lease.version``). Never overwritten except by ``reset``."""
 
     code = "lease.unreadable"
-
-
-def boot_clock() -> float:
-    """Seconds since boot, counting suspend: comparable across processes of one boot."""
-    return time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
 @dataclass(frozen=True, slots=True)

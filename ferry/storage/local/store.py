@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import math
 import os
 import threading
 import time
@@ -381,10 +380,9 @@ class Store(ClaimsUnderLock):
         except journal.JournalError as error:
             raise journal_error(error) from error
 
-    def beat(self, task: Task) -> float | None:
-        """Beats are the heartbeat file the supervisor touches: nothing to record (and
-        no host lease that could expire under the task)."""
-        return math.inf
+    def beat(self, task: Task, ttl_s: float) -> bool:
+        """Beats are the heartbeat file the supervisor touches: nothing to record."""
+        return True
 
     def host_lost(self, task: Task, ttl_s: float) -> bool | None:
         """One host: every task is this host's to decide."""

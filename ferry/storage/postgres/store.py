@@ -639,19 +639,17 @@ class PgStore:
             (_json(rows), _IN_FLIGHT),
         )
 
-    def beat(self, task: Task) -> float | None:
-        """The task's supervisor is alive: the beat other hosts' recovery reads. Fenced
-        by the claim token, and by this host's lease: None if the claim moved or the
-        lease expired (other hosts may take the task over: its supervisor stops it);
-        else the seconds the lease has left."""
+    def beat(self, task: Task, ttl_s: float) -> bool:
+        """The task's supervisor is alive, and stops the task itself if it goes
+        unheard for ``ttl_s`` (``beat_ttl_s``: other hosts wait twice that before they
+        decide it, ``host_lost``). Fenced by the claim token alone: a task outlives its
+        worker and its host's lease (``run`` holds none). False: the claim moved."""
         row = self.db.execute(
-            "UPDATE ferry_tasks AS t SET heartbeat_at = now() FROM ferry_hosts AS h"
-            " WHERE t.id = %s AND t.state = ANY(%s) AND t.body->>'claim_token' = %s"
-            " AND h.host_id = %s AND h.expires_at > now()"
-            " RETURNING extract(epoch FROM h.expires_at - now())",
-            (task.id, _IN_FLIGHT, task.claim_token, self.host),
+            "UPDATE ferry_tasks SET heartbeat_at = now(), beat_ttl_s = %s WHERE id = %s"
+            " AND state = ANY(%s) AND body->>'claim_token' = %s RETURNING 1",
+            (ttl_s, task.id, _IN_FLIGHT, task.claim_token),
         ).fetchone()
-        return None if row is None else float(row[0])
+        return row is not None
 
     def refresh(self) -> None:
         """Reads are of the database itself: nothing to catch up with."""
@@ -802,8 +800,10 @@ class PgStore:
     def host_lost(self, task: Task, ttl_s: float) -> bool | None:
         """Whose task is it to decide? None: this host's (decide by probes). True: its
         host lost its lease at least ``ttl_s`` ago (its workers, unable to renew, have
-        stopped their tasks) and the task has not beaten since: decide it as lost.
-        False: another host's, still alive: leave it alone."""
+        stopped their tasks) and the task has gone unheard for twice its beats' TTL
+        (or ``ttl_s``, if longer): its supervisor, unheard for one, stopped it, and had
+        the other to see it gone. Decide it as lost. False: another host's, still
+        alive: leave it alone."""
         owner = None if task.runner is None else task.runner.get("host_id")
         if owner is None or owner == self.host:
             return None
@@ -812,7 +812,8 @@ class PgStore:
         row = self.db.execute(
             "SELECT coalesce((SELECT expires_at FROM ferry_hosts WHERE host_id = %s),"
             " '-infinity') < now() - make_interval(secs => %s),"
-            " coalesce(heartbeat_at, updated_at) < now() - make_interval(secs => %s)"
+            " coalesce(heartbeat_at, updated_at)"
+            " < now() - 2 * make_interval(secs => greatest(%s, beat_ttl_s))"
             " FROM ferry_tasks WHERE id = %s",
             (owner, ttl_s, ttl_s, task.id),
         ).fetchone()
