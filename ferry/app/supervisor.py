@@ -17,18 +17,19 @@ The conversation with the launcher (:mod:`ferry.proc._control`; S: supervisor, L
 
     L -> S  claiming {token}                        a claim naming S is being written
     L -> S  unclaimed                               ... it was not (nothing to claim)
-    L -> S  task     {task, token}                  the task (its snapshot record),
+    L -> S  task     {task, token, go, until}       the task (its snapshot record),
                                                     claimed (``work``, ``claim``) or
                                                     not yet (``run``: with its intent)
     S -> L  plan     {record, error, warnings}     the DISPATCHING (or SETTLED FAILED):
                                                     written with the claim already, for
                                                     a task without pinned inputs
-    L -> S  go | abort                              the intent is durable / do not run
+    L -> S  go {until} | abort                      the intent is durable / do not run
     S -> L  running  {record}                       SPAWNED is due: L writes it (a
                                                     task that ends sooner: its SPAWNED
                                                     comes with its end)
     S -> L  beat                                    at each heartbeat: L looks at the
                                                     journal (a cancel, a STALE mark)
+    L -> S  until    {until}                        L's beat of the task was taken
     L -> S  durable  {type}                         (L wrote a record of ours)
     L -> S  stop     {signal, cancel, evidence}     a cancel request; work stopping
     S -> L  ended    {records, exit_status, error}  the end, for L's group commit
@@ -45,6 +46,13 @@ request and a STALE mark, as a runner did. Ended before the launcher wrote the i
 to the queue (RELEASED, not counted). Ended while a claim naming it was being written
 (``claiming``), before it was told the outcome: it looks the claim up by its token
 (once no connection of the launcher's may still be writing it), and releases it so.
+
+On a shared database, ``until`` is the supervisor's deadline (CLOCK_BOOTTIME): the
+TTL after the last write that showed its task alive to the other hosts was sent (the
+claim, the intent, a beat; ``Launch.until``). Past it, whoever failed to beat the task
+(its launcher or, orphaned, itself), it stops the task: the other hosts may decide it
+once it has gone unheard for twice the TTL (docs/postgres.md, "A task's beats are its
+own"). On one host there is no deadline (``until`` is null).
 """
 
 from __future__ import annotations

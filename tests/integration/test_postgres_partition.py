@@ -121,13 +121,6 @@ class Hosts:
         assert {self.b.task(task_id)["state"] for task_id in ids} == {"RUNNING"}
         return ids, worker, [int((self.pids / str(n)).read_text()) for n in range(jobs)]
 
-    def lease_left_s(self) -> float:
-        """What a's lease has left, by the database's clock."""
-        row = self.db.execute(
-            "SELECT extract(epoch FROM expires_at - now()) FROM ferry_hosts WHERE host_id = 'a'"
-        ).fetchone()
-        return float(row[0])
-
     def taken_over(self, task_id: str) -> None:
         """b takes the task over as soon as the contract lets it: a's lease expired and
         a had the lease's time after it to stop its tasks."""
