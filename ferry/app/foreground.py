@@ -6,7 +6,7 @@ from starting."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ferry.app.launch import RUN_BEAT_TTL_S, beat_ttl, claim_foreground, run_foreground
 from ferry.core.errors import FerryError
@@ -16,7 +16,6 @@ if TYPE_CHECKING:
     from ferry.app.session import Session
     from ferry.core import events as ev
     from ferry.core.model import Task
-    from ferry.proc.process import ProcessIdentity
 
 
 def run_task(
@@ -24,7 +23,7 @@ def run_task(
     task: Task,
     token: str,
     *,
-    lead: Callable[[ProcessIdentity], Sequence[ev.Event]],
+    lead: Callable[[dict[str, Any]], Sequence[ev.Event]],
     epoch: int = 0,
     on_claimed: Callable[[], None] = lambda: None,
     stdout_echo_fd: int = 1,
@@ -48,7 +47,7 @@ def run_task(
 
 def claim_task(
     session: Session,
-    claim: Callable[[ProcessIdentity, str], Task | None],
+    claim: Callable[[dict[str, Any], str], Task | None],
     *,
     epoch: int,
     lease_ttl_s: float,

@@ -135,7 +135,8 @@ class Launch:
         self.identity: ProcessIdentity = identity
         self.channel = Channel(ours)
         self.beat_ttl_s = beat_ttl_s
-        self.heard_sent = 0.0  # (boot_clock) the last write showing its task alive was sent
+        # (boot_clock) when the last write that showed its task alive was sent
+        self.heard_sent: float | None = None
         self.gone = False  # its channel ended (it exited, or died)
         self.reaped = False
         self.claiming: str | None = None  # the token of a claim naming it, its outcome not told yet
@@ -171,11 +172,21 @@ class Launch:
         self.claiming = None
         self.channel.send("unclaimed")
 
+    def runner(self) -> dict[str, Any]:
+        """The runner its claim names: the supervisor, and on a shared database the TTL
+        it keeps to (``beat_ttl_s``: other hosts read it before deciding its task)."""
+        identity = self.identity.to_json()
+        if not math.isinf(self.beat_ttl_s):
+            identity["beat_ttl_s"] = self.beat_ttl_s
+        return identity
+
     def until(self) -> float | None:
         """The supervisor's deadline: the TTL after the last write that showed its task
         alive (its claim, its DISPATCHING, a beat) was sent (``heard_sent``), so before
         the database's own time of it. None: no deadline (one host)."""
-        return None if math.isinf(self.beat_ttl_s) else self.heard_sent + self.beat_ttl_s
+        if math.isinf(self.beat_ttl_s) or self.heard_sent is None:
+            return None
+        return self.heard_sent + self.beat_ttl_s
 
     def heard(self, sent: float) -> None:
         """A beat of its running task, sent at ``sent``, was taken: its new deadline."""
@@ -371,7 +382,7 @@ def run_foreground(
     task: Task,
     token: str,
     *,
-    lead: Callable[[ProcessIdentity], Sequence[ev.Event]] = lambda runner: (),
+    lead: Callable[[dict[str, Any]], Sequence[ev.Event]] = lambda runner: (),
     epoch: int = 0,
     on_claimed: Callable[[], None] = lambda: None,
     stdout_echo_fd: int = 1,
@@ -414,7 +425,7 @@ def run_foreground(
 def claim_foreground(
     store: TaskStore,
     home: Path,
-    claim: Callable[[ProcessIdentity, str], Task | None],
+    claim: Callable[[dict[str, Any], str], Task | None],
     *,
     epoch: int,
     on_claimed: Callable[[], None] = lambda: None,
@@ -437,7 +448,7 @@ def claim_foreground(
     try:
         token = new_claim_token(os.urandom(10))
         launch.expect(token)  # (should we die now, it releases the claim itself)
-        task = claim(launch.identity, token)
+        task = claim(launch.runner(), token)
         if task is None:
             launch.unexpect()
             return None
@@ -520,7 +531,7 @@ class _Foreground:
 
     def run(
         self,
-        lead: Callable[[ProcessIdentity], Sequence[ev.Event]],
+        lead: Callable[[dict[str, Any]], Sequence[ev.Event]],
         epoch: int,
         on_claimed: Callable[[], None],
     ) -> RunResult:
@@ -528,7 +539,7 @@ class _Foreground:
         record = self._plan()
         launch.heard_sent = boot_clock()
         try:
-            self.store.commit(*lead(launch.identity), record, epoch=epoch)
+            self.store.commit(*lead(launch.runner()), record, epoch=epoch)
         except BaseException:
             launch.abort()
             raise
@@ -658,7 +669,7 @@ def watch_journal(store: TaskStore, launch: Launch, *, refresh: bool = True) -> 
         if current is None or current.claim_token != launch.token:
             return
         sent = boot_clock()
-        if store.beat(current, launch.beat_ttl_s):
+        if store.beat(current):
             launch.heard(sent)
         if current.cancel_requested and not launch.stop_sent:
             launch.stop(signal.SIGTERM, cancel=True)

@@ -151,9 +151,9 @@ def claim(session: Session, *, lease_ttl_s: float, stdout_echo_fd: int = 1) -> R
     try:
         session.reporter.recovered(recover_as(lead, Policy()))
 
-        def claim_one(runner: ProcessIdentity, token: str) -> Task | None:
+        def claim_one(runner: dict[str, Any], token: str) -> Task | None:
             task = session.store.claim_next(
-                runner.to_json(), token, by="claim", epoch=lead.epoch,
+                runner, token, by="claim", epoch=lead.epoch,
                 announce=lead.announcement(),
             )  # fmt: skip
             if task is not None:

@@ -37,7 +37,6 @@ if TYPE_CHECKING:
     from ferry.app.tally import WaitReport, WorkReport
     from ferry.core.recovery import RecoverReport
     from ferry.core.state import States
-    from ferry.proc.process import ProcessIdentity
     from ferry.storage import TaskStore
 
 
@@ -220,8 +219,8 @@ class Service:
         submitted = self._new_task(spec)
         token = new_claim_token(os.urandom(10))
 
-        def lead(runner: ProcessIdentity) -> tuple[ev.Event, ...]:
-            claimed = ev.Claimed(submitted.task, 1, token, runner.to_json(), "run")
+        def lead(runner: dict[str, Any]) -> tuple[ev.Event, ...]:
+            claimed = ev.Claimed(submitted.task, 1, token, runner, "run")
             return submitted, claimed
 
         task = Task(id=submitted.task, spec=spec, state=State.CLAIMED, claim_token=token)

@@ -49,10 +49,11 @@ to the queue (RELEASED, not counted). Ended while a claim naming it was being wr
 
 On a shared database, ``until`` is the supervisor's deadline (CLOCK_BOOTTIME): the
 TTL after the last write that showed its task alive to the other hosts was sent (the
-claim, the intent, a beat; ``Launch.until``). Past it, whoever failed to beat the task
-(its launcher or, orphaned, itself), it stops the task: the other hosts may decide it
-once it has gone unheard for twice the TTL (docs/postgres.md, "A task's beats are its
-own"). On one host there is no deadline (``until`` is null).
+claim, the intent, a beat; ``Launch.until``). Its launcher late by half the TTL, it
+beats the task itself; past the deadline (the database out of reach), it stops the
+task, or does not start it: the other hosts may decide it once it has gone unheard for
+twice the TTL and its kill grace (docs/postgres.md, "A task's beats are its own"). On
+one host there is no deadline (``until`` is null).
 """
 
 from __future__ import annotations
@@ -237,14 +238,14 @@ class Supervisor:
         self.channel, self.home, self.task, self.token = channel, home, task, token
         self.environ, self.trap = environ, trap
         self.passthrough, self.stdout_echo_fd = passthrough, stdout_echo_fd
-        self.store: Any = (
-            None  # opened only once the launcher is gone (ferry.app.session.open_store)
-        )
+        # Opened only once the launcher is gone, or late with a beat on a shared
+        # database (ferry.app.session.open_store).
+        self.store: Any = None
         self.orphaned = False  # the launcher is gone: this supervisor writes its records
         # On a shared database: the task goes unheard by the other hosts (no claim or
         # beat of it taken) for beat_ttl_s after this (CLOCK_BOOTTIME), when they may
         # soon decide it. It is stopped then. Told by the launcher (Launch.until), or
-        # from its own beats once orphaned; infinite on one host.
+        # from its own beats; infinite on one host.
         self.beat_ttl_s = beat_ttl_s
         self.beat_deadline = math.inf
         self.child = 0, 0  # its pid and group, once spawned
@@ -331,6 +332,8 @@ class Supervisor:
         stdout_log, stderr_log = log_paths(self.home, task.id, task.attempt)
         failpoint("before:spawn")  # DISPATCHING is durable, no child exists yet
         try:
+            if self._unheard():  # (this host was frozen or cut off since the claim)
+                raise SpawnFailed("other", "not started: " + self.stopped_because["unheard"])
             lock_path = heartbeat_path(self.home, task.id, task.attempt)
             try:
                 lock_fd = alivelock.hold(lock_path)
@@ -439,15 +442,20 @@ class Supervisor:
         """At each heartbeat: a cancel request stops the task; a STALE mark is answered
         by RESUMED. While the launcher lives it looks (told of each beat: it answers a
         STALE mark only while we beat); once it is gone, we do. On a shared database,
-        a task unheard past its deadline is stopped (other hosts may decide it soon:
-        twice the TTL after it was last heard), whoever failed to beat it."""
+        a task unheard past its deadline is stopped (other hosts may decide it once it
+        is unheard for twice the TTL and its kill grace), whoever failed to beat it; a
+        launcher late with its beats (paused, or busy with a long pass) is stood in
+        for, so that only a database out of reach stops the task."""
         if self._unheard():
             return signal.SIGTERM
         if not self.orphaned:
             if not self.channel.pending:  # (a silent launcher: one unread beat is enough)
                 self.channel.send("beat")
             self.channel.flush()
-            return None
+            if self.beat_deadline == math.inf:
+                return None
+            late = boot_clock() >= self.beat_deadline - self.beat_ttl_s / 2
+            return self._beat_alone() if late else None
         if self._open_store() is None:
             return None
         if self.spawned_due:
@@ -457,10 +465,8 @@ class Supervisor:
             current = self.store.get(self.task.id)
             if current is None or current.claim_token != self.token:
                 return None  # not our claim any more: its end will be refused
-            sent = boot_clock()
-            if not self.store.beat(current, self.beat_ttl_s):
+            if not self._beat(current):
                 return signal.SIGTERM  # (another host decided it meanwhile)
-            self.heard(sent + self.beat_ttl_s)
             if current.cancel_requested:
                 self.cancelled = True
                 return signal.SIGTERM
@@ -475,6 +481,28 @@ class Supervisor:
             return None
         return None
 
+    def _beat_alone(self) -> int | None:
+        """Beat the task ourselves, the launcher being late (it still writes the rest)."""
+        if self._open_store() is None:
+            return None
+        try:
+            current = self.store.get(self.task.id)
+            if current is not None and current.claim_token == self.token:
+                return None if self._beat(current) else signal.SIGTERM
+        except DatabaseUnavailableError:
+            return signal.SIGTERM if self._unheard() else None
+        except (FerryError, OSError):
+            pass
+        return None
+
+    def _beat(self, current: Task) -> bool:
+        """A beat of the task, fenced by our claim token; taken: a new deadline."""
+        sent = boot_clock()
+        if not self.store.beat(current):
+            return False
+        self.heard(sent + self.beat_ttl_s)
+        return True
+
     def _unheard(self) -> bool:
         """Past the deadline: the evidence says why the task was stopped."""
         if self.beat_deadline == math.inf or boot_clock() < self.beat_deadline:
@@ -482,7 +510,7 @@ class Supervisor:
         self.stopped_because.setdefault(
             "unheard",
             f"no beat of the task reached the database for {self.beat_ttl_s:g} s (its"
-            " lease TTL): other hosts could take it over",
+            " TTL): other hosts could take it over",
         )
         return True
 

@@ -703,7 +703,7 @@ class Worker:
                 self.store.refresh()  # a cancel that landed makes an end CANCELLED
         ids = sorted({unit.launch.task.id for unit in units})
         home = str(self.session.home)  # (runner.home: see _of_this_home)
-        claims = [({**launch.identity.to_json(), "home": home}, str(launch.claiming))
+        claims = [({**launch.runner(), "home": home}, str(launch.claiming))
                   for launch in claimants]  # fmt: skip
         try:
             written = self.store.commit_against(

@@ -126,13 +126,12 @@ class TaskStore(Protocol):
         """Catch up with what other processes wrote."""
         ...
 
-    def beat(self, task: Task, ttl_s: float) -> bool:
+    def beat(self, task: Task) -> bool:
         """The task's supervisor is alive: a beat other hosts can see. The local backend
         keeps beats in the heartbeat file the supervisor touches (nothing to do here); a
-        shared one records it with the task, fenced by its claim token, with ``ttl_s``:
-        the supervisor stops the task itself when it goes unheard that long, and other
-        hosts wait for twice that before they decide it. False: refused (the claim
-        moved)."""
+        shared one records it with the task, fenced by its claim token alone (the TTL
+        its supervisor keeps to is in its runner: ``beat_ttl_s``). False: refused (the
+        claim moved)."""
         ...
 
     def sync(self) -> None:

@@ -58,7 +58,7 @@ class MemoryStore(ClaimsUnderLock):
     def refresh(self) -> None:
         """Nothing to catch up with: every writer shares this object."""
 
-    def beat(self, task: Task, ttl_s: float) -> bool:
+    def beat(self, task: Task) -> bool:
         """Beats are the heartbeat file the supervisor touches: nothing to record."""
         return True
 

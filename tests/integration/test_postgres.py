@@ -621,8 +621,20 @@ def test_a_worker_killed_leaves_its_task_to_finish_and_record_its_end(
     assert a.ok("logs", task_id).out == b"done\n"
 
 
-def gated(gate: Path) -> list[str]:
-    return ["sh", "-c", f'while [ ! -e "{gate}" ]; do sleep 0.05; done; echo done']
+def gated(gate: Path, marks: Path | None = None) -> list[str]:
+    """Runs until ``gate`` exists (appending a line to ``marks`` as it goes, if given:
+    the proof that it still runs)."""
+    mark = "" if marks is None else f'echo x >> "{marks}"; '
+    return ["sh", "-c", f'while [ ! -e "{gate}" ]; do {mark}sleep 0.05; done; echo done']
+
+
+def still_runs(marks: Path) -> bool:
+    """The task appending to ``marks`` appends again (within a few seconds)."""
+    size = marks.stat().st_size if marks.exists() else 0
+    with contextlib.suppress(AssertionError):
+        return bool(wait_until(lambda: marks.exists() and marks.stat().st_size > size,
+                               what="another mark", timeout_s=3))  # fmt: skip
+    return False
 
 
 def test_a_task_outlives_its_killed_worker_past_the_host_s_lease(
@@ -667,6 +679,71 @@ def test_a_long_run_is_left_alone_by_another_host_s_recover(hosts: Hosts, tmp_pa
         run.wait(timeout=60)
     assert run.returncode == 0
     assert [t["state"] for t in b.tasks()] == ["SUCCEEDED"]
+
+
+def test_a_run_is_left_alone_before_its_first_beat(hosts: Hosts, tmp_path: Path) -> None:
+    # (Found by a review: the TTL of a task's beats was kept with its first beat only;
+    # before it (5 s, the default --heartbeat), b's recover --lease-ttl 1 waited its
+    # own TTL from the claim, and queued a's running task again.)
+    a, b = hosts("a"), hosts("b")
+    gate, marks = tmp_path / "gate", tmp_path / "marks"
+    run = a.start("run", "--idempotent", "--", *gated(gate, marks))
+    try:
+        wait_until(lambda: [t["state"] for t in a.tasks()] == ["RUNNING"], what="the run")
+        watched_until = time.monotonic() + 4  # (four of b's TTLs, before a's first beat)
+        while time.monotonic() < watched_until:
+            assert b("recover", "--lease-ttl", "1").code == 0
+    finally:
+        gate.touch()
+        run.wait(timeout=60)
+    assert (run.returncode, [t["state"] for t in b.tasks()]) == (0, ["SUCCEEDED"])
+
+
+def test_a_paused_launcher_does_not_stop_its_task(hosts: Hosts, tmp_path: Path) -> None:
+    # (Found by a review: a launcher paused past the TTL (Ctrl-Z, a long recovery pass)
+    # wrote no beat, and the supervisor stopped a healthy task at its deadline. It now
+    # beats the task itself when its launcher is late.)
+    a, b = hosts("a"), hosts("b")
+    gate, marks = tmp_path / "gate", tmp_path / "marks"
+    task_id = a.ok("submit", "--idempotent", "--", *gated(gate, marks)).out.decode().strip()
+    claim = a.start("claim", "--lease-ttl", "2")
+    try:
+        wait_until(lambda: a.task(task_id)["state"] == "RUNNING", what="the claim to run it")
+        claim.send_signal(signal.SIGSTOP)
+        paused_until = time.monotonic() + 8  # (four TTLs)
+        while time.monotonic() < paused_until:
+            assert b("recover", "--lease-ttl", "2").code == 0
+        assert still_runs(marks)
+    finally:
+        claim.send_signal(signal.SIGCONT)
+        gate.touch()
+        claim.wait(timeout=60)
+    assert (claim.returncode, b.task(task_id)["state"]) == (0, "SUCCEEDED")
+
+
+def test_a_task_unheard_past_its_deadline_is_not_started(hosts: Hosts, tmp_path: Path) -> None:
+    # (Found by a review: a supervisor frozen between its go and the spawn, past its
+    # deadline, spawned the task once continued, after b had queued it again.)
+    a, b = hosts("a"), hosts("b")
+    gate, marks = tmp_path / "gate", tmp_path / "marks"
+    task_id = a.ok("submit", "--idempotent", "--", *gated(gate, marks)).out.decode().strip()
+    claim = a.start("claim", "--lease-ttl", "2", failpoints="supervisor:before:spawn=stop")
+    try:
+
+        def stopped_supervisor() -> int | None:
+            pid = (a.task(task_id).get("runner") or {}).get("pid")
+            st = None if pid is None else read_stat(pid)
+            return pid if st is not None and st.state == "T" else None
+
+        pid = wait_until(stopped_supervisor, what="the supervisor to stop before the spawn")
+        wait_until(lambda: b("recover", "--lease-ttl", "2").code == 3 or b.task(task_id)[
+            "state"] == "QUEUED", what="b to queue the task again")  # fmt: skip
+        os.kill(pid, signal.SIGCONT)
+        claim.wait(timeout=60)
+    finally:
+        gate.touch()
+    assert not marks.exists(), "the task was started after b had taken it over"
+    assert b.task(task_id)["state"] == "QUEUED"
 
 
 def test_task_numbers_are_one_sequence_across_hosts(hosts: Hosts) -> None:

@@ -128,3 +128,28 @@ def test_an_end_delivered_after_another_host_decided_the_task_is_kept_as_evidenc
     assert (result["attempt"], result["state"], result["host"]) == (1, "FAILED", "a")
     assert result["signal"] == signal.SIGTERM and result["token"]
     finish(worker)
+
+
+def test_a_cut_off_task_is_gone_when_another_host_decides_it_whatever_its_kill_grace(
+    cut: Cut, tmp_path: Path
+) -> None:
+    # (Found by a review: another host waited twice the TTL after the task was last
+    # heard; its supervisor stopped it one TTL after, but a task that takes its kill
+    # grace to end (here it ignores SIGTERM) still ran when the other host queued it
+    # again. The other host now waits the task's --kill-grace too.)
+    marks = tmp_path / "marks"
+    script = f"trap '' TERM; while :; do echo x >> '{marks}'; sleep 0.05; done"
+    task_id = (
+        cut.a.ok("submit", "--idempotent", "--kill-grace", "8", "--", "sh", "-c", script)
+        .out.decode()
+        .strip()
+    )
+    claim = cut.a.start("claim", "--lease-ttl", "4")
+    wait_until(lambda: cut.b.task(task_id)["state"] == "RUNNING", what="the task to run")
+    cut.relay.cut()
+    wait_until(lambda: cut.b("recover", "--lease-ttl", "4").code == 0
+               and cut.b.task(task_id)["state"] == "QUEUED",
+               what="b to queue a's task again", timeout_s=60)  # fmt: skip
+    size = marks.stat().st_size
+    finish(claim, timeout_s=60)
+    assert marks.stat().st_size == size, "a's task still ran when b took it over"

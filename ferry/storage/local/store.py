@@ -380,7 +380,7 @@ class Store(ClaimsUnderLock):
         except journal.JournalError as error:
             raise journal_error(error) from error
 
-    def beat(self, task: Task, ttl_s: float) -> bool:
+    def beat(self, task: Task) -> bool:
         """Beats are the heartbeat file the supervisor touches: nothing to record."""
         return True
 

@@ -340,12 +340,6 @@ MIGRATIONS: tuple[str, ...] = (
     END
     $write$;
     """,
-    # 7: a task's beats are its own (PgStore.beat): each says how long its supervisor
-    # may go unheard before it stops the task itself (the lease TTL of whoever beats),
-    # so that another host waits for that, not for its own TTL, before deciding it.
-    """
-    ALTER TABLE ferry_tasks ADD COLUMN beat_ttl_s double precision;
-    """,
 )
 VERSION = len(MIGRATIONS)
 _LOCK_ID = 0x66657272  # "ferr": serialises concurrent `db init`s

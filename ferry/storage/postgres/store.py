@@ -639,15 +639,14 @@ class PgStore:
             (_json(rows), _IN_FLIGHT),
         )
 
-    def beat(self, task: Task, ttl_s: float) -> bool:
-        """The task's supervisor is alive, and stops the task itself if it goes
-        unheard for ``ttl_s`` (``beat_ttl_s``: other hosts wait twice that before they
-        decide it, ``host_lost``). Fenced by the claim token alone: a task outlives its
-        worker and its host's lease (``run`` holds none). False: the claim moved."""
+    def beat(self, task: Task) -> bool:
+        """The task's supervisor is alive (``host_lost`` reads it). Fenced by the claim
+        token alone: a task outlives its worker and its host's lease (``run`` holds
+        none). False: the claim moved."""
         row = self.db.execute(
-            "UPDATE ferry_tasks SET heartbeat_at = now(), beat_ttl_s = %s WHERE id = %s"
+            "UPDATE ferry_tasks SET heartbeat_at = now() WHERE id = %s"
             " AND state = ANY(%s) AND body->>'claim_token' = %s RETURNING 1",
-            (ttl_s, task.id, _IN_FLIGHT, task.claim_token),
+            (task.id, _IN_FLIGHT, task.claim_token),
         ).fetchone()
         return row is not None
 
@@ -800,10 +799,11 @@ class PgStore:
     def host_lost(self, task: Task, ttl_s: float) -> bool | None:
         """Whose task is it to decide? None: this host's (decide by probes). True: its
         host lost its lease at least ``ttl_s`` ago (its workers, unable to renew, have
-        stopped their tasks) and the task has gone unheard for twice its beats' TTL
-        (or ``ttl_s``, if longer): its supervisor, unheard for one, stopped it, and had
-        the other to see it gone. Decide it as lost. False: another host's, still
-        alive: leave it alone."""
+        stopped their tasks) and the task has gone unheard (no claim, intent or beat of
+        it taken) for twice the TTL its runner promised (``runner.beat_ttl_s``; or
+        ``ttl_s``, if longer) and its ``--kill-grace``: its supervisor, unheard for one
+        TTL, stopped it, and had the rest to see it gone. Decide it as lost. False:
+        another host's, still alive: leave it alone."""
         owner = None if task.runner is None else task.runner.get("host_id")
         if owner is None or owner == self.host:
             return None
@@ -812,8 +812,9 @@ class PgStore:
         row = self.db.execute(
             "SELECT coalesce((SELECT expires_at FROM ferry_hosts WHERE host_id = %s),"
             " '-infinity') < now() - make_interval(secs => %s),"
-            " coalesce(heartbeat_at, updated_at)"
-            " < now() - 2 * make_interval(secs => greatest(%s, beat_ttl_s))"
+            " coalesce(heartbeat_at, updated_at) < now() - make_interval(secs =>"
+            " 2 * greatest(%s, (body->'runner'->>'beat_ttl_s')::float8)"
+            " + coalesce((body->'spec'->>'kill_grace_s')::float8, 0))"
             " FROM ferry_tasks WHERE id = %s",
             (owner, ttl_s, ttl_s, task.id),
         ).fetchone()
