@@ -142,6 +142,12 @@ class TaskLoop:
         self.trap.drain()
         new = self.trap.received[self.signals_seen :]
         self.signals_seen = len(self.trap.received)
+        if new and not self.leader_exited and self.group.leader_exited():
+            # The leader exited, but its event waits behind this one (epoll gives no
+            # order within a batch) or the next poll (no pidfd): a signal sent once the
+            # task ended must find it ended, so that it gives up a stalled passthrough
+            # instead of being spent on a SIGKILL to nobody.
+            self._leader_exit_seen(now)
         for sig in new:
             if self.forwarded_signal is None:
                 self.forwarded_signal = sig
@@ -194,6 +200,11 @@ class TaskLoop:
         self._stop_for(sig, now)
 
     # -- the leader and the group ------------------------------------------------------
+
+    def _leader_exit_seen(self, now: float) -> None:
+        if self.group.pidfd is not None:
+            self.sel.unregister(self.group.pidfd)
+        self._on_leader_exit(now)
 
     def _on_leader_exit(self, now: float) -> None:
         self.leader_exited = True
@@ -326,8 +337,8 @@ class TaskLoop:
                 elif fd in self.echo_fds:
                     self.echo_fds[fd].flush()
                 elif fd == pidfd:
-                    self.sel.unregister(fd)
-                    self._on_leader_exit(time.monotonic())
+                    if not self.leader_exited:  # (else seen by a signal in this batch)
+                        self._leader_exit_seen(time.monotonic())
                 elif fd == wakeup_fd:
                     self._on_signals(time.monotonic())
                 elif self.control is not None and fd == self.control.fd:

@@ -58,7 +58,8 @@ class TaskGroup:
         return _has_live_member(self.pgid)
 
     def leader_exited(self) -> bool:
-        """Without a pidfd: has the leader exited? (Does not reap it.)"""
+        """Has the leader exited? (Does not reap it.) Without a pidfd, the only way to
+        know; with one, a look that need not wait for the pidfd's event."""
         try:
             result = os.waitid(os.P_PID, self.pgid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         except ChildProcessError:

@@ -19,6 +19,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,8 +28,9 @@ import pytest
 from hardkit import wait_for
 from taskscripts import TREE_LEAF
 
-from ferry.proc._outputs import LogFile
+from ferry.proc._outputs import LogFile, SignalTrap
 from ferry.proc._sink import ECHO_BACKLOG_BYTES, Sink
+from ferry.proc._taskloop import TaskLoop
 from ferry.proc.supervise import Outcome, SpawnFailed, SuperviseSpec, supervise
 
 PY = sys.executable
@@ -985,6 +987,58 @@ def test_signals_reach_the_task_and_end_ferry_while_its_stdout_reader_stalls(
     assert "stalled" in outcome["passthrough_error"]
     log = (tmp_path / "task.out").read_bytes()
     assert log.startswith(passed) and len(passed) < len(log)
+
+
+def test_a_signal_after_the_task_ended_gives_up_a_stalled_passthrough_in_any_event_order(
+    tmp_path: Path, process_api: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The second signal comes once the task has ended but before the loop has seen it
+    # end: its wakeup byte and the pidfd's event then come in one batch, the wakeup
+    # first (epoll keeps the level-triggered wakeup fd, ready the round before, at the
+    # head of its ready list), and without a pidfd the leader is only polled. It was
+    # spent on a SIGKILL to nobody; the stalled passthrough then held ferry for ever.
+    sync_interest = TaskLoop._sync_interest
+    sent: list[str] = []
+    watchdog: list[threading.Timer] = []
+
+    def give_up() -> None:  # only if ferry hangs: a third signal ends it
+        sent.append("third")
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def user(loop: TaskLoop) -> None:  # (just before the loop's select)
+        if not sent and loop.sinks[0].backlogged:
+            sent.append("first")
+            signal.raise_signal(signal.SIGTERM)  # forwarded
+        elif sent == ["first"] and loop.stopping:
+            wait_for(lambda: live_members(loop.proc.pid) == [], "the task to end")
+            select, wakeup_fd = loop.sel.select, loop.trap.wakeup_fd
+            loop.sel.select = lambda timeout=None: sorted(  # type: ignore[method-assign]
+                select(timeout), key=lambda event: event[0].fd != wakeup_fd
+            )
+            sent.append("second")
+            signal.raise_signal(signal.SIGTERM)
+            watchdog.append(threading.Timer(DEADLINE_S, give_up))
+            watchdog[0].start()
+        sync_interest(loop)
+
+    monkeypatch.setattr(TaskLoop, "_sync_interest", user)
+    read_fd, write_fd = os.pipe()  # nobody reads it
+    spec = make_spec(tmp_path, [PY, "-c", FLOOD], passthrough=True, stdout_echo_fd=write_fd)
+    try:
+        with SignalTrap() as trap:  # (still in place if the watchdog fires late)
+            try:
+                outcome = run(spec, trap=trap)
+            finally:
+                for timer in watchdog:
+                    timer.cancel()
+                    timer.join()
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
+    assert sent == ["first", "second"]
+    assert outcome.forwarded_signal == signal.SIGTERM and outcome.signal == signal.SIGTERM
+    assert not outcome.killed_after_grace
+    assert outcome.passthrough_error is not None and "stalled" in outcome.passthrough_error
 
 
 def test_twenty_megabytes_byte_exact_through_a_piped_stdout(
