@@ -33,6 +33,14 @@ journal-group-commit  8 threads appending concurrently through one handle, vs SQ
                                          append_batch) with no I/O at all:
                                          the CPU ceiling of this interpreter, and
                                          encode_only_ratio= that ceiling against SQLite;
+                      append_only=       one thread appending one record at a time to a
+                                         journal in memory (/dev/shm: no disk wait):
+                                         the Python cost of a waiting append;
+                                         per_record_ceiling= the best per_record_ratio
+                                         it allows: 8 records per commit, each commit
+                                         one fsync (as long as SQLite's) plus 8 of
+                                         those appends in a row (the GIL), no thread
+                                         handoff counted;
                       per_record_ratio=  each thread appends one record at a time and
                                          waits for its commit (Journal.append). With 8
                                          waiting appenders at most 8 records can share
@@ -58,11 +66,13 @@ journal-replay        stream and verify 1,000,000 records (journal.read_records:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -394,6 +404,7 @@ def bench_group_commit(options: Options, threads: int = 8) -> Figure:
             rates["sqlite"].append(rate(total, seconds["sqlite"]))
         medians = {side: statistics.median(values) for side, values in rates.items()}
     encode_only = max(encode_only_rate(data) for _ in range(3))
+    append_only = max(append_only_rate(data[: 2 * per_thread]) for _ in range(3))
     return Figure(
         "journal-group-commit",
         medians["batch"] / medians["sqlite"],
@@ -408,6 +419,8 @@ def bench_group_commit(options: Options, threads: int = 8) -> Figure:
             "batch_per_fsync": f"{statistics.median(per_fsync['batch']):.1f}",
             "encode_only": fmt_rate(encode_only),
             "encode_only_ratio": f"{encode_only / medians['sqlite']:.2f}",
+            "append_only": fmt_rate(append_only),
+            "per_record_ceiling": f"{per_record_ceiling(threads, append_only, medians['sqlite']):.2f}",
             "records": str(total),
             "target": ">=50",
         },
@@ -425,6 +438,39 @@ def encode_only_rate(data: list[dict[str, Any]]) -> float:
         prepared = _codec.prepare_batch(items, 0, 1 << 20)
         _codec.encode_lines(start + 1, [item.inner for item in prepared])
     return rate(len(data), time.perf_counter() - started)
+
+
+def per_record_ceiling(threads: int, append_only: float, sqlite: float) -> float:
+    """The best per_record_ratio this interpreter allows: each of ``threads`` waiting
+    appenders can give the next commit one record only once its last one is durable, so
+    a commit carries at most ``threads`` records and costs at least one fsync (taken to
+    be as long as SQLite's commit, 1/``sqlite``) plus the Python of each of its appends,
+    one after another under the GIL (1/``append_only`` each). No thread handoff counted."""
+    cycle_s = 1 / sqlite + threads / append_only
+    return threads / cycle_s / sqlite
+
+
+def append_only_rate(data: list[dict[str, Any]]) -> float:
+    """Records per second one thread appends one at a time (``Journal.append``, each
+    waiting for its commit) to a journal in memory (/dev/shm: its fdatasync waits for
+    no disk; the bench's own directory where there is none): the Python cost of a
+    waiting append alone, so the ceiling of per_record= whatever the threads share."""
+    memory = Path("/dev/shm")
+    with contextlib.ExitStack() as stack:
+        if memory.is_dir():
+            d = Path(stack.enter_context(tempfile.TemporaryDirectory(dir=memory)))
+        else:
+            d = stack.enter_context(scratch("append-only-"))
+        j = journal.Journal.open(d / "j")
+        try:
+            for item in data[:50]:  # (the segment made and mapped: not an append's cost)
+                j.append("bench", item)
+            started = time.perf_counter()
+            for item in data:
+                j.append("bench", item)
+            return rate(len(data), time.perf_counter() - started)
+        finally:
+            j.close()
 
 
 # -- replay
