@@ -37,8 +37,9 @@ The conversation with the launcher (:mod:`ferry.proc._control`; S: supervisor, L
                                                     (the channel's end: it exits)
 
 Without its launcher (the channel ends) the supervisor writes its own records, as the
-owner of the claim token: it opens the store itself (only then: a supervisor whose
-launcher lives never reads the journal), catches up on what the launcher may have
+owner of the claim token: it opens the store itself (only then, or on a shared
+database to beat for a late launcher: a supervisor whose launcher lives never reads
+the local journal), catches up on what the launcher may have
 written before it died (a record the journal already holds is not written twice: the
 token fences it), and from then on polls the journal at each heartbeat for a cancel
 request and a STALE mark, as a runner did. Ended before the launcher wrote the intent
@@ -93,6 +94,8 @@ from ferry.proc.logorder import order_path
 from ferry.proc.process import boot_clock, identity_of
 from ferry.storage.claiming import dispatching_with_claim
 
+# Why a task was stopped, or not started, on a shared database (its evidence).
+UNHEARD = "no beat of the task reached the database for its TTL: other hosts could take it over"
 # How long a supervisor waits for its launcher to confirm that its end is durable,
 # before it writes the end itself (a launcher stopped with SIGSTOP, a frozen
 # container). A record the launcher then writes too is refused by the token.
@@ -306,8 +309,9 @@ class Supervisor:
         return True
 
     def heard(self, until: float | None) -> None:
-        """Its task was heard: unheard from now, it may run until ``until``."""
-        if until is not None:
+        """Its task was heard: unheard from now, it may run until ``until`` (a later
+        deadline than the one it has; the first one it is told)."""
+        if until is not None and (self.beat_deadline == math.inf or until > self.beat_deadline):
             self.beat_deadline = float(until)
 
     def _orphaned_before_the_spawn(self) -> None:
@@ -332,8 +336,10 @@ class Supervisor:
         stdout_log, stderr_log = log_paths(self.home, task.id, task.attempt)
         failpoint("before:spawn")  # DISPATCHING is durable, no child exists yet
         try:
-            if self._unheard():  # (this host was frozen or cut off since the claim)
-                raise SpawnFailed("other", "not started: " + self.stopped_because["unheard"])
+            if self._unheard() and (self._on_its_own() is not None or self._unheard()):
+                # This host was frozen or cut off since the claim, and cannot make its
+                # task heard again: another host may have taken it over.
+                raise SpawnFailed("other", f"not started: {UNHEARD} ({self.beat_ttl_s:g} s)")
             lock_path = heartbeat_path(self.home, task.id, task.attempt)
             try:
                 lock_fd = alivelock.hold(lock_path)
@@ -443,76 +449,64 @@ class Supervisor:
         by RESUMED. While the launcher lives it looks (told of each beat: it answers a
         STALE mark only while we beat); once it is gone, we do. On a shared database,
         a task unheard past its deadline is stopped (other hosts may decide it once it
-        is unheard for twice the TTL and its kill grace), whoever failed to beat it; a
-        launcher late with its beats (paused, or busy with a long pass) is stood in
-        for, so that only a database out of reach stops the task."""
+        has been unheard for twice the TTL and its kill grace, twice), and a launcher
+        late with its beats (paused, busy with a long pass) is stood in for: only a
+        database out of reach stops the task."""
         if self._unheard():
-            return signal.SIGTERM
+            return self._stop_unheard()
         if not self.orphaned:
             if not self.channel.pending:  # (a silent launcher: one unread beat is enough)
                 self.channel.send("beat")
             self.channel.flush()
-            if self.beat_deadline == math.inf:
-                return None
             late = boot_clock() >= self.beat_deadline - self.beat_ttl_s / 2
-            return self._beat_alone() if late else None
-        if self._open_store() is None:
-            return None
-        if self.spawned_due:
-            self._write_spawned()
+            if self.beat_deadline == math.inf or not late:
+                return None
+        return self._on_its_own()
+
+    def _on_its_own(self) -> int | None:
+        """Beat the task ourselves, fenced by our claim token, and do what the store asks
+        of it (a cancel, a STALE mark): once the launcher is gone (its SPAWNED too), or
+        while it is late. Nothing that fails here may kill a running task or stop its
+        beats (the database out of reach, a refused RESUMED, a journal hiccup, a lack of
+        descriptors, a driver error): its deadline decides. Every call is bounded
+        (``bound_calls``: a lock wait too), so that none outlasts the deadline."""
         try:
+            if self._open_store() is None:
+                return self._stop_unheard() if self._unheard() else None
+            if self.orphaned and self.spawned_due:
+                self._write_spawned()
             self.store.refresh()
             current = self.store.get(self.task.id)
             if current is None or current.claim_token != self.token:
                 return None  # not our claim any more: its end will be refused
-            if not self._beat(current):
-                return signal.SIGTERM  # (another host decided it meanwhile)
+            sent = boot_clock()
+            if not self.store.beat(current):
+                self.stopped_because.setdefault("decided", "its beat was refused: decided")
+                return signal.SIGTERM
+            self.heard(sent + self.beat_ttl_s)
             if current.cancel_requested:
                 self.cancelled = True
                 return signal.SIGTERM
             if current.state is State.STALE:
                 self.store.commit(ev.Resumed(self.task.id, self.task.attempt, self.token))
-        except DatabaseUnavailableError:
-            return signal.SIGTERM if self._unheard() else None  # (its call took a while)
-        except (FerryError, OSError):
-            # A refused RESUMED (recovery moved first), a journal hiccup or a lack of
-            # descriptors must not kill a running task, nor stop its beats: the end
-            # reports what is true.
-            return None
+        except Exception:
+            return self._stop_unheard() if self._unheard() else None
+        finally:
+            if not self.orphaned and self.store is not None:
+                # (its launcher writes the rest: a connection kept by each supervisor
+                # of a late worker would add up)
+                with contextlib.suppress(Exception):
+                    self.store.close()
+                self.store = None
         return None
-
-    def _beat_alone(self) -> int | None:
-        """Beat the task ourselves, the launcher being late (it still writes the rest)."""
-        if self._open_store() is None:
-            return None
-        try:
-            current = self.store.get(self.task.id)
-            if current is not None and current.claim_token == self.token:
-                return None if self._beat(current) else signal.SIGTERM
-        except DatabaseUnavailableError:
-            return signal.SIGTERM if self._unheard() else None
-        except (FerryError, OSError):
-            pass
-        return None
-
-    def _beat(self, current: Task) -> bool:
-        """A beat of the task, fenced by our claim token; taken: a new deadline."""
-        sent = boot_clock()
-        if not self.store.beat(current):
-            return False
-        self.heard(sent + self.beat_ttl_s)
-        return True
 
     def _unheard(self) -> bool:
-        """Past the deadline: the evidence says why the task was stopped."""
-        if self.beat_deadline == math.inf or boot_clock() < self.beat_deadline:
-            return False
-        self.stopped_because.setdefault(
-            "unheard",
-            f"no beat of the task reached the database for {self.beat_ttl_s:g} s (its"
-            " TTL): other hosts could take it over",
-        )
-        return True
+        """Past the deadline (on a shared database)."""
+        return self.beat_deadline != math.inf and boot_clock() >= self.beat_deadline
+
+    def _stop_unheard(self) -> int:
+        self.stopped_because.setdefault("unheard", f"{UNHEARD} ({self.beat_ttl_s:g} s)")
+        return signal.SIGTERM
 
     def _cancel_seen(self) -> bool:
         """At the end, without a launcher: was a cancel asked for meanwhile?"""
@@ -618,6 +612,8 @@ class Supervisor:
         if self.store is None:
             patience_s = STORE_OPEN_PATIENCE_S if patiently else 0.0
             self.store = open_store_patiently(self.home, patience_s)
+            if self.store is not None and self.beat_deadline != math.inf:
+                self.store.bound_calls()
         return self.store
 
 

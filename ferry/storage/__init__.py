@@ -134,6 +134,12 @@ class TaskStore(Protocol):
         claim moved)."""
         ...
 
+    def bound_calls(self) -> None:
+        """From now on, no call waits longer than its connection's bound for anything:
+        a lock another session holds, a slow statement (a supervisor's deadline must
+        not wait on one). Nothing to do on the local backend."""
+        ...
+
     def sync(self) -> None:
         """Catch up, and make everything read durable: before acting on a read that
         writes nothing (skipping a task whose key already succeeded)."""

@@ -58,6 +58,9 @@ class MemoryStore(ClaimsUnderLock):
     def refresh(self) -> None:
         """Nothing to catch up with: every writer shares this object."""
 
+    def bound_calls(self) -> None:
+        """Local calls wait on no network and no other session's lock."""
+
     def beat(self, task: Task) -> bool:
         """Beats are the heartbeat file the supervisor touches: nothing to record."""
         return True

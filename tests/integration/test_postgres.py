@@ -726,7 +726,11 @@ def test_a_task_unheard_past_its_deadline_is_not_started(hosts: Hosts, tmp_path:
     # deadline, spawned the task once continued, after b had queued it again.)
     a, b = hosts("a"), hosts("b")
     gate, marks = tmp_path / "gate", tmp_path / "marks"
-    task_id = a.ok("submit", "--idempotent", "--", *gated(gate, marks)).out.decode().strip()
+    task_id = (
+        a.ok("submit", "--idempotent", "--kill-grace", "1", "--", *gated(gate, marks))
+        .out.decode()
+        .strip()
+    )  # (b waits 2 TTLs, 2 graces and 8 s: within wait_until's 30)
     claim = a.start("claim", "--lease-ttl", "2", failpoints="supervisor:before:spawn=stop")
     try:
 
@@ -744,6 +748,130 @@ def test_a_task_unheard_past_its_deadline_is_not_started(hosts: Hosts, tmp_path:
         gate.touch()
     assert not marks.exists(), "the task was started after b had taken it over"
     assert b.task(task_id)["state"] == "QUEUED"
+
+
+def test_a_row_lock_held_elsewhere_does_not_keep_a_task_past_its_deadline(
+    hosts: Hosts, pg_url: str, tmp_path: Path
+) -> None:
+    # (Found by a second review: a beat waiting on the task's row lock, which another
+    # session held (a client gone between its FOR UPDATE and its COMMIT), held the
+    # supervisor's loop: the network's bound does not cover a lock wait, its deadline
+    # went unenforced, and b could queue the task again while it ran.)
+    a = hosts("a")
+    marks = tmp_path / "marks"
+    script = f"trap '' TERM; while :; do echo x >> '{marks}'; sleep 0.05; done"
+    task_id = (
+        a.ok("submit", "--idempotent", "--kill-grace", "2", "--", "sh", "-c", script)
+        .out.decode()
+        .strip()
+    )
+    claim = a.start("claim", "--lease-ttl", "2")
+    wait_until(lambda: a.task(task_id)["state"] == "RUNNING", what="the task to run")
+    with psycopg.connect(pg_url) as locker:
+        locker.execute("SELECT 1 FROM ferry_tasks WHERE id = %s FOR UPDATE", (task_id,))
+        store = PgStore.open(pg_url, "b")
+        try:
+            wait_until(lambda: store.host_lost(store.get(task_id), 2.0),
+                       what="b to be allowed to decide it", timeout_s=60)  # fmt: skip
+        finally:
+            store.close()
+        assert not still_runs(marks), "a's task still ran when b could take it over"
+        locker.rollback()
+    claim.wait(timeout=60)
+
+
+def test_a_late_start_whose_claim_is_still_its_own_goes_ahead(
+    hosts: Hosts, pg_url: str, tmp_path: Path
+) -> None:
+    # (Found by a second review: a supervisor that came to its spawn past its deadline
+    # (stopped there, its worker alive and its lease renewed) settled the task FAILED
+    # SPAWN_FAILED: it now beats first, and starts the task if the beat is taken.)
+    a = hosts("a")
+    marks = tmp_path / "marks"
+    task_id = a.ok("submit", "--", "sh", "-c", f"echo x >> '{marks}'").out.decode().strip()
+    worker = a.start("work", "-j", "1", "--lease-ttl", "2", "--poll", "0.1", "--drain",
+                     failpoints="supervisor:before:spawn=stop")  # fmt: skip
+    try:
+
+        def stopped_supervisor() -> int | None:
+            pid = (a.task(task_id).get("runner") or {}).get("pid")
+            st = None if pid is None else read_stat(pid)
+            return pid if st is not None and st.state == "T" else None
+
+        pid = wait_until(stopped_supervisor, what="the supervisor to stop before the spawn")
+        with psycopg.connect(pg_url, autocommit=True) as db:
+            wait_until(lambda: db.execute(
+                "SELECT updated_at < now() - interval '3 seconds' FROM ferry_tasks"
+                " WHERE id = %s", (task_id,)).fetchone()[0],
+                what="its deadline to pass")  # fmt: skip
+        os.kill(pid, signal.SIGCONT)
+        assert worker.wait(timeout=60) == 0
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            worker.send_signal(signal.SIGCONT)
+    task = a.task(task_id)
+    assert (task["state"], marks.read_text()) == ("SUCCEEDED", "x\n")
+
+
+def test_a_read_only_database_stops_a_task_with_its_grace_not_a_crash(
+    hosts: Hosts, pg_url: str, tmp_path: Path
+) -> None:
+    # (Found by a second review: a driver error that is not a lost connection (here
+    # ReadOnlySqlTransaction) escaped from a supervisor beating alone, its launcher
+    # paused: the task loop's abort SIGKILLed the task, without its SIGTERM, and the
+    # supervisor died without an end.)
+    a = hosts("a")
+    marks, trace = tmp_path / "marks", tmp_path / "trace"
+    script = f"trap 'echo TERM >> {trace}; exit 0' TERM; while :; do echo x >> '{marks}'; sleep 0.05; done"
+    task_id = a.ok("submit", "--idempotent", "--", "sh", "-c", script).out.decode().strip()
+    claim = a.start("claim", "--lease-ttl", "2")
+    wait_until(lambda: a.task(task_id)["state"] == "RUNNING", what="the task to run")
+    dbname = pg_url.rsplit("/", 1)[1]
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f'ALTER DATABASE "{dbname}" SET default_transaction_read_only = on')
+        claim.send_signal(signal.SIGSTOP)  # (its launcher late: the supervisor beats alone)
+        try:
+            wait_until(trace.exists, what="the task's SIGTERM, past its deadline")
+        finally:
+            claim.send_signal(signal.SIGCONT)
+            conn.execute(f'ALTER DATABASE "{dbname}" RESET default_transaction_read_only')
+    assert claim.wait(timeout=60) != 125  # (not error[internal]: the supervisor lived)
+    task = wait_until(lambda: (t := a.task(task_id))["state"] != "RUNNING" and t,
+                      what="the task's end")  # fmt: skip
+    assert "unheard" in task["evidence"]
+
+
+def test_supervisors_let_go_of_the_connections_they_beat_alone_with(
+    hosts: Hosts, pg_url: str, tmp_path: Path
+) -> None:
+    # (Found by a second review: a supervisor that beat its task itself, its worker
+    # late, kept its own connection for the rest of the task: one per running task.)
+    a = hosts("a")
+    gate = tmp_path / "gate"
+    ids = [a.ok("submit", "--", *gated(gate)).out.decode().strip() for _ in range(3)]
+    worker = a.start("work", "-j", "3", "--lease-ttl", "6", "--poll", "0.1")
+    with psycopg.connect(pg_url, autocommit=True) as db:
+        try:
+            wait_until(lambda: all(a.task(i)["state"] == "RUNNING" for i in ids),
+                       what="the tasks to run")  # fmt: skip
+            supervisors = {f"ferry {a.task(i)['runner']['pid']}@a" for i in ids}
+
+            def connections() -> int:
+                rows = db.execute("SELECT application_name FROM pg_stat_activity").fetchall()
+                return sum(1 for (name,) in rows if name in supervisors)
+
+            paused = db.execute("SELECT now()").fetchone()[0]
+            worker.send_signal(signal.SIGSTOP)  # (a long pass: the launcher is late)
+            wait_until(lambda: db.execute(
+                "SELECT count(*) FROM ferry_tasks WHERE heartbeat_at > %s", (paused,)
+            ).fetchone()[0] == 3, what="each supervisor to beat alone")  # fmt: skip
+            worker.send_signal(signal.SIGCONT)
+            wait_until(lambda: connections() == 0, what="the supervisors to let go")
+        finally:
+            worker.send_signal(signal.SIGCONT)
+            gate.touch()
+            worker.send_signal(signal.SIGTERM)
+            worker.wait(timeout=60)
 
 
 def test_task_numbers_are_one_sequence_across_hosts(hosts: Hosts) -> None:

@@ -153,3 +153,29 @@ def test_a_cut_off_task_is_gone_when_another_host_decides_it_whatever_its_kill_g
     size = marks.stat().st_size
     finish(claim, timeout_s=60)
     assert marks.stat().st_size == size, "a's task still ran when b took it over"
+
+
+def test_a_cut_off_task_s_escapees_are_gone_when_another_host_decides_it(
+    cut: Cut, tmp_path: Path
+) -> None:
+    # (Found by a second review: what left the task's group (a setsid daemon, which
+    # ferry stops once the group is gone) got a grace of its own after the group's, and
+    # still ran when b queued the task again.)
+    escapee = tmp_path / "escapee"
+    daemon = f"trap '' TERM; while :; do echo y >> '{escapee}'; sleep 0.05; done"
+    script = f"trap '' TERM; setsid sh -c \"{daemon}\" & while :; do sleep 0.05; done"
+    task_id = (
+        cut.a.ok("submit", "--idempotent", "--kill-grace", "3", "--", "sh", "-c", script)
+        .out.decode()
+        .strip()
+    )
+    claim = cut.a.start("claim", "--lease-ttl", "4")
+    wait_until(lambda: cut.b.task(task_id)["state"] == "RUNNING", what="the task to run")
+    wait_until(escapee.exists, what="the escapee")
+    cut.relay.cut()
+    wait_until(lambda: cut.b("recover", "--lease-ttl", "4").code == 0
+               and cut.b.task(task_id)["state"] == "QUEUED",
+               what="b to queue a's task again", timeout_s=90)  # fmt: skip
+    size = escapee.stat().st_size
+    finish(claim, timeout_s=60)
+    assert escapee.stat().st_size == size, "a's escapee still ran when b took the task over"

@@ -380,6 +380,9 @@ class Store(ClaimsUnderLock):
         except journal.JournalError as error:
             raise journal_error(error) from error
 
+    def bound_calls(self) -> None:
+        """Local calls wait on no network and no other session's lock."""
+
     def beat(self, task: Task) -> bool:
         """Beats are the heartbeat file the supervisor touches: nothing to record."""
         return True

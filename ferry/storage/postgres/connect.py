@@ -116,6 +116,7 @@ class Database:
         self.url = url
         self.host = host
         self.silence_s = _process_silence_s
+        self.statements_bound = False  # every statement cut after silence_s (bound_statements)
         self._conn: Any = None
         self._psycopg = _psycopg()
 
@@ -131,6 +132,16 @@ class Database:
             self.silence_s = silence_s
             self.close()
 
+    def bound_statements(self) -> None:
+        """Cut every statement after the silence bound too, a wait for a lock included
+        (``statement_timeout``: ``db.unavailable``), from the next connection on: for a
+        process whose calls must end in time whatever the server does (a supervisor).
+        A lock held by a session whose client vanished is kept until the server sees it
+        gone, and the network's bound does not cover that wait."""
+        if not self.statements_bound:
+            self.statements_bound = True
+            self.close()
+
     def connection(self) -> Any:
         if self._conn is None or self._conn.closed:
             try:
@@ -138,8 +149,11 @@ class Database:
                 # estimate past jit_above_cost made one of them spend a second
                 # compiling what runs in a millisecond.
                 silence_s = self.silence_s
+                options = "-c jit=off"
+                if self.statements_bound:
+                    options += f" -c statement_timeout={int(silence_s * 1000)}"
                 self._conn = self._psycopg.connect(
-                    self.url, autocommit=True, options="-c jit=off",
+                    self.url, autocommit=True, options=options,
                     # (libpq: whole seconds, at least 2)
                     connect_timeout=max(2, min(CONNECT_TIMEOUT_S, math.ceil(silence_s))),
                     keepalives=1, keepalives_idle=max(1, int(silence_s / 3)),

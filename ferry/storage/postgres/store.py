@@ -108,6 +108,9 @@ class PgStore:
     def close(self) -> None:
         self.db.close()
 
+    def bound_calls(self) -> None:
+        self.db.bound_statements()
+
     # ---- writing -------------------------------------------------------------------
 
     def commit(self, *events: ev.Event | EncodedEvent, epoch: int = 0) -> list[Any]:
@@ -801,22 +804,28 @@ class PgStore:
         host lost its lease at least ``ttl_s`` ago (its workers, unable to renew, have
         stopped their tasks) and the task has gone unheard (no claim, intent or beat of
         it taken) for twice the TTL its runner promised (``runner.beat_ttl_s``; or
-        ``ttl_s``, if longer) and its ``--kill-grace``: its supervisor, unheard for one
-        TTL, stopped it, and had the rest to see it gone. Decide it as lost. False:
-        another host's, still alive: leave it alone."""
+        ``ttl_s``, if longer), twice its ``--kill-grace`` and a slack: its
+        supervisor, unheard for one TTL, stopped it (SIGTERM, SIGKILL after the grace;
+        then what left its group, the same way), and had the rest to see it gone.
+        Decide it as lost. False: another host's, still alive: leave it alone."""
         owner = None if task.runner is None else task.runner.get("host_id")
         if owner is None or owner == self.host:
             return None
         if ttl_s == float("inf"):
             return False  # (asked only whose task it is)
+        from ferry.proc.supervise import DRAIN_TIMEOUT_S, SIGKILL_WAIT_S
+
+        # (a stopped group may take this long to be gone after its SIGKILL, its pipes
+        # drained, before what left the group gets a grace of its own; and a second)
+        slack_s = SIGKILL_WAIT_S + DRAIN_TIMEOUT_S + 1.0
         row = self.db.execute(
             "SELECT coalesce((SELECT expires_at FROM ferry_hosts WHERE host_id = %s),"
             " '-infinity') < now() - make_interval(secs => %s),"
             " coalesce(heartbeat_at, updated_at) < now() - make_interval(secs =>"
             " 2 * greatest(%s, (body->'runner'->>'beat_ttl_s')::float8)"
-            " + coalesce((body->'spec'->>'kill_grace_s')::float8, 0))"
+            " + 2 * coalesce((body->'spec'->>'kill_grace_s')::float8, 0) + %s)"
             " FROM ferry_tasks WHERE id = %s",
-            (owner, ttl_s, ttl_s, task.id),
+            (owner, ttl_s, ttl_s, slack_s, task.id),
         ).fetchone()
         return bool(row is not None and row[0] and row[1])
 
