@@ -11,7 +11,8 @@ are hung up on, until restored. The server itself keeps running for the other ho
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
+import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +131,27 @@ def test_an_end_delivered_after_another_host_decided_the_task_is_kept_as_evidenc
     finish(worker)
 
 
+def cut_off_then_taken_over(
+    cut: Cut, script: str, *, kill_grace: str, started: Callable[[], bool]
+) -> subprocess.Popen[bytes]:
+    """An idempotent ``script`` claimed by a's ``claim --lease-ttl 4``, a cut off once
+    it ``started``, and b's ``recover`` polled until it queued the task again (as soon
+    as the contract lets it): a's claim, still running or not."""
+    task_id = (
+        cut.a.ok("submit", "--idempotent", "--kill-grace", kill_grace, "--", "sh", "-c", script)
+        .out.decode()
+        .strip()
+    )
+    claim = cut.a.start("claim", "--lease-ttl", "4")
+    wait_until(lambda: cut.b.task(task_id)["state"] == "RUNNING" and started(),
+               what="the task to run")  # fmt: skip
+    cut.relay.cut()
+    wait_until(lambda: cut.b("recover", "--lease-ttl", "4").code == 0
+               and cut.b.task(task_id)["state"] == "QUEUED",
+               what="b to queue a's task again", timeout_s=90)  # fmt: skip
+    return claim
+
+
 def test_a_cut_off_task_is_gone_when_another_host_decides_it_whatever_its_kill_grace(
     cut: Cut, tmp_path: Path
 ) -> None:
@@ -139,17 +161,7 @@ def test_a_cut_off_task_is_gone_when_another_host_decides_it_whatever_its_kill_g
     # again. The other host now waits the task's --kill-grace too.)
     marks = tmp_path / "marks"
     script = f"trap '' TERM; while :; do echo x >> '{marks}'; sleep 0.05; done"
-    task_id = (
-        cut.a.ok("submit", "--idempotent", "--kill-grace", "8", "--", "sh", "-c", script)
-        .out.decode()
-        .strip()
-    )
-    claim = cut.a.start("claim", "--lease-ttl", "4")
-    wait_until(lambda: cut.b.task(task_id)["state"] == "RUNNING", what="the task to run")
-    cut.relay.cut()
-    wait_until(lambda: cut.b("recover", "--lease-ttl", "4").code == 0
-               and cut.b.task(task_id)["state"] == "QUEUED",
-               what="b to queue a's task again", timeout_s=60)  # fmt: skip
+    claim = cut_off_then_taken_over(cut, script, kill_grace="8", started=marks.exists)
     size = marks.stat().st_size
     finish(claim, timeout_s=60)
     assert marks.stat().st_size == size, "a's task still ran when b took it over"
@@ -164,18 +176,7 @@ def test_a_cut_off_task_s_escapees_are_gone_when_another_host_decides_it(
     escapee = tmp_path / "escapee"
     daemon = f"trap '' TERM; while :; do echo y >> '{escapee}'; sleep 0.05; done"
     script = f"trap '' TERM; setsid sh -c \"{daemon}\" & while :; do sleep 0.05; done"
-    task_id = (
-        cut.a.ok("submit", "--idempotent", "--kill-grace", "3", "--", "sh", "-c", script)
-        .out.decode()
-        .strip()
-    )
-    claim = cut.a.start("claim", "--lease-ttl", "4")
-    wait_until(lambda: cut.b.task(task_id)["state"] == "RUNNING", what="the task to run")
-    wait_until(escapee.exists, what="the escapee")
-    cut.relay.cut()
-    wait_until(lambda: cut.b("recover", "--lease-ttl", "4").code == 0
-               and cut.b.task(task_id)["state"] == "QUEUED",
-               what="b to queue a's task again", timeout_s=90)  # fmt: skip
+    claim = cut_off_then_taken_over(cut, script, kill_grace="3", started=escapee.exists)
     size = escapee.stat().st_size
     finish(claim, timeout_s=60)
     assert escapee.stat().st_size == size, "a's escapee still ran when b took the task over"
