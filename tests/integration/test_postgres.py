@@ -515,11 +515,20 @@ def kill_host(ferry: Ferry) -> None:
         proc.wait(timeout=10)
 
 
+# Tasks whose host another host is to find lost: b waits twice their kill grace (and
+# twice the TTL, and 8 s) after they were last heard, so a short grace keeps it brief.
+QUICK_GRACE = ("--kill-grace", "1")
+
+
 def start_two_tasks(hosts: Hosts, ttl: str) -> tuple[str, str, subprocess.Popen[bytes]]:
     a = hosts("a")
-    mutating = a.ok("submit", "--name", "mutating", "--", "sleep", "60").out.decode().strip()
+    mutating = (
+        a.ok("submit", *QUICK_GRACE, "--name", "mutating", "--", "sleep", "60").out.decode().strip()
+    )
     idem = (
-        a.ok("submit", "--idempotent", "--name", "idem", "--", "sleep", "60").out.decode().strip()
+        a.ok("submit", *QUICK_GRACE, "--idempotent", "--name", "idem", "--", "sleep", "60")
+        .out.decode()
+        .strip()
     )
     worker = a.start("work", "-j", "2", "--lease-ttl", ttl, "--poll", "0.1")
     wait_until(lambda: {t["state"] for t in a.tasks()} == {"RUNNING"}, what="both tasks running")
@@ -558,7 +567,7 @@ def test_a_paused_host_writes_nothing_once_another_decided_its_tasks(
     a = hosts("a")
     gate = tmp_path / "gate"  # (the task ends only once the host is continued)
     script = f'while [ ! -e "{gate}" ]; do sleep 0.05; done; echo done'
-    task_id = a.ok("submit", "--", "sh", "-c", script).out.decode().strip()
+    task_id = a.ok("submit", *QUICK_GRACE, "--", "sh", "-c", script).out.decode().strip()
     worker = a.start("work", "-j", "1", "--lease-ttl", "1", "--poll", "0.1", "--drain")
     wait_until(lambda: a.task(task_id)["state"] == "RUNNING", what="the task to run")
     paused = [i.pid for i in processes_with_env(f"FERRY_HOME={a.home}".encode())]
@@ -586,7 +595,7 @@ def test_a_paused_host_writes_nothing_once_another_decided_its_tasks(
 def test_two_recovers_on_two_hosts_decide_each_task_once(hosts: Hosts, pg_url: str) -> None:
     a = hosts("a")
     for _ in range(4):
-        a.ok("submit", "--", "sleep", "60")
+        a.ok("submit", *QUICK_GRACE, "--", "sleep", "60")
     a.start("work", "-j", "4", "--lease-ttl", "1", "--poll", "0.1")
     wait_until(lambda: {t["state"] for t in a.tasks()} == {"RUNNING"}, what="4 running")
     kill_host(a)

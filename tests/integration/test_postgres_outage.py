@@ -111,7 +111,8 @@ def test_recover_delivers_what_a_killed_supervisor_kept(cut: Cut, tmp_path: Path
 def test_an_end_delivered_after_another_host_decided_the_task_is_kept_as_evidence(
     cut: Cut,
 ) -> None:
-    task_id = cut.a.ok("submit", "--", "sleep", "60").out.decode().strip()
+    # (--kill-grace 1: b waits twice the grace, twice the TTL and 8 s after the last beat)
+    task_id = cut.a.ok("submit", "--kill-grace", "1", "--", "sleep", "60").out.decode().strip()
     worker = cut.a.start("work", "-j", "1", "--lease-ttl", "1", "--poll", "0.1", "--drain")
     running(cut)
     cut.relay.cut()  # a's lease cannot be renewed: it expires; b decides a's task

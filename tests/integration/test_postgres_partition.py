@@ -110,7 +110,16 @@ class Hosts:
         for n in range(jobs):
             script = f'echo $$ > "{self.pids / str(n)}"; exec sleep 600'
             submitted = self.b.ok(
-                "submit", "--idempotent", "--heartbeat", "1", "--", "sh", "-c", script
+                "submit",
+                "--idempotent",
+                "--heartbeat",
+                "1",
+                "--kill-grace",
+                "1",
+                "--",
+                "sh",
+                "-c",
+                script,
             )
             ids.append(submitted.out.decode().strip())
         worker = self.a.start("work", "-j", str(jobs), "--lease-ttl", str(TTL_S), "--poll", "0.2")
