@@ -336,7 +336,7 @@ class Supervisor:
         stdout_log, stderr_log = log_paths(self.home, task.id, task.attempt)
         failpoint("before:spawn")  # DISPATCHING is durable, no child exists yet
         try:
-            if self._unheard() and (self._on_its_own() is not None or self._unheard()):
+            if self._unheard() and not self._heard_again():
                 # This host was frozen or cut off since the claim, and cannot make its
                 # task heard again: another host may have taken it over.
                 raise SpawnFailed("other", f"not started: {UNHEARD} ({self.beat_ttl_s:g} s)")
@@ -458,10 +458,19 @@ class Supervisor:
             if not self.channel.pending:  # (a silent launcher: one unread beat is enough)
                 self.channel.send("beat")
             self.channel.flush()
-            late = boot_clock() >= self.beat_deadline - self.beat_ttl_s / 2
-            if self.beat_deadline == math.inf or not late:
+            if not self._launcher_late():
                 return None
         return self._on_its_own()
+
+    def _launcher_late(self) -> bool:
+        """On a shared database: half the TTL gone since the task was last heard."""
+        if self.beat_deadline == math.inf:
+            return False  # (one host: no deadline, no clock read)
+        return boot_clock() >= self.beat_deadline - self.beat_ttl_s / 2
+
+    def _heard_again(self) -> bool:
+        """Past its deadline: heard again, by a beat of our own (its claim still ours)."""
+        return self._on_its_own() is None and not self._unheard()
 
     def _on_its_own(self) -> int | None:
         """Beat the task ourselves, fenced by our claim token, and do what the store asks

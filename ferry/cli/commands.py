@@ -38,7 +38,9 @@ _LEASE_TTL = click.option(
     type=click.FloatRange(0.1, 86400),
     default=30.0,
     show_default=True,
-    help="Seconds a silent leader keeps the lease before another may take it.",
+    help="Seconds a silent leader keeps the lease before another may take it. On a shared"
+    " database, also how long a task of claim or work may go unheard before it is stopped;"
+    " recover waits twice that (or twice the task's own) before deciding another host's.",
 )
 _KILL_STALE = click.option(
     "--kill-stale",
