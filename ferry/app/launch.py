@@ -116,7 +116,12 @@ class Launch:
         for stream in (sys.stdout, sys.stderr):  # our buffered bytes must not be copied
             with contextlib.suppress(OSError, ValueError):
                 stream.flush()
-        pid = fork_untrapped()
+        try:
+            pid = fork_untrapped()
+        except OSError:  # (EAGAIN: out of processes; ENOMEM)
+            ours.close()
+            theirs.close()
+            raise
         if pid == 0:  # the supervisor: never returns into the launcher's code
             status = EX_FERRY_FAILED
             try:
@@ -129,16 +134,21 @@ class Launch:
         theirs.close()
         failpoints.companion(pid)
         self.pid = pid
-        identity = identity_of(pid)
-        if identity is None:  # (it exists: it is our unreaped child)
-            raise InternalError(f"cannot read the new supervisor's identity (pid {pid})")
+        self.reaped = False
+        try:
+            identity = identity_of(pid)
+            if identity is None:  # (it exists: it is our unreaped child)
+                raise InternalError(f"cannot read the new supervisor's identity (pid {pid})")
+        except BaseException:  # (EMFILE, say) told nothing, it exits once our end closes
+            ours.close()
+            self.reap()
+            raise
         self.identity: ProcessIdentity = identity
         self.channel = Channel(ours)
         self.beat_ttl_s = beat_ttl_s
         # (boot_clock) when the last write that showed its task alive was sent
         self.heard_sent: float | None = None
         self.gone = False  # its channel ended (it exited, or died)
-        self.reaped = False
         self.claiming: str | None = None  # the token of a claim naming it, its outcome not told yet
         self.forget()
 

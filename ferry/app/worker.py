@@ -49,6 +49,7 @@ tasks, which settle CANCELLED (the user asked for that; their evidence says
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import os
 import select
@@ -88,6 +89,9 @@ if TYPE_CHECKING:
 # pinned inputs: building an environment, well under a millisecond).
 PLAN_WAIT_S = 1.0
 PLAN_DEATHS_MAX = 3
+# A supervisor that cannot be made for want of descriptors, processes or memory: the
+# slot waits for one of the others (``Worker._new_supervisor``).
+SHORT_OF_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.ENOMEM})
 HALTS = ("soon", "now")
 
 
@@ -130,6 +134,7 @@ class Worker:
         self._cancel_before_spawn: set[str] = set()
         self._plan_deaths: dict[str, int] = {}  # task id -> supervisors that died planning it
         self._queue_ran_dry = False  # the last claims found fewer tasks than asked for
+        self._short_of = False  # a supervisor could not be made (EMFILE...): said once
         self.unreaped: list[Launch] = []  # gone, not yet exited (they hold a task alone)
         self.halt, self.progress_s = halt, progress_s
         self.tally = Tally()
@@ -449,6 +454,25 @@ class Worker:
 
     # -- the supervisors ------------------------------------------------------------------
 
+    def _new_supervisor(self) -> Launch | None:
+        """A new supervisor; None when this process is short of descriptors or of
+        processes for one (a low ``ulimit -n`` for ``-j``) while others of its
+        supervisors live: fewer tasks run at once until one of them is done (a notice
+        says so, once). With none alive, nothing could run: the error ends work (exit
+        125), its queue untouched."""
+        try:
+            return Launch(self.session.home, self.environ, beat_ttl_s=self.beat_ttl_s)
+        except OSError as error:
+            if error.errno not in SHORT_OF_ERRNOS or all(s.gone for s in self.supervisors):
+                raise
+            if not self._short_of:
+                self._short_of = True
+                self.session.notice(
+                    f"warning: cannot start another supervisor ({error.strerror}): "
+                    f"running fewer than {self.jobs} tasks at once"
+                )
+            return None
+
     def _claimants(self, units: Sequence[_Unit]) -> list[Launch]:
         """An idle supervisor (a new one if none: up to two per slot) for each free
         slot, each told a claim naming it is being written (should we die before it
@@ -470,7 +494,9 @@ class Worker:
         if self._queue_ran_dry:
             forks = min(forks, 0 if idle or ending else 1)
         for _ in range(max(0, forks)):
-            launch = Launch(self.session.home, self.environ, beat_ttl_s=self.beat_ttl_s)
+            launch = self._new_supervisor()
+            if launch is None:
+                break
             self.supervisors.append(launch)
             idle.append(launch)
         chosen = idle[: max(0, free)]

@@ -210,6 +210,19 @@ def test_too_few_file_descriptors_for_work_fails_tasks_it_cannot_start(cli: Ferr
     assert {t["state"] for t in cli.tasks()} == {"SUCCEEDED"}
 
 
+def test_work_short_of_descriptors_for_its_slots_runs_fewer_tasks_at_once(cli: Ferry) -> None:
+    """With descriptors for some supervisors but not for -j of them (and the ones
+    that exited still closing under load), work runs fewer at once: it ended with
+    io.too_many_open_files (exit 125) half-way through its queue."""
+    for _ in range(6):
+        cli.ok("submit", "--", "sh", "-c", "echo hi")
+    result = cli("work", "--drain", "-j", "4", preexec=fd_limit(14))
+    assert result.code == 0, result.err
+    assert "running fewer than 4 tasks at once" in result.err
+    assert {t["state"] for t in cli.tasks()} == {"SUCCEEDED"}
+    cli.verify_clean()
+
+
 # ---- tasks that misuse their streams ------------------------------------------------------
 
 

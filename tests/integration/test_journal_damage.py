@@ -297,11 +297,22 @@ def test_append_cuts_a_torn_tail_first(work: Path) -> None:
 # --------------------------------------------------------------------------- corruption
 
 
-@pytest.mark.parametrize("index", [0, 1, 2])
+@pytest.mark.parametrize(
+    ("index", "stride"),
+    [
+        # Every byte of the first sealed segment: a minute of CPU, so in the explorer
+        # suites (tox -e soak); the default run flips every 5th byte of each.
+        pytest.param(0, 1, marks=pytest.mark.crash, id="0-every-byte"),
+        pytest.param(0, 5, id="0"),
+        pytest.param(1, 5, id="1"),
+        pytest.param(2, 5, id="2"),
+    ],
+)
 def test_single_bit_flips_in_sealed_segments_are_corruption(
-    work: Path, tmp_path: Path, index: int
+    work: Path, tmp_path: Path, index: int, stride: int
 ) -> None:
-    """Every byte of the first sealed segment; every 5th byte of the next two."""
+    """A bit flipped at every ``stride``-th byte of a sealed segment (the bit moves with
+    the offset: a stride of 5 still flips each of the 8 in turn)."""
     sealed = segments(work)[:-1]
     assert len(sealed) >= 3
     segment = sealed[index]
@@ -309,7 +320,7 @@ def test_single_bit_flips_in_sealed_segments_are_corruption(
     case = tmp_path / "case"
     shutil.copytree(work, case)
     target = case / segment.name
-    for offset in range(0, len(content), 1 if index == 0 else 5):
+    for offset in range(0, len(content), stride):
         bit = offset % 8
         flip_bit(target, offset, bit)
         error = assert_corrupt_and_untouched(case, target)

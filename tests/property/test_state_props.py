@@ -50,22 +50,25 @@ NATURAL: dict[State | None, list[ev.EventType]] = {
     State.CANCELLED: [E.RETRIED, E.RESOLVED, E.FORGOTTEN],
     State.SUCCEEDED: [E.FORGOTTEN],
 }
+# The strategies, made once: hypothesis checks each new one as it is first drawn from,
+# which cost this suite more than the fold it tests. (A tuple argument is hashable: the
+# strategy made from it is cached too.)
+_ANYTHING = st.sampled_from([*ev.EventType, "FROM_THE_FUTURE"])
+_KINDS = {state: st.sampled_from(kinds) | _ANYTHING for state, kinds in NATURAL.items()}
+_IDS, _TOKENS = st.sampled_from(IDS), st.sampled_from(TOKENS)
+_SETTLED_STATES = st.sampled_from((State.SUCCEEDED, State.FAILED, State.CANCELLED))
 
 
 @st.composite
 def plausible_event(draw: st.DrawFn, table: Table) -> Record:
     """An event aimed at the current table: often legal, often subtly not."""
-    task_id = draw(st.sampled_from(IDS))
+    task_id = draw(_IDS)
     task = table.get(task_id)
     current = task.attempt if task is not None else 1
-    attempt = draw(st.sampled_from([current, current, current, current + 1, max(1, current - 1)]))
-    own = (
-        task.claim_token if task is not None and task.claim_token else draw(st.sampled_from(TOKENS))
-    )
-    token = draw(st.sampled_from([own, own, own, "stranger"]))
-    natural = NATURAL[None if task is None else task.state]
-    anything = st.sampled_from([*ev.EventType, "FROM_THE_FUTURE"])
-    kind = draw(st.sampled_from(natural) | anything if natural else anything)
+    attempt = draw(st.sampled_from((current, current, current, current + 1, max(1, current - 1))))
+    own = task.claim_token if task is not None and task.claim_token else draw(_TOKENS)
+    token = draw(st.sampled_from((own, own, own, "stranger")))
+    kind = draw(_KINDS[None if task is None else task.state])
     if kind == ev.EventType.RETRIED and draw(st.booleans()):
         attempt = current + 1
     event: ev.Event
@@ -76,31 +79,31 @@ def plausible_event(draw: st.DrawFn, table: Table) -> Record:
                         max_releases=draw(st.integers(0, 2)))  # fmt: skip
         event = ev.Submitted(task_id, spec, 1.0)
     elif kind == ev.EventType.CLAIMED:
-        event = ev.Claimed(task_id, attempt, draw(st.sampled_from(TOKENS)), RUNNER, "work")
+        event = ev.Claimed(task_id, attempt, draw(_TOKENS), RUNNER, "work")
     elif kind == ev.EventType.DISPATCHING:
         event = ev.Dispatching(task_id, attempt, token, "marker")
     elif kind == ev.EventType.SPAWNED:
         event = ev.Spawned(task_id, attempt, token, 10, 10, 3.0)
     elif kind == ev.EventType.SETTLED:
-        state = draw(st.sampled_from([State.SUCCEEDED, State.FAILED, State.CANCELLED]))
+        state = draw(_SETTLED_STATES)
         reason = None if state is State.SUCCEEDED else Reason.EXIT_NONZERO
-        settle_token = draw(st.sampled_from([token, None]))
+        settle_token = draw(st.sampled_from((token, None)))
         event = ev.Settled(task_id, attempt, settle_token, state, reason, 0)
     elif kind == ev.EventType.RELEASED:
-        event = ev.Released(task_id, attempt, draw(st.sampled_from([token, None])),
+        event = ev.Released(task_id, attempt, draw(st.sampled_from((token, None))),
                             Reason.RELEASED_TO_QUEUE, draw(st.booleans()))  # fmt: skip
     elif kind == ev.EventType.STALE:
-        event = ev.Stale(task_id, attempt, draw(st.sampled_from([token, None])))
+        event = ev.Stale(task_id, attempt, draw(st.sampled_from((token, None))))
     elif kind == ev.EventType.RESUMED:
-        event = ev.Resumed(task_id, attempt, draw(st.sampled_from([token, None])))
+        event = ev.Resumed(task_id, attempt, draw(st.sampled_from((token, None))))
     elif kind == ev.EventType.CANCEL_REQUESTED:
-        event = ev.CancelRequested(task_id, attempt, draw(st.sampled_from([token, None])))
+        event = ev.CancelRequested(task_id, attempt, draw(st.sampled_from((token, None))))
     elif kind == ev.EventType.RETRIED:
         event = ev.Retried(task_id, attempt)
     elif kind == ev.EventType.RESOLVED:
         event = ev.Resolved(task_id, attempt, draw(st.sampled_from(ev.RESOLVED_AS)))
     elif kind == ev.EventType.ORPHAN_SIGNALLED:
-        token_or_none = draw(st.sampled_from([token, None]))
+        token_or_none = draw(st.sampled_from((token, None)))
         event = ev.OrphanSignalled(task_id, attempt, 10, 10, 3.0, 9, token_or_none)
     elif kind == ev.EventType.FORGOTTEN:
         event = ev.Forgotten(task_id, attempt)
