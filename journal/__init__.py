@@ -84,7 +84,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
 
 from journal import _fsutil, _reader
 from journal._codec import FORMAT_VERSION, Record, prepare, prepare_batch
@@ -116,7 +115,10 @@ from journal._snapshot import (
 from journal._survey import Survey, iter_records, survey
 from journal._writer import Fence, Hook, Subscriber, Writer
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from journal._repair import RepairReport, repair
     from journal._salvage import SalvageReport, salvage
     from journal._verify import VerifyReport, verify

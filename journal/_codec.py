@@ -15,12 +15,16 @@ from __future__ import annotations
 import math
 import time
 import zlib
+from collections import namedtuple
 from collections.abc import Callable, Iterable
 from itertools import chain, repeat
-from typing import Any, NamedTuple, cast
 
 from journal import _json
 from journal._errors import FormatVersionError, InvalidRecordError, RecordTooLargeError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, NamedTuple
 
 FORMAT_VERSION = 1
 CRC_SUFFIX_BYTES = 19  # len(b',"crc":"xxxxxxxx"}\n')
@@ -33,34 +37,42 @@ _OVERHEAD_BYTES = len(LINE_HEAD) + _SEQ_WIDTH_MAX + 1 + CRC_SUFFIX_BYTES
 # and integers beyond 64 bits; NaN/Infinity (ValueError, or null from orjson: below).
 
 
-class Record(NamedTuple):
-    """One committed journal record (immutable)."""
+if TYPE_CHECKING:
 
-    seq: int
-    epoch: int
-    ts: float
-    type: str
-    data: dict[str, Any]
+    class Record(NamedTuple):
+        """One committed journal record (immutable)."""
+
+        seq: int
+        epoch: int
+        ts: float
+        type: str
+        data: dict[str, Any]
+
+else:
+    Record = namedtuple("Record", ("seq", "epoch", "ts", "type", "data"))
 
 
-class Prepared(NamedTuple):
-    """A record validated and encoded except for its seq (assigned at commit time)."""
+if TYPE_CHECKING:
 
-    epoch: int
-    ts: float
-    type: str
-    data: dict[str, Any]  # the decoded copy: what readers will see
-    inner: bytes  # b'"epoch":..,"ts":..,"type":..,"data":{..}'
+    class Prepared(NamedTuple):
+        """A record validated and encoded except for its seq (assigned at commit time)."""
+
+        epoch: int
+        ts: float
+        type: str
+        data: dict[str, Any]  # the decoded copy: what readers will see
+        inner: bytes  # b'"epoch":..,"ts":..,"type":..,"data":{..}'
+
+else:
+    Prepared = namedtuple("Prepared", ("epoch", "ts", "type", "data", "inner"))
 
 
 _new_tuple = tuple.__new__
 _dumps, _loads, _now, _crc32 = _json.dumps, _json.loads, time.time, zlib.crc32
 # The three parts of a line, as C-level callables (``prepare_batch``, ``encode_lines``).
-_inner_of = cast(
-    Callable[[tuple[Any, ...]], bytes], b'"epoch":%d,"ts":%s,"type":%s,"data":%s'.__mod__
-)
-_head_of = cast(Callable[[int], bytes], b'{"v":1,"seq":%d,'.__mod__)
-_tail_of = cast(Callable[[int], bytes], b',"crc":"%08x"}\n'.__mod__)
+_inner_of: Callable[[tuple[Any, ...]], bytes] = b'"epoch":%d,"ts":%s,"type":%s,"data":%s'.__mod__
+_head_of: Callable[[int], bytes] = b'{"v":1,"seq":%d,'.__mod__
+_tail_of: Callable[[int], bytes] = b',"crc":"%08x"}\n'.__mod__
 # Record types are few: their JSON is kept (for exact str only).
 _type_bytes: dict[str, bytes] = {}
 _TYPE_CACHE_MAX = 1024

@@ -23,7 +23,10 @@ the seq that was expected there, or None).  ``details`` is a JSON-able dict of a
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 
 class JournalError(Exception):

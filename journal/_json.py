@@ -35,7 +35,10 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 _INT_MIN, _INT_END = -(2**63), 2**64
 _DEPTH_MAX = 254  # orjson's: containers within containers

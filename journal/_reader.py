@@ -44,15 +44,19 @@ import time
 import zlib
 from array import array
 from binascii import hexlify
+from collections import namedtuple
 from collections.abc import Callable, Iterator
 from itertools import repeat
 from operator import getitem, itemgetter
 from pathlib import Path
-from typing import Any, NamedTuple, cast
 
 from journal import _fsutil, _json
 from journal._codec import LineProblem, Record, decode_line, line_checks
 from journal._errors import CorruptionError, FormatVersionError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, NamedTuple
 
 CHUNK_BYTES = 256 << 10
 LINE_BYTES_MAX_READ = 64 << 20  # any line longer is damage (memory bound when reading)
@@ -75,10 +79,10 @@ _CLOSE = b'"}'
 _U32 = "I" if array("I").itemsize == 4 else "L"
 _BIG_ENDIAN = sys.byteorder == "big"
 _crc32: Callable[[bytes], int] = zlib.crc32
-_slice = cast(Callable[[bytes, slice], bytes], getitem)
+_slice: Callable[[bytes, slice], bytes] = getitem  # type: ignore[assignment]  # (its slice overload)
 _new_record = tuple.__new__
 # (seq, epoch, ts, type, data): a Record's fields, in its order, from a parsed line.
-_FIELDS = cast(Callable[[Any], tuple[Any, ...]], itemgetter("seq", "epoch", "ts", "type", "data"))
+_FIELDS: Callable[[Any], tuple[Any, ...]] = itemgetter("seq", "epoch", "ts", "type", "data")
 _INT, _FLOAT, _STR, _DICT = {int}, {float}, {str}, {dict}
 
 
@@ -153,14 +157,23 @@ def _held_seq(line: bytes) -> int | None:
     return seq if type(seq) is int else 0
 
 
-class Damage(NamedTuple):
-    offset: int  # first byte of the first bad line
-    seq: int  # the seq expected there
-    reason: str
-    corrupt: bool  # True: can never be a torn tail
-    tail_bytes: int = 0  # bytes from offset to the end of the segment as scanned
-    hole: bool = False  # a whole line with NULs of sectors that never landed (see above)
-    top: int = 0  # with ``hole``: the highest seq of the records after it so far
+if TYPE_CHECKING:
+
+    class Damage(NamedTuple):
+        offset: int  # first byte of the first bad line
+        seq: int  # the seq expected there
+        reason: str
+        corrupt: bool  # True: can never be a torn tail
+        tail_bytes: int = 0  # bytes from offset to the end of the segment as scanned
+        hole: bool = False  # a whole line with NULs of sectors that never landed (see above)
+        top: int = 0  # with ``hole``: the highest seq of the records after it so far
+
+else:
+    Damage = namedtuple(
+        "Damage",
+        ("offset", "seq", "reason", "corrupt", "tail_bytes", "hole", "top"),
+        defaults=(0, False, 0),
+    )
 
 
 class SegmentScan:
@@ -401,9 +414,14 @@ def damage_error(damage: Damage, path: Path, *, last: bool) -> CorruptionError:
     )
 
 
-class TornTail(NamedTuple):
-    segment: Path
-    offset: int  # where the valid records end and the tail begins
-    seq: int  # the seq a record there would have
-    tail_bytes: int
-    reason: str
+if TYPE_CHECKING:
+
+    class TornTail(NamedTuple):
+        segment: Path
+        offset: int  # where the valid records end and the tail begins
+        seq: int  # the seq a record there would have
+        tail_bytes: int
+        reason: str
+
+else:
+    TornTail = namedtuple("TornTail", ("segment", "offset", "seq", "tail_bytes", "reason"))

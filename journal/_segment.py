@@ -8,11 +8,15 @@ copies, snapshots, temp files and the lock file are ignored by listing.
 from __future__ import annotations
 
 import re
+from collections import namedtuple
 from pathlib import Path
-from typing import NamedTuple
 
 from journal import _fsutil
 from journal._errors import CorruptionError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import NamedTuple
 
 SEGMENT_SUFFIX = ".jsonl"
 BROKEN_SUFFIX = ".broken"
@@ -20,9 +24,14 @@ LOCK_NAME = ".lock"  # the cross-process append lock (flock); its content is irr
 _SEGMENT_RE = re.compile(r"^(\d{20})\.jsonl$")
 
 
-class Segment(NamedTuple):
-    first_seq: int
-    path: Path
+if TYPE_CHECKING:
+
+    class Segment(NamedTuple):
+        first_seq: int
+        path: Path
+
+else:
+    Segment = namedtuple("Segment", ("first_seq", "path"))
 
 
 def segment_name(first_seq: int) -> str:

@@ -18,29 +18,45 @@ import itertools
 import re
 import sys
 import zlib
+from collections import namedtuple
 from pathlib import Path
-from typing import NamedTuple
 
 from journal import _fsutil, _json
 from journal._codec import FORMAT_VERSION, line_checks
 from journal._errors import CorruptionError, FormatVersionError
 from journal._segment import Segment
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import NamedTuple
+
 _SNAPSHOT_RE = re.compile(r"^snapshot-(\d{20})\.snap$")
 _HEADER_BYTES_MAX = 4096
 
 
-class Snapshot(NamedTuple):
-    seq: int
-    data: bytes
+if TYPE_CHECKING:
+
+    class Snapshot(NamedTuple):
+        seq: int
+        data: bytes
+
+else:
+    Snapshot = namedtuple("Snapshot", ("seq", "data"))
 
 
-class SnapshotHeader(NamedTuple):
-    seq: int
-    epoch_max: int
-    length: int
-    data_crc: int
-    header_bytes: int
+if TYPE_CHECKING:
+
+    class SnapshotHeader(NamedTuple):
+        seq: int
+        epoch_max: int
+        length: int
+        data_crc: int
+        header_bytes: int
+
+else:
+    SnapshotHeader = namedtuple(
+        "SnapshotHeader", ("seq", "epoch_max", "length", "data_crc", "header_bytes")
+    )
 
 
 class SnapshotDamaged(Exception):
@@ -134,11 +150,16 @@ def load_snapshot(path: Path, seq_from_name: int) -> tuple[Snapshot, int]:
     return Snapshot(header.seq, data), header.epoch_max
 
 
-class LatestSnapshot(NamedTuple):
-    snapshot: Snapshot | None
-    epoch_max: int
-    path: Path | None
-    damaged: list[tuple[Path, str]]
+if TYPE_CHECKING:
+
+    class LatestSnapshot(NamedTuple):
+        snapshot: Snapshot | None
+        epoch_max: int
+        path: Path | None
+        damaged: list[tuple[Path, str]]
+
+else:
+    LatestSnapshot = namedtuple("LatestSnapshot", ("snapshot", "epoch_max", "path", "damaged"))
 
 
 def latest_snapshot(directory: Path, last_seq: int) -> LatestSnapshot:

@@ -4,9 +4,9 @@ damage rules live in ``_reader``."""
 
 from __future__ import annotations
 
+from collections import namedtuple
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NamedTuple
 
 from journal import _fsutil
 from journal._codec import Record
@@ -15,17 +15,29 @@ from journal._reader import SegmentScan, TornTail, damage_error, scan_all
 from journal._seek import find_line
 from journal._segment import Segment, check_next, list_segments
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import NamedTuple
 
-class Survey(NamedTuple):
-    """What a whole journal directory holds, read without changing anything."""
 
-    segments: list[Segment]
-    first_seq: int  # first seq on disk (1 when nothing was compacted)
-    last_seq: int  # last valid record (first_seq - 1 if there is none)
-    max_epoch: int
-    end_offset: int  # end of the last valid record in the last segment
-    torn: TornTail | None
-    corruption: CorruptionError | None
+if TYPE_CHECKING:
+
+    class Survey(NamedTuple):
+        """What a whole journal directory holds, read without changing anything."""
+
+        segments: list[Segment]
+        first_seq: int  # first seq on disk (1 when nothing was compacted)
+        last_seq: int  # last valid record (first_seq - 1 if there is none)
+        max_epoch: int
+        end_offset: int  # end of the last valid record in the last segment
+        torn: TornTail | None
+        corruption: CorruptionError | None
+
+else:
+    Survey = namedtuple(
+        "Survey",
+        ("segments", "first_seq", "last_seq", "max_epoch", "end_offset", "torn", "corruption"),
+    )
 
 
 def survey(directory: Path, *, covered_through: int = 0) -> Survey:

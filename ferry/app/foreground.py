@@ -6,12 +6,14 @@ from starting."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
 
 from ferry.app.launch import RUN_BEAT_TTL_S, beat_ttl, claim_foreground, run_foreground
 from ferry.core.errors import FerryError
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from ferry.app.runner import RunResult
     from ferry.app.session import Session
     from ferry.core import events as ev

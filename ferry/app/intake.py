@@ -16,7 +16,6 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from ferry.core.errors import UsageError
 from ferry.core.spec import (
@@ -27,6 +26,10 @@ from ferry.core.spec import (
     validate_spec,
 )
 from journal import _json
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 # Keys a `submit --from` line may carry: the task options, by their option names.
 _LINE_KEYS = {

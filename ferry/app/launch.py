@@ -30,7 +30,6 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any
 
 from ferry import failpoints
 from ferry.app import outbox
@@ -51,11 +50,15 @@ from ferry.proc._outputs import SignalTrap, fork_untrapped
 from ferry.proc.process import ProcessIdentity, boot_clock, identity_of
 from ferry.storage.claiming import dispatching_with_claim
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from ferry.app.session import Session
     from ferry.storage import TaskStore
 
-Record = tuple[str, dict[str, Any]]
+    Record = tuple[str, dict[str, Any]]
+
 _NO_SPEC = TaskSpec(argv=("-",), cwd="/")  # the task of an idle supervisor (none)
 # A supervisor reaped this long after its channel ended, at most (it exits at once).
 REAP_WAIT_S = 5.0

@@ -6,10 +6,9 @@ read as an id prefix or a number); the error line says which task to name instea
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ferry.core.errors import NotFoundError
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from ferry.core.model import Task
     from ferry.storage import TaskStore

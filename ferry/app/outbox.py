@@ -16,7 +16,6 @@ import contextlib
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from ferry.app.runner import as_cancelled
 from ferry.app.session import this_host
@@ -27,6 +26,10 @@ from ferry.core.model import State, Task
 from ferry.storage import TaskStore
 from ferry.storage.local.statedir import fsync_dir, write_atomic
 from journal import _json
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 OUTBOX = "outbox"
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
 
 from ferry.core import events as ev
 from ferry.core.errors import InternalError, NotFoundError, RefusedError, UsageError
@@ -28,7 +27,10 @@ from ferry.core.ids import shown
 from ferry.core.model import Reason, State, Task
 from ferry.core.spec import SECONDS_MAX, check_group
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from ferry.storage import TaskStore
 
 # A retry's delay: --retry-delay doubled for each automatic retry before it, times a

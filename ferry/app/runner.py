@@ -28,7 +28,6 @@ import signal
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from ferry.core import events as ev
 from ferry.core._value import Value, init
@@ -37,7 +36,10 @@ from ferry.core.model import Reason, State, Task
 from ferry.proc.alivelock import alive_path
 from ferry.proc.process import find_by_marker, make_marker, signal_task
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from ferry.proc.supervise import Outcome
 
 ESCAPEE_POLL_S = 0.05

@@ -13,7 +13,6 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from ferry.app.runner import RunResult, log_paths
 from ferry.app.session import Session
@@ -32,7 +31,10 @@ from ferry.core.ids import id_time_ms, new_claim_token, new_task_id
 from ferry.core.model import IN_FLIGHT_STATES, Reason, State, Task
 from ferry.core.spec import TaskSpec
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from ferry.app.gc import GcReport
     from ferry.app.tally import WaitReport, WorkReport
     from ferry.core.recovery import RecoverReport

@@ -11,14 +11,18 @@ import os
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Protocol
+
     from ferry.app.tally import Progress
     from ferry.core.errors import FerryError
     from ferry.core.model import Task
     from ferry.core.recovery import RecoverReport
     from ferry.storage import Leases, TaskStore
+else:
+    Protocol = object  # (the protocols below are for the type checker)
 
 
 class Reporter(Protocol):

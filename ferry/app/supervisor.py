@@ -66,7 +66,6 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any
 
 from ferry.app import outbox
 from ferry.app.runner import (
@@ -93,6 +92,10 @@ from ferry.proc._outputs import SignalTrap
 from ferry.proc.logorder import order_path
 from ferry.proc.process import boot_clock, identity_of
 from ferry.storage.claiming import dispatching_with_claim
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 # Why a task was stopped, or not started, on a shared database (its evidence).
 UNHEARD = "no beat of the task reached the database for its TTL: other hosts could take it over"

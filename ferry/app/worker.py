@@ -59,7 +59,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import ferry.proc.supervise  # noqa: F401 (here, once: the supervisors forked share it)
-from ferry.app.launch import Launch, Record, beat_ttl, watch_journal
+from ferry.app.launch import Launch, beat_ttl, watch_journal
 from ferry.app.leader import Leadership, policy_of, recover_as
 from ferry.app.queueing import settle_doomed
 from ferry.app.runner import before_spawn_event, child_environ, unstarted_end
@@ -83,6 +83,7 @@ from ferry.storage.claiming import dispatching_with_claim
 from journal import _json
 
 if TYPE_CHECKING:
+    from ferry.app.launch import Record
     from ferry.app.session import Session
 
 # How long a turn waits for the plans of the tasks it just gave out (tasks without

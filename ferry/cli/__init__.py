@@ -23,10 +23,13 @@ import contextlib
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from ferry.cli.context import Ctx, ended, report, run_command
 from ferry.core import errors
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 # Commands that run a task in the foreground: their failures before the task starts exit
 # 125 (see ferry.core.errors.exit_code_for).

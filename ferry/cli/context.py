@@ -4,10 +4,10 @@ Imports no click (``ferry.cli.fast`` uses it too)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from typing import Any
 
     from ferry.app.runner import RunResult
     from ferry.app.service import Service

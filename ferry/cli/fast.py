@@ -16,7 +16,10 @@ this accepts.
 from __future__ import annotations
 
 import os
-from typing import Any
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 # The click FloatRange bound of --timeout/--kill-grace/--heartbeat: ten years, as
 # ferry.core.spec.SECONDS_MAX (not imported: this module exists to import little).

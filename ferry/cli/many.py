@@ -12,11 +12,14 @@ went through, else the first failure's.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from ferry.core.errors import FerryError, UsageError, exit_code_for
 
-Action = Callable[[str], tuple[str | None, Any]]
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    Action = Callable[[str], tuple[str | None, Any]]
 
 
 def targets(ctx: Any, ids: Sequence[str], state: str | None) -> list[str]:

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 from ferry.cli import many, render
 from ferry.cli.context import Ctx, task_opts
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def submit(ctx: Ctx, kw: dict[str, Any], argv: tuple[str, ...]) -> None:

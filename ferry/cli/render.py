@@ -9,10 +9,13 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from ferry.core.errors import FerryError
 from journal import _json
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def dumps(obj: Any) -> bytes:

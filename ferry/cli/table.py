@@ -15,10 +15,13 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
 
 from ferry.cli.render import duration
 from ferry.core.spec import GROUP_DEFAULT
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 HEADER = ("#", "ID", "STATE", "REASON", "EXIT", "STARTED", "DURATION", "NAME/COMMAND")
 # Left out in this order when the name would get fewer than _NAME_MIN characters: the

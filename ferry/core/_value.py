@@ -17,7 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from operator import attrgetter
-from typing import Any, ClassVar, TypeVar
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, ClassVar, TypeVar
 
 __all__ = ["FrozenInstanceError", "Value", "as_dict", "init", "replace"]
 
@@ -64,7 +67,8 @@ class Value:
         raise FrozenInstanceError(f"cannot delete field {name!r}")
 
 
-V = TypeVar("V", bound=Value)
+if TYPE_CHECKING:
+    V = TypeVar("V", bound=Value)
 
 
 def replace(value: V, /, **changes: Any) -> V:

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from typing import Any
 
 from ferry.core import events as ev
 from ferry.core.errors import UsageError
 from ferry.core.model import Reason, State
 from ferry.core.spec import TaskSpec
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 _STATES = {state.value: state for state in State}
 _REASONS = {reason.value: reason for reason in Reason}

@@ -32,7 +32,10 @@ and the exec failures 126/127 (see :func:`exit_code_for`).
 from __future__ import annotations
 
 import errno
-from typing import Any
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 EX_USAGE = 2
 EX_OPERATOR = 3

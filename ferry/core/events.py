@@ -16,12 +16,15 @@ import enum
 import math
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, ClassVar, overload
 
 from ferry.core._value import Value
 from ferry.core.errors import InternalError, UsageError
 from ferry.core.model import Reason, State
 from ferry.core.spec import TaskSpec, check_group
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, ClassVar, overload
 
 CLAIMED_BY = frozenset({"run", "claim", "work"})
 _SETTLED_STATES = frozenset({State.SUCCEEDED, State.FAILED, State.CANCELLED})
@@ -53,7 +56,8 @@ class MalformedEventError(InternalError):
     code = "event.malformed"
 
 
-Payload = dict[str, Any]
+if TYPE_CHECKING:
+    Payload = dict[str, Any]
 
 
 _PLAIN = frozenset({str, int, float, bool, type(None)})  # (most fields: as they are)
@@ -600,10 +604,13 @@ class _Fields:
             raise self._error(self.record_type, f"{name!r} is below {minimum}")
         return value
 
-    @overload
-    def number(self, name: str) -> float: ...
-    @overload
-    def number(self, name: str, *, optional: bool) -> float | None: ...
+    if TYPE_CHECKING:
+
+        @overload
+        def number(self, name: str) -> float: ...
+        @overload
+        def number(self, name: str, *, optional: bool) -> float | None: ...
+
     def number(self, name: str, *, optional: bool = False) -> float | None:
         value = self._get(name, optional)
         if value is None and optional:

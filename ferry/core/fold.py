@@ -64,7 +64,6 @@ with ``task.stale_claim``. So a runner that recovery gave up on can never settle
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from ferry.core import events as ev
 from ferry.core.errors import (
@@ -77,6 +76,10 @@ from ferry.core.errors import (
 )
 from ferry.core.model import IN_FLIGHT_STATES, Reason, State, Task, check_transition, rfc3339
 from ferry.core.spec import TaskSpec
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 # The refusals that mean "the task is no longer as you read it": a writer that gets one
 # reads again (its failed commit caught the table up) and decides again, this many

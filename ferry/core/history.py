@@ -19,8 +19,7 @@ that path decides what is damage (``journal.snapshot_mismatch``) and what is not
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Mapping
     from typing import Any, Protocol

@@ -18,12 +18,15 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any
 
 from ferry.core._value import Value, init, replace
 from ferry.core.errors import IllegalTransitionError
 from ferry.core.ids import new_claim_token, new_task_id, resolve_prefix
 from ferry.core.spec import PatchRef, TaskSpec, validate_spec
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = [
     "IN_FLIGHT_STATES",

@@ -32,10 +32,13 @@ import heapq
 import itertools
 import math
 from collections.abc import Callable, Collection, Iterable, Mapping
-from typing import Any
 
 from ferry.core import events as ev
 from ferry.core.model import TERMINAL_STATES, State, Task
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["GroupInfo", "QueueIndex", "counted_in_flight"]
 
@@ -45,7 +48,8 @@ _DEAD_ENTRIES_MIN = 64  # a heap is rebuilt once it holds this many more dead en
 StateOf = Callable[[str], "State | None"]
 """The state of a task by id, as the table knows it now (None: no such task)."""
 
-GroupInfo = dict[str, Any]
+if TYPE_CHECKING:
+    GroupInfo = dict[str, Any]
 
 
 def counted_in_flight(task: Task) -> bool:

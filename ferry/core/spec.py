@@ -10,11 +10,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any
 
 from ferry.core._value import Value, init
 from ferry.core.errors import UsageError
 from ferry.core.ids import is_task_id
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 MAX_RELEASES_DEFAULT = 3
 KILL_GRACE_DEFAULT_S = 10.0

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
 
 from ferry.core import events as ev
 from ferry.core._value import Value, init, replace
@@ -61,10 +60,16 @@ from ferry.core.fold import (
 from ferry.core.history import HistoryMissed
 from ferry.core.ids import AMBIGUOUS_LISTED_MAX, LAST, resolve_prefix, shown, task_number
 from ferry.core.model import TERMINAL_STATES, Reason, State, Task
-from ferry.core.queue import GroupInfo, QueueIndex, counted_in_flight, settled_states
+from ferry.core.queue import QueueIndex, counted_in_flight, settled_states
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any, Protocol
+
     from ferry.core.history import History
+    from ferry.core.queue import GroupInfo
+else:
+    Protocol = object  # (the protocols below are for the type checker)
 
 SNAPSHOT_FORMAT = 1
 ANOMALIES_KEPT_MAX = 100

@@ -27,9 +27,12 @@ import _socket
 import errno
 import os
 from collections import deque
-from typing import Any
 
 from journal import _json
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 FRAME_BYTES = 64 << 10  # per packet (a SETTLED record with its evidence fits whole)
 _LAST, _MORE = b".", b"+"

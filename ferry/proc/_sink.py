@@ -26,10 +26,10 @@ import select
 import stat
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from ferry.proc import _splice
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from ferry.proc._logcap import LogCap  # loaded by the supervisor only for --log-max
     from ferry.proc._outputs import LogFile

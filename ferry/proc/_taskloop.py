@@ -18,7 +18,6 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from typing import Protocol
 
 from ferry.proc._outputs import SignalTrap
 from ferry.proc._sink import ECHO_BACKLOG_BYTES, Sink
@@ -26,6 +25,12 @@ from ferry.proc._supervise_types import Outcome, SuperviseSpec
 from ferry.proc._tasktree import TaskGroup
 from ferry.proc.alivelock import beat
 from ferry.proc.logorder import OrderWriter
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Protocol
+else:
+    Protocol = object  # (the protocols below are for the type checker)
 
 CHUNK_BYTES = 1 << 20
 DRAIN_TIMEOUT_S = 2.0  # read the pipes this long after the group died, at most

@@ -32,10 +32,13 @@ import os
 import signal
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, TypeGuard
 
 from ferry.core._value import Value, init
 from ferry.failpoints import failpoint
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, TypeGuard
 
 __all__ = [
     "MARKER_ENV",

@@ -34,20 +34,25 @@ decides only its own tasks.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any, Protocol
+
     from ferry.core.events import Event
     from ferry.core.model import Task
     from ferry.core.state import States
     from ferry.proc.process import ProcessIdentity
     from ferry.storage.local.lease import Lease
 
-EncodedEvent = tuple[str, dict[str, Any]]
+    EncodedEvent = tuple[str, dict[str, Any]]
+    Claimant = tuple[Mapping[str, Any], str]  # a claim to make: its runner, its token
+else:
+    Protocol = object  # (the protocols below are for the type checker)
+
 LOG_TAIL_BYTES = 64 * 1024  # of each stream, kept for other hosts by a shared backend
 # Reads the tails of an attempt's logs on this host (see TaskStore.log_tails).
 LogTailReader = Callable[[str, int], dict[str, tuple[bytes, int]]]
-Claimant = tuple[Mapping[str, Any], str]  # a claim to make: its runner, its token
 
 
 class Written:

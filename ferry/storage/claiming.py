@@ -15,7 +15,6 @@ launcher then writes its DISPATCHING, or its SETTLED FAILED if an input changed.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, cast
 
 from ferry.core import events as ev
 from ferry.core.errors import RefusedError
@@ -23,7 +22,10 @@ from ferry.core.fold import MOVED_CODES, RACE_TRIES
 from ferry.core.queue import counted_in_flight
 from ferry.proc.process import make_marker
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from ferry.core.model import Task
     from ferry.storage import Claimant, EncodedEvent, TaskStore, Written
 
@@ -157,7 +159,7 @@ class ClaimsUnderLock:
     under that lock. (PostgreSQL has its own: one call of ``ferry_claim``.)"""
 
     def claim_next(
-        self,
+        self: TaskStore,
         runner: Mapping[str, Any],
         token: str,
         *,
@@ -167,16 +169,14 @@ class ClaimsUnderLock:
     ) -> Task | None:
         """The best candidate from the table, committed (validated under the lock);
         one that moved meanwhile is skipped for the next."""
-        return claim_by_commit(
-            cast("TaskStore", self), runner, token, by=by, epoch=epoch, announce=announce
-        )
+        return claim_by_commit(self, runner, token, by=by, epoch=epoch, announce=announce)
 
-    def claimed_with(self, token: str, *, writer_pid: int | None = None) -> Task | None:
+    def claimed_with(self: TaskStore, token: str, *, writer_pid: int | None = None) -> Task | None:
         """(A commit's outcome is always known here: it appended, or raised.)"""
-        return claimed_in(cast("TaskStore", self), token)
+        return claimed_in(self, token)
 
     def commit_against(
-        self,
+        self: TaskStore,
         ids: Sequence[str],
         decide: Decide,
         *,
@@ -186,6 +186,4 @@ class ClaimsUnderLock:
     ) -> Written:
         """One commit: the records decided on the table as last caught up (validated
         under the lock), the claims of the next candidates."""
-        return commit_decided(
-            cast("TaskStore", self), ids, decide, epoch=epoch, claims=claims, by=by
-        )
+        return commit_decided(self, ids, decide, epoch=epoch, claims=claims, by=by)

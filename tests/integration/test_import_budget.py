@@ -67,6 +67,10 @@ NOT_LOADED = ("journal._repair", "journal._salvage", "journal._verify", "journal
 # fork) loads them once it has sent its plan, while run writes the intent.
 SPAWNING = ("subprocess", "selectors", "ferry.proc.supervise", "ferry.proc._spawn",
             "ferry.proc._taskloop", "ferry.proc._sink")  # fmt: skip
+# Loaded by none of them, nor by a supervisor: importing typing costs each 4 to 7 ms here
+# (a tenth of a submit). ferry's type-only names are imported under ``if TYPE_CHECKING:``
+# with TYPE_CHECKING a plain False (docs/architecture.md, "Start-up").
+UNTYPED = ("typing",)
 TYPED_MOST = [["run", "--", "true"], ["submit", "--", "true"], ["ls"], ["show", "last"],
               ["--json", "ls", "--limit", "100"]]  # fmt: skip
 
@@ -131,8 +135,15 @@ def test_the_commands_typed_most_keep_off_what_was_taken_off_their_path(
     assert sorted(set(imported) & set(NOT_IMPORTED)) == []
     assert sorted(set(loaded) & set(NOT_LOADED)) == []
     assert sorted(set(loaded) & set(SPAWNING)) == []
+    assert sorted(set(loaded) & set(UNTYPED)) == []
     if args[0] != "run":
         assert "ferry.app.launch" not in loaded and "ferry.app.supervisor" not in loaded
+
+
+def test_a_supervisor_loads_no_typing(tmp_path: Path) -> None:
+    """What a supervisor imports after its fork (its task's spawn and watch)."""
+    probe = "import ferry.app.supervisor, ferry.proc.supervise\n" + BARE
+    assert sorted(_loaded(probe, tmp_path) & set(UNTYPED)) == []
 
 
 # Add what run loads to the list: python tests/integration/test_import_budget.py

@@ -25,7 +25,6 @@ import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 import journal
 from ferry.core import events as ev
@@ -45,7 +44,10 @@ from ferry.storage.claiming import ClaimsUnderLock
 from ferry.storage.local.statedir import fsync_dir, make_dir_durable, private_open, write_atomic
 from journal import _json
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     pass
 
 # Compact once this many records follow the last snapshot. Every command folds them
