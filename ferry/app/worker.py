@@ -52,6 +52,7 @@ import contextlib
 import errno
 import functools
 import os
+import resource
 import select
 import signal
 import time
@@ -72,6 +73,7 @@ from ferry.core.errors import (
     InternalError,
     LeaseHeldError,
     RefusedError,
+    from_os_error,
 )
 from ferry.core.ids import new_claim_token
 from ferry.core.model import TERMINAL_STATES, Liveness, State, Task
@@ -91,8 +93,13 @@ if TYPE_CHECKING:
 PLAN_WAIT_S = 1.0
 PLAN_DEATHS_MAX = 3
 # A supervisor that cannot be made for want of descriptors, processes or memory: the
-# slot waits for one of the others (``Worker._new_supervisor``).
+# slot waits for one of the others (``Worker._new_supervisor``). A task that cannot be
+# started for want of them while no other runs: work stops (``Worker._done``).
 SHORT_OF_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.ENOMEM})
+# Descriptors a new supervisor must leave free for work's own files (the lease's
+# renewal, a new journal segment, /proc reads, a pidfd): its channel takes one for as
+# long as it lives.
+DESCRIPTORS_KEPT = 8
 HALTS = ("soon", "now")
 
 
@@ -136,6 +143,9 @@ class Worker:
         self._plan_deaths: dict[str, int] = {}  # task id -> supervisors that died planning it
         self._queue_ran_dry = False  # the last claims found fewer tasks than asked for
         self._short_of = False  # a supervisor could not be made (EMFILE...): said once
+        # Short of supervisors in a write that ended tasks: the next turn comes at once
+        # (their supervisors, idle once the write is done, take the claims).
+        self._claim_again = False
         self.unreaped: list[Launch] = []  # gone, not yet exited (they hold a task alone)
         self.halt, self.progress_s = halt, progress_s
         self.tally = Tally()
@@ -241,6 +251,8 @@ class Worker:
                 if self._finished():
                     break
                 wake_at = min(next_recover, next_poll, self.lead.renew_at)
+                if self._claim_again:  # (supervisors just freed: claim for them now)
+                    wake_at, self._claim_again = 0.0, False
                 self._take_in(self._sleep(wake_at - time.monotonic()))
         finally:
             for launch in self.supervisors:
@@ -456,21 +468,24 @@ class Worker:
     # -- the supervisors ------------------------------------------------------------------
 
     def _new_supervisor(self) -> Launch | None:
-        """A new supervisor; None when this process is short of descriptors or of
-        processes for one (a low ``ulimit -n`` for ``-j``) while others of its
-        supervisors live: fewer tasks run at once until one of them is done (a notice
-        says so, once). With none alive, nothing could run: the error ends work (exit
-        125), its queue untouched."""
+        """A new supervisor; None when this process is short of descriptors (fewer than
+        DESCRIPTORS_KEPT would be left) or of processes for one (a low ``ulimit -n``
+        for ``-j``) while others of its supervisors live: the next tasks wait for one of
+        them (a notice says so, once). With none alive, it is made if it can be; if
+        not, nothing could run: the error ends work (exit 125), its queue untouched."""
+        alive = any(not s.gone for s in self.supervisors)
         try:
+            if alive and _descriptors_left() < DESCRIPTORS_KEPT:
+                raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
             return Launch(self.session.home, self.environ, beat_ttl_s=self.beat_ttl_s)
         except OSError as error:
-            if error.errno not in SHORT_OF_ERRNOS or all(s.gone for s in self.supervisors):
+            if error.errno not in SHORT_OF_ERRNOS or not alive:
                 raise
             if not self._short_of:
                 self._short_of = True
                 self.session.notice(
-                    f"warning: cannot start another supervisor ({error.strerror}): "
-                    f"running fewer than {self.jobs} tasks at once"
+                    f"warning: cannot start another supervisor ({error.strerror}):"
+                    " the next tasks wait for a free one"
                 )
             return None
 
@@ -497,6 +512,7 @@ class Worker:
         for _ in range(max(0, forks)):
             launch = self._new_supervisor()
             if launch is None:
+                self._claim_again = ending > 0
                 break
             self.supervisors.append(launch)
             idle.append(launch)
@@ -833,11 +849,17 @@ class Worker:
             if error is not None:  # (never its own end, which end_records left out)
                 self.session.notice(error.message)
             task_id, attempt = launch.task.id, launch.task.attempt
+            short = _short_of_resources(launch.end_error)
             launch.ack()
             # Ours even when end_records found it written already (by the supervisor,
             # its launcher having been silent too long): the attempt we ran, settled.
             self._settled(task_id, attempt, task)
             self._retrying(task_id, attempt, task)
+            if short is not None and not any(s.task.id for s in self.supervisors if not s.gone):
+                # Not started for want of descriptors, processes or memory, and no task
+                # of ours runs whose end could free some: each next one would fail the
+                # same way. Stop with the queue as it is (exit 125).
+                self._halt(short, fail=True)
 
     def _halt(self, error: FerryError | None, *, fail: bool = False) -> None:
         if not self.halted and error is not None:
@@ -845,6 +867,27 @@ class Worker:
         self.halted = True
         if fail and error is not None:
             self.failures.append(error)
+
+
+def _descriptors_left() -> int:
+    """How many more descriptors this process may open (a large number if unknown)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        used = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return soft
+    return soft - used
+
+
+def _short_of_resources(error: FerryError | None) -> FerryError | None:
+    """A task's start failed for want of descriptors, processes or memory: the coded
+    error that says so (``io.too_many_open_files``...); None for any other end."""
+    if error is None or not error.code.startswith("spawn."):
+        return None
+    number = error.details.get("errno")
+    if number not in SHORT_OF_ERRNOS:
+        return None
+    return from_os_error(OSError(number, f"cannot start tasks: {os.strerror(number)}"))
 
 
 def _decided(units: Sequence[_Unit], current: Mapping[str, Task | None]) -> list[Record]:

@@ -40,7 +40,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["GroupInfo", "QueueIndex", "counted_in_flight"]
+__all__ = ["QueueIndex", "counted_in_flight"]
 
 BLOCKED, TIMED, READY = "blocked", "timed", "ready"
 _DEAD_ENTRIES_MIN = 64  # a heap is rebuilt once it holds this many more dead entries than live

@@ -218,7 +218,42 @@ def test_work_short_of_descriptors_for_its_slots_runs_fewer_tasks_at_once(cli: F
         cli.ok("submit", "--", "sh", "-c", "echo hi")
     result = cli("work", "--drain", "-j", "4", preexec=fd_limit(14))
     assert result.code == 0, result.err
-    assert "running fewer than 4 tasks at once" in result.err
+    assert "cannot start another supervisor (Too many open files)" in result.err
+    assert {t["state"] for t in cli.tasks()} == {"SUCCEEDED"}
+    cli.verify_clean()
+
+
+def test_work_that_can_start_no_task_for_want_of_descriptors_stops_with_its_queue_kept(
+    cli: Ferry,
+) -> None:
+    """A supervisor can be made but cannot start a task (no descriptor for its pipes)
+    and nothing else runs: work stops, exit 125, rather than failing its whole queue
+    one task a second (the task that met it is FAILED SPAWN_FAILED, as under run)."""
+    for _ in range(6):
+        cli.ok("submit", "--", "sh", "-c", "echo hi")
+    result = cli("work", "--drain", "-j", "4", preexec=fd_limit(11))
+    assert result.code == 125, result.err
+    assert result.error_code() == "io.too_many_open_files", result.err
+    tasks = cli.tasks()
+    failed = [t for t in tasks if t["state"] == "FAILED"]
+    assert len(failed) <= 1 and {t["reason"] for t in failed} <= {"SPAWN_FAILED"}
+    assert sum(t["state"] == "QUEUED" for t in tasks) >= 5
+    cli.verify_clean()
+    for task in failed:
+        cli.ok("retry", task["id"])
+    cli.ok("work", "--drain", "-j", "4")
+    assert {t["state"] for t in cli.tasks()} == {"SUCCEEDED"}
+
+
+def test_work_keeps_descriptors_for_its_lease_while_its_tasks_hold_the_rest(
+    cli: Ferry,
+) -> None:
+    """Supervisors made up to the limit left none for the lease's renewal: work ended
+    io.too_many_open_files (125) while its tasks ran on, the rest of the queue waiting."""
+    for _ in range(6):
+        cli.ok("submit", "--", "sleep", "1.5")
+    result = cli("work", "--drain", "-j", "4", "--lease-ttl", "2", preexec=fd_limit(14))
+    assert result.code == 0, result.err
     assert {t["state"] for t in cli.tasks()} == {"SUCCEEDED"}
     cli.verify_clean()
 
