@@ -474,20 +474,25 @@ class Worker:
         them (a notice says so, once). With none alive, it is made if it can be; if
         not, nothing could run: the error ends work (exit 125), its queue untouched."""
         alive = any(not s.gone for s in self.supervisors)
+        if alive and _descriptors_left() < DESCRIPTORS_KEPT:
+            self._short_of_supervisors(os.strerror(errno.EMFILE))
+            return None
         try:
-            if alive and _descriptors_left() < DESCRIPTORS_KEPT:
-                raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
             return Launch(self.session.home, self.environ, beat_ttl_s=self.beat_ttl_s)
         except OSError as error:
             if error.errno not in SHORT_OF_ERRNOS or not alive:
                 raise
-            if not self._short_of:
-                self._short_of = True
-                self.session.notice(
-                    f"warning: cannot start another supervisor ({error.strerror}):"
-                    " the next tasks wait for a free one"
-                )
+            self._short_of_supervisors(error.strerror or os.strerror(error.errno))
             return None
+
+    def _short_of_supervisors(self, why: str) -> None:
+        """Said once per work: the next tasks wait for a free supervisor."""
+        if not self._short_of:
+            self._short_of = True
+            self.session.notice(
+                f"warning: cannot start another supervisor ({why}): the next tasks wait"
+                " for a free one"
+            )
 
     def _claimants(self, units: Sequence[_Unit]) -> list[Launch]:
         """An idle supervisor (a new one if none: up to two per slot) for each free
