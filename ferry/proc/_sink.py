@@ -1,15 +1,20 @@
 """One child stream's destinations: the task's log file, and (passthrough) ferry's fd.
 
 The log gets every byte at once, in order (a full log is the evidence). Passthrough
-to a pipe (ferry's stdout read by ``less``, a log shipper, a CI runner) must not be
-able to freeze the supervisor: a reader that stops reading would otherwise block
-ferry inside ``write`` where no timeout fires and no signal is forwarded. So for a
-pipe each chunk is written with ``RWF_NOWAIT`` (never blocks); what the pipe does not
-take now waits in a backlog that is written when the pipe is writable again, and
-while the backlog is over ``ECHO_BACKLOG_BYTES`` the loop stops reading this stream
-(the task then blocks on its own pipe, as it would writing to the stalled reader
-directly). Terminals, files and kernels without ``RWF_NOWAIT`` for pipes get plain
-blocking writes, as ``tee`` does.
+must not be able to freeze the supervisor: a reader that stops reading ferry's stdout
+(``less``, a log shipper, a CI runner, a terminal stopped by ^S or whose window is not
+drained) would otherwise block ferry inside ``write``, where no timeout fires, no
+heartbeat is written and no signal is forwarded. So each destination (:class:`Echo`)
+is written without blocking: a pipe with ``RWF_NOWAIT``, a terminal through a
+description of its own opened with ``O_NONBLOCK`` (the one ferry inherited is shared
+with the user's shell, whose flags must not change). What the destination does not
+take now waits in a backlog that is written when it is writable again, and while the
+backlog is over ``ECHO_BACKLOG_BYTES`` the loop stops reading the streams that go
+there (the task then blocks on its own pipe, as it would writing to the stalled
+reader directly). Files, and what cannot be written that way (kernels without
+``RWF_NOWAIT`` for pipes, a terminal that cannot be opened again), get plain blocking
+writes, as ``tee`` does. Streams that go to one destination (``2>&1``, a terminal)
+share its Echo: one backlog keeps their chunks in the order they were read.
 
 Once a piped stream has passed ``_splice.TEE_AFTER_BYTES``, :meth:`Sink.splice_from`
 takes over while nothing waits in the backlog: ``tee(2)`` into ferry's pipe, then
@@ -69,50 +74,207 @@ def widen_pipe(fd: int, size_bytes: int) -> None:
         pass
 
 
-def _is_pipe(fd: int) -> bool:
+def _destination(fd: int) -> tuple[int, int] | None:
+    """What ``fd`` writes to, for a pipe, socket or terminal (where streams sent to the
+    same one must share an order); None for files and the unknown."""
     try:
-        return stat.S_ISFIFO(os.fstat(fd).st_mode)
+        st = os.fstat(fd)
     except OSError:
-        return False
+        return None
+    if stat.S_ISFIFO(st.st_mode) or stat.S_ISSOCK(st.st_mode) or stat.S_ISCHR(st.st_mode):
+        return st.st_dev, st.st_ino
+    return None
+
+
+def _own_description(fd: int) -> int | None:
+    """A non-blocking description of the terminal behind ``fd``, ferry's own (opened
+    again by its name: O_NONBLOCK on the inherited one would reach the user's shell).
+    None if it cannot be opened (another mount namespace, a hung-up terminal)."""
+    try:
+        return os.open(
+            f"/proc/self/fd/{fd}", os.O_WRONLY | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOEXEC
+        )
+    except OSError:
+        return None
+
+
+class Echo:
+    """One of ferry's descriptors as a passthrough destination. ``write`` never blocks
+    on a pipe or a terminal: what it cannot take now waits in the backlog."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd: int | None = fd  # written and waited on; None once passthrough ended
+        self.error: str | None = None
+        self.backlog_bytes = 0
+        self._backlog: deque[bytes] = deque()
+        self._head_done = 0  # bytes of _backlog[0] already written
+        self._own: int | None = None  # ferry's own description of a terminal
+        self.pipe = bool(_RWF_NOWAIT) and stat.S_ISFIFO(_mode(fd))  # RWF_NOWAIT writes
+        if self.pipe:
+            # A 64 KiB pipe takes 1 MiB in 16 rounds through the loop; 1 MiB in one. (It
+            # only adds buffering to the pipe ferry's caller gave it.)
+            widen_pipe(fd, ECHO_PIPE_BYTES)
+        elif os.isatty(fd):
+            self._own = _own_description(fd)
+            if self._own is not None:
+                self.fd = self._own
+
+    @property
+    def wants_write(self) -> bool:
+        """Bytes wait for the descriptor to become writable."""
+        return self.fd is not None and self.backlog_bytes > 0
+
+    @property
+    def backlogged(self) -> bool:
+        """Enough is waiting: stop reading the task's pipes until the reader catches up."""
+        return self.backlog_bytes >= ECHO_BACKLOG_BYTES
+
+    def write(self, data: bytes | memoryview) -> None:
+        if self.fd is None:
+            return
+        if self._backlog:
+            self._queue(data)  # behind what already waits: order is kept
+            return
+        rest = self._write_now(data)
+        if rest is not None:
+            self._queue(rest)
+
+    def flush(self) -> None:
+        """Write what the backlog holds, as far as the descriptor takes it now."""
+        while self._backlog and self.fd is not None:
+            head = self._backlog[0]
+            rest = self._write_now(memoryview(head)[self._head_done :])
+            if self.fd is None:
+                return  # the passthrough ended (and the backlog went with it)
+            if rest is not None:
+                self.backlog_bytes -= len(head) - self._head_done - len(rest)
+                self._head_done = len(head) - len(rest)
+                return
+            self.backlog_bytes -= len(head) - self._head_done
+            self._backlog.popleft()
+            self._head_done = 0
+
+    def drop(self, reason: str) -> None:
+        """End the passthrough (the logs keep every byte). The descriptor stays open
+        until :meth:`close`: the loop may still be waiting on its number."""
+        if self.fd is None:
+            return
+        if self.backlog_bytes:
+            reason = f"{reason} ({self.backlog_bytes} bytes not shown)"
+        self.fd = None
+        self.error = reason
+        self._backlog.clear()
+        self.backlog_bytes = self._head_done = 0
+
+    def close(self) -> None:
+        if self._own is not None:
+            os.close(self._own)
+            self._own = None
+
+    def _queue(self, data: bytes | memoryview) -> None:
+        self._backlog.append(bytes(data))  # a copy: the loop reuses its read buffer
+        self.backlog_bytes += len(data)
+
+    def _write_now(self, data: bytes | memoryview) -> memoryview | None:
+        """Write what the descriptor takes now; return the rest (None: all written, or
+        the passthrough ended). Blocks only on files and where nothing else works."""
+        fd = self.fd
+        assert fd is not None
+        view = memoryview(data)
+        done = 0
+        try:
+            while done < len(view):
+                if self.pipe:
+                    done += os.pwritev(fd, [view[done:]], -1, _RWF_NOWAIT)
+                elif self._own is not None:
+                    done += os.write(fd, view[done:])
+                else:
+                    write_all(fd, view[done:])
+                    break
+        except BlockingIOError:
+            return view[done:]
+        except OSError as e:
+            if self.pipe and e.errno in _NOWAIT_UNSUPPORTED:
+                self.pipe = False  # an older kernel: blocking writes, like tee
+                return self._write_now(view[done:])
+            # EPIPE (the reader of ferry's stdout went away), EBADF, EIO (terminal
+            # hung up): stop echoing there, keep logging in full.
+            self.drop(str(e))
+        return None
+
+
+def _mode(fd: int) -> int:
+    try:
+        return os.fstat(fd).st_mode
+    except OSError:
+        return 0
+
+
+def echoes(stdout_fd: int | None, stderr_fd: int | None) -> tuple[Echo | None, Echo | None]:
+    """The passthrough destinations of the task's stdout and stderr: one Echo for both
+    when they go to the same pipe, socket or terminal."""
+    out = None if stdout_fd is None else Echo(stdout_fd)
+    if stderr_fd is None:
+        return out, None
+    if out is not None and stdout_fd is not None:
+        where = _destination(stdout_fd)
+        if where is not None and where == _destination(stderr_fd):
+            return out, out
+    return out, Echo(stderr_fd)
 
 
 class Sink:
-    """Where one child stream goes. ``write`` never blocks on a piped passthrough."""
+    """Where one child stream goes: its log, and its passthrough :class:`Echo` (shared
+    with the other stream when both go to one place)."""
 
-    def __init__(self, log: LogFile, echo_fd: int | None, cap_bytes: int | None = None) -> None:
+    def __init__(self, log: LogFile, echo: Echo | None, cap_bytes: int | None = None) -> None:
         self.log = log  # made at the stream's first byte
         # --log-max: the log keeps the stream's head and tail (ferry.proc._logcap). The
         # zero-copy path is not used then: it would splice every byte into the log.
         self.cap_bytes = cap_bytes
         self.cap: LogCap | None = None
-        self.echo_fd = echo_fd
+        self.echo = echo
         self.bytes_total = 0
         self.log_error: str | None = None
-        self.echo_error: str | None = None
-        self.backlog_bytes = 0
-        self._backlog: deque[bytes] = deque()
-        self._head_done = 0  # bytes of _backlog[0] already written
-        self._nowait = bool(_RWF_NOWAIT) and echo_fd is not None and _is_pipe(echo_fd)
-        self._zero_copy = self._nowait and _splice.available() and cap_bytes is None
+        self._zero_copy = echo is not None and echo.pipe and _splice.available()
+        self._zero_copy = self._zero_copy and cap_bytes is None
         self._log_unappended = False
         self._writeback_at = _splice.WRITEBACK_EVERY_BYTES
         # Called before each chunk is logged (the order index: ferry.proc.logorder).
         self.before_log: Callable[[], None] | None = None
-        if self._nowait:
-            assert echo_fd is not None
-            # A 64 KiB pipe takes 1 MiB in 16 rounds through the loop; 1 MiB in one. (It
-            # only adds buffering to the pipe ferry's caller gave it.)
-            widen_pipe(echo_fd, ECHO_PIPE_BYTES)
+
+    @property
+    def echo_fd(self) -> int | None:
+        """Where passthrough bytes go now (None: nowhere, or no longer)."""
+        return None if self.echo is None else self.echo.fd
+
+    @property
+    def echo_error(self) -> str | None:
+        return None if self.echo is None else self.echo.error
+
+    @property
+    def backlog_bytes(self) -> int:
+        return 0 if self.echo is None else self.echo.backlog_bytes
 
     @property
     def wants_write(self) -> bool:
         """Passthrough bytes wait for ferry's fd to become writable."""
-        return self.echo_fd is not None and self.backlog_bytes > 0
+        return self.echo is not None and self.echo.wants_write
 
     @property
     def backlogged(self) -> bool:
         """Enough is waiting: stop reading the task's pipe until the reader catches up."""
-        return self.backlog_bytes >= ECHO_BACKLOG_BYTES
+        return self.echo is not None and self.echo.backlogged
+
+    def flush(self) -> None:
+        if self.echo is not None:
+            self.echo.flush()
+
+    def drop_echo(self, reason: str) -> None:
+        """Stop the passthrough of this stream (and of the other, if it goes there too:
+        the log keeps every byte)."""
+        if self.echo is not None:
+            self.echo.drop(reason)
 
     def splice_from(self, src_fd: int, max_bytes: int) -> int | None:
         """Pass up to ``max_bytes`` from the task's pipe ``src_fd`` to ferry's pipe and
@@ -120,10 +282,11 @@ class Sink:
         stream), or None: use the classic read-and-write path for this chunk (ferry's
         pipe is full, something waits in the backlog, the stream is still small...)."""
         log_fd = self.log.fd  # (open: the stream's first bytes took the classic path)
+        echo_fd = self.echo_fd
         if (
             not self._zero_copy
-            or self.echo_fd is None
-            or self._backlog
+            or echo_fd is None
+            or self.backlog_bytes
             or log_fd is None
             or self.log_error is not None
             or self.bytes_total < _splice.TEE_AFTER_BYTES
@@ -137,7 +300,7 @@ class Sink:
             if not self._log_unappended:
                 _splice.unappend(log_fd)
                 self._log_unappended = True
-            moved = tee(src_fd, self.echo_fd, max_bytes)
+            moved = tee(src_fd, echo_fd, max_bytes)
         except BlockingIOError:
             # ferry's pipe is full (the task's pipe is readable: the loop said so).
             return None
@@ -190,73 +353,8 @@ class Sink:
                 # ENOSPC/EIO on the log: keep the task running and the pipe drained (a
                 # full pipe would block the task), report the lost evidence instead.
                 self.log_error = f"writing the log failed: {e}"
-        if self.echo_fd is None:
-            return
-        if self._backlog:
-            self._queue(data)  # behind what already waits: order is kept
-            return
-        rest = self._echo(data)
-        if rest is not None:
-            self._queue(rest)
-
-    def flush(self) -> None:
-        """Write what the backlog holds, as far as ferry's fd takes it now."""
-        while self._backlog and self.echo_fd is not None:
-            head = self._backlog[0]
-            rest = self._echo(memoryview(head)[self._head_done :])
-            if self.echo_fd is None:
-                return  # the passthrough ended (and the backlog went with it)
-            if rest is not None:
-                self.backlog_bytes -= len(head) - self._head_done - len(rest)
-                self._head_done = len(head) - len(rest)
-                return
-            self.backlog_bytes -= len(head) - self._head_done
-            self._backlog.popleft()
-            self._head_done = 0
-
-    def drop_echo(self, reason: str) -> None:
-        """Stop the passthrough of this stream (the log keeps every byte)."""
-        if self.backlog_bytes:
-            reason = f"{reason} ({self.backlog_bytes} bytes not shown)"
-        self.echo_fd = None
-        self.echo_error = reason
-        self._backlog.clear()
-        self.backlog_bytes = self._head_done = 0
-
-    def _queue(self, data: bytes | memoryview) -> None:
-        self._backlog.append(bytes(data))  # a copy: the loop reuses its read buffer
-        self.backlog_bytes += len(data)
-
-    def _echo(self, data: bytes | memoryview) -> memoryview | None:
-        """Write what ferry's fd takes now; return the rest (None: all written, or the
-        passthrough ended). Blocks only where RWF_NOWAIT is not available."""
-        assert self.echo_fd is not None
-        view = memoryview(data)
-        if not self._nowait:
-            try:
-                write_all(self.echo_fd, view)
-            except OSError as e:
-                self.drop_echo(str(e))
-            return None
-        done = 0
-        while done < len(view):
-            try:
-                done += os.pwritev(self.echo_fd, [view[done:]], -1, _RWF_NOWAIT)
-            except BlockingIOError:
-                return view[done:]
-            except OSError as e:
-                if e.errno in _NOWAIT_UNSUPPORTED:
-                    self._nowait = False  # an older kernel: blocking writes, like tee
-                    try:
-                        write_all(self.echo_fd, view[done:])
-                    except OSError as e2:
-                        self.drop_echo(str(e2))
-                    return None
-                # EPIPE (the reader of ferry's stdout went away), EBADF, EIO (terminal
-                # hung up): stop echoing this stream, keep logging it in full.
-                self.drop_echo(str(e))
-                return None
-        return None
+        if self.echo is not None:
+            self.echo.write(data)
 
     def sync_and_close(self) -> None:
         """fdatasync the log (the evidence must survive a crash after SETTLED), close it.
@@ -278,3 +376,5 @@ class Sink:
                     self.log_error = f"fdatasync of the log failed: {e}"
         finally:
             self.log.close()
+            if self.echo is not None:
+                self.echo.close()

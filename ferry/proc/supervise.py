@@ -90,7 +90,7 @@ from collections.abc import Callable
 
 from ferry.core._value import replace
 from ferry.proc._outputs import LogFile, SignalTrap, create_private, descriptor_open, fsync_dirs
-from ferry.proc._sink import Sink
+from ferry.proc._sink import Sink, echoes
 from ferry.proc._spawn import SpawnFailed, kill_unsupervised, spawn
 from ferry.proc._supervise_types import Outcome, SuperviseSpec
 from ferry.proc._taskloop import DRAIN_TIMEOUT_S, SIGKILL_WAIT_S, Control, TaskLoop
@@ -161,13 +161,13 @@ def supervise(
         raise SpawnFailed("other", f"cannot open the task's files: {e}", errno_=e.errno) from e
     order = None if spec.order_log is None else OrderWriter(spec.order_log, logs)
     passthrough = spec.passthrough
+    out_echo, err_echo = echoes(
+        spec.stdout_echo_fd if passthrough and descriptor_open(spec.stdout_echo_fd) else None,
+        2 if passthrough and descriptor_open(2) else None,
+    )
     sinks = [
-        Sink(
-            logs[0],
-            spec.stdout_echo_fd if passthrough and descriptor_open(spec.stdout_echo_fd) else None,
-            spec.log_max_bytes,
-        ),
-        Sink(logs[1], 2 if passthrough and descriptor_open(2) else None, spec.log_max_bytes),
+        Sink(logs[0], out_echo, spec.log_max_bytes),
+        Sink(logs[1], err_echo, spec.log_max_bytes),
     ]
     log_error: str | None = None
     spawned = False

@@ -12,14 +12,18 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
 import sys
 import threading
+import time
+import tty
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -29,7 +33,7 @@ from hardkit import wait_for
 from taskscripts import TREE_LEAF
 
 from ferry.proc._outputs import LogFile, SignalTrap
-from ferry.proc._sink import ECHO_BACKLOG_BYTES, Sink
+from ferry.proc._sink import ECHO_BACKLOG_BYTES, Echo, Sink, echoes
 from ferry.proc._taskloop import TaskLoop
 from ferry.proc.supervise import Outcome, SpawnFailed, SuperviseSpec, supervise
 
@@ -933,6 +937,51 @@ def read_to_eof(fd: int) -> bytes:
     return b"".join(chunks)
 
 
+def read_until_exit(fd: int, proc: subprocess.Popen[bytes]) -> bytes:
+    """What ferry passed to ``fd`` (a pipe's read end, a terminal's master), read until
+    ferry has exited and nothing is left (the test may hold a writing end itself)."""
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + DEADLINE_S
+    while time.monotonic() < deadline:
+        exited = proc.poll() is not None
+        if not select.select([fd], [], [], 0 if exited else 0.1)[0]:
+            if exited:
+                return b"".join(chunks)
+            continue
+        try:
+            chunk = os.read(fd, 1 << 20)
+        except OSError as e:  # a terminal's master once no process holds the terminal
+            if e.errno != errno.EIO:
+                raise
+            chunk = b""
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+    raise AssertionError("ferry did not exit once its output was read")
+
+
+@pytest.fixture(params=["pipe", "terminal"])
+def stalled(request: pytest.FixtureRequest) -> Iterator[tuple[int, int]]:
+    """(reader, writer): ferry's stdout, which nobody reads until the test does. A pipe
+    (``ferry run | less``), or a terminal: a pseudo-terminal in raw mode (bytes pass
+    unchanged) whose output buffer fills, as behind a terminal stopped by ^S."""
+    if request.param == "pipe":
+        reader, writer = os.pipe()
+    else:
+        reader, writer = os.openpty()
+        tty.setraw(writer)
+    try:
+        yield reader, writer
+    finally:
+        os.close(reader)
+        os.close(writer)
+
+
+def assert_blocking(fd: int) -> None:
+    """ferry left the description it was given as it was (the user's shell shares it)."""
+    assert not fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_NONBLOCK
+
+
 def spawned_pgid(tmp_path: Path) -> int:
     spawned = tmp_path / "spawned"
     wait_for(spawned.exists, "the task to be spawned")
@@ -940,21 +989,15 @@ def spawned_pgid(tmp_path: Path) -> int:
 
 
 def test_stalled_stdout_reader_does_not_stop_the_timeout(
-    tmp_path: Path, driver: Callable[..., subprocess.Popen[bytes]]
+    tmp_path: Path, driver: Callable[..., subprocess.Popen[bytes]], stalled: tuple[int, int]
 ) -> None:
-    read_fd, write_fd = os.pipe()
-    try:
-        proc = driver([PY, "-c", FLOOD], stdout=write_fd, passthrough=True, timeout_s=0.5)
-        os.close(write_fd)
-        write_fd = -1
-        pgid = spawned_pgid(tmp_path)
-        # Nobody reads ferry's stdout, yet the timeout ends the task.
-        wait_for(lambda: live_members(pgid) == [], "the timeout to end the stalled task")
-        passed = read_to_eof(read_fd)  # now read: ferry writes the rest and exits
-    finally:
-        os.close(read_fd)
-        if write_fd >= 0:
-            os.close(write_fd)
+    reader, writer = stalled
+    proc = driver([PY, "-c", FLOOD], stdout=writer, passthrough=True, timeout_s=0.5)
+    pgid = spawned_pgid(tmp_path)
+    # Nobody reads ferry's stdout, yet the timeout ends the task.
+    wait_for(lambda: live_members(pgid) == [], "the timeout to end the stalled task")
+    assert_blocking(writer)
+    passed = read_until_exit(reader, proc)  # now read: ferry writes the rest and exits
     outcome = driver_outcome(proc, tmp_path)
     assert outcome["timed_out"] and outcome["passthrough_error"] is None
     log = (tmp_path / "task.out").read_bytes()
@@ -962,31 +1005,54 @@ def test_stalled_stdout_reader_does_not_stop_the_timeout(
 
 
 def test_signals_reach_the_task_and_end_ferry_while_its_stdout_reader_stalls(
-    tmp_path: Path, driver: Callable[..., subprocess.Popen[bytes]]
+    tmp_path: Path, driver: Callable[..., subprocess.Popen[bytes]], stalled: tuple[int, int]
 ) -> None:
-    read_fd, write_fd = os.pipe()
-    try:
-        proc = driver([PY, "-c", FLOOD], stdout=write_fd, passthrough=True)
-        os.close(write_fd)
-        write_fd = -1
-        pgid = spawned_pgid(tmp_path)
-        # The log runs ahead of the stalled passthrough by a whole backlog.
-        out = tmp_path / "task.out"  # (made at the task's first byte)
-        backlog_built = lambda: out.exists() and out.stat().st_size > ECHO_BACKLOG_BYTES  # noqa: E731
-        wait_for(backlog_built, "a passthrough backlog to build up")
-        proc.send_signal(signal.SIGTERM)  # forwarded although ferry's stdout is stalled
-        wait_for(lambda: live_members(pgid) == [], "the forwarded SIGTERM to end the task")
-        proc.send_signal(signal.SIGTERM)  # and the next one gives up the passthrough
-        outcome = driver_outcome(proc, tmp_path)
-        passed = read_to_eof(read_fd)
-    finally:
-        os.close(read_fd)
-        if write_fd >= 0:
-            os.close(write_fd)
+    reader, writer = stalled
+    proc = driver([PY, "-c", FLOOD], stdout=writer, passthrough=True)
+    pgid = spawned_pgid(tmp_path)
+    # The log runs ahead of the stalled passthrough by a whole backlog.
+    out = tmp_path / "task.out"  # (made at the task's first byte)
+    backlog_built = lambda: out.exists() and out.stat().st_size > ECHO_BACKLOG_BYTES  # noqa: E731
+    wait_for(backlog_built, "a passthrough backlog to build up")
+    proc.send_signal(signal.SIGTERM)  # forwarded although ferry's stdout is stalled
+    wait_for(lambda: live_members(pgid) == [], "the forwarded SIGTERM to end the task")
+    proc.send_signal(signal.SIGTERM)  # and the next one gives up the passthrough
+    outcome = driver_outcome(proc, tmp_path)
+    passed = read_until_exit(reader, proc)
     assert outcome["signal"] == signal.SIGTERM and outcome["forwarded_signal"] == signal.SIGTERM
     assert "stalled" in outcome["passthrough_error"]
     log = (tmp_path / "task.out").read_bytes()
     assert log.startswith(passed) and len(passed) < len(log)
+
+
+# Writes to stdout, waits until ferry has logged all of it (so ferry has read it), then
+# a line to stderr.
+STDOUT_THEN_STDERR = """
+import os, sys, time
+log, size = sys.argv[1], int(sys.argv[2])
+sys.stdout.buffer.write(b"o" * size)
+sys.stdout.flush()
+while not (os.path.exists(log) and os.path.getsize(log) == size):
+    time.sleep(0.01)
+sys.stderr.write("the end")
+"""
+
+
+def test_both_streams_into_one_stalled_reader_keep_their_order(
+    tmp_path: Path, driver: Callable[..., subprocess.Popen[bytes]], stalled: tuple[int, int]
+) -> None:
+    # `ferry run ... 2>&1 | less`, or a terminal: stdout and stderr are one destination.
+    # Behind a stalled reader, what stderr says last must not pass what stdout said
+    # before it (each stream kept a backlog of its own).
+    reader, writer = stalled
+    size = ECHO_BACKLOG_BYTES // 2  # more than the reader's pipe takes, less than a backlog
+    argv = [PY, "-c", STDOUT_THEN_STDERR, str(tmp_path / "task.out"), str(size)]
+    proc = driver(argv, stdout=writer, stderr=writer, passthrough=True)
+    wait_for(lambda: (tmp_path / "task.err").exists(), "the task's last line")
+    passed = read_until_exit(reader, proc)
+    outcome = driver_outcome(proc, tmp_path)
+    assert outcome["exit_code"] == 0 and outcome["passthrough_error"] is None
+    assert passed == b"o" * size + b"the end"
 
 
 def test_a_signal_after_the_task_ended_gives_up_a_stalled_passthrough_in_any_event_order(
@@ -1091,7 +1157,7 @@ def test_sink_queues_what_a_full_pipe_cannot_take_and_keeps_order(
     tmp_path: Path, sink_fds: tuple[LogFile, int, int]
 ) -> None:
     log, read_fd, write_fd = sink_fds
-    sink = Sink(log, write_fd)
+    sink = Sink(log, Echo(write_fd))
     chunks = [os.urandom(600_000) for _ in range(5)]  # more than the (widened) pipe holds
     for chunk in chunks:
         sink.write(chunk)  # never blocks, although nobody reads yet
@@ -1116,7 +1182,7 @@ def test_sink_without_rwf_nowait_support_writes_blocking(
         raise OSError(errno.EOPNOTSUPP, "Operation not supported")
 
     monkeypatch.setattr(os, "pwritev", old_kernel)
-    sink = Sink(log, write_fd)
+    sink = Sink(log, Echo(write_fd))
     sink.write(b"small enough for the pipe")
     assert not sink.wants_write and sink.echo_error is None
     sink.sync_and_close()
@@ -1128,9 +1194,57 @@ def test_sink_with_a_closed_reader_stops_passthrough_and_keeps_logging(
 ) -> None:
     log, read_fd, write_fd = sink_fds
     os.close(read_fd)
-    sink = Sink(log, write_fd)
+    sink = Sink(log, Echo(write_fd))
     sink.write(b"first")
     sink.write(b"second")
     assert sink.echo_fd is None and sink.echo_error is not None
     sink.sync_and_close()
     assert (tmp_path / "sink.log").read_bytes() == b"firstsecond"
+
+
+def test_a_sink_on_a_terminal_that_takes_nothing_queues_and_leaves_its_flags(
+    tmp_path: Path,
+) -> None:
+    master, slave = os.openpty()
+    tty.setraw(slave)
+    try:
+        sink = Sink(LogFile(tmp_path / "sink.log"), Echo(slave))
+        chunks = [os.urandom(100_000) for _ in range(5)]  # more than the terminal holds
+        for chunk in chunks:
+            sink.write(chunk)  # never blocks, although nobody reads the terminal
+        assert sink.wants_write and sink.echo_fd not in (None, slave)
+        assert_blocking(slave)
+        received = b""
+        deadline = time.monotonic() + DEADLINE_S
+        while sink.wants_write and time.monotonic() < deadline:
+            received += os.read(master, 1 << 20)
+            sink.flush()
+        while select.select([master], [], [], 0)[0]:
+            received += os.read(master, 1 << 20)
+        sink.sync_and_close()
+        assert received == b"".join(chunks)
+        assert (tmp_path / "sink.log").read_bytes() == b"".join(chunks)
+    finally:
+        os.close(master)
+        os.close(slave)
+
+
+def test_streams_into_one_pipe_or_terminal_share_one_passthrough(tmp_path: Path) -> None:
+    read_fd, write_fd = os.pipe()
+    master, slave = os.openpty()
+    other_read, other_write = os.pipe()
+    file_fd = os.open(tmp_path / "out", os.O_WRONLY | os.O_CREAT, 0o600)
+    copies = [os.dup(write_fd), os.dup(slave), os.dup(file_fd)]
+    try:
+        for one, two in [(write_fd, copies[0]), (slave, copies[1])]:
+            out, err = echoes(one, two)
+            assert out is not None and out is err
+            out.close()
+        # Two pipes, and a file (each of its descriptors has its own offset): one each.
+        for one, two in [(write_fd, other_write), (file_fd, copies[2])]:
+            out, err = echoes(one, two)
+            assert out is not None and err is not None and out is not err
+        assert echoes(None, write_fd)[0] is None and echoes(write_fd, None)[1] is None
+    finally:
+        for fd in [read_fd, write_fd, master, slave, other_read, other_write, file_fd, *copies]:
+            os.close(fd)
