@@ -55,13 +55,16 @@ def claim_task(
     lease_ttl_s: float,
     on_claimed: Callable[[], None] = lambda: None,
     stdout_echo_fd: int = 1,
+    renew: Callable[[], None] = lambda: None,
+    renew_every_s: float | None = None,
 ) -> RunResult | None:
     """``claim`` writes a claim naming the task's supervisor (the store chooses the
-    task), then as ``run_task``; None: nothing to claim."""
+    task), then as ``run_task``; None: nothing to claim. ``renew`` keeps the lease
+    while the supervisor plans (see ``claim_foreground``)."""
     result = claim_foreground(
         session.store, session.home, claim, epoch=epoch, on_claimed=on_claimed,
         stdout_echo_fd=stdout_echo_fd, notice=session.notice,
-        beat_ttl_s=beat_ttl(session, lease_ttl_s),
+        beat_ttl_s=beat_ttl(session, lease_ttl_s), renew=renew, renew_every_s=renew_every_s,
     )  # fmt: skip
     if result is None:
         return None

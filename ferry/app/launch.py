@@ -446,12 +446,16 @@ def claim_foreground(
     notice: Callable[[str], None] = lambda message: None,
     on_started: Callable[[Task], None] = lambda task: None,
     beat_ttl_s: float = math.inf,
+    renew: Callable[[], None] = lambda: None,
+    renew_every_s: float | None = None,
 ) -> RunResult | None:
     """``claim``: fork the supervisor, have ``claim`` write a claim naming it (the store
     chooses the task; None: nothing to claim), then as ``run_foreground``: the plan (a
     task with pinned inputs: its record written now, under ``epoch``), ``on_claimed``,
-    the spawn, the end. A claim whose task is not started (an error, an interrupt,
-    before the spawn) goes back to the queue."""
+    the spawn, the end. While the supervisor plans (hashing pinned inputs may take
+    long), ``renew`` is called at least every ``renew_every_s``: the epoch the intent is
+    written under must stay the leader's. A claim whose task is not started (an error,
+    an interrupt, a lease lost, before the spawn) goes back to the queue."""
     from ferry.core.ids import new_claim_token
 
     launch = Launch(
@@ -470,7 +474,8 @@ def claim_foreground(
         launch.dispatched = task.state is State.DISPATCHING
         with _interruptible():
             while launch.plan is None and not launch.gone:
-                launch.wait(None)
+                launch.wait(renew_every_s)
+                renew()
         with SignalTrap() as trap:
             foreground = _Foreground(store, launch, trap, notice, on_started)
             return foreground.run_claimed(epoch, on_claimed)

@@ -166,6 +166,7 @@ def claim(session: Session, *, lease_ttl_s: float, stdout_echo_fd: int = 1) -> R
         return claim_task(
             session, claim_one, epoch=lead.epoch, lease_ttl_s=lease_ttl_s,
             on_claimed=on_claimed, stdout_echo_fd=stdout_echo_fd,
+            renew=lead.renew_if_due, renew_every_s=lead.renew_every_s,
         )  # fmt: skip
     finally:
         lead.release()

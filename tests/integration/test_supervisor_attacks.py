@@ -214,6 +214,37 @@ def test_work_drain_runs_the_queue_after_a_supervisor_died_while_planning(
     assert states == {pinned: "FAILED", plain: "SUCCEEDED"}, (code, err)
 
 
+def test_claim_keeps_its_lease_while_its_supervisor_hashes_a_pinned_input(
+    ferry: Ferry, tmp_path: Path
+) -> None:
+    """``ferry claim`` holds the lease from its claim until its task's intent is
+    written, and in between the task's supervisor hashes its pinned input again: for as
+    long as that takes (a stopped supervisor stands for a slow disk), claim renews the
+    lease, so that no other leader takes over and fences the intent. It lapsed after
+    one TTL, and a leader starting then made the claim fail (``lease.lost``)."""
+    big = tmp_path / "big"
+    task_id = ferry.ok("submit", "--pointer", slow_to_hash(big), "--", "true").text.strip()
+    claimer = ferry.start("claim", "--lease-ttl", "1")
+    hashing = wait_until(
+        lambda: [pid for pid in children(claimer.pid) if holds_open(pid, big)],
+        what="the supervisor to hash the pinned input",
+    )
+    os.kill(hashing[0], signal.SIGSTOP)
+    try:
+        held = ferry.json("lease")
+        assert held["holder"]["pid"] == claimer.pid
+        wait_until(
+            lambda: ferry.json("lease")["expires_at"] > held["expires_at"] + 2,
+            what="claim to renew its lease twice while the hashing lasts",
+        )
+        assert ferry.json("lease")["holder"]["pid"] == claimer.pid
+    finally:
+        os.kill(hashing[0], signal.SIGCONT)
+    code, err = finish(claimer)
+    assert code == 0, err
+    assert ferry.task(task_id)["state"] == "SUCCEEDED"
+
+
 @needs_strace
 def test_work_exits_after_its_journal_failed_with_an_end_pending(
     ferry: Ferry, tmp_path: Path
