@@ -210,7 +210,7 @@ def _open_writer(
     snapshot_epoch, snapshot_seq = headers_epoch_max(directory, _fsutil.listdir(directory))
     # What a snapshot covers is not read: start-up cost follows the records after the
     # latest snapshot, not the whole history.
-    found = survey(directory, covered_through=snapshot_seq)
+    found = survey(directory, covered_through=snapshot_seq, keep=True)
     if found.last_seq < snapshot_seq:  # lost records? look at everything
         found = survey(directory)
     if found.corruption is not None:
@@ -473,7 +473,14 @@ class Journal:
                     on_record(record)
             elif after_seq < writer.pos.last_seq:
                 last = writer.pos.last_seq
-                for record in iter_records(writer.directory, after_seq + 1):
+                # The records the survey at open read and checked, if they still reach
+                # the end: not read and parsed a second time.
+                kept, writer.surveyed = writer.surveyed, ()
+                if kept and kept[0].seq <= after_seq + 1 and kept[-1].seq == last:
+                    records: Iterable[Record] = kept[after_seq + 1 - kept[0].seq :]
+                else:
+                    records = iter_records(writer.directory, after_seq + 1)
+                for record in records:
                     if record.seq > last:
                         break
                     on_record(record)

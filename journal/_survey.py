@@ -11,7 +11,7 @@ from pathlib import Path
 from journal import _fsutil
 from journal._codec import Record
 from journal._errors import CompactedError, CorruptionError, TornTailError
-from journal._reader import SegmentScan, TornTail, damage_error, scan_all
+from journal._reader import SegmentScan, TornTail, damage_error
 from journal._seek import find_line
 from journal._segment import Segment, check_next, list_segments
 
@@ -32,15 +32,24 @@ if TYPE_CHECKING:
         end_offset: int  # end of the last valid record in the last segment
         torn: TornTail | None
         corruption: CorruptionError | None
+        # With ``keep``: the records read, in seq order up to last_seq (from
+        # covered_through + 1 or before), or () if there were more than KEEP_RECORDS_MAX.
+        records: list[Record] | tuple[()] = ()
 
 else:
     Survey = namedtuple(
         "Survey",
-        ("segments", "first_seq", "last_seq", "max_epoch", "end_offset", "torn", "corruption"),
-    )
+        ("segments", "first_seq", "last_seq", "max_epoch", "end_offset", "torn", "corruption",
+         "records"),
+        defaults=((),),
+    )  # fmt: skip
+
+# A survey asked to keep its records drops them past this many (a journal no snapshot
+# has covered for long): its reader then reads them again, as it would without them.
+KEEP_RECORDS_MAX = 20_000
 
 
-def survey(directory: Path, *, covered_through: int = 0) -> Survey:
+def survey(directory: Path, *, covered_through: int = 0, keep: bool = False) -> Survey:
     """Scan the segments: chain of seqs, every record, damage classification.
 
     Records before ``covered_through`` (a snapshot covers them) are skipped: not read,
@@ -48,19 +57,22 @@ def survey(directory: Path, *, covered_through: int = 0) -> Survey:
     skipped by name, and in the first one read the scan starts at the line of
     ``covered_through`` when ``_seek`` finds it.  Lock-free: an append in progress in
     another process looks like a torn tail.  A segment removed by a concurrent
-    compaction makes it start over (a few times)."""
+    compaction makes it start over (a few times).  ``keep``: the records read are
+    kept in ``records`` (opening a journal hands them to its first subscriber, which
+    would otherwise read and parse them again)."""
     for _attempt in range(5):
         try:
-            return _survey_once(directory, covered_through)
+            return _survey_once(directory, covered_through, keep)
         except FileNotFoundError:
             continue
-    return _survey_once(directory, covered_through)
+    return _survey_once(directory, covered_through, keep)
 
 
-def _survey_once(directory: Path, covered_through: int) -> Survey:
+def _survey_once(directory: Path, covered_through: int, keep: bool) -> Survey:
     segments = list_segments(directory)
     if not segments:
         return Survey([], 1, 0, 0, 0, None, None)
+    kept: list[Record] | None = [] if keep else None
     first_seq = segments[0].first_seq
     start = 0
     while start + 1 < len(segments) and segments[start + 1].first_seq - 1 <= covered_through:
@@ -87,7 +99,11 @@ def _survey_once(directory: Path, covered_through: int) -> Survey:
             return Survey(segments, first_seq, next_seq - 1, max_epoch, end_offset, None, odd)
         try:
             scan = _scan_from(fd, segment, next_seq, covered_through if index == start else 0)
-            scan_all(scan)
+            for run in scan.runs():
+                if kept is not None:
+                    kept += run
+                    if len(kept) > KEEP_RECORDS_MAX:
+                        kept = None
         finally:
             _fsutil.close(fd)
         next_seq, end_offset = scan.next_seq, scan.end_offset
@@ -98,10 +114,13 @@ def _survey_once(directory: Path, covered_through: int) -> Survey:
                 torn = TornTail(
                     segment.path, damage.offset, damage.seq, damage.tail_bytes, damage.reason
                 )
-                return Survey(segments, first_seq, next_seq - 1, max_epoch, end_offset, torn, None)
+                return Survey(
+                    segments, first_seq, next_seq - 1, max_epoch, end_offset, torn, None,
+                    kept or (),
+                )  # fmt: skip
             error = damage_error(damage, segment.path, last=last)
             return Survey(segments, first_seq, next_seq - 1, max_epoch, end_offset, None, error)
-    return Survey(segments, first_seq, next_seq - 1, max_epoch, end_offset, None, None)
+    return Survey(segments, first_seq, next_seq - 1, max_epoch, end_offset, None, None, kept or ())
 
 
 def _scan_from(fd: int, segment: Segment, next_seq: int, skip_to: int) -> SegmentScan:

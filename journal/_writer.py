@@ -55,7 +55,7 @@ thrown away with a failed handle, and must not drive side effects on its own.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from itertools import chain, repeat
 from pathlib import Path
@@ -146,6 +146,9 @@ class Writer:
         self._fence = fence
         # Called once a wait for the append lock has lasted a while (``_fsutil.lock``).
         self.on_lock_wait: Callable[[], None] | None = None
+        # The records the survey at open read (up to its last_seq), for the first
+        # subscriber (``Journal.subscribe``), then dropped.
+        self.surveyed: Sequence[Record] = found.records
         self.subscribers: list[Subscriber] = []  # fed once a record is durable
         self.early_subscribers: list[Subscriber] = []  # fed once its batch is accepted
         self.pos = Position(

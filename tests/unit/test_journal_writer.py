@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from writerkit import Gate, wait_for
 
+import journal as journal_module
 import journal._fsutil as fsutil
 import journal._reader as reader_module
 from journal import (
@@ -521,6 +522,39 @@ def test_subscribe_replays_then_follows(journal: Journal) -> None:
     journal.subscribe(lambda r: late.append(r.seq), after_seq=journal.last_seq)
     journal.append("T", {})
     assert late == [7] and seen[-1] == 7
+
+
+def test_the_first_subscriber_gets_the_records_the_open_read_without_reading_again(
+    jdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Opening reads and checks every record (the survey); the first subscriber (a
+    # store folding them into its table) gets those, not a second read and parse of
+    # the same lines. A later one, or one that the handle's own appends overtook,
+    # reads from disk.
+    with Journal.open(jdir, segment_bytes_max=300) as j:
+        for i in range(12):
+            j.append("T", {"i": i})
+    assert len(list_segments(jdir)) > 1
+    reads: list[int] = []
+    real = journal_module.iter_records
+
+    def counted(directory: Path, from_seq: int = 1, **kw: Any) -> Iterator[Record]:
+        reads.append(from_seq)
+        return real(directory, from_seq, **kw)
+
+    monkeypatch.setattr(journal_module, "iter_records", counted)
+    with Journal.open(jdir, segment_bytes_max=300) as j:
+        first: list[int] = []
+        j.subscribe(lambda r: first.append(r.data["i"]), after_seq=3)
+        assert first == list(range(3, 12)) and reads == []
+        again: list[int] = []
+        j.subscribe(lambda r: again.append(r.seq), after_seq=10)
+        assert again == [11, 12] and reads == [11]
+    with Journal.open(jdir, segment_bytes_max=300) as j:
+        j.append("T", {"i": 12})
+        later: list[int] = []
+        j.subscribe(lambda r: later.append(r.seq))
+        assert later == list(range(1, 14)) and reads == [11, 1]
 
 
 def test_subscribers_see_other_handles_exactly_once_in_order(jdir: Path) -> None:
