@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from ferry.app.launch import RUN_BEAT_TTL_S, beat_ttl, claim_foreground, run_foreground
-from ferry.core.errors import FerryError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -40,7 +39,7 @@ def run_task(
         on_claimed=on_claimed, stdout_echo_fd=stdout_echo_fd, notice=session.notice,
         on_started=on_started, beat_ttl_s=beat_ttl(session, RUN_BEAT_TTL_S),
     )  # fmt: skip
-    _compact_quietly(session)
+    session.compact_if_due()
     if result.error is not None:
         result.error.details.setdefault("task", result.task.id)
         raise result.error
@@ -68,17 +67,8 @@ def claim_task(
     )  # fmt: skip
     if result is None:
         return None
-    _compact_quietly(session)
+    session.compact_if_due()
     if result.error is not None:
         result.error.details.setdefault("task", result.task.id)
         raise result.error
     return result
-
-
-def _compact_quietly(session: Session) -> None:
-    """After a task settled: keep start-up cost bounded for journals only ever written
-    by ``run`` (CI). A failure here must not change the task's exit status."""
-    try:
-        session.store.maybe_compact()
-    except FerryError as error:
-        session.notice(f"warning: compaction skipped: {error.message}")

@@ -11,9 +11,10 @@ with the user's shell, whose flags must not change). What the destination does n
 take now waits in a backlog that is written when it is writable again, and while the
 backlog is over ``ECHO_BACKLOG_BYTES`` the loop stops reading the streams that go
 there (the task then blocks on its own pipe, as it would writing to the stalled
-reader directly). Files, and what cannot be written that way (kernels without
-``RWF_NOWAIT`` for pipes, a terminal that cannot be opened again), get plain blocking
-writes, as ``tee`` does. Streams that go to one destination (``2>&1``, a terminal)
+reader directly). Files, sockets (a socket cannot be opened again, and
+``RWF_NOWAIT`` does not apply to it) and what cannot be written that way (kernels
+without ``RWF_NOWAIT`` for pipes, a terminal that cannot be opened again) get plain
+blocking writes, as ``tee`` does. Streams that go to one destination (``2>&1``, a terminal)
 share its Echo: one backlog keeps their chunks in the order they were read.
 
 Once a piped stream has passed ``_splice.TEE_AFTER_BYTES``, :meth:`Sink.splice_from`
