@@ -240,14 +240,15 @@ class Session:
     def notice(self, message: str) -> None:
         self.reporter.notice(message)
 
-    def compact_if_due(self) -> bool:
+    def compact_if_due(self, *, merge: bool = True) -> bool:
         """Keep every command's start-up cost bounded (``TaskStore.maybe_compact``):
-        after ``run`` and ``claim`` settled their task, between ``work``'s turns and
-        when it ends. A failure is a warning, never the command's outcome: False."""
+        after ``run`` and ``claim`` settled their task, between ``work``'s turns
+        (``merge=False``) and when it ends. A failure is a warning, never the command's
+        outcome: False."""
         from ferry.core.errors import FerryError
 
         try:
-            self.store.maybe_compact()
+            self.store.maybe_compact(merge=merge)
         except (FerryError, OSError) as error:
             why = error.message if isinstance(error, FerryError) else str(error)
             self.notice(f"warning: compaction skipped: {why}")

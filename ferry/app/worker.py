@@ -100,7 +100,10 @@ SHORT_OF_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.ENO
 # renewal, a new journal segment, /proc reads, a pidfd): its channel takes one for as
 # long as it lives.
 DESCRIPTORS_KEPT = 8
-# A compaction between turns that failed (the disk full, say) is tried again this late.
+# Between turns, a compaction is looked at this often (due: more than
+# SNAPSHOT_TAIL_RECORDS follow the snapshot); one that failed (the disk full, say) is
+# tried again this late.
+COMPACT_CHECK_S = 1.0
 COMPACT_RETRY_S = 60.0
 HALTS = ("soon", "now")
 
@@ -273,11 +276,17 @@ class Worker:
         """Compact when due, between turns: every command run beside a long-lived
         ``work`` folds the records after the last snapshot at its start, and work
         compacted only when it ended (beside one that had run 2,000 tasks, ``ls`` took
-        205 ms, and 49 once it had exited). Synchronous: work forks its supervisors, and
-        a compaction in a thread could hold a lock across a fork. A failure warns, and
-        is tried again COMPACT_RETRY_S later."""
-        if time.monotonic() >= self._compact_at and not self.session.compact_if_due():
-            self._compact_at = time.monotonic() + COMPACT_RETRY_S
+        205 ms, and 49 once it had exited). Synchronous (work forks its supervisors, and
+        a compaction in a thread could hold a lock across a fork), so without a merge of
+        the archives: that rewrites all history, and would hold the loop (no renewal of
+        the lease, no answer to a supervisor) for seconds with a long one; a compaction
+        outside the loop merges (when work ends, run, claim, recover, gc, ``journal
+        compact``). Looked at once a second at most; a failure warns, and is tried again
+        COMPACT_RETRY_S later."""
+        now = time.monotonic()
+        if now >= self._compact_at:
+            done = self.session.compact_if_due(merge=False)
+            self._compact_at = now + (COMPACT_CHECK_S if done else COMPACT_RETRY_S)
 
     def _renew(self) -> None:
         """Renew the lease when due. Lost: claim nothing more; what runs finishes, but

@@ -253,9 +253,10 @@ class TaskStore(Protocol):
 
     # ---- housekeeping --------------------------------------------------------------
 
-    def maybe_compact(self) -> dict[str, Any] | None:
+    def maybe_compact(self, *, merge: bool = True) -> dict[str, Any] | None:
         """Keep start-up cost bounded when due; None when not done (not due, or another
-        process is at it). Never waits."""
+        process is at it). Never waits. ``merge=False``: nothing that rewrites all
+        history (between ``work``'s turns)."""
         ...
 
     def compact(

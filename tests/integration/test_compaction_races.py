@@ -5,15 +5,20 @@ snapshot named were merged and pruned."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import orjson
 import pytest
-from clikit import Ferry, wait_until
+from clikit import Ferry, finish, wait_until
+
+from ferry.storage.local.store import SNAPSHOT_TAIL_RECORDS
+from journal import read_latest_snapshot
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -91,7 +96,6 @@ def test_a_runner_left_behind_by_a_compaction_still_settles_its_task(tmp_path: P
     commands write several segments and compact meanwhile: its SETTLED must still land.
     (It went into the runner's removed segment, reported committed: the task stayed
     RUNNING, and recover then failed it, or requeued it to run twice if idempotent.)"""
-    import json
     import time
 
     home = tmp_path / "home"
@@ -143,6 +147,40 @@ def archive_names(ferry: Ferry) -> set[str]:
     return {p.name for p in (ferry.home / "archive").glob("settled-*")}
 
 
+def snapshot_archives(ferry: Ferry) -> int:
+    """How many archives the newest snapshot names."""
+    snapshot = read_latest_snapshot(ferry.home / "journal")
+    return 0 if snapshot is None else len(json.loads(snapshot.data)["settled_archives"])
+
+
+def test_a_worker_compacts_between_its_turns_without_merging_history(
+    ferry: Ferry, tmp_path: Path
+) -> None:
+    """A merge of the archives reads and rewrites all history (seconds with a long one,
+    all of it in memory): between work's turns it would hold the loop (no lease
+    renewal, no answer to a supervisor) for that long. So work's compactions between
+    turns only add archives; a merge that is due waits for a compaction outside the
+    loop (when work ends, run, claim, recover, gc, ``journal compact``)."""
+    tasks = tmp_path / "tasks.jsonl"
+    # Five records a task: a compaction is due about every SNAPSHOT_TAIL_RECORDS / 5
+    # tasks, and work looks once a second: several compactions before the queue is done.
+    tasks.write_text('{"argv": ["true"]}\n' * SNAPSHOT_TAIL_RECORDS * 2)
+    ferry.ok("submit", "--from", str(tasks))
+    small = Ferry(ferry.home, command=(sys.executable, SMALL_ARCHIVES, "1"))
+    worker = small.start("-q", "work", "-j", "2", "--poll", "0.05")
+    ferry.background.append(worker)  # (reaped by the fixture)
+    try:
+        # (With ARCHIVES_MAX 1, a compaction that may merge leaves one archive.)
+        wait_until(lambda: snapshot_archives(ferry) >= 2, what="two archives, not merged",
+                   timeout_s=120)  # fmt: skip
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        code, err = finish(worker)
+    assert code == 0, err
+    compact_small(ferry, 1)  # a compaction outside the loop merges them
+    assert snapshot_archives(ferry) == 1
+
+
 @pytest.mark.parametrize("compacted_past_the_leader", [False, True], ids=["caught_up", "behind"])
 def test_a_leader_from_an_older_snapshot_runs_a_retry_after_its_archives_were_pruned(
     ferry: Ferry, tmp_path: Path, compacted_past_the_leader: bool
@@ -153,7 +191,6 @@ def test_a_leader_from_an_older_snapshot_runs_a_retry_after_its_archives_were_pr
     task stayed QUEUED under an idle leader). "behind": a compaction also passed the
     RETRIED before the leader read it (the leader's table is older than the newest
     snapshot when it needs history)."""
-    import signal
 
     flag = tmp_path / "flag"
     old_id = ferry.ok("--json", "run", "--", "test", "-e", str(flag), codes=(1,)).json()["id"]
@@ -196,7 +233,6 @@ def test_a_leader_that_cannot_load_the_history_it_needs_stops_with_the_coded_err
     The archive every snapshot names is gone (real damage): the leader that reads a
     RETRIED of a task in it stops with journal.snapshot_mismatch (exit 4); the RETRIED
     stays in the journal, and the task is QUEUED again once the archive is back."""
-    import signal
 
     old_id = ferry.ok("--json", "run", "--", "false", codes=(1,)).json()["id"]
     ferry.ok("journal", "compact")
@@ -280,7 +316,6 @@ def test_a_same_seq_merge_killed_at_its_snapshot_rename_by_strace(ferry: Ferry) 
 def roll_a_segment(ferry: Ferry, tmp_path: Path) -> None:
     """About 9 MiB of records (3 queued tasks with a 3 MiB env each, never run): the
     8 MiB segment they start in is sealed, a new one active."""
-    import json
 
     big = tmp_path / "big.jsonl"
     env = [f"V{i}=" + "x" * (100 << 10) for i in range(30)]
@@ -296,7 +331,6 @@ def test_a_reader_that_opens_during_a_compaction_is_not_told_the_journal_is_corr
     between removed the sealed segment holding them: the read raised CompactedError,
     reported as journal.corrupt (exit 4 for `ls`; 1 in 17 tries with a concurrent
     `journal compact` loop). Made certain: `ls` stopped right between the two."""
-    import signal
 
     from ferry.proc.process import read_stat
 
@@ -328,7 +362,6 @@ def test_a_stopped_compaction_is_skipped_by_run_not_awaited(ferry: Ferry) -> Non
     blocking flock: a ferry process stopped inside a compaction (Ctrl-Z, a frozen
     container) made each later `ferry run` finish its task, journal SUCCEEDED, and never
     return. Now such a compaction is skipped; the stopped one, continued, ends well."""
-    import signal
 
     ferry.ok("submit", "--from", "-", stdin=b'{"argv": ["true"]}\n' * 1000)  # a tail due
     compactor = ferry.start("journal", "compact", failpoints="before:snapshot_write=stop")
@@ -349,7 +382,6 @@ def test_a_stopped_compaction_is_skipped_by_run_not_awaited(ferry: Ferry) -> Non
 def test_an_explicit_compaction_waits_for_a_stopped_one_and_says_so(ferry: Ferry) -> None:
     """`ferry journal compact` (explicit) waits for compact.lock, and says so after a
     few seconds (it waited in silence, for ever if the holder stays stopped)."""
-    import signal
 
     ferry.ok("run", "--", "true")
     first = ferry.start("journal", "compact", failpoints="before:snapshot_write=stop")

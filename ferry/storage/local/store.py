@@ -496,17 +496,22 @@ class Store(ClaimsUnderLock):
         done); ``wait=True`` waits, calling ``on_lock_wait`` (from a timer thread) once
         the wait has lasted COMPACT_LOCK_NOTICE_S: its holder may be stopped, and keeps
         the lock until it is continued or killed."""
+        return self._compact(wait, on_lock_wait, may_merge=True)
+
+    def _compact(
+        self, wait: bool, on_lock_wait: Callable[[], None] | None, *, may_merge: bool
+    ) -> dict[str, Any] | None:
         directory = self.home / "archive"
         make_dir_durable(directory)
         lock_fd = os.open(self.home / "compact.lock", _LOCK_FLAGS, 0o600)
         try:
             if not _lock_compaction(lock_fd, wait, on_lock_wait):
                 return None
-            return self._compact_locked(directory)
+            return self._compact_locked(directory, may_merge)
         finally:
             os.close(lock_fd)  # releases the flock
 
-    def _compact_locked(self, directory: Path) -> dict[str, Any]:
+    def _compact_locked(self, directory: Path, may_merge: bool) -> dict[str, Any] | None:
         try:
             self.refresh()
             previous = self.wal.latest_snapshot()
@@ -524,12 +529,14 @@ class Store(ClaimsUnderLock):
                 # So are archives without an index, or a table that cannot count its
                 # settled tasks without loading them (written before indexes, or by
                 # such a ferry since): once, and ls and show read a few lines again.
-                merge = (
-                    len(archives) >= ARCHIVES_MAX
-                    or self.table.forgotten_pending
+                rewrite = (
+                    self.table.forgotten_pending
                     or "settled_counts" not in data
                     or not _all_indexed(directory, archives)
                 )
+                if rewrite and not may_merge:
+                    return None  # (history must be rewritten: by a compaction that may)
+                merge = rewrite or (may_merge and len(archives) >= ARCHIVES_MAX)
                 forgotten: list[str] = []
                 if merge:
                     delta, archives = self.table.to_snapshot()["settled"], []
@@ -564,15 +571,19 @@ class Store(ClaimsUnderLock):
             "archives": len(archives),
         }
 
-    def maybe_compact(self) -> dict[str, Any] | None:
+    def maybe_compact(self, *, merge: bool = True) -> dict[str, Any] | None:
         """Compact when enough records follow the last snapshot (leaders, and ``run``
         after it settled: so a journal only ever written by ``ferry run`` in CI still
         keeps start-up cost bounded). Skipped, never awaited, while another compaction
         holds ``compact.lock``: one stopped inside its compaction (Ctrl-Z, a frozen
         container) made every later ``ferry run`` finish its task and never return.
-        The compaction in progress, or the next, does the work. None if skipped."""
+        The compaction in progress, or the next, does the work. None if skipped.
+
+        ``merge=False`` (between ``work``'s turns): the archives are not merged, even
+        past ARCHIVES_MAX, and a compaction that must rewrite history (after a ``gc``)
+        is skipped: a merge reads and rewrites all history, for seconds with a long one."""
         if self.tail_records() >= SNAPSHOT_TAIL_RECORDS:
-            return self.compact(wait=False)
+            return self._compact(False, None, may_merge=merge)
         return None
 
 
