@@ -466,6 +466,9 @@ class Journal:
         failed handle; take no side effect from a record before its own append returned."""
         writer = self._writer
         with writer.owned():
+            # The records the survey at open read and checked: for this subscriber if
+            # they still reach the end, not read and parsed a second time; then let go.
+            kept, writer.surveyed = writer.surveyed, ()
             if self._view is not None:
                 from journal._view import view_records
 
@@ -473,9 +476,6 @@ class Journal:
                     on_record(record)
             elif after_seq < writer.pos.last_seq:
                 last = writer.pos.last_seq
-                # The records the survey at open read and checked, if they still reach
-                # the end: not read and parsed a second time.
-                kept, writer.surveyed = writer.surveyed, ()
                 if kept and kept[0].seq <= after_seq + 1 and kept[-1].seq == last:
                     records: Iterable[Record] = kept[after_seq + 1 - kept[0].seq :]
                 else:

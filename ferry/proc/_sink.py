@@ -75,12 +75,21 @@ def widen_pipe(fd: int, size_bytes: int) -> None:
         pass
 
 
+def _is_master(st: os.stat_result) -> bool:
+    """A pseudo-terminal's master side: every one is /dev/ptmx (character device 5,2),
+    which opened again is a new terminal, not this one."""
+    return stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(5, 2)
+
+
 def _destination(fd: int) -> tuple[int, int] | None:
     """What ``fd`` writes to, for a pipe, socket or terminal (where streams sent to the
-    same one must share an order); None for files and the unknown."""
+    same one must share an order); None for files, masters (all one inode) and the
+    unknown."""
     try:
         st = os.fstat(fd)
     except OSError:
+        return None
+    if _is_master(st):
         return None
     if stat.S_ISFIFO(st.st_mode) or stat.S_ISSOCK(st.st_mode) or stat.S_ISCHR(st.st_mode):
         return st.st_dev, st.st_ino
@@ -110,12 +119,13 @@ class Echo:
         self._backlog: deque[bytes] = deque()
         self._head_done = 0  # bytes of _backlog[0] already written
         self._own: int | None = None  # ferry's own description of a terminal
-        self.pipe = bool(_RWF_NOWAIT) and stat.S_ISFIFO(_mode(fd))  # RWF_NOWAIT writes
+        st = _stat(fd)
+        self.pipe = bool(_RWF_NOWAIT) and st is not None and stat.S_ISFIFO(st.st_mode)
         if self.pipe:
             # A 64 KiB pipe takes 1 MiB in 16 rounds through the loop; 1 MiB in one. (It
             # only adds buffering to the pipe ferry's caller gave it.)
             widen_pipe(fd, ECHO_PIPE_BYTES)
-        elif os.isatty(fd):
+        elif st is not None and not _is_master(st) and os.isatty(fd):
             self._own = _own_description(fd)
             if self._own is not None:
                 self.fd = self._own
@@ -204,11 +214,11 @@ class Echo:
         return None
 
 
-def _mode(fd: int) -> int:
+def _stat(fd: int) -> os.stat_result | None:
     try:
-        return os.fstat(fd).st_mode
+        return os.fstat(fd)
     except OSError:
-        return 0
+        return None
 
 
 def echoes(stdout_fd: int | None, stderr_fd: int | None) -> tuple[Echo | None, Echo | None]:
@@ -219,7 +229,7 @@ def echoes(stdout_fd: int | None, stderr_fd: int | None) -> tuple[Echo | None, E
         return out, None
     if out is not None and stdout_fd is not None:
         where = _destination(stdout_fd)
-        if where is not None and where == _destination(stderr_fd):
+        if stdout_fd == stderr_fd or (where is not None and where == _destination(stderr_fd)):
             return out, out
     return out, Echo(stderr_fd)
 

@@ -368,13 +368,18 @@ class TaskLoop:
             stop_signal=self.stop_signal,
             drain_timed_out=self.drain_timed_out,
             group_survived=self.group_survived,
-            passthrough_error="; ".join(
-                f"{name}: {sink.echo_error}"
-                for name, sink in zip(("stdout", "stderr"), self.sinks, strict=True)
-                if sink.echo_error
-            )
-            or None,
+            passthrough_error=self._passthrough_error(),
         )
+
+    def _passthrough_error(self) -> str | None:
+        """Why passthrough ended early, per destination (one for both streams when
+        they went to the same place)."""
+        out, err = self.sinks
+        if out.echo is not None and out.echo is err.echo:
+            return None if out.echo_error is None else f"stdout and stderr: {out.echo_error}"
+        found = [f"{name}: {sink.echo_error}" for name, sink in (("stdout", out), ("stderr", err))
+                 if sink.echo_error]  # fmt: skip
+        return "; ".join(found) or None
 
     def _close(self) -> None:
         self.sel.close()

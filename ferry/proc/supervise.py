@@ -31,15 +31,16 @@ Choices where the brief is silent (the contract of this module):
   ``DRAIN_TIMEOUT_S`` after the group is gone (a process that left the group with
   ``setsid`` may hold the pipes open forever); ``drain_timed_out`` says when that bound
   cut the read.
-* Passthrough. When ferry's fd 1/2 is a pipe, it is grown to 1 MiB and written
-  without blocking (``RWF_NOWAIT``); what the reader has not taken yet waits in a backlog, and while
-  that backlog is over 4 MiB the task's pipe is not read (the task blocks, as it
-  would writing to that reader directly). So a reader that stops reading never stops
-  timeouts, heartbeats or forwarded signals; after the task ended, ferry waits for
-  the reader to take the rest (like ``tee``) until a signal tells it to give up
-  (``passthrough_error``). Terminals, files and sockets get plain blocking writes
-  (known limit: a stuck terminal or socket reader holds the loop). EPIPE/EBADF/EIO on
-  ferry's fd stop the passthrough of that stream; the log keeps every byte. A log
+* Passthrough (:mod:`ferry.proc._sink`). When ferry's fd 1/2 is a pipe, it is grown
+  to 1 MiB and written without blocking (``RWF_NOWAIT``); a terminal is written
+  through a non-blocking description of its own. What the reader has not taken yet
+  waits in a backlog, and while that backlog is over 4 MiB the task's pipe is not read
+  (the task blocks, as it would writing to that reader directly). So a reader that
+  stops reading never stops timeouts, heartbeats or forwarded signals; after the task
+  ended, ferry waits for the reader to take the rest (like ``tee``) until a signal
+  tells it to give up (``passthrough_error``). Files and sockets get plain blocking
+  writes (known limit: a stuck socket reader holds the loop). EPIPE/EBADF/EIO on
+  ferry's fd stop the passthrough there; the log keeps every byte. A log
   write error does not stop the task (its pipe must keep draining); it is reported in
   ``log_error``. Buffered ``sys.stdout``/``sys.stderr`` are flushed before the task
   starts, so ferry's own earlier output comes first.

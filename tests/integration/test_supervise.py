@@ -1248,3 +1248,39 @@ def test_streams_into_one_pipe_or_terminal_share_one_passthrough(tmp_path: Path)
     finally:
         for fd in [read_fd, write_fd, master, slave, other_read, other_write, file_fd, *copies]:
             os.close(fd)
+
+
+def test_passthrough_to_a_terminal_s_master_side_reaches_its_slave(
+    tmp_path: Path, driver: Callable[..., subprocess.Popen[bytes]]
+) -> None:
+    # ferry's stdout the master of a pseudo-terminal (a program that runs ferry under a
+    # terminal of its own, reading the slave). Opened again by its name, a master is a
+    # new terminal (/dev/ptmx clones): passthrough went there, to nobody, and past its
+    # buffer ferry waited for a reader for ever (found by a review).
+    master, slave = os.openpty()
+    tty.setraw(slave)
+    try:
+        size = 100_000  # more than a terminal's buffer
+        proc = driver([PY, "-c", f"import sys; sys.stdout.write('x' * {size})"],
+                      stdout=master, passthrough=True)  # fmt: skip
+        passed = read_until_exit(slave, proc)
+        outcome = driver_outcome(proc, tmp_path)
+    finally:
+        os.close(master)
+        os.close(slave)
+    assert outcome["exit_code"] == 0 and outcome["passthrough_error"] is None
+    assert passed == b"x" * size
+
+
+def test_two_terminals_masters_are_two_destinations() -> None:
+    # Every master is the same device and inode (/dev/ptmx): not one destination.
+    first, first_slave = os.openpty()
+    second, second_slave = os.openpty()
+    try:
+        out, err = echoes(first, second)
+        assert out is not None and err is not None and out is not err
+        shared = echoes(first, first)
+        assert shared[0] is shared[1]  # (one descriptor twice: one destination)
+    finally:
+        for fd in (first, first_slave, second, second_slave):
+            os.close(fd)

@@ -557,6 +557,22 @@ def test_the_first_subscriber_gets_the_records_the_open_read_without_reading_aga
         assert later == list(range(1, 14)) and reads == [11, 1]
 
 
+def test_the_records_the_open_read_are_let_go_by_a_first_subscriber_that_needs_none(
+    jdir: Path,
+) -> None:
+    # A store whose snapshot is at the journal's end subscribes after its last record:
+    # the survey's records (a whole segment when the snapshot's line is not found) were
+    # kept for as long as the handle lived (found by a review).
+    with Journal.open(jdir) as j:
+        for i in range(5):
+            j.append("T", {"i": i})
+    for after_seq in (5, 9):
+        with Journal.open(jdir) as j:
+            assert len(j._writer.surveyed) == 5
+            j.subscribe(lambda r: None, after_seq=after_seq)
+            assert len(j._writer.surveyed) == 0
+
+
 def test_subscribers_see_other_handles_exactly_once_in_order(jdir: Path) -> None:
     with (
         Journal.open(jdir, segment_bytes_max=250) as a,
