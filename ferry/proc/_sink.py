@@ -13,9 +13,10 @@ backlog is over ``ECHO_BACKLOG_BYTES`` the loop stops reading the streams that g
 there (the task then blocks on its own pipe, as it would writing to the stalled
 reader directly). Files, sockets (a socket cannot be opened again, and
 ``RWF_NOWAIT`` does not apply to it) and what cannot be written that way (kernels
-without ``RWF_NOWAIT`` for pipes, a terminal that cannot be opened again) get plain
-blocking writes, as ``tee`` does. Streams that go to one destination (``2>&1``, a terminal)
-share its Echo: one backlog keeps their chunks in the order they were read.
+without ``RWF_NOWAIT`` for pipes, a terminal that cannot be opened again, a
+terminal's master side) get plain blocking writes, as ``tee`` does. Streams that go to
+one destination (``2>&1``, a terminal) share its Echo: one backlog keeps their chunks
+in the order they were read.
 
 Once a piped stream has passed ``_splice.TEE_AFTER_BYTES``, :meth:`Sink.splice_from`
 takes over while nothing waits in the backlog: ``tee(2)`` into ferry's pipe, then
@@ -85,11 +86,8 @@ def _destination(fd: int) -> tuple[int, int] | None:
     """What ``fd`` writes to, for a pipe, socket or terminal (where streams sent to the
     same one must share an order); None for files, masters (all one inode) and the
     unknown."""
-    try:
-        st = os.fstat(fd)
-    except OSError:
-        return None
-    if _is_master(st):
+    st = _stat(fd)
+    if st is None or _is_master(st):
         return None
     if stat.S_ISFIFO(st.st_mode) or stat.S_ISSOCK(st.st_mode) or stat.S_ISCHR(st.st_mode):
         return st.st_dev, st.st_ino
