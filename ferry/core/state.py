@@ -308,6 +308,10 @@ class Table:
         ids.sort(key=self._submit_seq)
         return [self[i] for i in (ids[-limit:] if limit else ids)]
 
+    def count_live(self) -> int:
+        """How many tasks are not settled (no history needed)."""
+        return len(self._live)
+
     def count(self, state: States = None) -> int:
         """How many tasks (in ``state`` if given) there are (without loading history
         when the snapshot said how many settled tasks it holds in each state, nor

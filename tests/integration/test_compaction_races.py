@@ -11,13 +11,19 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import orjson
 import pytest
 from clikit import Ferry, finish, wait_until
 
-from ferry.storage.local.store import SNAPSHOT_TAIL_RECORDS
+from ferry.core import events as ev
+from ferry.core.ids import new_task_id
+from ferry.core.model import Reason, State
+from ferry.core.spec import TaskSpec
+from ferry.storage.local.statedir import ensure_home
+from ferry.storage.local.store import SNAPSHOT_TAIL_RECORDS, Store
 from journal import read_latest_snapshot
 
 pytestmark = pytest.mark.timeout(240)
@@ -145,6 +151,33 @@ def compact_small(ferry: Ferry, archives_max: int = 2) -> dict[str, object]:
 
 def archive_names(ferry: Ferry) -> set[str]:
     return {p.name for p in (ferry.home / "archive").glob("settled-*")}
+
+
+def test_a_compaction_is_due_once_the_tail_outweighs_the_live_tasks(tmp_path: Path) -> None:
+    """A snapshot holds every live task: writing one costs about as much as folding as
+    many records, and loading it as much as folding one per task. With a long queue,
+    every compaction due by the tail alone wrote it all again (work looks once a second:
+    with 100,000 tasks queued, it would have compacted at every look). Due now once the
+    records after the snapshot outnumber the live tasks too."""
+    home = tmp_path / "home"
+    ensure_home(home)
+    store = Store.open(home)
+    try:
+        spec = TaskSpec(argv=("true",), cwd="/")
+        now = time.time()
+        ids = [
+            new_task_id(time.time_ns() + i, os.urandom(4)) for i in range(SNAPSHOT_TAIL_RECORDS * 2)
+        ]
+        store.commit(*[ev.Submitted(task_id, spec, now) for task_id in ids])
+        assert store.tail_records() >= SNAPSHOT_TAIL_RECORDS
+        assert store.maybe_compact() is None  # as many records as live tasks: not due
+        cancelled = ids[: len(ids) // 2 + 1]
+        store.commit(*[ev.Settled(task_id, 1, None, State.CANCELLED, Reason.CANCELLED_BY_USER)
+                       for task_id in cancelled])  # fmt: skip
+        report = store.maybe_compact()
+        assert report is not None and store.tail_records() == 0
+    finally:
+        store.close()
 
 
 def snapshot_archives(ferry: Ferry) -> int:

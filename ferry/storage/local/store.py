@@ -50,11 +50,14 @@ if TYPE_CHECKING:
 
     pass
 
-# Compact once this many records follow the last snapshot. Every command folds them
-# (about 14 µs each): at 5,000, `ferry run -- true` took 140 ms just before a compaction
-# against 70 ms just after; at 1,000, 82 ms (bench run-overhead, steady=). A compaction
-# with this tail costs a few ms, once in some 200 tasks.
-SNAPSHOT_TAIL_RECORDS = 1_000
+# Compact once this many records follow the last snapshot (and more than there are
+# live tasks: Store.compaction_due). Every command folds them (about 15 µs each): at
+# 5,000, `ferry run -- true` took 140 ms just before a compaction against 70 ms just
+# after; at 1,000, 82 ms (bench run-overhead, steady=). 2026-12-04, 580 runs of
+# `ferry run -- true` in one home each, interleaved: mean 78.3 ms at 1,000, 72.5 at 500,
+# 69.4 at 250 (p95 109.8, 96.1, 90.9). A compaction with this tail costs a few ms, once
+# in some 50 tasks; it merges the archives one time in ARCHIVES_MAX.
+SNAPSHOT_TAIL_RECORDS = 250
 # Small segments: compaction can drop history sooner. Opening finds the snapshot's seq
 # in the active segment by bisection (journal/_seek.py), not by reading up to it.
 SEGMENT_BYTES_MAX = 8 << 20
@@ -64,7 +67,8 @@ SEGMENT_BYTES_MAX = 8 << 20
 # (usage.too_large), nothing written. Readers have no line limit: this bounds writes only.
 RECORD_BYTES_MAX = 16 << 20
 # Archives are merged into one past this many: a merge reads and rewrites all history,
-# so it should stay rare (about every 160,000 records, with the tail above).
+# so it should stay rare (about every 40,000 records, with the tail above: each archive
+# is named in the snapshot, which every command reads).
 ARCHIVES_MAX = 160
 # An explicit compaction that waits this long for compact.lock says so (as a writer
 # does for the journal's append lock).
@@ -582,9 +586,21 @@ class Store(ClaimsUnderLock):
         ``merge=False`` (between ``work``'s turns): the archives are not merged, even
         past ARCHIVES_MAX, and a compaction that must rewrite history (after a ``gc``)
         is skipped: a merge reads and rewrites all history, for seconds with a long one."""
-        if self.tail_records() >= SNAPSHOT_TAIL_RECORDS:
+        if self.compaction_due():
             return self._compact(False, None, may_merge=merge)
         return None
+
+    def compaction_due(self) -> bool:
+        """At least SNAPSHOT_TAIL_RECORDS follow the snapshot, and more than there are
+        live tasks: a snapshot holds every live task, and writing one costs about as
+        much as folding as many records (loading it, as much as folding one per task):
+        with a long queue, a compaction due by the tail alone wrote it all again, and
+        gained nothing on the next open. No I/O."""
+        tail = self.tail_records()
+        if tail < SNAPSHOT_TAIL_RECORDS:
+            return False
+        with self.lock:
+            return tail > self.table.count_live()
 
 
 def _lock_compaction(fd: int, wait: bool, on_wait: Callable[[], None] | None) -> bool:
