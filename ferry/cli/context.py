@@ -64,16 +64,19 @@ class Ctx:
     def ran(self, result: RunResult | None) -> int:
         """``run``/``claim``: under --json the task is the one document on stdout (the
         task's own stdout was echoed to stderr); the task's exit status passes through.
-        None: ``claim`` found the queue empty."""
-        from ferry.cli import render
-
+        None: ``claim`` found the queue empty. (``render`` only when something is said:
+        a plain ``run`` that ends well prints nothing, and need not import it.)"""
         if result is None:
+            from ferry.cli import render
+
             if self.as_json:
                 render.write_json({"task": None})
             elif self.verbosity > 0:
                 render.notice("the queue is empty")
             return 0
         if self.as_json:
+            from ferry.cli import render
+
             render.write_json(render.task_json(result.task))
         return result.exit_status
 
