@@ -180,6 +180,36 @@ def test_a_compaction_is_due_once_the_tail_outweighs_the_live_tasks(tmp_path: Pa
         store.close()
 
 
+def test_between_turns_a_compaction_that_must_rewrite_history_is_skipped_without_io(
+    ferry: Ferry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A table that folded a gc's FORGOTTEN records may compact only by rewriting the
+    archives (a merge): not between work's turns, and work looks once a second, so it
+    says no without reading anything (it read and parsed the snapshot at every look)."""
+    for _ in range(3):
+        ferry.ok("run", "--", "true")
+    store = Store.open(ferry.home)
+    try:
+        ferry.ok("gc", "--older-than", "0s")
+        store.refresh()  # (folds the FORGOTTEN records)
+        ids = [new_task_id(time.time_ns() + i, os.urandom(4)) for i in range(SNAPSHOT_TAIL_RECORDS)]
+        spec = TaskSpec(argv=("true",), cwd="/")
+        store.commit(*[ev.Submitted(task_id, spec, time.time()) for task_id in ids])
+        store.commit(*[ev.Settled(task_id, 1, None, State.CANCELLED, Reason.CANCELLED_BY_USER)
+                       for task_id in ids])  # fmt: skip
+        assert store.compaction_due()
+
+        def no_io(*args: object, **kwargs: object) -> None:
+            raise AssertionError("read the journal's snapshot")
+
+        monkeypatch.setattr(store.wal, "latest_snapshot", no_io)
+        assert store.maybe_compact(merge=False) is None
+        monkeypatch.undo()
+        assert store.maybe_compact() is not None  # (one that may merge does)
+    finally:
+        store.close()
+
+
 def snapshot_archives(ferry: Ferry) -> int:
     """How many archives the newest snapshot names."""
     snapshot = read_latest_snapshot(ferry.home / "journal")

@@ -584,11 +584,18 @@ class Store(ClaimsUnderLock):
         The compaction in progress, or the next, does the work. None if skipped.
 
         ``merge=False`` (between ``work``'s turns): the archives are not merged, even
-        past ARCHIVES_MAX, and a compaction that must rewrite history (after a ``gc``)
-        is skipped: a merge reads and rewrites all history, for seconds with a long one."""
-        if self.compaction_due():
-            return self._compact(False, None, may_merge=merge)
-        return None
+        past ARCHIVES_MAX, and a compaction that must rewrite history is skipped, at no
+        cost: a merge reads and rewrites all history, for seconds with a long one. (A
+        table that folded a ``gc``'s FORGOTTEN records must: so a work that saw a gc
+        compacts again only once it restarts; the gc's own compaction, and every one
+        outside the loop, still happen.)"""
+        if not self.compaction_due():
+            return None
+        if not merge:
+            with self.lock:  # (no I/O: work looks once a second)
+                if self.table.forgotten_pending or self.table.settled_counts() is None:
+                    return None  # history must be rewritten: by a compaction that may
+        return self._compact(False, None, may_merge=merge)
 
     def compaction_due(self) -> bool:
         """At least SNAPSHOT_TAIL_RECORDS follow the snapshot, and more than there are
