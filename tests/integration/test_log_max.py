@@ -20,21 +20,30 @@ pytestmark = pytest.mark.timeout(180)
 CAP = 64 << 10
 MIB = 1 << 20
 # A fast writer: stderr BEGIN, 24 MiB of numbered stdout lines with MIDDLE on stderr
-# halfway, END on stderr; each write lands before the next (flushed), so their order is
-# the one the order index keeps.
+# halfway, END on stderr. Before each stderr line it waits until ferry has logged all of
+# stdout so far (the capped log keeps the stream's offsets): a write returns once the
+# pipe holds it, not once ferry has read it, and ferry reads what both pipes hold in the
+# order they became readable; while its passthrough to a slow reader (this test, on a
+# loaded machine) is backlogged, it even reads stderr alone. Then the order is the one
+# the order index keeps.
 WRITER = r"""
-import os, sys
+import os, time
+task, attempt = os.environ["FERRY_TASK"].split(":")[:2]
+log = os.path.join(os.environ["FERRY_HOME"], "logs", task, attempt + ".stdout")
 def out(data): os.write(1, data)
-def err(text): os.write(2, text)
-err(b"BEGIN\n")
+def err(text, after):
+    while not (os.path.exists(log) and os.path.getsize(log) >= after):
+        time.sleep(0.005)
+    os.write(2, text)
+os.write(2, b"BEGIN\n")
 line = lambda n: b"%08d " % n + b"x" * 91 + b"\n"
 block = lambda first: b"".join(line(n) for n in range(first, first + 1000))
 for k in range(120):
     out(block(k * 1000))
-err(b"MIDDLE\n")
+err(b"MIDDLE\n", 120 * 100_000)
 for k in range(120, 240):
     out(block(k * 1000))
-err(b"END\n")
+err(b"END\n", 240 * 100_000)
 """
 STREAM = b"".join(b"%08d " % n + b"x" * 91 + b"\n" for n in range(240_000))  # 24 MB
 
