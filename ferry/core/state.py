@@ -485,6 +485,12 @@ class Table:
         compaction rewrites the archives without them."""
         return bool(self._forgotten)
 
+    def history_needs_rewrite(self) -> bool:
+        """The next compaction must rewrite the archives (a merge): tasks were
+        forgotten that they may hold, or the settled tasks cannot be counted without
+        loading them (a snapshot from before the counts, a task forgotten unloaded)."""
+        return self.forgotten_pending or self.settled_counts() is None
+
     def forgotten_ids(self, upto_seq: int | None = None) -> list[str]:
         """The ids forgotten (up to ``upto_seq``) that the table still remembers."""
         return sorted(i for i, at in self._forgotten.items() if upto_seq is None or at <= upto_seq)

@@ -155,23 +155,24 @@ def archive_names(ferry: Ferry) -> set[str]:
 
 def test_a_compaction_is_due_once_the_tail_outweighs_the_live_tasks(tmp_path: Path) -> None:
     """A snapshot holds every live task: writing one costs about as much as folding as
-    many records, and loading it as much as folding one per task. With a long queue,
-    every compaction due by the tail alone wrote it all again (work looks once a second:
-    with 100,000 tasks queued, it would have compacted at every look). Due now once the
-    records after the snapshot outnumber the live tasks too."""
+    many records. With a long queue, every compaction due by the tail alone wrote it
+    all again (work looks once a second: with 100,000 tasks queued, it would have
+    compacted at every look). Due now once the records after the snapshot are more
+    than a quarter of the live tasks too (LIVE_PER_TAIL_RECORD)."""
     home = tmp_path / "home"
     ensure_home(home)
     store = Store.open(home)
     try:
         spec = TaskSpec(argv=("true",), cwd="/")
         now = time.time()
-        ids = [
-            new_task_id(time.time_ns() + i, os.urandom(4)) for i in range(SNAPSHOT_TAIL_RECORDS * 2)
-        ]
-        store.commit(*[ev.Submitted(task_id, spec, now) for task_id in ids])
+        count = SNAPSHOT_TAIL_RECORDS
+        ids = [new_task_id(time.time_ns() + i, os.urandom(4)) for i in range(count * 9)]
+        store.commit(*[ev.Submitted(task_id, spec, now) for task_id in ids[: count * 8]])
+        store.compact()  # a long queue in the snapshot
+        store.commit(*[ev.Submitted(task_id, spec, now) for task_id in ids[count * 8 :]])
         assert store.tail_records() >= SNAPSHOT_TAIL_RECORDS
-        assert store.maybe_compact() is None  # as many records as live tasks: not due
-        cancelled = ids[: len(ids) // 2 + 1]
+        assert store.maybe_compact() is None  # a tail of a ninth of the live tasks: not due
+        cancelled = ids[: count * 2]  # (a tail of 3 x count, 7 x count live)
         store.commit(*[ev.Settled(task_id, 1, None, State.CANCELLED, Reason.CANCELLED_BY_USER)
                        for task_id in cancelled])  # fmt: skip
         report = store.maybe_compact()

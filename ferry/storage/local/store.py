@@ -50,14 +50,17 @@ if TYPE_CHECKING:
 
     pass
 
-# Compact once this many records follow the last snapshot (and more than there are
-# live tasks: Store.compaction_due). Every command folds them (about 15 µs each): at
+# Compact once this many records follow the last snapshot (and a quarter as many as
+# there are live tasks: Store.compaction_due). Every command folds them (about 15 µs each): at
 # 5,000, `ferry run -- true` took 140 ms just before a compaction against 70 ms just
 # after; at 1,000, 82 ms (bench run-overhead, steady=). 2026-12-04, 580 runs of
 # `ferry run -- true` in one home each, interleaved: mean 78.3 ms at 1,000, 72.5 at 500,
 # 69.4 at 250 (p95 109.8, 96.1, 90.9). A compaction with this tail costs a few ms, once
 # in some 50 tasks; it merges the archives one time in ARCHIVES_MAX.
 SNAPSHOT_TAIL_RECORDS = 250
+# ... and more than this many live tasks per record after the snapshot
+# (Store.compaction_due).
+LIVE_PER_TAIL_RECORD = 4
 # Small segments: compaction can drop history sooner. Opening finds the snapshot's seq
 # in the active segment by bisection (journal/_seek.py), not by reading up to it.
 SEGMENT_BYTES_MAX = 8 << 20
@@ -533,10 +536,8 @@ class Store(ClaimsUnderLock):
                 # So are archives without an index, or a table that cannot count its
                 # settled tasks without loading them (written before indexes, or by
                 # such a ferry since): once, and ls and show read a few lines again.
-                rewrite = (
-                    self.table.forgotten_pending
-                    or "settled_counts" not in data
-                    or not _all_indexed(directory, archives)
+                rewrite = self.table.history_needs_rewrite() or not _all_indexed(
+                    directory, archives
                 )
                 if rewrite and not may_merge:
                     return None  # (history must be rewritten: by a compaction that may)
@@ -593,21 +594,26 @@ class Store(ClaimsUnderLock):
             return None
         if not merge:
             with self.lock:  # (no I/O: work looks once a second)
-                if self.table.forgotten_pending or self.table.settled_counts() is None:
-                    return None  # history must be rewritten: by a compaction that may
+                if self.table.history_needs_rewrite():
+                    return None  # by a compaction that may merge
         return self._compact(False, None, may_merge=merge)
 
     def compaction_due(self) -> bool:
-        """At least SNAPSHOT_TAIL_RECORDS follow the snapshot, and more than there are
-        live tasks: a snapshot holds every live task, and writing one costs about as
-        much as folding as many records (loading it, as much as folding one per task):
-        with a long queue, a compaction due by the tail alone wrote it all again, and
-        gained nothing on the next open. No I/O."""
+        """At least SNAPSHOT_TAIL_RECORDS follow the snapshot, and more than a
+        quarter as many as there are live tasks (LIVE_PER_TAIL_RECORD). A snapshot
+        holds every live task, and writing one costs about as much as folding as many
+        records: with a long queue, a compaction due by the tail alone wrote it all
+        again at every look of work (once a second). But every command folds the tail:
+        with ``tail > live`` (the rule before), 20,000 queued tasks let it reach 19,950
+        records and ``ls`` took 1,090 ms against 526 after a compaction (a review,
+        /tmp/review2/tailq.py). Now the tail costs a command at most a quarter more
+        than the snapshot, and a compaction is paid by a quarter of its size in
+        records. No I/O."""
         tail = self.tail_records()
         if tail < SNAPSHOT_TAIL_RECORDS:
             return False
         with self.lock:
-            return tail > self.table.count_live()
+            return tail * LIVE_PER_TAIL_RECORD > self.table.count_live()
 
 
 def _lock_compaction(fd: int, wait: bool, on_wait: Callable[[], None] | None) -> bool:
