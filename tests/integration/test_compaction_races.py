@@ -211,6 +211,11 @@ def test_between_turns_a_compaction_that_must_rewrite_history_is_skipped_without
         store.close()
 
 
+def snapshot_seq(ferry: Ferry) -> int:
+    snapshot = read_latest_snapshot(ferry.home / "journal")
+    return 0 if snapshot is None else snapshot.seq
+
+
 def snapshot_archives(ferry: Ferry) -> int:
     """How many archives the newest snapshot names."""
     snapshot = read_latest_snapshot(ferry.home / "journal")
@@ -225,15 +230,21 @@ def test_a_worker_compacts_between_its_turns_without_merging_history(
     renewal, no answer to a supervisor) for that long. So work's compactions between
     turns only add archives; a merge that is due waits for a compaction outside the
     loop (when work ends, run, claim, recover, gc, ``journal compact``)."""
+    # Waves of tasks, each once work has compacted the one before: work looks once a
+    # second, and a queue drained within a second left it one compaction (a review).
     tasks = tmp_path / "tasks.jsonl"
-    # Five records a task: a compaction is due about every SNAPSHOT_TAIL_RECORDS / 5
-    # tasks, and work looks once a second: several compactions before the queue is done.
-    tasks.write_text('{"argv": ["true"]}\n' * SNAPSHOT_TAIL_RECORDS * 2)
-    ferry.ok("submit", "--from", str(tasks))
+    tasks.write_text('{"argv": ["true"]}\n' * SNAPSHOT_TAIL_RECORDS)  # five records each
     small = Ferry(ferry.home, command=(sys.executable, SMALL_ARCHIVES, "1"))
     worker = small.start("-q", "work", "-j", "2", "--poll", "0.05")
     ferry.background.append(worker)  # (reaped by the fixture)
     try:
+        for _ in range(4):
+            if snapshot_archives(ferry) >= 2:
+                break
+            ferry.ok("submit", "--from", str(tasks))
+            end = ferry.json("journal", "verify")["last_seq"]
+            wait_until(lambda end=end: snapshot_seq(ferry) > end, what="work to compact the wave",
+                       timeout_s=120)  # fmt: skip
         # (With ARCHIVES_MAX 1, a compaction that may merge leaves one archive.)
         wait_until(lambda: snapshot_archives(ferry) >= 2, what="two archives, not merged",
                    timeout_s=120)  # fmt: skip
