@@ -110,6 +110,7 @@ from journal._snapshot import (
     headers_epoch_max,
     latest_snapshot,
     read_latest_snapshot,
+    snapshots_in,
     write_snapshot,
 )
 from journal._survey import Survey, iter_records, survey
@@ -543,6 +544,18 @@ class Journal:
                 # has seen: catch up (feeding subscribers) and look again.
                 writer.catch_up_feeding()
                 return latest_snapshot(writer.directory, writer.pos.last_seq).snapshot
+
+    def newest_snapshot_seq(self) -> int:
+        """The seq the newest snapshot file is named for (0: none), by listing the
+        directory: nothing read or checked, so it may name one that fails its checks
+        (``latest_snapshot`` skips those).  For a cheap "has anyone snapshotted past
+        what I loaded?"."""
+        try:
+            names = _fsutil.listdir(self._writer.directory)
+        except FileNotFoundError:
+            return 0
+        found = snapshots_in(names, self._writer.directory)
+        return found[-1][0] if found else 0
 
     def compact(self) -> list[Path]:
         """Remove sealed segments whose records are all <= the latest snapshot's seq (never

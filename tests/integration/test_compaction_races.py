@@ -184,20 +184,17 @@ def test_a_compaction_is_due_once_the_tail_outweighs_the_live_tasks(tmp_path: Pa
 def test_between_turns_a_compaction_that_must_rewrite_history_is_skipped_without_io(
     ferry: Ferry, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A table that folded a gc's FORGOTTEN records may compact only by rewriting the
-    archives (a merge): not between work's turns, and work looks once a second, so it
-    says no without reading anything (it read and parsed the snapshot at every look)."""
+    """A table that folded FORGOTTEN records no compaction has rewritten the archives
+    for may compact only by rewriting them (a merge): not between work's turns, and
+    work looks once a second, so it says no without reading anything (it read and
+    parsed the snapshot at every look)."""
     for _ in range(3):
         ferry.ok("run", "--", "true")
     store = Store.open(ferry.home)
     try:
-        ferry.ok("gc", "--older-than", "0s")
-        store.refresh()  # (folds the FORGOTTEN records)
-        ids = [new_task_id(time.time_ns() + i, os.urandom(4)) for i in range(SNAPSHOT_TAIL_RECORDS)]
-        spec = TaskSpec(argv=("true",), cwd="/")
-        store.commit(*[ev.Submitted(task_id, spec, time.time()) for task_id in ids])
-        store.commit(*[ev.Settled(task_id, 1, None, State.CANCELLED, Reason.CANCELLED_BY_USER)
-                       for task_id in ids])  # fmt: skip
+        old = [task.id for task in store.newest(3)]
+        store.commit(*[ev.Forgotten(task_id, 1) for task_id in old])  # (gc, before its compaction)
+        add_cancelled(store, SNAPSHOT_TAIL_RECORDS)
         assert store.compaction_due()
 
         def no_io(*args: object, **kwargs: object) -> None:
@@ -209,6 +206,74 @@ def test_between_turns_a_compaction_that_must_rewrite_history_is_skipped_without
         assert store.maybe_compact() is not None  # (one that may merge does)
     finally:
         store.close()
+
+
+def add_cancelled(store: Store, count: int) -> None:
+    """``count`` tasks submitted and cancelled, through ``store``: two records each."""
+    ids = [new_task_id(time.time_ns() + i, os.urandom(4)) for i in range(count)]
+    spec = TaskSpec(argv=("true",), cwd="/")
+    store.commit(*[ev.Submitted(task_id, spec, time.time()) for task_id in ids])
+    store.commit(*[ev.Settled(task_id, 1, None, State.CANCELLED, Reason.CANCELLED_BY_USER)
+                   for task_id in ids])  # fmt: skip
+
+
+@pytest.mark.parametrize("loaded", [False, True], ids=["lazy_history", "history_loaded"])
+def test_between_turns_a_table_that_saw_a_gc_takes_the_history_the_gc_rewrote(
+    ferry: Ferry, loaded: bool
+) -> None:
+    """A `ferry gc` beside a long-lived `work` (the nightly gc the README suggests)
+    rewrote the archives without the tasks it forgot, in its own compaction. The
+    worker's table folded the FORGOTTEN records: it still remembered the ids, and
+    could not count its settled tasks, so its compactions between turns were skipped
+    until it restarted (a review: 11,500 records after the snapshot, `ls` 0.22 s
+    against 0.05). It takes the gc's snapshot instead, and compacts again."""
+    for _ in range(3):
+        ferry.ok("run", "--", "true")
+    kept = ferry.ok("--json", "run", "--", "false", codes=(1,)).json()["id"]
+    store = Store.open(ferry.home)
+    try:
+        if loaded:
+            assert sum(1 for _ in store.table.tasks()) == 4  # (loads history)
+        ferry.ok("gc", "--older-than", "0s", "--state", "SUCCEEDED")
+        store.refresh()  # (folds the FORGOTTEN records)
+        assert store.table.history_needs_rewrite()
+        add_cancelled(store, SNAPSHOT_TAIL_RECORDS)
+        assert store.maybe_compact(merge=False) is not None
+        assert not store.table.history_needs_rewrite()
+        fresh = Store.open(ferry.home, read_only=True)
+        try:
+            for state in (None, "SUCCEEDED", "FAILED", "CANCELLED"):
+                assert store.count(state) == fresh.count(state), state
+            assert [t.id for t in store.newest(5)] == [t.id for t in fresh.newest(5)]
+            assert store.get(kept) == fresh.get(kept)
+        finally:
+            fresh.close()
+        assert store.count("SUCCEEDED") == 0
+    finally:
+        store.close()
+
+
+def test_a_worker_keeps_compacting_between_its_turns_after_a_gc_beside_it(
+    ferry: Ferry, tmp_path: Path
+) -> None:
+    """The same through the commands: work, gc beside it, then enough tasks for a
+    compaction between work's turns (a review's reproduction)."""
+    ferry.ok("run", "--", "true")  # a settled task for gc to forget
+    worker = ferry.start("-q", "work", "-j", "2", "--poll", "0.05")
+    ferry.background.append(worker)  # (reaped by the fixture)
+    try:
+        wait_until(lambda: ferry.json("lease")["holder"] is not None, what="work to lead")
+        assert ferry.json("gc", "--older-than", "0s")["compacted"] is True
+        after_gc = snapshot_seq(ferry)
+        tasks = tmp_path / "tasks.jsonl"
+        tasks.write_text('{"argv": ["true"]}\n' * SNAPSHOT_TAIL_RECORDS)  # five records each
+        ferry.ok("submit", "--from", str(tasks))
+        wait_until(lambda: snapshot_seq(ferry) > after_gc, what="work to compact after gc",
+                   timeout_s=120)  # fmt: skip
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        code, err = finish(worker)
+    assert code == 0, err
 
 
 def snapshot_seq(ferry: Ferry) -> int:

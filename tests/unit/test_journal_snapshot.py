@@ -93,6 +93,19 @@ def _wrong_name(path: Path) -> None:
     path.write_bytes(encode_snapshot(3, b"three", 0))
 
 
+def test_newest_snapshot_seq_lists_without_reading(jdir: Path) -> None:
+    with Journal.open(jdir) as j, Journal.open(jdir) as other:
+        assert j.newest_snapshot_seq() == 0
+        fill(j, 5)
+        j.write_snapshot(3, b"three")
+        other.refresh()
+        other.write_snapshot(5, b"five")  # (by another handle: nothing this one saw)
+        assert j.newest_snapshot_seq() == 5
+        (jdir / snapshot_name(5)).write_bytes(b"damaged")
+        assert j.newest_snapshot_seq() == 5  # (names only: latest_snapshot skips it)
+        assert j.latest_snapshot() == Snapshot(3, b"three")
+
+
 @pytest.mark.parametrize(
     "damage", [_damage_data, _damage_header, _truncate, _extend, _empty, _wrong_name]
 )
