@@ -217,6 +217,42 @@ def add_cancelled(store: Store, count: int) -> None:
                    for task_id in ids])  # fmt: skip
 
 
+def test_between_turns_archives_are_merged_by_tiers_and_history_stays_whole(
+    ferry: Ferry, tmp_path: Path
+) -> None:
+    """work's compactions between its turns never merged its archives (a merge of all
+    history held its loop for seconds): a work service added one archive per 50 tasks
+    without limit, about 2,200 an hour at 30 tasks a second, and every command reads
+    their list (a review: `ls --limit 5` 181 ms over 12,000 archives, 61 over one).
+    Now the newest are merged by size tiers, within a bound: few archives, and
+    history as it was, a task retried since its first archive included."""
+    flag = tmp_path / "flag"
+    retried = ferry.ok("--json", "run", "--", "test", "-e", str(flag), codes=(1,)).json()["id"]
+    store = Store.open(ferry.home)
+    try:
+        assert store.maybe_compact(merge=False) is None  # (not due yet)
+        for wave in range(70):
+            add_cancelled(store, SNAPSHOT_TAIL_RECORDS // 2)  # one archive each
+            if wave == 30:
+                flag.touch()
+                ferry.ok("retry", retried)
+                ferry.ok("-q", "work", "--drain")
+                store.refresh()
+            assert store.maybe_compact(merge=False) is not None
+            assert snapshot_archives(ferry) < 3 * 8
+        fresh = Store.open(ferry.home, read_only=True)
+        try:
+            assert store.count() == fresh.count() == 70 * SNAPSHOT_TAIL_RECORDS // 2 + 1
+            assert [t.id for t in store.newest(20)] == [t.id for t in fresh.newest(20)]
+            assert fresh.get(retried) == store.get(retried)
+        finally:
+            fresh.close()
+    finally:
+        store.close()
+    assert ferry.task(retried)["state"] == "SUCCEEDED"
+    ferry.verify_clean()
+
+
 @pytest.mark.parametrize("loaded", [False, True], ids=["lazy_history", "history_loaded"])
 def test_between_turns_a_table_that_saw_a_gc_takes_the_history_the_gc_rewrote(
     ferry: Ferry, loaded: bool
