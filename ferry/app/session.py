@@ -14,7 +14,7 @@ from pathlib import Path
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Protocol
+    from typing import Any, Protocol
 
     from ferry.app.tally import Progress
     from ferry.core.errors import FerryError
@@ -240,20 +240,20 @@ class Session:
     def notice(self, message: str) -> None:
         self.reporter.notice(message)
 
-    def compact_if_due(self, *, merge: bool = True) -> bool:
+    def compact_if_due(self, *, merge: bool = True) -> dict[str, Any] | None:
         """Keep every command's start-up cost bounded (``TaskStore.maybe_compact``):
         after ``run`` and ``claim`` settled their task, between ``work``'s turns
-        (``merge=False``) and when it ends. A failure is a warning, never the command's
-        outcome: False."""
+        (``merge=False``) and when it ends. What was done (empty: nothing due, or
+        another process at it). A failure is a warning, never the command's outcome:
+        None."""
         from ferry.core.errors import FerryError
 
         try:
-            self.store.maybe_compact(merge=merge)
+            return self.store.maybe_compact(merge=merge) or {}
         except (FerryError, OSError) as error:
             why = error.message if isinstance(error, FerryError) else str(error)
             self.notice(f"warning: compaction skipped: {why}")
-            return False
-        return True
+            return None
 
     def _lock_wait_notice(self) -> None:
         self.notice(

@@ -62,6 +62,7 @@ from typing import TYPE_CHECKING, Any
 import ferry.proc.supervise  # noqa: F401 (here, once: the supervisors forked share it)
 from ferry.app.launch import Launch, beat_ttl, watch_journal
 from ferry.app.leader import Leadership, policy_of, recover_as
+from ferry.app.merge_aside import MergeAside
 from ferry.app.queueing import settle_doomed
 from ferry.app.runner import before_spawn_event, child_environ, unstarted_end
 from ferry.app.runner_state import runner_identity, with_runner_state
@@ -152,6 +153,7 @@ class Worker:
         # (their supervisors, idle once the write is done, take the claims).
         self._claim_again = False
         self._compact_at = 0.0  # time.monotonic() before which no compaction is tried
+        self.merge_aside = MergeAside(session.home)  # (a merge too big for the loop)
         self.unreaped: list[Launch] = []  # gone, not yet exited (they hold a task alone)
         self.halt, self.progress_s = halt, progress_s
         self.tally = Tally()
@@ -268,6 +270,8 @@ class Worker:
                 launch.reap(timeout_s=0 if not launch.idle else 5.0)
         if not self.failures or not isinstance(self.failures[0], LeaseHeldError):
             self.store.commit(ev.LeaseReleased(epoch, self.lead.me.to_json()), epoch=epoch)
+        if not self.merge_aside.finish():
+            self.session.notice("note: a merge of the archives goes on beside, on its own")
         self.session.compact_if_due()
         if self.failures:
             raise self.failures[0]
@@ -277,16 +281,19 @@ class Worker:
         ``work`` folds the records after the last snapshot at its start, and work
         compacted only when it ended (beside one that had run 2,000 tasks, ``ls`` took
         205 ms, and 49 once it had exited). Synchronous (work forks its supervisors, and
-        a compaction in a thread could hold a lock across a fork), so without a merge of
-        the archives: that rewrites all history, and would hold the loop (no renewal of
-        the lease, no answer to a supervisor) for seconds with a long one; a compaction
-        outside the loop merges (when work ends, run, claim, recover, gc, ``journal
-        compact``). Looked at once a second at most; a failure warns, and is tried again
+        a compaction in a thread could hold a lock across a fork), so its merges of the
+        archives are bounded: a merge reads and rewrites what it merges, and would hold
+        the loop (no renewal of the lease, no answer to a supervisor) for seconds with a
+        long history. A bigger one, when due, is started beside (``merge_aside``).
+        Looked at once a second at most; a failure warns, and is tried again
         COMPACT_RETRY_S later."""
         now = time.monotonic()
         if now >= self._compact_at:
+            self.merge_aside.poll()  # (reaps one that ended)
             done = self.session.compact_if_due(merge=False)
-            self._compact_at = now + (COMPACT_CHECK_S if done else COMPACT_RETRY_S)
+            self._compact_at = now + (COMPACT_CHECK_S if done is not None else COMPACT_RETRY_S)
+            if done and done.get("merges_waiting") and self.merge_aside.start():
+                self.session.reporter.detail("a merge of the archives started beside")
 
     def _renew(self) -> None:
         """Renew the lease when due. Lost: claim nothing more; what runs finishes, but

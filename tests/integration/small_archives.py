@@ -1,8 +1,9 @@
 """Run the ferry command with ``ferry.storage.local.store.ARCHIVES_MAX`` lowered: a test-only knob, so
 that a test reaches an archive merge (and the prune one compaction after it) in a few
-compactions instead of 160. Production ferry has no such knob.
+compactions instead of 160; and, after a comma, ``LOOP_MERGE_RECORDS_MAX`` (what
+``work`` may merge between its turns). Production ferry has no such knob.
 
-Usage: python small_archives.py ARCHIVES_MAX FERRY-ARGS...
+Usage: python small_archives.py ARCHIVES_MAX[,LOOP_MERGE_RECORDS_MAX] FERRY-ARGS...
 """
 
 from __future__ import annotations
@@ -13,5 +14,8 @@ from ferry.cli import main
 from ferry.storage.local import store
 
 if __name__ == "__main__":
-    store.ARCHIVES_MAX = int(sys.argv[1])
+    archives_max, _, loop_merge = sys.argv[1].partition(",")
+    store.ARCHIVES_MAX = int(archives_max)
+    if loop_merge:
+        store.LOOP_MERGE_RECORDS_MAX = int(loop_merge)
     sys.exit(main(sys.argv[2:]))

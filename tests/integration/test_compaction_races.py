@@ -253,6 +253,34 @@ def test_between_turns_archives_are_merged_by_tiers_and_history_stays_whole(
     ferry.verify_clean()
 
 
+def test_a_merge_too_big_for_works_loop_is_done_beside_it(ferry: Ferry, tmp_path: Path) -> None:
+    """Between its turns work merges archives only within a bound; when a bigger
+    merge is due it starts `ferry journal compact` beside its loop, which merges
+    without one (here the bound is 100 records: eight archives of 125 tasks wait)."""
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"argv": ["true"]}\n' * (SNAPSHOT_TAIL_RECORDS // 2))  # a compaction
+    small = Ferry(ferry.home, command=(sys.executable, SMALL_ARCHIVES, "160,100"))
+    worker = small.start("-q", "work", "-j", "2", "--poll", "0.05")
+    ferry.background.append(worker)  # (reaped by the fixture)
+    most = 0
+    try:
+        for _ in range(12):
+            ferry.ok("submit", "--from", str(tasks))
+            end = ferry.json("journal", "verify")["last_seq"]
+            wait_until(lambda end=end: snapshot_seq(ferry) > end, what="work to compact the wave",
+                       timeout_s=120)  # fmt: skip
+            most = max(most, snapshot_archives(ferry))
+            if most >= 8 and snapshot_archives(ferry) < 8:
+                break
+        # (Nothing else compacts meanwhile: submit, verify and their like never do.)
+        assert most >= 8 > snapshot_archives(ferry), "merged beside the loop"
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        code, err = finish(worker)
+    assert code == 0, err
+    ferry.verify_clean()
+
+
 @pytest.mark.parametrize("loaded", [False, True], ids=["lazy_history", "history_loaded"])
 def test_between_turns_a_table_that_saw_a_gc_takes_the_history_the_gc_rewrote(
     ferry: Ferry, loaded: bool

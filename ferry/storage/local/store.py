@@ -559,9 +559,10 @@ class Store(ClaimsUnderLock):
                     forgotten = self.table.forgotten_ids(seq)
             if delta:
                 archives.append(_write_archive(directory, seq, delta))
+            waiting = False
             if not merge:
                 bound = None if may_merge else LOOP_MERGE_RECORDS_MAX
-                archives = _merge_tiers(directory, seq, archives, bound)
+                archives, waiting = _merge_tiers(directory, seq, archives, bound)
             data["settled_archives"] = archives
             # The snapshot about to drop the forgotten ids is the last place that names
             # them: their files go first (a gc killed before it removed them).
@@ -586,6 +587,8 @@ class Store(ClaimsUnderLock):
             "snapshot_seq": seq,
             "removed": [str(p) for p in removed],
             "archives": len(archives),
+            # A merge beyond the bound waits (work: for a compaction beside it).
+            **({"merges_waiting": True} if waiting else {}),
         }
 
     def maybe_compact(self, *, merge: bool = True) -> dict[str, Any] | None:
@@ -936,18 +939,22 @@ def _write_archive(
 
 def _merge_tiers(
     directory: Path, seq: int, archives: list[dict[str, Any]], records_max: int | None
-) -> list[dict[str, Any]]:
+) -> tuple[list[dict[str, Any]], bool]:
     """``archives`` with their newest merged by size tiers (``tiering``), as many
-    times as due, within ``records_max`` records read in all (None: no bound)."""
+    times as due, within ``records_max`` records read in all (None: no bound); and
+    whether a merge beyond that bound is due."""
     from ferry.storage.local import tiering  # (lazy: a compaction's, not every run's)
 
-    while run := tiering.next_merge([ref["count"] for ref in archives], records_max):
+    while True:
+        counts = [ref["count"] for ref in archives]
+        run = tiering.next_merge(counts, records_max)
+        if not run:
+            return archives, records_max is not None and tiering.next_merge(counts) > 0
         merged = archives[-run:]
         records = _read_archives(directory, [(ref["name"], ref["sha256"]) for ref in merged])
         archives = [*archives[:-run], _write_archive(directory, seq, records)]
         if records_max is not None:
-            records_max -= sum(ref["count"] for ref in merged)
-    return archives
+            records_max -= sum(counts[-run:])
 
 
 def _all_indexed(directory: Path, refs: Sequence[Mapping[str, Any]]) -> bool:
