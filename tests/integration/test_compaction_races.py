@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -256,28 +257,32 @@ def test_between_turns_archives_are_merged_by_tiers_and_history_stays_whole(
 def test_a_merge_too_big_for_works_loop_is_done_beside_it(ferry: Ferry, tmp_path: Path) -> None:
     """Between its turns work merges archives only within a bound; when a bigger
     merge is due it starts `ferry journal compact` beside its loop, which merges
-    without one (here the bound is 100 records: eight archives of 125 tasks wait)."""
+    without one (here the bound is 100 records, and every compaction of work's holds
+    some 25 tasks or more: eight of its archives are never merged by the loop)."""
     tasks = tmp_path / "tasks.jsonl"
-    tasks.write_text('{"argv": ["true"]}\n' * (SNAPSHOT_TAIL_RECORDS // 2))  # a compaction
+    wave = SNAPSHOT_TAIL_RECORDS // 2
+    tasks.write_text('{"argv": ["true"]}\n' * wave)
     small = Ferry(ferry.home, command=(sys.executable, SMALL_ARCHIVES, "160,100"))
-    worker = small.start("-q", "work", "-j", "2", "--poll", "0.05")
+    worker = small.start("-v", "work", "-j", "2", "--poll", "0.05")
     ferry.background.append(worker)  # (reaped by the fixture)
-    most = 0
+    said: list[bytes] = []  # (work's stderr, drained: -v says a line per task)
+    assert worker.stderr is not None
+    drain = threading.Thread(target=lambda: said.extend(worker.stderr or ()), daemon=True)
+    drain.start()
+    started = b"a merge of the archives started beside"
     try:
-        for _ in range(12):
+        for waves in range(1, 25):
             ferry.ok("submit", "--from", str(tasks))
-            end = ferry.json("journal", "verify")["last_seq"]
-            wait_until(lambda end=end: snapshot_seq(ferry) > end, what="work to compact the wave",
-                       timeout_s=120)  # fmt: skip
-            most = max(most, snapshot_archives(ferry))
-            if most >= 8 and snapshot_archives(ferry) < 8:
+            wait_until(lambda waves=waves: len(ferry.json("ls", "--state", "SUCCEEDED", "--limit",
+                       "0")) == waves * wave, what="the wave to run", timeout_s=120)  # fmt: skip
+            if started in b"".join(said):
                 break
-        # (Nothing else compacts meanwhile: submit, verify and their like never do.)
-        assert most >= 8 > snapshot_archives(ferry), "merged beside the loop"
+        assert started in b"".join(said), "never started beside"
+        wait_until(lambda: snapshot_archives(ferry) < 8, what="the merge beside", timeout_s=120)
     finally:
         worker.send_signal(signal.SIGTERM)
-        code, err = finish(worker)
-    assert code == 0, err
+        assert worker.wait(timeout=120) == 0, b"".join(said)[-2000:]
+        drain.join(timeout=10)
     ferry.verify_clean()
 
 
