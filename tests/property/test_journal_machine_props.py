@@ -120,12 +120,17 @@ class JournalMachine(RuleBasedStateMachine):
             # record is valid on disk although nobody was told it committed.
             tail = line
             self.model.append(("a", {"torn": True, "pad": "x" * 20}))
-        # A writer writes at the end of the records, over the segment's zero tail (and
-        # this model's earlier torn bytes stay in front): NULs there are no torn bytes.
+        # A writer writes at the end of the records, over the segment's zero tail; a
+        # torn tail an earlier crash left it cuts first (zeroes), so torn bytes never
+        # pile up. (They did in this model: a record torn just before its newline, then
+        # one byte of the next, read as a record whose newline is damaged: corruption.)
         with open(segments[-1], "r+b") as f:
-            f.seek(len(f.read().rstrip(b"\0")))
+            end = len(f.read().rstrip(b"\0")) - self.torn_bytes
+            f.seek(end)
+            f.write(b"\0" * self.torn_bytes)
+            f.seek(end)
             f.write(tail)
-        self.torn_bytes = 0 if tear == "unacked" else self.torn_bytes + len(tail.rstrip(b"\0"))
+        self.torn_bytes = 0 if tear == "unacked" else len(tail.rstrip(b"\0"))
 
     @precondition(lambda self: self.j is None)
     @rule()
