@@ -127,6 +127,12 @@ def check_invariants(table: Table) -> None:
     queued = table.queued()
     oldest = table.oldest_queued()
     assert (oldest is None) if not queued else (oldest == queued[0])
+    # what a compaction asks, kept as the tasks change: as counted from them
+    settled = [task for task in table.tasks() if task.terminal]
+    counted: dict[str, int] = {}
+    for task in settled:
+        counted[task.state.value] = counted.get(task.state.value, 0) + 1
+    assert table.settled_counts() == dict(sorted(counted.items()))
 
 
 def replay(records: list[tuple[str, Mapping[str, Any], int]], table: Table | None = None) -> Table:
@@ -153,6 +159,11 @@ def test_apply_folds_exactly_what_validate_accepts(data: st.DataObject) -> None:
         assert table.to_snapshot() == before  # validate writes nothing
         table.apply(record_type, payload, seq, float(seq))
         journal.append((record_type, payload, seq))
+        if data.draw(st.integers(0, 9)) == 0:
+            table.archived(data.draw(st.integers(0, seq)))  # (a compaction's snapshot)
+        since = data.draw(st.integers(0, seq))
+        expected = sorted(t.id for t in table.tasks() if t.terminal and t.updated_seq > since)
+        assert sorted(r["id"] for r in table.settled_since(since)) == expected
         became_anomaly = len(table.anomalies) > anomalies_before
         if record_type == "FROM_THE_FUTURE":
             assert refused is not None and not became_anomaly

@@ -571,8 +571,9 @@ class Store(ClaimsUnderLock):
             self.wal.write_snapshot(seq, _json.dumps(data))
             failpoint("after:snapshot_write")
             self.snapshot_seq = seq
-            if merge:
-                with self.lock:
+            with self.lock:
+                self.table.archived(seq)
+                if merge:
                     self.table.forget_done(seq)
             removed = self.wal.compact()
             if previous is not None:
