@@ -183,6 +183,9 @@ class _Settled:
     def __contains__(self, task_id: str) -> bool:
         return task_id in self._tasks or task_id in self._records
 
+    def __len__(self) -> int:
+        return len(self._tasks) + len(self._records)
+
     def ids(self) -> list[str]:
         return [*self._tasks, *self._records]
 
@@ -867,6 +870,10 @@ class Table:
         """Records of the tasks that became terminal after journal seq ``seq`` (the
         archive delta for a new snapshot; needs no history)."""
         return [task_to_record(t) for t in self._settled.since(seq)]
+
+    def settled_held(self) -> int:
+        """How many settled tasks this table holds (loaded or folded), no I/O."""
+        return len(self._settled)
 
     def archived(self, seq: int) -> None:
         """A snapshot at ``seq`` is written, with every task settled up to it in its

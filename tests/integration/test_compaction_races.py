@@ -24,6 +24,7 @@ from ferry.core import state
 from ferry.core.ids import new_task_id
 from ferry.core.model import Reason, State
 from ferry.core.spec import TaskSpec
+from ferry.storage.local import store as store_module
 from ferry.storage.local.statedir import ensure_home
 from ferry.storage.local.store import SNAPSHOT_TAIL_RECORDS, Store
 from journal import read_latest_snapshot
@@ -220,14 +221,17 @@ def add_cancelled(store: Store, count: int) -> None:
 
 
 def test_between_turns_archives_are_merged_by_tiers_and_history_stays_whole(
-    ferry: Ferry, tmp_path: Path
+    ferry: Ferry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """work's compactions between its turns never merged its archives (a merge of all
     history held its loop for seconds): a work service added one archive per 50 tasks
     without limit, about 2,200 an hour at 30 tasks a second, and every command reads
     their list (a review: `ls --limit 5` 181 ms over 12,000 archives, 61 over one).
     Now the newest are merged by size tiers, within a bound: few archives, and
-    history as it was, a task retried since its first archive included."""
+    history as it was, a task retried since its first archive included. And the
+    table lets go of the settled tasks it holds past SETTLED_HELD_MAX (a long-lived
+    work's held every task it ever settled: 103 MB after 50,000), for its history."""
+    monkeypatch.setattr(store_module, "SETTLED_HELD_MAX", 1_000)
     flag = tmp_path / "flag"
     retried = ferry.ok("--json", "run", "--", "test", "-e", str(flag), codes=(1,)).json()["id"]
     store = Store.open(ferry.home)
@@ -242,6 +246,7 @@ def test_between_turns_archives_are_merged_by_tiers_and_history_stays_whole(
                 store.refresh()
             assert store.maybe_compact(merge=False) is not None
             assert snapshot_archives(ferry) < 3 * 8
+            assert store.table.settled_held() <= 1_000
         fresh = Store.open(ferry.home, read_only=True)
         try:
             assert store.count() == fresh.count() == 70 * SNAPSHOT_TAIL_RECORDS // 2 + 1

@@ -78,6 +78,10 @@ ARCHIVES_MAX = 160
 # read and written again per compaction (about 0.3 to 0.6 s here: 8 to 20 µs each,
 # once in some 25,000 tasks); a bigger merge waits for a compaction outside the loop.
 LOOP_MERGE_RECORDS_MAX = 32_768
+# A table that holds more settled tasks than this after a compaction (a long-lived
+# work's: it folded them all) is made again from the snapshot just written, its
+# history not loaded (about 1.5 KB a task held).
+SETTLED_HELD_MAX = 20_000
 # An explicit compaction that waits this long for compact.lock says so (as a writer
 # does for the journal's append lock).
 COMPACT_LOCK_NOTICE_S = 5.0
@@ -568,13 +572,20 @@ class Store(ClaimsUnderLock):
             # them: their files go first (a gc killed before it removed them).
             _remove_task_files(self.home, forgotten)
             failpoint("before:snapshot_write")
-            self.wal.write_snapshot(seq, _json.dumps(data))
+            blob = _json.dumps(data)
+            self.wal.write_snapshot(seq, blob)
             failpoint("after:snapshot_write")
             self.snapshot_seq = seq
             with self.lock:
                 self.table.archived(seq)
                 if merge:
                     self.table.forget_done(seq)
+                held = self.table.settled_held()
+            if held > SETTLED_HELD_MAX:
+                # A long-lived table (work) holds every task settled since it started
+                # (about 1.5 KB each: 103 MB after 50,000): it lets go of them for
+                # the history it just archived them in, as a fresh process has it.
+                self._rebase(journal.Snapshot(seq, blob))
             removed = self.wal.compact()
             if previous is not None:
                 named = [*archives, *previous_archives]
@@ -626,16 +637,22 @@ class Store(ClaimsUnderLock):
         the FORGOTTEN records, still remembered their ids and could not count its
         settled tasks, so every compaction between its turns was skipped until it
         restarted (a review: 11,500 records after the snapshot, ``ls`` 0.22 s against
-        0.05). The new table is the snapshot's, with the records since folded again
-        from disk: what a fresh process would load. Under ``compact.lock`` (no
-        snapshot newer, no segment removed, meanwhile)."""
+        0.05). Under ``compact.lock`` (no snapshot newer, no segment removed,
+        meanwhile)."""
         with self.lock:
             if not self.table.history_needs_rewrite():
                 return
         self._adopt_tried = snapshot.seq
+        self._rebase(snapshot)
+
+    def _rebase(self, snapshot: journal.Snapshot) -> bool:
+        """Make this table ``snapshot``'s, with the records since folded again from
+        disk: what a fresh process would load, its history not loaded. Not if that
+        table would have to rewrite history, nor while a record this table folded is
+        not on disk yet: False. Under ``compact.lock``."""
         table = _table_from_snapshot(self.home, snapshot.data)
         if table.history_needs_rewrite():
-            return
+            return False
         with self.lock:  # (records folded meanwhile are folded again below)
             end = self.table.last_seq
             for record in self.wal.read(snapshot.seq + 1):
@@ -643,9 +660,10 @@ class Store(ClaimsUnderLock):
                     break
                 table.apply_record(record)
             if table.last_seq != end:
-                return  # (a record not on disk yet: one accepted before its fsync)
+                return False  # (a record not on disk yet: one accepted before its fsync)
             self.table = table
             self.snapshot_seq = snapshot.seq
+        return True
 
     def compaction_due(self) -> bool:
         """At least SNAPSHOT_TAIL_RECORDS follow the snapshot, and more than a
