@@ -107,6 +107,8 @@ DESCRIPTORS_KEPT = 8
 COMPACT_CHECK_S = 1.0
 COMPACT_RETRY_S = 60.0
 HALTS = ("soon", "now")
+# The ends work told of that it remembers, so as to tell each once: the newest.
+REPORTED_KEPT = 100_000
 
 
 class _Unit:
@@ -158,7 +160,9 @@ class Worker:
         self.halt, self.progress_s = halt, progress_s
         self.tally = Tally()
         self.halted_after: str | None = None  # the failed task after which --halt stopped us
-        self._reported: set[tuple[str, int]] = set()  # (task, attempt): settled, told
+        # (task, attempt): settled, told; the last REPORTED_KEPT (a work service settles
+        # millions of tasks, and each end is seen within moments of its write).
+        self._reported: dict[tuple[str, int], None] = {}
         self._next_progress = 0.0
 
     @property
@@ -392,7 +396,9 @@ class Worker:
             return
         if (task.id, task.attempt) in self._reported:
             return
-        self._reported.add((task.id, task.attempt))
+        self._reported[task.id, task.attempt] = None
+        if len(self._reported) > REPORTED_KEPT:
+            del self._reported[next(iter(self._reported))]
         self.tally.add(task)
         self.session.reporter.settled(with_runner_state(task, self.session.home))
         if task.state is State.FAILED and self.halt and self.halted_after is None:
