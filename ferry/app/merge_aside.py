@@ -1,40 +1,54 @@
-"""A merge of settled-task archives too big for ``work``'s loop, done beside it.
+"""What work's loop leaves undone of a compaction, done beside it.
 
 Between its turns, ``work`` merges archives only within a bound (a merge holds its
 single-threaded loop: no lease renewal, no answer to a supervisor, for as long as it
-reads and writes; ``ferry.storage.local.tiering``). When its compaction says a bigger
-merge waits, it starts ``ferry journal compact`` for its state directory, a process of
-its own that merges without a bound, and carries on. Compactions are serialised by
-``compact.lock``, so the loop's next ones are skipped while that one runs; the
-snapshot it writes is just another process's, which work's next compaction builds on.
+reads and writes; ``ferry.storage.local.tiering``), and never rewrites history. When
+its compaction says more is due (``merges_waiting``: a bigger merge, or history to
+rewrite because a ``gc``'s own compaction was skipped), it starts ``ferry journal
+compact --no-wait`` for its state directory, a process of its own that merges without
+a bound, and carries on. Compactions are serialised by ``compact.lock``: the loop's
+next ones are skipped while that one runs, and the snapshot it writes is another
+process's, which work builds on (or takes as its table's base: ``Store._adopt``).
 
-Why a new process, not a fork of work's: a child of work would share its journal
-handle's open file descriptions, and with them the journal's append lock (an ``flock``
-belongs to the description, not the process), so the two would not exclude each other.
-The interpreter's start (some 30 ms) is nothing beside a merge this size.
+* A new process, not a fork of work's: a child of work would share its journal
+  handle's open file descriptions, and with them the journal's append lock (an
+  ``flock`` belongs to the description, not the process), so the two would not
+  exclude each other. The interpreter's start (some 30 ms) is nothing beside a merge
+  this size.
+* In a session of its own: a Ctrl-C or a signal to work's process group stops work
+  (which drains), not a merge half done.
+* ``--no-wait``: a compaction that holds the lock (one stopped with Ctrl-Z, say) does
+  the work; waiting for it would leave this one blocked, and work's exit waiting.
+* A merge that failed (a damaged archive) is not started again for
+  RETRY_AFTER_FAILURE_S, and work says so once, naming ``journal verify``.
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 # work waits this long for a merge beside it when it ends; then lets it finish alone.
 FINISH_WAIT_S = 30.0
+RETRY_AFTER_FAILURE_S = 600.0
 
 
 class MergeAside:
-    """At most one ``ferry journal compact`` at a time, started and reaped by ``work``."""
+    """At most one ``ferry journal compact`` at a time, started and reaped by ``work``;
+    ``notice``: how work tells the user of one that failed."""
 
-    def __init__(self, home: Path) -> None:
+    def __init__(self, home: Path, notice: Callable[[str], None]) -> None:
         self.home = home
+        self.notice = notice
         self.process: subprocess.Popen[bytes] | None = None
-        self.started = 0  # (how many, for tests and -v)
+        self.retry_at = 0.0  # time.monotonic() before which none is started (a failure)
 
     def start(self) -> bool:
-        """Start one unless one runs: True if started."""
-        if self.poll():
+        """Start one unless one runs or one failed lately: True if started."""
+        if self.poll() or time.monotonic() < self.retry_at:
             return False
         self.process = subprocess.Popen(
             [
@@ -46,17 +60,18 @@ class MergeAside:
                 "-q",
                 "journal",
                 "compact",
+                "--no-wait",
             ],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
+            start_new_session=True,
         )  # fmt: skip  (stderr: work's, where its warnings belong)
-        self.started += 1
         return True
 
     def poll(self) -> bool:
-        """One still runs (one that ended is reaped)."""
+        """One still runs (one that ended is reaped, and told of if it failed)."""
         if self.process is not None and self.process.poll() is not None:
-            self.process = None
+            self._ended(self.process.returncode)
         return self.process is not None
 
     def finish(self, timeout_s: float = FINISH_WAIT_S) -> bool:
@@ -64,8 +79,18 @@ class MergeAside:
         if self.process is None:
             return True
         try:
-            self.process.wait(timeout=timeout_s)
+            code = self.process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             return False
-        self.process = None
+        self._ended(code)
         return True
+
+    def _ended(self, code: int) -> None:
+        self.process = None
+        if code != 0:
+            self.retry_at = time.monotonic() + RETRY_AFTER_FAILURE_S
+            self.notice(
+                f"warning: the merge of the archives beside work failed (exit {code});"
+                f" tried again in {RETRY_AFTER_FAILURE_S / 60:.0f} minutes ('ferry journal"
+                " verify' says whether history is damaged)"
+            )

@@ -572,10 +572,12 @@ class Service:
         self._refuse_missing("repair")
         return repair(self.home / "journal")
 
-    def journal_compact(self) -> dict[str, Any]:
+    def journal_compact(self, *, wait: bool = True) -> dict[str, Any]:
+        """``wait=False``: another compaction holding the lock does the work; say so."""
         self._refuse_missing("compact")
-        report = self.store.compact(on_lock_wait=self._compact_wait_notice)
-        assert report is not None  # (it waits for the lock)
+        report = self.store.compact(wait=wait, on_lock_wait=self._compact_wait_notice)
+        if report is None:  # (only when not waiting)
+            return {"snapshot_seq": None, "removed": [], "skipped": "another compaction is running"}
         return report
 
     def _refuse_missing(self, what: str) -> None:

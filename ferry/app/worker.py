@@ -155,7 +155,7 @@ class Worker:
         # (their supervisors, idle once the write is done, take the claims).
         self._claim_again = False
         self._compact_at = 0.0  # time.monotonic() before which no compaction is tried
-        self.merge_aside = MergeAside(session.home)  # (a merge too big for the loop)
+        self.merge_aside = MergeAside(session.home, session.notice)  # (what the loop leaves)
         self.unreaped: list[Launch] = []  # gone, not yet exited (they hold a task alone)
         self.halt, self.progress_s = halt, progress_s
         self.tally = Tally()

@@ -577,11 +577,22 @@ def register(
         report = ctx.service(make=False).journal_repair()
         emit(ctx, render.repair_text(report), report)
 
-    @journal.command(epilog=_example("ferry journal compact"))
+    @journal.command(
+        epilog=_example(
+            "ferry journal compact\nferry journal compact --no-wait   # from cron, beside a work service"
+        )
+    )
+    @click.option(
+        "--no-wait",
+        is_flag=True,
+        help="If another compaction is running, do nothing (it does the work): exit 0 and"
+        " say so, instead of waiting for it.",
+    )
     @click.pass_obj
-    def compact(ctx: Any) -> None:
-        """Write a snapshot and drop the segments it covers."""
-        report = ctx.service(make=False).journal_compact()
+    def compact(ctx: Any, no_wait: bool) -> None:
+        """Write a snapshot and drop the segments it covers; merge the archives of
+        settled tasks that are due (by size tiers; all of them after a gc)."""
+        report = ctx.service(make=False).journal_compact(wait=not no_wait)
         emit(ctx, render.compact_text(report), report)
 
     @journal.command(

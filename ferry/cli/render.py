@@ -362,6 +362,8 @@ def salvage_text(report: Mapping[str, Any]) -> str:
 
 
 def compact_text(report: Mapping[str, Any]) -> str:
+    if report.get("skipped"):
+        return f"nothing done: {report['skipped']} (it does the work)"
     return f"snapshot at seq {report['snapshot_seq']}; removed {len(report['removed'])} segment(s)"
 
 
