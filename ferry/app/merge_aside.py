@@ -50,22 +50,13 @@ class MergeAside:
         """Start one unless one runs or one failed lately: True if started."""
         if self.poll() or time.monotonic() < self.retry_at:
             return False
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "ferry.cli",
-                "--home",
-                str(self.home),
-                "-q",
-                "journal",
-                "compact",
-                "--no-wait",
-            ],
+        command = ["journal", "compact", "--no-wait"]
+        self.process = subprocess.Popen(  # (stderr: work's, where its warnings belong)
+            [sys.executable, "-m", "ferry.cli", "--home", str(self.home), "-q", *command],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             start_new_session=True,
-        )  # fmt: skip  (stderr: work's, where its warnings belong)
+        )
         return True
 
     def poll(self) -> bool:

@@ -162,8 +162,7 @@ class _Settled:
         self._recent[task_id] = task.updated_seq
 
     def pop(self, task_id: str) -> None:
-        if task_id in self:
-            self._count(task_id, None)
+        self._count(task_id, None)
         self._tasks.pop(task_id, None)
         self._records.pop(task_id, None)
         self._recent.pop(task_id, None)
