@@ -545,17 +545,18 @@ class Journal:
                 writer.catch_up_feeding()
                 return latest_snapshot(writer.directory, writer.pos.last_seq).snapshot
 
-    def newest_snapshot_seq(self) -> int:
-        """The seq the newest snapshot file is named for (0: none), by listing the
-        directory: nothing read or checked, so it may name one that fails its checks
-        (``latest_snapshot`` skips those).  For a cheap "has anyone snapshotted past
-        what I loaded?"."""
+    def newest_snapshot_file(self) -> tuple[int, int]:
+        """(seq, inode) of the newest snapshot file ((0, 0): none), by listing the
+        directory and one ``stat``: nothing read or checked, so it may be one that fails
+        its checks (``latest_snapshot`` skips those).  For a cheap "has anyone written
+        a snapshot since I last looked?": a snapshot written again at the same seq (an
+        idle journal) is a new file (written aside, then renamed), so a new inode."""
+        directory = self._writer.directory
         try:
-            names = _fsutil.listdir(self._writer.directory)
-        except FileNotFoundError:
-            return 0
-        found = snapshots_in(names, self._writer.directory)
-        return found[-1][0] if found else 0
+            found = snapshots_in(_fsutil.listdir(directory), directory)
+            return (found[-1][0], _fsutil.inode(found[-1][1])) if found else (0, 0)
+        except FileNotFoundError:  # (no journal yet; or removed by a compaction meanwhile)
+            return (0, 0)
 
     def compact(self) -> list[Path]:
         """Remove sealed segments whose records are all <= the latest snapshot's seq (never

@@ -189,6 +189,11 @@ def listdir(path: PathArg) -> list[str]:
     return os.listdir(path)
 
 
+def inode(path: PathArg) -> int:
+    """The file's inode number (FileNotFoundError if it is gone)."""
+    return os.stat(path).st_ino
+
+
 def unlink(path: PathArg) -> None:
     os.unlink(path)
 

@@ -19,7 +19,9 @@ process's, which work builds on (or takes as its table's base: ``Store._adopt``)
   (which drains), not a merge half done.
 * ``--no-wait``: a compaction that holds the lock (one stopped with Ctrl-Z, say) does
   the work; waiting for it would leave this one blocked, and work's exit waiting.
-* A merge that failed (a damaged archive) is not started again for
+* At most one a minute (START_EVERY_S): one that found the lock held exits 0 having
+  done nothing, and work, still stuck, would start another at every look (a review:
+  20 in 20 s). A merge that failed (a damaged archive) is not started again for
   RETRY_AFTER_FAILURE_S, and work says so once, naming ``journal verify``.
 """
 
@@ -33,6 +35,7 @@ from pathlib import Path
 
 # work waits this long for a merge beside it when it ends; then lets it finish alone.
 FINISH_WAIT_S = 30.0
+START_EVERY_S = 60.0
 RETRY_AFTER_FAILURE_S = 600.0
 
 
@@ -44,12 +47,13 @@ class MergeAside:
         self.home = home
         self.notice = notice
         self.process: subprocess.Popen[bytes] | None = None
-        self.retry_at = 0.0  # time.monotonic() before which none is started (a failure)
+        self.not_before = 0.0  # time.monotonic() before which none is started
 
     def start(self) -> bool:
-        """Start one unless one runs or one failed lately: True if started."""
-        if self.poll() or time.monotonic() < self.retry_at:
+        """Start one unless one runs, or started or failed lately: True if started."""
+        if self.poll() or time.monotonic() < self.not_before:
             return False
+        self.not_before = time.monotonic() + START_EVERY_S
         command = ["journal", "compact", "--no-wait"]
         self.process = subprocess.Popen(  # (stderr: work's, where its warnings belong)
             [sys.executable, "-m", "ferry.cli", "--home", str(self.home), "-q", *command],
@@ -79,7 +83,7 @@ class MergeAside:
     def _ended(self, code: int) -> None:
         self.process = None
         if code != 0:
-            self.retry_at = time.monotonic() + RETRY_AFTER_FAILURE_S
+            self.not_before = time.monotonic() + RETRY_AFTER_FAILURE_S
             self.notice(
                 f"warning: the merge of the archives beside work failed (exit {code});"
                 f" tried again in {RETRY_AFTER_FAILURE_S / 60:.0f} minutes ('ferry journal"

@@ -575,10 +575,18 @@ class Service:
     def journal_compact(self, *, wait: bool = True) -> dict[str, Any]:
         """``wait=False``: another compaction holding the lock does the work; say so."""
         self._refuse_missing("compact")
+        skipped: dict[str, Any] = {
+            "snapshot_seq": None,
+            "removed": [],
+            "skipped": "another compaction is running",
+        }
+        if not wait and self.session.database is None:
+            from ferry.storage.local.store import compaction_running
+
+            if compaction_running(self.home):
+                return skipped  # (before opening the store: that alone costs)
         report = self.store.compact(wait=wait, on_lock_wait=self._compact_wait_notice)
-        if report is None:  # (only when not waiting)
-            return {"snapshot_seq": None, "removed": [], "skipped": "another compaction is running"}
-        return report
+        return skipped if report is None else report  # (None: only when not waiting)
 
     def _refuse_missing(self, what: str) -> None:
         if self.session.missing:

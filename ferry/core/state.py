@@ -871,8 +871,9 @@ class Table:
         return [task_to_record(t) for t in self._settled.since(seq)]
 
     def settled_held(self) -> int:
-        """How many settled tasks this table holds (loaded or folded), no I/O."""
-        return len(self._settled)
+        """How many settled tasks this table holds (loaded or folded) that a table
+        loaded from its snapshot would not (the quarantined are in it), no I/O."""
+        return len(self._settled) - len(self._quarantined)
 
     def archived(self, seq: int) -> None:
         """A snapshot at ``seq`` is written, with every task settled up to it in its

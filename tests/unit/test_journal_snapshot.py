@@ -93,16 +93,19 @@ def _wrong_name(path: Path) -> None:
     path.write_bytes(encode_snapshot(3, b"three", 0))
 
 
-def test_newest_snapshot_seq_lists_without_reading(jdir: Path) -> None:
+def test_the_newest_snapshot_file_is_listed_without_reading(jdir: Path) -> None:
     with Journal.open(jdir) as j, Journal.open(jdir) as other:
-        assert j.newest_snapshot_seq() == 0
+        assert j.newest_snapshot_file() == (0, 0)
         fill(j, 5)
         j.write_snapshot(3, b"three")
         other.refresh()
         other.write_snapshot(5, b"five")  # (by another handle: nothing this one saw)
-        assert j.newest_snapshot_seq() == 5
+        seq, first = j.newest_snapshot_file()
+        assert seq == 5
+        other.write_snapshot(5, b"five again")  # (an idle journal: the same seq, a new file)
+        assert j.newest_snapshot_file()[0] == 5 and j.newest_snapshot_file()[1] != first
         (jdir / snapshot_name(5)).write_bytes(b"damaged")
-        assert j.newest_snapshot_seq() == 5  # (names only: latest_snapshot skips it)
+        assert j.newest_snapshot_file()[0] == 5  # (names only: latest_snapshot skips it)
         assert j.latest_snapshot() == Snapshot(3, b"three")
 
 
