@@ -193,14 +193,8 @@ def test_between_turns_a_compaction_that_must_rewrite_history_is_skipped_without
     for may compact only by rewriting them (a merge): not between work's turns, and
     work looks once a second, so it says no without reading anything (it read and
     parsed the snapshot at every look)."""
-    for _ in range(3):
-        ferry.ok("run", "--", "true")
-    store = Store.open(ferry.home)
+    store = stuck_store(ferry)
     try:
-        old = [task.id for task in store.newest(3)]
-        store.commit(*[ev.Forgotten(task_id, 1) for task_id in old])  # (gc, before its compaction)
-        add_cancelled(store, SNAPSHOT_TAIL_RECORDS)
-        assert store.compaction_due()
 
         def no_io(*args: object, **kwargs: object) -> None:
             raise AssertionError("read the journal's snapshot")
@@ -211,6 +205,19 @@ def test_between_turns_a_compaction_that_must_rewrite_history_is_skipped_without
         assert store.maybe_compact() is not None  # (one that may merge does)
     finally:
         store.close()
+
+
+def stuck_store(ferry: Ferry) -> Store:
+    """A store (work's, say) whose table folded FORGOTTEN records of three settled
+    tasks that no compaction has rewritten the archives without (a gc, before its
+    compaction), and enough records after the snapshot for a compaction to be due."""
+    for _ in range(3):
+        ferry.ok("run", "--", "true")
+    store = Store.open(ferry.home)
+    store.commit(*[ev.Forgotten(task.id, 1) for task in store.newest(3)])
+    add_cancelled(store, SNAPSHOT_TAIL_RECORDS)
+    assert store.table.history_needs_rewrite() and store.compaction_due()
+    return store
 
 
 def add_cancelled(store: Store, count: int) -> None:
@@ -367,12 +374,8 @@ def test_a_stuck_table_reads_a_newest_snapshot_that_fails_its_checks_once(
     a newest file that fails its checks (skipped by every reader) made every look,
     once a second, take compact.lock, read the snapshots and write nothing (a review:
     372 ms of CPU a second with 26,000 live tasks). It is looked at once."""
-    for _ in range(3):
-        ferry.ok("run", "--", "true")
-    store = Store.open(ferry.home)
+    store = stuck_store(ferry)
     try:
-        store.commit(*[ev.Forgotten(task.id, 1) for task in store.newest(3)])  # (gc, no compaction)
-        add_cancelled(store, SNAPSHOT_TAIL_RECORDS)
         damaged = ferry.home / "journal" / f"snapshot-{store.wal.last_seq:020d}.snap"
         damaged.write_bytes(b"damaged")
         reads = []
@@ -413,12 +416,8 @@ def test_a_stuck_table_takes_a_snapshot_it_first_found_the_lock_held_for(
     later merge wrote its snapshot at the same seq, so work started one every second
     for ever (a review: 43 in 60 s). Looked at only once the lock was had; and a
     snapshot written again at the same seq is a new file."""
-    for _ in range(3):
-        ferry.ok("run", "--", "true")
-    store = Store.open(ferry.home)
+    store = stuck_store(ferry)
     try:
-        store.commit(*[ev.Forgotten(task.id, 1) for task in store.newest(3)])  # (gc, no compaction)
-        add_cancelled(store, SNAPSHOT_TAIL_RECORDS)
         ferry.ok("journal", "compact")  # (the merge beside: history rewritten)
         fd = os.open(ferry.home / "compact.lock", os.O_RDWR)
         try:

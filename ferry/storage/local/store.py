@@ -76,7 +76,7 @@ ARCHIVES_MAX = 160
 # Archives are merged by size tiers (``tiering``): so many newest ones of one tier
 # become one of the tier above. Between work's turns, at most this many records are
 # read and written again per compaction (about 0.3 to 0.6 s here: 8 to 20 µs each,
-# once in some 25,000 tasks); a bigger merge waits for a compaction outside the loop.
+# once in some 25,000 tasks); a bigger one is started beside the loop (merge_aside).
 LOOP_MERGE_RECORDS_MAX = 32_768
 # A table that holds more settled tasks than this after a compaction (a long-lived
 # work's: it folded them all) is made again from the snapshot just written, its
