@@ -623,6 +623,7 @@ class Store(ClaimsUnderLock):
         listing of the journal's directory says whether there is a new one.)"""
         if not self.compaction_due():
             return None
+        listed = None  # (the newest snapshot file, if this table must rewrite history)
         if not merge:
             with self.lock:  # (no I/O but a listing: work looks once a second)
                 stuck = self.table.history_needs_rewrite()
@@ -630,15 +631,14 @@ class Store(ClaimsUnderLock):
                 listed = self.wal.newest_snapshot_file()
                 if listed == self._looked_at:
                     return dict(_MERGE_WAITING)  # (nothing new to _adopt)
-                report = self._compact(False, None, may_merge=False)
-                if report is not None:
-                    # Looked at once, whatever it holds (a newest file that fails its
-                    # checks made every look take the lock and write nothing: 372 ms
-                    # of CPU a second with 26,000 live tasks); not while another held
-                    # the lock (then the one it writes would never be looked at).
-                    self._looked_at = listed
-                return report
-        return self._compact(False, None, may_merge=merge)
+        report = self._compact(False, None, may_merge=merge)
+        if listed is not None and report is not None:
+            # Looked at once, whatever it holds (a newest file that fails its checks
+            # made every look take the lock and write nothing: 372 ms of CPU a second
+            # with 26,000 live tasks); not while another held the lock (then the one it
+            # writes would never be looked at).
+            self._looked_at = listed
+        return report
 
     def _adopt(self, snapshot: journal.Snapshot) -> None:
         """Take ``snapshot``, written by another process since this table was loaded,
