@@ -59,7 +59,8 @@ from ferry.core.fold import (
 )
 from ferry.core.history import HistoryMissed
 from ferry.core.ids import AMBIGUOUS_LISTED_MAX, LAST, resolve_prefix, shown, task_number
-from ferry.core.model import TERMINAL_STATES, Reason, State, Task
+from ferry.core.live import LiveTasks, record_fields
+from ferry.core.model import IN_FLIGHT_STATES, TERMINAL_STATES, Reason, State, Task
 from ferry.core.queue import QueueIndex, counted_in_flight, settled_states
 
 TYPE_CHECKING = False
@@ -74,6 +75,8 @@ else:
 SNAPSHOT_FORMAT = 1
 ANOMALIES_KEPT_MAX = 100
 _SETTLED_VALUES = frozenset(state.value for state in TERMINAL_STATES)
+_IN_FLIGHT_VALUES = frozenset(state.value for state in IN_FLIGHT_STATES)
+_QUEUED_VALUES = frozenset({State.QUEUED.value})
 _QUARANTINED = Reason.QUARANTINED_ORPHAN_ALIVE.value
 
 SettledLoader = Callable[[int], "Iterable[Mapping[str, Any]] | Table"]
@@ -265,7 +268,7 @@ States = str | Iterable[str] | None
 
 class Table:
     def __init__(self, *, load_settled: SettledLoader | None = None) -> None:
-        self._live: dict[str, Task] = {}
+        self._live = LiveTasks()  # (a snapshot's records decoded when asked for)
         self._settled = _Settled()
         self._keys: dict[str, list[str]] = {}  # key -> ids of loaded tasks, submit order
         self._succeeded_keys: dict[str, str] = {}  # complete even when settled not loaded
@@ -280,7 +283,10 @@ class Table:
         self._forgotten: dict[str, int] = {}
         # The queue's order, gates and group settings (ferry.core.queue); and the states
         # of settled tasks queued ones wait for, from the snapshot (no history needed).
-        self.queue = QueueIndex()
+        # A table loaded from a snapshot orders its queue when first asked (``queue``):
+        # a submit, a run or a show never does, and decodes none of the tasks queued.
+        self._queue = QueueIndex()
+        self._queue_built = True
         self._dependency_states: dict[str, State] = {}
         self._load_settled = load_settled
         # History not loaded, asked a task at a time (None: none, loaded, or it could
@@ -314,13 +320,24 @@ class Table:
             task = self._live.get(task_id) or self._settled.get(task_id)
         return task
 
+    @property
+    def queue(self) -> QueueIndex:
+        """The queue's index, made from the tasks not settled the first time it is asked
+        for (in submission order, as they were folded) when the table was loaded from a
+        snapshot; kept by each fold from then on."""
+        if not self._queue_built:
+            self._queue_built = True
+            for task in self.live():
+                self._queue.update(None, task, self.state_of)
+        return self._queue
+
     def live(self) -> list[Task]:
         """Tasks not in a terminal state, in submission order."""
-        return sorted(self._live.values(), key=lambda task: task.submit_seq)
+        return sorted(self._live.tasks(), key=lambda task: task.submit_seq)
 
     def in_flight(self) -> list[Task]:
-        """Tasks in flight, in submission order."""
-        found = [task for task in self._live.values() if task.in_flight]
+        """Tasks in flight, in submission order (only those are decoded)."""
+        found = [self._live[i] for i in self._live.in_states(_IN_FLIGHT_VALUES)]
         return sorted(found, key=lambda task: task.submit_seq)
 
     def ids(self) -> list[str]:
@@ -357,7 +374,7 @@ class Table:
         ever for states that are not terminal: those tasks are all held, in ``_live``)."""
         wanted = _wanted(state)
         if wanted is not None and wanted.isdisjoint(_SETTLED_VALUES):
-            return sum(1 for task in self._live.values() if task.state.value in wanted)
+            return len(self._live.in_states(wanted))
         if self._history is not None and self._hidden is not None:
             return len(self._held_ids(wanted)) + self._hidden_in(wanted)
         return len(self._ids_in(state))
@@ -421,13 +438,12 @@ class Table:
         return [i for i in ids if self._state_of(i) in wanted]
 
     def _submit_seq(self, task_id: str) -> tuple[int, str]:
-        live = self._live.get(task_id)
-        seq = live.submit_seq if live is not None else self._settled.submit_seq(task_id)
-        return seq, task_id
+        held = self._live if task_id in self._live else self._settled
+        return held.submit_seq(task_id), task_id
 
     def _state_of(self, task_id: str) -> str:
-        live = self._live.get(task_id)
-        return self._settled.state_of(task_id) if live is None else live.state.value
+        held = self._live if task_id in self._live else self._settled
+        return held.state_of(task_id)
 
     def __getitem__(self, task_id: str) -> Task:
         return self._live.get(task_id) or self._settled[task_id]
@@ -548,7 +564,7 @@ class Table:
 
     def queued(self) -> list[Task]:
         """QUEUED tasks, oldest first (submission order; a retry queues at its time)."""
-        tasks = [task for task in self._live.values() if task.state is State.QUEUED]
+        tasks = [self._live[i] for i in self._live.in_states(_QUEUED_VALUES)]
         return sorted(tasks, key=lambda task: (task.queue_seq, task.id))
 
     def oldest_queued(self) -> Task | None:
@@ -587,9 +603,8 @@ class Table:
     def state_of(self, task_id: str) -> State | None:
         """A task's state (None: no such task), for the dependency rules: from the
         tasks held, else the snapshot's note of it, else history."""
-        live = self._live.get(task_id)
-        if live is not None:
-            return live.state
+        if task_id in self._live:
+            return State(self._live.state_of(task_id))
         if task_id in self._settled:
             return State(self._settled.state_of(task_id))
         known = self._dependency_states.get(task_id)
@@ -702,7 +717,8 @@ class Table:
     def _dependants(self, overlay: Mapping[str, Task]) -> dict[str, str]:
         """Each task that a task not settled comes after (``--after``) -> that task."""
         found: dict[str, str] = {}
-        for task in {**self._live, **overlay}.values():
+        tasks = {task.id: task for task in self._live.tasks()}
+        for task in {**tasks, **overlay}.values():
             if not task.terminal:
                 for dependency in task.spec.after:
                     found.setdefault(dependency, task.id)
@@ -762,7 +778,7 @@ class Table:
         if event is None:
             return  # a type from a newer version: ignored on purpose
         if isinstance(event, ev.QueueEvent):
-            self.queue.apply(event)
+            self._queue.apply(event)  # (its settings: the order need not be made)
             return
         if isinstance(event, ev.LeaseAcquired | ev.LeaseReleased):
             held = isinstance(event, ev.LeaseAcquired)
@@ -906,10 +922,15 @@ class Table:
         table.submitted = int(data.get("submitted", 0))
         table._forgotten = dict.fromkeys(data.get("forgotten", ()), table.last_seq)
         queue = data.get("queue") or {}
-        table.queue.load_settings(queue)
+        table._queue.load_settings(queue)
+        table._queue_built = False
         table._dependency_states = settled_states(queue)
         for record in data["live"]:
-            table._put(None, task_from_record(record))
+            task_id, state, key, number = record_fields(record)
+            if state in _SETTLED_VALUES:  # (never written so: taken in as it says)
+                table._put(None, task_from_record(record))
+            else:
+                table._take_live(task_id, record, key, number)
         for record in data.get("quarantined", ()):  # settled, but needed without history
             table._put(None, task_from_record(record))
         if "settled" in data:
@@ -1002,6 +1023,16 @@ class Table:
             self._settled.add_record(record)
             self._settled_id_max = max(self._settled_id_max, task_id)
 
+    def _take_live(self, task_id: str, record: Mapping[str, Any], key: str | None,
+                   number: int) -> None:  # fmt: skip
+        """What ``_put`` does for a task not settled, loaded from a snapshot, from its
+        record's fields (the queue's order is made later: ``queue``)."""
+        if key is not None:
+            self._keys.setdefault(key, []).append(task_id)
+        if number:
+            self._numbers[number] = task_id
+        self._live.add_record(task_id, record)
+
     def _put(self, old: Task | None, new: Task) -> None:
         if old is None and new.spec.key is not None:
             self._keys.setdefault(new.spec.key, []).append(new.id)
@@ -1012,13 +1043,14 @@ class Table:
         else:
             self._quarantined.pop(new.id, None)
         if new.terminal:
-            self._live.pop(new.id, None)
+            self._live.pop(new.id)
             self._settled[new.id] = new
             self._settled_id_max = max(self._settled_id_max, new.id)
         else:
             self._settled.pop(new.id)
             self._live[new.id] = new
-        self.queue.update(old, new, self.state_of)
+        if self._queue_built:
+            self._queue.update(old, new, self.state_of)
 
     def _index_outcome(self, key: str, old: Task | None, new: Task) -> None:
         """Keep the key outcome indexes true after the fold made ``old`` (None: just

@@ -6,7 +6,9 @@ releases, retries, group limits, pauses and the DEPENDENCY_FAILED cancels are fo
 into a table; after each step its candidates must be exactly what a plain reference
 computes by sorting the whole queue (priority, then queue position; paused groups,
 groups without room, unmet dependencies and future tasks left out), its doomed tasks
-what the reference finds, and a snapshot of it must answer the same. A claim the
+what the reference finds, and a snapshot of it must answer the same, as must a table
+loaded from the snapshot of the step before that folded this step's records before
+its queue was first asked for (it orders its queue then: ``Table.queue``). A claim the
 queue's rules forbid is refused under the table's check, whatever the caller read.
 """
 
@@ -37,6 +39,9 @@ class Queue:
         self.now = 1000.0
         self.ids: list[str] = []
         self.tokens = 0
+        # The snapshot of the last check and the records written since.
+        self.mark: dict[str, Any] = self.table.to_snapshot()
+        self.since: list[tuple[str, dict[str, Any], int, float]] = []
 
     def write(self, *events: Any) -> None:
         batch = [event.encode() for event in events]
@@ -44,6 +49,7 @@ class Queue:
         for record_type, data in batch:
             self.seq += 1
             self.table.apply(record_type, data, self.seq, self.now)
+            self.since.append((record_type, data, self.seq, self.now))
 
     def task(self, pick: int) -> Task:
         task = self.table.get(self.ids[pick % len(self.ids)])
@@ -208,6 +214,16 @@ class Queue:
         )
         assert {t.id for t, _ in copy.doomed()} == self.expected_doomed()
         assert copy.groups() == self.table.groups()
+        lagging = Table.from_snapshot(self.mark)
+        for record in self.since:
+            lagging.apply(*record)
+        assert lagging.to_snapshot() == self.table.to_snapshot()
+        assert [t.id for t in lagging.candidates(len(self.ids) + 1, now=self.now)] == (
+            self.expected(len(self.ids) + 1)
+        )
+        assert {t.id for t, _ in lagging.doomed()} == self.expected_doomed()
+        assert lagging.groups() == self.table.groups()
+        self.mark, self.since = self.table.to_snapshot(), []
 
 
 _pick = st.integers(0, 50)

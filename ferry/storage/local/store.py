@@ -788,7 +788,7 @@ def snapshot_refs(snapshot: journal.Snapshot) -> ArchiveRefs:
     tries an older snapshot)."""
     try:
         data, refs = _parse_snapshot(snapshot.data)
-        Table.from_snapshot(data)
+        Table.from_snapshot(data).live()  # (every task decoded: none is left for later)
     except JournalIntegrityError as error:
         raise journal.SnapshotRejected(error.message) from error
     except _SNAPSHOT_DECODE_ERRORS as error:
