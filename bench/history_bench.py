@@ -11,7 +11,9 @@ ls-history   `ferry ls --json --limit 100` and `ferry show ID` (an old task, fro
              (`history_growth`: 100,000 vs 10,000; independent of history means ~1).
 submit-loop  200 sequential `ferry submit -- true` processes (each one durable journal
              write) vs 200 `python -c pass`: ratio ours/base (lower is better; target
-             <= 4).
+             <= 4). Also printed: the same loop into a home that holds 10,000 queued
+             tasks in its snapshot (`queued_10k`), and the ratio of the two
+             (`queue_growth`: a submit that does not depend on the queue's length is ~1).
 
 Every side is one process per measurement, started the same way (same interpreter);
 the ferry and journal packages are byte-compiled first (as `pip install` does).
@@ -27,6 +29,7 @@ from ferrykit import PY, compile_packages, env_for, ferry_cmd, journal_with, run
 
 LS_LIMIT = 100
 LOOP_SUBMITS = 200
+DEEP_QUEUE = 10_000
 
 # The plain read: ``n`` JSON lines from a file, printed as one JSON array.
 _PLAIN_READ = (
@@ -109,22 +112,30 @@ def submit_loop(options: Options) -> Figure:
     n = max(10, int(LOOP_SUBMITS * options.scale))
     with scratch("submit-loop-") as tmp:
         ferry = ferry_cmd()
-        env = env_for(tmp / "home")
+        env, deep_env = env_for(tmp / "home"), env_for(tmp / "deep")
         run([*ferry, "submit", "--", "true"], env, stdout=subprocess.DEVNULL)  # the home
+        queued = b'{"argv": ["true"]}\n' * max(100, int(DEEP_QUEUE * options.scale))
+        run([*ferry, "submit", "--from", "-"], deep_env, input=queued, stdout=subprocess.DEVNULL)
+        run([*ferry, "journal", "compact"], deep_env, stdout=subprocess.DEVNULL)
+        cmd = [*ferry, "submit", "--", "true"]
 
-        def ours() -> float:
-            cmd = [*ferry, "submit", "--", "true"]
-            return timed(lambda: [run(cmd, env, stdout=subprocess.DEVNULL) for _ in range(n)])
+        def ours(home_env: dict[str, str]) -> float:
+            return timed(lambda: [run(cmd, home_env, stdout=subprocess.DEVNULL) for _ in range(n)])
 
         def base() -> float:
             return timed(lambda: [run([PY, "-c", "pass"]) for _ in range(n)])
 
-        medians = interleaved({"ours": ours, "base": base}, options.runs)
+        medians = interleaved(
+            {"ours": lambda: ours(env), "base": base, "deep": lambda: ours(deep_env)},
+            options.runs,
+        )
     per = {name: value / n for name, value in medians.items()}
     return Figure(
         "submit-loop", per["ours"] / per["base"], f"{per['ours'] * 1000:.1f}ms/submit",
         f"{per['base'] * 1000:.1f}ms/process",
-        {"submits": str(n), "loop": f"{medians['ours']:.2f}s", "target": "<=4"},
+        {"submits": str(n), "loop": f"{medians['ours']:.2f}s", "target": "<=4",
+         "queued_10k": f"{per['deep'] * 1000:.1f}ms/submit",
+         "queue_growth": f"{per['deep'] / per['ours']:.2f}"},
     )  # fmt: skip
 
 
