@@ -125,12 +125,24 @@ def test_the_plain_commands_typed_most_never_load_click(args: list[str], tmp_pat
     assert never == [], f"ferry {' '.join(args)} loads {never}"
 
 
+def _home_in_use(home: Path) -> None:
+    """A task run, then a compaction: its end is in an archive, which a home in use
+    has (the table then reads its history through ``ferry.storage.local.history``)."""
+    _loaded(PROBE, home)
+    subprocess.run(
+        [sys.executable, "-m", "ferry.cli", "--home", str(home), "journal", "compact"],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    assert any((home / "archive").iterdir())
+
+
+@pytest.mark.parametrize("in_use", [False, True], ids=["new home", "home with an archive"])
 @pytest.mark.parametrize("args", TYPED_MOST, ids=" ".join)
 def test_the_commands_typed_most_keep_off_what_was_taken_off_their_path(
-    args: list[str], tmp_path: Path
+    args: list[str], in_use: bool, tmp_path: Path
 ) -> None:
     home = tmp_path / "home"
-    _loaded(PROBE, home)  # (a task for show)
+    _home_in_use(home) if in_use else _loaded(PROBE, home)  # (a task for show)
     imported, loaded = _lists(TRACED.replace("ARGS", repr(args)), home)
     assert sorted(set(imported) & set(NOT_IMPORTED)) == []
     assert sorted(set(loaded) & set(NOT_LOADED)) == []

@@ -37,10 +37,13 @@ import os
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Generic, TypeVar
 
 from ferry.core.history import HistoryMissed
 from journal import _json
+
+TYPE_CHECKING = False  # (no typing at run time: docs/architecture.md, "Start-up cost")
+if TYPE_CHECKING:
+    from typing import Any
 
 INDEX_PREFIX = "index-"
 INDEX_SUFFIX = ".idx"
@@ -51,7 +54,6 @@ _OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
 # A position entry without its id: submit_seq, number, state, offset, length, line_crc.
 _POSITION_FIXED = 16 + 16 + 2 + 12 + 8 + 8
 _CHUNK_ENTRIES = 64  # position entries read at once, newest first
-T = TypeVar("T")
 
 
 def index_name(archive_name: str) -> str:
@@ -304,14 +306,14 @@ class IndexedArchive:
         return record
 
 
-class _Lazy(Generic[T]):
+class _Lazy:
     """A sequence whose items are read when ``bisect`` asks for them."""
 
-    def __init__(self, length: int, item: Callable[[int], T]) -> None:
+    def __init__(self, length: int, item: Callable[[int], Any]) -> None:
         self._length, self._item = length, item
 
     def __len__(self) -> int:
         return self._length
 
-    def __getitem__(self, index: int) -> T:
+    def __getitem__(self, index: int) -> Any:
         return self._item(index)

@@ -13,11 +13,13 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from ferry.core.history import HistoryMissed
 
+TYPE_CHECKING = False  # (no typing at run time: docs/architecture.md, "Start-up cost")
 if TYPE_CHECKING:
+    from typing import Any
+
     from ferry.storage.local.archive_index import IndexedArchive, Position
 
 
