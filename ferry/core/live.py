@@ -37,7 +37,23 @@ def record_fields(record: Any) -> tuple[str, str, str | None, int]:
     return task_id, state, key, number
 
 
-class LiveTasks:
+class TasksById:
+    """Tasks by id, a record decoded when it is first asked for (``get``: None when not
+    held; ``[]``: KeyError)."""
+
+    __slots__ = ()
+
+    def get(self, task_id: str) -> Task | None:
+        raise NotImplementedError
+
+    def __getitem__(self, task_id: str) -> Task:
+        task = self.get(task_id)
+        if task is None:
+            raise KeyError(task_id)
+        return task
+
+
+class LiveTasks(TasksById):
     """Tasks (or records not decoded yet) by id, in the order they were put."""
 
     __slots__ = ("_items",)
@@ -50,12 +66,6 @@ class LiveTasks:
         if item is None or isinstance(item, Task):
             return item
         task = self._items[task_id] = task_from_record(item)
-        return task
-
-    def __getitem__(self, task_id: str) -> Task:
-        task = self.get(task_id)
-        if task is None:
-            raise KeyError(task_id)
         return task
 
     def __setitem__(self, task_id: str, task: Task) -> None:

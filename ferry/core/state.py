@@ -59,7 +59,7 @@ from ferry.core.fold import (
 )
 from ferry.core.history import HistoryMissed
 from ferry.core.ids import AMBIGUOUS_LISTED_MAX, LAST, resolve_prefix, shown, task_number
-from ferry.core.live import LiveTasks, record_fields
+from ferry.core.live import LiveTasks, TasksById, record_fields
 from ferry.core.model import IN_FLIGHT_STATES, TERMINAL_STATES, Reason, State, Task
 from ferry.core.queue import QueueIndex, counted_in_flight, settled_states
 
@@ -124,7 +124,7 @@ class Anomaly(Value):
                 "message": self.message}  # fmt: skip
 
 
-class _Settled:
+class _Settled(TasksById):
     """Settled tasks by id: the ones decoded, and archive records not decoded yet.
 
     An archive holds every task that ever settled and most commands look at a few of
@@ -150,12 +150,6 @@ class _Settled:
         task = self._tasks.get(task_id)
         if task is None and task_id in self._records:
             task = self._tasks[task_id] = task_from_record(self._records.pop(task_id))
-        return task
-
-    def __getitem__(self, task_id: str) -> Task:
-        task = self.get(task_id)
-        if task is None:
-            raise KeyError(task_id)
         return task
 
     def __setitem__(self, task_id: str, task: Task) -> None:
