@@ -14,24 +14,38 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 
+from ferry.core.errors import UsageError
 from ferry.core.fold import task_from_record
-from ferry.core.model import State, Task
+from ferry.core.model import Reason, State, Task
+from ferry.core.spec import check_shape
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
 _STATE_VALUES = frozenset(state.value for state in State)
+_REASON_VALUES = frozenset(reason.value for reason in Reason)
 
 
-def record_fields(record: Any) -> tuple[str, str, str | None, int]:
-    """A snapshot record's id, state, key and number, checked as far as the table
-    indexes them (ValueError, TypeError or KeyError otherwise: the snapshot is not a
-    table this ferry reads). The rest is checked when the record is decoded."""
+def check_record(record: Any) -> tuple[str, str, str | None, int]:
+    """A snapshot record's id, state, key and number, once it is known to decode: every
+    field that ``task_from_record`` converts or builds from is of its type (ValueError,
+    TypeError or KeyError otherwise: the snapshot is not a table this ferry reads, said
+    when it is read, as when every record was decoded then). A record that passes
+    always decodes (``tests/property/test_live_props.py``)."""
     task_id, state, spec = record["id"], record["state"], record["spec"]
-    key, number = spec.get("key"), record.get("number") or 0
+    reason, runner, evidence = record.get("reason"), record.get("runner"), record.get("evidence")
     if not isinstance(task_id, str) or state not in _STATE_VALUES:
         raise ValueError(f"not a task record: id {task_id!r}, state {state!r}")
+    if reason is not None and reason not in _REASON_VALUES:
+        raise ValueError(f"task {task_id}: no reason {reason!r}")
+    if not (runner is None or isinstance(runner, dict)) or not isinstance(evidence or {}, dict):
+        raise TypeError(f"task {task_id}: runner {runner!r}, evidence {evidence!r}")
+    try:
+        check_shape(spec)
+    except UsageError as error:
+        raise ValueError(f"task {task_id}: {error.message}") from None
+    key, number = spec.get("key"), record.get("number") or 0
     if not (key is None or isinstance(key, str)) or not isinstance(number, int):
         raise TypeError(f"task {task_id}: key {key!r}, number {number!r}")
     return task_id, state, key, number
@@ -72,7 +86,7 @@ class LiveTasks(TasksById):
         self._items[task_id] = task
 
     def add_record(self, task_id: str, record: Mapping[str, Any]) -> None:
-        """A snapshot's record of a task not settled (``record_fields`` checked it)."""
+        """A snapshot's record of a task not settled (``check_record`` passed it)."""
         self._items[task_id] = record
 
     def pop(self, task_id: str) -> None:

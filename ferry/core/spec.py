@@ -188,9 +188,7 @@ class TaskSpec(Value):
         """Build and validate a spec. ``strict`` refuses unknown keys (user input such
         as a ``submit --from`` line); the default ignores them (a journal written by a
         newer version). ``validate=False`` only for ferry's own snapshots."""
-        if not isinstance(data, Mapping):
-            raise UsageError("a task spec must be a JSON object", code="usage.bad_spec")
-        if strict:
+        if strict and isinstance(data, Mapping):
             unknown = sorted(set(data) - _FIELD_NAMES)
             if unknown:
                 raise UsageError(
@@ -198,28 +196,9 @@ class TaskSpec(Value):
                     code="usage.bad_spec",
                     details={"unknown": unknown},
                 )
-        for required in ("argv", "cwd"):
-            if required not in data:
-                raise UsageError(f"task spec lacks {required!r}", code="usage.bad_spec")
-        argv = data["argv"]
-        if not isinstance(argv, list | tuple):
-            raise UsageError("argv must be a list of strings", code="usage.bad_argv")
-        env = data.get("env") or {}
-        if not isinstance(env, Mapping):
-            raise UsageError("env must be an object of strings", code="usage.bad_env")
-        pointers = data.get("pointers") or []
-        if not isinstance(pointers, list | tuple) or not all(
-            isinstance(p, Mapping) and "path" in p and "sha256" in p for p in pointers
-        ):
-            raise UsageError("pointers must be [{path, sha256}]", code="usage.bad_pointer")
-        patch = data.get("patch")
-        if patch is not None and not (
-            isinstance(patch, Mapping) and "path" in patch and "sha256" in patch
-        ):
-            raise UsageError("patch must be {path, sha256}", code="usage.bad_patch")
-        after = data.get("after") or ()
-        if not isinstance(after, list | tuple):
-            raise UsageError("after must be a list of task ids", code="usage.bad_after")
+        check_shape(data)
+        argv, env, patch = data["argv"], data.get("env") or {}, data.get("patch")
+        pointers, after = data.get("pointers") or [], data.get("after") or ()
         spec = cls(
             argv=tuple(argv),
             cwd=data["cwd"],
@@ -246,6 +225,34 @@ class TaskSpec(Value):
         if validate:
             validate_spec(spec)
         return spec
+
+
+def check_shape(data: Any) -> None:
+    """What building a TaskSpec from ``data`` needs of its shape (UsageError otherwise):
+    an object with ``argv`` and ``cwd``, and each structured field of its type. After
+    this, ``TaskSpec.from_json(data, validate=False)`` cannot fail (a snapshot's records
+    are checked so when it is read, and decoded later: ``ferry.core.live``)."""
+    if not isinstance(data, Mapping):
+        raise UsageError("a task spec must be a JSON object", code="usage.bad_spec")
+    for required in ("argv", "cwd"):
+        if required not in data:
+            raise UsageError(f"task spec lacks {required!r}", code="usage.bad_spec")
+    if not isinstance(data["argv"], list | tuple):
+        raise UsageError("argv must be a list of strings", code="usage.bad_argv")
+    if not isinstance(data.get("env") or {}, Mapping):
+        raise UsageError("env must be an object of strings", code="usage.bad_env")
+    pointers = data.get("pointers") or []
+    if not isinstance(pointers, list | tuple) or not all(
+        isinstance(p, Mapping) and "path" in p and "sha256" in p for p in pointers
+    ):
+        raise UsageError("pointers must be [{path, sha256}]", code="usage.bad_pointer")
+    patch = data.get("patch")
+    if patch is not None and not (
+        isinstance(patch, Mapping) and "path" in patch and "sha256" in patch
+    ):
+        raise UsageError("patch must be {path, sha256}", code="usage.bad_patch")
+    if not isinstance(data.get("after") or (), list | tuple):
+        raise UsageError("after must be a list of task ids", code="usage.bad_after")
 
 
 _FIELD_NAMES = frozenset(TaskSpec._FIELDS)

@@ -59,7 +59,7 @@ from ferry.core.fold import (
 )
 from ferry.core.history import HistoryMissed
 from ferry.core.ids import AMBIGUOUS_LISTED_MAX, LAST, resolve_prefix, shown, task_number
-from ferry.core.live import LiveTasks, TasksById, record_fields
+from ferry.core.live import LiveTasks, TasksById, check_record
 from ferry.core.model import IN_FLIGHT_STATES, TERMINAL_STATES, Reason, State, Task
 from ferry.core.queue import QueueIndex, counted_in_flight, settled_states
 
@@ -805,6 +805,11 @@ class Table:
             self._hidden = None
             return
         key, number = found
+        if not self._queue_built:
+            # A queue ordered later asks the states of what queued tasks come after: its
+            # last one, as a queue ordered at load would have noted it (only a journal
+            # that broke the rule forgets a task a queued one comes after).
+            self._dependency_states[task_id] = State(self._settled.state_of(task_id))
         self._settled.pop(task_id)
         self._quarantined.pop(task_id, None)
         if number and self._numbers.get(number) == task_id:
@@ -920,7 +925,7 @@ class Table:
         table._queue_built = False
         table._dependency_states = settled_states(queue)
         for record in data["live"]:
-            task_id, state, key, number = record_fields(record)
+            task_id, state, key, number = check_record(record)
             if state in _SETTLED_VALUES:  # (never written so: taken in as it says)
                 table._put(None, task_from_record(record))
             else:

@@ -92,3 +92,43 @@ def test_a_submit_into_a_long_queue_decodes_none_of_it(
         assert len(decodes) == 1 + QUEUED  # (show's, then the snapshot's: the new one was folded)
     finally:
         store.close()
+
+
+def test_a_forgotten_dependency_folded_before_the_queue_is_ordered() -> None:
+    """A FORGOTTEN folded (``apply`` checks no dependants: only a write's validation
+    does) before a lazily loaded table orders its queue: the queue is ordered as one
+    ordered at load, and as a replay of the whole journal (from an adversarial review:
+    the dependency's state was None then, and its waiter doomed)."""
+    from ferry.core import events as ev
+    from ferry.core.model import State
+    from ferry.core.spec import TaskSpec
+    from ferry.core.state import Table
+
+    runner = {"pid": 7, "start_time": 100.0, "boot_id": "boot", "host": "h"}
+    dep, waiter = "01hx6zefg1000000", "01hx6zefg2000000"
+    events = [
+        ev.Submitted(dep, TaskSpec(argv=("true",), cwd="/"), 1.0),
+        ev.Submitted(waiter, TaskSpec(argv=("true",), cwd="/", after=(dep,)), 1.0),
+        ev.Claimed(dep, 1, "tok", runner, "work"),
+        ev.Dispatching(dep, 1, "tok", "m"),
+        ev.Spawned(dep, 1, "tok", 9, 9, 1.0),
+        # (the snapshot: dep RUNNING, waiter QUEUED after it)
+        ev.Settled(dep, 1, "tok", State.SUCCEEDED, None, 0),
+        ev.Forgotten(dep, 1),
+    ]
+    records = [(*event.encode(), seq, 10.0) for seq, event in enumerate(events, 1)]
+    replayed, head = Table(), Table()
+    for record in records:
+        replayed.apply(*record)
+    for record in records[:5]:
+        head.apply(*record)
+    eager, lazy = Table.from_snapshot(head.to_snapshot()), Table.from_snapshot(head.to_snapshot())
+    eager.queue  # noqa: B018 (ordered at load)
+    for record in records[5:]:
+        eager.apply(*record)
+        lazy.apply(*record)
+
+    def answers(table: Table) -> tuple[list[str], list[str]]:
+        return [t.id for t in table.candidates(5, now=100.0)], [t.id for t, _ in table.doomed()]
+
+    assert answers(lazy) == answers(eager) == answers(replayed) == ([waiter], [])

@@ -731,7 +731,10 @@ def compaction_running(home: Path) -> bool:
 
 # A snapshot that passed the journal's checksums but is not a table ferry can read (from
 # another tool, or a bug): what decoding it may raise.
-_SNAPSHOT_DECODE_ERRORS = (ValueError, TypeError, KeyError, AttributeError, ev.MalformedEventError)
+# (A UsageError too: a spec in a snapshot that no submit could have made.)
+_SNAPSHOT_DECODE_ERRORS = (
+    ValueError, TypeError, KeyError, AttributeError, ev.MalformedEventError, UsageError
+)  # fmt: skip
 
 
 def _undecodable_snapshot(error: Exception) -> JournalIntegrityError:
