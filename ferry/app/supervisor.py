@@ -138,6 +138,7 @@ def main(
     supervisor_armed()  # failpoints armed for supervisors only, from here on
     channel = Channel(sock)
     launcher = os.getppid()
+    given: Path | None = None  # the heartbeat file of our last task, its end durable
     with SignalTrap() as trap:
         while True:
             assignment = _next_task(channel, home, launcher)
@@ -151,9 +152,11 @@ def main(
                 passthrough=passthrough, stdout_echo_fd=stdout_echo_fd, beat_ttl_s=beat_ttl_s,
             )  # fmt: skip
             supervisor.heard(until)
+            supervisor.given = given
             supervisor.run()
             if supervisor.orphaned:
                 return 0
+            given = supervisor.held  # (acked: the next task gets it, if nothing holds it)
 
 
 def _next_task(
@@ -263,6 +266,11 @@ class Supervisor:
         self.warnings: list[str] = []  # for the launcher to print (an incomplete log)
         self.spawn_at = 0.0  # wall clock, just before the spawn
         self.told_to_go = told_to_go  # "go" came with the task: its claim wrote DISPATCHING
+        # The heartbeat file of the task this supervisor ran before (its end durable),
+        # named this task's rather than a new one made (alivelock.hold); and the one
+        # this task held.
+        self.given: Path | None = None
+        self.held: Path | None = None
 
     # -- the life -----------------------------------------------------------------------
 
@@ -345,7 +353,8 @@ class Supervisor:
                 raise SpawnFailed("other", f"not started: {UNHEARD} ({self.beat_ttl_s:g} s)")
             lock_path = heartbeat_path(self.home, task.id, task.attempt)
             try:
-                lock_fd = alivelock.hold(lock_path)
+                lock_fd = alivelock.hold(lock_path, self.given)
+                self.held = lock_path
             except OSError as e:
                 raise SpawnFailed("other", f"cannot create the task's alive-lock: {e}") from e
             spec = task.spec

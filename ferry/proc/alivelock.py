@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import stat
 import time
 import zlib
 from pathlib import Path
@@ -50,6 +51,7 @@ from ferry.proc.process import boot_id, time_namespace
 _FLAGS = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
 # O_NONBLOCK: a FIFO planted in the file's place must not hang a beat or a read.
 _BEAT_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+_GIVEN_FLAGS = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
 _READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
 BEAT_MAGIC = b"ferry-beat/1"
 BEAT_BYTES = 128  # every record has this size: a shorter one would leave a tail behind
@@ -120,16 +122,59 @@ def _now() -> bytes | None:
     return beat_record(Beat(boot_id(), time_namespace() or 0, clock_ns))
 
 
-def hold(path: Path) -> int:
+def hold(path: Path, given: Path | None = None) -> int:
     """Create and lock the file, and write its first beat; the caller passes the fd to
-    the child (pass_fds)."""
-    fd = os.open(path, _FLAGS, 0o600)
+    the child (pass_fds). ``given``: the file of a task this runner ran before, whose
+    end is durable: named ``path`` instead of a new file made, if nothing holds it any
+    more (:func:`_given_on`)."""
+    fd = None if given is None else _given_on(given, path)
+    if fd is None:
+        fd = os.open(path, _FLAGS, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise
+    _write_beat(fd)
+    return fd
+
+
+def _given_on(old: Path, new: Path) -> int | None:
+    """``old`` locked and renamed ``new`` (a descriptor of it); None when it cannot be:
+    a process its task left still holds its lock (it is that task's alive-lock, for
+    as long as that process lives), it is gone (a compaction pruned it), ``new``
+    exists, or it is not a plain file of one name.
+
+    Why: a file made is an inode allocated, and one pruned an inode freed; on ext4 many
+    recent frees make each allocation search past them (``recently_deleted``): a few
+    hundred microseconds of every short task of ``work``, before its spawn, and a third
+    of ``work``'s time per task here (``tests/integration/test_heartbeat_reuse.py``).
+    A rename in one directory costs neither. A rename, not a link and an unlink: the
+    descriptor then names the new file in ``/proc/PID/fd`` (where ``ferry kill`` finds
+    a task's processes by the file they hold), not a deleted one. Only this runner
+    makes ``new`` (a released claim's earlier try may have left it: then it is opened
+    as it is, as before); the inode is checked after the rename, in case ``old`` was
+    replaced meanwhile.
+
+    Known limit: a process of the old task that unlocked its inherited descriptor
+    (``flock(LOCK_UN)``) and kept it open is then holding the new task's file open
+    (``ferry kill``'s scan by descriptor could count it in); nothing ferry starts does
+    so, and a task's process group is gone before its end is written."""
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fd = os.open(old, _GIVEN_FLAGS)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # (BlockingIOError: still held)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or os.path.lexists(new):
+            raise OSError(f"{old} is not to be given on as {new}")
+        os.rename(old, new)
+        if os.stat(new, follow_symlinks=False).st_ino != st.st_ino:
+            raise OSError(f"{old} was replaced meanwhile")
     except OSError:
         os.close(fd)
-        raise
-    _write_beat(fd)
+        return None
     return fd
 
 
