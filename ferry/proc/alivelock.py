@@ -2,7 +2,8 @@
 
 Before the spawn the runner opens the task's heartbeat file
 ``heartbeats/<id>.<attempt>`` (the same file it writes its beats into: one file per
-attempt, not two) and takes an exclusive ``flock`` on it; the descriptor is passed to
+attempt, not two; a ``work`` supervisor renames its last task's to it, see
+:func:`hold`) and takes an exclusive ``flock`` on it; the descriptor is passed to
 the child (not close-on-exec), so the child and every descendant that does not close
 it share that one open file, and the lock stays held until the last of them exits (or
 closes it). After a runner crash, recovery asks: can I take the lock? If not, some
