@@ -136,7 +136,7 @@ def hold(path: Path, given: Path | None = None) -> int:
         except OSError:
             os.close(fd)
             raise
-    _write_beat(fd)
+        _write_beat(fd)
     return fd
 
 
@@ -157,10 +157,15 @@ def _given_on(old: Path, new: Path) -> int | None:
     as it is, as before); the inode is checked after the rename, in case ``old`` was
     replaced meanwhile.
 
+    The inode moves to the new task, so whoever looks for the old task's processes by
+    its file checks the name as well: the scan by descriptor
+    (``ferry.proc.process._holds``: a scan that stat'ed the old name just before the
+    rename would otherwise find the new task's processes), and :func:`held`.
+
     Known limit: a process of the old task that unlocked its inherited descriptor
     (``flock(LOCK_UN)``) and kept it open is then holding the new task's file open
-    (``ferry kill``'s scan by descriptor could count it in); nothing ferry starts does
-    so, and a task's process group is gone before its end is written."""
+    (the scan could count it in for the new task); nothing ferry starts does so, and a
+    task's process group is gone before its end is written."""
     try:
         fd = os.open(old, _GIVEN_FLAGS)
     except OSError:
@@ -170,6 +175,7 @@ def _given_on(old: Path, new: Path) -> int | None:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or os.path.lexists(new):
             raise OSError(f"{old} is not to be given on as {new}")
+        _write_beat(fd)  # (first: the new name never shows the old task's beat)
         os.rename(old, new)
         if os.stat(new, follow_symlinks=False).st_ino != st.st_ino:
             raise OSError(f"{old} was replaced meanwhile")
@@ -240,9 +246,19 @@ def held(path: Path) -> bool | None:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        return True
+        return True if _still_named(fd, path) else None  # (given on to another task)
     except OSError:
         return True
     finally:
         os.close(fd)  # closing drops our lock, if we took it
     return False
+
+
+def _still_named(fd: int, path: Path) -> bool:
+    """``path`` still names the file open on ``fd`` (a ``work`` supervisor may have
+    renamed it for its next task since it was opened: :func:`hold`)."""
+    try:
+        here, there = os.fstat(fd), os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)

@@ -524,27 +524,33 @@ def _look(
         return None  # exited while we looked (ESRCH/ENOENT)
 
 
-def _file_key(path: str | os.PathLike[str]) -> tuple[int, int] | None:
+def _file_key(path: str | os.PathLike[str]) -> tuple[int, int, str] | None:
     try:
         st = os.stat(path)
     except OSError:
         return None  # no file: nobody holds it
-    return st.st_dev, st.st_ino
+    return st.st_dev, st.st_ino, os.path.realpath(path)
 
 
-def _holds(pid: int, key: tuple[int, int] | None) -> bool:
-    """Does ``pid`` hold the file ``key`` ((st_dev, st_ino)) open read-write on a
-    descriptor that is not close-on-exec?  That is how a task's processes hold their
-    alive-lock: inherited from the spawn (``ferry.proc.alivelock``).  The runner's own
-    descriptor is close-on-exec, and ferry's probes of the lock open it read-only, so
-    neither is taken for a process of the task."""
+def _holds(pid: int, key: tuple[int, int, str] | None) -> bool:
+    """Does ``pid`` hold the file ``key`` ((st_dev, st_ino, its real path)) open
+    read-write on a descriptor that is not close-on-exec?  That is how a task's
+    processes hold their alive-lock: inherited from the spawn
+    (``ferry.proc.alivelock``).  The runner's own descriptor is close-on-exec, and
+    ferry's probes of the lock open it read-only, so neither is taken for a process of
+    the task. Under that name (or deleted): a ``work`` supervisor renames a settled
+    task's file for its next task (``alivelock.hold``), so the inode stat'ed a moment
+    ago may be the next task's file by now, held by that task's processes."""
     if key is None:
         return False
+    dev, ino, name = key
     fds = f"{_PROC}/{pid}/fd"
     for fd in os.listdir(fds):
         try:
             st = os.stat(f"{fds}/{fd}")
-            if (st.st_dev, st.st_ino) != key:
+            if (st.st_dev, st.st_ino) != (dev, ino):
+                continue
+            if os.readlink(f"{fds}/{fd}") not in (name, name + " (deleted)"):
                 continue
             with open(f"{_PROC}/{pid}/fdinfo/{fd}", "rb", buffering=0) as f:
                 info = f.read()

@@ -14,8 +14,17 @@ alive-lock descriptor, found in ``/proc/$$/fd``).
 
 from __future__ import annotations
 
+import os
+import signal
+from pathlib import Path
+
 import pytest
-from clikit import Ferry
+from clikit import Ferry, wait_until
+
+import ferry.proc.process as process
+from ferry.app.recoverer import signal_all
+from ferry.app.session import open_store
+from ferry.proc import alivelock
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -48,7 +57,12 @@ def test_work_gives_each_next_task_the_heartbeat_file_of_the_last(ferry: Ferry) 
 
 
 def test_a_heartbeat_file_a_daemon_still_holds_is_never_given_on(ferry: Ferry) -> None:
-    daemon = "setsid sleep 60 </dev/null >/dev/null 2>&1 & echo $!"
+    # (The task ends once its daemon has left its group: before, the supervisor's end
+    # of the group's leftovers could stop it before its setsid.)
+    daemon = (
+        "setsid sleep 60 </dev/null >/dev/null 2>&1 & pid=$!; echo $pid;"
+        ' until [ "$(cut -d" " -f6 /proc/$pid/stat)" = "$pid" ]; do :; done'
+    )
     first = _submit(ferry, f"{HEARTBEAT}; {daemon}")
     rest = [_submit(ferry, HEARTBEAT) for _ in range(5)]
     ferry.ok("-q", "work", "--drain", "-j", "1")
@@ -61,7 +75,59 @@ def test_a_heartbeat_file_a_daemon_still_holds_is_never_given_on(ferry: Ferry) -
 
 
 def _open_files(pid: int) -> str:
-    import os
-
     fds = f"/proc/{pid}/fd"
     return " ".join(os.readlink(f"{fds}/{fd}") for fd in os.listdir(fds))
+
+
+def test_a_scan_for_an_ended_tasks_processes_never_finds_the_next_tasks(
+    ferry: Ferry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``ferry cancel X`` (or recovery's kill) scans /proc for the processes holding X's
+    file, which it stat'ed first. X ends meanwhile and its supervisor gives the file to
+    Z: the scan must not take Z's processes for X's. The preemption between the stat
+    and the walk of /proc is made certain: the stat is taken while X runs. (From an
+    adversarial review: before the scan checked the name too, it signalled Z.)"""
+    x = _submit(ferry, "sleep 1")
+    y = _submit(ferry, "true")  # (to the spare supervisor, while X's end is written)
+    z = _submit(ferry, "sleep 30")  # (to X's supervisor: given X's file)
+    ferry.start("work", "-j", "1")
+    wait_until(lambda: ferry.task(x)["state"] == "RUNNING", what="X running")
+    key = process._file_key(ferry.home / "heartbeats" / f"{x}.1")
+    store = open_store(ferry.home)
+    task_x = store.get(x)  # (the cancel read X in flight)
+    store.close()
+    assert task_x is not None
+    wait_until(lambda: ferry.task(z)["state"] == "RUNNING", what="Z running")
+    assert ferry.task(y)["state"] == "SUCCEEDED"
+    assert (ferry.home / "heartbeats" / f"{z}.1").stat().st_ino == key[1]  # (given on)
+    monkeypatch.setattr(process, "_file_key", lambda _path: key)  # (stat'ed before)
+    assert signal_all(task_x, ferry.home, signal.SIGTERM) == 0
+    assert alivelock.held(ferry.home / "heartbeats" / f"{x}.1") is None
+    assert ferry.task(z)["state"] == "RUNNING"
+    ferry.ok("cancel", z)
+    wait_until(lambda: ferry.task(z)["state"] == "CANCELLED", what="Z cancelled")
+
+
+def test_the_new_name_never_shows_the_last_tasks_beat(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Until its first beat, a file given on would say the last task's (hours old, after
+    an idle while): ``show``'s heartbeat_at and recovery's age of the new task. The
+    beat is written before the rename. (From an adversarial review.)"""
+    old, new = tmp_path / "X.1", tmp_path / "Y.1"
+    alivelock.release(alivelock.hold(old))
+    os.utime(old, (1_000_000, 1_000_000))  # (X's last beat, long ago)
+    seen = []
+    real = alivelock._write_beat
+
+    def spy(fd: int) -> None:
+        found = alivelock.read_beat(new)  # (a `ferry show Y` now)
+        seen.append(None if found is None else found[1])
+        real(fd)
+
+    monkeypatch.setattr(alivelock, "_write_beat", spy)
+    fd = alivelock.hold(new, old)
+    assert os.fstat(fd).st_ino == os.stat(new).st_ino and not old.exists()  # (given on)
+    alivelock.release(fd)
+    assert seen == [None]
+    assert os.stat(new).st_mtime > 1_000_000
