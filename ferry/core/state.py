@@ -281,6 +281,7 @@ class Table:
         # a submit, a run or a show never does, and decodes none of the tasks queued.
         self._queue = QueueIndex()
         self._queue_built = True
+        self._forgotten_states: dict[str, State] = {}  # (until it is: see _forget)
         self._dependency_states: dict[str, State] = {}
         self._load_settled = load_settled
         # History not loaded, asked a task at a time (None: none, loaded, or it could
@@ -321,8 +322,13 @@ class Table:
         snapshot; kept by each fold from then on."""
         if not self._queue_built:
             self._queue_built = True
+            forgotten, self._forgotten_states = self._forgotten_states, {}
+
+            def state_of(task_id: str) -> State | None:
+                return self.state_of(task_id) or forgotten.get(task_id)
+
             for task in self.live():
-                self._queue.update(None, task, self.state_of)
+                self._queue.update(None, task, state_of)
         return self._queue
 
     def live(self) -> list[Task]:
@@ -806,10 +812,10 @@ class Table:
             return
         key, number = found
         if not self._queue_built:
-            # A queue ordered later asks the states of what queued tasks come after: its
-            # last one, as a queue ordered at load would have noted it (only a journal
-            # that broke the rule forgets a task a queued one comes after).
-            self._dependency_states[task_id] = State(self._settled.state_of(task_id))
+            # The queue, once ordered, asks the states of what queued tasks come after:
+            # this one's last, as a queue ordered at load keeps it (only a journal that
+            # broke the rule forgets a task a queued one comes after).
+            self._forgotten_states[task_id] = State(self._settled.state_of(task_id))
         self._settled.pop(task_id)
         self._quarantined.pop(task_id, None)
         if number and self._numbers.get(number) == task_id:
