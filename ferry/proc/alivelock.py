@@ -158,9 +158,10 @@ def _given_on(old: Path, new: Path) -> int | None:
     replaced meanwhile.
 
     The inode moves to the new task, so whoever looks for the old task's processes by
-    its file checks the name as well: the scan by descriptor
-    (``ferry.proc.process._holds``: a scan that stat'ed the old name just before the
-    rename would otherwise find the new task's processes), and :func:`held`.
+    its file checks that the name still names it: the scan by descriptor
+    (``ferry.proc.process.scan_processes``, after its walk: a scan that stat'ed the old
+    name just before the rename would otherwise find the new task's processes), and
+    :func:`held`.
 
     Known limit: a process of the old task that unlocked its inherited descriptor
     (``flock(LOCK_UN)``) and kept it open is then holding the new task's file open

@@ -456,6 +456,7 @@ def scan_processes(
             not_before_ticks = session_of.start_time
     euid = os.geteuid()
     held_file = _file_key(holding) if holding is not None else None
+    by_lock: set[int] = set()  # found only by the file they hold
     for name in os.listdir(_PROC):
         if not name.isdigit() or name == "1":
             continue
@@ -475,9 +476,18 @@ def scan_processes(
             found = _look(_environ_has, pid, needle, euid, unreadable)
         if found is False and held_file is not None and pid != os.getpid():
             found = _look(_holds, pid, held_file, euid, unreadable)
+            if found:
+                by_lock.add(pid)
         if found:
             ident = ProcessIdentity(pid, st.start_time, me, _host(), ours, clock)
             (zombies if st.exited else alive).append(ident)
+    if by_lock and holding is not None and _file_key(holding) != held_file:
+        # The name no longer names the file it named when we began: a ``work``
+        # supervisor renamed it for its next task (``alivelock.hold``) as we looked,
+        # whose processes may be those that held it. (By inode, not by the name /proc
+        # shows for a descriptor: that is the opener's path, another through a bind.)
+        alive = [i for i in alive if i.pid not in by_lock]
+        zombies = [i for i in zombies if i.pid not in by_lock]
     return ProcessScan(tuple(alive), tuple(zombies), tuple(unreadable))
 
 
@@ -524,33 +534,27 @@ def _look(
         return None  # exited while we looked (ESRCH/ENOENT)
 
 
-def _file_key(path: str | os.PathLike[str]) -> tuple[int, int, str] | None:
+def _file_key(path: str | os.PathLike[str]) -> tuple[int, int] | None:
     try:
         st = os.stat(path)
     except OSError:
         return None  # no file: nobody holds it
-    return st.st_dev, st.st_ino, os.path.realpath(path)
+    return st.st_dev, st.st_ino
 
 
-def _holds(pid: int, key: tuple[int, int, str] | None) -> bool:
-    """Does ``pid`` hold the file ``key`` ((st_dev, st_ino, its real path)) open
-    read-write on a descriptor that is not close-on-exec?  That is how a task's
-    processes hold their alive-lock: inherited from the spawn
-    (``ferry.proc.alivelock``).  The runner's own descriptor is close-on-exec, and
-    ferry's probes of the lock open it read-only, so neither is taken for a process of
-    the task. Under that name (or deleted): a ``work`` supervisor renames a settled
-    task's file for its next task (``alivelock.hold``), so the inode stat'ed a moment
-    ago may be the next task's file by now, held by that task's processes."""
+def _holds(pid: int, key: tuple[int, int] | None) -> bool:
+    """Does ``pid`` hold the file ``key`` ((st_dev, st_ino)) open read-write on a
+    descriptor that is not close-on-exec?  That is how a task's processes hold their
+    alive-lock: inherited from the spawn (``ferry.proc.alivelock``).  The runner's own
+    descriptor is close-on-exec, and ferry's probes of the lock open it read-only, so
+    neither is taken for a process of the task."""
     if key is None:
         return False
-    dev, ino, name = key
     fds = f"{_PROC}/{pid}/fd"
     for fd in os.listdir(fds):
         try:
             st = os.stat(f"{fds}/{fd}")
-            if (st.st_dev, st.st_ino) != (dev, ino):
-                continue
-            if os.readlink(f"{fds}/{fd}") not in (name, name + " (deleted)"):
+            if (st.st_dev, st.st_ino) != key:
                 continue
             with open(f"{_PROC}/{pid}/fdinfo/{fd}", "rb", buffering=0) as f:
                 info = f.read()

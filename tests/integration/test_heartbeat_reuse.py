@@ -85,8 +85,9 @@ def test_a_scan_for_an_ended_tasks_processes_never_finds_the_next_tasks(
     """``ferry cancel X`` (or recovery's kill) scans /proc for the processes holding X's
     file, which it stat'ed first. X ends meanwhile and its supervisor gives the file to
     Z: the scan must not take Z's processes for X's. The preemption between the stat
-    and the walk of /proc is made certain: the stat is taken while X runs. (From an
-    adversarial review: before the scan checked the name too, it signalled Z.)"""
+    and the walk of /proc is made certain: the first stat is taken while X runs. (From
+    an adversarial review: before the scan looked at the name again after its walk,
+    it signalled Z.)"""
     x = _submit(ferry, "sleep 1")
     y = _submit(ferry, "true")  # (to the spare supervisor, while X's end is written)
     z = _submit(ferry, "sleep 30")  # (to X's supervisor: given X's file)
@@ -100,8 +101,15 @@ def test_a_scan_for_an_ended_tasks_processes_never_finds_the_next_tasks(
     wait_until(lambda: ferry.task(z)["state"] == "RUNNING", what="Z running")
     assert ferry.task(y)["state"] == "SUCCEEDED"
     assert (ferry.home / "heartbeats" / f"{z}.1").stat().st_ino == key[1]  # (given on)
-    monkeypatch.setattr(process, "_file_key", lambda _path: key)  # (stat'ed before)
+    real, calls = process._file_key, []
+
+    def stat_before(path: object) -> object:  # (the scan's first stat: taken before)
+        calls.append(path)
+        return key if len(calls) == 1 else real(path)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(process, "_file_key", stat_before)
     assert signal_all(task_x, ferry.home, signal.SIGTERM) == 0
+    assert len(calls) >= 2  # (it looked at the name again after its walk)
     assert alivelock.held(ferry.home / "heartbeats" / f"{x}.1") is None
     assert ferry.task(z)["state"] == "RUNNING"
     ferry.ok("cancel", z)
