@@ -106,8 +106,7 @@ class LiveTasks(TasksById):
         return [self[task_id] for task_id in list(self._items)]
 
     def state_of(self, task_id: str) -> str:
-        item = self._items[task_id]
-        return item.state.value if isinstance(item, Task) else str(item["state"])
+        return _state(self._items[task_id])
 
     def submit_seq(self, task_id: str) -> int:
         item = self._items[task_id]
@@ -115,4 +114,8 @@ class LiveTasks(TasksById):
 
     def in_states(self, wanted: frozenset[str]) -> list[str]:
         """The ids of those in ``wanted`` states, none decoded."""
-        return [task_id for task_id in self._items if self.state_of(task_id) in wanted]
+        return [task_id for task_id, item in self._items.items() if _state(item) in wanted]
+
+
+def _state(item: Task | Mapping[str, Any]) -> str:
+    return item.state.value if isinstance(item, Task) else str(item["state"])

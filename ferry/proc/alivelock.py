@@ -144,7 +144,10 @@ def _given_on(old: Path, new: Path) -> int | None:
     """``old`` locked and renamed ``new`` (a descriptor of it); None when it cannot be:
     a process its task left still holds its lock (it is that task's alive-lock, for
     as long as that process lives), it is gone (a compaction pruned it), ``new``
-    exists, or it is not a plain file of one name.
+    exists, or it is not a plain file of one name. Not made durable (no fsync of the
+    directory), as no heartbeat file is: it is evidence of this boot only, and the
+    rename follows the task's DISPATCHING, durable; after a power cut either name may
+    be there, and the new boot finds no process alive either way.
 
     Why: a file made is an inode allocated, and one pruned an inode freed; on ext4 many
     recent frees make each allocation search past them (``recently_deleted``): a few
@@ -230,8 +233,9 @@ def read_beat(path: Path) -> tuple[Beat | None, float] | None:
 
 
 def release(fd: int) -> None:
-    """The runner is done with the task: drop its hold (the file stays: it is the
-    heartbeat, whose record and mtime tell the task's last beat)."""
+    """The runner is done with the task: drop its hold (the file stays, with the task's
+    last beat, until a compaction prunes it once the task settled, or a ``work``
+    supervisor gives it to its next task: :func:`hold`)."""
     os.close(fd)
 
 

@@ -601,8 +601,7 @@ class Store(ClaimsUnderLock):
             "snapshot_seq": seq,
             "removed": [str(p) for p in removed],
             "archives": len(archives),
-            # A merge beyond the bound waits (work: for a compaction beside it).
-            **({"merges_waiting": True} if waiting else {}),
+            **(_MERGE_WAITING if waiting else {}),  # (work: done beside it)
         }
 
     def maybe_compact(self, *, merge: bool = True) -> dict[str, Any] | None:
@@ -655,14 +654,14 @@ class Store(ClaimsUnderLock):
                 return
         self._rebase(snapshot)
 
-    def _rebase(self, snapshot: journal.Snapshot) -> bool:
+    def _rebase(self, snapshot: journal.Snapshot) -> None:
         """Make this table ``snapshot``'s, with the records since folded again from
         disk: what a fresh process would load, its history not loaded. Not if that
         table would have to rewrite history, nor while a record this table folded is
-        not on disk yet: False. Under ``compact.lock``."""
+        not on disk yet. Under ``compact.lock``."""
         table = _table_from_snapshot(self.home, snapshot.data)
         if table.history_needs_rewrite():
-            return False
+            return
         with self.lock:  # (records folded meanwhile are folded again below)
             end = self.table.last_seq
             for record in self.wal.read(snapshot.seq + 1):
@@ -670,10 +669,9 @@ class Store(ClaimsUnderLock):
                     break
                 table.apply_record(record)
             if table.last_seq != end:
-                return False  # (a record not on disk yet: one accepted before its fsync)
+                return  # (a record not on disk yet: one accepted before its fsync)
             self.table = table
             self.snapshot_seq = snapshot.seq
-        return True
 
     def compaction_due(self) -> bool:
         """At least SNAPSHOT_TAIL_RECORDS follow the snapshot, and more than a
@@ -791,7 +789,7 @@ def snapshot_refs(snapshot: journal.Snapshot) -> ArchiveRefs:
     tries an older snapshot)."""
     try:
         data, refs = _parse_snapshot(snapshot.data)
-        Table.from_snapshot(data).live()  # (every task decoded: none is left for later)
+        Table.from_snapshot(data)  # (its live tasks checked as decoding needs: check_record)
     except JournalIntegrityError as error:
         raise journal.SnapshotRejected(error.message) from error
     except _SNAPSHOT_DECODE_ERRORS as error:
