@@ -162,6 +162,19 @@ def test_a_supervisor_loads_no_typing(tmp_path: Path) -> None:
     assert sorted(_loaded(probe, tmp_path) & set(UNTYPED)) == []
 
 
+# What filelock 4 loaded to take the lease's short lock (13 ms of each `work`, `claim`
+# and `recover`, and their teardown: logging registers an exit handler).
+LEASE_LOCK_COST = ("filelock", "logging", "secrets", "decimal")
+
+
+@pytest.mark.parametrize("args", [["-q", "work", "--drain"], ["recover"]], ids=" ".join)
+def test_taking_the_lease_loads_no_lock_library(args: list[str], tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    _loaded(PROBE, home)  # (a home with a task in it)
+    loaded = _loaded(PROBE.replace("['run', '--', 'true']", repr(args)), home)
+    assert sorted(m for m in loaded if m.split(".")[0] in LEASE_LOCK_COST) == []
+
+
 # Add what run loads to the list: python tests/integration/test_import_budget.py
 if __name__ == "__main__":
     # (Run it in an editable install and in tox's: an editable install's finder loads
