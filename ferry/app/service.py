@@ -204,7 +204,14 @@ class Service:
             for key, task_id in done.items():
                 self.notice(f"key {key!r} already succeeded (task {task_id}); not queued")
             found = zip(result, specs, strict=True)
-            return [self._get_or_forgotten(task_id, spec) for task_id, spec in found]
+            tasks = [self._get_or_forgotten(task_id, spec) for task_id, spec in found]
+            if ordered:
+                # A home fed only by submits keeps the tail every command folds bounded
+                # too (a cron filling a queue that no worker drains yet), as after run;
+                # without merging archives (a submit stays short: run, gc and work's
+                # merge beside it do that).
+                self.session.compact_if_due(merge=False)
+            return tasks
         raise InternalError("the tasks' keys kept changing while they were queued")
 
     def run(self, opts: Mapping[str, Any], *, stdout_echo_fd: int = 1) -> RunResult:

@@ -242,8 +242,8 @@ class Session:
 
     def compact_if_due(self, *, merge: bool = True) -> dict[str, Any] | None:
         """Keep every command's start-up cost bounded (``TaskStore.maybe_compact``):
-        after ``run`` and ``claim`` settled their task, between ``work``'s turns
-        (``merge=False``) and when it ends. What was done (empty: nothing due, or
+        after ``run`` and ``claim`` settled their task, after a ``submit``
+        (``merge=False``), between ``work``'s turns (``merge=False``) and when it ends. What was done (empty: nothing due, or
         another process at it). A failure is a warning, never the command's outcome:
         None."""
         from ferry.core.errors import FerryError
