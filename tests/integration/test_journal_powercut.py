@@ -613,6 +613,23 @@ def test_harness_catches_one_removed_fsync(
     assert lost, f"removing the {kind} fsync in {site} went unnoticed: the model is too kind"
 
 
+def test_harness_catches_a_removed_fsync_for_a_dead_creators_segment(
+    workdir: Path, states_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Meta-test, as above: a segment whose creator died before its directory fsync is
+    made durable by the next writer into it (``make_durable``, skipped when the segment
+    holds a record: its writer did it then). Without that fsync, a loss is reported."""
+
+    def skip(target: int | str) -> bool:
+        return isinstance(target, str) and called_from("make_durable")
+
+    run = trace(workdir, monkeypatch, process_deaths_workload, segment_bytes_max=1, handles=2,
+                skip_sync=skip)  # fmt: skip
+    verdict = check_power_cuts(run, states_dir, stop_at_first=True)
+    lost = [v for v in verdict.violations if "lost committed records" in v or "refused" in v]
+    assert lost, "removing make_durable's directory fsyncs went unnoticed"
+
+
 # (setup, call site, its package): fsyncs that make a new directory's entry durable.
 DIRECTORY_FSYNC_SITES = [
     ("by its caller", "new_segment", "journal"),  # the journal directory's, at its first
