@@ -752,7 +752,7 @@ def test_a_lock_free_refresh_racing_a_rotation_does_not_miss_the_segment(jdir: P
         assert seen == [4]
 
 
-def test_the_first_commit_into_a_segment_it_did_not_create_fsyncs_the_directory(
+def test_a_writer_fsyncs_the_directory_of_a_segment_it_did_not_create_only_if_empty(
     jdir: Path, fake_os: CountingOS
 ) -> None:
     with Journal.open(jdir) as j:
@@ -760,9 +760,16 @@ def test_the_first_commit_into_a_segment_it_did_not_create_fsyncs_the_directory(
     with Journal.open(jdir) as j:
         fake_os.dir_fsyncs = 0
         j.append("T", {})
+        assert fake_os.dir_fsyncs == 0  # its writer made it durable before its record
+    # The next segment, created by a writer that died before it fsynced the directory:
+    (jdir / segment_name(3)).write_bytes(b"")
+    with Journal.open(jdir) as j:
+        fake_os.dir_fsyncs = 0
+        j.append("T", {})
         assert fake_os.dir_fsyncs == 2  # the journal directory and its parent
         j.append("T", {})
         assert fake_os.dir_fsyncs == 2  # once per handle
+    assert [r.seq for r in journal_module.read_records(jdir)] == [1, 2, 3, 4]
 
 
 def test_calling_back_into_the_journal_from_a_subscriber_is_refused_not_a_deadlock(
