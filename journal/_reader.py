@@ -346,7 +346,7 @@ class SegmentScan:
 
 
 _WHOLE = "a whole line that no torn write leaves (see docs/journal-format.md)"
-_NUL_RUN = re.compile(rb"\0+")
+_NUL_RUN = rb"\0+"  # (compiled when first used: only a line with a NUL gets here)
 
 
 def _torn_shape(line: bytes, offset: int) -> bool:
@@ -365,7 +365,7 @@ def _torn_shape(line: bytes, offset: int) -> bool:
     nul = line.find(b"\0")
     if nul < 0:
         return False
-    for run in _NUL_RUN.finditer(line, nul):
+    for run in re.compile(_NUL_RUN).finditer(line, nul):
         start, end = run.span()
         if (start and (offset + start) % SECTOR_BYTES) or (offset + end) % SECTOR_BYTES:
             return False

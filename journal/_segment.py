@@ -7,7 +7,6 @@ copies, snapshots, temp files and the lock file are ignored by listing.
 
 from __future__ import annotations
 
-import re
 from collections import namedtuple
 from pathlib import Path
 
@@ -21,7 +20,6 @@ if TYPE_CHECKING:
 SEGMENT_SUFFIX = ".jsonl"
 BROKEN_SUFFIX = ".broken"
 LOCK_NAME = ".lock"  # the cross-process append lock (flock); its content is irrelevant
-_SEGMENT_RE = re.compile(r"^(\d{20})\.jsonl$")
 
 
 if TYPE_CHECKING:
@@ -42,11 +40,21 @@ def segment_name(first_seq: int) -> str:
 
 def parse_segment_name(name: str) -> int | None:
     """The first seq named by a segment file name, or None if it is not a segment."""
-    match = _SEGMENT_RE.match(name)
-    if match is None:
+    first_seq = seq_in_name(name, "", SEGMENT_SUFFIX)
+    return first_seq if first_seq is not None and first_seq >= 1 else None
+
+
+def seq_in_name(name: str, prefix: str, suffix: str) -> int | None:
+    """The seq in ``<prefix><20 ASCII digits><suffix>``, if ``name`` is that. (No
+    regular expression: compiling one at import cost every command about 0.1 ms.)"""
+    digits = name[len(prefix) : -len(suffix)]
+    if (
+        len(name) != len(prefix) + 20 + len(suffix)
+        or not (name.startswith(prefix) and name.endswith(suffix))
+        or not (digits.isascii() and digits.isdigit())
+    ):
         return None
-    first_seq = int(match.group(1))
-    return first_seq if first_seq >= 1 else None
+    return int(digits)
 
 
 def segments_in(names: list[str], directory: Path) -> list[Segment]:

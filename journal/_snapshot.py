@@ -15,7 +15,6 @@ one (or to a full replay) and never crash on it.
 from __future__ import annotations
 
 import itertools
-import re
 import sys
 import zlib
 from collections import namedtuple
@@ -24,13 +23,12 @@ from pathlib import Path
 from journal import _fsutil, _json
 from journal._codec import FORMAT_VERSION, line_checks
 from journal._errors import CorruptionError, FormatVersionError
-from journal._segment import Segment
+from journal._segment import Segment, seq_in_name
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import NamedTuple
 
-_SNAPSHOT_RE = re.compile(r"^snapshot-(\d{20})\.snap$")
 _HEADER_BYTES_MAX = 4096
 
 
@@ -71,9 +69,9 @@ def snapshots_in(names: list[str], directory: Path) -> list[tuple[int, Path]]:
     """The snapshot files among ``names``, oldest first."""
     found = []
     for name in names:
-        match = _SNAPSHOT_RE.match(name)
-        if match is not None:
-            found.append((int(match.group(1)), directory / name))
+        seq = seq_in_name(name, "snapshot-", ".snap")
+        if seq is not None:
+            found.append((seq, directory / name))
     found.sort()
     return found
 

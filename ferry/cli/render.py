@@ -27,7 +27,7 @@ def dumps(obj: Any) -> bytes:
 
 # Python's repr of an undecodable byte (argv and paths hold them as surrogate escapes),
 # not preceded by an escaped backslash: '\udcff' is shown as the byte it is, '\xff'.
-_REPR_SURROGATE = re.compile(r"(?<!\\)((?:\\\\)*)\\udc([89a-f][0-9a-f])")
+_REPR_SURROGATE = r"(?<!\\)((?:\\\\)*)\\udc([89a-f][0-9a-f])"  # (compiled when first used)
 
 
 def readable(text: str) -> str:
@@ -40,7 +40,7 @@ def readable(text: str) -> str:
             text = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
         except UnicodeEncodeError:  # (a surrogate no byte stands for)
             text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return _REPR_SURROGATE.sub(r"\1\\x\2", text) if "\\udc" in text else text
+    return re.sub(_REPR_SURROGATE, r"\1\\x\2", text) if "\\udc" in text else text
 
 
 def _readable_json(obj: Any) -> Any:

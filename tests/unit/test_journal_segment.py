@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from journal import CorruptionError
 from journal._segment import (
@@ -16,6 +19,7 @@ from journal._segment import (
     segment_name,
     segments_in,
 )
+from journal._snapshot import snapshots_in
 
 
 def test_name_is_twenty_digits_of_the_first_seq() -> None:
@@ -47,6 +51,9 @@ def test_parse_round_trips(seq: int) -> None:
         "snapshot-00000000000000000001.snap",
         ".lock",
         "x0000000000000000001.jsonl",
+        "00000000000000000001.jsonl\n",  # (a regular expression's "$" let this one in)
+        "0000000000000000000\u0661.jsonl",  # a digit, but not an ASCII one
+        "+0000000000000000001.jsonl",
     ],
 )
 def test_other_names_are_not_segments(name: str) -> None:
@@ -93,3 +100,23 @@ def test_broken_copy_names_are_numbered_when_taken() -> None:
     assert broken_copy_path(seg, []) == Path("/j/00000000000000000007.jsonl.broken")
     taken = [seg.name + ".broken", seg.name + ".broken.1"]
     assert broken_copy_path(seg, taken) == Path("/j/00000000000000000007.jsonl.broken.2")
+
+
+_NAMED = st.builds(
+    lambda prefix, seq, suffix: f"{prefix}{seq:020d}{suffix}",
+    st.sampled_from(["", "snapshot-", "x", "snapshot"]),
+    st.integers(0, 10**20 - 1),
+    st.sampled_from([".jsonl", ".snap", ".jsonl\n", ".snap\n", "", ".jsonl.broken"]),
+)
+
+
+@given(st.one_of(_NAMED, st.text(alphabet="0123456789snapshot-.jsonl\n\u0661x", max_size=40)))
+def test_names_read_as_the_pattern_says(name: str) -> None:
+    """Segment and snapshot names are read without regular expressions: the same
+    answers as the patterns they replaced, made exact (ASCII digits, no final newline)."""
+    segment = re.fullmatch(r"([0-9]{20})\.jsonl", name)
+    want = int(segment[1]) if segment and int(segment[1]) >= 1 else None
+    assert parse_segment_name(name) == want
+    snapshot = re.fullmatch(r"snapshot-([0-9]{20})\.snap", name)
+    found = snapshots_in([name], Path("/j"))
+    assert found == ([(int(snapshot[1]), Path("/j") / name)] if snapshot else [])
