@@ -173,7 +173,7 @@ def _fast(fast: Any) -> int:
     from ferry.cli import plain
 
     bodies: dict[str, Callable[..., Any]] = {
-        "submit": plain.submit, "ls": plain.ls, "show": plain.show
+        "submit": plain.submit, "ls": plain.ls, "show": plain.show, "work": plain.work
     }  # fmt: skip
     body = bodies[fast.command]
     return ended(ctx, body(ctx, *fast.args))

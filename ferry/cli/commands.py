@@ -18,7 +18,6 @@ from ferry.cli.context import run_command, task_opts
 from ferry.core.errors import EX_TIMEOUT, LeaseHeldError, UsageError
 
 Emit = Callable[[Any, str | None, Any], None]
-_PROGRESS_S = 0.25  # how often work's live progress line is redrawn, at most
 
 _STATES = [
     "QUEUED",
@@ -260,26 +259,7 @@ def register(
         SIGTERM: stop claiming, let running tasks finish, release the lease. A second
         signal stops the running tasks at once (SIGTERM, SIGKILL after their --kill-grace).
         """
-        reporter = ctx.reporter
-        reporter.json_lines = True
-        draw = drain and ctx.verbosity >= 0 and render.stderr_is_terminal()
-        try:
-            report = ctx.service().work(
-                jobs=jobs,
-                drain=drain,
-                poll_s=poll,
-                lease_ttl_s=lease_ttl,
-                stale_after_s=stale_after,
-                kill_stale=kill_stale,
-                halt=halt,
-                progress_s=_PROGRESS_S if draw else None,
-            )
-        finally:
-            reporter.end_progress()
-        if ctx.verbosity >= 0:
-            render.stderr_line(render.summary(report))
-        failed = report.halted_after is not None or (drain and not report.all_succeeded)
-        return 1 if failed else 0
+        return plain.work(ctx, jobs, drain, halt, poll, lease_ttl, stale_after, kill_stale)
 
     @cli.command(
         epilog=_example(

@@ -1,5 +1,5 @@
-"""The commands typed most, without click: ``run``, ``submit``, ``ls`` and ``show`` in
-their plain forms (what a CI job, a shell loop or an operator writes).
+"""The commands typed most, without click: ``run``, ``submit``, ``ls``, ``show`` and
+``work`` in their plain forms (what a CI job, a shell loop or an operator writes).
 
 Importing click and building the command tree (every command, every option) costs
 ``ferry run -- true`` about as much as everything else it does before the task starts,
@@ -27,6 +27,8 @@ SECONDS_MAX = 315_360_000
 MAX_RELEASES_MAX = 1000  # the click IntRange bound of --max-releases
 PRIORITY_MAX = 10**9  # ... of --priority (a negative one starts with "-": click's)
 RETRIES_MAX = 100  # ... of --retries
+JOBS_MAX = 256  # ... of work's -j
+POLL_S, LEASE_TTL_S = 1.0, 30.0  # the defaults of work's --poll and --lease-ttl
 # ls --state's choices (click's Choice, case-insensitive: it hands over these spellings)
 STATES = frozenset(
     ("QUEUED", "CLAIMED", "DISPATCHING", "RUNNING", "STALE", "SUCCEEDED", "FAILED", "CANCELLED")
@@ -46,7 +48,7 @@ _VERBOSITY = {"--verbose": 1, "-v": 1, "--quiet": -1, "-q": -1}
 class Fast:
     """A command line parsed without click: the command, the global options, and what
     its body receives (``args``: ``run``/``submit``: (kw, argv); ``ls``: (states,
-    limit); ``show``: (ids, show_env)). A plain class: a NamedTuple compiles code at
+    limit); ``show``: (ids, show_env); ``work``: its body's seven values). A plain class: a NamedTuple compiles code at
     import, which is what this module exists to avoid."""
 
     __slots__ = ("args", "as_json", "command", "home", "verbosity")
@@ -249,4 +251,27 @@ def _show(command: str, args: list[str]) -> tuple[Any, ...] | None:
     return (tuple(ids), show_env) if ids else None
 
 
-_PARSERS = {"run": _task, "submit": _task, "ls": _ls, "show": _show}
+def _work(command: str, args: list[str]) -> tuple[Any, ...] | None:
+    """``work [-j N] [--drain]`` (each at most once); its other options keep their
+    defaults (as click's, checked by the tests)."""
+    jobs: int | None = None
+    drain = False
+    i = 0
+    while i < len(args):
+        if args[i] == "--drain" and not drain:
+            drain = True
+            i += 1
+            continue
+        found = _valued(args, i)
+        if found is None:
+            return None
+        name, value, i = found
+        if name not in ("-j", "--jobs") or jobs is not None or not _count(value, JOBS_MAX):
+            return None
+        jobs = int(value)
+        if jobs < 1:
+            return None
+    return 1 if jobs is None else jobs, drain, None, POLL_S, LEASE_TTL_S, None, False
+
+
+_PARSERS = {"run": _task, "submit": _task, "ls": _ls, "show": _show, "work": _work}

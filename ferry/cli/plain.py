@@ -1,5 +1,5 @@
-"""The bodies of the commands :mod:`ferry.cli.fast` also parses (``submit``, ``ls``,
-``show``; ``run`` is :func:`ferry.cli.context.run_command`): no click here, so that
+"""The bodies of the commands :mod:`ferry.cli.fast` also parses (``submit``, ``work``,
+``ls``, ``show``; ``run`` is :func:`ferry.cli.context.run_command`): no click here, so that
 their plain command lines never import it. Their click commands call the same
 functions with what click parsed, and the fast parser's test checks that both hand
 them the same values."""
@@ -16,6 +16,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+PROGRESS_S = 0.25  # how often work's live progress line is redrawn, at most
+
 
 def submit(ctx: Ctx, kw: dict[str, Any], argv: tuple[str, ...]) -> None:
     """``ferry submit [TASK OPTIONS] -- CMD [ARG...]``: one task."""
@@ -30,6 +32,40 @@ def submitted(ctx: Ctx, tasks: Sequence[Any], *, many: bool) -> None:
     else:
         sys.stdout.write("".join(t.id + "\n" for t in tasks))
         sys.stdout.flush()
+
+
+def work(
+    ctx: Ctx,
+    jobs: int,
+    drain: bool,
+    halt: str | None,
+    poll: float,
+    lease_ttl: float,
+    stale_after: float | None,
+    kill_stale: bool,
+) -> int:
+    """``ferry work``: the leader loop (see its help); exit 1 if it halted, or if with
+    --drain a task it settled did not succeed."""
+    reporter = ctx.reporter
+    reporter.json_lines = True
+    draw = drain and ctx.verbosity >= 0 and render.stderr_is_terminal()
+    try:
+        report = ctx.service().work(
+            jobs=jobs,
+            drain=drain,
+            poll_s=poll,
+            lease_ttl_s=lease_ttl,
+            stale_after_s=stale_after,
+            kill_stale=kill_stale,
+            halt=halt,
+            progress_s=PROGRESS_S if draw else None,
+        )
+    finally:
+        reporter.end_progress()
+    if ctx.verbosity >= 0:
+        render.stderr_line(render.summary(report))
+    failed = report.halted_after is not None or (drain and not report.all_succeeded)
+    return 1 if failed else 0
 
 
 def ls(ctx: Ctx, state: Sequence[str], limit: int) -> None:

@@ -1,5 +1,6 @@
 """ferry.cli.fast.parse agrees with click: on every command line it accepts, click
-accepts it too and hands the command's body (``run``, ``submit``, ``ls``, ``show``)
+accepts it too and hands the command's body (``run``, ``submit``, ``ls``, ``show``,
+``work``)
 exactly the same values; whatever click refuses, it leaves to click. And the plain
 lines a CI job, a shell loop or an operator writes take the fast path."""
 
@@ -19,7 +20,7 @@ from ferry.cli.tree import cli
 
 
 def click_parse(args: list[str], monkeypatch: pytest.MonkeyPatch) -> tuple[Any, ...] | None:
-    """What click hands the body of ``run``, ``submit``, ``ls`` or ``show`` for
+    """What click hands the body of ``run``, ``submit``, ``ls``, ``show`` or ``work`` for
     ``args`` (None: click refused, or another command or form)."""
     seen: list[tuple[Any, ...]] = []
 
@@ -32,7 +33,7 @@ def click_parse(args: list[str], monkeypatch: pytest.MonkeyPatch) -> tuple[Any, 
         return body
 
     monkeypatch.setattr(cli_commands, "run_command", capture("run"))
-    for command in ("submit", "ls", "show"):
+    for command in ("submit", "ls", "show", "work"):
         monkeypatch.setattr(plain, command, capture(command))
     try:
         cli.main(args=list(args), prog_name="ferry", standalone_mode=False)
@@ -71,6 +72,10 @@ PLAIN_LINES = [
     ["ls", "--state", "failed", "--state=RUNNING", "--limit=0"],
     ["show", "01jq3"],
     ["show", "12", "--show-env", "last"],
+    ["work"],
+    ["-q", "work", "--drain", "-j", "2"],
+    ["--json", "work", "--jobs=8", "--drain"],
+    ["work", "--jobs", "256"],
 ]  # fmt: skip
 
 
@@ -112,6 +117,16 @@ LEFT_TO_CLICK = [
     ["show"],
     ["show", "--", "x"],
     ["show", "-h", "x"],
+    ["work", "-j", "0"],
+    ["work", "-j", "257"],
+    ["work", "-j", "2", "-j", "3"],
+    ["work", "--drain", "--drain"],
+    ["work", "--drain=1"],
+    ["work", "-j2"],
+    ["work", "--poll", "0.1"],
+    ["work", "--halt", "soon", "--drain"],
+    ["work", "--help"],
+    ["work", "x"],
 ]
 
 
@@ -134,7 +149,8 @@ OPTION_NAMES = ["--name", "--key", "--cwd", "--timeout", "--kill-grace", "--hear
                 "--shell", "--pty", "--log-max", "--help", "-h", "--bogus", "-x", "--json",
                 "--group", "--priority", "--after", "--not-before", "--retries",
                 "--retry-delay", "--from", "--lines", "--state", "--limit",
-                "--show-env"]  # fmt: skip
+                "--show-env", "-j", "--jobs", "--drain", "--poll", "--halt",
+                "--lease-ttl"]  # fmt: skip
 VALUES = ["", "0", "1", "1.5", "1.", ".5", "-1", "1e3", "inf", "nan", "1000", "1001",
           "1000000000", "1000000001", "315360000", "315360001", "abc", "K=V", "=x", "-x", "--", "1_0", " 2", "0.0",
           "٣", "1.٣", "-", "true", "64K", "1M", "failed", "QUEUED", "Stale", "\u017ftale",
@@ -148,7 +164,7 @@ OPTION = st.one_of(
 )
 LINE = st.tuples(
     st.lists(st.sampled_from(GLOBAL), max_size=4),
-    st.sampled_from([["run"], ["submit"], ["ls"], ["show"]]),
+    st.sampled_from([["run"], ["submit"], ["ls"], ["show"], ["work"]]),
     st.lists(OPTION, max_size=5).map(lambda parts: [token for part in parts for token in part]),
     st.lists(st.sampled_from(["--", "true", "-", "-n", "echo", "x y", "12"]), max_size=4),
 ).map(lambda parts: [token for part in parts for token in part])
@@ -159,7 +175,8 @@ LINE = st.tuples(
     st.one_of(
         LINE,
         st.lists(
-            st.sampled_from(GLOBAL + OPTION_NAMES + VALUES + ["submit", "ls", "show"]), max_size=8
+            st.sampled_from(GLOBAL + OPTION_NAMES + VALUES + ["submit", "ls", "show", "work"]),
+            max_size=8,
         ),
     )
 )
