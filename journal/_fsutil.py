@@ -22,6 +22,7 @@ simulation must provide):
     os.listdir(path) -> list[str]
     os.fstat(fd)                 is a pinned segment still linked? (``unlinked``)
     os.stat(path)                is it still the file a handle opened? (``moved``)
+    os.lstat(path)               is a name there? (``exists``: a salvage's marker)
     os.rename(src, dst)          salvage: the damaged journal's copy, to its final name
     os.rmdir(path)               salvage: a build it never used
     fcntl.flock(fd, op)          the cross-process append lock (LOCK_EX / LOCK_UN), and
@@ -187,6 +188,15 @@ def truncate(fd: int, length: int) -> None:
 
 def listdir(path: PathArg) -> list[str]:
     return os.listdir(path)
+
+
+def exists(path: PathArg) -> bool:
+    """A name is there (a symlink too, whatever it points at)."""
+    try:
+        os.lstat(path)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def inode(path: PathArg) -> int:

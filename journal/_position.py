@@ -19,7 +19,7 @@ from journal import _fsutil
 from journal._codec import Record
 from journal._errors import CorruptionError, JournalError
 from journal._reader import SegmentScan, TornTail, damage_error
-from journal._segment import segment_name
+from journal._segment import SALVAGE_MARKER, segment_name
 from journal._survey import Survey
 
 Feed = Callable[[Record], None]
@@ -138,9 +138,13 @@ class Position:
         the segment holds a record already: every writer made the segment's entry (and
         the journal directory's) durable before it wrote its first record there (here,
         or ``new_segment``), so a record proves it was done.  (Two directory fsyncs at
-        every process's first commit otherwise: 0.3 to 0.5 ms of a ``ferry submit``.)"""
+        every process's first commit otherwise: 0.3 to 0.5 ms of a ``ferry submit``.)
+        Records a salvage copied prove nothing: its journal's entry is durable once
+        its marker is gone (``_salvage``: a salvage killed between its swap and the
+        parent's fsync leaves it), so the marker's presence means fsync."""
         if not self.durable:
-            if self.end == 0:  # (end: after our catch-up under the lock)
+            # (end: after our catch-up under the lock, which a salvage holds too)
+            if self.end == 0 or _fsutil.exists(self.directory / SALVAGE_MARKER):
                 _fsutil.fsync_dir(self.directory)
                 _fsutil.fsync_dir(self.directory.parent)
             self.durable = True

@@ -37,11 +37,11 @@ from typing import NamedTuple
 from journal import _fsutil, _json
 from journal._codec import Record
 from journal._errors import CorruptionError, JournalError, SalvageRefusedError
-from journal._segment import LOCK_NAME, list_segments, segment_name
+from journal._segment import LOCK_NAME, SALVAGE_MARKER, list_segments, segment_name
 from journal._snapshot import encode_snapshot, snapshot_name
 from journal._view import Accept, View, lenient_records, readable
 
-MARKER = ".salvage-build"
+MARKER = SALVAGE_MARKER
 Hook = Callable[[str], None]
 
 

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 SEGMENT_SUFFIX = ".jsonl"
 BROKEN_SUFFIX = ".broken"
 LOCK_NAME = ".lock"  # the cross-process append lock (flock); its content is irrelevant
+# In a journal a salvage built, until that salvage's swap is durable (``_salvage``).
+SALVAGE_MARKER = ".salvage-build"
 
 
 if TYPE_CHECKING:

@@ -180,6 +180,12 @@ class Service:
         other in ``after``); they are written dependencies first."""
         keys = [spec.key for spec in specs if spec.key is not None]
         planned = list(ids) if ids is not None else [""] * len(specs)
+        # A home fed only by submits keeps the tail every command folds bounded too (a
+        # cron filling a queue that no worker drains yet), without merging archives (a
+        # submit stays short: run, gc and work's merge beside it do that). Before the
+        # write, not after: interrupted there, a submit has queued nothing (after it, an
+        # interrupted compaction hid a queued task's id: a review).
+        self.session.compact_if_due(merge=False)
         for _ in range(RACE_TRIES):
             done = self._succeeded_keys(keys)
             events, result = {}, []
@@ -204,14 +210,7 @@ class Service:
             for key, task_id in done.items():
                 self.notice(f"key {key!r} already succeeded (task {task_id}); not queued")
             found = zip(result, specs, strict=True)
-            tasks = [self._get_or_forgotten(task_id, spec) for task_id, spec in found]
-            if ordered:
-                # A home fed only by submits keeps the tail every command folds bounded
-                # too (a cron filling a queue that no worker drains yet), as after run;
-                # without merging archives (a submit stays short: run, gc and work's
-                # merge beside it do that).
-                self.session.compact_if_due(merge=False)
-            return tasks
+            return [self._get_or_forgotten(task_id, spec) for task_id, spec in found]
         raise InternalError("the tasks' keys kept changing while they were queued")
 
     def run(self, opts: Mapping[str, Any], *, stdout_echo_fd: int = 1) -> RunResult:

@@ -823,18 +823,41 @@ def test_an_explicit_compaction_waits_for_a_stopped_one_and_says_so(ferry: Ferry
 def test_a_home_fed_only_by_submit_compacts_its_tail(ferry: Ferry) -> None:
     """Every command folds the records after the last snapshot. A home that only
     receives submits (a cron filling a queue that no worker drains yet) compacts too,
-    when due by the same rule as ``run``: else each submit folds every one before it
-    (a loop of 600 submits took a fifth longer at its end than at its start)."""
-    lines = b'{"argv": ["true"]}\n' * (SNAPSHOT_TAIL_RECORDS - 1)
+    when due by the same rule as ``run``, before the submit's write: else each submit
+    folds every one before it (a loop of 600 submits took a fifth longer at its end
+    than at its start)."""
+    lines = b'{"argv": ["true"]}\n' * SNAPSHOT_TAIL_RECORDS
     ferry.ok("submit", "--from", "-", stdin=lines)
     journal_dir = ferry.home / "journal"
-    assert not list(journal_dir.glob("snapshot-*")), "not due yet"
-    ferry.ok("submit", "--", "true")  # the tail reaches SNAPSHOT_TAIL_RECORDS
-    assert list(journal_dir.glob("snapshot-*")), "compacted by the submit that made it due"
+    assert not list(journal_dir.glob("snapshot-*")), "not due until a command finds it so"
+    ferry.ok("submit", "--", "true")
+    assert list(journal_dir.glob("snapshot-*")), "compacted by the submit that found it due"
     store = Store.open(ferry.home)
     try:
-        assert store.tail_records() == 0
+        assert store.tail_records() == 1  # (its own task's record, after the snapshot)
     finally:
         store.close()
     tasks = ferry.json("ls", "--limit", "0")
-    assert len(tasks) == SNAPSHOT_TAIL_RECORDS and {t["state"] for t in tasks} == {"QUEUED"}
+    assert len(tasks) == SNAPSHOT_TAIL_RECORDS + 1
+    assert {t["state"] for t in tasks} == {"QUEUED"}
+
+
+def test_a_submit_interrupted_in_its_compaction_has_queued_nothing(ferry: Ferry) -> None:
+    """A submit interrupted in its compaction (Ctrl-C, a cron's ``timeout``; with a long
+    queue a compaction takes a second) exits 130 having queued nothing, so that trying
+    again queues the task once. (A review: when it compacted after its write, it exited
+    130 with no id printed, its task queued: a retry queued it twice.)"""
+    lines = b'{"argv": ["true"]}\n' * SNAPSHOT_TAIL_RECORDS
+    ferry.ok("submit", "--from", "-", stdin=lines)
+    submit = ferry.start("submit", "--", "true", failpoints="before:snapshot_write=stop",
+                         stdout=subprocess.PIPE)  # fmt: skip
+    wait_until(lambda: submit.poll() is not None or stopped(submit.pid),
+               what="the submit to stop in its compaction")  # fmt: skip
+    assert submit.poll() is None, "it stopped in its compaction"
+    os.kill(submit.pid, signal.SIGINT)  # the user gives up on a submit that hangs
+    os.kill(submit.pid, signal.SIGCONT)
+    out, err = submit.communicate(timeout=60)
+    assert (submit.returncode, out) == (130, b""), err
+    assert len(ferry.tasks()) == SNAPSHOT_TAIL_RECORDS, "nothing queued"
+    ferry.ok("submit", "--", "true")  # tried again
+    assert len(ferry.tasks()) == SNAPSHOT_TAIL_RECORDS + 1

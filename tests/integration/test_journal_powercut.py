@@ -37,6 +37,7 @@ import simdisk
 
 import journal
 from journal import _fsutil
+from journal._segment import SALVAGE_MARKER
 
 History = list[tuple[str, dict[str, Any]]]
 
@@ -664,3 +665,142 @@ def test_harness_catches_a_removed_fsync_of_a_new_directorys_parent(
     verdict = check_power_cuts(run, states_dir, stop_at_first=True)
     lost = [v for v in verdict.violations if "lost committed records" in v]
     assert lost, f"removing the parent fsyncs in {site} went unnoticed: the model is too kind"
+
+
+# --- a journal directory swapped in by a salvage that died before its parent's fsync ---
+# (found by a review of 032cb2a: both tests failed with its make_durable)
+
+
+class _AliasDisk(simdisk.SimDisk):
+    """A SimDisk that follows a directory renamed within its parent: the model keys a
+    directory by the path it was made at, so paths under its new name are translated
+    back to that key (``aliases``: new real path -> model key)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.aliases: dict[str, str] = {}
+        super().__init__(*args, **kwargs)
+
+    def _canon(self, path: str) -> str:
+        return self.aliases.get(path, path)
+
+    def _split(self, path: Any) -> tuple[str, str] | None:
+        full = os.path.abspath(os.fspath(path))
+        parent, name = os.path.split(full)
+        parent = self._canon(os.path.realpath(parent))
+        if parent != self.root and not parent.startswith(self.root + os.sep):
+            return None
+        if parent not in self._dirs:
+            raise NotImplementedError(f"simdisk: parent directory {parent} not tracked")
+        return parent, name
+
+    def _dir_path(self, path: Any) -> str | None:
+        full = self._canon(os.path.realpath(os.fspath(path)))
+        return full if full in self._dirs else None
+
+    def check_in_step(self) -> list[str]:
+        back = {key: real for real, key in self.aliases.items()}
+        saved = self._dirs
+        self._dirs = {back.get(d, d): e for d, e in saved.items()}
+        try:
+            return super().check_in_step()
+        finally:
+            self._dirs = saved
+
+
+def test_records_after_a_salvage_swap_whose_parent_fsync_never_ran(
+    workdir: Path, states_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """journal.salvage: exchange(journal, build), then fsync_dir(parent). A salvage killed
+    (or failing with EIO) between the two leaves the new journal in place with its
+    entry not durable. Its segment holds records (the salvage copied them), so the next
+    writer must not skip the parent's fsync because of them (its records would be
+    reported committed while a power cut still brings the old directory back): the
+    build's marker, still there, says so."""
+    root = workdir / "disk"
+    root.mkdir()
+    sim = _AliasDisk(root, content_irrelevant=frozenset({".lock"}))
+    build = root / ".journal.salvage-x"
+    run = Run(sim, root / "journal")
+    with monkeypatch.context() as patch:
+        patch.setattr(_fsutil, "os", sim)
+        # The build: its marker, then a complete journal holding 3 records, durable
+        # (as _build makes it).
+        sim.mkdir(build, 0o700)
+        fd = sim.open(build / SALVAGE_MARKER, os.O_CREAT | os.O_WRONLY, 0o600)
+        sim.write(fd, b'{"stamp": "x"}')
+        sim.fsync(fd)
+        sim.close(fd)
+        j = journal.Journal.open(build)
+        for i in range(3):
+            record = ("rec", {"i": i, "pad": "p" * (i % 7) * 5})
+            j.append(*record)
+            run.history.append(record)
+        j.close()
+        sim.fsync(fd := sim.open(root, os.O_RDONLY | os.O_DIRECTORY))
+        sim.close(fd)
+        # The swap (a rename here: the old journal plays no part), then the salvage dies.
+        sim.rename(build, root / "journal")
+        sim.aliases[os.path.realpath(root / "journal")] = os.path.realpath(build)
+        run.started.append((0, len(run.history)))  # (there; not committed by a writer)
+        driver = Driver(run, segment_bytes_max=1 << 16, handles=1)
+        for i in range(3, 6):
+            driver.append(i)
+        driver.close()
+    assert sim.check_in_step() == [], "the trace does not match the real files"
+    verdict = check_power_cuts(run, states_dir)
+    assert verdict.violations == [], "\n".join(verdict.violations[:5])
+
+
+def test_a_real_salvage_killed_after_its_swap_is_made_durable_by_the_next_writer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same with the real journal.salvage, killed right after its exchange (before
+    the parent's fsync): the next writer's first commit must make the swap durable
+    (fsync the parent) before its write."""
+    directory = tmp_path / "home" / "journal"
+    j = journal.Journal.open(directory, segment_bytes_max=200)
+    for i in range(6):
+        j.append("rec", {"i": i})
+    j.close()
+    second = sorted(directory.glob("*.jsonl"))[1]  # seqs 3 and 4: damage seq 3
+    body = bytearray(second.read_bytes())
+    body[body.index(b'"i":2') + 4] = ord("7")
+    second.write_bytes(bytes(body))
+
+    swapped = False
+    real_exchange, real_fsync_dir = _fsutil.exchange, _fsutil.fsync_dir
+
+    def exchange(a: Any, b: Any) -> None:
+        nonlocal swapped
+        real_exchange(a, b)
+        swapped = True
+
+    def fsync_dir(path: Any) -> None:
+        if swapped and Path(path) == directory.parent:
+            raise ProcessDied("killed between the exchange and the parent's fsync")
+        real_fsync_dir(path)
+
+    monkeypatch.setattr(_fsutil, "exchange", exchange)
+    monkeypatch.setattr(_fsutil, "fsync_dir", fsync_dir)
+    with pytest.raises(ProcessDied):
+        journal.salvage(directory)
+    monkeypatch.undo()
+
+    calls: list[str] = []
+    real_pwrite = _fsutil.pwrite_durably
+
+    def traced_fsync_dir(path: Any) -> None:
+        calls.append(f"fsync {path}")
+        real_fsync_dir(path)
+
+    def traced_pwrite(*args: Any) -> None:
+        calls.append("write")
+        real_pwrite(*args)
+
+    monkeypatch.setattr(_fsutil, "fsync_dir", traced_fsync_dir)
+    monkeypatch.setattr(_fsutil, "pwrite_durably", traced_pwrite)
+    j = journal.Journal.open(directory)
+    assert j.last_seq == 2, "the salvaged journal (seqs 1, 2) is in place"
+    j.append("rec", {"i": 99})
+    j.close()
+    assert f"fsync {directory.parent}" in calls[: calls.index("write")], calls
