@@ -15,7 +15,6 @@ A new leader finishes recovery before it claims anything.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
 
 from ferry.app.foreground import claim_task
 from ferry.app.recoverer import Recoverer
@@ -26,7 +25,10 @@ from ferry.core.model import Task
 from ferry.core.recovery import Policy, RecoverReport
 from ferry.proc.process import ProcessIdentity, boot_clock, self_identity
 
+TYPE_CHECKING = False  # (typing is not imported at run time: start-up)
 if TYPE_CHECKING:
+    from typing import Any
+
     from ferry.app.session import Session
     from ferry.storage.local.lease import Lease
 

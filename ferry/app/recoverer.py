@@ -15,7 +15,6 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from ferry.app import outbox
 from ferry.app.queueing import settle_doomed
@@ -37,7 +36,10 @@ from ferry.proc.process import (
     signal_task,
 )
 
+TYPE_CHECKING = False  # (typing is not imported at run time: start-up)
 if TYPE_CHECKING:
+    from typing import Any
+
     from ferry.app.session import Session
 
 SALVAGE_TAIL_BYTES = 4096

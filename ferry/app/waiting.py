@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from ferry.app.naming import resolve as resolve_task
 from ferry.app.runner_state import with_runner_state
 from ferry.app.tally import WaitReport
 from ferry.core.model import Task
 
+TYPE_CHECKING = False  # (typing is not imported at run time: start-up)
 if TYPE_CHECKING:
     from ferry.app.session import Session
 

@@ -57,7 +57,6 @@ import select
 import signal
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
 
 import ferry.proc.supervise  # noqa: F401 (here, once: the supervisors forked share it)
 from ferry.app.launch import Launch, beat_ttl, watch_journal
@@ -85,7 +84,10 @@ from ferry.proc.process import boot_clock
 from ferry.storage.claiming import dispatching_with_claim
 from journal import _json
 
+TYPE_CHECKING = False  # (typing is not imported at run time: start-up)
 if TYPE_CHECKING:
+    from typing import Any
+
     from ferry.app.launch import Record
     from ferry.app.session import Session
 

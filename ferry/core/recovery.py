@@ -18,10 +18,13 @@ import enum
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from ferry.core import events as ev
 from ferry.core.model import IN_FLIGHT_STATES, Liveness, Reason, State, Task, rfc3339
+
+TYPE_CHECKING = False  # (typing is not imported at run time: start-up)
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["Action", "Decision", "Liveness", "Observation", "Policy", "decide"]
 

@@ -171,6 +171,8 @@ def test_a_plain_work_never_loads_click(tmp_path: Path) -> None:
     loaded = _loaded(PROBE.replace("['run', '--', 'true']", repr(args)), home)
     clicky = ("click", "ferry.cli.tree", "ferry.cli.commands")
     assert sorted(m for m in loaded if m.split(".")[0] == "click" or m in clicky) == []
+    # (beyond the interpreter's start-up: an editable install's finder loads typing)
+    assert sorted((loaded - _loaded(BARE, home)) & set(UNTYPED)) == [], "typing: 2 ms more"
 
 
 # What filelock 4 loaded to take the lease's short lock (13 ms of each `work`, `claim`

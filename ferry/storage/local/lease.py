@@ -40,7 +40,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, TypeGuard
 
 from ferry.core.errors import LeaseHeldError, StateDirError
 from ferry.failpoints import failpoint
@@ -48,6 +47,10 @@ from ferry.proc.liveness import Liveness, probe
 from ferry.proc.process import ProcessIdentity, boot_clock
 from ferry.storage.local.statedir import private_open, write_atomic
 from journal import _json
+
+TYPE_CHECKING = False  # (typing is not imported at run time: start-up)
+if TYPE_CHECKING:
+    from typing import Any, TypeGuard
 
 __all__ = [
     "LEASE_VERSION",
