@@ -433,3 +433,30 @@ def test_a_filesystem_without_flock_is_refused_never_soft_locked(
     assert not lease_path.exists(), "nothing written without the lock"
     monkeypatch.undo()
     assert LeaseStore(lease_path, 60.0).acquire(self_identity()).epoch == 1
+
+
+def test_a_symlink_at_the_lock_is_refused_naming_the_lock(lease_path: Path) -> None:
+    target = lease_path.with_name("elsewhere")
+    lease_path.with_name(lease_path.name + ".lock").symlink_to(target)
+    with pytest.raises(StateDirError) as caught:
+        LeaseStore(lease_path, 60.0).acquire(self_identity())
+    assert caught.value.code == "state_dir.symlink"
+    assert caught.value.details["errno"] == errno.ELOOP
+    assert not target.exists() and not lease_path.exists()
+
+
+def test_a_process_forked_inside_the_lock_does_not_keep_it(lease_path: Path) -> None:
+    """The lock is let go with LOCK_UN, not only by closing: a child forked while it
+    was held shares its open file description, and would hold it for its whole life."""
+    store = LeaseStore(lease_path, 60.0)
+    with store._locked():
+        child = os.fork()
+        if child == 0:  # (holds every descriptor of the parent until it is killed)
+            time.sleep(60)
+            os._exit(0)
+    try:
+        other = LeaseStore(lease_path, 60.0, lock_timeout_s=2.0)
+        assert other.acquire(self_identity()).epoch == 1
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)

@@ -291,15 +291,21 @@ class LeaseStore:
     def _locked(self) -> Iterator[None]:
         """The short exclusive lock, waited for up to ``lock_timeout_s`` (then
         ``lease.busy``, exit 75). An flock: let go on close, and when its holder dies."""
-        try:
-            fd = private_open(self.lock_path, os.O_RDWR | os.O_CREAT)
+        try:  # (0600, no symlink followed: _lock_refusal names both refusals)
+            flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(self.lock_path, flags, 0o600)
         except OSError as e:
             raise _lock_refusal(self.lock_path, e) from e
         try:
             _flock_within(fd, self._lock_timeout_s, self.lock_path)
-            yield
+            try:
+                yield
+            finally:
+                # Unlocked, not only closed: a process forked meanwhile would share the
+                # open file description, and with it the lock, for its whole life.
+                _unlock(fd)
         finally:
-            os.close(fd)  # (the lock goes with the descriptor)
+            os.close(fd)
 
     def _read_bytes(self) -> bytes | None:
         return _read_lease_bytes(self.path)
@@ -361,6 +367,12 @@ def _flock_within(fd: int, timeout_s: float, lock_path: Path) -> None:
             time.sleep(LOCK_POLL_S)
         except OSError as e:
             raise _lock_refusal(lock_path, e) from e
+
+
+def _unlock(fd: int) -> None:
+    import fcntl
+
+    fcntl.flock(fd, fcntl.LOCK_UN)
 
 
 def _lock_refusal(lock_path: Path, e: OSError) -> StateDirError:
