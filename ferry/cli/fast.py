@@ -262,6 +262,8 @@ def _work(command: str, args: list[str]) -> tuple[Any, ...] | None:
             drain = True
             i += 1
             continue
+        if args[i].startswith("-j="):  # (click takes "=2" as -j's value: refused)
+            return None
         found = _valued(args, i)
         if found is None:
             return None

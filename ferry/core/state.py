@@ -797,6 +797,14 @@ class Table:
         tombstone: the key stays succeeded). Its id is remembered until the archives no
         longer hold it, so that history loaded later leaves it out: a replay never
         loads history to apply a FORGOTTEN (the record was checked when written)."""
+        # The queue keeps the last state of a dependency of a queued task forgotten
+        # since (only a journal that broke the rule forgets one), and asks again when a
+        # task that comes after it is queued anew: ordered now, before anything of the
+        # task goes, it answers as one ordered at load. (A FORGOTTEN is ``gc``'s, which
+        # compacts after it: rare in the records a command folds.) Noting the forgotten
+        # state for a queue ordered later answered wrongly for a task queued again
+        # after the forget (a property test: tests/property/test_lazy_table_props.py).
+        self.queue  # noqa: B018
         self._forgotten[task_id] = seq
         found = self._settled.key_and_number(task_id)
         if found is None:
@@ -805,14 +813,6 @@ class Table:
             self._hidden = None
             return
         key, number = found
-        # The queue keeps the last state of a dependency of a queued task forgotten
-        # since (only a journal that broke the rule forgets one), and asks again when a
-        # task that comes after it is queued anew: ordered now, before the task goes, it
-        # answers as one ordered at load. (A FORGOTTEN is ``gc``'s, which compacts
-        # after it: rare in the records a command folds.) Noting the forgotten state for
-        # a queue ordered later answered wrongly for a task queued again after the
-        # forget (a property test: tests/property/test_lazy_table_props.py).
-        self.queue  # noqa: B018
         self._settled.pop(task_id)
         self._quarantined.pop(task_id, None)
         if number and self._numbers.get(number) == task_id:

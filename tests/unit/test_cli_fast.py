@@ -123,6 +123,8 @@ LEFT_TO_CLICK = [
     ["work", "--drain", "--drain"],
     ["work", "--drain=1"],
     ["work", "-j2"],
+    ["work", "-j=2"],  # (click reads "=2" as the value: a review found the fast path took it)
+    ["work", "--drain", "-j=4"],
     ["work", "--poll", "0.1"],
     ["work", "--halt", "soon", "--drain"],
     ["work", "--help"],
