@@ -33,6 +33,7 @@ operator action :meth:`LeaseStore.reset` moves it aside.
 from __future__ import annotations
 
 import errno
+import fcntl
 import math
 import os
 import time
@@ -290,7 +291,7 @@ class LeaseStore:
     @contextmanager
     def _locked(self) -> Iterator[None]:
         """The short exclusive lock, waited for up to ``lock_timeout_s`` (then
-        ``lease.busy``, exit 75). An flock: let go on close, and when its holder dies."""
+        ``lease.busy``, exit 75). An flock: it goes when its holder dies, too."""
         try:  # (0600, no symlink followed: _lock_refusal names both refusals)
             flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
             fd = os.open(self.lock_path, flags, 0o600)
@@ -303,7 +304,7 @@ class LeaseStore:
             finally:
                 # Unlocked, not only closed: a process forked meanwhile would share the
                 # open file description, and with it the lock, for its whole life.
-                _unlock(fd)
+                fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
             os.close(fd)
 
@@ -350,8 +351,6 @@ def _flock_within(fd: int, timeout_s: float, lock_path: Path) -> None:
     ``timeout_s`` has passed. (filelock's UnixFileLock did this before; filelock 4
     imports logging, secrets and decimal: 13 ms of every ``work``, ``claim`` and
     ``recover``.) No soft fallback: a file system without flock is refused."""
-    import fcntl
-
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -367,12 +366,6 @@ def _flock_within(fd: int, timeout_s: float, lock_path: Path) -> None:
             time.sleep(LOCK_POLL_S)
         except OSError as e:
             raise _lock_refusal(lock_path, e) from e
-
-
-def _unlock(fd: int) -> None:
-    import fcntl
-
-    fcntl.flock(fd, fcntl.LOCK_UN)
 
 
 def _lock_refusal(lock_path: Path, e: OSError) -> StateDirError:
