@@ -150,9 +150,9 @@ def main(
             supervisor = Supervisor(
                 channel, home, task, token, environ, trap, told_to_go=go,
                 passthrough=passthrough, stdout_echo_fd=stdout_echo_fd, beat_ttl_s=beat_ttl_s,
+                given=given,
             )  # fmt: skip
             supervisor.heard(until)
-            supervisor.given = given
             supervisor.run()
             if supervisor.orphaned:
                 return 0
@@ -243,6 +243,7 @@ class Supervisor:
         stdout_echo_fd: int,
         told_to_go: bool = False,
         beat_ttl_s: float = math.inf,
+        given: Path | None = None,
     ) -> None:
         self.channel, self.home, self.task, self.token = channel, home, task, token
         self.environ, self.trap = environ, trap
@@ -269,7 +270,7 @@ class Supervisor:
         # The heartbeat file of the task this supervisor ran before (its end durable),
         # named this task's rather than a new one made (alivelock.hold); and the one
         # this task held.
-        self.given: Path | None = None
+        self.given = given
         self.held: Path | None = None
 
     # -- the life -----------------------------------------------------------------------

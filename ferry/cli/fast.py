@@ -48,8 +48,9 @@ _VERBOSITY = {"--verbose": 1, "-v": 1, "--quiet": -1, "-q": -1}
 class Fast:
     """A command line parsed without click: the command, the global options, and what
     its body receives (``args``: ``run``/``submit``: (kw, argv); ``ls``: (states,
-    limit); ``show``: (ids, show_env); ``work``: its body's seven values). A plain class: a NamedTuple compiles code at
-    import, which is what this module exists to avoid."""
+    limit); ``show``: (ids, show_env); ``work``: its body's seven values). A plain
+    class: a NamedTuple compiles code at import, which is what this module exists to
+    avoid."""
 
     __slots__ = ("args", "as_json", "command", "home", "verbosity")
 

@@ -797,14 +797,12 @@ class Table:
         tombstone: the key stays succeeded). Its id is remembered until the archives no
         longer hold it, so that history loaded later leaves it out: a replay never
         loads history to apply a FORGOTTEN (the record was checked when written)."""
-        # The queue keeps the last state of a dependency of a queued task forgotten
-        # since (only a journal that broke the rule forgets one), and asks again when a
-        # task that comes after it is queued anew: ordered now, before anything of the
-        # task goes, it answers as one ordered at load. (A FORGOTTEN is ``gc``'s, which
-        # compacts after it: rare in the records a command folds.) Noting the forgotten
-        # state for a queue ordered later answered wrongly for a task queued again
-        # after the forget (a property test: tests/property/test_lazy_table_props.py).
-        self.queue  # noqa: B018
+        # Ordered now, before anything of the task goes, the queue answers as one
+        # ordered at load: it keeps the last state of a forgotten dependency of a
+        # queued task, and asks again for a task queued anew after the forget
+        # (tests/property/test_lazy_table_props.py). The cost: a command that folds a
+        # FORGOTTEN (gc's) decodes every live task, until a compaction takes it in.
+        self.queue  # noqa: B018 (built on first use)
         self._forgotten[task_id] = seq
         found = self._settled.key_and_number(task_id)
         if found is None:
