@@ -182,10 +182,12 @@ class Service:
         planned = list(ids) if ids is not None else [""] * len(specs)
         # A home fed only by submits keeps the tail every command folds bounded too (a
         # cron filling a queue that no worker drains yet), without merging archives (a
-        # submit stays short: run, gc and work's merge beside it do that). Before the
-        # write, not after: interrupted there, a submit has queued nothing (after it, an
-        # interrupted compaction hid a queued task's id: a review).
-        self.session.compact_if_due(merge=False)
+        # submit stays short: run, gc and work's merge beside it do that), and not
+        # while a worker leads (it compacts between its turns, and learns there that a
+        # merge its loop must not do is due: a submit's compaction hid that from it).
+        # Before the write, not after: interrupted there, a submit has queued nothing
+        # (after it, an interrupted compaction hid a queued task's id: a review).
+        self.session.compact_if_due(merge=False, unless_led=True)
         for _ in range(RACE_TRIES):
             done = self._succeeded_keys(keys)
             events, result = {}, []

@@ -240,16 +240,19 @@ class Session:
     def notice(self, message: str) -> None:
         self.reporter.notice(message)
 
-    def compact_if_due(self, *, merge: bool = True) -> dict[str, Any] | None:
+    def compact_if_due(
+        self, *, merge: bool = True, unless_led: bool = False
+    ) -> dict[str, Any] | None:
         """Keep every command's start-up cost bounded (``TaskStore.maybe_compact``):
-        after ``run`` and ``claim`` settled their task, after a ``submit``
-        (``merge=False``), between ``work``'s turns (``merge=False``) and when it ends. What was done (empty: nothing due, or
-        another process at it). A failure is a warning, never the command's outcome:
+        after ``run`` and ``claim`` settled their task, before a ``submit``'s write
+        (``merge=False``, ``unless_led``), between ``work``'s turns (``merge=False``),
+        and when ``work`` ends.
+        What was done (empty: nothing due, or another process at it). A failure is a warning, never the command's outcome:
         None."""
         from ferry.core.errors import FerryError
 
         try:
-            return self.store.maybe_compact(merge=merge) or {}
+            return self.store.maybe_compact(merge=merge, unless_led=unless_led) or {}
         except (FerryError, OSError) as error:
             why = error.message if isinstance(error, FerryError) else str(error)
             self.notice(f"warning: compaction skipped: {why}")

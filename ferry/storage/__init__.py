@@ -253,10 +253,14 @@ class TaskStore(Protocol):
 
     # ---- housekeeping --------------------------------------------------------------
 
-    def maybe_compact(self, *, merge: bool = True) -> dict[str, Any] | None:
+    def maybe_compact(
+        self, *, merge: bool = True, unless_led: bool = False
+    ) -> dict[str, Any] | None:
         """Keep start-up cost bounded when due; None when not done (not due, or another
         process is at it). Never waits. ``merge=False``: nothing that rewrites all
-        history (between ``work``'s turns)."""
+        history (between ``work``'s turns). ``unless_led``: not while the journal shows
+        a leader holding the lease (a ``submit``: the leader compacts between its
+        turns, and has the merges its loop must not do done beside it)."""
         ...
 
     def compact(

@@ -143,7 +143,9 @@ class MemoryStore(ClaimsUnderLock):
     def highest_epoch(self) -> int:
         return self._highest_epoch
 
-    def maybe_compact(self, *, merge: bool = True) -> dict[str, Any] | None:
+    def maybe_compact(
+        self, *, merge: bool = True, unless_led: bool = False
+    ) -> dict[str, Any] | None:
         return None
 
     def compact(

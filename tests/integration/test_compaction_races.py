@@ -861,3 +861,22 @@ def test_a_submit_interrupted_in_its_compaction_has_queued_nothing(ferry: Ferry)
     assert len(ferry.tasks()) == SNAPSHOT_TAIL_RECORDS, "nothing queued"
     ferry.ok("submit", "--", "true")  # tried again
     assert len(ferry.tasks()) == SNAPSHOT_TAIL_RECORDS + 1
+
+
+def test_a_submit_leaves_the_compaction_to_a_leader(ferry: Ferry) -> None:
+    """While the journal shows a leader holding the lease, a submit does not compact
+    (``unless_led``): the leader does between its turns, and learns there that a merge
+    its loop must not do is due (a submit's compaction hid it: the merge beside work
+    was then never started, in one run of test_a_merge_too_big... in four)."""
+    ferry.ok("run", "--", "true")
+    store = Store.open(ferry.home)
+    try:
+        add_cancelled(store, SNAPSHOT_TAIL_RECORDS)
+        holder = {"pid": 1, "start_time": 1, "boot_id": "b", "host": "h"}
+        store.commit(ev.LeaseAcquired(1, holder), epoch=1)
+        assert store.compaction_due()
+        assert store.maybe_compact(merge=False, unless_led=True) is None
+        store.commit(ev.LeaseReleased(1, holder), epoch=1)
+        assert store.maybe_compact(merge=False, unless_led=True) is not None
+    finally:
+        store.close()

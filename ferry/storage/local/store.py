@@ -604,7 +604,9 @@ class Store(ClaimsUnderLock):
             **(_MERGE_WAITING if waiting else {}),  # (work: done beside it)
         }
 
-    def maybe_compact(self, *, merge: bool = True) -> dict[str, Any] | None:
+    def maybe_compact(
+        self, *, merge: bool = True, unless_led: bool = False
+    ) -> dict[str, Any] | None:
         """Compact when enough records follow the last snapshot (leaders, and ``run``
         after it settled: so a journal only ever written by ``ferry run`` in CI still
         keeps start-up cost bounded). Skipped, never awaited, while another compaction
@@ -622,6 +624,13 @@ class Store(ClaimsUnderLock):
         listing of the journal's directory says whether there is a new one.)"""
         if not self.compaction_due():
             return None
+        if unless_led:
+            with self.lock:
+                lease = self.table.lease
+            if lease is not None and lease.get("held"):
+                # A leader's LEASE_ACQUIRED with no LEASE_RELEASED after it (one that
+                # died holding it too: then the next work, recover or run compacts).
+                return None
         listed = None  # (the newest snapshot file, if this table must rewrite history)
         if not merge:
             with self.lock:  # (no I/O but a listing: work looks once a second)

@@ -831,7 +831,9 @@ class PgStore:
 
     # ---- housekeeping --------------------------------------------------------------
 
-    def maybe_compact(self, *, merge: bool = True) -> dict[str, Any] | None:
+    def maybe_compact(
+        self, *, merge: bool = True, unless_led: bool = False
+    ) -> dict[str, Any] | None:
         """The database keeps its own house (autovacuum): nothing is ever due here."""
         return None
 
