@@ -35,7 +35,7 @@ def run_task(
     is durable (``on_started``: just before the spawn). Raises the error that kept the
     task from starting, naming the task."""
     result = run_foreground(
-        session.store, session.home, task, token, lead=lead, epoch=epoch,
+        lambda: session.store, session.home, task, token, lead=lead, epoch=epoch,
         on_claimed=on_claimed, stdout_echo_fd=stdout_echo_fd, notice=session.notice,
         on_started=on_started, beat_ttl_s=beat_ttl(session, RUN_BEAT_TTL_S),
     )  # fmt: skip

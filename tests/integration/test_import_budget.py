@@ -64,9 +64,11 @@ NOT_IMPORTED = ("dataclasses", "inspect", "socket", "orjson")
 # Never loaded by them: only a damaged journal or a maintenance command needs these.
 NOT_LOADED = ("journal._repair", "journal._salvage", "journal._verify", "journal._view")
 # Never loaded by submit, ls and show, nor by run's own process: its supervisor (a
-# fork) loads them once it has sent its plan, while run writes the intent.
+# fork) loads them, its own module at once (while run opens the store), the spawn's
+# once it has sent its plan (while run writes the intent).
 SPAWNING = ("subprocess", "selectors", "ferry.proc.supervise", "ferry.proc._spawn",
-            "ferry.proc._taskloop", "ferry.proc._sink")  # fmt: skip
+            "ferry.proc._taskloop", "ferry.proc._sink", "ferry.app.supervisor",
+            "ferry.proc.logorder")  # fmt: skip
 # Loaded by none of them, nor by a supervisor: importing typing costs each 4 to 7 ms here
 # (a tenth of a submit). ferry's type-only names are imported under ``if TYPE_CHECKING:``
 # with TYPE_CHECKING a plain False (docs/architecture.md, "Start-up").

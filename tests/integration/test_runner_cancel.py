@@ -33,7 +33,7 @@ def test_a_cancel_between_claim_and_spawn_settles_cancelled_without_running(
     task = store.get(task_id)
     assert task is not None and task.state is State.CLAIMED
 
-    result = run_foreground(store, home, replace(task, claim_token=token), token)
+    result = run_foreground(lambda: store, home, replace(task, claim_token=token), token)
 
     assert (result.task.state, result.task.reason) == (State.CANCELLED, Reason.CANCELLED_BY_USER)
     assert not marker.exists(), "the cancelled task was started"
