@@ -6,8 +6,10 @@ run-overhead      `ferry run -- true` wall time vs `python -c pass` (same interp
                   with a history (6,000 settled tasks, 30,000 records, compacted as
                   `run` does on its own: the snapshot covers them, but the active
                   8 MiB segment still holds them; start-up must not read them) and
-                  nearly as many records after the snapshot as there can be before
-                  `run` compacts again (every command folds those: the worst case).
+                  as many records after the snapshot as a round leaves room for before
+                  `run` compacts again (every command folds those; none when a round
+                  adds more than the threshold, SNAPSHOT_TAIL_RECORDS: its runs then
+                  compact as they go, as in a home in use).
 run-capture       1 GiB of task output through `ferry run -- cat FILE` (ferry keeps the
                   full log and fdatasyncs it) vs `cat FILE`, both writing into the
                   same sink: a pipe drained by a reader process (what a terminal or
@@ -69,10 +71,9 @@ def run_overhead(options: Options) -> Figure:
         ferry = ferry_cmd()
         run([*ferry, "run", "--", "true"], env)  # create the state directory once
         # A home in use for a while: its history compacted away, but the active segment
-        # still holds the records before the snapshot, and nearly as many records after
-        # it as there can be before `run` compacts again (see the module docstring).
-        # Each round starts from a copy of it (each run adds 5 records, and the round
-        # must not reach the compaction).
+        # still holds the records before the snapshot, and as many records after it as
+        # a round leaves room for before `run` compacts again (see the module
+        # docstring). Each round starts from a copy of it (each run adds 5 records).
         template = tmp / "steady-template"
         journal_with(template, settled, 0)
         run([*ferry, "journal", "compact"], env_for(template), stdout=subprocess.DEVNULL)

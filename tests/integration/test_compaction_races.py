@@ -272,10 +272,11 @@ def test_between_turns_archives_are_merged_by_tiers_and_history_stays_whole(
 def test_a_merge_too_big_for_works_loop_is_done_beside_it(ferry: Ferry, tmp_path: Path) -> None:
     """Between its turns work merges archives only within a bound; when a bigger
     merge is due it starts `ferry journal compact` beside its loop, which merges
-    without one (here the bound is 100 records, and every compaction of work's holds
-    some 25 tasks or more: eight of its archives are never merged by the loop)."""
+    without one. Here the bound is 100 records, and work compacts at most once a
+    second: with waves of 125 tasks its archives are of the tier of 64 records and up,
+    and eight of them are never merged by the loop."""
     tasks = tmp_path / "tasks.jsonl"
-    wave = SNAPSHOT_TAIL_RECORDS // 2
+    wave = 125
     tasks.write_text('{"argv": ["true"]}\n' * wave)
     small = Ferry(ferry.home, command=(sys.executable, SMALL_ARCHIVES, "160,100"))
     worker = small.start("-v", "work", "-j", "2", "--poll", "0.05")

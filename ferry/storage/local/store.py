@@ -51,13 +51,16 @@ if TYPE_CHECKING:
     pass
 
 # Compact once this many records follow the last snapshot (and a quarter as many as
-# there are live tasks: Store.compaction_due). Every command folds them (about 15 µs each): at
-# 5,000, `ferry run -- true` took 140 ms just before a compaction against 70 ms just
-# after; at 1,000, 82 ms (bench run-overhead, steady=). 2026-12-04, 580 runs of
-# `ferry run -- true` in one home each, interleaved: mean 78.3 ms at 1,000, 72.5 at 500,
-# 69.4 at 250 (p95 109.8, 96.1, 90.9). A compaction with this tail costs a few ms, once
-# in some 50 tasks; it merges the archives one time in ARCHIVES_MAX.
-SNAPSHOT_TAIL_RECORDS = 250
+# there are live tasks: Store.compaction_due). Every command folds them: opening a home
+# whose snapshot holds no live task took 2.1 ms with 55 records after it and 5.0 ms with
+# 245 (15 µs each), and a compaction of it 3.8 and 5.1 ms. With 5 records per `ferry run
+# -- true`, a run pays 0.8 ms a time at 60 (a fold of 30 on average, a compaction in
+# 12) against 2.0 at 250: 2026-12-05, 300 runs each, interleaved, pip-installed, median
+# 41.4 ms against 42.6. A busy `work` compacts at most once a second whatever this is
+# (it looks no more often: worker.COMPACT_CHECK_S). Earlier: at 5,000, `ferry run -- true` took 140 ms just
+# before a compaction against 70 ms just after; 580 runs each, interleaved, mean 78.3
+# ms at 1,000, 72.5 at 500, 69.4 at 250. It merges the archives by tiers.
+SNAPSHOT_TAIL_RECORDS = 60
 # ... and more than this many live tasks per record after the snapshot
 # (Store.compaction_due).
 LIVE_PER_TAIL_RECORD = 4
