@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from ferry.app.launch import RUN_BEAT_TTL_S, beat_ttl, claim_foreground, run_foreground
+from ferry.app.session import load_backend
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -33,7 +34,9 @@ def run_task(
     """Write ``lead`` (the claim, naming the supervisor) with the intent, pass the
     output through (the task's stdout to ``stdout_echo_fd``), and return once the end
     is durable (``on_started``: just before the spawn). Raises the error that kept the
-    task from starting, naming the task."""
+    task from starting, naming the task. The store is opened after the supervisor's
+    fork (``run_foreground``), its modules imported before it."""
+    load_backend()
     result = run_foreground(
         lambda: session.store, session.home, task, token, lead=lead, epoch=epoch,
         on_claimed=on_claimed, stdout_echo_fd=stdout_echo_fd, notice=session.notice,
