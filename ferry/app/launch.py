@@ -20,6 +20,7 @@ the launcher of ``run`` and ``claim`` (one task, its output passed through).
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import os
 import select
@@ -45,7 +46,7 @@ from ferry.core.errors import EX_FERRY_FAILED, FerryError, InternalError, Interr
 from ferry.core.fold import task_to_record
 from ferry.core.model import State, Task
 from ferry.core.spec import TaskSpec
-from ferry.proc._control import Channel, ChannelClosed, channel_pair
+from ferry.proc._control import Channel, ChannelClosed, channel_pair, close_inherited_descriptors
 from ferry.proc._outputs import SignalTrap, fork_untrapped
 from ferry.proc.process import ProcessIdentity, boot_clock, identity_of
 from ferry.storage.claiming import dispatching_with_claim
@@ -126,8 +127,14 @@ class Launch:
         if pid == 0:  # the supervisor: never returns into the launcher's code
             status = EX_FERRY_FAILED
             try:
-                # Imported here, not before the fork: its own modules are the child's
-                # to load, beside the launcher's next steps, not before them.
+                # Inherited state that is not ours first (the launcher's signal wakeup
+                # descriptor went at the fork: fork_untrapped): its garbage (frozen: a
+                # collection could close descriptors we reuse), its descriptors (a
+                # launcher short of them would leave none to import with). Then the
+                # supervisor's own modules: the child's to load, beside the launcher's
+                # next steps, not before them.
+                gc.freeze()
+                close_inherited_descriptors({0, 1, 2, theirs.fileno()})
                 from ferry.app import supervisor
 
                 status = supervisor.main(

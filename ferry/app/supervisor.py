@@ -60,7 +60,6 @@ one host there is no deadline (``until`` is null).
 from __future__ import annotations
 
 import contextlib
-import gc
 import math
 import os
 import signal
@@ -87,7 +86,7 @@ from ferry.core.fold import task_from_record
 from ferry.core.model import State, Task
 from ferry.failpoints import failpoint, supervisor_armed
 from ferry.proc import alivelock
-from ferry.proc._control import Channel, ChannelClosed, Socket, close_inherited_descriptors
+from ferry.proc._control import Channel, ChannelClosed, Socket
 from ferry.proc._outputs import SignalTrap
 from ferry.proc.logorder import order_path
 from ferry.proc.process import boot_clock, identity_of
@@ -126,14 +125,10 @@ def main(
     beat_ttl_s: float,
 ) -> int:
     """The supervisor's whole life, in the forked child (the caller ``os._exit``s with
-    the returned status: the launcher's stack, copied by the fork, is never unwound).
-    It serves the tasks its launcher gives it, one at a time, until the launcher has no
+    the returned status: the launcher's stack, copied by the fork, is never unwound;
+    it has frozen the inherited garbage and closed the inherited descriptors). It
+    serves the tasks its launcher gives it, one at a time, until the launcher has no
     more for it (the channel ends) or is gone."""
-    # Inherited state that is not ours (the launcher's signal wakeup descriptor went at
-    # the fork: fork_untrapped): its garbage (frozen: a collection could close
-    # descriptors we reuse), its descriptors.
-    gc.freeze()
-    close_inherited_descriptors({0, 1, 2, sock.fileno()})
     os.setsid()  # not in the launcher's group: the terminal's signals are for it
     supervisor_armed()  # failpoints armed for supervisors only, from here on
     channel = Channel(sock)
