@@ -1,7 +1,7 @@
 """A long-lived `work`'s compactions, late in its life against early in the same run.
 
 work-life   A store kept open as `ferry work` keeps it, in this process: waves of 125
-            tasks settled (250 journal records, one compaction's worth), each followed
+            tasks settled (250 journal records), each followed
             by the compaction work does between its turns (`maybe_compact(merge=False)`),
             over 100,000 tasks. ours: the mean time of a compaction in the last 40
             waves; base: the mean in waves 40 to 80 (5,000 to 10,000 tasks into its

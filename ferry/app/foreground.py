@@ -34,9 +34,17 @@ def run_task(
     """Write ``lead`` (the claim, naming the supervisor) with the intent, pass the
     output through (the task's stdout to ``stdout_echo_fd``), and return once the end
     is durable (``on_started``: just before the spawn). Raises the error that kept the
-    task from starting, naming the task. The store is opened after the supervisor's
-    fork (``run_foreground``), its modules imported before it."""
-    load_backend()
+    task from starting, naming the task.
+
+    The local journal is opened after the supervisor's fork (``run_foreground``), its
+    modules imported before it. A shared database is opened before: its connection
+    may take seconds (a supervisor would plan, and a killed ``run`` leave it waiting
+    for the database, for nothing), and its driver's modules are many (a supervisor
+    left alone must not need to import them)."""
+    if session.database is not None:
+        session.store  # noqa: B018  (opened now)
+    else:
+        load_backend()
     result = run_foreground(
         lambda: session.store, session.home, task, token, lead=lead, epoch=epoch,
         on_claimed=on_claimed, stdout_echo_fd=stdout_echo_fd, notice=session.notice,

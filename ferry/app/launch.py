@@ -420,7 +420,8 @@ def run_foreground(
     The store is opened (``open_store``: the snapshot read, the records after it
     folded) after the fork, while the supervisor plans the task and imports what
     spawns it, on the other core: ``ferry run -- true`` 44.9 -> 42.6 ms (medians of 300
-    runs each, interleaved, 2026-12-05). Nothing is written before both are done.
+    runs each, interleaved, 2026-12-05). Nothing is written before both are done; a
+    signal meanwhile ends ``run`` through the ``finally`` that kills the supervisor.
 
     SIGINT, SIGTERM and SIGHUP are trapped from just before the intent is written:
     before the spawn they settle the task without running it; after, they are forwarded
@@ -431,10 +432,11 @@ def run_foreground(
         home, child_environ(), passthrough=True, stdout_echo_fd=stdout_echo_fd,
         beat_ttl_s=beat_ttl_s,
     )  # fmt: skip
+    killed = False
     try:
         launch.assign(task, token)
-        store = open_store()
         with _interruptible():
+            store = open_store()
             while launch.plan is None and not launch.gone:
                 launch.wait(None)
         with SignalTrap() as trap:
@@ -446,8 +448,11 @@ def run_foreground(
             # durable and acked, which forgot the task, its claim flag with it; it is
             # on its way out and must not be killed on the way.)
             launch.kill()
+            killed = True
         launch.release()  # (done: it exits; an error: it carries on alone)
-        launch.reap(timeout_s=REAP_WAIT_S if launch.idle else 0)
+        # (Killed: it is gone in a moment, reaped, not left a zombie of a caller that
+        # lives on.)
+        launch.reap(timeout_s=REAP_WAIT_S if launch.idle or killed else 0)
 
 
 def claim_foreground(

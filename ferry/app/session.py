@@ -124,15 +124,13 @@ def open_store(
 
 
 def load_backend() -> None:
-    """Import what opening this command's store loads, without opening it. ``ferry
-    run`` forks its task's supervisor before it opens the store: the supervisor, left
+    """Import what opening the local journal's store loads, without opening it. ``ferry
+    run`` forks its task's supervisor before it opens that store: the supervisor, left
     alone short of descriptors (its launcher killed in an OOM), must still reach the
-    store's own open and its coded failure, not fail in an import first."""
-    if _opened is not None:
-        __import__("ferry.storage.postgres.store")
-    else:
-        __import__("ferry.storage.local.store")
-        __import__("ferry.storage.local.history")  # (a home with archives reads it)
+    store's own open and its coded failure, not fail in an import first. (A shared
+    database is opened before the fork: ``foreground.run_task``.)"""
+    __import__("ferry.storage.local.store")
+    __import__("ferry.storage.local.history")  # (a home with archives reads it)
 
 
 def _log_tails(home: Path, task_id: str, attempt: int) -> dict[str, tuple[bytes, int]]:

@@ -58,7 +58,10 @@ import signal
 import time
 from collections.abc import Mapping, Sequence
 
-import ferry.proc.supervise  # noqa: F401 (here, once: the supervisors forked share it)
+# Here, once: the supervisors forked share them (and never import them from a
+# package upgraded since work started).
+import ferry.app.supervisor
+import ferry.proc.supervise  # noqa: F401
 from ferry.app.launch import Launch, beat_ttl, watch_journal
 from ferry.app.leader import Leadership, policy_of, recover_as
 from ferry.app.merge_aside import MergeAside

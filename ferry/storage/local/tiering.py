@@ -2,7 +2,7 @@
 merge tree does (pure; ``Store._compact_locked`` reads and writes the files).
 
 Each compaction writes the tasks settled since the previous one into a new archive
-(about 50 with a compaction every 250 records), and every command reads the list of
+(about 12 with a compaction every 60 records), and every command reads the list of
 archives the snapshot names. Merging them all into one, when there were 160, rewrote
 all history: for seconds with a long one, so never between ``work``'s turns, so a
 ``work`` service added archives without limit (about 2,200 an hour at 30 tasks a

@@ -1,0 +1,276 @@
+"""`ferry run` forks its supervisor before it opens the store: a signal, a kill -9 or a
+failure between the fork and the intent leaves no supervisor behind and nothing started;
+on a shared database the store is opened before the fork (a review)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+from clikit import Ferry, processes_with_env, wait_stopped, wait_until
+from hardkit import holds_open, slow_to_hash
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def supervisors_of(ferry: Ferry) -> list[int]:
+    """Live ferry processes (supervisors) carrying this home, not task processes."""
+    needle = f"FERRY_HOME={ferry.home}".encode()
+    return [p.pid for p in processes_with_env(needle)]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_while_run_opens_the_store_ends_its_planning_supervisor(
+    ferry: Ferry, tmp_path: Path, signum: int
+) -> None:
+    """run_foreground's docstring and _interruptible: before the intent, SIGTERM and
+    SIGHUP end ferry through its finally blocks, "which end the supervisor, not by their
+    default action (which would leave it planning for nothing)". The store is now
+    opened after the fork and outside _interruptible: a signal there (a slow open: a
+    long tail, a database that does not answer) kills run by its default action and
+    leaves the supervisor hashing a pinned input for nothing."""
+    ferry.ok("submit", "--", "true")  # (the home exists, with a journal to open)
+    big = tmp_path / "big"
+    run = ferry.start(
+        "run",
+        "--pointer",
+        slow_to_hash(big),
+        "--",
+        "true",
+        failpoints="launcher:before:replay=stop",
+    )
+    wait_stopped(run, what="run to stop in its store's open")
+    try:
+        run.send_signal(signum)
+        run.send_signal(signal.SIGCONT)
+        code = run.wait(timeout=30)
+        # (ferry's finally blocks SIGKILL an unclaimed supervisor at once)
+        with contextlib.suppress(AssertionError):
+            wait_until(lambda: not supervisors_of(ferry), what="no supervisor", timeout_s=3)
+        left = [p for p in supervisors_of(ferry) if holds_open(p, big)]
+        assert not left, f"run exited {code}; its supervisor {left} hashes on for nothing"
+    finally:
+        for pid in supervisors_of(ferry):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: not supervisors_of(ferry), what="the supervisors to die")
+
+
+def _silent_server() -> tuple[object, list[object], int]:
+    """A TCP listener that takes connections and never answers (a database behind a
+    partition that drops packets, as libpq sees it: its connect_timeout runs)."""
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted: list[object] = []
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = listener.accept()
+                accepted.append(conn)
+
+    threading.Thread(target=accept, daemon=True).start()
+    return listener, accepted, listener.getsockname()[1]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
+def test_run_signalled_while_its_database_does_not_answer_leaves_no_supervisor(
+    ferry: Ferry, signum: int
+) -> None:
+    """`ferry run` on a shared database that does not answer: the store's open (the
+    connect, up to CONNECT_TIMEOUT_S) now comes after the fork. SIGTERM then (a CI
+    cancel, `timeout 3 ferry run`) kills run by its default action (not trapped:
+    _interruptible starts after the open); kill -9 likewise. Before, nothing else
+    existed; now the supervisor is left alone, and tries to open the database to release
+    a claim that was never written, for STORE_OPEN_PATIENCE_S (300 s)."""
+    listener, accepted, port = _silent_server()
+    ferry.env["FERRY_DATABASE_URL"] = f"postgresql://ferry@127.0.0.1:{port}/ferry"
+    ferry.env["FERRY_HOST_ID"] = "a"
+    try:
+        run = ferry.start("run", "--", "true")
+        wait_until(lambda: accepted, what="run to connect to the database")
+        run.send_signal(signum)
+        code = run.wait(timeout=30)
+        with contextlib.suppress(AssertionError):
+            wait_until(lambda: not supervisors_of(ferry), what="no supervisor", timeout_s=8)
+        left = supervisors_of(ferry)
+        assert not left, f"run exited {code}; supervisor(s) {left} left waiting on the database"
+    finally:
+        listener.close()  # type: ignore[attr-defined]
+        for conn in accepted:
+            conn.close()  # type: ignore[attr-defined]
+        for pid in supervisors_of(ferry):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: not supervisors_of(ferry), what="the supervisors to die")
+
+
+@pytest.mark.timeout(180)
+def test_a_supervisor_on_a_database_that_cannot_open_files_does_not_kill_its_task(
+    hosts: object, tmp_path: Path
+) -> None:
+    """test_supervisor_attacks.py::test_a_supervisor_that_cannot_open_the_journal_does_
+    not_kill_its_task, on a shared database, the shortage lasting past run's beat TTL
+    (RUN_BEAT_TTL_S, 30 s). session.load_backend imports ferry.storage.postgres.store
+    before the fork, but not the driver: psycopg (and asyncio, ssl, ctypes... 240
+    modules) is imported by connect.Database's first construction, which ee46b84 moved
+    after the fork. Left alone, the supervisor must beat the task itself: before, it
+    connected (a socket, not an openat) and beat; now each try fails in `import
+    psycopg` (openat), the task goes unheard, and at its deadline the supervisor
+    stops it (SIGTERM: `_stop_unheard`)."""
+    import time
+
+    from crashkit import wait_task_gone
+    from test_supervisor_attacks import first_id, stop_strace, strace_attach
+
+    from ferry.app.launch import RUN_BEAT_TTL_S
+
+    ferry = hosts("a")  # type: ignore[operator]
+    out, gate, log = tmp_path / "out", tmp_path / "gate", tmp_path / "strace.log"
+    script = (f'trap "" PIPE; echo start >> "{out}"; '
+              f'while [ ! -e "{gate}" ]; do sleep 0.02; done; echo done >> "{out}"')  # fmt: skip
+    run = ferry.start("run", "--", "/bin/sh", "-c", script)
+    wait_until(out.exists, what="the task to start")
+    task_id = first_id(ferry)
+    supervisor = int(wait_until(lambda: ferry.task(task_id)["runner"]["pid"], what="runner"))
+    tracer = strace_attach(
+        supervisor, "-e", "trace=openat", "-e", "inject=openat:error=EMFILE", log=log
+    )
+    try:
+        run.send_signal(signal.SIGKILL)
+        run.wait(timeout=30)
+        # The shortage lasts past the TTL (and the launcher's last beat); the task runs on.
+        deadline = time.monotonic() + RUN_BEAT_TTL_S + 10
+        while time.monotonic() < deadline and ferry.live_task_processes():
+            time.sleep(0.2)
+        stopped = not ferry.live_task_processes()
+        gate.touch()
+        wait_task_gone(task_id)
+    finally:
+        stop_strace(tracer)
+    tried = sorted({line.split('"')[1] for line in log.read_text().splitlines()
+                    if "EMFILE" in line})[:4]  # fmt: skip
+    assert not stopped and out.read_text().split() == ["start", "done"], (
+        "the task was stopped as unheard",
+        tried,
+    )
+
+
+@pytest.mark.parametrize(
+    "point", ["before:replay", "after:replay", "before:SUBMITTED", "after:DISPATCHING"]
+)
+def test_run_killed_between_the_fork_and_the_intent_leaves_nothing_running(
+    ferry: Ferry, tmp_path: Path, point: str
+) -> None:
+    """kill -9 of `ferry run` (only it: =self) at each point between its fork and its
+    intent: its supervisor, left alone (now possibly before run opened the store),
+    starts nothing, exits by itself, and the journal is clean: no task, or (the intent
+    written) the task back in the queue, never run."""
+    for _ in range(13):  # (a home with a snapshot and an archive)
+        ferry.ok("run", "--", "true")
+    marker = tmp_path / "ran"
+    run = ferry.start("run", "--", "touch", str(marker), failpoints=f"launcher:{point}=self")
+    assert run.wait(timeout=30) == -signal.SIGKILL
+    wait_until(lambda: not supervisors_of(ferry), what="the supervisor to exit by itself")
+    assert not marker.exists()
+    tasks = ferry.tasks()
+    assert len(tasks) in (13, 14)
+    if len(tasks) == 14:
+        newest = max(tasks, key=lambda t: t["id"])
+        assert newest["state"] == "QUEUED", newest
+    ferry.verify_clean()
+
+
+def _our_children() -> list[tuple[int, str]]:
+    found = []
+    me = str(os.getpid())
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            with contextlib.suppress(OSError):
+                fields = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()
+                if fields[1] == me:
+                    found.append((int(name), fields[0]))
+    return found
+
+
+def test_a_store_that_fails_to_open_after_the_fork_leaves_no_child_behind(
+    tmp_path: Path,
+) -> None:
+    """run_foreground(open_store=...) in a long-lived process (a library use; the
+    tests' own runner): the store fails to open after the fork (a damaged journal, the
+    database out of reach). The supervisor is SIGKILLed, but reaped with timeout 0 (it
+    is not dead yet): a zombie child of the caller is left for good."""
+    import time
+
+    from ferry.app.launch import run_foreground
+    from ferry.core.errors import FerryError
+    from ferry.core.ids import new_claim_token, new_task_id
+    from ferry.core.model import State, Task
+    from ferry.core.spec import TaskSpec
+    from ferry.storage.local.statedir import ensure_home
+
+    home = ensure_home(tmp_path / "home")
+    spec = TaskSpec(argv=("true",), cwd=str(tmp_path))
+    token = new_claim_token(os.urandom(10))
+    task = Task(id=new_task_id(time.time_ns(), os.urandom(4)), spec=spec,
+                state=State.CLAIMED, claim_token=token)  # fmt: skip
+    before = {pid for pid, _ in _our_children()}
+
+    def broken() -> object:
+        raise FerryError("the journal is damaged", code="journal.corrupt")
+
+    try:
+        with pytest.raises(FerryError):
+            run_foreground(broken, home, task, token)  # type: ignore[arg-type]
+        with contextlib.suppress(AssertionError):
+            wait_until(
+                lambda: not [c for c in _our_children() if c[0] not in before],
+                what="no child",
+                timeout_s=5,
+            )
+        left = [c for c in _our_children() if c[0] not in before]
+        assert not left, f"left behind: {left}"
+    finally:
+        for pid, _ in _our_children():
+            if pid not in before:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, 0)
+
+
+def test_run_terminated_while_its_database_does_not_answer_lets_go_of_its_stdout(
+    ferry: Ferry,
+) -> None:
+    """`ferry run ... | tee log` in CI, cancelled (SIGTERM) while run connects to a
+    database that does not answer: the reader must see the pipe's end when run is gone.
+    The supervisor left alone holds run's stdout and stderr while it tries to open the
+    store (STORE_OPEN_PATIENCE_S: 300 s, a try every CONNECT_TIMEOUT_S + 1 s): the
+    pipeline hangs for five minutes."""
+    import select
+
+    listener, accepted, port = _silent_server()
+    ferry.env["FERRY_DATABASE_URL"] = f"postgresql://ferry@127.0.0.1:{port}/ferry"
+    ferry.env["FERRY_HOST_ID"] = "a"
+    try:
+        run = ferry.start("run", "--", "true", stdout=subprocess.PIPE)
+        wait_until(lambda: accepted, what="run to connect to the database")
+        run.send_signal(signal.SIGTERM)
+        run.wait(timeout=30)
+        assert run.stdout is not None
+        ready, _, _ = select.select([run.stdout], [], [], 10)
+        assert ready and run.stdout.read() == b"", "run's stdout is still open, 10 s after it died"
+    finally:
+        listener.close()  # type: ignore[attr-defined]
+        for conn in accepted:
+            conn.close()  # type: ignore[attr-defined]
+        for pid in supervisors_of(ferry):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: not supervisors_of(ferry), what="the supervisors to die")
