@@ -79,6 +79,17 @@ def _silent_server() -> tuple[object, list[object], int]:
     return listener, accepted, listener.getsockname()[1]
 
 
+def _close_and_kill_supervisors(listener: object, accepted: list[object], ferry: Ferry) -> None:
+    """The silent server's sockets closed; any supervisor left killed, and gone."""
+    listener.close()  # type: ignore[attr-defined]
+    for conn in accepted:
+        conn.close()  # type: ignore[attr-defined]
+    for pid in supervisors_of(ferry):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: not supervisors_of(ferry), what="the supervisors to die")
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
 def test_run_signalled_while_its_database_does_not_answer_leaves_no_supervisor(
     ferry: Ferry, signum: int
@@ -102,13 +113,7 @@ def test_run_signalled_while_its_database_does_not_answer_leaves_no_supervisor(
         left = supervisors_of(ferry)
         assert not left, f"run exited {code}; supervisor(s) {left} left waiting on the database"
     finally:
-        listener.close()  # type: ignore[attr-defined]
-        for conn in accepted:
-            conn.close()  # type: ignore[attr-defined]
-        for pid in supervisors_of(ferry):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        wait_until(lambda: not supervisors_of(ferry), what="the supervisors to die")
+        _close_and_kill_supervisors(listener, accepted, ferry)
 
 
 @pytest.mark.timeout(180)
@@ -117,13 +122,12 @@ def test_a_supervisor_on_a_database_that_cannot_open_files_does_not_kill_its_tas
 ) -> None:
     """test_supervisor_attacks.py::test_a_supervisor_that_cannot_open_the_journal_does_
     not_kill_its_task, on a shared database, the shortage lasting past run's beat TTL
-    (RUN_BEAT_TTL_S, 30 s). session.load_backend imports ferry.storage.postgres.store
-    before the fork, but not the driver: psycopg (and asyncio, ssl, ctypes... 240
-    modules) is imported by connect.Database's first construction, which ee46b84 moved
-    after the fork. Left alone, the supervisor must beat the task itself: before, it
-    connected (a socket, not an openat) and beat; now each try fails in `import
-    psycopg` (openat), the task goes unheard, and at its deadline the supervisor
-    stops it (SIGTERM: `_stop_unheard`)."""
+    (RUN_BEAT_TTL_S, 30 s). Left alone, the supervisor must beat the task itself: it
+    can, as it connects with a socket (not an openat), once the driver is loaded. With
+    the store opened after the fork, the driver (psycopg: some 240 modules) was not
+    loaded in the supervisor; each try failed in ``import psycopg`` (openat), the task
+    went unheard, and at its deadline the supervisor stopped it. A shared database is
+    opened before the fork again (foreground.run_task)."""
     import time
 
     from crashkit import wait_task_gone
@@ -267,10 +271,4 @@ def test_run_terminated_while_its_database_does_not_answer_lets_go_of_its_stdout
         ready, _, _ = select.select([run.stdout], [], [], 10)
         assert ready and run.stdout.read() == b"", "run's stdout is still open, 10 s after it died"
     finally:
-        listener.close()  # type: ignore[attr-defined]
-        for conn in accepted:
-            conn.close()  # type: ignore[attr-defined]
-        for pid in supervisors_of(ferry):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        wait_until(lambda: not supervisors_of(ferry), what="the supervisors to die")
+        _close_and_kill_supervisors(listener, accepted, ferry)
