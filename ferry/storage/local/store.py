@@ -57,9 +57,10 @@ if TYPE_CHECKING:
 # -- true`, a run pays 0.8 ms a time at 60 (a fold of 30 on average, a compaction in
 # 12) against 2.0 at 250: 2026-12-05, 300 runs each, interleaved, pip-installed, median
 # 41.4 ms against 42.6. A busy `work` compacts at most once a second whatever this is
-# (it looks no more often: worker.COMPACT_CHECK_S). Earlier: at 5,000, `ferry run -- true` took 140 ms just
-# before a compaction against 70 ms just after; 580 runs each, interleaved, mean 78.3
-# ms at 1,000, 72.5 at 500, 69.4 at 250. It merges the archives by tiers.
+# (it looks no more often: worker.COMPACT_CHECK_S). Earlier: at 5,000, `ferry run --
+# true` took 140 ms just before a compaction against 70 ms just after; 580 runs each,
+# interleaved, mean 78.3 ms at 1,000, 72.5 at 500, 69.4 at 250. It merges the archives
+# by tiers.
 SNAPSHOT_TAIL_RECORDS = 60
 # ... and more than this many live tasks per record after the snapshot
 # (Store.compaction_due).
