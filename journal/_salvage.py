@@ -41,7 +41,6 @@ from journal._segment import LOCK_NAME, SALVAGE_MARKER, list_segments, segment_n
 from journal._snapshot import encode_snapshot, snapshot_name
 from journal._view import Accept, View, lenient_records, readable
 
-MARKER = SALVAGE_MARKER
 Hook = Callable[[str], None]
 
 
@@ -206,7 +205,7 @@ def _build(build: Path, stamp: str, report: SalvageReport, step: Hook) -> None:
     """The new journal, complete and durable, under ``build`` (a new directory)."""
     view = report.view
     _fsutil.mkdir(build)
-    _write_new(build / MARKER, _json.dumps({"stamp": stamp}))
+    _write_new(build / SALVAGE_MARKER, _json.dumps({"stamp": stamp}))
     if view.base is not None:
         epoch_max = max([view.max_epoch, *(r.epoch for r in report.lost_records)])
         body = encode_snapshot(view.base.seq, view.base.data, epoch_max)
@@ -243,7 +242,7 @@ def _write_new(path: Path, data: bytes) -> None:
 
 def _drop_marker(directory: Path) -> None:
     with contextlib.suppress(FileNotFoundError):
-        _fsutil.unlink(directory / MARKER)
+        _fsutil.unlink(directory / SALVAGE_MARKER)
         _fsutil.fsync_dir(directory)
 
 
@@ -276,7 +275,7 @@ def finish_interrupted(directory: Path) -> tuple[str, ...]:
 
 def _marker_stamp(directory: Path) -> str | None:
     try:
-        fd = _fsutil.open_read(directory / MARKER)
+        fd = _fsutil.open_read(directory / SALVAGE_MARKER)
     except (FileNotFoundError, IsADirectoryError):
         return None
     try:
@@ -296,9 +295,9 @@ def _remove_tree(directory: Path) -> None:
     never looks like the damaged journal, which holds no marker."""
     names = _fsutil.listdir(directory)
     for name in names:
-        if name != MARKER:
+        if name != SALVAGE_MARKER:
             _fsutil.unlink(directory / name)
-    if MARKER in names:
+    if SALVAGE_MARKER in names:
         _fsutil.fsync_dir(directory)
-        _fsutil.unlink(directory / MARKER)
+        _fsutil.unlink(directory / SALVAGE_MARKER)
     _fsutil.rmdir(directory)

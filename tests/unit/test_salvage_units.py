@@ -266,13 +266,13 @@ def test_a_build_removal_killed_halfway_still_reads_as_a_build(
     flip(directory, 30)
     build = tmp_path / ".j.salvage-T0"
     build.mkdir()
-    for name in (journal._salvage.MARKER, "00000000000000000001.jsonl", ".lock"):
+    for name in (journal._segment.SALVAGE_MARKER, "00000000000000000001.jsonl", ".lock"):
         (build / name).write_bytes(b'{"stamp": "T0"}' if name.startswith(".salvage") else b"x")
     real_unlink, real_listdir = journal._fsutil.unlink, journal._fsutil.listdir
 
     def marker_first(path: Any) -> list[str]:
         names = real_listdir(path)
-        return sorted(names, key=lambda n: n != journal._salvage.MARKER)
+        return sorted(names, key=lambda n: n != journal._segment.SALVAGE_MARKER)
 
     def unlink_once(path: Any) -> None:
         real_unlink(path)
@@ -283,7 +283,7 @@ def test_a_build_removal_killed_halfway_still_reads_as_a_build(
     with pytest.raises(Crash):
         journal.salvage(directory, stamp="T1")
     monkeypatch.undo()
-    assert (build / journal._salvage.MARKER).exists()
+    assert (build / journal._segment.SALVAGE_MARKER).exists()
     report = journal.salvage(directory, stamp="T1")
     assert "removed .j.salvage-T0" in report.finished[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["j", "j.damaged-T1"]
