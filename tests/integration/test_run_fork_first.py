@@ -131,21 +131,13 @@ def test_a_supervisor_on_a_database_that_cannot_open_files_does_not_kill_its_tas
     import time
 
     from crashkit import wait_task_gone
-    from test_supervisor_attacks import first_id, stop_strace, strace_attach
+    from test_supervisor_attacks import run_gated_without_descriptors, stop_strace
 
     from ferry.app.launch import RUN_BEAT_TTL_S
 
     ferry = hosts("a")  # type: ignore[operator]
     out, gate, log = tmp_path / "out", tmp_path / "gate", tmp_path / "strace.log"
-    script = (f'trap "" PIPE; echo start >> "{out}"; '
-              f'while [ ! -e "{gate}" ]; do sleep 0.02; done; echo done >> "{out}"')  # fmt: skip
-    run = ferry.start("run", "--", "/bin/sh", "-c", script)
-    wait_until(out.exists, what="the task to start")
-    task_id = first_id(ferry)
-    supervisor = int(wait_until(lambda: ferry.task(task_id)["runner"]["pid"], what="runner"))
-    tracer = strace_attach(
-        supervisor, "-e", "trace=openat", "-e", "inject=openat:error=EMFILE", log=log
-    )
+    run, task_id, tracer = run_gated_without_descriptors(ferry, out, gate, log)
     try:
         run.send_signal(signal.SIGKILL)
         run.wait(timeout=30)

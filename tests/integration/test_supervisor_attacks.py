@@ -156,6 +156,24 @@ def test_run_continued_before_the_ack_wait_ends_gets_the_task_s_end(tmp_path: Pa
         ferry.close()
 
 
+def run_gated_without_descriptors(
+    ferry: Ferry, out: Path, gate: Path, log: Path
+) -> tuple[subprocess.Popen[bytes], str, subprocess.Popen[bytes]]:
+    """``ferry run`` of a task that writes "start" to ``out``, waits for ``gate``, then
+    writes "done"; once it runs, its supervisor's every openat fails with EMFILE
+    (strace, logging to ``log``). The run, the task's id, and the tracer."""
+    script = (f'trap "" PIPE; echo start >> "{out}"; '
+              f'while [ ! -e "{gate}" ]; do sleep 0.02; done; echo done >> "{out}"')  # fmt: skip
+    run = ferry.start("run", "--", "/bin/sh", "-c", script)
+    wait_until(out.exists, what="the task to start")
+    task_id = first_id(ferry)
+    supervisor = int(wait_until(lambda: ferry.task(task_id)["runner"]["pid"], what="runner"))
+    tracer = strace_attach(
+        supervisor, "-e", "trace=openat", "-e", "inject=openat:error=EMFILE", log=log
+    )
+    return run, task_id, tracer
+
+
 @needs_strace
 def test_a_supervisor_that_cannot_open_the_journal_does_not_kill_its_task(
     ferry: Ferry, tmp_path: Path
@@ -169,15 +187,7 @@ def test_a_supervisor_that_cannot_open_the_journal_does_not_kill_its_task(
     signals the task (and ``_should_stop`` already says a lack of descriptors must not
     kill a running task)."""
     out, gate, log = tmp_path / "out", tmp_path / "gate", tmp_path / "strace.log"
-    script = (f'trap "" PIPE; echo start >> "{out}"; '
-              f'while [ ! -e "{gate}" ]; do sleep 0.02; done; echo done >> "{out}"')  # fmt: skip
-    run = ferry.start("run", "--", "/bin/sh", "-c", script)
-    wait_until(out.exists, what="the task to start")
-    task_id = first_id(ferry)
-    supervisor = int(wait_until(lambda: ferry.task(task_id)["runner"]["pid"], what="runner"))
-    tracer = strace_attach(
-        supervisor, "-e", "trace=openat", "-e", "inject=openat:error=EMFILE", log=log
-    )
+    run, task_id, tracer = run_gated_without_descriptors(ferry, out, gate, log)
     try:
         run.send_signal(signal.SIGKILL)
         run.wait(timeout=30)
