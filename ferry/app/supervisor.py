@@ -60,6 +60,7 @@ one host there is no deadline (``until`` is null).
 from __future__ import annotations
 
 import contextlib
+import errno
 import math
 import os
 import signal
@@ -214,6 +215,40 @@ def open_store_patiently(home: Path, patience_s: float) -> Any:
             if time.monotonic() >= deadline:
                 return None
             time.sleep(STORE_OPEN_RETRY_S)
+
+
+def _open_devnull(terminal: list[int]) -> int | None:
+    """/dev/null, opened to replace the ``terminal`` descriptors with. Short of
+    descriptors (EMFILE), in the place of one of them (the lowest: a lack of
+    descriptors is a lack of free numbers below the limit, and the lowest free one is
+    taken). None if it cannot be opened even so: the descriptors are then all held
+    still (the one freed, a copy of another), for no number of 0, 1 and 2 may be left
+    free for a later open to take (a journal's descriptor written to as stderr)."""
+    try:
+        return os.open(os.devnull, os.O_RDWR)
+    except OSError as e:
+        if e.errno not in (errno.EMFILE, errno.ENFILE):
+            return None  # (no /dev/null here: a descriptor freed would not make one)
+    held = [fd for fd in terminal if _is_open(fd)]
+    if len(held) < 2:
+        return None  # (nothing to hold the freed one's number with, if the open fails)
+    freed, other = held[0], held[1]
+    with contextlib.suppress(OSError):
+        os.close(freed)
+    try:
+        return os.open(os.devnull, os.O_RDWR)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.dup2(other, freed)
+        return None
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
 
 
 def _is_claimed_intent(plan: Plan, task: Task, token: str) -> bool:
@@ -597,12 +632,20 @@ class Supervisor:
     def _let_go_of_the_terminal(self) -> None:
         """Before a long wait: the task's output is all passed through; the stdio the
         supervisor shares with ``ferry run`` (a pipe into ``tee``, a CI log) is let go,
-        so that whoever reads it sees its end when ``run`` ends, not minutes later."""
-        devnull = os.open(os.devnull, os.O_RDWR)
-        for fd in {0, 1, 2, self.stdout_echo_fd}:
+        so that whoever reads it sees its end when ``run`` ends, not minutes later.
+        Never fails: short of descriptors, it lets go as best it can, or not at all
+        (the end is what matters now)."""
+        terminal = sorted({0, 1, 2, self.stdout_echo_fd})
+        devnull = _open_devnull(terminal)
+        if devnull is None:
+            return
+        for fd in terminal:
+            if fd != devnull:
+                with contextlib.suppress(OSError):
+                    os.dup2(devnull, fd)
+        if devnull not in terminal:  # (else it is one of them now: /dev/null is kept)
             with contextlib.suppress(OSError):
-                os.dup2(devnull, fd)
-        os.close(devnull)
+                os.close(devnull)
 
     def _delivered(self, records: list[ev.Event]) -> bool:
         """True once the end is written (or refused for good); False if the store

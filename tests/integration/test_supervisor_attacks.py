@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -29,7 +30,7 @@ from pathlib import Path
 import pytest
 from clikit import Ferry, finish, wait_stopped, wait_until
 from crashkit import counting_task, runs, wait_task_gone
-from hardkit import children, holds_open, slow_to_hash
+from hardkit import children, holds_open, pid_alive, slow_to_hash
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -198,6 +199,92 @@ def test_a_supervisor_that_cannot_open_the_journal_does_not_kill_its_task(
     finally:
         stop_strace(tracer)
     assert out.read_text().split() == ["start", "done"], "the task was killed"
+
+
+def standard_descriptors(pid: int) -> dict[int, str]:
+    """What ``pid``'s descriptors 0, 1 and 2 are (one left out: it is free)."""
+    return {fd: to for fd, to in descriptors(pid).items() if fd <= 2}
+
+
+def delivered_alone(
+    ferry: Ferry, run: subprocess.Popen[bytes], task_id: str, supervisor: int
+) -> dict[str, object]:
+    """The task's end, once its supervisor (its launcher gone) delivered it and exited:
+    no ``recover`` ran, so a task not settled then had its end lost. ``run``'s stderr
+    (the pipe the supervisor held) has no traceback."""
+    wait_until(lambda: not pid_alive(supervisor), what="the supervisor to deliver and exit")
+    task = ferry.task(task_id)
+    records = [r for r in ferry.records() if r["data"].get("task") == task_id]
+    assert records[-1]["type"] == "SETTLED", (task["state"], "the end was lost", records[-1])
+    _, err = run.communicate(timeout=30)
+    assert b"Traceback" not in err, err
+    return task
+
+
+def test_a_supervisor_out_of_descriptors_at_its_task_s_end_still_delivers_it(
+    ferry: Ferry, tmp_path: Path
+) -> None:
+    """``kill -9`` of ``ferry run``; its supervisor then has no descriptor to spare
+    (RLIMIT_NOFILE lowered to 3 with prlimit: 0, 1 and 2 are open, so every open,
+    pipe or socket fails with EMFILE) when its task exits 7. It cannot open the store,
+    and lets go of the terminal before it waits to deliver the end: ``os.open`` of
+    /dev/null, unguarded (supervisor.py ``_let_go_of_the_terminal``), raised; the
+    supervisor exited 125 before it kept the end, and the task's end (its exit code)
+    was lost, for recovery to decide the task without it. Now it frees one of the
+    terminal's descriptors for /dev/null, and once it has descriptors again (the
+    limit raised) delivers the end itself."""
+    out, gate = tmp_path / "out", tmp_path / "gate"
+    script = f'echo start > "{out}"; while [ ! -e "{gate}" ]; do sleep 0.02; done; exit 7'
+    run = ferry.start("run", "--", "/bin/sh", "-c", script)
+    wait_until(out.exists, what="the task to start")
+    task_id = first_id(ferry)
+    supervisor = int(wait_until(lambda: ferry.task(task_id)["runner"]["pid"], what="runner"))
+    soft, hard = resource.prlimit(supervisor, resource.RLIMIT_NOFILE)
+    assert sorted(standard_descriptors(supervisor)) == [0, 1, 2]
+    resource.prlimit(supervisor, resource.RLIMIT_NOFILE, (3, hard))
+    run.send_signal(signal.SIGKILL)
+    run.wait(timeout=30)
+    gate.touch()
+
+    def let_go() -> bool:
+        held = standard_descriptors(supervisor) if pid_alive(supervisor) else None
+        return held is None or held == dict.fromkeys((0, 1, 2), os.devnull)
+
+    wait_until(let_go, what="the supervisor to let go of the terminal (or to die)")
+    with contextlib.suppress(ProcessLookupError):
+        resource.prlimit(supervisor, resource.RLIMIT_NOFILE, (soft, hard))
+    task = delivered_alone(ferry, run, task_id, supervisor)
+    assert (task["state"], task["exit_code"]) == ("FAILED", 7), task
+
+
+@needs_strace
+def test_a_supervisor_that_cannot_open_dev_null_at_its_task_s_end_still_delivers_it(
+    ferry: Ferry, tmp_path: Path
+) -> None:
+    """The same, but every openat fails (EMFILE, injected with strace), /dev/null's
+    too after a terminal descriptor is freed for it: the supervisor keeps the terminal
+    (none of 0, 1 and 2 left free for a later open to take: a journal's writes would
+    land in what it writes to stderr) and still delivers the end once it can."""
+    out, gate, log = tmp_path / "out", tmp_path / "gate", tmp_path / "strace.log"
+    run, task_id, tracer = run_gated_without_descriptors(ferry, out, gate, log)
+    supervisor = int(ferry.task(task_id)["runner"]["pid"])
+    try:
+        run.send_signal(signal.SIGKILL)
+        run.wait(timeout=30)
+        gate.touch()
+
+        def tried_twice() -> bool:
+            if not pid_alive(supervisor):
+                return True
+            return log.read_text().count(f'"{os.devnull}"') >= 2
+
+        wait_until(tried_twice, what="the supervisor to try /dev/null twice (or to die)")
+        assert pid_alive(supervisor), "the supervisor died"
+        assert sorted(standard_descriptors(supervisor)) == [0, 1, 2]
+    finally:
+        stop_strace(tracer)
+    task = delivered_alone(ferry, run, task_id, supervisor)
+    assert (task["state"], task["exit_code"]) == ("SUCCEEDED", 0), task
 
 
 def test_work_drain_runs_the_queue_after_a_supervisor_died_while_planning(
