@@ -258,11 +258,15 @@ class Session:
         (``merge=False``, ``unless_led``), between ``work``'s turns (``merge=False``),
         and when ``work`` ends.
         What was done (empty: nothing due, or another process at it). A failure is a warning, never the command's outcome:
-        None."""
+        None. A store that cannot be opened (a damaged journal) is no compaction's
+        failure but the command's, raised: each caller needs the store (a ``submit``'s
+        write, after this) or has it open already; warned of here, the same error was
+        said twice."""
         from ferry.core.errors import FerryError
 
+        store = self.store
         try:
-            return self.store.maybe_compact(merge=merge, unless_led=unless_led) or {}
+            return store.maybe_compact(merge=merge, unless_led=unless_led) or {}
         except (FerryError, OSError) as error:
             why = error.message if isinstance(error, FerryError) else str(error)
             self.notice(f"warning: compaction skipped: {why}")

@@ -189,6 +189,28 @@ def test_readers_show_the_tasks_before_the_damage_name_it_and_exit_4(
     assert tree(cli.home) == before
 
 
+@pytest.mark.parametrize("where", ["sealed", "last"])
+def test_submit_on_a_damaged_journal_says_the_damage_once(
+    cli: Ferry, tmp_path: Path, where: str
+) -> None:
+    """``submit`` on a damaged journal printed the damage twice: "warning: compaction
+    skipped: <the damage>" (the compaction it attempts before its write opened the
+    store, and ``Session.compact_if_due`` took the refusal to open it for a failed
+    compaction), then the same damage as its error. Now once, as its error line
+    (exit 4, ``journal.corrupt``), and nothing is changed."""
+    seq, _ = damaged(cli, tmp_path, where)
+    segment, offset = locate(cli.home, seq)
+    damage = f"(segment {segment.name}, offset {offset}, seq {seq})"
+    before = tree(cli.home)
+    result = cli.refused(4, "journal.corrupt", "submit", "--", "true")
+    assert result.err.count(damage) == 1 and "warning" not in result.err, result.err
+    as_json = cli("--json", "submit", "--", "true")
+    assert as_json.code == 4 and as_json.json()["error"]["code"] == "journal.corrupt", as_json
+    assert damage in as_json.json()["error"]["message"], as_json
+    assert as_json.err.count(damage) <= 1 and "warning" not in as_json.err, as_json.err
+    assert tree(cli.home) == before
+
+
 def test_a_task_the_damage_hides_is_not_found_and_the_damage_is_said(
     cli: Ferry, tmp_path: Path
 ) -> None:
