@@ -33,7 +33,7 @@ from pathlib import Path
 from types import FrameType
 
 from ferry import failpoints
-from ferry.app import outbox
+from ferry.app import collector, outbox
 from ferry.app.runner import (
     RunResult,
     before_spawn_event,
@@ -134,6 +134,7 @@ class Launch:
                 # supervisor's own modules: the child's to load, beside the launcher's
                 # next steps, not before them.
                 gc.freeze()
+                collector.settle()
                 close_inherited_descriptors({0, 1, 2, theirs.fileno()})
                 from ferry.app import supervisor
 
@@ -144,6 +145,7 @@ class Launch:
             finally:
                 os._exit(status)
         theirs.close()
+        collector.settle()  # (start-up is over: see the child's settle)
         failpoints.companion(pid)
         self.pid = pid
         self.reaped = False

@@ -34,9 +34,6 @@ if TYPE_CHECKING:
 # Commands that run a task in the foreground: their failures before the task starts exit
 # 125 (see ferry.core.errors.exit_code_for).
 _RUNS_TASK = {"run", "claim"}
-# The collector's youngest generation is collected after this many new objects (700 by
-# default) for the whole life of a ``ferry`` process (console).
-GC_YOUNG_THRESHOLD = 20_000
 
 
 _VALUED_GLOBALS = ("--home", "--database", "--host-id")
@@ -136,7 +133,9 @@ def console() -> None:
     import atexit
     import threading
 
-    _collect_less_often()
+    from ferry.app import collector
+
+    collector.start_up()
     _open_standard_descriptors()
     code = main()
     handlers = getattr(atexit, "_ncallbacks", lambda: 1)()
@@ -149,21 +148,6 @@ def console() -> None:
             sys.exit(code)
         os._exit(code)
     sys.exit(code)
-
-
-def _collect_less_often() -> None:
-    """Start-up makes tens of thousands of objects that live as long as the process (the
-    modules it imports: their functions, classes, constants), and nothing else much:
-    every collection while it does finds no garbage, and each full one walks all of
-    them again. With the youngest generation collected every GC_YOUNG_THRESHOLD new
-    objects instead of 700, none of the older ones is collected during start-up:
-    ``ferry run -- true`` 41.2 -> 39.3 ms and 47.7 -> 46.2 (medians of 150 and 200
-    interleaved runs, 2026-12-05). The collector stays on: a long ``work`` or supervisor still collects
-    its cycles, a little later (objects freed by their reference count are freed at
-    once, as ever)."""
-    import gc
-
-    gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
 
 
 def _open_standard_descriptors() -> None:
