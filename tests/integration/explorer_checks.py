@@ -525,6 +525,16 @@ def _runner_lies(ran: Ran, facts: Facts) -> list[str]:
             ended = started[0].end or "still running"
             return [f"(ferry failed before the task started) but {task_name} started ({ended})"]
         return []
+    if command == "claim" and code == 75 and ran.error_code() == "lease.lost":
+        # Paused past its lease's TTL between its claim and the spawn, a new leader
+        # meanwhile: a leader that wakes up late starts nothing, and gives its claim back
+        # (RELEASED by its token, not counted: claim_foreground).
+        given_back = [r for r in facts.of_type("RELEASED") if r["data"].get("token") == token]
+        if started:
+            return [f"(its lease lost before the spawn) but {task_name} started"]
+        if not given_back or given_back[-1]["data"].get("counted"):
+            return [f"(its lease lost before the spawn) but its claim of {task_name} stayed"]
+        return []
     if settled is None:
         state = facts.final.tasks.get(claims[-1]["data"]["task"], {})
         return [
