@@ -9,11 +9,12 @@ Python's 700, none of the older ones is collected during start-up: ``ferry run -
 true`` 41.2 -> 39.3 ms and 47.7 -> 46.2 (medians of 150 and 200 interleaved runs,
 2026-12-05), ``submit-loop`` 3.95 and 4.47 -> 3.58 and 3.91.
 
-A process that goes on to a long life (a launcher and its supervisor, at the fork that
-makes the supervisor) goes back to Python's pace (``settle``): a ``work`` losing its
-database for a while raises and keeps exceptions in cycles (their tracebacks), which
-start-up's pace left for later (5.6 MB in an outage's first seconds, measured). Other
-commands end soon after they start; the collector is on throughout.
+A process that goes on to a long life goes back to Python's pace (``settle``): a
+launcher at the fork that makes its supervisor; a supervisor once it has planned its
+task and imported what spawns it (its own start-up, after the fork). A ``work`` that
+lost its database for a while and kept start-up's pace held 5.6 MB more in the
+outage's first seconds (its exceptions' cycles: their tracebacks). Other commands end
+soon after they start; the collector is on throughout.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import gc
 
 START_UP_YOUNG = 20_000
 _USUAL = gc.get_threshold()  # (read at import: before start_up)
+_settled = False
 
 
 def start_up() -> None:
@@ -29,4 +31,11 @@ def start_up() -> None:
 
 
 def settle() -> None:
+    """Python's pace from now on, start-up's objects frozen first (the first time): they
+    live as long as the process, and the first young collection at Python's pace would
+    otherwise walk all of them (up to START_UP_YOUNG objects: 1 ms of ``run``)."""
+    global _settled
+    if not _settled:
+        gc.freeze()
+        _settled = True
     gc.set_threshold(*_USUAL)

@@ -134,7 +134,6 @@ class Launch:
                 # supervisor's own modules: the child's to load, beside the launcher's
                 # next steps, not before them.
                 gc.freeze()
-                collector.settle()
                 close_inherited_descriptors({0, 1, 2, theirs.fileno()})
                 from ferry.app import supervisor
 
@@ -145,7 +144,7 @@ class Launch:
             finally:
                 os._exit(status)
         theirs.close()
-        collector.settle()  # (start-up is over: see the child's settle)
+        collector.settle()  # (start-up is over; the supervisor's is once it has planned)
         failpoints.companion(pid)
         self.pid = pid
         self.reaped = False

@@ -67,7 +67,7 @@ import signal
 import time
 from pathlib import Path
 
-from ferry.app import outbox
+from ferry.app import collector, outbox
 from ferry.app.runner import (
     SPAWNED_AFTER_S,
     Plan,
@@ -323,8 +323,11 @@ class Supervisor:
         if plan.env is None:
             return 0  # settled FAILED in the launcher's write of the claim
         # What spawns and watches the task (subprocess among it) is imported now, while
-        # the launcher writes the intent (an fsync), not before the plan it waits for.
+        # the launcher writes the intent (an fsync), not before the plan it waits for;
+        # with it, the supervisor's start-up is over (collector.settle).
         import ferry.proc.supervise  # noqa: F401
+
+        collector.settle()
 
         if goes:
             # Its plan out before the spawn: a launcher that never got it gives the task

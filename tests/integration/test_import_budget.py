@@ -181,20 +181,21 @@ def test_a_plain_work_never_loads_click(tmp_path: Path) -> None:
 def test_the_collector_s_pace_is_slower_for_start_up_only(tmp_path: Path) -> None:
     """The ``ferry`` console collects the youngest generation every START_UP_YOUNG new
     objects while it starts (``ferry run -- true``: 1.9 ms), and a launcher and its
-    supervisor go back to Python's pace at the fork, for their long lives (a ``work``
-    raising through a database outage keeps its exceptions' cycles for the collector).
-    The collector is on throughout."""
+    supervisor go back to Python's pace for their long lives: the launcher at the fork
+    (a ``work`` raising through a database outage keeps its exceptions' cycles for the
+    collector), the supervisor once it has planned its task (its own start-up, after
+    the fork). The collector is on throughout."""
     probe = (
         "import gc, json, os, sys\n"
-        "import ferry.cli as cli, ferry.app.supervisor as sup\n"
+        "import ferry.cli as cli, ferry.proc.supervise as sup\n"
         "usual = gc.get_threshold()\n"
         "seen = {}\n"
-        "main = sup.main\n"
+        "spawn = sup.supervise\n"
         "def supervised(*args, **kwargs):\n"
         "    with open(sys.argv[1], 'w') as f:\n"
         "        json.dump([gc.isenabled(), *gc.get_threshold()], f)\n"
-        "    return main(*args, **kwargs)\n"
-        "sup.main = supervised\n"
+        "    return spawn(*args, **kwargs)\n"
+        "sup.supervise = supervised\n"
         "run = cli.main\n"
         "def ran():\n"
         "    seen['start'] = [gc.isenabled(), *gc.get_threshold()]\n"
