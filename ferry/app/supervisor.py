@@ -88,7 +88,7 @@ from ferry.core.model import State, Task
 from ferry.failpoints import failpoint, supervisor_armed
 from ferry.proc import alivelock
 from ferry.proc._control import Channel, ChannelClosed, Socket
-from ferry.proc._outputs import SignalTrap
+from ferry.proc._outputs import SignalTrap, descriptor_open
 from ferry.proc.logorder import order_path
 from ferry.proc.process import boot_clock, identity_of
 from ferry.storage.claiming import dispatching_with_claim
@@ -229,7 +229,7 @@ def _open_devnull(terminal: list[int]) -> int | None:
     except OSError as e:
         if e.errno not in (errno.EMFILE, errno.ENFILE):
             return None  # (no /dev/null here: a descriptor freed would not make one)
-    held = [fd for fd in terminal if _is_open(fd)]
+    held = [fd for fd in terminal if descriptor_open(fd)]
     if len(held) < 2:
         return None  # (nothing to hold the freed one's number with, if the open fails)
     freed, other = held[0], held[1]
@@ -241,14 +241,6 @@ def _open_devnull(terminal: list[int]) -> int | None:
         with contextlib.suppress(OSError):
             os.dup2(other, freed)
         return None
-
-
-def _is_open(fd: int) -> bool:
-    try:
-        os.fstat(fd)
-    except OSError:
-        return False
-    return True
 
 
 def _is_claimed_intent(plan: Plan, task: Task, token: str) -> bool:
