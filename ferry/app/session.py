@@ -257,11 +257,12 @@ class Session:
         after ``run`` and ``claim`` settled their task, before a ``submit``'s write
         (``merge=False``, ``unless_led``), between ``work``'s turns (``merge=False``),
         and when ``work`` ends.
-        What was done (empty: nothing due, or another process at it). A failure is a warning, never the command's outcome:
-        None. A store that cannot be opened (a damaged journal) is no compaction's
-        failure but the command's, raised: each caller needs the store (a ``submit``'s
-        write, after this) or has it open already; warned of here, the same error was
-        said twice."""
+
+        What was done (empty: nothing due, or another process at it). A compaction's
+        failure is a warning, never the command's outcome: None. A store that cannot be
+        opened (a damaged journal) is no compaction's failure but the command's, raised:
+        each caller needs the store (a ``submit``'s write, after this) or has it open
+        already; warned of here, the same error was said twice."""
         from ferry.core.errors import FerryError
 
         store = self.store
