@@ -212,7 +212,13 @@ def _crashed_run(world: World, part: str, mode: str | None, *options: str) -> st
     assert result.code == -signal.SIGKILL, result
     task_id = world.named(name)
     assert task_id is not None
-    ran = [e for e in executions(world.marks) if e.task == task_id]
+    # (SPAWNED is durable once the child exists, maybe before its shell has written its
+    # first line: under load, read too soon, no gate was opened and the task waited at
+    # it for ever; the soak's sweep timed out so once, 2026-12-05.)
+    ran = wait_until(
+        lambda: [e for e in executions(world.marks) if e.task == task_id],
+        what=f"the {part} task's first line",
+    )
     world.unsupervised.update(e.marker for e in ran)
     if mode != "linger":
         runner_gates = [world.root / f"gate.{e.ppid}" for e in ran]  # its dead runner's
