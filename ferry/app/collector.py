@@ -23,7 +23,6 @@ import gc
 
 START_UP_YOUNG = 20_000
 _USUAL = gc.get_threshold()  # (read at import: before start_up)
-_settled = False
 
 
 def start_up() -> None:
@@ -31,11 +30,11 @@ def start_up() -> None:
 
 
 def settle() -> None:
-    """Python's pace from now on, start-up's objects frozen first (the first time): they
-    live as long as the process, and the first young collection at Python's pace would
-    otherwise walk all of them (up to START_UP_YOUNG objects: 1 ms of ``run``)."""
-    global _settled
-    if not _settled:
+    """Python's pace from now on, start-up's objects frozen first: they live as long as
+    the process, and the first young collection at Python's pace would otherwise walk
+    all of them (up to START_UP_YOUNG objects: 1 ms of ``run``). Once: a process at
+    Python's pace already (a supervisor's next task, ``work``'s next fork) has nothing
+    to freeze, and a freeze then would keep its garbage for ever."""
+    if gc.get_threshold() != _USUAL:
         gc.freeze()
-        _settled = True
-    gc.set_threshold(*_USUAL)
+        gc.set_threshold(*_USUAL)

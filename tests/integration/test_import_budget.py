@@ -186,7 +186,7 @@ def test_the_collector_s_pace_is_slower_for_start_up_only(tmp_path: Path) -> Non
     collector), the supervisor once it has planned its task (its own start-up, after
     the fork). The collector is on throughout."""
     probe = (
-        "import gc, json, os, sys\n"
+        "import gc, json, sys\n"
         "import ferry.cli as cli, ferry.proc.supervise as sup\n"
         "usual = gc.get_threshold()\n"
         "seen = {}\n"
