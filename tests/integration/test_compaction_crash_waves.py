@@ -1,9 +1,8 @@
 """Compactions interrupted amid concurrent commands (a twelfth-session review's probe,
 which held, kept as a regression test: compactions are due every 60 records since the
 eleventh session, four times as often as before). Made due every few records here
-(SNAPSHOT_TAIL_RECORDS lowered in the command's process, as
-``small_archives.py`` does for ARCHIVES_MAX) while `run`, `submit`, `ls` and `show`
-go on at once, and about half the `run`s and `submit`s of each wave armed at a
+(``small_archives.py`` lowers SNAPSHOT_TAIL_RECORDS and ARCHIVES_MAX in the command's
+process) while `run`, `submit`, `ls` and `show` go on at once, and about half the `run`s and `submit`s of each wave armed at a
 compaction's crash points: killed (with their supervisors, or alone) or stopped
 there, holding ``compact.lock``, while more commands go on, then continued.
 
@@ -32,20 +31,13 @@ pytestmark = pytest.mark.timeout(600)
 WAVES = 12
 POINTS = ("before:snapshot_write", "after:snapshot_write",
           "before:archive_index", "after:archive_index")  # fmt: skip
-# ferry with a compaction due every 6 records after the snapshot, archives merged past 4.
-KNOBS = (
-    "import sys\n"
-    "from ferry.cli import main\n"
-    "from ferry.storage.local import store\n"
-    "store.SNAPSHOT_TAIL_RECORDS = 6\n"
-    "store.ARCHIVES_MAX = 4\n"
-    "sys.exit(main(sys.argv[1:]))\n"
-)
+# ferry with archives merged past 4 and a compaction due every 6 records after the snapshot.
+SMALL = (sys.executable, str(Path(__file__).with_name("small_archives.py")), "4,,6")
 
 
 @pytest.fixture
 def ferry(tmp_path: Path) -> Iterator[Ferry]:
-    f = Ferry(tmp_path / "home", command=(sys.executable, "-c", KNOBS))
+    f = Ferry(tmp_path / "home", command=SMALL)
     try:
         yield f
     finally:
