@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from clikit import Ferry, processes_with_env, wait_stopped, wait_until
-from hardkit import holds_open, slow_to_hash
+from hardkit import children, holds_open, slow_to_hash
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -29,10 +29,11 @@ def test_a_signal_while_run_opens_the_store_ends_its_planning_supervisor(
 ) -> None:
     """run_foreground's docstring and _interruptible: before the intent, SIGTERM and
     SIGHUP end ferry through its finally blocks, "which end the supervisor, not by their
-    default action (which would leave it planning for nothing)". The store is now
-    opened after the fork and outside _interruptible: a signal there (a slow open: a
-    long tail, a database that does not answer) kills run by its default action and
-    leaves the supervisor hashing a pinned input for nothing."""
+    default action (which would leave it planning for nothing)". The store is opened
+    after the fork, inside _interruptible: a signal there (a slow open: a long tail)
+    ends run through those blocks, and the supervisor hashing a pinned input goes with
+    it (a review found the open outside _interruptible: run killed by the default
+    action, the supervisor hashing on for nothing)."""
     ferry.ok("submit", "--", "true")  # (the home exists, with a journal to open)
     big = tmp_path / "big"
     run = ferry.start(
@@ -183,25 +184,14 @@ def test_run_killed_between_the_fork_and_the_intent_leaves_nothing_running(
     ferry.verify_clean()
 
 
-def _our_children() -> list[tuple[int, str]]:
-    found = []
-    me = str(os.getpid())
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            with contextlib.suppress(OSError):
-                fields = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()
-                if fields[1] == me:
-                    found.append((int(name), fields[0]))
-    return found
-
-
 def test_a_store_that_fails_to_open_after_the_fork_leaves_no_child_behind(
     tmp_path: Path,
 ) -> None:
     """run_foreground(open_store=...) in a long-lived process (a library use; the
     tests' own runner): the store fails to open after the fork (a damaged journal, the
-    database out of reach). The supervisor is SIGKILLed, but reaped with timeout 0 (it
-    is not dead yet): a zombie child of the caller is left for good."""
+    database out of reach). The supervisor, which started nothing, is SIGKILLed and
+    reaped (a review found it reaped with timeout 0, before it was dead: a zombie child
+    of the caller left for good)."""
     import time
 
     from ferry.app.launch import run_foreground
@@ -216,7 +206,7 @@ def test_a_store_that_fails_to_open_after_the_fork_leaves_no_child_behind(
     token = new_claim_token(os.urandom(10))
     task = Task(id=new_task_id(time.time_ns(), os.urandom(4)), spec=spec,
                 state=State.CLAIMED, claim_token=token)  # fmt: skip
-    before = {pid for pid, _ in _our_children()}
+    before = set(children(os.getpid()))
 
     def broken() -> object:
         raise FerryError("the journal is damaged", code="journal.corrupt")
@@ -226,14 +216,14 @@ def test_a_store_that_fails_to_open_after_the_fork_leaves_no_child_behind(
             run_foreground(broken, home, task, token)  # type: ignore[arg-type]
         with contextlib.suppress(AssertionError):
             wait_until(
-                lambda: not [c for c in _our_children() if c[0] not in before],
+                lambda: not [c for c in children(os.getpid()) if c not in before],
                 what="no child",
                 timeout_s=5,
             )
-        left = [c for c in _our_children() if c[0] not in before]
+        left = [c for c in children(os.getpid()) if c not in before]
         assert not left, f"left behind: {left}"
     finally:
-        for pid, _ in _our_children():
+        for pid in children(os.getpid()):
             if pid not in before:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
