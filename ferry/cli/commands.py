@@ -19,6 +19,18 @@ from ferry.core.errors import EX_TIMEOUT, LeaseHeldError, UsageError
 
 Emit = Callable[[Any, str | None, Any], None]
 
+
+class Seconds(click.FloatRange):
+    """click's FloatRange without NaN, which passes every range check (each comparison
+    with it is false) and would reach a lease, a poll or a wait as a number."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        result = super().convert(value, param, ctx)
+        if result != result:  # NaN
+            self.fail(f"{value!r} is not a number of seconds.", param, ctx)
+        return result
+
+
 _STATES = [
     "QUEUED",
     "CLAIMED",
@@ -34,7 +46,7 @@ _STATES = [
 # The leader commands' shared option (claim, work, recover).
 _LEASE_TTL = click.option(
     "--lease-ttl",
-    type=click.FloatRange(0.1, 86400),
+    type=Seconds(0.1, 86400),
     default=30.0,
     show_default=True,
     help="Seconds a silent leader keeps the lease before another may take it. On a shared"
@@ -225,7 +237,7 @@ def register(
     )
     @click.option(
         "--poll",
-        type=click.FloatRange(0.01, 3600),
+        type=Seconds(0.01, 3600),
         default=1.0,
         show_default=True,
         help="Seconds between looks at the queue (and at the lease, as a standby).",
@@ -233,7 +245,7 @@ def register(
     @_LEASE_TTL
     @click.option(
         "--stale-after",
-        type=click.FloatRange(0.1, 10**9),
+        type=Seconds(0.1, 10**9),
         default=None,
         help="Mark other runners STALE after this many silent seconds (default: 3 heartbeats).",
     )
@@ -270,7 +282,7 @@ def register(
     @click.argument("task_ids", nargs=-1, metavar="[ID]...")
     @click.option(
         "--timeout",
-        type=click.FloatRange(0, 10**9),
+        type=Seconds(0, 10**9),
         help="Give up after this many seconds: exit 124.",
     )
     @click.pass_obj
@@ -297,7 +309,7 @@ def register(
     @click.option("--dry-run", is_flag=True, help="Decide and print, journal nothing.")
     @click.option(
         "--stale-after",
-        type=click.FloatRange(0.1, 10**9),
+        type=Seconds(0.1, 10**9),
         default=None,
         help="A live runner silent this long is STALE (default: 3 of its heartbeats).",
     )

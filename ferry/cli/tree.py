@@ -19,9 +19,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _pos_float(name: str) -> click.FloatRange:
+    from ferry.cli.commands import Seconds
     from ferry.core.spec import SECONDS_MAX
 
-    return click.FloatRange(min=0.0, max=SECONDS_MAX, min_open=name != "kill-grace")
+    return Seconds(min=0.0, max=SECONDS_MAX, min_open=name != "kill-grace")
 
 
 def task_options(f: F) -> F:

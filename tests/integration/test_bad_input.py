@@ -94,6 +94,26 @@ def test_bad_numbers_exit_2_and_queue_nothing(cli: Ferry) -> None:
         unchanged(cli, 2, "usage.", *args)
 
 
+# NaN passes any range check (every comparison with it is false): click's FloatRange let
+# it through to the lease, the poll and the wait, which failed ``internal`` or waited
+# forever (``wait --timeout nan``).
+NAN_SECONDS = [
+    ["claim", "--lease-ttl", "nan"],
+    ["work", "--drain", "--lease-ttl", "NaN"],
+    ["work", "--drain", "--poll", "nan"],
+    ["work", "--drain", "--stale-after", "nan"],
+    ["recover", "--lease-ttl", "nan"],
+    ["recover", "--stale-after", "nan"],
+    ["wait", "x", "--timeout", "nan"],
+    ["submit", "--retry-delay", "nan", "--", "true"],
+]
+
+
+def test_nan_seconds_are_a_usage_error(cli: Ferry) -> None:
+    for args in NAN_SECONDS:
+        unchanged(cli, 2, "usage.", *args)
+
+
 def test_conflicting_options_exit_2(cli: Ferry, tmp_path: Path) -> None:
     batch = tmp_path / "batch.jsonl"
     batch.write_text('{"argv": ["true"]}\n')
