@@ -80,6 +80,20 @@ def test_an_unreachable_database_is_exit_75_for_every_command(tmp_path: Path) ->
         ferry.close()
 
 
+def test_a_malformed_database_url_is_a_usage_error(tmp_path: Path) -> None:
+    """A URL libpq cannot parse is bad input (exit 2, before any connection), not
+    ``internal``: the driver raised ProgrammingError, which nothing mapped."""
+    ferry = Ferry(tmp_path / "a")
+    try:
+        for url in ("postgresql://[::1", "postgresql://h/db?bogus=1", "postgresql://%zz@h/db"):
+            ferry.refused(2, "usage.bad_database", "--database", url, "ls")
+            ferry.refused(2, "usage.bad_database", "--database", url, "run", "--", "true")
+        ferry.env["FERRY_DATABASE_URL"] = "postgresql://h/d b"
+        ferry.refused(2, "usage.bad_database", "submit", "--", "true")
+    finally:
+        ferry.close()
+
+
 def test_a_database_that_may_lose_commits_is_refused(hosts: Hosts, pg_url: str) -> None:
     dbname = pg_url.rsplit("/", 1)[1]
     with psycopg.connect(pg_url, autocommit=True) as conn:

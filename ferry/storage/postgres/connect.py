@@ -82,6 +82,22 @@ def _json_codec(conn: Any) -> None:
         set_json_loads(_json.loads, conn)
 
 
+def _check_url(psycopg: Any, url: str) -> None:
+    """A URL libpq cannot parse (an unclosed ``[``, a bad ``%`` escape, a space, an
+    unknown parameter) is bad input, refused before any connection: ``connect`` would
+    raise ProgrammingError, which is no failure of the database's."""
+    try:
+        psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.ProgrammingError as error:
+        where = _redacted(url)
+        first = str(error).strip().splitlines()[0].replace(url, where) if str(error) else ""
+        raise UsageError(
+            f"--database {where!r} is not a valid URL: {first}",
+            code="usage.bad_database",
+            details={"database": where},
+        ) from None
+
+
 def unavailable(error: Exception, url: str) -> DatabaseUnavailableError:
     where = _redacted(url)
     first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
@@ -119,6 +135,7 @@ class Database:
         self.statements_bound = False  # every statement cut after silence_s (bound_statements)
         self._conn: Any = None
         self._psycopg = _psycopg()
+        _check_url(self._psycopg, url)
 
     def bound(self, silence_s: float) -> None:
         """Give a connection up after ``silence_s`` of silence (no tighter than 1 s), from
