@@ -56,10 +56,41 @@ def active_since(tasks: Sequence[Task], since_s: float) -> list[Task]:
     return kept
 
 
+def _is_special(path: str) -> bool:
+    """``path`` exists and is neither a regular file nor a directory (links followed)."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
+def _unwritable(path: str, error: OSError) -> ResourceError:
+    reason = error.strerror or str(error)
+    return ResourceError(
+        f"cannot write the report to {path}: {reason}",
+        code="report.unwritable",
+        details={"errno": error.errno, "path": path},
+    )
+
+
 def write_atomically(path: str, data: bytes) -> None:
     """Write ``data`` to ``path`` whole or not at all: a temporary file beside it, fsynced,
     renamed over it, the directory fsynced. A crash leaves the old file (or none) and at
-    most a ``.NAME.*.tmp`` beside it; a reader never sees half a page."""
+    most a ``.NAME.*.tmp`` beside it; a reader never sees half a page.
+
+    A ``path`` that is (or links to) a device, a FIFO or a socket (``/dev/stdout``,
+    ``/dev/null``) is written into, as a shell's ``>`` would: a rename would replace
+    it with a regular file."""
+    if _is_special(path):
+        try:
+            with open(path, "wb") as stream:
+                stream.write(data)
+        except OSError as error:
+            raise _unwritable(path, error) from None
+        return
     directory = os.path.dirname(os.path.abspath(path))
     import secrets  # (lazy: every click command imports this module to register it)
 
@@ -77,12 +108,7 @@ def write_atomically(path: str, data: bytes) -> None:
     except OSError as error:
         if os.path.lexists(temporary):
             os.unlink(temporary)
-        reason = error.strerror or str(error)
-        raise ResourceError(
-            f"cannot write the report to {path}: {reason}",
-            code="report.unwritable",
-            details={"errno": error.errno, "path": path},
-        ) from None
+        raise _unwritable(path, error) from None
     try:  # the rename itself durable; a directory that cannot be opened is no error
         dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:

@@ -226,6 +226,24 @@ def test_an_unwritable_file_is_one_coded_error_and_the_old_page_stays(
         assert out.read_text() == "old page" and os.listdir(out.parent) == ["r.html"]
 
 
+def test_a_file_that_is_a_device_is_written_into_never_replaced(
+    ferry: Ferry, tmp_path: Path
+) -> None:
+    """FILE a character device (or a FIFO; here through a symlink, so that no test
+    touches /dev itself) is written into, as a shell's ``>`` would: renaming a page over
+    it replaced the device with a regular file (as root, ``--html /dev/full`` left a
+    file at /dev/full, and said it wrote it)."""
+    ferry.ok("run", "--", "true")
+    null, full = tmp_path / "null.html", tmp_path / "full.html"
+    null.symlink_to("/dev/null")
+    full.symlink_to("/dev/full")
+    ferry.ok("report", "--html", str(null))
+    result = ferry.refused(125, "report.unwritable", "report", "--html", str(full))
+    assert "No space left on device" in result.err
+    assert null.is_symlink() and full.is_symlink()
+    assert sorted(os.listdir(tmp_path)) == ["full.html", "home", "null.html"]
+
+
 @pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace (apt-get install strace)")
 def test_a_crash_or_a_failed_rename_leaves_the_old_page_whole(ferry: Ferry, tmp_path: Path) -> None:
     """The page is written beside the file and renamed over it: killed just before the
