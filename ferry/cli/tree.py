@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -152,6 +153,29 @@ def queue_options(f: F) -> F:
     return f
 
 
+class _ReaderWent(Exception):
+    """stdout's reader went (EPIPE: ``ferry group | head -0``), carried past click's
+    ``main``, whose own answer to it is sys.exit(1), nothing said: the code of a
+    refusal. :func:`invoke` hands it on as the BrokenPipeError it was, to be answered as
+    for the commands ferry parses itself (:func:`ferry.cli.main`)."""
+
+
+class _Root(click.Group):
+    """The group, with EPIPE carried past click as :class:`_ReaderWent` (help included)."""
+
+    def make_context(self, *args: Any, **kw: Any) -> click.Context:
+        try:
+            return super().make_context(*args, **kw)
+        except BrokenPipeError as error:
+            raise _ReaderWent from error
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError as error:
+            raise _ReaderWent from error
+
+
 def _emit(ctx: Ctx, human: str | None, payload: Any) -> None:
     from ferry.cli import render
 
@@ -159,6 +183,7 @@ def _emit(ctx: Ctx, human: str | None, payload: Any) -> None:
 
 
 @click.group(
+    cls=_Root,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
     epilog="Example:\n\n\b\n  ferry --home /var/lib/ferry ls --state RUNNING",
 )
@@ -242,4 +267,6 @@ def invoke(args: list[str], *, as_json: bool, command: str) -> int:
         return 130
     except click.exceptions.Exit as exc:
         return int(exc.exit_code)
+    except _ReaderWent:
+        raise BrokenPipeError(errno.EPIPE, "stdout's reader went") from None
     return ended(Ctx.current, result)

@@ -61,3 +61,20 @@ def test_a_standard_descriptor_closed_at_the_start_is_as_dev_null(
     assert ferry.only_task()["state"] == "SUCCEEDED"
     assert ferry.ok("logs", "--merged", "1").out == b"out\nerr\n"  # (the log holds both)
     ferry.ok("journal", "verify")
+
+
+def test_a_reader_that_went_changes_no_exit_status(ferry: Ferry) -> None:
+    # (Was: `ferry ls | head -0` exited 0, but the commands click parses (`group`,
+    # `lease`, `journal dump`, and `ls` spelled another way) exited 1, the code of a
+    # refusal, with nothing said: click's own answer to EPIPE.)
+    ferry.ok("submit", "--", "true")
+    read_fd, write_fd = os.pipe()
+    os.close(read_fd)  # nobody will ever read ferry's stdout: EPIPE on the first write
+    try:
+        for command in (("ls",), ("-v", "-q", "ls"), ("group",), ("lease",),
+                        ("journal", "dump"), ("journal", "verify"), ("show", "1")):  # fmt: skip
+            gone, read = ferry(*command, stdout=write_fd), ferry(*command)
+            assert gone.code == read.code == 0, (command, gone, read)
+    finally:
+        os.close(write_fd)
+    ferry.ok("journal", "verify")
