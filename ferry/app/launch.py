@@ -640,8 +640,14 @@ class _Foreground:
         signum = None if cancelled else self.trap.received[0]
         event = before_spawn_event(self.task, self.launch.token, cancelled=cancelled, signum=signum)
         self.before_spawn_status = 128 + (signal.SIGTERM if signum is None else signum)
-        self.store.commit(event)  # (then the supervisor may go: a crash between leaves
-        self.launch.abort()  # it to find the task settled, and do nothing)
+        try:
+            self.store.commit(event)  # (then the supervisor may go: a crash between leaves
+        except RefusedError as error:  # it to find the task settled, and do nothing)
+            if cancelled or error.code != "task.cancel_requested":
+                raise
+            # A cancel landed since the table was read: the end is the cancel's.
+            self.store.commit(before_spawn_event(self.task, self.launch.token, cancelled=True))
+        self.launch.abort()
         return True
 
     def _watch(self) -> RunResult:

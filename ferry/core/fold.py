@@ -19,7 +19,8 @@ So (:func:`check_write`, at write time only):
   is never legal: a ``cancel`` of a task it read QUEUED is refused once a runner
   claimed it (``task.stale_claim``), and the ``cancel`` then reads again;
 * a release of a task whose cancel was requested is refused (``task.cancel_requested``):
-  recovery decides again and cancels it;
+  recovery decides again and cancels it; so is an end other than CANCELLED
+  (:data:`ENDS_A_CANCEL_DECIDES`): its writer decides it again, CANCELLED;
 * a key is checked against every task with that key (:func:`key_refusal`): one that
   SUCCEEDED (or was resolved as succeeded), one in flight, or a latest task that ended
   in a way that may have mutated (``task.key_unsafe``) blocks a new task;
@@ -91,7 +92,13 @@ QUEUE_CODES = frozenset(
 )
 MOVED_CODES = (
     frozenset(
-        {"task.stale_claim", "task.stale_attempt", "task.illegal_transition", "task.not_in_flight"}
+        {
+            "task.stale_claim",
+            "task.stale_attempt",
+            "task.illegal_transition",
+            "task.not_in_flight",
+            "task.cancel_requested",
+        }
     )
     | QUEUE_CODES
 )
@@ -245,6 +252,17 @@ def check_write(task: Task | None, event: ev.TaskEvent) -> None:
             code="task.cancel_requested",
             details={"task": task.id, "state": task.state.value},
         )
+    if (
+        isinstance(event, ev.Settled)
+        and task.cancel_requested
+        and event.state is not State.CANCELLED
+        and event.reason in ENDS_A_CANCEL_DECIDES
+    ):
+        raise RefusedError(
+            f"task {task.id}: a cancel was requested; its end is CANCELLED, not {event.state}",
+            code="task.cancel_requested",
+            details={"task": task.id, "state": task.state.value},
+        )
     if isinstance(event, ev.Retried) and event.automatic:
         retryable = task.state is State.FAILED and task.reason in RETRIED_REASONS
         if not retryable or task.retries_used >= task.spec.retries:
@@ -255,6 +273,25 @@ def check_write(task: Task | None, event: ev.TaskEvent) -> None:
                 details={"task": task.id, "state": task.state.value},
             )
 
+
+# The ends that a cancel requested before their write makes CANCELLED (their exit status
+# kept): a runner's end (``ferry.app.outbox.end_writes``), recovery's verdict on a task
+# found dead (``ferry.core.recovery``). Decided on a table read before the request, such
+# an end is refused (``task.cancel_requested``) and decided again: written as decided, a
+# FAILED end took its automatic retry with it and the cancelled task ran again. A
+# quarantine (an orphan lives: a cancel cannot make that so), a lost host, and a pinned
+# input's verdict (nothing ran) are written as decided.
+ENDS_A_CANCEL_DECIDES = frozenset(
+    {
+        None,  # SUCCEEDED
+        Reason.EXIT_NONZERO,
+        Reason.TIMEOUT,
+        Reason.SIGNALLED,
+        Reason.SPAWN_FAILED,
+        Reason.MARKED_FAILED_MUTATION_UNSAFE,
+        Reason.RELEASE_LIMIT_EXCEEDED,
+    }
+)
 
 # The ends --retries retries (contract.md): the task's own failure, not a crash (those
 # stay recovery's), a refused spawn, a cancel or a changed input.

@@ -216,3 +216,46 @@ def test_a_paused_run_with_a_key_that_succeeded_meanwhile_exits_0(ferry: Ferry) 
     code, err = finish(paused)
     assert code == 0 and "already succeeded" in err, err
     assert len(ferry.tasks()) == 1
+
+
+def test_an_end_decided_before_a_cancel_request_is_decided_again(
+    ferry: Ferry, tmp_path: Path
+) -> None:
+    """``work`` had its task's end (exit 3, ``--retries 1``) and decided its write
+    (SETTLED FAILED with its automatic RETRIED), then paused before it; ``cancel``
+    journaled CANCEL_REQUESTED meanwhile. Before: the end was written as decided, the
+    retry with it: the cancelled task ran again as attempt 2 (and ``cancel`` said it
+    was cancelled). Now the end is refused under the lock (``task.cancel_requested``)
+    and decided again: CANCELLED with the task's own exit status, no retry."""
+    mark = tmp_path / "runs"
+    argv = counting_task(mark, linger="; exit 3")
+    task_id = ferry.ok("submit", "--retries", "1", "--retry-delay", "0.1", "--", *argv).text.strip()
+    work = ferry.start_stopped("work", "-j", "1", "--drain", at="launcher:before:SETTLED")
+    cancel = ferry.start_stopped("cancel", task_id, at="after:CANCEL_REQUESTED")
+    code, err = finish(work)
+    assert code == 1, err
+    assert finish(cancel)[0] == 0
+    task = ferry.task(task_id)
+    assert (task["state"], task["reason"], task["exit_code"], task["attempt"]) == (
+        "CANCELLED", "CANCELLED_BY_USER", 3, 1,
+    ), task  # fmt: skip
+    assert runs(mark) == 1
+    ferry.verify_clean()
+
+
+def test_a_success_decided_before_a_cancel_request_is_written_cancelled(ferry: Ferry) -> None:
+    """The same for ``run`` (its end delivered as the supervisor's are): a task that
+    exited 0, its SUCCEEDED decided, then a cancel requested before the write. The
+    write after the request is CANCELLED (exit status 0 kept), as an end decided after
+    it is; ``run`` passes the task's own status through."""
+    run = ferry.start_stopped("run", "--", "true", at="launcher:before:SETTLED")
+    task_id = str(ferry.tasks()[-1]["id"])
+    cancel = ferry.start_stopped("cancel", task_id, at="after:CANCEL_REQUESTED")
+    code, err = finish(run)
+    assert code == 0, err
+    assert finish(cancel)[0] == 0
+    task = ferry.task(task_id)
+    assert (task["state"], task["reason"], task["exit_code"]) == (
+        "CANCELLED", "CANCELLED_BY_USER", 0,
+    ), task  # fmt: skip
+    ferry.verify_clean()
