@@ -579,6 +579,12 @@ class _Foreground:
         launch.heard_sent = boot_clock()
         try:
             self.store.commit(*lead(launch.runner()), record, epoch=epoch)
+        except RefusedError as error:
+            # (Only a claim written before, not with, this commit can have had a cancel
+            # requested: _before_spawn settles it CANCELLED, the table caught up.)
+            if error.code != "task.cancel_requested":
+                launch.abort()
+                raise
         except BaseException:
             launch.abort()
             raise
@@ -600,6 +606,12 @@ class _Foreground:
             launch.heard_sent = boot_clock()
             try:
                 self.store.commit(record, epoch=epoch)
+            except RefusedError as error:
+                if error.code != "task.cancel_requested":
+                    launch.abort()
+                    raise
+                # A cancel landed while it was planned: _before_spawn settles it CANCELLED
+                # (the refused commit caught the table up).
             except BaseException:
                 launch.abort()
                 raise

@@ -668,6 +668,9 @@ class Worker:
             self._halt(error, fail=True)
             return False  # (given back at the next turn: closing)
         except RefusedError as error:  # decided meanwhile (recovery, a cancel)
+            if error.code == "task.cancel_requested":  # settled CANCELLED at the next write
+                self._cancel_before_spawn.add(launch.task.id)
+                return False
             self.session.notice(error.message)
             launch.abort()
             launch.forget()

@@ -19,8 +19,9 @@ So (:func:`check_write`, at write time only):
   is never legal: a ``cancel`` of a task it read QUEUED is refused once a runner
   claimed it (``task.stale_claim``), and the ``cancel`` then reads again;
 * a release of a task whose cancel was requested is refused (``task.cancel_requested``):
-  recovery decides again and cancels it; so is an end other than CANCELLED
-  (:data:`ENDS_A_CANCEL_DECIDES`): its writer decides it again, CANCELLED;
+  recovery decides again and cancels it; so is its DISPATCHING (a task with pinned
+  inputs, claimed before the request, is then CANCELLED unstarted), and an end other
+  than CANCELLED (:data:`ENDS_A_CANCEL_DECIDES`): its writer decides it again, CANCELLED;
 * a key is checked against every task with that key (:func:`key_refusal`): one that
   SUCCEEDED (or was resolved as succeeded), one in flight, or a latest task that ended
   in a way that may have mutated (``task.key_unsafe``) blocks a new task;
@@ -249,6 +250,12 @@ def check_write(task: Task | None, event: ev.TaskEvent) -> None:
     if isinstance(event, ev.Released) and task.cancel_requested:
         raise RefusedError(
             f"task {task.id}: a cancel was requested; it is not released to the queue",
+            code="task.cancel_requested",
+            details={"task": task.id, "state": task.state.value},
+        )
+    if isinstance(event, ev.Dispatching) and task.cancel_requested:
+        raise RefusedError(
+            f"task {task.id}: a cancel was requested; it is not started",
             code="task.cancel_requested",
             details={"task": task.id, "state": task.state.value},
         )

@@ -259,3 +259,33 @@ def test_a_success_decided_before_a_cancel_request_is_written_cancelled(ferry: F
         "CANCELLED", "CANCELLED_BY_USER", 0,
     ), task  # fmt: skip
     ferry.verify_clean()
+
+
+@pytest.mark.parametrize("command", [("work", "-j", "1", "--drain"), ("claim",)])
+def test_a_task_cancelled_while_its_pinned_inputs_were_hashed_never_starts(
+    ferry: Ferry, tmp_path: Path, command: tuple[str, ...]
+) -> None:
+    """A task with a pinned input is claimed alone (CLAIMED), hashed by its supervisor,
+    then its DISPATCHING written. ``work`` (``claim``) paused before that write while
+    ``cancel`` journaled CANCEL_REQUESTED for the CLAIMED task. Before: the DISPATCHING
+    was written after the request and the task started and ran to its end. Now the
+    DISPATCHING is refused under the lock (``task.cancel_requested``): the task is
+    CANCELLED before any spawn."""
+    pinned, mark = tmp_path / "input", tmp_path / "runs"
+    pinned.write_text("data\n")
+    task_id = ferry.ok(
+        "submit", "--pointer", str(pinned), "--kill-grace", "1", "--", *counting_task(mark)
+    ).text.strip()
+    leader = ferry.start_stopped(*command, at="launcher:before:DISPATCHING")
+    assert ferry.task(task_id)["state"] == "CLAIMED"
+    cancel = ferry.start_stopped("cancel", task_id, at="after:CANCEL_REQUESTED")
+    code, err = finish(leader)
+    assert code in (0, 1, 128 + signal.SIGTERM), err
+    assert finish(cancel)[0] == 0
+    task = ferry.task(task_id)
+    assert (task["state"], task["reason"], task["started_at"]) == (
+        "CANCELLED", "CANCELLED_BY_USER", None,
+    ), task  # fmt: skip
+    assert runs(mark) == 0
+    assert "DISPATCHING" not in [r["type"] for r in ferry.records()]
+    ferry.verify_clean()
