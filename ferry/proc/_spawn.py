@@ -1,8 +1,23 @@
 """Start one task's command in a new session, and name why it could not start.
 
-``subprocess.Popen`` reports a failed exec in the parent (through its close-on-exec
-error pipe), so the kind of failure is known before ``supervise`` returns: the exit
-codes 127/126 of the contract, as a shell would choose them.
+``os.posix_spawn``, not ``subprocess``: importing ``subprocess`` (with ``locale`` and
+``selectors``) in a freshly forked supervisor was the last step on ``ferry run``'s
+critical path (docs/architecture.md, start-up). What ``subprocess.Popen`` did for
+ferry is done here, the same way:
+
+* the program is looked up on the task's ``PATH`` (``env``'s, as ``Popen(env=...)``
+  does), a name with a slash taken as it is; a failed exec is an ``OSError`` raised
+  by ``posix_spawn`` in the supervisor (glibc reports the child's exec error), so the
+  kind of failure is known before ``supervise`` returns: the exit codes 127/126 of the
+  contract, as a shell would choose them;
+* the working directory: the supervisor enters it for the spawn and goes back
+  (``os.posix_spawn`` has no action for it; the supervisor is single-threaded when it
+  spawns);
+* ``close_fds``: a descriptor the supervisor holds without close-on-exec (ferry opens
+  none: Python's are close-on-exec) is closed in the child; ``pass_fds`` are made
+  inheritable for the spawn only;
+* ``restore_signals``: SIGPIPE and SIGXFSZ, which Python ignores, are at their default
+  in the task; a new session (``setsid``), so signals reach the task's whole tree.
 """
 
 from __future__ import annotations
@@ -11,11 +26,15 @@ import contextlib
 import errno
 import os
 import signal
-import subprocess
+import time
 
 from ferry.core.errors import EX_FERRY_FAILED, EX_NOT_EXECUTABLE, EX_NOT_FOUND_CMD, SpawnError
 from ferry.proc._sink import widen_pipe
 from ferry.proc._supervise_types import SuperviseSpec
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import BinaryIO
 
 PIPE_BYTES = 1 << 20  # the unprivileged maximum (/proc/sys/fs/pipe-max-size) by default
 
@@ -23,6 +42,8 @@ _KIND_EXIT = {"not_found": EX_NOT_FOUND_CMD, "not_executable": EX_NOT_EXECUTABLE
 _NOT_EXECUTABLE_ERRNOS = frozenset(
     {errno.EACCES, errno.EPERM, errno.ENOEXEC, errno.EISDIR, errno.ENOTDIR, errno.ETXTBSY}
 )
+_DEFAULT_IN_TASK = (signal.SIGPIPE, signal.SIGXFSZ)  # ignored by Python, not by tasks
+_WAIT_POLL_S = 0.005
 
 
 class SpawnFailed(SpawnError):
@@ -40,18 +61,43 @@ class SpawnFailed(SpawnError):
         self.errno = errno_
 
 
-def spawn_failed(e: OSError | ValueError, spec: SuperviseSpec, program: str) -> SpawnFailed:
+class WaitTimeout(Exception):
+    """``Child.wait(timeout)`` ran out of time: the child has not exited."""
+
+
+class Child:
+    """The task's leader, as its supervisor holds it: its pid, the read ends of its
+    output (``stdout``; ``stderr`` None on a pseudo-terminal), and its exit status once
+    reaped (``returncode``: the exit code, or minus the signal that killed it)."""
+
+    def __init__(self, pid: int, stdout: BinaryIO, stderr: BinaryIO | None) -> None:
+        self.pid, self.stdout, self.stderr = pid, stdout, stderr
+        self.returncode: int | None = None
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Reap it (at once if it has exited); ``WaitTimeout`` after ``timeout``."""
+        if self.returncode is None:
+            if timeout is None:
+                _, status = os.waitpid(self.pid, 0)
+            else:
+                status = self._poll_until(time.monotonic() + timeout)
+            self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def _poll_until(self, deadline: float) -> int:
+        while True:  # (only a kill's wait does this: rare, and short)
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                return status
+            if time.monotonic() >= deadline:
+                raise WaitTimeout(f"pid {self.pid} still running")
+            time.sleep(_WAIT_POLL_S)
+
+
+def spawn_failed(e: OSError | ValueError, program: str) -> SpawnFailed:
     if isinstance(e, ValueError):  # an env key with "=" or a NUL byte somewhere
         return SpawnFailed("other", f"cannot start {program!r}: {e}")
     code = e.errno
-    filename = None if e.filename is None else os.fspath(e.filename)
-    # subprocess names the cwd when chdir failed, the program when exec did; when they
-    # are the same string, whether the directory can be entered tells them apart.
-    chdir_failed = filename == spec.cwd and (
-        filename != program or not (os.path.isdir(filename) and os.access(filename, os.X_OK))
-    )
-    if chdir_failed:
-        return SpawnFailed("other", f"cannot enter {spec.cwd!r}: {e.strerror}", errno_=code)
     bare_name = "/" not in program
     if code == errno.ENOENT or (bare_name and code == errno.ENOTDIR):
         return SpawnFailed("not_found", f"{program}: command not found", errno_=code)
@@ -60,39 +106,113 @@ def spawn_failed(e: OSError | ValueError, spec: SuperviseSpec, program: str) -> 
     return SpawnFailed("other", f"cannot start {program!r}: {e}", errno_=code)
 
 
-def spawn(spec: SuperviseSpec) -> subprocess.Popen[bytes]:
-    """Start the task: its stdout and stderr two pipes (``proc.stdout``/``proc.stderr``),
-    or with ``spec.pty`` one pseudo-terminal whose master is ``proc.stdout`` (and
-    ``proc.stderr`` None)."""
+def spawn(spec: SuperviseSpec) -> Child:
+    """Start the task: its stdout and stderr two pipes (``stdout``/``stderr``), or with
+    ``spec.pty`` one pseudo-terminal whose master is ``stdout`` (``stderr`` None)."""
     args = ["/bin/sh", "-c", *spec.argv] if spec.shell else list(spec.argv)
+    env = dict(spec.env)
     terminal = _open_pty() if spec.pty else None
-    outputs: int | None = subprocess.PIPE if terminal is None else terminal[1]
-    try:
-        proc = subprocess.Popen(
-            args,
-            cwd=spec.cwd,
-            env=dict(spec.env),
-            stdin=spec.stdin,
-            stdout=outputs,
-            stderr=outputs,
-            start_new_session=True,  # its own session and group: signals reach the tree
-            close_fds=True,
-            pass_fds=spec.pass_fds,
-            bufsize=0,
-        )
-    except (OSError, ValueError) as e:
-        if terminal is not None:
-            os.close(terminal[0])
-        raise spawn_failed(e, spec, args[0]) from e
-    finally:
-        if terminal is not None:
-            # Only the task holds the terminal: the master reads EIO once it is gone.
-            os.close(terminal[1])
-    if terminal is not None:
-        proc.stdout = os.fdopen(terminal[0], "rb", buffering=0)
+    if terminal is None:
+        (out_r, out_w), (err_r, err_w) = _pipes()
+        ours, theirs = [out_r, err_r], [out_w, err_w]
     else:
-        _widen_pipes(proc)
-    return proc
+        ours, theirs = [terminal[0]], [terminal[1], terminal[1]]
+    try:
+        pid = _spawn_in(spec.cwd, args, env, spec.stdin, theirs, spec.pass_fds)
+    except BaseException:
+        for fd in ours:
+            os.close(fd)
+        raise
+    finally:
+        # Only the task holds its ends: ours read EOF (a terminal's master EIO) once
+        # it and its tree are gone.
+        for fd in set(theirs):
+            os.close(fd)
+    streams = [os.fdopen(fd, "rb", buffering=0) for fd in ours]
+    child = Child(pid, streams[0], streams[1] if len(streams) > 1 else None)
+    for fd in ours if terminal is None else ():
+        # Bigger pipes mean fewer wakeups and 1 MiB reads: the 1 GB throughput target.
+        widen_pipe(fd, PIPE_BYTES)
+    return child
+
+
+def _pipes() -> tuple[tuple[int, int], tuple[int, int]]:
+    out = os.pipe()
+    try:
+        return out, os.pipe()
+    except OSError:
+        os.close(out[0])
+        os.close(out[1])
+        raise
+
+
+def _spawn_in(
+    cwd: str, args: list[str], env: dict[str, str], stdin: int | None,
+    outputs: list[int], pass_fds: tuple[int, ...],
+) -> int:  # fmt: skip
+    """``posix_spawn`` in ``cwd`` (entered and left), ``outputs`` its fd 1 and 2."""
+    actions: list[tuple[int, ...]] = [] if stdin is None else [(os.POSIX_SPAWN_DUP2, stdin, 0)]
+    actions += [(os.POSIX_SPAWN_DUP2, outputs[0], 1), (os.POSIX_SPAWN_DUP2, outputs[1], 2)]
+    actions += [(os.POSIX_SPAWN_CLOSE, fd) for fd in _strays(pass_fds)]
+    try:
+        here = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        here = None  # (our own directory is gone or unreadable: we never go back)
+    try:
+        try:
+            os.chdir(cwd)
+        except OSError as e:
+            message = f"cannot enter {cwd!r}: {e.strerror}"
+            raise SpawnFailed("other", message, errno_=e.errno) from e
+        try:
+            program = _find(args[0], env)
+            lent = [fd for fd in pass_fds if not os.get_inheritable(fd)]
+            for fd in lent:
+                os.set_inheritable(fd, True)
+            try:
+                return os.posix_spawn(
+                    program, args, env, file_actions=actions, setsid=True,
+                    setsigdef=_DEFAULT_IN_TASK,
+                )  # fmt: skip
+            finally:
+                for fd in lent:
+                    os.set_inheritable(fd, False)
+        except (OSError, ValueError) as e:
+            raise spawn_failed(e, args[0]) from e
+    finally:
+        if here is not None:
+            os.fchdir(here)
+            os.close(here)
+
+
+def _find(program: str, env: dict[str, str]) -> str:
+    """Where exec would find ``program`` on ``env``'s PATH: the first entry that is
+    an executable file; EACCES if there was only a file not executable (or a
+    directory), ENOENT if nothing (as ``execvpe`` reports them)."""
+    if "/" in program:
+        return program
+    denied = None
+    for directory in os.get_exec_path(env):
+        candidate = os.path.join(directory, program)
+        if os.access(candidate, os.X_OK) and not os.path.isdir(candidate):
+            return candidate
+        if denied is None and os.path.exists(candidate):
+            denied = candidate
+    if denied is not None:
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), denied)
+    raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
+
+
+def _strays(keep: tuple[int, ...]) -> list[int]:
+    """Our descriptors above 2 without close-on-exec, ``keep`` aside."""
+    strays = []
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd > 2 and fd not in keep:
+            with contextlib.suppress(OSError):  # (listdir's own, closed by now)
+                if os.get_inheritable(fd):
+                    strays.append(fd)
+    return strays
 
 
 def _open_pty() -> tuple[int, int]:
@@ -129,18 +249,11 @@ def _open_pty() -> tuple[int, int]:
     return master, slave
 
 
-def _widen_pipes(proc: subprocess.Popen[bytes]) -> None:
-    # Bigger pipes mean fewer wakeups and 1 MiB reads: the 1 GB throughput target.
-    for stream in (proc.stdout, proc.stderr):
-        if stream is not None:
-            widen_pipe(stream.fileno(), PIPE_BYTES)
-
-
-def kill_unsupervised(proc: subprocess.Popen[bytes], wait_s: float) -> None:
+def kill_unsupervised(proc: Child, wait_s: float) -> None:
     # The leader is unreaped, so its number still names its group: killpg is safe.
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
+    with contextlib.suppress(WaitTimeout):
         proc.wait(timeout=wait_s)
     for stream in (proc.stdout, proc.stderr):
         if stream is not None:

@@ -14,13 +14,13 @@ import functools
 import os
 import selectors
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Callable
 
 from ferry.proc._outputs import SignalTrap
 from ferry.proc._sink import ECHO_BACKLOG_BYTES, Sink
+from ferry.proc._spawn import Child, WaitTimeout
 from ferry.proc._supervise_types import Outcome, SuperviseSpec
 from ferry.proc._tasktree import TaskGroup
 from ferry.proc.alivelock import beat
@@ -72,7 +72,7 @@ class TaskLoop:
     def __init__(
         self,
         spec: SuperviseSpec,
-        proc: subprocess.Popen[bytes],
+        proc: Child,
         sinks: list[Sink],
         trap: SignalTrap,
         should_stop: Callable[[], int | None] | None,
@@ -392,8 +392,8 @@ class TaskLoop:
         """Kill the whole group and reap the leader; used when the caller raised."""
         self.group.signal(signal.SIGKILL)
         deadline = time.monotonic() + SIGKILL_WAIT_S
-        # TimeoutExpired: unkillable (uninterruptible sleep); nothing more we can do.
-        with contextlib.suppress(subprocess.TimeoutExpired):
+        # WaitTimeout: unkillable (uninterruptible sleep); nothing more we can do.
+        with contextlib.suppress(WaitTimeout):
             self.proc.wait(timeout=SIGKILL_WAIT_S)
         while self.group.alive() and time.monotonic() < deadline:
             time.sleep(GROUP_POLL_S)  # members die moments after SIGKILL
