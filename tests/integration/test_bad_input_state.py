@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 import time
 import zlib
@@ -526,3 +527,21 @@ def test_a_run_whose_compaction_meets_the_bad_record_is_not_an_internal_error(cl
     cli("submit", "--from", "-", stdin=lines)  # (refused: the snapshot is read first)
     result = cli("run", "--name", "after", "--", "true")
     assert result.error_code() in (None, "journal.snapshot_mismatch"), result.err
+
+
+@pytest.mark.parametrize("args", [["--home", ""], ["--home="]], ids=["--home ''", "--home="])
+@pytest.mark.parametrize("command", [["submit", "--", "true"], ["ls"], ["run", "--", "true"]])
+def test_an_empty_home_is_a_usage_error_never_the_default_home(
+    tmp_path: Path, args: list[str], command: list[str]
+) -> None:
+    """``ferry --home "$UNSET" ...`` names no directory: it must not fall back to
+    ``$FERRY_HOME`` or the default home (``~/.local/state/ferry``), which may be
+    another's queue; nothing is created there."""
+    env = {"HOME": str(tmp_path), "FERRY_HOME": str(tmp_path / "env-home"), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(
+        [sys.executable, "-m", "ferry.cli", *args, *command],
+        capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 2, done
+    assert "usage.bad_home" in done.stderr and "Traceback" not in done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -33,7 +33,7 @@ import stat
 from collections.abc import Mapping
 from pathlib import Path
 
-from ferry.core.errors import StateDirError
+from ferry.core.errors import StateDirError, UsageError
 
 __all__ = [
     "NETWORK_FS_TYPES",
@@ -100,8 +100,16 @@ _NETWORK_FUSE_SUBTYPES: frozenset[str] = frozenset(
 
 
 def resolve_home(cli_home: str | os.PathLike[str] | None, environ: Mapping[str, str]) -> Path:
-    """The state directory the contract names, as an absolute path (symlinks not resolved)."""
-    if cli_home is not None and os.fspath(cli_home) != "":
+    """The state directory the contract names, as an absolute path (symlinks not resolved).
+    An empty ``--home`` (``--home "$UNSET"``) names none: refused, never read as "not
+    given" (the fallbacks may be another queue's home). An empty ``FERRY_HOME`` or
+    ``XDG_STATE_HOME`` is unset, as the XDG spec has it."""
+    if cli_home is not None:
+        if os.fspath(cli_home) == "":
+            raise UsageError(
+                "--home is empty: name a directory, or leave --home out for $FERRY_HOME or"
+                " the default", code="usage.bad_home",
+            )  # fmt: skip
         return Path(cli_home).expanduser().absolute()
     if environ.get("FERRY_HOME"):
         return Path(environ["FERRY_HOME"]).expanduser().absolute()
