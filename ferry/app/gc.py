@@ -30,6 +30,7 @@ step 4 would remove, told; nothing journaled, nothing removed.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import shutil
 import time
@@ -55,6 +56,7 @@ DEFAULT_OLDER_THAN_S = 7 * 86400.0
 # next gc), and a shared database locks this many rows at once, at most.
 BATCH_TASKS = 1000
 # Refusals that mean "this task is no longer as gc read it": decided again without it.
+_RETRYABLE = (State.FAILED.value, State.CANCELLED.value)
 _KEPT_CODES = {"task.key_unsafe", "task.has_dependants"}  # (the refused task is kept)
 _GONE_CODES = MOVED_CODES | _KEPT_CODES | {"task.not_found"}
 _TRIES_PER_BATCH = 16
@@ -101,28 +103,25 @@ def gc(
     wanted = [state for state in SETTLED_STATES if state in set(states)]
     report = GcReport(dry_run=dry_run, cutoff_s=cutoff_s, states=wanted)
     store.refresh()
-    chosen: list[Task] = []
-    dependants = {d: t.id for t in store.live() if not t.terminal for d in t.spec.after}
-    for task in store.settled_before(cutoff_s, wanted):
-        why = _why_keep(store, home, task, dependants)
-        if why is None:
-            chosen.append(task)
-        else:
-            report.kept.append(Kept(task, why))
-    if dry_run:
-        report.forgotten = chosen
-        files = _files_of(home, [t.id for t in chosen] + store.forgotten_here())
-        report.log_bytes = {t.id: _bytes_of(files.pop(t.id, ())) for t in chosen}
-        report.earlier = {i: _bytes_of(paths) for i, paths in files.items()}
-        return report
-    for start in range(0, len(chosen), BATCH_TASKS):
-        done = _forget_batch(store, chosen[start : start + BATCH_TASKS], report)
-        files = _files_of(home, [task.id for task in done])
-        for task in done:
-            failpoint("before:gc_remove")
-            report.log_bytes[task.id] = _remove(files.get(task.id, ()))
-            failpoint("after:gc_remove")
-        store.files_removed([task.id for task in done])
+    while True:
+        chosen, held = _choose(store, home, cutoff_s, wanted, report)
+        if dry_run:
+            report.forgotten = chosen
+            files = _files_of(home, [t.id for t in chosen] + store.forgotten_here())
+            report.log_bytes = {t.id: _bytes_of(files.pop(t.id, ())) for t in chosen}
+            report.earlier = {i: _bytes_of(paths) for i, paths in files.items()}
+            return report
+        for start in range(0, len(chosen), BATCH_TASKS):
+            done = _forget_batch(store, chosen[start : start + BATCH_TASKS], report)
+            files = _files_of(home, [task.id for task in done])
+            for task in done:
+                failpoint("before:gc_remove")
+                report.log_bytes[task.id] = _remove(files.get(task.id, ()))
+                failpoint("after:gc_remove")
+            store.files_removed([task.id for task in done])
+        # A task kept for a dependant forgotten just now may go too: choose again.
+        if not held & {task.id for task in report.forgotten}:
+            break
     # What an earlier gc forgot and left on this host (killed before it removed the
     # files; on a shared database, another host's gc): listed under the journal's lock
     # (the store's table, caught up) or in the database, never guessed from the files.
@@ -135,6 +134,30 @@ def gc(
     # Always: an earlier gc may have been killed before its compaction.
     report.compacted, report.history_bytes = _compact(store, home)
     return report
+
+
+def _choose(
+    store: TaskStore, home: Path, cutoff_s: float, wanted: Sequence[str], report: GcReport
+) -> tuple[list[Task], set[str]]:
+    """The tasks to forget now, the others reported kept (``report.kept``, replaced);
+    and the dependants (not SUCCEEDED) that keep a task: once they are forgotten, it
+    may go."""
+    chosen: list[Task] = []
+    report.kept = []
+    dependants: dict[str, str] = {}
+    retryable = store.settled_before(math.inf, _RETRYABLE)
+    for task in [*store.live(), *retryable]:  # (each may be claimed, now or once retried)
+        for dependency in task.spec.after:
+            dependants.setdefault(dependency, task.id)
+    held = set()
+    for task in store.settled_before(cutoff_s, wanted):
+        why = _why_keep(store, home, task, dependants)
+        if why is None:
+            chosen.append(task)
+        else:
+            report.kept.append(Kept(task, why))
+            held.add(dependants.get(task.id, ""))
+    return chosen, held - {""}
 
 
 def _why_keep(
@@ -156,7 +179,7 @@ def _why_keep(
 
 
 def _has_dependant(dependant: str) -> str:
-    return f"task {dependant} comes after it (--after) and has not ended"
+    return f"task {dependant} comes after it (--after) and has not succeeded (a retry needs it)"
 
 
 def _key_waits(key: str) -> str:

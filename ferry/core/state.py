@@ -77,6 +77,7 @@ ANOMALIES_KEPT_MAX = 100
 _SETTLED_VALUES = frozenset(state.value for state in TERMINAL_STATES)
 _IN_FLIGHT_VALUES = frozenset(state.value for state in IN_FLIGHT_STATES)
 _QUEUED_VALUES = frozenset({State.QUEUED.value})
+_RETRYABLE_VALUES = frozenset({State.FAILED.value, State.CANCELLED.value})
 _QUARANTINED = Reason.QUARANTINED_ORPHAN_ALIVE.value
 
 SettledLoader = Callable[[int], "Iterable[Mapping[str, Any]] | Table"]
@@ -216,6 +217,19 @@ class _Settled(TasksById):
         if record is None:
             return None
         return record["spec"].get("key"), int(record.get("number") or 0)
+
+    def retryable_after(self) -> list[tuple[str, Sequence[str]]]:
+        """(id, ``--after``) of each FAILED or CANCELLED task that comes after others: a
+        retry of it needs their SUCCEEDED (without decoding the others)."""
+        found: list[tuple[str, Sequence[str]]] = [
+            (task.id, task.spec.after) for task in self._tasks.values()
+            if task.spec.after and task.state.value in _RETRYABLE_VALUES
+        ]  # fmt: skip
+        for task_id, record in self._records.items():
+            after = record["spec"].get("after")
+            if after and record["state"] in _RETRYABLE_VALUES:
+                found.append((task_id, after))
+        return found
 
     def ended_before(self, seconds: float, states: frozenset[str]) -> list[str]:
         """Ids of the tasks in ``states`` that ended before ``seconds`` (Unix time; a
@@ -621,7 +635,7 @@ class Table:
         the time a claim's ``not_before`` is checked against (None: not checked)."""
         overlay: dict[str, Task] = {}
         gone: set[str] = set()  # forgotten by an earlier event of the batch
-        dependants: dict[str, str] | None = None  # (for a FORGOTTEN: found when needed)
+        dependants: dict[str, list[str]] | None = None  # (for a FORGOTTEN: when needed)
         taken: dict[str, int] = {}  # group -> tasks put in flight by the batch so far
         for index, (record_type, data) in enumerate(batch):
             event = decode(record_type, data)
@@ -637,7 +651,7 @@ class Table:
                 assert task is not None
                 if dependants is None:
                     dependants = self._dependants(overlay)
-                self._check_forget(task, dependants)
+                self._check_forget(task, dependants, gone)
                 gone.add(task.id)
                 overlay.pop(task.id, None)
                 continue
@@ -708,25 +722,32 @@ class Table:
                     details={"task": task.id},
                 )
 
-    def _dependants(self, overlay: Mapping[str, Task]) -> dict[str, str]:
-        """Each task that a task not settled comes after (``--after``) -> that task."""
-        found: dict[str, str] = {}
-        tasks = {task.id: task for task in self._live.tasks()}
-        for task in {**tasks, **overlay}.values():
-            if not task.terminal:
-                for dependency in task.spec.after:
-                    found.setdefault(dependency, task.id)
+    def _dependants(self, overlay: Mapping[str, Task]) -> dict[str, list[str]]:
+        """Each task that a task not SUCCEEDED comes after (``--after``) -> those tasks:
+        each may still be claimed, now or once retried (a FAILED or CANCELLED one)."""
+        self._ensure_settled()
+        after = dict(self._settled.retryable_after())
+        after.update((task.id, task.spec.after) for task in self._live.tasks())
+        for task in overlay.values():
+            after[task.id] = () if task.state is State.SUCCEEDED else task.spec.after
+        found: dict[str, list[str]] = {}
+        for task_id, dependencies in after.items():
+            for dependency in dependencies:
+                found.setdefault(dependency, []).append(task_id)
         return found
 
-    def _check_forget(self, task: Task, dependants: Mapping[str, str]) -> None:
-        """Kept: a task that a task not settled comes after (it needs its SUCCEEDED to be
-        claimed, now or when retried: forgetting it would doom that task); a key's
-        latest task that ended unsafe (its operator must still retry or resolve it, and
-        forgetting it would free the key: ``ferry.core.fold``)."""
-        dependant = dependants.get(task.id)
+    def _check_forget(
+        self, task: Task, dependants: Mapping[str, list[str]], gone: set[str]
+    ) -> None:
+        """Kept: a task that a task not SUCCEEDED comes after, unless that one is
+        forgotten first (it needs its SUCCEEDED to be claimed, now or when retried:
+        forgetting it would doom that task); a key's latest task that ended unsafe (its
+        operator must still retry or resolve it, and forgetting it would free the key:
+        ``ferry.core.fold``)."""
+        dependant = next((d for d in dependants.get(task.id, ()) if d not in gone), None)
         if dependant is not None:
             raise RefusedError(
-                f"task {task.id}: task {dependant} comes after it and has not ended",
+                f"task {task.id}: task {dependant} comes after it and has not succeeded",
                 code="task.has_dependants",
                 details={"task": task.id, "dependant": dependant},
             )

@@ -264,3 +264,30 @@ def test_a_task_a_queued_task_comes_after_is_kept_until_that_one_ran(ferry: Ferr
     report = ferry.json("gc", "--older-than", "0s")
     assert sorted(t["id"] for t in report["forgotten"]) == sorted([first, then])
     ferry.verify_clean()
+
+
+def test_a_task_a_failed_task_comes_after_is_kept_for_its_retry(ferry: Ferry) -> None:
+    """A FAILED (or CANCELLED) task may be retried, and its retry needs its dependency's
+    SUCCEEDED when it is claimed. Before, gc forgot the dependency and ``retry`` of the
+    task cancelled it at once as DEPENDENCY_FAILED (``{"state": null}``), though the
+    dependency had succeeded. Both go in one gc once neither is needed (the failed
+    task first)."""
+    [first] = run_tasks(ferry, 1)
+    then = ferry.ok("submit", "--after", first, "--", "false").text.strip()
+    assert ferry("work", "--drain", "--poll", "0.05").code == 1  # (a task failed)
+    assert ferry.task(then)["state"] == "FAILED"
+    report = ferry.json("gc", "--state", "succeeded", "--older-than", "0s")
+    assert report["forgotten"] == [] and [k["id"] for k in report["kept"]] == [first]
+    assert then in report["kept"][0]["why"]
+    ferry.ok("retry", then)
+    assert ferry("work", "--drain", "--poll", "0.05").code == 1
+    retried = ferry.task(then)
+    assert (retried["state"], retried["attempt"], retried["reason"]) == (
+        "FAILED",
+        2,
+        "EXIT_NONZERO",
+    )
+    report = ferry.json("gc", "--older-than", "0s")
+    assert sorted(t["id"] for t in report["forgotten"]) == sorted([first, then])
+    assert report["kept"] == [] and ids_listed(ferry) == []
+    ferry.verify_clean()

@@ -110,6 +110,23 @@ def test_a_task_a_queued_task_comes_after_is_kept(hosts: Hosts) -> None:
     assert sorted(t["id"] for t in report["forgotten"]) == sorted([first, then])
 
 
+def test_a_task_a_failed_task_comes_after_is_kept_for_its_retry(hosts: Hosts) -> None:
+    """As on the journal (test_gc.py): a FAILED task may be retried, which needs its
+    dependency's SUCCEEDED; before, gc deleted the dependency's row and the retry was
+    cancelled at once as DEPENDENCY_FAILED."""
+    a = hosts("a")
+    first = a.ok("run", "--", "true") and a.tasks()[0]["id"]
+    then = a.ok("submit", "--after", first, "--", "false").text.strip()
+    assert a("work", "--drain", "--poll", "0.05").code == 1  # (a task failed)
+    report = a.json("gc", "--state", "succeeded", "--older-than", "0s")
+    assert report["forgotten"] == [] and [k["id"] for k in report["kept"]] == [first]
+    a.ok("retry", then)
+    assert a("work", "--drain", "--poll", "0.05").code == 1
+    assert (a.task(then)["attempt"], a.task(then)["reason"]) == (2, "EXIT_NONZERO")
+    report = a.json("gc", "--older-than", "0s")
+    assert sorted(t["id"] for t in report["forgotten"]) == sorted([first, then])
+
+
 def test_a_gc_racing_a_submit_after_its_task_keeps_it(hosts: Hosts, pg_url: str) -> None:
     """A submit --after A stopped inside its transaction (its row written, not committed)
     while a gc that chose A deletes it: the gc waits for the submit's lock on A, then

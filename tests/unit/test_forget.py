@@ -209,9 +209,11 @@ def test_a_table_from_rows_knows_a_key_resolved_as_succeeded_after_a_quarantine(
     assert rebuilt.unsafe_with_key("k") is None
 
 
-def test_a_task_another_task_comes_after_is_not_forgotten_until_that_one_settled() -> None:
-    """A queued or running task's ``--after`` needs its dependency's SUCCEEDED, now and
-    for a retry of it later: forgetting the dependency would doom the dependant."""
+def test_a_task_another_task_comes_after_is_not_forgotten_while_that_one_may_run() -> None:
+    """A task's ``--after`` needs its dependency's SUCCEEDED when it is claimed: while
+    it is queued or running, and while it is FAILED or CANCELLED (a retry of it is
+    claimed again): forgetting the dependency would doom the dependant. Once the
+    dependant is forgotten (earlier in the same batch too), the dependency may go."""
     j = Journal()
     j.run(A, State.SUCCEEDED)
     j.write(ev.Submitted(B, TaskSpec(argv=("x",), cwd="/", after=(A,)), 1.0))
@@ -219,5 +221,15 @@ def test_a_task_another_task_comes_after_is_not_forgotten_until_that_one_settled
     j.write(ev.Claimed(B, 1, "tok", RUNNER, "work"))
     assert j.refused(ev.Forgotten(A, 1)) == "task.has_dependants"  # in flight
     j.write(ev.Settled(B, 1, "tok", State.CANCELLED, Reason.CANCELLED_BY_USER))
-    j.write(ev.Forgotten(A, 1), ev.Forgotten(B, 1))
+    assert j.refused(ev.Forgotten(A, 1)) == "task.has_dependants"  # may be retried
+    assert j.refused(ev.Forgotten(A, 1), ev.Forgotten(B, 1)) == "task.has_dependants"
+    j.write(ev.Forgotten(B, 1), ev.Forgotten(A, 1))
     assert j.table.ids() == []
+
+
+def test_a_succeeded_dependant_keeps_nothing() -> None:
+    j = Journal()
+    j.run(A, State.SUCCEEDED)
+    j.run(B, State.SUCCEEDED, after=(A,))
+    j.write(ev.Forgotten(A, 1))
+    assert j.table.ids() == [B]

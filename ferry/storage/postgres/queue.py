@@ -217,13 +217,16 @@ def rows(conn: Any, ids: Iterable[str], *, share: bool) -> dict[str, Any]:
 
 
 def dependants(conn: Any, ids: Sequence[str]) -> dict[str, Any]:
-    """The rows of the tasks not settled that come after any of ``ids`` (each side of
-    the union an index's: the waiting tasks', the tasks in flight's)."""
+    """The rows of the tasks not SUCCEEDED that come after any of ``ids``: each may be
+    claimed, now or once retried (the waiting tasks' side and the in-flight side each
+    an index's; the FAILED and CANCELLED, for ``gc`` only, read without one)."""
     found = conn.execute(
         "SELECT id, body FROM ferry_tasks"
         " WHERE state = 'QUEUED' AND deps <> '{}' AND deps && %(ids)s"
         " UNION ALL SELECT id, body FROM ferry_tasks"
-        " WHERE state IN ('CLAIMED', 'DISPATCHING', 'RUNNING', 'STALE') AND deps && %(ids)s",
+        " WHERE state IN ('CLAIMED', 'DISPATCHING', 'RUNNING', 'STALE') AND deps && %(ids)s"
+        " UNION ALL SELECT id, body FROM ferry_tasks"
+        " WHERE state IN ('FAILED', 'CANCELLED') AND deps <> '{}' AND deps && %(ids)s",
         {"ids": list(ids)},
     ).fetchall()
     return {row[0]: row[1] for row in found}

@@ -424,7 +424,7 @@ class PgStore:
     def _forget(self, batch: Sequence[EncodedEvent]) -> None:
         """``ferry gc``: the tasks' rows and events deleted in one transaction, on the rows
         locked and checked by the same rules as the journal's FORGOTTEN (settled, at the
-        attempt gc read, not an unsafe key's latest task, none that a task not settled
+        attempt gc read, not an unsafe key's latest task, none that a task not SUCCEEDED
         comes after). A key that SUCCEEDED with one
         of them keeps a tombstone (``ferry_meta``: ``key_succeeded:<key>``), so that it
         stays succeeded; the host that ran it gets a note (``gc_files:<host>:<id>``),
@@ -433,7 +433,7 @@ class PgStore:
         ids = sorted({str(data["task"]) for _, data in batch})
         with self.db.transaction() as conn:
             rows = self._lock_tasks(conn, ids)
-            # (A task not settled that comes after one keeps it: Table._check_forget.)
+            # (A task not SUCCEEDED that comes after one keeps it: Table._check_forget.)
             table = self._locked_table(conn, batch, rows, extra=queue.dependants(conn, ids))
             table.validate_batch(batch)
             notes = {}
