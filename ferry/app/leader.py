@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 
+from ferry.app import outbox
 from ferry.app.foreground import claim_task
 from ferry.app.recoverer import Recoverer
 from ferry.app.runner import RunResult
@@ -148,6 +149,7 @@ def claim(session: Session, *, lease_ttl_s: float, stdout_echo_fd: int = 1) -> R
     with its intent, in one write, with LEASE_ACQUIRED if this epoch wrote nothing yet),
     release the lease, then run the task in the foreground like ``run``. None: the queue
     is empty."""
+    outbox.patience_s()  # (its supervisor's: a bad value refused before it leads)
     lead = Leadership(session, lease_ttl_s)
     lead.acquire()
     try:

@@ -13,6 +13,7 @@ commit whose answer was lost).
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -20,7 +21,7 @@ from pathlib import Path
 from ferry.app.runner import as_cancelled
 from ferry.app.session import this_host
 from ferry.core import events as ev
-from ferry.core.errors import FerryError, RefusedError
+from ferry.core.errors import FerryError, RefusedError, UsageError
 from ferry.core.fold import MOVED_CODES, RACE_TRIES
 from ferry.core.model import State, Task
 from ferry.storage import TaskStore
@@ -37,6 +38,27 @@ OUTBOX = "outbox"
 SETTLED = "settled"  # written as the task's end
 LATE = "late"  # kept as a LATE_RESULT: the task had been decided meanwhile
 ALREADY = "already"  # it was written before (an answer lost on the way back)
+
+
+DEFAULT_PATIENCE_S = 600.0
+
+
+def patience_s() -> float:
+    """How long a supervisor keeps trying to deliver an end the store cannot take now
+    (``FERRY_OUTBOX_PATIENCE_S``, seconds; unset or empty: 600). Read by the launcher
+    before it forks a supervisor, so that a bad value is a usage error there, not a
+    supervisor that dies at its start."""
+    raw = os.environ.get("FERRY_OUTBOX_PATIENCE_S") or str(DEFAULT_PATIENCE_S)
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value >= 0:  # (NaN too)
+        raise UsageError(
+            f"FERRY_OUTBOX_PATIENCE_S must be a number of seconds, 0 or more, not {raw[:40]!r}",
+            code="usage.bad_setting",
+        )
+    return value
 
 
 def _directory(home: Path) -> Path:

@@ -222,7 +222,9 @@ class Service:
         succeeded is not run (that task, exit 0)."""
         from ferry.app.foreground import run_task
         from ferry.app.intake import build_spec
+        from ferry.app.outbox import patience_s
 
+        patience_s()  # (its supervisor's: a bad value refused before anything is written)
         spec = build_spec(opts, self.home)
         if spec.key is not None and (done := self._already_succeeded(spec.key, spec)):
             return done

@@ -113,7 +113,7 @@ STORE_OPEN_PATIENCE_S = 300.0
 # OUTBOX_PATIENCE_S; then the supervisor exits and ``ferry recover`` delivers it.
 OUTBOX_RETRY_S = 0.2
 OUTBOX_RETRY_MAX_S = 5.0
-OUTBOX_PATIENCE_S = float(os.environ.get("FERRY_OUTBOX_PATIENCE_S", "600"))
+OUTBOX_PATIENCE_S = outbox.patience_s()  # (its launcher checked it before the fork)
 
 
 def main(

@@ -62,6 +62,7 @@ from collections.abc import Mapping, Sequence
 # package upgraded since work started).
 import ferry.app.supervisor
 import ferry.proc.supervise  # noqa: F401
+from ferry.app import outbox
 from ferry.app.launch import Launch, beat_ttl, watch_journal
 from ferry.app.leader import Leadership, policy_of, recover_as
 from ferry.app.merge_aside import MergeAside
@@ -963,5 +964,6 @@ def _ends_failed(launch: Launch) -> bool:
 def work(session: Session, **options: Any) -> WorkReport:
     # A loop that may commit for hours: orjson's import (15 ms) is paid back within a
     # few hundred records; the supervisors forked from here share it.
+    outbox.patience_s()  # (its supervisors': a bad value refused before it leads)
     _json.bulk()
     return Worker(session, **options).run()

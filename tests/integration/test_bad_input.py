@@ -247,6 +247,21 @@ def test_an_argv_that_exec_refuses_fails_spawn_failed_at_dispatch(cli: Ferry) ->
 # ---- task options -----------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("value", ["abc", "nan", "-1"])
+def test_a_bad_outbox_patience_is_a_usage_error_before_anything_is_written(
+    cli: Ferry, value: str
+) -> None:
+    """FERRY_OUTBOX_PATIENCE_S (docs/postgres.md) is read by every supervisor; a bad
+    value is refused by the launcher before it forks one and before it writes. Before,
+    it was parsed when the forked supervisor imported its module: ``run`` exited 125
+    (``supervisor.died``), ``work`` with an internal error."""
+    queued = cli.ok("submit", "--", "true").text.strip()
+    cli.env["FERRY_OUTBOX_PATIENCE_S"] = value
+    for args in (["run", "--", "true"], ["work", "--drain"], ["claim"]):
+        unchanged(cli, 2, "usage.bad_setting", *args)
+    assert cli.task(queued)["state"] == "QUEUED"
+
+
 def test_env_without_a_name_and_equals_exits_2(cli: Ferry) -> None:
     for item in ("NOEQUALS", "=value"):
         unchanged(cli, 2, "usage.bad_env", "run", "--env", item, "--", "true")
