@@ -149,15 +149,16 @@ def _choose(
     for task in [*store.live(), *retryable]:  # (each may be claimed, now or once retried)
         for dependency in task.spec.after:
             dependants.setdefault(dependency, task.id)
-    held = set()
+    held: set[str] = set()
     for task in store.settled_before(cutoff_s, wanted):
         why = _why_keep(store, home, task, dependants)
         if why is None:
             chosen.append(task)
-        else:
-            report.kept.append(Kept(task, why))
-            held.add(dependants.get(task.id, ""))
-    return chosen, held - {""}
+            continue
+        report.kept.append(Kept(task, why))
+        if task.id in dependants:
+            held.add(dependants[task.id])
+    return chosen, held
 
 
 def _why_keep(
