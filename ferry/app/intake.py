@@ -12,6 +12,7 @@ Decisions (also in docs/cli.md):
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -344,6 +345,12 @@ def parse_from_lines(data: bytes, source: str) -> list[tuple[int, dict[str, Any]
                 f"{where}: expected a JSON object", code="usage.bad_from_line",
                 details={"line": number},
             )  # fmt: skip
+        repeated = _repeated_name(line)
+        if repeated is not None:
+            raise UsageError(
+                f"{where}: {repeated!r} given twice in one object", code="usage.bad_from_line",
+                details={"line": number},
+            )  # fmt: skip
         unknown = sorted(set(obj) - set(_LINE_KEYS))
         if unknown:
             raise UsageError(
@@ -385,6 +392,20 @@ _TYPES: dict[str, tuple[type, ...]] = {
 
 _JSON_TYPES = {type(None): "null", bool: "a boolean", int: "a number", float: "a number",
                str: "a string", list: "an array", dict: "an object"}  # fmt: skip
+
+
+def _repeated_name(line: bytes) -> str | None:
+    """A name that an object of the (valid JSON) ``line`` holds twice: JSON parsers keep
+    the last one, which is a guess about what was meant (refused, not guessed)."""
+    repeated: list[str] = []
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        names = [name for name, _ in items]
+        repeated.extend(name for name in names if names.count(name) > 1)
+        return dict(items)
+
+    json.loads(line, object_pairs_hook=pairs)  # (stdlib's: already imported by the journal)
+    return repeated[0] if repeated else None
 
 
 def _json_type(value: Any) -> str:

@@ -133,7 +133,7 @@ class Service:
         for item in after:
             if item.startswith("line:"):
                 target = item[5:]
-                line = int(target) if target.isdigit() else None
+                line = int(target) if target.isascii() and target.isdigit() else None
                 if line not in planned:
                     raise UsageError(f"after {item!r}: no task on that line",
                                      code="usage.bad_from_line", details={"line": number})  # fmt: skip

@@ -296,6 +296,11 @@ BAD_LINES = [
     # for the parser: not JSON. Both were an internal error, exit 125 or a traceback.)
     b'{"argv": ["true"], "priority": 99999999999999999999999999}',
     b'{"argv": ["true"], "after": ' + b"[" * 1000 + b"]" * 1000 + b"}",
+    # (A name twice: both parsers kept the last, and queued "false". A line number in
+    # digits other than ASCII's read as that number.)
+    b'{"argv": ["true"], "argv": ["false"]}',
+    b'{"argv": ["true"], "env": {"A": "1", "A": "2"}}',
+    b'{"argv": ["true"], "after": ["line:\\u0663"]}',
 ]
 
 
