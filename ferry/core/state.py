@@ -133,11 +133,15 @@ class _Settled(TasksById):
     asked for: decoding is most of what loading history costs.
     """
 
-    __slots__ = ("_checkpoint", "_counts", "_recent", "_records", "_tasks")
+    __slots__ = ("_checkpoint", "_counts", "_recent", "_records", "_retryable", "_tasks")
 
     def __init__(self) -> None:
         self._tasks: dict[str, Task] = {}
         self._records: dict[str, Mapping[str, Any]] = {}
+        # The FAILED and CANCELLED that come after others (``--after``) -> those: a
+        # retry of each needs their SUCCEEDED (gc keeps them). Kept as tasks come and
+        # go: gc asks at every batch it forgets, and a scan cost 40 ms at 100,000.
+        self._retryable: dict[str, Sequence[str]] = {}
         # How many are held in each state, and the ids set or added since the last
         # ``checkpoint`` with their updated_seq: a long-lived table (work) holds every
         # task settled since it started, and each compaction asked both of all of them
@@ -155,15 +159,23 @@ class _Settled(TasksById):
 
     def __setitem__(self, task_id: str, task: Task) -> None:
         self._count(task_id, task.state.value)
+        self._note_retryable(task_id, task.state.value, task.spec.after)
         self._records.pop(task_id, None)
         self._tasks[task_id] = task
         self._recent[task_id] = task.updated_seq
 
     def pop(self, task_id: str) -> None:
         self._count(task_id, None)
+        self._retryable.pop(task_id, None)
         self._tasks.pop(task_id, None)
         self._records.pop(task_id, None)
         self._recent.pop(task_id, None)
+
+    def _note_retryable(self, task_id: str, state: str, after: Sequence[str] | None) -> None:
+        if after and state in _RETRYABLE_VALUES:
+            self._retryable[task_id] = after
+        else:
+            self._retryable.pop(task_id, None)
 
     def _count(self, task_id: str, state: str | None) -> None:
         """``task_id`` is now held in ``state`` (None: no longer held)."""
@@ -204,6 +216,7 @@ class _Settled(TasksById):
     def add_record(self, record: Mapping[str, Any]) -> None:
         task_id = record["id"]
         self._count(task_id, str(record["state"]))
+        self._note_retryable(task_id, str(record["state"]), record["spec"].get("after"))
         self._tasks.pop(task_id, None)
         self._records[task_id] = record
         self._recent[task_id] = int(record.get("updated_seq", 0))
@@ -218,18 +231,9 @@ class _Settled(TasksById):
             return None
         return record["spec"].get("key"), int(record.get("number") or 0)
 
-    def retryable_after(self) -> list[tuple[str, Sequence[str]]]:
-        """(id, ``--after``) of each FAILED or CANCELLED task that comes after others: a
-        retry of it needs their SUCCEEDED (without decoding the others)."""
-        found: list[tuple[str, Sequence[str]]] = [
-            (task.id, task.spec.after) for task in self._tasks.values()
-            if task.spec.after and task.state.value in _RETRYABLE_VALUES
-        ]  # fmt: skip
-        for task_id, record in self._records.items():
-            after = record["spec"].get("after")
-            if after and record["state"] in _RETRYABLE_VALUES:
-                found.append((task_id, after))
-        return found
+    def retryable_after(self) -> dict[str, Sequence[str]]:
+        """Each FAILED or CANCELLED task that comes after others -> its ``--after``."""
+        return self._retryable
 
     def ended_before(self, seconds: float, states: frozenset[str]) -> list[str]:
         """Ids of the tasks in ``states`` that ended before ``seconds`` (Unix time; a
