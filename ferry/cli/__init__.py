@@ -129,7 +129,8 @@ def console() -> None:
     closes them, durable before it answers), it ends at once with ``os._exit`` once
     stdout and stderr are flushed: the teardown (every module and object freed) cost
     ``ferry run -- true`` 14 of its 130 ms here (medians of 40 interleaved runs). A
-    flush that fails (the reader of a pipe went) leaves it to the usual exit."""
+    flush that fails for another reason than a reader that went leaves it to the usual
+    exit."""
     import atexit
     import threading
 
@@ -138,16 +139,29 @@ def console() -> None:
     collector.start_up()
     _open_standard_descriptors()
     code = main()
-    handlers = getattr(atexit, "_ncallbacks", lambda: 1)()
-    if threading.active_count() == 1 and handlers == 0:
+    lost = False
+    for stream in (sys.stdout, sys.stderr):
+        if stream is None:  # (ferry was started with it closed)
+            continue
         try:
-            for stream in (sys.stdout, sys.stderr):
-                if stream is not None:  # (None: ferry was started with it closed)
-                    stream.flush()
+            stream.flush()
+        except BrokenPipeError:
+            # Its reader went (``| head``): what is left goes nowhere, and the exit
+            # status stays the command's (the interpreter's own last flush would fail
+            # again and exit 120).
+            _write_nowhere(stream.fileno())
         except (OSError, ValueError):
-            sys.exit(code)
+            lost = True  # (a full disk, say: the usual exit says output was lost)
+    handlers = getattr(atexit, "_ncallbacks", lambda: 1)()
+    if threading.active_count() == 1 and handlers == 0 and not lost:
         os._exit(code)
     sys.exit(code)
+
+
+def _write_nowhere(fd: int) -> None:
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, fd)
+    os.close(null)
 
 
 def _open_standard_descriptors() -> None:

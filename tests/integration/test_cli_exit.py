@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 from clikit import Ferry
@@ -78,3 +80,35 @@ def test_a_reader_that_went_changes_no_exit_status(ferry: Ferry) -> None:
     finally:
         os.close(write_fd)
     ferry.ok("journal", "verify")
+
+
+@pytest.mark.parametrize("threads", [1, 2], ids=["at once", "the usual exit"])
+def test_output_left_in_the_buffer_for_a_reader_that_went_changes_no_exit_status(
+    threads: int,
+) -> None:
+    """What the command left in stdout's buffer meets the gone reader at the console's
+    last flush. Before, that flush's EPIPE sent the console to the interpreter's own
+    exit, whose flush failed again: "Exception ignored ... BrokenPipeError", exit 120:
+    ``ferry ls`` into a pipe whose reader went, in CI (tox passes no PYTHONUNBUFFERED,
+    which the development shell had set). Now the rest goes nowhere and the command's
+    status stands, whether the console ends at once or the usual way (a thread left)."""
+    probe = (
+        "import sys, threading, time\n"
+        "import ferry.cli as cli\n"
+        "def main():\n"
+        "    print('left in the buffer')\n"
+        f"    if {threads} > 1:\n"
+        "        threading.Thread(target=time.sleep, args=(0.5,)).start()\n"
+        "    return 3\n"
+        "cli.main = main\n"
+        "cli.console()\n"
+    )
+    read_fd, write_fd = os.pipe()
+    os.close(read_fd)
+    try:
+        buffered = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+        done = subprocess.run([sys.executable, "-c", probe], stdout=write_fd, env=buffered,
+                              stderr=subprocess.PIPE, timeout=60)  # fmt: skip
+    finally:
+        os.close(write_fd)
+    assert (done.returncode, done.stderr) == (3, b"")

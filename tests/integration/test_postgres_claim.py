@@ -10,13 +10,14 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import psycopg
 import pytest
 from clikit import wait_until
 
+from ferry.app.runner import as_cancelled
 from ferry.core import events as ev
 from ferry.core.errors import DatabaseUnavailableError, LeaseHeldError
 from ferry.core.ids import new_claim_token, new_task_id
@@ -421,11 +422,19 @@ def test_a_write_decided_again_passes_each_failpoint_once(
         other.close()
     passed: list[str] = []
     monkeypatch.setattr(store_module, "failpoint", passed.append)
+
+    def decide(current: Mapping[str, Task | None]) -> list[ev.Event]:
+        spawned, settled = _ended(task)
+        moved = current[task.id]
+        if moved is not None and moved.cancel_requested:  # (the end a cancel decides)
+            assert isinstance(settled, ev.Settled)
+            settled = as_cancelled(settled)
+        return [spawned, settled]
+
     written = host.store.commit_against(
-        [task.id], lambda current: _ended(task), epoch=host.epoch,
-        claims=[(RUNNER, new_claim_token(os.urandom(10)))],
-    )  # fmt: skip
-    assert written.tasks[task.id].state is State.SUCCEEDED  # type: ignore[union-attr]
+        [task.id], decide, epoch=host.epoch, claims=[(RUNNER, new_claim_token(os.urandom(10)))]
+    )
+    assert written.tasks[task.id].state is State.CANCELLED  # type: ignore[union-attr]
     assert passed == ["before:SPAWNED", "before:SETTLED", "before:CLAIMED",
                       "after:SPAWNED", "after:SETTLED"]  # fmt: skip
 
