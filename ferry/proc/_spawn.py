@@ -6,13 +6,19 @@ critical path (docs/architecture.md, start-up). What ``subprocess.Popen`` did fo
 ferry is done here, the same way:
 
 * the program is looked up on the task's ``PATH`` (``env``'s, as ``Popen(env=...)``
-  does), a name with a slash taken as it is; a failed exec is an ``OSError`` raised
-  by ``posix_spawn`` in the supervisor (glibc reports the child's exec error), so the
-  kind of failure is known before ``supervise`` returns: the exit codes 127/126 of the
-  contract, as a shell would choose them;
-* the working directory: the supervisor enters it for the spawn and goes back
-  (``os.posix_spawn`` has no action for it; the supervisor is single-threaded when it
-  spawns);
+  does), a name with a slash taken as it is: each place in turn where the name is,
+  with an exec, and one where that exec fails is passed over for a later one (a
+  script whose interpreter is missing, a file without ``#!``...), the first such
+  failure reported if none starts, as ``Popen`` and ``execvpe`` do; a failed exec is
+  an ``OSError`` raised by ``posix_spawn`` in the supervisor (glibc reports the
+  child's exec error), so the kind of failure is known before ``supervise`` returns:
+  the exit codes 127/126 of the contract, as a shell would choose them;
+* the working directory: the supervisor enters it for the spawn and goes back, to
+  its own even when it may not read it (an ``O_PATH`` descriptor; ``os.posix_spawn``
+  has no action for it; the supervisor is single-threaded when it spawns);
+* the environment: an entry without a name (``=foo`` in ferry's own, which
+  ``os.environ`` reads as the name ``""``) is left out: ``posix_spawn`` refuses
+  that name, ``Popen`` passed the entry on;
 * ``close_fds``: a descriptor the supervisor holds without close-on-exec (ferry opens
   none: Python's are close-on-exec) is closed in the child; ``pass_fds`` are made
   inheritable for the spawn only;
@@ -110,7 +116,7 @@ def spawn(spec: SuperviseSpec) -> Child:
     """Start the task: its stdout and stderr two pipes (``stdout``/``stderr``), or with
     ``spec.pty`` one pseudo-terminal whose master is ``stdout`` (``stderr`` None)."""
     args = ["/bin/sh", "-c", *spec.argv] if spec.shell else list(spec.argv)
-    env = dict(spec.env)
+    env = {name: value for name, value in spec.env.items() if name}
     terminal = _open_pty() if spec.pty else None
     if terminal is None:
         (out_r, out_w), (err_r, err_w) = _pipes()
@@ -155,9 +161,9 @@ def _spawn_in(
     actions += [(os.POSIX_SPAWN_DUP2, outputs[0], 1), (os.POSIX_SPAWN_DUP2, outputs[1], 2)]
     actions += [(os.POSIX_SPAWN_CLOSE, fd) for fd in _strays(pass_fds)]
     try:
-        here = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        here = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
-        here = None  # (our own directory is gone or unreadable: we never go back)
+        here = None  # (not even searchable, or EMFILE: we cannot go back)
     try:
         try:
             os.chdir(cwd)
@@ -165,15 +171,11 @@ def _spawn_in(
             message = f"cannot enter {cwd!r}: {e.strerror}"
             raise SpawnFailed("other", message, errno_=e.errno) from e
         try:
-            program = _find(args[0], env)
             lent = [fd for fd in pass_fds if not os.get_inheritable(fd)]
             for fd in lent:
                 os.set_inheritable(fd, True)
             try:
-                return os.posix_spawn(
-                    program, args, env, file_actions=actions, setsid=True,
-                    setsigdef=_DEFAULT_IN_TASK,
-                )  # fmt: skip
+                return _spawn_found(args, env, actions)
             finally:
                 for fd in lent:
                     os.set_inheritable(fd, False)
@@ -185,22 +187,35 @@ def _spawn_in(
             os.close(here)
 
 
-def _find(program: str, env: dict[str, str]) -> str:
-    """Where exec would find ``program`` on ``env``'s PATH: the first entry that is
-    an executable file; EACCES if there was only a file not executable (or a
-    directory), ENOENT if nothing (as ``execvpe`` reports them)."""
+def _spawn_found(args: list[str], env: dict[str, str], actions: list[tuple[int, ...]]) -> int:
+    """``posix_spawn`` of ``args[0]`` where exec finds it: a name with a slash as it
+    is; a bare name in each place on ``env``'s PATH where it is, in turn, until one
+    starts. A place where it is not (ENOENT, ENOTDIR) is passed over, and so is one
+    where its exec failed otherwise; the first such error is raised if none starts,
+    ENOENT if it is nowhere (as ``Popen`` and ``execvpe`` report them)."""
+    program = args[0]
     if "/" in program:
-        return program
-    denied = None
+        return _posix_spawn(program, args, env, actions)
+    first_error: OSError | None = None
     for directory in os.get_exec_path(env):
         candidate = os.path.join(directory, program)
-        if os.access(candidate, os.X_OK) and not os.path.isdir(candidate):
-            return candidate
-        if denied is None and os.path.exists(candidate):
-            denied = candidate
-    if denied is not None:
-        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), denied)
+        try:
+            os.stat(candidate)  # (a place without it costs no spawn; its errno is exec's)
+            return _posix_spawn(candidate, args, env, actions)
+        except OSError as e:
+            if e.errno not in (errno.ENOENT, errno.ENOTDIR) and first_error is None:
+                first_error = e
+    if first_error is not None:
+        raise first_error
     raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
+
+
+def _posix_spawn(
+    path: str, args: list[str], env: dict[str, str], actions: list[tuple[int, ...]]
+) -> int:
+    return os.posix_spawn(
+        path, args, env, file_actions=actions, setsid=True, setsigdef=_DEFAULT_IN_TASK
+    )
 
 
 def _strays(keep: tuple[int, ...]) -> list[int]:

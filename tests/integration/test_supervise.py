@@ -277,6 +277,73 @@ def test_the_program_is_found_in_the_task_s_path_in_order(tmp_path: Path) -> Non
     assert (info.value.kind, info.value.exit_code) == ("not_executable", 126)
 
 
+def test_a_place_on_path_where_the_name_does_not_start_is_passed_over(tmp_path: Path) -> None:
+    """As ``subprocess`` (and ``execvpe``) did: each place is tried with an exec, and one
+    where the name exists and looks executable but does not start (its interpreter
+    missing: ENOENT; no ``#!``: ENOEXEC) is passed over for a later one that starts;
+    when none does, the first such error is the one reported (126 for ENOEXEC)."""
+    heads = {
+        "no-interpreter": "#!/nonexistent/ferry-interp\n",
+        "no-shebang": "",
+        "good": "#!/bin/sh\n",
+    }
+    places = [tmp_path / name for name in heads]
+    for where, head in zip(places, heads.values(), strict=True):
+        where.mkdir()
+        (where / "ferry-probe").write_text(head + "echo started\n")
+        (where / "ferry-probe").chmod(0o755)
+    env = {**os.environ, "PATH": ":".join(map(str, places))}
+    run(make_spec(tmp_path, ["ferry-probe"], env=env))
+    assert (tmp_path / "task.out").read_bytes() == b"started\n"
+    (places[2] / "ferry-probe").unlink()
+    with pytest.raises(SpawnFailed) as info:
+        supervise(make_spec(tmp_path, ["ferry-probe"], env=env), on_spawned=lambda p, g: None)
+    assert (info.value.kind, info.value.errno) == ("not_executable", errno.ENOEXEC)
+
+
+# The spawning process's own directory is one it may search but not read (0311); it
+# spawns a task elsewhere and prints where it is afterwards.
+SPAWN_FROM_AN_UNREADABLE_CWD = r"""
+import os, sys
+from pathlib import Path
+from ferry.proc.supervise import SuperviseSpec, supervise
+task_cwd, logs = sys.argv[1], Path(sys.argv[2])
+spec = SuperviseSpec(
+    argv=["true"], cwd=task_cwd, env=dict(os.environ), timeout_s=None, kill_grace_s=5.0,
+    heartbeat_s=1.0, stdout_log=logs / "task.out", stderr_log=logs / "task.err",
+    heartbeat_path=logs / "task.hb", passthrough=False,
+)
+outcome = supervise(spec, on_spawned=lambda pid, pgid: None)
+print(outcome.exit_code, os.getcwd())
+"""
+
+
+@pytest.mark.timeout(60)
+def test_the_spawner_goes_back_to_a_directory_it_cannot_read(tmp_path: Path) -> None:
+    """Entered for the spawn and left: the supervisor does not stay in the task's
+    directory (``work``'s, reused, would hold it) when its own cannot be read."""
+    prefix: list[str] = []
+    if os.geteuid() == 0:  # (root reads any directory: without those capabilities)
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            pytest.skip("needs setpriv to drop root's CAP_DAC_* (util-linux)")
+        caps = "-dac_read_search,-dac_override"
+        prefix = [setpriv, f"--inh-caps={caps}", f"--ambient-caps={caps}", f"--bounding-set={caps}"]
+    own, task = tmp_path / "own", tmp_path / "task"
+    own.mkdir()
+    task.mkdir()
+    own.chmod(0o311)
+    try:
+        result = subprocess.run(
+            [*prefix, PY, "-c", SPAWN_FROM_AN_UNREADABLE_CWD, str(task), str(tmp_path)],
+            cwd=own, capture_output=True, text=True, timeout=DEADLINE_S,
+        )  # fmt: skip
+    finally:
+        own.chmod(0o755)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["0", str(own)]
+
+
 def test_a_relative_program_is_found_from_the_task_s_cwd(tmp_path: Path) -> None:
     here = os.getcwd()
     (tmp_path / "bin").mkdir()
@@ -347,6 +414,21 @@ def test_child_environment_is_exactly_the_spec_env(tmp_path: Path) -> None:
     run(make_spec(tmp_path, ["/usr/bin/env"], env=env))
     lines = (tmp_path / "task.out").read_text().splitlines()
     assert sorted(lines) == sorted(f"{k}={v}" for k, v in env.items())
+
+
+def test_an_entry_without_a_name_in_the_environment_does_not_stop_the_start(
+    tmp_path: Path,
+) -> None:
+    """An ``=foo`` entry in ferry's own environment (os.environ reads it as the name
+    "") started under ``subprocess``; ``posix_spawn`` refuses the name: it is left out,
+    the task starts with the rest."""
+    env = {"": "foo", "PATH": os.environ["PATH"], "KEPT": "1"}
+    outcome = run(make_spec(tmp_path, ["/usr/bin/env"], env=env))
+    assert outcome.exit_code == 0
+    assert (tmp_path / "task.out").read_text().splitlines() == [
+        f"PATH={env['PATH']}",
+        "KEPT=1",
+    ]
 
 
 def test_stdin_fd_is_passed(tmp_path: Path) -> None:
