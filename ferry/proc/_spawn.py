@@ -20,8 +20,9 @@ ferry is done here, the same way:
   ``os.environ`` reads as the name ``""``) is left out: ``posix_spawn`` refuses
   that name, ``Popen`` passed the entry on;
 * ``close_fds``: a descriptor the supervisor holds without close-on-exec (ferry opens
-  none: Python's are close-on-exec) is closed in the child; ``pass_fds`` are made
-  inheritable for the spawn only;
+  none: Python's are close-on-exec) is made close-on-exec for the spawn only (not a
+  close action: glibc refuses one above the soft RLIMIT_NOFILE, which an inherited
+  descriptor may be); ``pass_fds`` are made inheritable for the spawn only;
 * ``restore_signals``: SIGPIPE and SIGXFSZ, which Python ignores, are at their default
   in the task; a new session (``setsid``), so signals reach the task's whole tree.
 """
@@ -159,7 +160,7 @@ def _spawn_in(
     """``posix_spawn`` in ``cwd`` (entered and left), ``outputs`` its fd 1 and 2."""
     actions: list[tuple[int, ...]] = [] if stdin is None else [(os.POSIX_SPAWN_DUP2, stdin, 0)]
     actions += [(os.POSIX_SPAWN_DUP2, outputs[0], 1), (os.POSIX_SPAWN_DUP2, outputs[1], 2)]
-    actions += [(os.POSIX_SPAWN_CLOSE, fd) for fd in _strays(pass_fds)]
+    strays = _strays(pass_fds)
     try:
         here = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
@@ -172,13 +173,17 @@ def _spawn_in(
             raise SpawnFailed("other", message, errno_=e.errno) from e
         try:
             lent = [fd for fd in pass_fds if not os.get_inheritable(fd)]
-            for fd in lent:
-                os.set_inheritable(fd, True)
             try:
+                for fd in lent:
+                    os.set_inheritable(fd, True)
+                for fd in strays:
+                    os.set_inheritable(fd, False)
                 return _spawn_found(args, env, actions)
             finally:
                 for fd in lent:
                     os.set_inheritable(fd, False)
+                for fd in strays:
+                    os.set_inheritable(fd, True)
         except (OSError, ValueError) as e:
             raise spawn_failed(e, args[0]) from e
     finally:

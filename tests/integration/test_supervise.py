@@ -16,6 +16,7 @@ import fcntl
 import json
 import os
 import re
+import resource
 import select
 import shutil
 import signal
@@ -373,6 +374,32 @@ def test_the_task_inherits_only_its_standard_descriptors_and_pass_fds(tmp_path: 
     assert passed in fds and stray not in fds and {0, 1, 2} <= fds
     ignored = int(lines[lines.index("SigIgn:") + 1], 16)
     assert not ignored & (1 << (signal.SIGPIPE - 1))
+
+
+def test_a_stray_descriptor_above_the_descriptor_limit_is_not_the_task_s(tmp_path: Path) -> None:
+    """A descriptor ferry's caller left open without close-on-exec, numbered above the
+    soft RLIMIT_NOFILE (lowered since it was opened: ``exec 300<file; ulimit -n 100``):
+    ``close_fds`` closed it; a ``posix_spawn`` close action refuses it (EBADF), and no
+    task could start (125)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    lowered = max(int(name) for name in os.listdir("/proc/self/fd")) + 64
+    high = lowered + 10
+    if hard != resource.RLIM_INFINITY and high >= hard:
+        pytest.skip(f"the hard descriptor limit {hard} is too low")
+    opened = os.open(os.devnull, os.O_RDONLY)
+    stray = os.dup2(opened, high, inheritable=True)
+    os.close(opened)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (lowered, hard))
+        try:
+            run(make_spec(tmp_path, ["sh", "-c", "ls /proc/$$/fd"]))
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        assert os.get_inheritable(stray)
+    finally:
+        os.close(stray)
+    fds = {int(line) for line in (tmp_path / "task.out").read_text().split()}
+    assert stray not in fds and {0, 1, 2} <= fds
 
 
 def test_spawn_failure_does_not_call_on_spawned(tmp_path: Path) -> None:
