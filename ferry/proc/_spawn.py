@@ -188,7 +188,9 @@ def _spawn_in(
             raise spawn_failed(e, args[0]) from e
     finally:
         if here is not None:
-            os.fchdir(here)
+            # (Made unsearchable meanwhile: we stay; a task started must not be lost.)
+            with contextlib.suppress(OSError):
+                os.fchdir(here)
             os.close(here)
 
 

@@ -443,6 +443,24 @@ def test_child_environment_is_exactly_the_spec_env(tmp_path: Path) -> None:
     assert sorted(lines) == sorted(f"{k}={v}" for k, v in env.items())
 
 
+def test_a_task_started_is_supervised_even_if_the_spawner_cannot_go_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its own directory made unsearchable during the spawn (fchdir fails): the task
+    has started, so it is supervised to its end, never left running with a spawn
+    failure reported."""
+    monkeypatch.chdir(tmp_path)  # (restored at the end: this process stays in cwd)
+    task_cwd = tmp_path / "task"
+    task_cwd.mkdir()
+
+    def refused(fd: int) -> None:
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+
+    monkeypatch.setattr(os, "fchdir", refused)
+    outcome = run(make_spec(tmp_path, ["sh", "-c", "exit 7"], cwd=str(task_cwd)))
+    assert outcome.exit_code == 7
+
+
 def test_an_entry_without_a_name_in_the_environment_does_not_stop_the_start(
     tmp_path: Path,
 ) -> None:
