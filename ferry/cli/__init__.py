@@ -138,6 +138,7 @@ def console() -> None:
 
     collector.start_up()
     _open_standard_descriptors()
+    _children_reported()
     code = main()
     lost = False
     for stream in (sys.stdout, sys.stderr):
@@ -162,6 +163,18 @@ def _write_nowhere(fd: int) -> None:
     null = os.open(os.devnull, os.O_WRONLY)
     os.dup2(null, fd)
     os.close(null)
+
+
+def _children_reported() -> None:
+    """SIGCHLD at its default if ferry was started with it ignored (a parent's setting,
+    kept across exec): ferry waits for its children (a supervisor for its task, a
+    launcher for its supervisor) to learn how they ended, and with SIGCHLD ignored the
+    kernel reaps them at once and ``waitpid`` finds none (ECHILD). Its tasks start
+    with it at the default too (a task that wants it ignored says so itself)."""
+    import signal
+
+    if signal.getsignal(signal.SIGCHLD) is signal.SIG_IGN:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
 
 
 def _open_standard_descriptors() -> None:

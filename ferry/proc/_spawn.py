@@ -25,6 +25,8 @@ ferry is done here, the same way:
   descriptor may be); ``pass_fds`` are made inheritable for the spawn only;
 * ``restore_signals``: SIGPIPE and SIGXFSZ, which Python ignores, are at their default
   in the task; a new session (``setsid``), so signals reach the task's whole tree.
+  (glibc's ``posix_spawn`` leaves its own signals 32 and 33 ignored in the child,
+  which Python cannot name in ``setsigdef``: the one difference a task can see.)
 """
 
 from __future__ import annotations

@@ -818,3 +818,29 @@ def test_ctrl_c_while_pinned_inputs_are_hashed_interrupts_before_anything_exists
     run.send_signal(signal.SIGINT)
     assert run.wait(timeout=60) == 130
     assert ferry.tasks() == []
+
+
+def _sigchld_ignored() -> None:
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("how", ["run", "work"])
+def test_ferry_started_with_sigchld_ignored_still_learns_each_exit_status(
+    ferry: Ferry, how: str
+) -> None:
+    """A parent that ignores SIGCHLD passes that on through exec (some daemons and
+    shells do): the kernel then reaps every child at once, and ``waitpid`` finds none.
+    Before, ``run`` wrote a task that exited 3 as SUCCEEDED with exit 0 (subprocess
+    took ECHILD for 0) and exited 125; with the posix_spawn supervisor it died and left
+    the task DISPATCHING. ferry puts SIGCHLD back to its default at its start; its
+    tasks start with it at the default too."""
+    probe = "import signal; print(signal.getsignal(signal.SIGCHLD) is signal.SIG_IGN); exit(3)"
+    task = [sys.executable, "-c", probe]
+    if how == "run":
+        assert ferry("run", "--", *task, preexec=_sigchld_ignored).code == 3
+    else:
+        ferry.ok("submit", "--", *task)
+        assert ferry("work", "--drain", "--poll", "0.05", preexec=_sigchld_ignored).code == 1
+    [ended] = ferry.tasks()
+    assert (ended["state"], ended["reason"], ended["exit_code"]) == ("FAILED", "EXIT_NONZERO", 3)
+    assert ferry.ok("logs", str(ended["id"])).text.split() == ["False"]  # (not ignored)
