@@ -82,7 +82,6 @@ Guarantees
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from pathlib import Path
 from types import TracebackType
 
 from journal import _fsutil, _reader
@@ -188,7 +187,7 @@ _OPEN_TRIES = 3  # surveys at open that a concurrent compaction may spoil, in a 
 _EMPTY = Survey([], 1, 0, 0, 0, None, None)
 
 
-def _is_dir(directory: Path) -> bool:
+def _is_dir(directory: str) -> bool:
     try:
         _fsutil.listdir(directory)
     except (FileNotFoundError, NotADirectoryError):
@@ -197,7 +196,7 @@ def _is_dir(directory: Path) -> bool:
 
 
 def _open_writer(
-    directory: Path,
+    directory: str,
     lock_fd: int,
     segment_bytes_max: int,
     fence: Fence | None,
@@ -258,7 +257,7 @@ class Journal:
     @classmethod
     def open(
         cls,
-        directory: str | Path,
+        directory: _fsutil.StrPath,
         *,
         segment_bytes_max: int = 64 * MiB,
         record_bytes_max: int = 1 * MiB,
@@ -291,7 +290,7 @@ class Journal:
                 f"record_bytes_max={record_bytes_max} is more than readers take in one"
                 f" line ({_reader.LINE_BYTES_MAX_READ} bytes, newline included)"
             )
-        directory = Path(directory)
+        directory = _fsutil.fspath(directory)
         made = False
         if not read_only:
             try:
@@ -303,10 +302,10 @@ class Journal:
             # and appenders must all lock the new journal's lock file.
             try:
                 if read_only:
-                    lock_fd = _fsutil.open_lockfile_read(directory / LOCK_NAME)
+                    lock_fd = _fsutil.open_lockfile_read(_fsutil.join(directory, LOCK_NAME))
                 else:
                     # Its name need not survive a crash (it is recreated): no dir fsync.
-                    lock_fd = _fsutil.open_lockfile(directory / LOCK_NAME)
+                    lock_fd = _fsutil.open_lockfile(_fsutil.join(directory, LOCK_NAME))
             except OSError as exc:
                 raise JournalError(f"cannot open the journal at {directory}: {exc}") from exc
             try:
@@ -332,7 +331,7 @@ class Journal:
         raise AssertionError("unreachable")
 
     @classmethod
-    def open_view(cls, directory: str | Path, *, accept: Accept | None = None) -> Journal:
+    def open_view(cls, directory: _fsutil.StrPath, *, accept: Accept | None = None) -> Journal:
         """A read-only handle on what is readable of a damaged journal (``_view``): the
         newest usable snapshot (``latest_snapshot``; ``accept`` may refuse one, or
         rewrite its data), then every record after it up to the first damage.  It
@@ -340,9 +339,10 @@ class Journal:
         ``view`` says what was found (the damage, where, what was skipped)."""
         from journal._view import readable
 
-        view = readable(Path(directory), accept)
+        directory = _fsutil.fspath(directory)
+        view = readable(directory, accept)
         found = _EMPTY._replace(first_seq=view.first_seq, last_seq=view.last_seq)
-        writer = Writer(Path(directory), -1, found, max_epoch=view.max_epoch, fence=None,
+        writer = Writer(directory, -1, found, max_epoch=view.max_epoch, fence=None,
                         segment_bytes_max=1, read_only=True)  # fmt: skip
         return cls(writer, 64, read_only=True, view=view)
 
@@ -362,7 +362,7 @@ class Journal:
     # -- properties ---------------------------------------------------------------------
 
     @property
-    def directory(self) -> Path:
+    def directory(self) -> str:
         return self._writer.directory
 
     @property
@@ -558,7 +558,7 @@ class Journal:
         except FileNotFoundError:  # (no journal yet; or removed by a compaction meanwhile)
             return (0, 0)
 
-    def compact(self) -> list[Path]:
+    def compact(self) -> list[str]:
         """Remove sealed segments whose records are all <= the latest snapshot's seq (never
         the active one) and older snapshots.  Returns the removed paths."""
         self._refuse_write()
@@ -592,9 +592,9 @@ class Journal:
 
 
 def read_records(
-    directory: str | Path, from_seq: int = 1, *, allow_torn_tail: bool = True
+    directory: _fsutil.StrPath, from_seq: int = 1, *, allow_torn_tail: bool = True
 ) -> Iterator[Record]:
     """Stream the records of the journal at ``directory`` (see ``Journal.read``).  With
     ``allow_torn_tail=False`` a torn tail raises TornTailError (segment, offset, seq,
     tail_bytes) after the last valid record instead of ending the stream quietly."""
-    return iter_records(Path(directory), from_seq, allow_torn_tail=allow_torn_tail)
+    return iter_records(_fsutil.fspath(directory), from_seq, allow_torn_tail=allow_torn_tail)

@@ -22,7 +22,7 @@ the seq that was expected there, or None).  ``details`` is a JSON-able dict of a
 
 from __future__ import annotations
 
-from pathlib import Path
+from journal import _fsutil
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -38,12 +38,12 @@ class JournalError(Exception):
         self,
         message: str,
         *,
-        segment: Path | str | None = None,
+        segment: _fsutil.StrPath | None = None,
         offset: int | None = None,
         seq: int | None = None,
     ) -> None:
         self.message = message
-        self.segment: Path | None = Path(segment) if segment is not None else None
+        self.segment = _fsutil.fspath(segment) if segment is not None else None
         self.offset = offset
         self.seq = seq
         super().__init__(self._render())
@@ -51,7 +51,7 @@ class JournalError(Exception):
     def _render(self) -> str:
         where = []
         if self.segment is not None:
-            where.append(f"segment {self.segment.name}")
+            where.append(f"segment {_fsutil.basename(self.segment)}")
         if self.offset is not None:
             where.append(f"offset {self.offset}")
         if self.seq is not None:
@@ -99,7 +99,7 @@ class TornTailError(JournalError):
         self,
         message: str,
         *,
-        segment: Path | str | None = None,
+        segment: _fsutil.StrPath | None = None,
         offset: int | None = None,
         seq: int | None = None,
         tail_bytes: int = 0,

@@ -50,7 +50,9 @@ import os
 import stat
 import threading
 from collections.abc import Callable
-from pathlib import Path
+from os import PathLike
+from os import fspath as fspath
+from os import path as _path
 
 # Flags (and SEEK_END) are read once from the real os module: a simulated disk sees the
 # same values.
@@ -75,7 +77,14 @@ LOCK_UN = fcntl.LOCK_UN
 # journal.NO_LOCK_ERRNOS, for callers that tell that failure apart.
 NO_LOCK_ERRNOS = frozenset({errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP})
 
-PathArg = str | Path
+PathArg = str
+# A path a public function takes: made a ``str`` once (``fspath``) where it comes in. The
+# journal keeps and returns its paths as ``str``, built with ``os.path`` (no pathlib on
+# the start-up path of ferry's commands: docs/architecture.md, "Start-up").
+StrPath = str | PathLike[str]
+join = _path.join
+basename = _path.basename
+split = _path.split
 
 
 def open_segment(path: PathArg, *, create: bool = False, read_only: bool = False) -> int:
@@ -218,21 +227,21 @@ def fsync_dir(path: PathArg) -> None:
         os.close(fd)
 
 
-def makedirs(path: Path) -> bool:
+def makedirs(path: str) -> bool:
     """Create ``path`` and missing parents (mode 0700), fsyncing each parent whose entry
     we added, so that the directory itself survives a power cut.  True if ``path`` was
     missing (its entry is now durable); False if it was there (made by someone who may
     not have fsynced its parent)."""
-    missing: list[Path] = []
+    missing: list[str] = []
     probe = path
     while True:
         try:
             fd = os.open(probe, DIR_FLAGS)
         except FileNotFoundError:
             missing.append(probe)
-            if probe.parent == probe:
+            if parent(probe) == probe:
                 raise
-            probe = probe.parent
+            probe = parent(probe)
             continue
         os.close(fd)
         break
@@ -241,18 +250,19 @@ def makedirs(path: Path) -> bool:
         with contextlib.suppress(FileExistsError):
             os.mkdir(directory, DIR_MODE)
         # The new entry lives in the parent: without this a crash can lose the directory.
-        fsync_dir(directory.parent)
+        fsync_dir(parent(directory))
     return bool(missing)
 
 
-def atomic_replace(path: Path, data: bytes) -> None:
+def atomic_replace(path: str, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically and durably: temp file, write, fsync,
     rename over ``path``, fsync the directory.
 
     A crash at any point leaves either the old file or the complete new one, never a
     mix; the temp file (``.<name>.tmp``) may be left behind and is ignored by readers.
     """
-    tmp = path.with_name(f".{path.name}.tmp")
+    directory, name = _path.split(path)
+    tmp = _path.join(directory, f".{name}.tmp")
     with contextlib.suppress(FileNotFoundError):
         os.unlink(tmp)  # leftover of an earlier crash
     fd = open_new(tmp)
@@ -266,7 +276,7 @@ def atomic_replace(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
     # The rename is only durable once the directory is: else a crash can bring back the
     # old file (or nothing) after we reported success.
-    fsync_dir(path.parent)
+    fsync_dir(parent(path))
 
 
 LOCK_WAIT_NOTICE_S = 5.0  # how long a writer waits for the append lock before it says so
@@ -311,6 +321,20 @@ def pin(fd: int) -> None:
     except OSError as exc:
         if exc.errno not in NO_LOCK_ERRNOS:
             raise
+
+
+def parent(path: str) -> str:
+    """The directory that holds ``path``, as ``pathlib.PurePath(path).parent`` names it
+    ("." for a name alone, "/" for the root's children and the root itself)."""
+    head = path.rstrip("/")
+    if not head:
+        return path or "."
+    return _path.dirname(head).rstrip("/") or ("/" if head.startswith("/") else ".")
+
+
+def name(path: str) -> str:
+    """The last component of ``path``, as ``pathlib.PurePath(path).name`` names it."""
+    return _path.basename(path.rstrip("/"))
 
 
 def unlinked(fd: int) -> bool:

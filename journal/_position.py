@@ -13,7 +13,6 @@ file: nothing new).
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
 from journal import _fsutil
 from journal._codec import Record
@@ -28,7 +27,7 @@ Feed = Callable[[Record], None]
 class Position:
     def __init__(
         self,
-        directory: Path,
+        directory: str,
         lock_fd: int,
         found: Survey,
         *,
@@ -80,7 +79,7 @@ class Position:
             self.fd = fd
             self.path, self.first, self.end = last.path, last.first_seq, found.end_offset
 
-    def _switch(self, fd: int, path: Path, first_seq: int, *, durable: bool) -> None:
+    def _switch(self, fd: int, path: str, first_seq: int, *, durable: bool) -> None:
         # The active segment is pinned (``_fsutil.pin``): compaction keeps it and every
         # segment after it, so however far behind this handle falls, the chain of
         # segments it follows is whole.  The new one is pinned before the old is let go.
@@ -101,7 +100,7 @@ class Position:
         # cache only; after a crash every handle starts over with a full scan.
         _fsutil.write_all(self.lock_fd, b"+")
         self._rotations = _fsutil.size(self.lock_fd)
-        path = self.directory / segment_name(self.last_seq + 1)
+        path = _fsutil.join(self.directory, segment_name(self.last_seq + 1))
         fd = _fsutil.open_segment(path, create=True)
         self._switch(fd, path, self.last_seq + 1, durable=False)
         # The new name must be durable before a record in it is reported committed:
@@ -112,7 +111,7 @@ class Position:
             # directory (a caller; ferry's ensure_home did) may not have fsynced its
             # parent, and a power cut drops a directory whose entry never reached the
             # disk, with everything in it.  (Its parent's own entry is the caller's.)
-            _fsutil.fsync_dir(self.directory.parent)
+            _fsutil.fsync_dir(_fsutil.parent(self.directory))
             self.entry_durable = True
         self.durable = True
 
@@ -144,9 +143,9 @@ class Position:
         parent's fsync leaves it), so the marker's presence means fsync."""
         if not self.durable:
             # (end: after our catch-up under the lock, which a salvage holds too)
-            if self.end == 0 or _fsutil.exists(self.directory / SALVAGE_MARKER):
+            if self.end == 0 or _fsutil.exists(_fsutil.join(self.directory, SALVAGE_MARKER)):
                 _fsutil.fsync_dir(self.directory)
-                _fsutil.fsync_dir(self.directory.parent)
+                _fsutil.fsync_dir(_fsutil.parent(self.directory))
             self.durable = True
 
     def catch_up(self, feed: Feed, *, locked: bool) -> TornTail | None:
@@ -189,14 +188,14 @@ class Position:
     def _follow_segments(self, torn: TornTail | None, feed: Feed) -> TornTail | None:
         """Move to segments created by others after ours (named by the next seq)."""
         while self.fd is None or self.last_seq + 1 != self.first:
-            path = self.directory / segment_name(self.last_seq + 1)
+            path = _fsutil.join(self.directory, segment_name(self.last_seq + 1))
             try:
                 fd = _fsutil.open_segment(path, read_only=self.read_only)
             except FileNotFoundError:
                 if self.fd is not None and _fsutil.unlinked(self.fd):
                     # Never by compaction (the active segment is pinned): by hand.
                     raise JournalError(
-                        f"segment {self.path.name} was removed while this handle still"
+                        f"segment {_fsutil.basename(self.path)} was removed while this handle still"
                         " read it; its later records cannot be found: reopen the journal"
                     ) from None
                 return torn  # not created yet (its creator counted it first)

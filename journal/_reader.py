@@ -48,7 +48,6 @@ from collections import namedtuple
 from collections.abc import Callable, Iterator
 from itertools import repeat
 from operator import getitem, itemgetter
-from pathlib import Path
 
 from journal import _fsutil, _json
 from journal._codec import LineProblem, Record, decode_line, line_checks
@@ -191,7 +190,7 @@ class SegmentScan:
     """
 
     def __init__(
-        self, fd: int, path: Path, start: int, next_seq: int, *, trust_zeros: bool = False
+        self, fd: int, path: str, start: int, next_seq: int, *, trust_zeros: bool = False
     ) -> None:
         self.fd = fd
         self.path = path
@@ -407,7 +406,7 @@ def scan_all(scan: SegmentScan) -> None:
         pass
 
 
-def damage_error(damage: Damage, path: Path, *, last: bool) -> CorruptionError:
+def damage_error(damage: Damage, path: str, *, last: bool) -> CorruptionError:
     where = "" if last else " in a sealed segment"
     return CorruptionError(
         f"bad record{where}: {damage.reason}", segment=path, offset=damage.offset, seq=damage.seq
@@ -417,7 +416,7 @@ def damage_error(damage: Damage, path: Path, *, last: bool) -> CorruptionError:
 if TYPE_CHECKING:
 
     class TornTail(NamedTuple):
-        segment: Path
+        segment: str
         offset: int  # where the valid records end and the tail begins
         seq: int  # the seq a record there would have
         tail_bytes: int

@@ -7,7 +7,6 @@ append is in progress while it decides what is torn.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import NamedTuple
 
 from journal import _fsutil
@@ -21,14 +20,14 @@ _COPY_CHUNK_BYTES = 1 << 20
 
 class RepairReport(NamedTuple):
     repaired: bool  # False: nothing to cut (the journal was clean)
-    segment: Path | None  # the segment that was cut
+    segment: str | None  # the segment that was cut
     offset: int | None  # its new length: where the valid records end
     bytes_cut: int
-    broken_copy: Path | None  # where the cut bytes were kept
+    broken_copy: str | None  # where the cut bytes were kept
     last_seq: int  # the last valid record, unchanged by the repair
 
 
-def cut_tail(directory: Path, torn: TornTail) -> tuple[Path, int]:
+def cut_tail(directory: str, torn: TornTail) -> tuple[str, int]:
     """Copy the torn bytes (``torn.tail_bytes`` from ``torn.offset``: the zero tail
     after them is not evidence) to a new ``.broken`` file, then truncate at the offset.
 
@@ -61,12 +60,12 @@ def cut_tail(directory: Path, torn: TornTail) -> tuple[Path, int]:
     return broken, end - torn.offset
 
 
-def repair(directory: Path | str) -> RepairReport:
+def repair(directory: _fsutil.StrPath) -> RepairReport:
     """Cut a torn tail if there is one (under the append lock).  Raises CorruptionError
     for any other damage and JournalError if ``directory`` is not a journal."""
-    directory = Path(directory)
+    directory = _fsutil.fspath(directory)
     try:
-        lock_fd = _fsutil.open_lockfile(directory / LOCK_NAME)
+        lock_fd = _fsutil.open_lockfile(_fsutil.join(directory, LOCK_NAME))
     except FileNotFoundError:
         raise JournalError(f"no journal directory at {directory}") from None
     try:

@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import NamedTuple
 
 from journal import _fsutil, _json
@@ -50,20 +49,20 @@ class SalvageReport(NamedTuple):
     lost_seqs: int  # records of the damaged journal not kept (readable or not)
     lost_records: tuple[Record, ...]  # those of them still readable, in seq order
     guessed: tuple[int, ...]  # seqs among them read from a damaged line (unchecked)
-    aside: Path | None  # where the damaged journal is now (None: a dry run)
+    aside: str | None  # where the damaged journal is now (None: a dry run)
     finished: tuple[str, ...]  # an interrupted salvage's leftovers, dealt with
 
 
-def build_name(directory: Path, stamp: str) -> Path:
-    return directory.with_name(f".{directory.name}.salvage-{stamp}")
+def build_name(directory: str, stamp: str) -> str:
+    return _fsutil.join(_fsutil.parent(directory), f".{_fsutil.name(directory)}.salvage-{stamp}")
 
 
-def aside_name(directory: Path, stamp: str) -> Path:
-    return directory.with_name(f"{directory.name}.damaged-{stamp}")
+def aside_name(directory: str, stamp: str) -> str:
+    return _fsutil.join(_fsutil.parent(directory), f"{_fsutil.name(directory)}.damaged-{stamp}")
 
 
 def salvage(
-    directory: Path | str,
+    directory: _fsutil.StrPath,
     *,
     accept: Accept | None = None,
     dry_run: bool = False,
@@ -79,7 +78,7 @@ def salvage(
     there); ``stamp`` names the damaged copy (default: the UTC time).  ``dry_run``:
     find out, change nothing, take no lock.  Raises SalvageRefusedError (nothing
     changed) and JournalError."""
-    directory = Path(directory)
+    directory = _fsutil.fspath(directory)
     stamp = stamp or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     step: Hook = hook or (lambda name: None)
     try:
@@ -90,7 +89,7 @@ def salvage(
         planned = _plan(directory, accept, ())
         assert planned is not None  # (None only once something was finished)
         return planned
-    lock_fd = _fsutil.open_lockfile(directory / LOCK_NAME)
+    lock_fd = _fsutil.open_lockfile(_fsutil.join(directory, LOCK_NAME))
     held: list[int] = []
     try:
         _fsutil.lock(lock_fd, on_lock_wait)
@@ -101,15 +100,19 @@ def salvage(
             return SalvageReport(readable(directory), None, 0, (), (), None, finished)
         aside = aside_name(directory, stamp)
         build = build_name(directory, stamp)
-        if {aside.name, build.name} & set(_fsutil.listdir(directory.parent)):
-            raise JournalError(f"{aside.name} or {build.name} exists already: try again")
+        if {_fsutil.basename(aside), _fsutil.basename(build)} & set(
+            _fsutil.listdir(_fsutil.parent(directory))
+        ):
+            raise JournalError(
+                f"{_fsutil.basename(aside)} or {_fsutil.basename(build)} exists already: try again"
+            )
         _build(build, stamp, report, step)
         step("before:salvage_swap")
         _fsutil.exchange(directory, build)
-        _fsutil.fsync_dir(directory.parent)
+        _fsutil.fsync_dir(_fsutil.parent(directory))
         step("after:salvage_swap")
         _fsutil.rename(build, aside)
-        _fsutil.fsync_dir(directory.parent)
+        _fsutil.fsync_dir(_fsutil.parent(directory))
         _drop_marker(directory)
         return report._replace(aside=aside)
     finally:
@@ -118,9 +121,7 @@ def salvage(
         _fsutil.close(lock_fd)  # releases the append lock
 
 
-def _plan(
-    directory: Path, accept: Accept | None, finished: tuple[str, ...]
-) -> SalvageReport | None:
+def _plan(directory: str, accept: Accept | None, finished: tuple[str, ...]) -> SalvageReport | None:
     """What a salvage would keep and lose; refuses (SalvageRefusedError) a journal
     that needs none, unless an interrupted salvage was just finished (None then)."""
     view = readable(directory, accept)
@@ -178,7 +179,7 @@ def _guess(damage: CorruptionError) -> Record | None:
     return Record(seq, epoch, float(ts), kind, data)
 
 
-def _hold_segments(directory: Path) -> list[int]:
+def _hold_segments(directory: str) -> list[int]:
     """Every segment locked exclusively: none is pinned by a handle (a running
     appender, a reader), and none can be pinned until they are let go."""
     held: list[int] = []
@@ -201,23 +202,23 @@ def _hold_segments(directory: Path) -> list[int]:
     return held
 
 
-def _build(build: Path, stamp: str, report: SalvageReport, step: Hook) -> None:
+def _build(build: str, stamp: str, report: SalvageReport, step: Hook) -> None:
     """The new journal, complete and durable, under ``build`` (a new directory)."""
     view = report.view
     _fsutil.mkdir(build)
-    _write_new(build / SALVAGE_MARKER, _json.dumps({"stamp": stamp}))
+    _write_new(_fsutil.join(build, SALVAGE_MARKER), _json.dumps({"stamp": stamp}))
     if view.base is not None:
         epoch_max = max([view.max_epoch, *(r.epoch for r in report.lost_records)])
         body = encode_snapshot(view.base.seq, view.base.data, epoch_max)
-        _write_new(build / snapshot_name(view.base.seq), body)
+        _write_new(_fsutil.join(build, snapshot_name(view.base.seq)), body)
     step("before:salvage_segment")
     if not view.pieces:
         # A journal always has a segment: an empty one names the next seq.
-        _write_new(build / segment_name(view.last_seq + 1), b"")
+        _write_new(_fsutil.join(build, segment_name(view.last_seq + 1)), b"")
     for piece in view.pieces:
         src = _fsutil.open_read(piece.segment)
         try:
-            dst = _fsutil.open_new(build / segment_name(piece.first_seq))
+            dst = _fsutil.open_new(_fsutil.join(build, segment_name(piece.first_seq)))
             try:
                 _fsutil.copy_range(src, piece.start, piece.end, dst)
                 _fsutil.sync_file(dst)
@@ -226,12 +227,12 @@ def _build(build: Path, stamp: str, report: SalvageReport, step: Hook) -> None:
         finally:
             _fsutil.close(src)
     step("after:salvage_segment")
-    _write_new(build / LOCK_NAME, b"")
+    _write_new(_fsutil.join(build, LOCK_NAME), b"")
     _fsutil.fsync_dir(build)
-    _fsutil.fsync_dir(build.parent)
+    _fsutil.fsync_dir(_fsutil.parent(build))
 
 
-def _write_new(path: Path, data: bytes) -> None:
+def _write_new(path: str, data: bytes) -> None:
     fd = _fsutil.open_new(path)
     try:
         _fsutil.write_all(fd, data)
@@ -240,23 +241,23 @@ def _write_new(path: Path, data: bytes) -> None:
         _fsutil.close(fd)
 
 
-def _drop_marker(directory: Path) -> None:
+def _drop_marker(directory: str) -> None:
     with contextlib.suppress(FileNotFoundError):
-        _fsutil.unlink(directory / SALVAGE_MARKER)
+        _fsutil.unlink(_fsutil.join(directory, SALVAGE_MARKER))
         _fsutil.fsync_dir(directory)
 
 
-def finish_interrupted(directory: Path) -> tuple[str, ...]:
+def finish_interrupted(directory: str) -> tuple[str, ...]:
     """Deal with what a salvage killed half-way left beside ``directory`` (the caller
     holds the append lock): a build never swapped in is removed (it was never used);
     the damaged journal swapped out but not yet renamed gets its name.  Says what it
     did, one line each."""
     done: list[str] = []
-    prefix = f".{directory.name}.salvage-"
-    for name in sorted(_fsutil.listdir(directory.parent)):
+    prefix = f".{_fsutil.name(directory)}.salvage-"
+    for name in sorted(_fsutil.listdir(_fsutil.parent(directory))):
         if not name.startswith(prefix):
             continue
-        stamp, leftover = name[len(prefix) :], directory.parent / name
+        stamp, leftover = name[len(prefix) :], _fsutil.join(_fsutil.parent(directory), name)
         # A build holds its marker (first thing written; "" if cut short) or nothing
         # at all (killed right after its mkdir); the damaged journal neither.
         if _marker_stamp(leftover) in (stamp, "") or not _fsutil.listdir(leftover):
@@ -265,17 +266,19 @@ def finish_interrupted(directory: Path) -> tuple[str, ...]:
         else:
             target = aside_name(directory, stamp)
             _fsutil.rename(leftover, target)
-            done.append(f"renamed {name} to {target.name}: the damaged journal it moved aside")
+            done.append(
+                f"renamed {name} to {_fsutil.basename(target)}: the damaged journal it moved aside"
+            )
     if done:
-        _fsutil.fsync_dir(directory.parent)
+        _fsutil.fsync_dir(_fsutil.parent(directory))
     if _marker_stamp(directory) is not None:
         _drop_marker(directory)
     return tuple(done)
 
 
-def _marker_stamp(directory: Path) -> str | None:
+def _marker_stamp(directory: str) -> str | None:
     try:
-        fd = _fsutil.open_read(directory / SALVAGE_MARKER)
+        fd = _fsutil.open_read(_fsutil.join(directory, SALVAGE_MARKER))
     except (FileNotFoundError, IsADirectoryError):
         return None
     try:
@@ -289,15 +292,15 @@ def _marker_stamp(directory: Path) -> str | None:
     return stamp if isinstance(stamp, str) else ""
 
 
-def _remove_tree(directory: Path) -> None:
+def _remove_tree(directory: str) -> None:
     """A leftover build, removed so that a crash at any point leaves it readable as a
     build: its marker goes last (and only once the other removals are durable), so it
     never looks like the damaged journal, which holds no marker."""
     names = _fsutil.listdir(directory)
     for name in names:
         if name != SALVAGE_MARKER:
-            _fsutil.unlink(directory / name)
+            _fsutil.unlink(_fsutil.join(directory, name))
     if SALVAGE_MARKER in names:
         _fsutil.fsync_dir(directory)
-        _fsutil.unlink(directory / SALVAGE_MARKER)
+        _fsutil.unlink(_fsutil.join(directory, SALVAGE_MARKER))
     _fsutil.rmdir(directory)

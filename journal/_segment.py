@@ -8,7 +8,6 @@ copies, snapshots, temp files and the lock file are ignored by listing.
 from __future__ import annotations
 
 from collections import namedtuple
-from pathlib import Path
 
 from journal import _fsutil
 from journal._errors import CorruptionError
@@ -28,7 +27,7 @@ if TYPE_CHECKING:
 
     class Segment(NamedTuple):
         first_seq: int
-        path: Path
+        path: str
 
 else:
     Segment = namedtuple("Segment", ("first_seq", "path"))
@@ -59,18 +58,18 @@ def seq_in_name(name: str, prefix: str, suffix: str) -> int | None:
     return int(digits)
 
 
-def segments_in(names: list[str], directory: Path) -> list[Segment]:
+def segments_in(names: list[str], directory: str) -> list[Segment]:
     """The segments among ``names``, in seq order."""
     found = []
     for name in names:
         first_seq = parse_segment_name(name)
         if first_seq is not None:
-            found.append(Segment(first_seq, directory / name))
+            found.append(Segment(first_seq, _fsutil.join(directory, name)))
     found.sort()
     return found
 
 
-def list_segments(directory: Path) -> list[Segment]:
+def list_segments(directory: str) -> list[Segment]:
     return segments_in(_fsutil.listdir(directory), directory)
 
 
@@ -82,8 +81,8 @@ def check_next(previous: Segment, next_seq: int, following: Segment) -> None:
     if following.first_seq != next_seq:
         kind = "gap" if following.first_seq > next_seq else "overlap"
         raise CorruptionError(
-            f"seq {kind} between segments: {previous.path.name} ends at seq"
-            f" {next_seq - 1}, next segment {following.path.name} starts at"
+            f"seq {kind} between segments: {_fsutil.basename(previous.path)} ends at seq"
+            f" {next_seq - 1}, next segment {_fsutil.basename(following.path)} starts at"
             f" {following.first_seq}",
             segment=following.path,
             offset=0,
@@ -91,14 +90,15 @@ def check_next(previous: Segment, next_seq: int, following: Segment) -> None:
         )
 
 
-def broken_copy_path(segment: Path, names: list[str]) -> Path:
+def broken_copy_path(segment: str, names: list[str]) -> str:
     """Where to keep the bytes cut from ``segment``: ``<segment>.broken``, or
     ``<segment>.broken.N`` with the first free N if earlier repairs left copies."""
-    base = segment.name + BROKEN_SUFFIX
+    directory, name = _fsutil.split(segment)
+    base = name + BROKEN_SUFFIX
     taken = set(names)
     if base not in taken:
-        return segment.with_name(base)
+        return _fsutil.join(directory, base)
     number = 1
     while f"{base}.{number}" in taken:
         number += 1
-    return segment.with_name(f"{base}.{number}")
+    return _fsutil.join(directory, f"{base}.{number}")

@@ -18,7 +18,6 @@ import itertools
 import sys
 import zlib
 from collections import namedtuple
-from pathlib import Path
 
 from journal import _fsutil, _json
 from journal._codec import FORMAT_VERSION, line_checks
@@ -65,13 +64,13 @@ def snapshot_name(seq: int) -> str:
     return f"snapshot-{seq:020d}.snap"
 
 
-def snapshots_in(names: list[str], directory: Path) -> list[tuple[int, Path]]:
+def snapshots_in(names: list[str], directory: str) -> list[tuple[int, str]]:
     """The snapshot files among ``names``, oldest first."""
     found = []
     for name in names:
         seq = seq_in_name(name, "snapshot-", ".snap")
         if seq is not None:
-            found.append((seq, directory / name))
+            found.append((seq, _fsutil.join(directory, name)))
     found.sort()
     return found
 
@@ -87,8 +86,8 @@ def encode_snapshot(seq: int, data: bytes, epoch_max: int) -> bytes:
     return b'%s,"crc":"%08x"}\n%s' % (body, zlib.crc32(body), data)
 
 
-def write_snapshot(directory: Path, seq: int, data: bytes, epoch_max: int) -> Path:
-    path = directory / snapshot_name(seq)
+def write_snapshot(directory: str, seq: int, data: bytes, epoch_max: int) -> str:
+    path = _fsutil.join(directory, snapshot_name(seq))
     # temp + fsync + rename + fsync dir: a crash leaves the old snapshot set or this
     # complete one, never a partial file under a snapshot name.
     _fsutil.atomic_replace(path, encode_snapshot(seq, data, epoch_max))
@@ -133,7 +132,7 @@ def read_header(fd: int, seq_from_name: int) -> SnapshotHeader:
     return SnapshotHeader(obj["seq"], obj["epoch_max"], obj["length"], data_crc, newline + 1)
 
 
-def load_snapshot(path: Path, seq_from_name: int) -> tuple[Snapshot, int]:
+def load_snapshot(path: str, seq_from_name: int) -> tuple[Snapshot, int]:
     """The snapshot and its epoch_max; SnapshotDamaged if any check fails."""
     fd = _fsutil.open_read(path)
     try:
@@ -153,19 +152,19 @@ if TYPE_CHECKING:
     class LatestSnapshot(NamedTuple):
         snapshot: Snapshot | None
         epoch_max: int
-        path: Path | None
-        damaged: list[tuple[Path, str]]
+        path: str | None
+        damaged: list[tuple[str, str]]
 
 else:
     LatestSnapshot = namedtuple("LatestSnapshot", ("snapshot", "epoch_max", "path", "damaged"))
 
 
-def latest_snapshot(directory: Path, last_seq: int) -> LatestSnapshot:
+def latest_snapshot(directory: str, last_seq: int) -> LatestSnapshot:
     """The newest snapshot that passes every check, skipping damaged ones.
 
     A valid snapshot beyond ``last_seq`` means the journal lost committed records (or
     the snapshot was written for another journal): CorruptionError."""
-    damaged: list[tuple[Path, str]] = []
+    damaged: list[tuple[str, str]] = []
     try:
         names = _fsutil.listdir(directory)
     except FileNotFoundError:  # (a read-only handle on a journal not made yet)
@@ -188,15 +187,15 @@ def latest_snapshot(directory: Path, last_seq: int) -> LatestSnapshot:
     return LatestSnapshot(None, 0, None, damaged)
 
 
-def read_latest_snapshot(directory: str | Path) -> Snapshot | None:
+def read_latest_snapshot(directory: _fsutil.StrPath) -> Snapshot | None:
     """The newest snapshot in the journal at ``directory`` that passes its checks, read
     without a handle (lock-free): for a reader that must not call back into its own
     handle, such as a subscriber that loads history.  Unlike
     ``Journal.latest_snapshot`` it does not compare it with the journal's end."""
-    return latest_snapshot(Path(directory), sys.maxsize).snapshot
+    return latest_snapshot(_fsutil.fspath(directory), sys.maxsize).snapshot
 
 
-def headers_epoch_max(directory: Path, names: list[str]) -> tuple[int, int]:
+def headers_epoch_max(directory: str, names: list[str]) -> tuple[int, int]:
     """(highest epoch_max, highest seq) over the snapshot headers that check (cheap: the
     data is not read).  Used at open so that fencing survives compaction."""
     epoch_max = seq_max = 0
@@ -216,12 +215,12 @@ def headers_epoch_max(directory: Path, names: list[str]) -> tuple[int, int]:
     return epoch_max, seq_max
 
 
-def compact(directory: Path, segments: list[Segment], snapshot_seq: int) -> list[Path]:
+def compact(directory: str, segments: list[Segment], snapshot_seq: int) -> list[str]:
     """Remove sealed segments whose records are all <= ``snapshot_seq`` (never the last
     one), oldest first, up to the first one a handle still reads (pinned: a handle that
     fell behind must find every record after its own), then snapshots older than it.
     Returns the removed paths."""
-    removed: list[Path] = []
+    removed: list[str] = []
     for segment, following in itertools.pairwise(segments):
         if following.first_seq - 1 > snapshot_seq:
             break
@@ -240,7 +239,11 @@ def compact(directory: Path, segments: list[Segment], snapshot_seq: int) -> list
     older = [p for seq, p in snapshots_in(names, directory) if seq < snapshot_seq]
     # Temp files of snapshot writes that crashed (the caller holds the append lock, so
     # no snapshot write is in progress).
-    older += [directory / n for n in names if n.startswith(".snapshot-") and n.endswith(".tmp")]
+    older += [
+        _fsutil.join(directory, n)
+        for n in names
+        if n.startswith(".snapshot-") and n.endswith(".tmp")
+    ]
     for path in older:
         _fsutil.unlink(path)
         removed.append(path)

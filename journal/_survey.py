@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections import namedtuple
 from collections.abc import Iterator
-from pathlib import Path
 
 from journal import _fsutil
 from journal._codec import Record
@@ -49,7 +48,7 @@ else:
 KEEP_RECORDS_MAX = 20_000
 
 
-def survey(directory: Path, *, covered_through: int = 0, keep: bool = False) -> Survey:
+def survey(directory: str, *, covered_through: int = 0, keep: bool = False) -> Survey:
     """Scan the segments: chain of seqs, every record, damage classification.
 
     Records before ``covered_through`` (a snapshot covers them) are skipped: not read,
@@ -68,7 +67,7 @@ def survey(directory: Path, *, covered_through: int = 0, keep: bool = False) -> 
     return _survey_once(directory, covered_through, keep)
 
 
-def _survey_once(directory: Path, covered_through: int, keep: bool) -> Survey:
+def _survey_once(directory: str, covered_through: int, keep: bool) -> Survey:
     segments = list_segments(directory)
     if not segments:
         return Survey([], 1, 0, 0, 0, None, None)
@@ -133,7 +132,7 @@ def _scan_from(fd: int, segment: Segment, next_seq: int, skip_to: int) -> Segmen
 
 
 def iter_records(
-    directory: Path, from_seq: int = 1, *, allow_torn_tail: bool = True
+    directory: str, from_seq: int = 1, *, allow_torn_tail: bool = True
 ) -> Iterator[Record]:
     """Stream the records with seq >= ``from_seq``, checking what it reads (from the
     line of ``from_seq`` when ``_seek`` finds it, else from its segment's start).
@@ -167,7 +166,7 @@ def iter_records(
             fd = _fsutil.open_read(segment.path)
         except FileNotFoundError:
             raise CompactedError(
-                f"segment {segment.path.name} was compacted while being read",
+                f"segment {_fsutil.basename(segment.path)} was compacted while being read",
                 first_seq=segment.first_seq + 1,
                 seq=next_seq,
             ) from None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from journal import _fsutil
 from journal._errors import CorruptionError, JournalError
@@ -25,24 +24,24 @@ class VerifyReport:
     status: str
     first_seq: int  # first record on disk (> 1 after compaction)
     last_seq: int  # last valid record (before any damage)
-    segments: tuple[Path, ...]
+    segments: tuple[str, ...]
     torn_tail: TornTail | None = None
     corruption: CorruptionError | None = None
     snapshot_seq: int | None = None  # newest valid snapshot
-    damaged_snapshots: tuple[tuple[Path, str], ...] = field(default=())
+    damaged_snapshots: tuple[tuple[str, str], ...] = field(default=())
 
     @property
     def clean(self) -> bool:
         return self.status == CLEAN
 
 
-def verify(directory: Path | str) -> VerifyReport:
+def verify(directory: _fsutil.StrPath) -> VerifyReport:
     """Read every segment and snapshot of the journal at ``directory``.
 
     Lock-free and read-only: an append in progress in another process shows as a torn
     tail.  Raises JournalError if ``directory`` does not exist and FormatVersionError
     for records written by a newer format."""
-    directory = Path(directory)
+    directory = _fsutil.fspath(directory)
     try:
         _fsutil.listdir(directory)
     except FileNotFoundError:
@@ -51,7 +50,7 @@ def verify(directory: Path | str) -> VerifyReport:
     paths = tuple(segment.path for segment in found.segments)
     corruption = found.corruption
     snapshot_seq: int | None = None
-    damaged: tuple[tuple[Path, str], ...] = ()
+    damaged: tuple[tuple[str, str], ...] = ()
     try:
         latest = latest_snapshot(directory, found.last_seq)
         damaged = tuple(latest.damaged)

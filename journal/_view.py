@@ -15,7 +15,6 @@ that seq), and the damage is reported as ``covered``.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import NamedTuple
 
 from journal import _fsutil
@@ -43,7 +42,7 @@ class Piece(NamedTuple):
     """A run of the view's records in one segment: bytes ``start..end`` of ``segment``
     hold exactly the records ``first_seq..last_seq``."""
 
-    segment: Path
+    segment: str
     first_seq: int
     last_seq: int
     start: int
@@ -52,7 +51,7 @@ class Piece(NamedTuple):
 
 class View(NamedTuple):
     base: Snapshot | None  # with the data ``accept`` returned; None: from seq 1
-    base_path: Path | None
+    base_path: str | None
     base_epoch_max: int
     first_seq: int  # first seq on disk
     last_seq: int  # the view's last record (the base's seq when none follows it)
@@ -61,10 +60,10 @@ class View(NamedTuple):
     damage: CorruptionError | None  # what ends the view (the first damage after the base)
     covered: CorruptionError | None  # damage in records the base covers
     torn: TornTail | None  # a torn tail ends it (not damage: an append in progress)
-    skipped: tuple[tuple[Path, str], ...]  # damaged snapshots passed over, and why
+    skipped: tuple[tuple[str, str], ...]  # damaged snapshots passed over, and why
     # Sound ones passed over (damage): (path, why, "beyond" the records or "rejected"
     # by ``accept``).
-    unusable: tuple[tuple[Path, str, str], ...]
+    unusable: tuple[tuple[str, str, str], ...]
     highest_seq: int  # the highest seq of any record line that checks, past damage too
     rewritten: bool = False  # ``accept`` changed the base's data (left damage out)
 
@@ -79,7 +78,7 @@ class View(NamedTuple):
         return found or bool(self.unusable) or self.rewritten
 
 
-def lenient_records(directory: Path) -> Iterator[Record]:
+def lenient_records(directory: str) -> Iterator[Record]:
     """Every line of every segment that checks and decodes as a record, whatever its
     seq and whatever lies around it (damage is stepped over, never explained): what a
     damaged journal still says past its damage, for a report of what salvage drops."""
@@ -138,13 +137,13 @@ def _line_of(fd: int, first_seq: int, target: int) -> int | None:
     return None
 
 
-Skips = list[tuple[Path, str]]
-Refusals = list[tuple[Path, str, str]]
+Skips = list[tuple[str, str]]
+Refusals = list[tuple[str, str, str]]
 
 
 def _pick_base(
-    directory: Path, first_on_disk: int, highest: int, accept: Accept | None
-) -> tuple[Snapshot | None, Path | None, int, Skips, Refusals]:
+    directory: str, first_on_disk: int, highest: int, accept: Accept | None
+) -> tuple[Snapshot | None, str | None, int, Skips, Refusals]:
     """The newest usable snapshot; the damaged ones skipped (a failed checksum: the
     journal has always fallen back past those), and the sound ones refused (beyond
     the records, or by ``accept``: damage)."""
@@ -174,15 +173,16 @@ def _pick_base(
     return None, None, 0, skipped, unusable
 
 
-def _stored_data(path: Path, seq: int) -> bytes | None:
+def _stored_data(path: str, seq: int) -> bytes | None:
     try:
         return load_snapshot(path, seq)[0].data
     except (SnapshotDamaged, FileNotFoundError):
         return None
 
 
-def readable(directory: Path, accept: Accept | None = None) -> View:
+def readable(directory: _fsutil.StrPath, accept: Accept | None = None) -> View:
     """The view of the journal at ``directory`` (see the module docstring)."""
+    directory = _fsutil.fspath(directory)
     try:
         segments = list_segments(directory)
     except FileNotFoundError:

@@ -58,7 +58,6 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from itertools import chain, repeat
-from pathlib import Path
 
 from journal import _fsutil
 from journal._codec import Prepared, Record, encode_line, encode_lines
@@ -130,7 +129,7 @@ class Writer:
 
     def __init__(
         self,
-        directory: Path,
+        directory: str,
         lock_fd: int,
         found: Survey,
         *,

@@ -74,6 +74,13 @@ SPAWNING = ("subprocess", "selectors", "ferry.proc.supervise", "ferry.proc._spaw
 # (a tenth of a submit). ferry's type-only names are imported under ``if TYPE_CHECKING:``
 # with TYPE_CHECKING a plain False (docs/architecture.md, "Start-up").
 UNTYPED = ("typing",)
+# Loaded by none of them, nor by a supervisor: pathlib imports urllib.parse (with
+# ipaddress), fnmatch and ntpath, 1.9 ms of run and 1.4 of submit here. Their paths are
+# ``str`` and ``os.path`` (docs/architecture.md, "Start-up").
+PATHLESS = ("pathlib", "urllib.parse", "ipaddress")
+# An editable install's finder loads pathlib as the interpreter starts: a probe forgets
+# those modules first, so that whatever imports one of them again loads it again.
+FORGET = f"import sys\nfor name in {PATHLESS!r}: sys.modules.pop(name, None)\n"
 TYPED_MOST = [["run", "--", "true"], ["submit", "--", "true"], ["ls"], ["show", "last"],
               ["--json", "ls", "--limit", "100"]]  # fmt: skip
 
@@ -143,15 +150,24 @@ def test_the_plain_commands_typed_most_never_load_click(args: list[str], tmp_pat
     assert never == [], f"ferry {' '.join(args)} loads {never}"
 
 
+# Not yet: the journal's paths are str, ferry's modules on these paths still use pathlib.
+PATHS_NOT_YET_STR = pytest.mark.xfail(
+    strict=True, reason="ferry's modules on these paths still import pathlib (in progress)"
+)
+
+
 @pytest.mark.parametrize("in_use", [False, True], ids=["new home", "home with an archive"])
 @pytest.mark.parametrize("args", TYPED_MOST, ids=" ".join)
+@PATHS_NOT_YET_STR
 def test_the_commands_typed_most_keep_off_what_was_taken_off_their_path(
     args: list[str], in_use: bool, tmp_path: Path
 ) -> None:
     home = tmp_path / "home"
     _home_in_use(home) if in_use else _loaded(PROBE, home)  # (a task for show)
-    imported, loaded = _lists(TRACED.replace("ARGS", repr(args)), home)
+    imported, loaded = _lists(FORGET + TRACED.replace("ARGS", repr(args)), home)
     assert sorted(set(imported) & set(NOT_IMPORTED)) == []
+    assert sorted(set(imported) & set(PATHLESS)) == [], "ferry imports pathlib"
+    assert sorted(set(loaded) & set(PATHLESS)) == [], "what ferry imports loads pathlib"
     assert sorted(set(loaded) & set(NOT_LOADED)) == []
     assert sorted(set(loaded) & set(SPAWNING)) == []
     assert sorted(set(loaded) & set(UNTYPED)) == []
@@ -159,13 +175,15 @@ def test_the_commands_typed_most_keep_off_what_was_taken_off_their_path(
         assert "ferry.app.launch" not in loaded and "ferry.app.supervisor" not in loaded
 
 
-def test_a_supervisor_loads_no_typing_and_no_subprocess(tmp_path: Path) -> None:
+@PATHS_NOT_YET_STR
+def test_a_supervisor_loads_no_typing_no_subprocess_and_no_pathlib(tmp_path: Path) -> None:
     """What a supervisor imports after its fork (its task's spawn and watch): those
     imports are the last step on ``run``'s critical path (docs/architecture.md,
     start-up). ``subprocess`` (with ``locale``) cost it 1.7 ms; the spawn is
     ``os.posix_spawn``'s."""
-    probe = "import ferry.app.supervisor, ferry.proc.supervise\n" + BARE
-    assert sorted(_loaded(probe, tmp_path) & {*UNTYPED, "subprocess", "locale"}) == []
+    probe = FORGET + "import ferry.app.supervisor, ferry.proc.supervise\n" + BARE
+    unwanted = {*UNTYPED, *PATHLESS, "subprocess", "locale"}
+    assert sorted(_loaded(probe, tmp_path) & unwanted) == []
 
 
 def test_a_plain_work_never_loads_click(tmp_path: Path) -> None:

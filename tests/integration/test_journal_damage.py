@@ -123,7 +123,7 @@ def assert_torn_and_repairable(directory: Path, valid_end: int, survivors: int) 
     report = journal.verify(directory)
     assert report.status == "torn_tail", report
     assert report.torn_tail is not None
-    assert report.torn_tail.segment == last
+    assert report.torn_tail.segment == str(last)
     assert report.torn_tail.offset == valid_end
     assert report.torn_tail.tail_bytes == len(damaged) - valid_end
     assert report.last_seq == survivors
@@ -133,7 +133,9 @@ def assert_torn_and_repairable(directory: Path, valid_end: int, survivors: int) 
     repaired = journal.repair(directory)
     assert repaired.repaired and repaired.bytes_cut == len(damaged) - valid_end
     assert repaired.broken_copy is not None
-    assert repaired.broken_copy.read_bytes() == damaged[valid_end:], ".broken keeps the bytes cut"
+    assert Path(repaired.broken_copy).read_bytes() == damaged[valid_end:], (
+        ".broken keeps the bytes cut"
+    )
     assert last.read_bytes() == damaged[:valid_end]
     assert journal.verify(directory).clean
     with journal.Journal.open(directory) as j:
@@ -147,7 +149,7 @@ def assert_corrupt_and_untouched(directory: Path, segment: Path) -> journal.Corr
     assert report.status == "corrupt", report
     assert report.corruption is not None
     error = report.corruption
-    assert error.segment == segment and error.offset is not None and error.seq is not None
+    assert error.segment == str(segment) and error.offset is not None and error.seq is not None
     with pytest.raises(journal.CorruptionError):
         read_all(directory)
     with pytest.raises(journal.CorruptionError):
@@ -232,7 +234,7 @@ def test_torn_write_over_the_zero_tail_is_torn(work: Path, written: int) -> None
     assert (report.torn_tail.offset, report.torn_tail.tail_bytes) == (end, len(part))
     repaired = journal.repair(work)
     assert repaired.bytes_cut == len(part) and repaired.broken_copy is not None
-    assert repaired.broken_copy.read_bytes() == part
+    assert Path(repaired.broken_copy).read_bytes() == part
     assert last.stat().st_size == end
     with journal.Journal.open(work) as j:
         assert j.append("after", {}).seq == TOTAL + 1

@@ -146,7 +146,7 @@ class Driver:
 
         def before(name: str, target: object) -> None:
             nonlocal wrote
-            if name == at and kind == target_kind(target) and (wrote or not after_write):
+            if name == at and kind == target_kind(name, target) and (wrote or not after_write):
                 raise ProcessDied(f"{name} {target}")
             if name == "pwrite" and target in self._segment_inodes():
                 wrote = True
@@ -190,8 +190,10 @@ class ProcessDied(BaseException):
     """Raised from inside the library's file operations: the process is gone."""
 
 
-def target_kind(target: object) -> str:
-    return "file" if isinstance(target, int) else "dir" if isinstance(target, str) else "path"
+def target_kind(name: str, target: object) -> str:
+    """What a call works on: a file (its inode), a directory (its fsync), or a path (the
+    name ``open`` creates: the journal's paths are str, as the sim's directories are)."""
+    return "file" if isinstance(target, int) else "path" if name == "open" else "dir"
 
 
 Workload = Callable[[Driver], None]

@@ -143,7 +143,7 @@ def test_atomic_replace_leaves_the_new_content_and_no_temp(tmp_path: Path) -> No
     target = tmp_path / "file"
     target.write_bytes(b"old")
     (tmp_path / ".file.tmp").write_bytes(b"leftover of a crash")
-    fsutil.atomic_replace(target, b"new")
+    fsutil.atomic_replace(str(target), b"new")
     assert target.read_bytes() == b"new"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
     assert (target.stat().st_mode & 0o777) == 0o600
@@ -160,9 +160,9 @@ def test_makedirs_creates_private_dirs_and_fsyncs_each_parent(
         real(path)
 
     monkeypatch.setattr(fsutil, "fsync_dir", fsync_dir)
-    fsutil.makedirs(tmp_path / "x" / "y")
+    fsutil.makedirs(str(tmp_path / "x" / "y"))
     assert synced == [tmp_path, tmp_path / "x"]
     assert ((tmp_path / "x" / "y").stat().st_mode & 0o777) == 0o700
     synced.clear()
-    fsutil.makedirs(tmp_path / "x" / "y")  # already there: nothing to make durable
+    fsutil.makedirs(str(tmp_path / "x" / "y"))  # already there: nothing to make durable
     assert synced == []

@@ -45,12 +45,12 @@ def test_cuts_exactly_the_torn_tail_and_keeps_the_bytes(tmp_path: Path, tail: by
     paths[-1].write_bytes(clean + tail)
     report = repair(tmp_path / "j")
     assert report.repaired
-    assert report.segment == paths[-1]
+    assert report.segment == str(paths[-1])
     assert report.offset == len(clean)
     assert report.bytes_cut == len(tail)
     assert report.last_seq == 7
-    assert report.broken_copy == paths[-1].with_name(paths[-1].name + ".broken")
-    assert report.broken_copy.read_bytes() == tail
+    assert report.broken_copy == str(paths[-1].with_name(paths[-1].name + ".broken"))
+    assert Path(report.broken_copy).read_bytes() == tail
     assert paths[-1].read_bytes() == clean
     assert paths[0].read_bytes() == b"".join(
         encode_record(i, 0, 1.0, "T", {"i": i}) for i in (1, 2, 3)
@@ -66,7 +66,7 @@ def test_the_copy_stops_where_the_zero_tail_begins(tmp_path: Path, zeros: int) -
     report = repair(tmp_path / "j")
     assert report.repaired and report.offset == len(clean) and report.bytes_cut == 18
     assert report.broken_copy is not None
-    assert report.broken_copy.read_bytes() == b'{"v":1,"seq":8,"ep'
+    assert Path(report.broken_copy).read_bytes() == b'{"v":1,"seq":8,"ep'
     assert paths[-1].read_bytes() == clean
 
 
@@ -115,7 +115,7 @@ def test_refuses_corruption_and_touches_nothing(tmp_path: Path) -> None:
     before = snapshot_of(tmp_path / "j")
     with pytest.raises(CorruptionError) as caught:
         repair(tmp_path / "j")
-    assert caught.value.segment == paths[0] and caught.value.seq == 1
+    assert caught.value.segment == str(paths[0]) and caught.value.seq == 1
     assert snapshot_of(tmp_path / "j") == before
 
 
@@ -129,7 +129,7 @@ def test_refuses_to_cut_a_last_record_with_a_flipped_bit(tmp_path: Path) -> None
     before = snapshot_of(tmp_path / "j")
     with pytest.raises(CorruptionError) as caught:
         repair(tmp_path / "j")
-    assert caught.value.segment == paths[-1] and caught.value.seq == 7
+    assert caught.value.segment == str(paths[-1]) and caught.value.seq == 7
     assert snapshot_of(tmp_path / "j") == before
 
 
@@ -152,9 +152,9 @@ def test_leftover_broken_file_is_harmless_and_gets_a_new_number(tmp_path: Path) 
     assert verify(tmp_path / "j").status == "torn_tail"
     second = repair(tmp_path / "j")
     assert first.broken_copy is not None and second.broken_copy is not None
-    assert first.broken_copy.read_bytes() == b"first tear"
-    assert second.broken_copy.name == paths[-1].name + ".broken.1"
-    assert second.broken_copy.read_bytes() == b"second tear"
+    assert Path(first.broken_copy).read_bytes() == b"first tear"
+    assert Path(second.broken_copy).name == paths[-1].name + ".broken.1"
+    assert Path(second.broken_copy).read_bytes() == b"second tear"
     assert verify(tmp_path / "j").status == "clean"
     with Journal.open(tmp_path / "j") as journal:
         assert journal.last_seq == 7
@@ -195,7 +195,7 @@ def test_append_refuses_corruption_and_writes_nothing(tmp_path: Path) -> None:
         before = snapshot_of(tmp_path / "j")
         with pytest.raises(CorruptionError) as caught:
             journal.append("NOPE", {})
-        assert caught.value.seq == 8 and caught.value.segment == paths[-1]
+        assert caught.value.seq == 8 and caught.value.segment == str(paths[-1])
         assert snapshot_of(tmp_path / "j") == before
         with pytest.raises(CorruptionError):  # and keeps refusing; the handle is not broken
             journal.append("NOPE", {})

@@ -25,7 +25,7 @@ def make_journal(directory: Path, sizes: list[int]) -> Path:
     with Journal.open(directory) as j:
         j.append_batch([("T", {"i": i, "note": "x" * size}) for i, size in enumerate(sizes)])
     (segment,) = list_segments(directory)
-    return segment.path
+    return Path(segment.path)
 
 
 def line_starts(segment: Path) -> list[int]:
@@ -148,8 +148,9 @@ def big_journal_with_a_late_snapshot(directory: Path) -> tuple[Path, int]:
             j.append_batch([("T", {"i": i, "note": "x" * 150}) for i in range(start, start + 500)])
         j.write_snapshot(SNAPSHOT_SEQ, b"state")
     (segment,) = list_segments(directory)
-    from_snapshot = segment.path.stat().st_size - line_starts(segment.path)[SNAPSHOT_SEQ - 1]
-    return segment.path, from_snapshot + 16 * PROBE_BYTES
+    path = Path(segment.path)
+    from_snapshot = path.stat().st_size - line_starts(path)[SNAPSHOT_SEQ - 1]
+    return path, from_snapshot + 16 * PROBE_BYTES
 
 
 def test_open_after_a_snapshot_reads_from_the_snapshot_seq(

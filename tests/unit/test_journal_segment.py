@@ -71,9 +71,9 @@ def test_listing_orders_and_ignores_other_files(tmp_path: Path) -> None:
     (tmp_path / (segment_name(12) + ".broken")).write_bytes(b"junk")
     (tmp_path / "snapshot-00000000000000000011.snap").write_bytes(b"")
     assert list_segments(tmp_path) == [
-        Segment(1, tmp_path / segment_name(1)),
-        Segment(12, tmp_path / segment_name(12)),
-        Segment(30, tmp_path / segment_name(30)),
+        Segment(1, str(tmp_path / segment_name(1))),
+        Segment(12, str(tmp_path / segment_name(12))),
+        Segment(30, str(tmp_path / segment_name(30))),
     ]
 
 
@@ -89,17 +89,17 @@ def test_check_next_accepts_the_exact_successor() -> None:
 @pytest.mark.parametrize(("following", "kind"), [(12, "gap"), (10, "overlap")])
 def test_check_next_refuses_gaps_and_overlaps(following: int, kind: str) -> None:
     with pytest.raises(CorruptionError, match=kind) as caught:
-        check_next(Segment(1, Path("/j/a")), 11, Segment(following, Path("/j/b")))
+        check_next(Segment(1, "/j/a"), 11, Segment(following, "/j/b"))
     assert caught.value.seq == 11
-    assert caught.value.segment == Path("/j/b")
+    assert caught.value.segment == "/j/b"
     assert caught.value.offset == 0
 
 
 def test_broken_copy_names_are_numbered_when_taken() -> None:
-    seg = Path("/j") / segment_name(7)
-    assert broken_copy_path(seg, []) == Path("/j/00000000000000000007.jsonl.broken")
-    taken = [seg.name + ".broken", seg.name + ".broken.1"]
-    assert broken_copy_path(seg, taken) == Path("/j/00000000000000000007.jsonl.broken.2")
+    seg = "/j/" + segment_name(7)
+    assert broken_copy_path(seg, []) == "/j/00000000000000000007.jsonl.broken"
+    taken = [segment_name(7) + ".broken", segment_name(7) + ".broken.1"]
+    assert broken_copy_path(seg, taken) == "/j/00000000000000000007.jsonl.broken.2"
 
 
 _NAMED = st.builds(
@@ -118,5 +118,5 @@ def test_names_read_as_the_pattern_says(name: str) -> None:
     want = int(segment[1]) if segment and int(segment[1]) >= 1 else None
     assert parse_segment_name(name) == want
     snapshot = re.fullmatch(r"snapshot-([0-9]{20})\.snap", name)
-    found = snapshots_in([name], Path("/j"))
-    assert found == ([(int(snapshot[1]), Path("/j") / name)] if snapshot else [])
+    found = snapshots_in([name], "/j")
+    assert found == ([(int(snapshot[1]), "/j/" + name)] if snapshot else [])

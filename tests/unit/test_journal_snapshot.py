@@ -123,7 +123,7 @@ def test_a_damaged_snapshot_falls_back_to_an_older_one(jdir: Path, damage: objec
         assert j.latest_snapshot() == Snapshot(3, b"three")
     report = verify(jdir)
     assert report.status == "clean" and report.snapshot_seq == 3
-    assert [p.name for p, _why in report.damaged_snapshots] == [snapshot_name(5)]
+    assert [Path(p).name for p, _why in report.damaged_snapshots] == [snapshot_name(5)]
 
 
 def test_all_snapshots_damaged_means_full_replay(jdir: Path) -> None:
@@ -175,7 +175,7 @@ def test_compact_removes_sealed_segments_covered_and_older_snapshots(jdir: Path)
         j.write_snapshot(snap_seq, b"later")
         removed = j.compact()
         kept = list_segments(jdir)
-        assert removed == [segments[0].path, segments[1].path, jdir / snapshot_name(5)]
+        assert removed == [segments[0].path, segments[1].path, str(jdir / snapshot_name(5))]
         assert kept == segments[2:]
         assert j.first_seq == segments[2].first_seq
         assert j.latest_snapshot() == Snapshot(snap_seq, b"later")
@@ -222,7 +222,7 @@ def test_compact_fsyncs_the_directory_per_removal(
         j.write_snapshot(9, b"x")
         calls.clear()
         removed = j.compact()
-    segment_removals = [p for p in removed if p.suffix == ".jsonl"]
+    segment_removals = [p for p in removed if p.endswith(".jsonl")]
     assert segment_removals
     # unlink, fsync_dir, unlink, fsync_dir, ...: every removal durable before the next.
     assert calls[: 2 * len(segment_removals)] == ["unlink", str(jdir)] * len(segment_removals)
@@ -306,7 +306,7 @@ def test_open_reads_only_what_the_latest_snapshot_does_not_cover(jdir: Path) -> 
         segments = list_segments(jdir)
         j.write_snapshot(segments[2].first_seq, b"state")
     # Bit rot in a covered segment: open does not read it (verify does) ...
-    covered = segments[0].path
+    covered = Path(segments[0].path)
     raw = bytearray(covered.read_bytes())
     raw[15] ^= 0x01
     covered.write_bytes(bytes(raw))
@@ -318,7 +318,7 @@ def test_open_reads_only_what_the_latest_snapshot_does_not_cover(jdir: Path) -> 
         assert j.append("T", {}).seq == 21
     assert verify(jdir).status == "corrupt"
     # ... but damage after the snapshot is still refused at open.
-    last = list_segments(jdir)[-2].path
+    last = Path(list_segments(jdir)[-2].path)
     raw = bytearray(last.read_bytes())
     raw[15] ^= 0x01
     last.write_bytes(bytes(raw))
@@ -332,7 +332,7 @@ def test_compact_removes_temp_files_of_crashed_snapshot_writes(jdir: Path) -> No
         stale = jdir / f".{snapshot_name(3)}.tmp"
         stale.write_bytes(b"half")
         j.write_snapshot(5, b"five")
-        assert stale in j.compact()
+        assert str(stale) in j.compact()
         assert not stale.exists()
 
 

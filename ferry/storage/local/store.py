@@ -831,7 +831,7 @@ def view_damage(view: journal.View, *, shown: bool = True) -> list[JournalIntegr
         instead = f"the snapshot at seq {view.base_seq}" if view.base else "seq 1"
         found.append(
             JournalIntegrityError(
-                f"snapshot {path.name} is unusable ({why}); read from {instead} instead",
+                f"snapshot {os.path.basename(path)} is unusable ({why}); read from {instead} instead",
                 code=code,
                 details={"path": str(path)},
             )
