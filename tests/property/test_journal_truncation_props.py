@@ -103,7 +103,7 @@ def check_cut(
     if torn:
         assert repaired.bytes_cut == cut - boundary
         assert repaired.broken_copy is not None
-        assert repaired.broken_copy.read_bytes() == full[boundary:cut]
+        assert Path(repaired.broken_copy).read_bytes() == full[boundary:cut]
         assert last.read_bytes() == full[:boundary]
     else:
         assert not repaired.repaired and last.read_bytes() == damaged
