@@ -98,7 +98,7 @@ def gc(
     dry_run: bool = False,
     now_s: float | None = None,
 ) -> GcReport:
-    store, home = session.store, session.home
+    store, home = session.store, Path(session.home)
     cutoff_s = (time.time() if now_s is None else now_s) - older_than_s
     wanted = [state for state in SETTLED_STATES if state in set(states)]
     report = GcReport(dry_run=dry_run, cutoff_s=cutoff_s, states=wanted)

@@ -16,7 +16,6 @@ import json
 import os
 import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 from ferry.core.errors import UsageError
 from ferry.core.spec import (
@@ -228,7 +227,7 @@ def _refuse_shell_text(argv: tuple[str, ...], cwd: str) -> None:
     )
 
 
-def build_spec(opts: Mapping[str, Any], home: Path, *, queued: bool = False) -> TaskSpec:
+def build_spec(opts: Mapping[str, Any], home: str, *, queued: bool = False) -> TaskSpec:
     """TaskSpec from the TASK OPTIONS (``ferry.cli.context.task_opts`` shape).
     ``queued``: for a task that runs later (``submit``), a CMD that only a shell could
     run is refused now, with a hint; ``run`` says so at once anyway (exit 127)."""
@@ -252,7 +251,7 @@ def build_spec(opts: Mapping[str, Any], home: Path, *, queued: bool = False) -> 
     if pointer_args:
         from ferry.app.pointers import resolve_pointers
 
-        resolved = resolve_pointers(pointer_args, Path(cwd))
+        resolved = resolve_pointers(pointer_args, cwd)
         pointers = tuple(p.spec_entry() for p in resolved)
         patch_file = opts.get("patch_file")
         if patch_file is not None:
@@ -262,7 +261,7 @@ def build_spec(opts: Mapping[str, Any], home: Path, *, queued: bool = False) -> 
                 raise UsageError("patch_file must be a path", code="usage.bad_patch")
             # Like any file argument, relative to where the user is, not to --cwd.
             stored, _info = prepare_patch(
-                Path(os.path.abspath(patch_file)), resolved, home / "patches"
+                os.path.abspath(patch_file), resolved, os.path.join(home, "patches")
             )
             patch = PatchRef(stored.path, stored.sha256)
     elif opts.get("patch_file") is not None:

@@ -29,7 +29,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from pathlib import Path
 from types import FrameType
 
 from ferry import failpoints
@@ -105,7 +104,7 @@ class Launch:
 
     def __init__(
         self,
-        home: Path,
+        home: str,
         environ: dict[str, str],
         *,
         passthrough: bool = False,
@@ -401,7 +400,7 @@ def _record(raw: Sequence[Any]) -> Record:
 
 def run_foreground(
     open_store: Callable[[], TaskStore],
-    home: Path,
+    home: str,
     task: Task,
     token: str,
     *,
@@ -458,7 +457,7 @@ def run_foreground(
 
 def claim_foreground(
     store: TaskStore,
-    home: Path,
+    home: str,
     claim: Callable[[dict[str, Any], str], Task | None],
     *,
     epoch: int,

@@ -35,7 +35,6 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable
-from pathlib import Path
 from typing import BinaryIO
 
 from ferry.proc.logorder import ENTRY_BYTES, STDERR, STDOUT, order_path, unpack
@@ -67,7 +66,7 @@ def data_segments(fd: int, start: int, end: int) -> list[tuple[int, int]]:
     return found
 
 
-def read_tails(paths: tuple[Path, Path], bytes_max: int) -> dict[str, tuple[bytes, int]]:
+def read_tails(paths: tuple[str, str], bytes_max: int) -> dict[str, tuple[bytes, int]]:
     """Per stream whose log exists: its last ``bytes_max`` bytes of data (a hole
     dropped by ``--log-max`` holds none) and the log's size."""
     found: dict[str, tuple[bytes, int]] = {}
@@ -92,7 +91,7 @@ def read_tails(paths: tuple[Path, Path], bytes_max: int) -> dict[str, tuple[byte
     return found
 
 
-def _tail_offset(path: Path, lines: int) -> int:
+def _tail_offset(path: str, lines: int) -> int:
     """Byte offset where the last ``lines`` lines of ``path`` start (a hole dropped by
     ``--log-max`` holds no line)."""
     try:
@@ -124,9 +123,9 @@ def _tail_offset(path: Path, lines: int) -> int:
         os.close(fd)
 
 
-def _size(path: Path) -> int:
+def _size(path: str) -> int:
     try:
-        return path.stat().st_size
+        return os.stat(path).st_size
     except FileNotFoundError:
         return 0
 
@@ -136,7 +135,7 @@ class _Replay:
 
     def __init__(
         self,
-        paths: tuple[Path, Path],
+        paths: tuple[str, str],
         outs: tuple[BinaryIO | None, BinaryIO | None],
         starts: tuple[int, int],
         as_json: bool,
@@ -260,7 +259,7 @@ class _Replay:
 
 
 def print_logs(
-    paths: tuple[Path, Path],
+    paths: tuple[str, str],
     *,
     stream: str | None,
     tail: int | None,

@@ -31,7 +31,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 # work waits this long for a merge beside it when it ends; then lets it finish alone.
 FINISH_WAIT_S = 30.0
@@ -43,7 +42,7 @@ class MergeAside:
     """At most one ``ferry journal compact`` at a time, started and reaped by ``work``;
     ``notice``: how work tells the user of one that failed."""
 
-    def __init__(self, home: Path, notice: Callable[[str], None]) -> None:
+    def __init__(self, home: str, notice: Callable[[str], None]) -> None:
         self.home = home
         self.notice = notice
         self.process: subprocess.Popen[bytes] | None = None
@@ -56,7 +55,7 @@ class MergeAside:
         self.not_before = time.monotonic() + START_EVERY_S
         command = ["journal", "compact", "--no-wait"]
         self.process = subprocess.Popen(  # (stderr: work's, where its warnings belong)
-            [sys.executable, "-m", "ferry.cli", "--home", str(self.home), "-q", *command],
+            [sys.executable, "-m", "ferry.cli", "--home", self.home, "-q", *command],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             start_new_session=True,

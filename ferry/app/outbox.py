@@ -16,7 +16,6 @@ import contextlib
 import os
 import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 from ferry.app.runner import as_cancelled
 from ferry.app.session import this_host
@@ -61,39 +60,45 @@ def patience_s() -> float:
     return value
 
 
-def _directory(home: Path) -> Path:
-    return home / OUTBOX
+def _directory(home: str) -> str:
+    return os.path.join(home, OUTBOX)
 
 
-def keep(home: Path, records: Sequence[ev.Event]) -> Path:
+def keep(home: str, records: Sequence[ev.Event]) -> str:
     """Durably keep a task's end (SETTLED, maybe after its SPAWNED) until delivered."""
     settled = _settled(records)
     directory = _directory(home)
-    directory.mkdir(mode=0o700, exist_ok=True)
+    try:
+        os.mkdir(directory, 0o700)
+    except FileExistsError:
+        if not os.path.isdir(directory):
+            raise
     name = f"{settled.task}.{settled.attempt}.{settled.token}.json"
     data = _json.dumps({"records": [list(record.encode()) for record in records]})
     return write_atomic(directory, name, data)  # (the file and the directory fsynced)
 
 
-def pending(home: Path) -> list[Path]:
+def pending(home: str) -> list[str]:
     """The ends kept on this host, oldest first."""
     try:
-        entries = list(_directory(home).glob("*.json"))
+        with os.scandir(_directory(home)) as found:
+            entries = [entry.path for entry in found if entry.name.endswith(".json")]
     except OSError:
         return []
-    return sorted(entries, key=lambda path: path.stat().st_mtime if path.exists() else 0.0)
+    return sorted(entries, key=lambda path: os.stat(path).st_mtime if os.path.exists(path) else 0.0)
 
 
-def load(path: Path) -> list[ev.Event]:
-    raw = _json.loads(path.read_bytes())
+def load(path: str) -> list[ev.Event]:
+    with open(path, "rb") as file:
+        raw = _json.loads(file.read())
     events = [ev.decode_checked(kind, data) for kind, data in raw["records"]]
     return [event for event in events if event is not None]
 
 
-def forget(path: Path) -> None:
+def forget(path: str) -> None:
     with contextlib.suppress(FileNotFoundError):
-        path.unlink()
-        fsync_dir(path.parent)
+        os.unlink(path)
+        fsync_dir(os.path.dirname(path))
 
 
 def deliver(store: TaskStore, records: Sequence[ev.Event]) -> str:
@@ -200,7 +205,7 @@ def _settled(records: Sequence[ev.Event]) -> ev.Settled:
     return found[0]
 
 
-def deliver_pending(store: TaskStore, home: Path) -> list[tuple[str, str]]:
+def deliver_pending(store: TaskStore, home: str) -> list[tuple[str, str]]:
     """``ferry recover``: deliver every end kept on this host; (task, what it became)
     for each delivered. One that cannot be delivered now stays for the next time; one
     refused for good is dropped (its task was decided; nothing left to say)."""

@@ -89,11 +89,11 @@ def resolve_pointer(arg: str, cwd: Path) -> Pointer:
     return Pointer(path=pointer_path, abs_path=abs_path, sha256=sha256)
 
 
-def resolve_pointers(args: Iterable[str], cwd: Path) -> tuple[Pointer, ...]:
+def resolve_pointers(args: Iterable[str], cwd: str | os.PathLike[str]) -> tuple[Pointer, ...]:
     """Every ``--pointer``, in order; a path given twice must agree on its hash."""
     by_path: dict[str, Pointer] = {}
     for arg in args:
-        pointer = resolve_pointer(arg, cwd)
+        pointer = resolve_pointer(arg, Path(cwd))
         earlier = by_path.setdefault(pointer.path, pointer)
         if earlier.sha256 != pointer.sha256:
             raise UsageError(
@@ -170,13 +170,15 @@ def read_patch_file(src: Path) -> bytes:
 
 
 def prepare_patch(
-    src: Path, pointers: Sequence[Pointer], patches_dir: Path
+    src: str | os.PathLike[str],
+    pointers: Sequence[Pointer],
+    patches_dir: str | os.PathLike[str],
 ) -> tuple[StoredPatch, PatchInfo]:
     """Submit time: read the patch once, run the three gates on those bytes (raises
     PatchGateError), then store exactly those bytes as ferry's private copy."""
-    data = read_patch_file(src)
+    data = read_patch_file(Path(src))
     info = check_gates(data, [pointer.path for pointer in pointers])
-    return store_patch_bytes(data, patches_dir), info
+    return store_patch_bytes(data, Path(patches_dir)), info
 
 
 def store_patch(src: Path, patches_dir: Path) -> StoredPatch:

@@ -14,7 +14,6 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from ferry.app import outbox
 from ferry.app.queueing import settle_doomed
@@ -64,7 +63,7 @@ def task_marker(task: Task) -> str:
     return task.marker or marker_prefix(task.id, task.attempt)
 
 
-def task_liveness(task: Task, home: Path) -> Liveness:
+def task_liveness(task: Task, home: str | os.PathLike[str]) -> Liveness:
     """Alive if its inherited alive-lock is still held (pid-free: sees children that
     called setsid and cleared their environment), or if any process of its session or
     group, or carrying its marker, is alive (``probe_task``)."""
@@ -76,13 +75,13 @@ def task_liveness(task: Task, home: Path) -> Liveness:
     return probe_task(task_marker(task), leader_identity(task), not_before_ticks=not_before)
 
 
-def signal_all(task: Task, home: Path, sig: int) -> int:
+def signal_all(task: Task, home: str | os.PathLike[str], sig: int) -> int:
     """Signal every process of the task ``task_liveness`` can see (``signal_task``)."""
     holding = alive_path(home, task.id, task.attempt)
     return signal_task(leader_identity(task), task_marker(task), sig, holding=holding)
 
 
-def reachable(task: Task, lock: Path) -> bool:
+def reachable(task: Task, lock: str) -> bool:
     """Can a signal reach a process of the task: its leader is running, or a scan finds
     one by marker, session, group or the alive-lock it holds? (A task alive by its lock
     alone, held on a descriptor marked close-on-exec, is not.)"""
@@ -93,9 +92,9 @@ def reachable(task: Task, lock: Path) -> bool:
     return bool(scan.alive or scan.unreadable)
 
 
-def _tail(path: Path) -> str | None:
+def _tail(path: str) -> str | None:
     try:
-        with path.open("rb") as stream:
+        with open(path, "rb") as stream:
             size = stream.seek(0, os.SEEK_END)
             stream.seek(max(0, size - SALVAGE_TAIL_BYTES))
             return stream.read().decode("utf-8", "backslashreplace")

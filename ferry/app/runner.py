@@ -27,7 +27,6 @@ import os
 import signal
 import time
 from collections.abc import Mapping
-from pathlib import Path
 
 from ferry.core import events as ev
 from ferry.core._value import Value, init
@@ -50,9 +49,10 @@ ESCAPEE_POLL_S = 0.05
 SPAWNED_AFTER_S = 0.05
 
 
-def log_paths(home: Path, task_id: str, attempt: int) -> tuple[Path, Path]:
-    directory = home / "logs" / task_id
-    return directory / f"{attempt}.stdout", directory / f"{attempt}.stderr"
+def log_paths(home: str | os.PathLike[str], task_id: str, attempt: int) -> tuple[str, str]:
+    directory = os.path.join(home, "logs", task_id)
+    stdout, stderr = f"{attempt}.stdout", f"{attempt}.stderr"
+    return os.path.join(directory, stdout), os.path.join(directory, stderr)
 
 
 # The heartbeat file is also the alive-lock (ferry.proc.alivelock): one file per attempt.

@@ -5,7 +5,7 @@ look."""
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
 
 from ferry.app.runner import heartbeat_path
 from ferry.core._value import replace
@@ -21,7 +21,7 @@ def runner_identity(task: Task) -> ProcessIdentity | None:
         return None
 
 
-def with_runner_state(task: Task, home: Path) -> Task:
+def with_runner_state(task: Task, home: str | os.PathLike[str]) -> Task:
     """What the journal does not hold, for a task in flight: heartbeat_at from the
     heartbeat file (beats are not journaled), and whether its runner (the task's
     supervisor) is alive now, as a probe proves it (``runner.alive``: true, false, or
@@ -35,7 +35,7 @@ def with_runner_state(task: Task, home: Path) -> Task:
     alive = None if seen is Liveness.UNKNOWN else seen is Liveness.ALIVE
     task = replace(task, runner={**task.runner, "alive": alive})
     try:
-        beat = heartbeat_path(home, task.id, task.attempt).stat().st_mtime
+        beat = os.stat(heartbeat_path(home, task.id, task.attempt)).st_mtime
     except OSError:
         return task
     return replace(task, heartbeat_at=beat)

@@ -12,7 +12,6 @@ import signal
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 from ferry.app.runner import RunResult, log_paths
 from ferry.app.session import Session
@@ -52,7 +51,7 @@ def resolve_task(store: TaskStore, reference: str) -> Task:
 class Service:
     def __init__(self, session: Session) -> None:
         self.session = session
-        self.home: Path = session.home
+        self.home: str = session.home
 
     @property
     def store(self) -> TaskStore:
@@ -336,7 +335,7 @@ class Service:
         if which > task.attempt:
             raise NotFoundError(f"task {task.id} has no attempt {which}", code="task.no_attempt")
         paths = log_paths(self.home, task.id, which)
-        if self.store.host_lost(task, float("inf")) is not None and not paths[0].exists():
+        if self.store.host_lost(task, float("inf")) is not None and not os.path.exists(paths[0]):
             return self._logs_kept_elsewhere(task, which, stream=stream, tail=tail,
                                              as_json=as_json, merged=merged)  # fmt: skip
 
@@ -385,10 +384,11 @@ class Service:
                 details={"task": task.id, "host": owner},
             )
         with tempfile.TemporaryDirectory(prefix="ferry-logs-") as scratch:
-            paths = log_paths(Path(scratch), task.id, attempt)
-            paths[0].parent.mkdir(parents=True)
+            paths = log_paths(scratch, task.id, attempt)
+            os.makedirs(os.path.dirname(paths[0]))
             for path, name in zip(paths, ("stdout", "stderr"), strict=True):
-                path.write_bytes(tails.get(name, (b"", 0))[0])
+                with open(path, "wb") as file:
+                    file.write(tails.get(name, (b"", 0))[0])
             print_logs(paths, stream=stream, tail=tail, follow=False, settled=lambda: True,
                        as_json=as_json, merged=merged, task_id=task.id)  # fmt: skip
         cut = [f"{name}'s {size} bytes" for name, (data, size) in sorted(tails.items())
@@ -574,13 +574,13 @@ class Service:
     def journal_verify(self) -> dict[str, Any]:
         from ferry.storage.local.maintenance import verify
 
-        return verify(self.home / "journal")
+        return verify(os.path.join(self.home, "journal"))
 
     def journal_repair(self) -> dict[str, Any]:
         from ferry.storage.local.maintenance import repair
 
         self._refuse_missing("repair")
-        return repair(self.home / "journal")
+        return repair(os.path.join(self.home, "journal"))
 
     def journal_compact(self, *, wait: bool = True) -> dict[str, Any]:
         """``wait=False``: another compaction holding the lock does the work; say so."""
@@ -615,7 +615,7 @@ class Service:
         from ferry.storage.local.maintenance import dump
 
         self._local_journal("dump", "reads")
-        dump(self.home / "journal", from_seq, sys.stdout.buffer)
+        dump(os.path.join(self.home, "journal"), from_seq, sys.stdout.buffer)
 
     def journal_salvage(self, *, dry_run: bool) -> dict[str, Any]:
         """``ferry journal salvage``: see :mod:`ferry.storage.local.salvage`."""
@@ -652,15 +652,15 @@ def _written(task: Task) -> dict[str, bool] | None:
     return None
 
 
-def _lost_logs(paths: tuple[Path, Path], task: Task) -> list[str]:
+def _lost_logs(paths: tuple[str, str], task: Task) -> list[str]:
     """The logs of the task's settled attempt that were written and are not there."""
     written = _written(task)
     if written is None:
         return []
     return [
-        path.name
+        os.path.basename(path)
         for path, stream in zip(paths, _STREAMS, strict=True)
-        if written[stream] and not path.exists()
+        if written[stream] and not os.path.exists(path)
     ]
 
 

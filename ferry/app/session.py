@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from functools import partial
-from pathlib import Path
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -101,7 +100,7 @@ def this_host() -> str:
 
 
 def open_store(
-    home: Path,
+    home: str,
     on_lock_wait: Callable[[], None] | None = None,
     *,
     reading: bool = False,
@@ -133,7 +132,7 @@ def load_backend() -> None:
     __import__("ferry.storage.local.history")  # (a home with archives reads it)
 
 
-def _log_tails(home: Path, task_id: str, attempt: int) -> dict[str, tuple[bytes, int]]:
+def _log_tails(home: str, task_id: str, attempt: int) -> dict[str, tuple[bytes, int]]:
     """The tails of an attempt's logs on this host, for a shared database to keep."""
     from ferry.app.logs import read_tails
     from ferry.app.runner import log_paths
@@ -147,7 +146,7 @@ class Session:
 
     def __init__(
         self,
-        home: Path,
+        home: str,
         reporter: Reporter | None = None,
         store: TaskStore | None = None,
         database: Database | None = None,
@@ -245,7 +244,7 @@ class Session:
             return PgLeases(store.db, store.host, ttl_s)
         from ferry.storage.local.lease import LeaseStore
 
-        return LeaseStore(self.home / "lease.json", ttl_s)
+        return LeaseStore(os.path.join(self.home, "lease.json"), ttl_s)
 
     def notice(self, message: str) -> None:
         self.reporter.notice(message)

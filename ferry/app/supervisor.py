@@ -65,7 +65,6 @@ import math
 import os
 import signal
 import time
-from pathlib import Path
 
 from ferry.app import collector, outbox
 from ferry.app.runner import (
@@ -118,7 +117,7 @@ OUTBOX_PATIENCE_S = outbox.patience_s()  # (its launcher checked it before the f
 
 def main(
     sock: Socket,
-    home: Path,
+    home: str,
     environ: dict[str, str],
     *,
     passthrough: bool,
@@ -134,7 +133,7 @@ def main(
     supervisor_armed()  # failpoints armed for supervisors only, from here on
     channel = Channel(sock)
     launcher = os.getppid()
-    given: Path | None = None  # the heartbeat file of our last task, its end durable
+    given: str | None = None  # the heartbeat file of our last task, its end durable
     with SignalTrap() as trap:
         while True:
             assignment = _next_task(channel, home, launcher)
@@ -156,7 +155,7 @@ def main(
 
 
 def _next_task(
-    channel: Channel, home: Path, launcher: int
+    channel: Channel, home: str, launcher: int
 ) -> tuple[Task, str, bool, float | None] | None:
     """The next task, its claim token, whether it may be spawned once planned (``go``
     with the task: its DISPATCHING was written with its claim), and its deadline as of
@@ -176,7 +175,7 @@ def _next_task(
         claiming = str(message["token"]) if message["t"] == "claiming" else None
 
 
-def _release_unstarted(home: Path, token: str, launcher: int) -> None:
+def _release_unstarted(home: str, token: str, launcher: int) -> None:
     """The launcher died while (or just after) writing a claim naming us, before it told
     us which task: if the claim was written, nothing was started under it; it goes back
     to the queue (cancelled, if a cancel was asked for meanwhile). Looked up once none
@@ -202,7 +201,7 @@ def _release_unstarted(home: Path, token: str, launcher: int) -> None:
             store.commit(event)
 
 
-def open_store_patiently(home: Path, patience_s: float) -> Any:
+def open_store_patiently(home: str, patience_s: float) -> Any:
     """The store (None if it cannot be opened within ``patience_s``: descriptors short,
     the journal locked by a stopped process...)."""
     from ferry.app.session import open_store
@@ -255,7 +254,7 @@ class Supervisor:
     def __init__(
         self,
         channel: Channel,
-        home: Path,
+        home: str,
         task: Task,
         token: str,
         environ: dict[str, str],
@@ -265,7 +264,7 @@ class Supervisor:
         stdout_echo_fd: int,
         told_to_go: bool = False,
         beat_ttl_s: float = math.inf,
-        given: Path | None = None,
+        given: str | None = None,
     ) -> None:
         self.channel, self.home, self.task, self.token = channel, home, task, token
         self.environ, self.trap = environ, trap
@@ -293,7 +292,7 @@ class Supervisor:
         # named this task's rather than a new one made (alivelock.hold); and the one
         # this task held.
         self.given = given
-        self.held: Path | None = None
+        self.held: str | None = None
 
     # -- the life -----------------------------------------------------------------------
 

@@ -16,7 +16,6 @@ import signal
 import stat
 import threading
 from collections.abc import Iterable
-from pathlib import Path
 from types import FrameType, TracebackType
 
 # O_NOFOLLOW: a log path that is a symlink (planted by someone else) is refused instead
@@ -24,7 +23,7 @@ from types import FrameType, TracebackType
 _LOG_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
 
 
-def open_private(path: Path, flags: int = _LOG_FLAGS) -> int:
+def open_private(path: str, flags: int = _LOG_FLAGS) -> int:
     """Open (creating it 0600) ``path`` for appending, refusing a symlink and anything
     but a regular file: a FIFO put there (by the task itself: a log is made at its
     first byte) would block the open, and the supervisor with it, for ever. Opened
@@ -39,12 +38,12 @@ def open_private(path: Path, flags: int = _LOG_FLAGS) -> int:
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
 
 
-def create_private(path: Path) -> None:
+def create_private(path: str) -> None:
     """Create ``path`` 0600 if missing (a symlink there is refused), leave it as is."""
     os.close(os.open(path, _CREATE_FLAGS, 0o600))
 
 
-def _refused(path: Path, what: str) -> OSError:
+def _refused(path: str, what: str) -> OSError:
     return OSError(errno.ELOOP, f"{what}, not followed", str(path))
 
 
@@ -62,7 +61,7 @@ class LogFile:
     report, as a failed write is.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: str) -> None:
         self.path = path
         self.fd: int | None = None
         self.existed = False  # a file was there: an earlier run of the attempt wrote it
@@ -83,12 +82,12 @@ class LogFile:
                 raise OSError(errno.EISDIR, "a directory", str(self.path))
             self.existed = True
             return st.st_size
-        directory = self.path.parent
+        directory = os.path.dirname(self.path)
         try:
             if stat.S_ISLNK(os.lstat(directory).st_mode):
                 raise _refused(directory, "a symlink")
         except FileNotFoundError:
-            directory = directory.parent  # (made with the log: its file system is asked)
+            directory = os.path.dirname(directory)  # (made with the log: its file system is asked)
         with contextlib.suppress(FileNotFoundError):
             vfs = os.statvfs(directory)
             # (f_files 0: a file system that does not count its inodes, btrfs say)
@@ -99,9 +98,9 @@ class LogFile:
     def open(self) -> int:
         """The log's descriptor, for appending; made (0600) on the first call."""
         if self.fd is None:
-            directory = self.path.parent
+            directory = os.path.dirname(self.path)
             try:
-                directory.mkdir(mode=0o700, parents=True)
+                os.makedirs(directory, 0o700)  # (its parents: the default mode, as mkdir -p)
                 self.made_directory = True
             except FileExistsError:
                 # (A symlink planted there since the check: O_NOFOLLOW would follow it.)
@@ -117,7 +116,7 @@ class LogFile:
             self.fd = None
 
 
-def fsync_dirs(directories: Iterable[Path]) -> str | None:
+def fsync_dirs(directories: Iterable[str]) -> str | None:
     """fsync each directory (a newly created log's name must survive a crash as well as
     its bytes). Returns an error message, or None."""
     for directory in directories:

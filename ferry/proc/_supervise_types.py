@@ -6,7 +6,6 @@ values written by hand (``ferry.core._value``: no dataclass code generation, and
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 from ferry.core._value import Value, init
 
@@ -31,16 +30,16 @@ class SuperviseSpec(Value):
     timeout_s: float | None
     kill_grace_s: float
     heartbeat_s: float
-    stdout_log: Path
-    stderr_log: Path
-    heartbeat_path: Path
+    stdout_log: str
+    stderr_log: str
+    heartbeat_path: str
     passthrough: bool
     stdout_echo_fd: int  # where passthrough sends the task's stdout (2 under --json)
     shell: bool
     stdin: int | None  # None: inherit ferry's stdin
     pass_fds: tuple[int, ...]  # descriptors the child inherits (the alive-lock)
     # Where the order of the two streams is recorded (ferry.proc.logorder); None: not.
-    order_log: Path | None
+    order_log: str | None
     # The task's stdout and stderr are one pseudo-terminal held by the supervisor (its
     # output is logged, and passed through, as stdout); stdin stays as given.
     pty: bool
@@ -56,15 +55,15 @@ class SuperviseSpec(Value):
         timeout_s: float | None,
         kill_grace_s: float,
         heartbeat_s: float,
-        stdout_log: Path,
-        stderr_log: Path,
-        heartbeat_path: Path,
+        stdout_log: str,
+        stderr_log: str,
+        heartbeat_path: str,
         passthrough: bool = True,
         stdout_echo_fd: int = 1,
         shell: bool = False,
         stdin: int | None = None,
         pass_fds: tuple[int, ...] = (),
-        order_log: Path | None = None,
+        order_log: str | None = None,
         pty: bool = False,
         log_max_bytes: int | None = None,
     ) -> None:

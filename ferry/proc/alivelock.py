@@ -44,7 +44,6 @@ import os
 import stat
 import time
 import zlib
-from pathlib import Path
 
 from ferry.core._value import Value, init
 from ferry.proc.process import boot_id, time_namespace
@@ -67,9 +66,9 @@ def alive_name(task_id: str, attempt: int) -> str:
     return f"{task_id}.{attempt}"
 
 
-def alive_path(home: Path, task_id: str, attempt: int) -> Path:
+def alive_path(home: str | os.PathLike[str], task_id: str, attempt: int) -> str:
     """The heartbeat file, which also carries the lock."""
-    return home / DIRECTORY / alive_name(task_id, attempt)
+    return os.path.join(home, DIRECTORY, alive_name(task_id, attempt))
 
 
 class Beat(Value):
@@ -123,7 +122,7 @@ def _now() -> bytes | None:
     return beat_record(Beat(boot_id(), time_namespace() or 0, clock_ns))
 
 
-def hold(path: Path, given: Path | None = None) -> int:
+def hold(path: str, given: str | None = None) -> int:
     """Create and lock the file, and write its first beat; the caller passes the fd to
     the child (pass_fds). ``given``: the file of a task this runner ran before, whose
     end is durable: named ``path`` instead of a new file made, if nothing holds it any
@@ -140,7 +139,7 @@ def hold(path: Path, given: Path | None = None) -> int:
     return fd
 
 
-def _given_on(old: Path, new: Path) -> int | None:
+def _given_on(old: str, new: str) -> int | None:
     """``old`` locked and renamed ``new`` (a descriptor of it); None when it cannot be:
     a process its task left still holds its lock (it is that task's alive-lock, for
     as long as that process lives), it is gone (a compaction pruned it), ``new``
@@ -189,7 +188,7 @@ def _given_on(old: Path, new: Path) -> int | None:
     return fd
 
 
-def beat(path: Path) -> None:
+def beat(path: str) -> None:
     """One heartbeat: this moment's record, written in place (re-creating the file if
     it was removed, never through a symlink)."""
     try:
@@ -213,7 +212,7 @@ def _write_beat(fd: int) -> None:
         pass  # (a full disk): the mtime, or the last record, remains
 
 
-def read_beat(path: Path) -> tuple[Beat | None, float] | None:
+def read_beat(path: str) -> tuple[Beat | None, float] | None:
     """The file's beat record (None if it has no sound one) and its mtime; None when
     there is no file. Other OSErrors raise: the caller decides what it cannot see."""
     try:
@@ -239,7 +238,7 @@ def release(fd: int) -> None:
     os.close(fd)
 
 
-def held(path: Path) -> bool | None:
+def held(path: str) -> bool | None:
     """True: some process still holds the lock (the task is alive). False: nobody
     does. None: no lock file (a task dispatched before this existed, or settled)."""
     try:
@@ -259,7 +258,7 @@ def held(path: Path) -> bool | None:
     return False
 
 
-def _still_named(fd: int, path: Path) -> bool:
+def _still_named(fd: int, path: str) -> bool:
     """``path`` still names the file open on ``fd`` (a ``work`` supervisor may have
     renamed it for its next task since it was opened: :func:`hold`)."""
     try:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 
 from ferry.core.model import Liveness
 from ferry.proc.alivelock import read_beat
@@ -110,7 +109,7 @@ def probe_task(
     return Liveness.DEAD
 
 
-def heartbeat_age(path: Path, wall_now: float) -> tuple[float, str] | None:
+def heartbeat_age(path: str, wall_now: float) -> tuple[float, str] | None:
     """How long ago the runner beat (the file ``path``), and on which clock.
 
     ``"boot"``: on CLOCK_BOOTTIME, from the file's beat record when it is sound and was

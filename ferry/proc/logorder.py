@@ -49,7 +49,6 @@ import os
 import struct
 import zlib
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 
 from ferry.failpoints import failpoint
 from ferry.proc._outputs import LogFile, open_private
@@ -59,9 +58,9 @@ _HEAD = struct.Struct("<B3xQ")
 ENTRY_BYTES = _HEAD.size + 4  # 16: an entry never straddles a page
 
 
-def order_path(stdout_log: Path) -> Path:
+def order_path(stdout_log: str) -> str:
     """``logs/<id>/<attempt>.order`` beside ``<attempt>.stdout``."""
-    return stdout_log.with_suffix(".order")
+    return os.path.splitext(stdout_log)[0] + ".order"
 
 
 def pack(stream: int, end: int) -> bytes:
@@ -91,7 +90,7 @@ class OrderWriter:
     (``error`` says why), the logs go on.
     """
 
-    def __init__(self, path: Path, logs: Sequence[LogFile]) -> None:
+    def __init__(self, path: str, logs: Sequence[LogFile]) -> None:
         self.path = path
         self.logs = tuple(logs)
         self.current: int | None = None  # the stream logged last

@@ -85,6 +85,7 @@ Choices where the brief is silent (the contract of this module):
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -223,9 +224,9 @@ def supervise(
     new_logs = [log.path for log in logs if log.created]
     if order is not None and order.created and order.wrote:
         new_logs.append(order.path)
-    directories = {p.parent for p in new_logs}
+    directories = {os.path.dirname(p) for p in new_logs}
     if any(log.made_directory for log in logs):
-        directories.add(spec.stdout_log.parent.parent)
+        directories.add(os.path.dirname(os.path.dirname(spec.stdout_log)))
     log_error = log_error or fsync_dirs(directories)
     if spec.log_max_bytes is not None:
         caps = [sink.cap for sink in sinks]

@@ -150,15 +150,8 @@ def test_the_plain_commands_typed_most_never_load_click(args: list[str], tmp_pat
     assert never == [], f"ferry {' '.join(args)} loads {never}"
 
 
-# Not yet: the journal's paths are str, ferry's modules on these paths still use pathlib.
-PATHS_NOT_YET_STR = pytest.mark.xfail(
-    strict=True, reason="ferry's modules on these paths still import pathlib (in progress)"
-)
-
-
 @pytest.mark.parametrize("in_use", [False, True], ids=["new home", "home with an archive"])
 @pytest.mark.parametrize("args", TYPED_MOST, ids=" ".join)
-@PATHS_NOT_YET_STR
 def test_the_commands_typed_most_keep_off_what_was_taken_off_their_path(
     args: list[str], in_use: bool, tmp_path: Path
 ) -> None:
@@ -175,7 +168,6 @@ def test_the_commands_typed_most_keep_off_what_was_taken_off_their_path(
         assert "ferry.app.launch" not in loaded and "ferry.app.supervisor" not in loaded
 
 
-@PATHS_NOT_YET_STR
 def test_a_supervisor_loads_no_typing_no_subprocess_and_no_pathlib(tmp_path: Path) -> None:
     """What a supervisor imports after its fork (its task's spawn and watch): those
     imports are the last step on ``run``'s critical path (docs/architecture.md,

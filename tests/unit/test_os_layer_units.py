@@ -23,7 +23,7 @@ from ferry.proc.process import (
     parse_stat,
     self_identity,
 )
-from ferry.storage.local.statedir import filesystem_type, is_network_fs, resolve_home
+from ferry.storage.local.statedir import absolute, filesystem_type, is_network_fs, resolve_home
 
 # --- /proc/<pid>/stat -----------------------------------------------------------------
 
@@ -181,14 +181,43 @@ def test_a_scan_counts_unreadable_environments_of_our_own_user(
 
 def test_resolve_home_precedence() -> None:
     env = {"FERRY_HOME": "/f", "XDG_STATE_HOME": "/x", "HOME": "/h"}
-    assert resolve_home("/cli", env) == Path("/cli")
-    assert resolve_home(None, env) == Path("/f")
-    assert resolve_home(None, {**env, "FERRY_HOME": ""}) == Path("/x/ferry")
-    assert resolve_home(None, {"XDG_STATE_HOME": "relative", "HOME": "/h"}) == Path(
+    assert resolve_home("/cli", env) == "/cli"
+    assert resolve_home(None, env) == "/f"
+    assert resolve_home(None, {**env, "FERRY_HOME": ""}) == "/x/ferry"
+    assert resolve_home(None, {"XDG_STATE_HOME": "relative", "HOME": "/h"}) == (
         "/h/.local/state/ferry"
     )
-    assert resolve_home(None, {"HOME": "/h"}) == Path("/h/.local/state/ferry")
-    assert resolve_home("rel", {}).is_absolute()
+    assert resolve_home(None, {"HOME": "/h"}) == "/h/.local/state/ferry"
+    assert os.path.isabs(resolve_home("rel", {}))
+
+
+@pytest.mark.parametrize(
+    "given",
+    [".", "./", "rel", "rel/", "rel//x/./y/", "../up", "/", "//", "///", "//two", "///three",
+     "/a/b/", "/a//b/./c/.", "/a/../b", "~", "~/", "~//x/./", "~root", "~root/x/",
+     "~no-such-user-here", "~no-such-user-here/x", "a/~", "./~", " ", "/~x"],
+)  # fmt: skip
+def test_resolve_home_spells_the_path_as_pathlib_did(
+    given: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The home is a str now (no pathlib on the start-up path), spelled exactly as
+    ``str(Path(x).expanduser().absolute())`` spelled it: no ``.`` part, no repeated or
+    trailing slash, ``..`` kept, ``~`` and ``~user`` expanded (one that cannot be is
+    pathlib's RuntimeError), relative to the working directory."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home") + "//")
+    for environ, cli in (({}, given), ({"FERRY_HOME": given}, None)):
+        try:
+            want: object = str(Path(given).expanduser().absolute())
+        except RuntimeError as error:
+            want = error
+        try:
+            got: object = resolve_home(cli, environ)
+        except RuntimeError as error:
+            got = error
+        assert type(got) is type(want) and str(got) == str(want)
+    # (ensure_home and open_home_for_reading: Path(x).absolute(), no ~ expanded)
+    assert absolute(given) == str(Path(given).absolute())
 
 
 MOUNTINFO = """\

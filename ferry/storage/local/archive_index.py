@@ -36,7 +36,6 @@ import itertools
 import os
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from pathlib import Path
 
 from ferry.core.history import HistoryMissed
 from journal import _json
@@ -116,7 +115,7 @@ def build_index(
     return header + b"".join(positions) + b"".join(ids), about
 
 
-def check_index(directory: Path, ref: Mapping[str, Any], body: bytes) -> str | None:
+def check_index(directory: str, ref: Mapping[str, Any], body: bytes) -> str | None:
     """What is wrong with the index of the archive ``ref`` names, whose bytes (checked
     by SHA-256) are ``body``: None if it is the index ferry writes for them, byte for
     byte, and the snapshot says of it what it holds (``journal verify``)."""
@@ -129,7 +128,8 @@ def check_index(directory: Path, ref: Mapping[str, Any], body: bytes) -> str | N
     if [order_key(r) for r in records] != sorted(order_key(r) for r in records):
         return "its records are not in order"
     try:
-        found = (directory / str(ref["index"])).read_bytes()
+        with open(os.path.join(directory, str(ref["index"])), "rb") as file:
+            found = file.read()
     except OSError as error:
         return f"its index {ref['index']} is missing or unreadable: {error.strerror}"
     if found != index:
@@ -167,13 +167,13 @@ class IndexedArchive:
     """An archive and its index, open for a few reads (use as a context manager). Every
     failure to read or check is ``HistoryMissed``."""
 
-    def __init__(self, directory: Path, ref: Mapping[str, Any]) -> None:
+    def __init__(self, directory: str, ref: Mapping[str, Any]) -> None:
         self.name = str(ref["name"])
         self.seed = _seed(self.name)
         self.index_fd = self.archive_fd = -1
         try:
-            self.index_fd = os.open(directory / str(ref["index"]), _OPEN_FLAGS)
-            self.archive_fd = os.open(directory / self.name, _OPEN_FLAGS)
+            self.index_fd = os.open(os.path.join(directory, str(ref["index"])), _OPEN_FLAGS)
+            self.archive_fd = os.open(os.path.join(directory, self.name), _OPEN_FLAGS)
             self._read_header(ref)
         except (OSError, ValueError, KeyError, TypeError, IndexError) as error:
             self.close()

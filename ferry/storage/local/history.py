@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from pathlib import Path
 
 from ferry.core.history import HistoryMissed
 
@@ -24,12 +23,12 @@ if TYPE_CHECKING:
 
 
 class ArchiveHistory:
-    def __init__(self, directory: Path, refs: Sequence[Mapping[str, Any]]) -> None:
+    def __init__(self, directory: str, refs: Sequence[Mapping[str, Any]]) -> None:
         self.directory = directory
         self.refs = list(refs)
 
     @classmethod
-    def of(cls, directory: Path, refs: Sequence[Mapping[str, Any]]) -> ArchiveHistory | None:
+    def of(cls, directory: str, refs: Sequence[Mapping[str, Any]]) -> ArchiveHistory | None:
         """The history of a snapshot's archives; None unless each has an index (those
         written before indexes: the table loads them whole, as it did)."""
         if not refs or not all(_indexed(ref) for ref in refs):

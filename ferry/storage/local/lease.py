@@ -177,7 +177,7 @@ class LeaseStore:
 
     def __init__(
         self,
-        path: Path,
+        path: str | os.PathLike[str],
         ttl_s: float,
         *,
         lock_timeout_s: float = 10.0,
@@ -187,8 +187,8 @@ class LeaseStore:
     ) -> None:
         if not (ttl_s > 0 and math.isfinite(ttl_s)):
             raise ValueError(f"lease ttl must be a positive number of seconds, not {ttl_s!r}")
-        self.path = path
-        self.lock_path = path.with_name(path.name + ".lock")
+        self.path = Path(path)
+        self.lock_path = self.path.with_name(self.path.name + ".lock")
         self.ttl_s = ttl_s
         self._lock_timeout_s = lock_timeout_s
         self._probe = probe_holder

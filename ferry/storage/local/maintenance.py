@@ -7,6 +7,7 @@ directory ferry may not write), ``salvage`` is in :mod:`ferry.storage.local.salv
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -16,7 +17,8 @@ from ferry.storage.local.store import Store, check_indexes, check_table, journal
 from journal import _json
 
 
-def verify(directory: Path) -> dict[str, Any]:
+def verify(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    directory = Path(directory)
     if not directory.exists():  # (a reader makes nothing: no journal yet is an empty one)
         return {"status": "clean", "records": 0, "first_seq": 1, "last_seq": 0,
                 "segments": [], "snapshot_seq": None, "damaged_snapshots": [],
@@ -76,7 +78,7 @@ def _check_with_ferry(home: Path) -> tuple[FerryError | None, list[dict[str, Any
         store.close()
 
 
-def repair(directory: Path) -> dict[str, Any]:
+def repair(directory: str | os.PathLike[str]) -> dict[str, Any]:
     """Cut a torn tail; refuse (exit 4) a journal that ``verify`` finds corrupt, whether
     or not the library's repair looked there (a damaged snapshot, a missing first
     segment, a snapshot ferry cannot read): "nothing to repair" must not read as clean."""
@@ -103,13 +105,14 @@ def repair(directory: Path) -> dict[str, Any]:
     }
 
 
-def dump(directory: Path, from_seq: int, out: BinaryIO) -> None:
+def dump(directory: str | os.PathLike[str], from_seq: int, out: BinaryIO) -> None:
     """Every record with seq >= from_seq as JSON Lines (snapshot-covered records that
     were compacted away are not there: the dump starts at the first one on disk).
 
     Reads the directory without a lock (an append in progress ends it quietly) and
     writes nothing. A damaged journal is dumped up to its damage; then the damage is
     raised (``journal.corrupt``, exit 4), naming it."""
+    directory = Path(directory)
     last = 0
     if not directory.exists():
         return  # (no journal yet: nothing to dump, and nothing made)

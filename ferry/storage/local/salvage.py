@@ -45,9 +45,10 @@ IN_USE_PAUSE_S = 0.1
 
 
 def salvage(
-    home: Path, *, dry_run: bool, on_lock_wait: Callable[[], None] | None = None
+    home: str | os.PathLike[str], *, dry_run: bool, on_lock_wait: Callable[[], None] | None = None
 ) -> dict[str, Any]:
     """Salvage ``home``'s journal (``dry_run``: say what it would do; change nothing)."""
+    home = Path(home)
     directory = home / "journal"
     if not directory.exists():
         raise RefusedError("there is no journal to salvage", code="salvage.not_damaged")
@@ -138,7 +139,7 @@ def _acceptor(
         bad: list[str] = []
         for name, sha256 in refs:
             try:
-                for _ in _read_archive(home / "archive" / name, sha256):
+                for _ in _read_archive(str(home / "archive" / name), sha256):
                     pass
             except JournalIntegrityError as error:
                 if dropped is None:

@@ -31,13 +31,13 @@ import errno
 import os
 import stat
 from collections.abc import Mapping
-from pathlib import Path
 
 from ferry.core.errors import StateDirError, UsageError
 
 __all__ = [
     "NETWORK_FS_TYPES",
     "SUBDIRS",
+    "absolute",
     "ensure_home",
     "filesystem_type",
     "fsync_dir",
@@ -99,37 +99,69 @@ _NETWORK_FUSE_SUBTYPES: frozenset[str] = frozenset(
 )
 
 
-def resolve_home(cli_home: str | os.PathLike[str] | None, environ: Mapping[str, str]) -> Path:
+def resolve_home(cli_home: str | os.PathLike[str] | None, environ: Mapping[str, str]) -> str:
     """The state directory the contract names, as an absolute path (symlinks not resolved).
     An empty ``--home`` (``--home "$UNSET"``) names none: refused, never read as "not
     given" (the fallbacks may be another queue's home). An empty ``FERRY_HOME`` or
-    ``XDG_STATE_HOME`` is unset, as the XDG spec has it."""
+    ``XDG_STATE_HOME`` is unset, as the XDG spec has it.
+
+    The path is spelled as ``str(Path(x).expanduser().absolute())`` spelled it (no
+    ``.`` components, no repeated or trailing slashes, ``..`` kept), without pathlib:
+    it is on the start-up path of every command (docs/architecture.md, start-up)."""
     if cli_home is not None:
         if os.fspath(cli_home) == "":
             raise UsageError(
                 "--home is empty: name a directory, or leave --home out for $FERRY_HOME or"
                 " the default", code="usage.bad_home",
             )  # fmt: skip
-        return Path(cli_home).expanduser().absolute()
+        return absolute(cli_home, expand_user=True)
     if environ.get("FERRY_HOME"):
-        return Path(environ["FERRY_HOME"]).expanduser().absolute()
+        return absolute(environ["FERRY_HOME"], expand_user=True)
     xdg = environ.get("XDG_STATE_HOME", "")
     # The XDG spec says a relative value is invalid and must be ignored.
     if xdg and os.path.isabs(xdg):
-        return Path(xdg) / "ferry"
+        return absolute(os.path.join(xdg, "ferry"))
     home = environ.get("HOME") or os.path.expanduser("~")
-    return Path(home).absolute() / ".local" / "state" / "ferry"
+    return absolute(os.path.join(home, ".local", "state", "ferry"))
 
 
-def ensure_home(path: Path, *, mountinfo: str | None = None) -> Path:
+def _parts(path: str) -> tuple[str, list[str]]:
+    """``path``'s root and its parts as pathlib parses them on POSIX: a root of exactly
+    two slashes is kept (POSIX leaves its meaning to the system), more are one; empty
+    and ``.`` parts are dropped, ``..`` kept."""
+    rel = path.lstrip("/")
+    slashes = len(path) - len(rel)
+    root = "//" if slashes == 2 else "/" if slashes else ""
+    return root, [part for part in rel.split("/") if part and part != "."]
+
+
+def absolute(path: str | os.PathLike[str], *, expand_user: bool = False) -> str:
+    """``str(Path(path).absolute())`` (``expand_user``: of ``Path(path).expanduser()``),
+    exactly: relative to the working directory, symlinks and ``..`` not resolved.
+    A ``~user`` that cannot be expanded raises RuntimeError, as pathlib does."""
+    root, parts = _parts(os.fspath(path))
+    if expand_user and not root and parts and parts[0][:1] == "~":
+        home = os.path.expanduser(parts[0])
+        if home[:1] == "~":
+            raise RuntimeError("Could not determine home directory.")
+        root, home_parts = _parts(home)
+        parts = home_parts + parts[1:]
+    if not root:
+        root, cwd_parts = _parts(os.getcwd())
+        parts = cwd_parts + parts
+    return root + "/".join(parts)
+
+
+def ensure_home(path: str | os.PathLike[str], *, mountinfo: str | None = None) -> str:
     """Create ``path`` and its subdirectories private (0700), or refuse it. Returns ``path``.
 
     ``mountinfo`` is the text of /proc/self/mountinfo (read when None; tests pass a sample).
     """
-    path = path.absolute()
-    if not os.path.exists(path.parent):
+    path = absolute(path)
+    parent = os.path.dirname(path)
+    if not os.path.exists(parent):
         # Parents (~/.local/state, say) are created private too; they are not checked.
-        _make_parents(path.parent)
+        _make_parents(parent)
     if _mkdir_private(path, None):
         _fsync_parent(path)
     try:
@@ -140,8 +172,8 @@ def ensure_home(path: Path, *, mountinfo: str | None = None) -> Path:
         _check_dir(path, os.fstat(fd))
         made = False
         for name in SUBDIRS:
-            made = _mkdir_private(Path(name), fd) or made
-            _check_dir(path / name, os.stat(name, dir_fd=fd, follow_symlinks=False))
+            made = _mkdir_private(name, fd) or made
+            _check_dir(os.path.join(path, name), os.stat(name, dir_fd=fd, follow_symlinks=False))
         if made:
             # Their entries live in the home: durable before anything goes in them (a
             # journal record reported committed in journal/, say).
@@ -162,14 +194,16 @@ def ensure_home(path: Path, *, mountinfo: str | None = None) -> Path:
     return path
 
 
-def open_home_for_reading(path: Path, *, mountinfo: str | None = None) -> tuple[Path, bool]:
+def open_home_for_reading(
+    path: str | os.PathLike[str], *, mountinfo: str | None = None
+) -> tuple[str, bool]:
     """The state directory for a command that only reads: ``(path, writable)``.
 
     Refuses what ``ensure_home`` refuses of what is there (a symlink, not a directory,
     another owner, writable by others, a network file system), but creates nothing (a
     missing home or subdirectory reads as empty) and accepts a directory it may not
     write: ``writable`` says which (False: a read-only mount, or no write permission)."""
-    path = path.absolute()
+    path = absolute(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -183,7 +217,7 @@ def open_home_for_reading(path: Path, *, mountinfo: str | None = None) -> tuple[
                 st = os.stat(name, dir_fd=fd, follow_symlinks=False)
             except FileNotFoundError:
                 continue
-            _check_dir(path / name, st)
+            _check_dir(os.path.join(path, name), st)
         writable = os.access(path, os.W_OK | os.X_OK)
     finally:
         os.close(fd)
@@ -191,7 +225,7 @@ def open_home_for_reading(path: Path, *, mountinfo: str | None = None) -> tuple[
     return path, writable
 
 
-def _refuse_network_fs(path: Path, mountinfo: str | None) -> None:
+def _refuse_network_fs(path: str, mountinfo: str | None) -> None:
     fstype = filesystem_type(path, _read_mountinfo() if mountinfo is None else mountinfo)
     if fstype is not None and is_network_fs(fstype):
         raise StateDirError(
@@ -219,7 +253,7 @@ def private_open(path: str | os.PathLike[str], flags: int, *, dir_fd: int | None
         raise
 
 
-def _mkdir_private(path: Path, dir_fd: int | None) -> bool:
+def _mkdir_private(path: str, dir_fd: int | None) -> bool:
     """Create the directory 0700; False if it was there already.  The caller makes a
     new one's entry durable (fsyncs its parent)."""
     try:
@@ -233,24 +267,25 @@ def _mkdir_private(path: Path, dir_fd: int | None) -> bool:
     return True
 
 
-def _fsync_parent(path: Path) -> None:
+def _fsync_parent(path: str) -> None:
     """Make the entry of ``path``, a directory just created, durable: a directory
     survives a power cut only once its parent was fsynced after its creation (else the
     cut drops it, and everything written below it, fsynced or not)."""
+    parent = os.path.dirname(path)
     try:
-        fsync_dir(path.parent)
+        fsync_dir(parent)
     except OSError as e:
-        raise _refusal(path.parent, e) from e
+        raise _refusal(parent, e) from e
 
 
-def _make_parents(directory: Path) -> None:
+def _make_parents(directory: str) -> None:
     """Create ``directory`` and its missing parents (mode 0700), each new one's parent
     fsynced after it, up to the first that existed."""
-    missing: list[Path] = []
+    missing: list[str] = []
     probe = directory
-    while not os.path.exists(probe) and probe.parent != probe:
+    while not os.path.exists(probe) and os.path.dirname(probe) != probe:
         missing.append(probe)
-        probe = probe.parent
+        probe = os.path.dirname(probe)
     for new in reversed(missing):
         try:
             os.mkdir(new, DIR_MODE)
@@ -261,17 +296,17 @@ def _make_parents(directory: Path) -> None:
         _fsync_parent(new)
 
 
-def make_dir_durable(directory: Path) -> None:
+def make_dir_durable(directory: str | os.PathLike[str]) -> None:
     """Create ``directory`` (0700) if it is missing, fsyncing its parent when it does
     (see ``_fsync_parent``): for a subdirectory of the home made after ``ensure_home``."""
     try:
         os.mkdir(directory, DIR_MODE)
     except FileExistsError:
         return
-    fsync_dir(directory.parent)
+    fsync_dir(os.path.dirname(os.fspath(directory)))
 
 
-def _check_dir(path: Path, st: os.stat_result) -> None:
+def _check_dir(path: str, st: os.stat_result) -> None:
     details = {"path": str(path)}
     if stat.S_ISLNK(st.st_mode):
         raise StateDirError(
@@ -298,7 +333,7 @@ def _check_dir(path: Path, st: os.stat_result) -> None:
         )
 
 
-def _refusal(path: Path, e: OSError) -> StateDirError:
+def _refusal(path: str, e: OSError) -> StateDirError:
     details = {"path": str(path), "errno": e.errno}
     # open(O_DIRECTORY | O_NOFOLLOW) on a symlink says ENOTDIR, not ELOOP: look.
     if e.errno == errno.ELOOP or (e.errno == errno.ENOTDIR and os.path.islink(path)):
@@ -349,7 +384,7 @@ def _unescape(field: str) -> str:
     return "".join(out)
 
 
-def filesystem_type(path: Path, mountinfo: str) -> str | None:
+def filesystem_type(path: str | os.PathLike[str], mountinfo: str) -> str | None:
     """The fstype of the mount holding ``path`` (longest mount-point prefix), or None."""
     target = os.path.realpath(path)
     best_len = -1
@@ -396,7 +431,9 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
-def write_atomic(directory: Path, name: str, data: bytes, *, temp_name: str | None = None) -> Path:
+def write_atomic(
+    directory: str | os.PathLike[str], name: str, data: bytes, *, temp_name: str | None = None
+) -> str:
     """Write ``data`` as ``directory/name`` (0600) atomically: a private temp file,
     fsync, rename, fsync the directory. A crash at any point leaves either no file of
     that name or the whole of it, never a torn one; a failure (a full disk) removes the
@@ -406,12 +443,13 @@ def write_atomic(directory: Path, name: str, data: bytes, *, temp_name: str | No
     ``temp_name``: a fixed temp name, for a caller that holds a lock over ``name`` (one
     writer at a time); a crash's stale temp file is then reused. Without it the temp
     name is unique per call."""
-    final = directory / name
+    directory = os.fspath(directory)
+    final = os.path.join(directory, name)
     if temp_name is None:
-        temp = directory / f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+        temp = os.path.join(directory, f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
         fd = private_open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     else:
-        temp = directory / temp_name
+        temp = os.path.join(directory, temp_name)
         fd = private_open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     try:
         try:

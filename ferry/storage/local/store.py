@@ -24,7 +24,6 @@ import os
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
-from pathlib import Path
 
 import journal
 from ferry.core import events as ev
@@ -172,7 +171,7 @@ class LeaseFence:
     inode from being reused, so no other file can pass for it. A write then opens no
     file: a process short of descriptors fails no commit for it."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: str) -> None:
         self.path = path
         self.fd = -1
         self.file: tuple[int, ...] = ()  # _identity() of the file open on fd
@@ -220,7 +219,7 @@ class LeaseFence:
 class Store(ClaimsUnderLock):
     """The journal plus the folded table. Thread-safe: ``lock`` guards the table."""
 
-    def __init__(self, home: Path, wal: journal.Journal, table: Table) -> None:
+    def __init__(self, home: str, wal: journal.Journal, table: Table) -> None:
         self.home = home
         self.wal = wal
         self.table = table
@@ -239,7 +238,7 @@ class Store(ClaimsUnderLock):
     @classmethod
     def open(
         cls,
-        home: Path,
+        home: str | os.PathLike[str],
         *,
         on_lock_wait: Callable[[], None] | None = None,
         read_only: bool = False,
@@ -253,6 +252,7 @@ class Store(ClaimsUnderLock):
         it can be (``journal.Journal.open_view``: its newest usable snapshot, then
         every record up to the damage), and a settled-task archive that is missing or
         damaged is left out; ``damage`` says what, instead of an error."""
+        home = os.fspath(home)
         if not tolerate_damage:
             return cls._open(home, on_lock_wait, read_only, damage=None)
         damage: list[JournalIntegrityError] = []
@@ -264,12 +264,15 @@ class Store(ClaimsUnderLock):
         return cls.open_view(home)
 
     @classmethod
-    def open_view(cls, home: Path, accept: journal.Accept | None = None) -> Store:
+    def open_view(cls, home: str | os.PathLike[str], accept: journal.Accept | None = None) -> Store:
         """What is readable of a damaged journal, as a read-only store (``accept``:
         which snapshot is usable, see ``journal.Journal.open_view``; by default one
         that decodes)."""
+        home = os.fspath(home)
         try:
-            wal = journal.Journal.open_view(home / "journal", accept=accept or _decodable)
+            wal = journal.Journal.open_view(
+                os.path.join(home, "journal"), accept=accept or _decodable
+            )
         except journal.JournalError as error:
             raise journal_error(error) from error
         view = wal.view
@@ -290,18 +293,18 @@ class Store(ClaimsUnderLock):
     @classmethod
     def _open(
         cls,
-        home: Path,
+        home: str,
         on_lock_wait: Callable[[], None] | None,
         read_only: bool,
         *,
         damage: list[JournalIntegrityError] | None,
     ) -> Store:
-        fence = None if read_only else LeaseFence(home / "lease.json")
+        fence = None if read_only else LeaseFence(os.path.join(home, "lease.json"))
         on_damaged = None if damage is None else damage.append
         wal: journal.Journal | None = None
         try:
             wal = journal.Journal.open(
-                home / "journal",
+                os.path.join(home, "journal"),
                 segment_bytes_max=SEGMENT_BYTES_MAX,
                 record_bytes_max=RECORD_BYTES_MAX,
                 fence=fence,
@@ -525,9 +528,9 @@ class Store(ClaimsUnderLock):
     def _compact(
         self, wait: bool, on_lock_wait: Callable[[], None] | None, *, may_merge: bool
     ) -> dict[str, Any] | None:
-        directory = self.home / "archive"
+        directory = os.path.join(self.home, "archive")
         make_dir_durable(directory)
-        lock_fd = os.open(self.home / "compact.lock", _LOCK_FLAGS, 0o600)
+        lock_fd = os.open(os.path.join(self.home, "compact.lock"), _LOCK_FLAGS, 0o600)
         try:
             if not _lock_compaction(lock_fd, wait, on_lock_wait):
                 return None
@@ -535,7 +538,7 @@ class Store(ClaimsUnderLock):
         finally:
             os.close(lock_fd)  # releases the flock
 
-    def _compact_locked(self, directory: Path, may_merge: bool) -> dict[str, Any] | None:
+    def _compact_locked(self, directory: str, may_merge: bool) -> dict[str, Any] | None:
         try:
             self.refresh()
             previous = self.wal.latest_snapshot()
@@ -726,12 +729,12 @@ def _lock_compaction(fd: int, wait: bool, on_wait: Callable[[], None] | None) ->
     return True
 
 
-def compaction_running(home: Path) -> bool:
+def compaction_running(home: str | os.PathLike[str]) -> bool:
     """Another process holds ``compact.lock`` now (a probe: the lock is let go at once).
     For ``journal compact --no-wait``, before it opens the store (that alone reads the
     snapshot and folds what follows it: 0.55 s of CPU with 20,000 tasks queued)."""
     try:
-        fd = os.open(home / "compact.lock", os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        fd = os.open(os.path.join(home, "compact.lock"), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     except FileNotFoundError:
         return False
     try:
@@ -784,7 +787,7 @@ def _parse_snapshot(blob: bytes) -> tuple[dict[str, Any], ArchiveRefs]:
 OnDamaged = Callable[[JournalIntegrityError], None]
 
 
-def _table_from_snapshot(home: Path, blob: bytes, on_damaged: OnDamaged | None = None) -> Table:
+def _table_from_snapshot(home: str, blob: bytes, on_damaged: OnDamaged | None = None) -> Table:
     data, refs = _parse_snapshot(blob)
     return _table_from(home, data, refs, on_damaged)
 
@@ -849,7 +852,7 @@ def view_damage(view: journal.View, *, shown: bool = True) -> list[JournalIntegr
 
 
 def _table_from(
-    home: Path, data: dict[str, Any], refs: ArchiveRefs, on_damaged: OnDamaged | None = None
+    home: str, data: dict[str, Any], refs: ArchiveRefs, on_damaged: OnDamaged | None = None
 ) -> Table:
     def load_settled(table_seq: int) -> Iterable[Mapping[str, Any]] | Table:
         return _load_history(home, refs, table_seq, on_damaged)
@@ -858,7 +861,7 @@ def _table_from(
     if refs:
         from ferry.storage.local.history import ArchiveHistory  # (lazy: a fresh home's run)
 
-        history = ArchiveHistory.of(home / "archive", data.pop("settled_archives"))
+        history = ArchiveHistory.of(os.path.join(home, "archive"), data.pop("settled_archives"))
     try:
         return Table.from_snapshot(
             data, load_settled=load_settled if refs else None, history=history
@@ -868,7 +871,7 @@ def _table_from(
 
 
 def _load_history(
-    home: Path, refs: ArchiveRefs, table_seq: int, on_damaged: OnDamaged | None = None
+    home: str, refs: ArchiveRefs, table_seq: int, on_damaged: OnDamaged | None = None
 ) -> Iterable[Mapping[str, Any]] | Table:
     """The settled tasks of a table loaded from the snapshot naming ``refs``, folded
     through ``table_seq`` since (a ``state.SettledLoader``).
@@ -882,7 +885,7 @@ def _load_history(
     records in between are covered by it). Missing archives the newest snapshot names
     too are lost: ``journal.snapshot_mismatch``, never skipped; unless the caller
     shows what it can (``on_damaged``): it is told, and the other archives serve."""
-    directory = home / "archive"
+    directory = os.path.join(home, "archive")
     first_refs = refs
     try:
         return _read_archives(directory, refs)
@@ -890,7 +893,7 @@ def _load_history(
         lost = error
     for _ in range(_HISTORY_TRIES):
         try:
-            latest = journal.read_latest_snapshot(home / "journal")
+            latest = journal.read_latest_snapshot(os.path.join(home, "journal"))
         except journal.JournalError as error:
             raise journal_error(error) from error
         if latest is None:
@@ -910,7 +913,7 @@ def _load_history(
 
 
 def _read_archives(
-    directory: Path, refs: ArchiveRefs, on_damaged: OnDamaged | None = None
+    directory: str, refs: ArchiveRefs, on_damaged: OnDamaged | None = None
 ) -> list[Mapping[str, Any]]:
     """Every task the archives hold, its newest record each (oldest archive first: a
     later one has the newer record). ``on_damaged``: a missing or damaged archive is
@@ -918,7 +921,7 @@ def _read_archives(
     by_id: dict[str, Mapping[str, Any]] = {}
     for name, sha256 in refs:
         try:
-            records = list(_read_archive(directory / name, sha256))
+            records = list(_read_archive(os.path.join(directory, name), sha256))
         except JournalIntegrityError as error:
             if on_damaged is None:
                 raise
@@ -941,7 +944,7 @@ def check_table(table: Table) -> None:
         raise _undecodable_snapshot(error) from error
 
 
-def check_indexes(home: Path, snapshot: journal.Snapshot | None) -> None:
+def check_indexes(home: str | os.PathLike[str], snapshot: journal.Snapshot | None) -> None:
     """Raise ``journal.snapshot_mismatch`` unless the index of every archive the
     snapshot names is the one its archive makes (``archive_index.check_index``). A
     damaged index loses nothing (``ls`` and ``show`` then read the archive whole): the
@@ -951,11 +954,11 @@ def check_indexes(home: Path, snapshot: journal.Snapshot | None) -> None:
 
     if snapshot is None:
         return
-    directory = home / "archive"
+    directory = os.path.join(home, "archive")
     for ref in _json.loads(snapshot.data).get("settled_archives", []):
         if not isinstance(ref.get("index"), str):
             continue  # (written before indexes: the next compaction writes one)
-        path = directory / ref["name"]
+        path = os.path.join(directory, ref["name"])
         body = b"".join(_archive_lines(path, ref["sha256"]))
         wrong = check_index(directory, ref, body)
         if wrong is not None:
@@ -963,12 +966,12 @@ def check_indexes(home: Path, snapshot: journal.Snapshot | None) -> None:
                 f"settled-task archive {ref['name']}: {wrong}; ls and show read it whole"
                 f" instead (remove {ref['index']}: the next compaction writes a new one)",
                 code="journal.snapshot_mismatch",
-                details={"path": str(path), "index": str(directory / ref["index"])},
+                details={"path": path, "index": os.path.join(directory, ref["index"])},
             )
 
 
 def _write_archive(
-    directory: Path, seq: int, records: Sequence[Mapping[str, Any]]
+    directory: str, seq: int, records: Sequence[Mapping[str, Any]]
 ) -> dict[str, Any]:
     """Settled tasks as JSON Lines in ``ls``'s order, then their index, each written
     atomically BEFORE the snapshot naming them: a crash in between leaves unreferenced
@@ -1000,7 +1003,7 @@ def _write_archive(
 
 
 def _merge_tiers(
-    directory: Path, seq: int, archives: list[dict[str, Any]], records_max: int | None
+    directory: str, seq: int, archives: list[dict[str, Any]], records_max: int | None
 ) -> tuple[list[dict[str, Any]], bool]:
     """``archives`` with their newest merged by size tiers (``tiering``), as many
     times as due, within ``records_max`` records read in all (None: no bound); and
@@ -1019,12 +1022,12 @@ def _merge_tiers(
             records_max -= sum(counts[-run:])
 
 
-def _all_indexed(directory: Path, refs: Sequence[Mapping[str, Any]]) -> bool:
+def _all_indexed(directory: str, refs: Sequence[Mapping[str, Any]]) -> bool:
     """Every archive has its index, there (one ``stat`` each): one missing is written
     again by the merge this asks for."""
     for ref in refs:
         name = ref.get("index")
-        if not isinstance(name, str) or not (directory / name).is_file():
+        if not isinstance(name, str) or not os.path.isfile(os.path.join(directory, name)):
             return False
     return True
 
@@ -1039,26 +1042,28 @@ def _sha256_hex(body: bytes) -> str:
     return hashlib.sha256(body).hexdigest()
 
 
-def _archive_lines(path: Path, sha256: str) -> list[bytes]:
+def _archive_lines(path: str, sha256: str) -> list[bytes]:
     """An archive's lines (each with its newline), once it matched its SHA-256."""
     try:
-        body = path.read_bytes()
+        with open(path, "rb") as file:
+            body = file.read()
     except OSError as error:
         raise JournalIntegrityError(
-            f"settled-task archive {path.name} is missing or unreadable: {error.strerror}",
+            f"settled-task archive {os.path.basename(path)} is missing or unreadable:"
+            f" {error.strerror}",
             code="journal.snapshot_mismatch",
-            details={"path": str(path)},
+            details={"path": path},
         ) from error
     if _sha256_hex(body) != sha256:
         raise JournalIntegrityError(
-            f"settled-task archive {path.name} does not match its snapshot",
+            f"settled-task archive {os.path.basename(path)} does not match its snapshot",
             code="journal.snapshot_mismatch",
-            details={"path": str(path)},
+            details={"path": path},
         )
     return body.splitlines(keepends=True)
 
 
-def _read_archive(path: Path, sha256: str) -> Iterator[Mapping[str, Any]]:
+def _read_archive(path: str, sha256: str) -> Iterator[Mapping[str, Any]]:
     lines = _archive_lines(path, sha256)
     _json.expect(len(lines))
     for line in lines:
@@ -1068,7 +1073,7 @@ def _read_archive(path: Path, sha256: str) -> Iterator[Mapping[str, Any]]:
             raise _undecodable_snapshot(error) from error
 
 
-def _prune_heartbeats(home: Path, settled: list[dict[str, Any]]) -> None:
+def _prune_heartbeats(home: str, settled: list[dict[str, Any]]) -> None:
     """Remove the heartbeat files of tasks that became terminal: nothing reads such a
     task's beat or alive-lock again (in-flight tasks are probed, and a retry runs a new
     attempt with a file of its own), except a quarantined one's.  Its orphan may still
@@ -1080,7 +1085,7 @@ def _prune_heartbeats(home: Path, settled: list[dict[str, Any]]) -> None:
     if not settled:
         return
     try:
-        directory = os.open(home / alivelock.DIRECTORY, _DIR_FLAGS)
+        directory = os.open(os.path.join(home, alivelock.DIRECTORY), _DIR_FLAGS)
     except FileNotFoundError:
         return
     try:
@@ -1092,7 +1097,7 @@ def _prune_heartbeats(home: Path, settled: list[dict[str, Any]]) -> None:
         os.close(directory)
 
 
-def _remove_task_files(home: Path, task_ids: Sequence[str]) -> None:
+def _remove_task_files(home: str, task_ids: Sequence[str]) -> None:
     """Remove the log directory and heartbeat files of tasks ``ferry gc`` forgot (gone
     already, as a rule: gc removes them right after its write). Never through a
     symlink: ``shutil.rmtree`` works by descriptors, and a link itself is unlinked."""
@@ -1102,32 +1107,32 @@ def _remove_task_files(home: Path, task_ids: Sequence[str]) -> None:
 
     wanted = set(task_ids)
     for task_id in task_ids:
-        path = home / "logs" / task_id
+        path = os.path.join(home, "logs", task_id)
         with contextlib.suppress(FileNotFoundError):
-            if path.is_symlink() or not path.is_dir():
-                path.unlink()
+            if os.path.islink(path) or not os.path.isdir(path):
+                os.unlink(path)
             else:
                 shutil.rmtree(path)
     with contextlib.suppress(FileNotFoundError):
-        for entry in os.scandir(home / alivelock.DIRECTORY):
+        for entry in os.scandir(os.path.join(home, alivelock.DIRECTORY)):
             if entry.name.partition(".")[0] in wanted:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(entry.path)
     # Durable before the snapshot that stops naming these ids: after a power cut the
     # files would otherwise come back, belonging to no task (gc never guesses by files).
-    for directory in (home / "logs", home / alivelock.DIRECTORY):
+    for directory in (os.path.join(home, "logs"), os.path.join(home, alivelock.DIRECTORY)):
         with contextlib.suppress(FileNotFoundError):
             fsync_dir(directory)
 
 
-def _prune_archives(directory: Path, keep: set[str]) -> None:
+def _prune_archives(directory: str, keep: set[str]) -> None:
     """Drop archives (and indexes) neither the new nor the previous snapshot names: a
     process that loaded the previous snapshot a moment ago may still read them lazily."""
     from ferry.storage.local.archive_index import INDEX_PREFIX
 
-    if not directory.is_dir():
+    if not os.path.isdir(directory):
         return
     for entry in os.listdir(directory):
         if entry.startswith((_ARCHIVE_PREFIX, INDEX_PREFIX)) and entry not in keep:
-            os.unlink(directory / entry)
+            os.unlink(os.path.join(directory, entry))
     fsync_dir(directory)
