@@ -95,7 +95,7 @@ LEASE_WRITER = """
 
 @pytest.mark.parametrize("point", ["before:lease_write", "after:lease_write"])
 def test_a_crash_around_the_lease_write_leaves_a_usable_lease(point: str, tmp_path: Path) -> None:
-    lease_path = ensure_home(tmp_path / "home") / "lease.json"
+    lease_path = Path(ensure_home(tmp_path / "home")) / "lease.json"
     env = {k: v for k, v in os.environ.items() if k != ENV}
     env[ENV] = point
     result = subprocess.run(

@@ -529,7 +529,7 @@ def fresh_ferry_home(
     from ferry.storage.local import statedir
 
     patch.setattr(statedir, "os", sim)
-    return statedir.ensure_home(home, mountinfo="") / "journal"
+    return Path(statedir.ensure_home(home, mountinfo="")) / "journal"
 
 
 @pytest.mark.parametrize("where", ["home", "home/in/new/parents"])

@@ -42,7 +42,7 @@ def wait_until(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
 
 @pytest.fixture
 def lease_path(tmp_path: Path) -> Path:
-    return ensure_home(tmp_path / "home") / "lease.json"
+    return Path(ensure_home(tmp_path / "home")) / "lease.json"
 
 
 @pytest.fixture

@@ -60,7 +60,7 @@ def wait_until(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
 
 
 def test_a_woken_leader_is_fenced(tmp_path: Path) -> None:
-    home = ensure_home(tmp_path / "home")
+    home = Path(ensure_home(tmp_path / "home"))
     env = {k: v for k, v in os.environ.items() if k != "FERRY_FAILPOINTS"}
     old = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(OLD_LEADER), str(home)],
@@ -115,7 +115,7 @@ def test_ferry_fences_by_the_lease_before_the_successor_writes_anything(tmp_path
     from ferry.core.errors import FerryError
     from ferry.storage.local.store import Store
 
-    home = ensure_home(tmp_path / "home")
+    home = Path(ensure_home(tmp_path / "home"))
     store = Store.open(home)
     leases = LeaseStore(home / "lease.json", ttl_s=60.0)
     me = self_identity()

@@ -201,7 +201,7 @@ def test_a_store_that_fails_to_open_after_the_fork_leaves_no_child_behind(
     from ferry.core.spec import TaskSpec
     from ferry.storage.local.statedir import ensure_home
 
-    home = ensure_home(tmp_path / "home")
+    home = Path(ensure_home(tmp_path / "home"))
     spec = TaskSpec(argv=("true",), cwd=str(tmp_path))
     token = new_claim_token(os.urandom(10))
     task = Task(id=new_task_id(time.time_ns(), os.urandom(4)), spec=spec,

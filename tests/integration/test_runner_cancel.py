@@ -19,7 +19,7 @@ from ferry.storage.local.store import Store
 def test_a_cancel_between_claim_and_spawn_settles_cancelled_without_running(
     tmp_path: Path,
 ) -> None:
-    home = ensure_home(tmp_path / "home")
+    home = Path(ensure_home(tmp_path / "home"))
     marker = tmp_path / "ran"
     store = Store.open(home)
     spec = TaskSpec(argv=("/bin/sh", "-c", f"touch {marker}"), cwd=str(tmp_path))

@@ -37,15 +37,15 @@ def refused(path: Path) -> str:
 
 
 def test_created_private_with_its_subdirectories(tmp_path: Path, wide_umask: None) -> None:
-    home = ensure_home(tmp_path / "a" / "b" / "ferry")
+    home = Path(ensure_home(tmp_path / "a" / "b" / "ferry"))
     assert home.is_absolute() and mode(home) == 0o700
     for name in SUBDIRS:
         assert mode(home / name) == 0o700
-    assert ensure_home(home) == home, "idempotent"
+    assert ensure_home(home) == str(home), "idempotent"
 
 
 def test_private_open_creates_0600_files(tmp_path: Path, wide_umask: None) -> None:
-    home = ensure_home(tmp_path / "home")
+    home = Path(ensure_home(tmp_path / "home"))
     fd = private_open(home / "logs" / "x.log", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     try:
         assert stat.S_IMODE(os.fstat(fd).st_mode) == 0o600
@@ -55,7 +55,7 @@ def test_private_open_creates_0600_files(tmp_path: Path, wide_umask: None) -> No
 
 
 def test_private_open_never_follows_a_planted_symlink(tmp_path: Path) -> None:
-    home = ensure_home(tmp_path / "home")
+    home = Path(ensure_home(tmp_path / "home"))
     target = tmp_path / "target"
     target.write_text("keep")
     (home / "logs" / "x.log").symlink_to(target)
@@ -66,7 +66,7 @@ def test_private_open_never_follows_a_planted_symlink(tmp_path: Path) -> None:
 
 
 def test_a_symlinked_home_is_refused(tmp_path: Path) -> None:
-    real = ensure_home(tmp_path / "real")
+    real = Path(ensure_home(tmp_path / "real"))
     link = tmp_path / "link"
     link.symlink_to(real)
     assert refused(link) == "state_dir.symlink"
@@ -98,7 +98,7 @@ def test_a_group_or_world_writable_home_is_refused(tmp_path: Path, bits: int) ->
 
 
 def test_a_writable_subdirectory_is_refused(tmp_path: Path) -> None:
-    home = ensure_home(tmp_path / "home")
+    home = Path(ensure_home(tmp_path / "home"))
     (home / "logs").chmod(0o777)
     assert refused(home) == "state_dir.permissions"
 
@@ -115,7 +115,7 @@ def test_a_home_owned_by_another_user_is_refused(tmp_path: Path) -> None:
 def test_a_subdirectory_owned_by_another_user_is_refused(tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root to chown")
-    home = ensure_home(tmp_path / "home")
+    home = Path(ensure_home(tmp_path / "home"))
     os.chown(home / "journal", NOBODY, NOBODY)
     assert refused(home) == "state_dir.not_owned"
 
@@ -147,7 +147,7 @@ def test_a_network_filesystem_is_refused(tmp_path: Path) -> None:
 def test_not_writable_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Root may write anywhere, so a read-only mount is simulated at os.access (which
     # is what reports EROFS as "not writable").
-    home = ensure_home(tmp_path / "home")
+    home = Path(ensure_home(tmp_path / "home"))
     monkeypatch.setattr(os, "access", lambda *_a, **_k: False)
     assert refused(home) == "state_dir.not_writable"
 
@@ -198,7 +198,7 @@ def test_each_directory_a_fresh_home_makes_is_fsynced_in_its_parent(
 
 def test_an_existing_home_pays_no_fsync(tmp_path: Path, spy: FsyncSpy) -> None:
     """ensure_home runs at every command's start (ferry run's start-up cost)."""
-    home = ensure_home(tmp_path / "home")
+    home = Path(ensure_home(tmp_path / "home"))
     spy.fsynced.clear()
     ensure_home(home)
     assert spy.fsynced == []
@@ -213,7 +213,7 @@ def test_a_subdirectory_made_after_ensure_home_is_made_durable(
     """archive/ made again by compaction, if it went missing after ensure_home."""
     from ferry.storage.local.statedir import make_dir_durable
 
-    home = ensure_home(tmp_path / "home")
+    home = Path(ensure_home(tmp_path / "home"))
     (home / "archive").rmdir()
     spy.fsynced.clear()
     make_dir_durable(home / "archive")
