@@ -545,3 +545,21 @@ def test_an_empty_home_is_a_usage_error_never_the_default_home(
     assert done.returncode == 2, done
     assert "usage.bad_home" in done.stderr and "Traceback" not in done.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("where", ["--home", "FERRY_HOME"])
+def test_a_home_of_a_user_that_does_not_exist_is_a_usage_error(tmp_path: Path, where: str) -> None:
+    """``~nosuchuser/q``: no home directory to expand it to. Was an internal error
+    (``RuntimeError: Could not determine home directory``, exit 125)."""
+    home = "~ferry-no-such-user-x/q"
+    env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    args = ["--home", home] if where == "--home" else []
+    if where == "FERRY_HOME":
+        env["FERRY_HOME"] = home
+    done = subprocess.run(
+        [sys.executable, "-m", "ferry.cli", *args, "ls"],
+        capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 2, done
+    assert "usage.bad_home" in done.stderr and "Traceback" not in done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

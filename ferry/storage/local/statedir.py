@@ -114,9 +114,9 @@ def resolve_home(cli_home: str | os.PathLike[str] | None, environ: Mapping[str, 
                 "--home is empty: name a directory, or leave --home out for $FERRY_HOME or"
                 " the default", code="usage.bad_home",
             )  # fmt: skip
-        return absolute(cli_home, expand_user=True)
+        return _expanded(cli_home, "--home")
     if environ.get("FERRY_HOME"):
-        return absolute(environ["FERRY_HOME"], expand_user=True)
+        return _expanded(environ["FERRY_HOME"], "FERRY_HOME")
     xdg = environ.get("XDG_STATE_HOME", "")
     # The XDG spec says a relative value is invalid and must be ignored.
     if xdg and os.path.isabs(xdg):
@@ -133,6 +133,15 @@ def _parts(path: str) -> tuple[str, list[str]]:
     slashes = len(path) - len(rel)
     root = "//" if slashes == 2 else "/" if slashes else ""
     return root, [part for part in rel.split("/") if part and part != "."]
+
+
+def _expanded(path: str | os.PathLike[str], named: str) -> str:
+    try:
+        return absolute(path, expand_user=True)
+    except RuntimeError:  # ~nosuchuser
+        raise UsageError(
+            f"{named} {os.fspath(path)!r}: no such user's home directory", code="usage.bad_home"
+        ) from None
 
 
 def absolute(path: str | os.PathLike[str], *, expand_user: bool = False) -> str:
