@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from ferry.core.errors import UsageError
 from ferry.failpoints import parse
 from ferry.proc import liveness, process
 from ferry.proc._outputs import TRAPPED_SIGNALS, SignalTrap, fork_untrapped
@@ -202,20 +203,20 @@ def test_resolve_home_spells_the_path_as_pathlib_did(
 ) -> None:
     """The home is a str now (no pathlib on the start-up path), spelled exactly as
     ``str(Path(x).expanduser().absolute())`` spelled it: no ``.`` part, no repeated or
-    trailing slash, ``..`` kept, ``~`` and ``~user`` expanded (one that cannot be is
-    pathlib's RuntimeError), relative to the working directory."""
+    trailing slash, ``..`` kept, ``~`` and ``~user`` expanded (one that cannot be, for
+    which pathlib raises RuntimeError, is ``usage.bad_home``), relative to the working
+    directory."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HOME", str(tmp_path / "home") + "//")
     for environ, cli in (({}, given), ({"FERRY_HOME": given}, None)):
         try:
-            want: object = str(Path(given).expanduser().absolute())
-        except RuntimeError as error:
-            want = error
-        try:
-            got: object = resolve_home(cli, environ)
-        except RuntimeError as error:
-            got = error
-        assert type(got) is type(want) and str(got) == str(want)
+            want = str(Path(given).expanduser().absolute())
+        except RuntimeError:
+            with pytest.raises(UsageError) as refused:
+                resolve_home(cli, environ)
+            assert refused.value.code == "usage.bad_home"
+            continue
+        assert resolve_home(cli, environ) == want
     # (ensure_home and open_home_for_reading: Path(x).absolute(), no ~ expanded)
     assert absolute(given) == str(Path(given).absolute())
 
