@@ -67,6 +67,14 @@ def _is_special(path: str) -> bool:
     return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
 
 
+def _names_stdout(path: str) -> bool:
+    """``path`` is the file ferry's stdout is (``/dev/stdout``, ``/proc/self/fd/1``)."""
+    try:
+        return os.path.samestat(os.stat(path), os.fstat(1))
+    except OSError:
+        return False
+
+
 def _unwritable(path: str, error: OSError) -> ResourceError:
     reason = error.strerror or str(error)
     return ResourceError(
@@ -169,7 +177,8 @@ def register(cli: click.Group) -> None:
         """
         from ferry.cli import render, report_page
 
-        if html_path == "-" and ctx.as_json:
+        to_stdout = html_path == "-" or _names_stdout(html_path)
+        if to_stdout and ctx.as_json:
             raise UsageError("--html - writes the page to stdout: it cannot also carry --json")
         now_s = time.time()
         since_s = None if since is None else parse_since(since, now_s)
@@ -185,6 +194,8 @@ def register(cli: click.Group) -> None:
             sys.stdout.flush()
             return
         write_atomically(html_path, data)
+        if to_stdout:  # (/dev/stdout, say: the page alone, as with "-")
+            return
         count = f"{len(objs):,} task" + ("" if len(objs) == 1 else "s")
         render.emit(
             as_json=ctx.as_json,

@@ -244,6 +244,14 @@ def test_a_file_that_is_a_device_is_written_into_never_replaced(
     assert sorted(os.listdir(tmp_path)) == ["full.html", "home", "null.html"]
 
 
+def test_a_page_written_to_stdout_by_its_name_is_the_page_alone(ferry: Ferry) -> None:
+    """``--html /dev/stdout`` (a CI step that names it so) is the page and nothing
+    more, as ``--html -``: "wrote /dev/stdout: 1 task" followed the page into it."""
+    ferry.ok("run", "--", "true")
+    named = ferry.ok("report", "--html", "/dev/stdout").out
+    assert named.rstrip().endswith(b"</html>") and named.count(b"<!DOCTYPE html>") == 1
+
+
 @pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace (apt-get install strace)")
 def test_a_crash_or_a_failed_rename_leaves_the_old_page_whole(ferry: Ferry, tmp_path: Path) -> None:
     """The page is written beside the file and renamed over it: killed just before the
