@@ -24,7 +24,7 @@ from ferry.core.errors import FerryError, RefusedError, UsageError
 from ferry.core.fold import MOVED_CODES, RACE_TRIES
 from ferry.core.model import State, Task
 from ferry.storage import TaskStore
-from ferry.storage.local.statedir import fsync_dir, write_atomic
+from ferry.storage.local.statedir import fsync_dir, make_dir_durable, write_atomic
 from journal import _json
 
 TYPE_CHECKING = False
@@ -68,11 +68,7 @@ def keep(home: str, records: Sequence[ev.Event]) -> str:
     """Durably keep a task's end (SETTLED, maybe after its SPAWNED) until delivered."""
     settled = _settled(records)
     directory = _directory(home)
-    try:
-        os.mkdir(directory, 0o700)
-    except FileExistsError:
-        if not os.path.isdir(directory):
-            raise
+    make_dir_durable(directory)  # (made now: its entry in the home fsynced too)
     name = f"{settled.task}.{settled.attempt}.{settled.token}.json"
     data = _json.dumps({"records": [list(record.encode()) for record in records]})
     return write_atomic(directory, name, data)  # (the file and the directory fsynced)
@@ -80,12 +76,16 @@ def keep(home: str, records: Sequence[ev.Event]) -> str:
 
 def pending(home: str) -> list[str]:
     """The ends kept on this host, oldest first."""
+    entries: list[tuple[float, str]] = []
     try:
         with os.scandir(_directory(home)) as found:
-            entries = [entry.path for entry in found if entry.name.endswith(".json")]
+            for entry in found:
+                if entry.name.endswith(".json"):
+                    with contextlib.suppress(FileNotFoundError):  # (delivered meanwhile)
+                        entries.append((entry.stat().st_mtime, entry.path))
     except OSError:
         return []
-    return sorted(entries, key=lambda path: os.stat(path).st_mtime if os.path.exists(path) else 0.0)
+    return [path for _, path in sorted(entries)]
 
 
 def load(path: str) -> list[ev.Event]:

@@ -220,3 +220,25 @@ def test_a_subdirectory_made_after_ensure_home_is_made_durable(
     make_dir_durable(home / "archive")  # there: nothing to make durable
     assert (home / "archive").is_dir() and mode(home / "archive") == 0o700
     assert spy.fsynced == [os.path.realpath(home)]
+
+
+def test_a_kept_end_survives_a_power_cut_with_its_outbox(tmp_path: Path, spy: FsyncSpy) -> None:
+    """The outbox (a supervisor's end the database could not take) is made at its first
+    use: its entry in the home is fsynced then, as every directory ferry makes after
+    ensure_home is (make_dir_durable). Before, only the outbox itself was: a power cut
+    could take the directory, and the kept end with it."""
+    from ferry.app import outbox
+    from ferry.core import events as ev
+    from ferry.core.model import State
+
+    home = ensure_home(tmp_path / "home")
+    spy.fsynced.clear()
+    end = ev.Settled("t1", 1, "tok", State.SUCCEEDED, None, 0)
+    kept = outbox.keep(home, [end])
+    real = os.path.realpath
+    directories = [path for path in spy.fsynced if os.path.isdir(path)]  # (not the file)
+    assert sorted(directories) == sorted([real(home), real(os.path.dirname(kept))])
+    spy.fsynced.clear()
+    outbox.keep(home, [ev.Settled("t2", 1, "tok", State.SUCCEEDED, None, 0)])
+    directories = [path for path in spy.fsynced if os.path.isdir(path)]
+    assert directories == [real(os.path.dirname(kept))]  # (there now: nothing more)
