@@ -7,6 +7,7 @@ example.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -26,7 +27,7 @@ class Seconds(click.FloatRange):
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         result = super().convert(value, param, ctx)
-        if result != result:  # NaN
+        if math.isnan(result):
             self.fail(f"{value!r} is not a number of seconds.", param, ctx)
         return result
 

@@ -179,7 +179,9 @@ def register(cli: click.Group) -> None:
 
         to_stdout = html_path == "-" or _names_stdout(html_path)
         if to_stdout and ctx.as_json:
-            raise UsageError("--html - writes the page to stdout: it cannot also carry --json")
+            raise UsageError(
+                f"--html {html_path} writes the page to stdout: it cannot also carry --json"
+            )
         now_s = time.time()
         since_s = None if since is None else parse_since(since, now_s)
         states = sorted({s.upper() for s in state}) or None
