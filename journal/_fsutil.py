@@ -77,7 +77,6 @@ LOCK_UN = fcntl.LOCK_UN
 # journal.NO_LOCK_ERRNOS, for callers that tell that failure apart.
 NO_LOCK_ERRNOS = frozenset({errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP})
 
-PathArg = str
 # A path a public function takes: made a ``str`` once (``fspath``) where it comes in. The
 # journal keeps and returns its paths as ``str``, built with ``os.path`` (no pathlib on
 # the start-up path of ferry's commands: docs/architecture.md, "Start-up").
@@ -87,7 +86,7 @@ basename = _path.basename
 split = _path.split
 
 
-def open_segment(path: PathArg, *, create: bool = False, read_only: bool = False) -> int:
+def open_segment(path: str, *, create: bool = False, read_only: bool = False) -> int:
     """A read-write descriptor on a segment (records go in with ``pwrite_durably`` at
     the end of the last record, not with O_APPEND: the segment may hold a preallocated
     tail of zeros).  With ``create`` the file must not exist yet (O_EXCL).  A
@@ -98,7 +97,7 @@ def open_segment(path: PathArg, *, create: bool = False, read_only: bool = False
     return os.open(path, CREATE_RDWR_FLAGS if create else RDWR_FLAGS, FILE_MODE)
 
 
-def open_read(path: PathArg) -> int:
+def open_read(path: str) -> int:
     """A read-only descriptor on a regular file: a directory in a segment's or a
     snapshot's place fails here, naming it (its reads would fail naming nothing)."""
     fd = os.open(path, READ_FLAGS)
@@ -108,20 +107,20 @@ def open_read(path: PathArg) -> int:
     return fd
 
 
-def open_rdwr(path: PathArg) -> int:
+def open_rdwr(path: str) -> int:
     return os.open(path, RDWR_FLAGS)
 
 
-def open_new(path: PathArg) -> int:
+def open_new(path: str) -> int:
     """Create a file that must not exist yet, write-only."""
     return os.open(path, CREATE_NEW_FLAGS, FILE_MODE)
 
 
-def open_lockfile(path: PathArg) -> int:
+def open_lockfile(path: str) -> int:
     return os.open(path, LOCKFILE_FLAGS, FILE_MODE)
 
 
-def open_lockfile_read(path: PathArg) -> int:
+def open_lockfile_read(path: str) -> int:
     """The lock file for reading only (a read-only handle: its size is the rotation
     counter; it is never locked through this descriptor), or -1 when there is none."""
     try:
@@ -195,11 +194,11 @@ def truncate(fd: int, length: int) -> None:
     os.ftruncate(fd, length)
 
 
-def listdir(path: PathArg) -> list[str]:
+def listdir(path: str) -> list[str]:
     return os.listdir(path)
 
 
-def exists(path: PathArg) -> bool:
+def exists(path: str) -> bool:
     """A name is there (a symlink too, whatever it points at)."""
     try:
         os.lstat(path)
@@ -208,16 +207,16 @@ def exists(path: PathArg) -> bool:
     return True
 
 
-def inode(path: PathArg) -> int:
+def inode(path: str) -> int:
     """The file's inode number (FileNotFoundError if it is gone)."""
     return os.stat(path).st_ino
 
 
-def unlink(path: PathArg) -> None:
+def unlink(path: str) -> None:
     os.unlink(path)
 
 
-def fsync_dir(path: PathArg) -> None:
+def fsync_dir(path: str) -> None:
     """fsync a directory so that entries created, renamed or removed in it survive a
     power cut (a new file's data can be durable while its name is not)."""
     fd = os.open(path, DIR_FLAGS)
@@ -342,7 +341,7 @@ def unlinked(fd: int) -> bool:
     return os.fstat(fd).st_nlink == 0
 
 
-def moved(fd: int, path: PathArg) -> bool:
+def moved(fd: int, path: str) -> bool:
     """Is ``path`` no longer the file ``fd`` is open on (removed, or another file in its
     place: a journal directory swapped by a salvage)?"""
     st = os.fstat(fd)
@@ -355,7 +354,7 @@ def moved(fd: int, path: PathArg) -> bool:
     return (there.st_dev, there.st_ino) != (st.st_dev, st.st_ino)
 
 
-def removable(path: PathArg) -> int | None:
+def removable(path: str) -> int | None:
     """A descriptor on the segment ``path``, locked exclusively, or None when some
     handle pins it (never waits).  The caller unlinks the segment, then closes the
     descriptor: a handle pinning it meanwhile then finds it ``unlinked``."""
@@ -371,15 +370,15 @@ def removable(path: PathArg) -> int | None:
     return fd
 
 
-def rename(src: PathArg, dst: PathArg) -> None:
+def rename(src: str, dst: str) -> None:
     os.rename(src, dst)
 
 
-def mkdir(path: PathArg) -> None:
+def mkdir(path: str) -> None:
     os.mkdir(path, DIR_MODE)
 
 
-def rmdir(path: PathArg) -> None:
+def rmdir(path: str) -> None:
     os.rmdir(path)
 
 
@@ -387,7 +386,7 @@ _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
 
 
-def exchange(first: PathArg, second: PathArg) -> None:
+def exchange(first: str, second: str) -> None:
     """Swap two existing paths (two directories) atomically: whatever a crash keeps,
     each name names one of the two, never neither (``renameat2`` with
     RENAME_EXCHANGE; Linux 3.15+, and a file system that supports it: ext4, xfs,
