@@ -96,7 +96,8 @@ def register(cli: click.Group) -> None:
 
         Never a task queued or in flight, nor a quarantined task whose orphan may still
         live, nor the latest task of a --key that ended unsafe (retry or resolve it
-        first). A key whose task SUCCEEDED stays succeeded once the task is forgotten: it
+        first), nor a task that a task not SUCCEEDED comes after (--after: it needs it
+        to run, now or once retried). A key whose task SUCCEEDED stays succeeded once the task is forgotten: it
         is never run again. Prints what it freed; -v also each task it forgot.
         """
         from ferry.app.gc import describe
