@@ -4,7 +4,9 @@ standard library's codec by default, orjson once a process asks for it (``bulk``
 Why two: importing orjson costs about 15 ms here (it imports dataclasses, inspect,
 uuid, platform and datetime to know their types): more than all the JSON a ``ferry
 run`` or ``ferry submit`` handles, and a fifth of their start-up. The standard
-library's json costs about 1 ms (``re``, which it needs, is loaded by then). orjson
+library's codec is its C module ``_json``, used directly: the ``json`` package around
+it compiles regular expressions at import and so imports ``re``, which nothing else on
+the start-up path of ``run`` needs (the two cost about 2 ms of each command). orjson
 parses and encodes 3 to 10 times faster, which matters for what is large or long: a
 replay of thousands of records, a snapshot of megabytes, ``work``'s stream of commits.
 A process switches once it has counted 2,000 records or lines (:func:`expect`, which the
@@ -32,12 +34,12 @@ things (what the journal promises, ``docs/journal-format.md``):
 
 from __future__ import annotations
 
-import json
 import math
-import re
+from _json import encode_basestring, make_encoder, make_scanner
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
 _INT_MIN, _INT_END = -(2**63), 2**64
@@ -75,20 +77,65 @@ def _default(obj: Any) -> Any:
     raise TypeError(f"Type is not JSON serializable: {type(obj).__name__}")
 
 
-_encode = json.JSONEncoder(
-    ensure_ascii=False, allow_nan=False, check_circular=False, separators=(",", ":"),
-    default=_default,
-).encode  # fmt: skip
-_encode_sorted = json.JSONEncoder(
-    ensure_ascii=False, allow_nan=False, check_circular=False, separators=(",", ":"),
-    sort_keys=True, default=_default,
-).encode  # fmt: skip
-_decode = json.JSONDecoder(
-    parse_constant=_refuse_constant, parse_int=_int, parse_float=_float
-).decode
-# (A pair is fine; one alone is not. Compiled when first used: compiling at import cost
-# every command about 0.1 ms.)
+def _encoder(sort_keys: bool) -> Callable[[Any], str]:
+    """What ``json.JSONEncoder(ensure_ascii=False, allow_nan=False, check_circular=False,
+    separators=(",", ":"), sort_keys=..., default=_default).encode`` returns: the same C
+    encoder, made as that class makes it (no markers: no check of cycles, as
+    ``check_circular=False``; the depth limit stops one)."""
+    chunks = make_encoder(None, _default, encode_basestring, None, ":", ",", sort_keys,
+                          False, False)  # fmt: skip
+
+    def encode(obj: Any) -> str:
+        return encode_basestring(obj) if isinstance(obj, str) else "".join(chunks(obj, 0))
+
+    return encode
+
+
+_encode, _encode_sorted = _encoder(False), _encoder(True)
+
+
+class _DecoderSettings:
+    """What the C scanner reads of a ``json.JSONDecoder`` when it is made."""
+
+    def __init__(self) -> None:
+        self.strict = True
+        self.object_hook = self.object_pairs_hook = None
+        self.parse_float, self.parse_int, self.parse_constant = _float, _int, _refuse_constant
+
+
+_scan = make_scanner(_DecoderSettings())  # type: ignore[arg-type]  # (typeshed: any object)
+_BLANK = " \t\n\r"  # JSON's whitespace, allowed around the document
+
+
+def _decode(text: str) -> Any:
+    """``json.JSONDecoder(...).decode(text)`` as it does it: the document begins after
+    blanks and only blanks follow it (errors: json.JSONDecodeError, a ValueError; the C
+    module imports ``json.decoder`` to raise one)."""
+    try:
+        obj, end = _scan(text, len(text) - len(text.lstrip(_BLANK)))
+    except StopIteration as err:
+        raise _decode_error("Expecting value", text, err.value) from None
+    after = len(text) - len(text[end:].lstrip(_BLANK))
+    if after != len(text):
+        raise _decode_error("Extra data", text, after)
+    return obj
+
+
+def _decode_error(message: str, text: str, position: int) -> ValueError:
+    from json import JSONDecodeError
+
+    return JSONDecodeError(message, text, position)
+
+
+# (A pair is fine; one alone is not.)
 _SURROGATE_ESCAPE = r"\\u[dD][89a-fA-F]"
+
+
+def _has_surrogate_escape(text: str) -> bool:
+    import re  # (only a document with an escape gets here: re is not on run's path)
+
+    return re.search(_SURROGATE_ESCAPE, text) is not None
+
 
 _orjson: Any = None  # the module, once ``bulk`` was called
 _options = 0  # orjson's: refuse dataclasses and datetimes, as the standard library does
@@ -150,7 +197,7 @@ def loads(data: bytes | bytearray | memoryview | str) -> Any:
         obj = _decode(data)
     except RecursionError:
         raise ValueError("JSON nested too deeply") from None
-    if "\\u" in data and re.search(_SURROGATE_ESCAPE, data):
+    if "\\u" in data and _has_surrogate_escape(data):
         _encode(obj).encode()  # a lone surrogate: UnicodeEncodeError (as orjson refuses it)
     return obj
 

@@ -38,7 +38,6 @@ An incomplete line before it is a torn tail all the same, and the tail's length
 
 from __future__ import annotations
 
-import re
 import sys
 import time
 import zlib
@@ -345,7 +344,7 @@ class SegmentScan:
 
 
 _WHOLE = "a whole line that no torn write leaves (see docs/journal-format.md)"
-_NUL_RUN = rb"\0+"  # (compiled when first used: only a line with a NUL gets here)
+_NUL_RUN = rb"\0+"  # (only a line with a NUL gets here)
 
 
 def _torn_shape(line: bytes, offset: int) -> bool:
@@ -364,6 +363,8 @@ def _torn_shape(line: bytes, offset: int) -> bool:
     nul = line.find(b"\0")
     if nul < 0:
         return False
+    import re  # (not on run's start-up path: journal._json says why)
+
     for run in re.compile(_NUL_RUN).finditer(line, nul):
         start, end = run.span()
         if (start and (offset + start) % SECTOR_BYTES) or (offset + end) % SECTOR_BYTES:

@@ -12,7 +12,6 @@ Decisions (also in docs/cli.md):
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -403,7 +402,9 @@ def _repeated_name(line: bytes) -> str | None:
         repeated.extend(name for name in names if names.count(name) > 1)
         return dict(items)
 
-    json.loads(line, object_pairs_hook=pairs)  # (stdlib's: already imported by the journal)
+    import json  # (the standard library's, for its hook; not on submit's start-up path)
+
+    json.loads(line, object_pairs_hook=pairs)
     return repeated[0] if repeated else None
 
 

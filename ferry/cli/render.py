@@ -6,7 +6,6 @@ human text goes to stdout for listings and to stderr for notices.
 
 from __future__ import annotations
 
-import re
 import sys
 from collections.abc import Mapping, Sequence
 
@@ -40,7 +39,11 @@ def readable(text: str) -> str:
             text = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
         except UnicodeEncodeError:  # (a surrogate no byte stands for)
             text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return re.sub(_REPR_SURROGATE, r"\1\\x\2", text) if "\\udc" in text else text
+    if "\\udc" not in text:
+        return text
+    import re  # (only such a text gets here: re is not on the start-up path)
+
+    return re.sub(_REPR_SURROGATE, r"\1\\x\2", text)
 
 
 def _readable_json(obj: Any) -> Any:

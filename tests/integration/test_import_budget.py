@@ -14,6 +14,7 @@ modules, and those in the supervisor only, after the fork.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -31,20 +32,20 @@ NEVER = ("click", "rich", "psycopg", "ferry.cli.tree", "ferry.cli.commands",
          "ferry.cli.report_page", "asyncio", "email", "http", "logging", "argparse", "ssl",
          "orjson")  # fmt: skip
 PROBE = (
-    "import json, sys\n"
+    "import sys\n"
     "from ferry.cli import main\n"
     "code = main(['run', '--', 'true'])\n"
-    "sys.stderr.write(json.dumps(sorted(sys.modules)) + '\\n')\n"
+    "sys.stderr.write(repr(sorted(sys.modules)) + '\\n')\n"
     "sys.exit(code)\n"
 )
 
 
-BARE = "import json, sys\nsys.stderr.write(json.dumps(sorted(sys.modules)) + '\\n')\n"
+BARE = "import sys\nsys.stderr.write(repr(sorted(sys.modules)) + '\\n')\n"
 
 # Which modules ferry's own code imports (each import statement it executes, whether
 # or not the module was loaded already: orjson's extension loads some of these itself).
 TRACED = (
-    "import builtins, json, sys\n"
+    "import builtins, sys\n"
     "imported = set()\n"
     "plain_import = builtins.__import__\n"
     "def traced(name, globals=None, locals=None, fromlist=(), level=0):\n"
@@ -54,14 +55,14 @@ TRACED = (
     "builtins.__import__ = traced\n"
     "from ferry.cli import main\n"
     "code = main(ARGS)\n"
-    "sys.stderr.write(json.dumps(sorted(imported)) + '\\n')\n"
-    "sys.stderr.write(json.dumps(sorted(sys.modules)) + '\\n')\n"
+    "sys.stderr.write(repr(sorted(imported)) + '\\n')\n"
+    "sys.stderr.write(repr(sorted(sys.modules)) + '\\n')\n"
     "sys.exit(code)\n"
 )
 # Never imported by ferry on the path of run, submit, ls and show: orjson (15 ms: it
 # imports dataclasses, inspect, uuid, platform and datetime; journal._json uses the
 # standard library's json until a process has much to parse).
-NOT_IMPORTED = ("dataclasses", "inspect", "socket", "orjson")
+NOT_IMPORTED = ("dataclasses", "inspect", "socket", "orjson", "json", "re")
 # Never loaded by them: only a damaged journal or a maintenance command needs these.
 NOT_LOADED = ("journal._repair", "journal._salvage", "journal._verify", "journal._view")
 # Never loaded by submit, ls and show, nor by run's own process: its supervisor (a
@@ -93,7 +94,7 @@ def _lists(code: str, home: Path) -> list[list[str]]:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     lines = [line for line in done.stderr.splitlines() if line.startswith("[")]
-    return [json.loads(line) for line in lines]
+    return [ast.literal_eval(line) for line in lines]
 
 
 def _loaded(code: str, home: Path) -> set[str]:
@@ -102,7 +103,7 @@ def _loaded(code: str, home: Path) -> set[str]:
 
 def modules_of_run(home: Path) -> set[str]:
     """What ``ferry run -- true`` loads beyond what this interpreter loads for
-    ``import json`` (its start-up: site hooks of the environment, which differ between
+    nothing (its start-up: site hooks of the environment, which differ between
     a venv and tox's)."""
     return _loaded(PROBE, home) - _loaded(BARE, home)
 

@@ -4,6 +4,7 @@ handle, then orjson) write text that both read back equal, and refuse the same v
 from __future__ import annotations
 
 import enum
+import json
 import math
 import uuid
 import zlib
@@ -200,3 +201,59 @@ def test_an_integer_beyond_the_floats_is_refused_in_both_modes(stdlib: None, tex
         _json.loads(text)
     with pytest.raises(ValueError):
         _in_orjson_mode(_json.loads, text)
+
+
+# ---- the standard library's mode: the json package's C codec, without the package ----
+# (journal._json makes the C encoder and scanner itself, so that run's start-up imports
+# neither json nor re: test_import_budget.py keeps them off.)
+
+_PACKAGE_ENCODERS = {
+    sort_keys: json.JSONEncoder(
+        ensure_ascii=False, allow_nan=False, check_circular=False, separators=(",", ":"),
+        sort_keys=sort_keys, default=_json._default,
+    ).encode
+    for sort_keys in (False, True)
+}  # fmt: skip
+_PACKAGE_DECODE = json.JSONDecoder(
+    parse_constant=_json._refuse_constant, parse_int=_json._int, parse_float=_json._float
+).decode
+blanks = st.text(" \t\n\r", max_size=3)
+
+
+def _verdict(fn: Any, *args: Any) -> tuple[str, Any]:
+    """The value, or the exception's class and message (a position in it)."""
+    try:
+        return ("ok", fn(*args))
+    except Exception as error:
+        return (type(error).__name__, str(error))
+
+
+@FIXTURE_OK
+@given(doc=documents | refused)
+def test_the_stdlib_mode_writes_what_the_json_package_writes(stdlib: None, doc: Any) -> None:
+    for sort_keys, dumps in ((False, _json.dumps), (True, _json.dumps_sorted)):
+        theirs = _verdict(_PACKAGE_ENCODERS[sort_keys], doc)
+        ours = _verdict(dumps, doc)
+        if ours[0] == "ok":
+            assert ours == ("ok", theirs[1].encode())
+        else:  # (refused: where the package writes it, orjson would refuse it)
+            assert ours[0] in ("TypeError", "ValueError", "UnicodeEncodeError")
+
+
+@FIXTURE_OK
+@given(before=blanks, doc=documents, after=blanks,
+       tail=st.sampled_from(["", "x", "]", " 1", "{", ","]))  # fmt: skip
+def test_the_stdlib_mode_reads_what_the_json_package_reads(
+    stdlib: None, before: str, doc: Any, after: str, tail: str
+) -> None:
+    text = before + json.dumps(doc, ensure_ascii=False) + after + tail
+    assert _verdict(_json.loads, text) == _verdict(_PACKAGE_DECODE, text)
+
+
+@FIXTURE_OK
+@given(text=st.text(alphabet=' \t\n\r{}[]":,.-+eE0123456789abcdfnlrstu\\', max_size=30))
+def test_the_stdlib_mode_reads_any_text_as_the_json_package_does(stdlib: None, text: str) -> None:
+    theirs = _verdict(_PACKAGE_DECODE, text)
+    if theirs[0] == "ok" and "\\u" in text:
+        return  # (a lone surrogate escape: refused by the journal's codec alone)
+    assert _verdict(_json.loads, text) == theirs
