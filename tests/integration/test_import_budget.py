@@ -59,10 +59,13 @@ TRACED = (
     "sys.stderr.write(repr(sorted(sys.modules)) + '\\n')\n"
     "sys.exit(code)\n"
 )
+# Loaded by none of them, nor by a supervisor: the json package compiles regular
+# expressions at import, and re cost run 2 ms with it (journal._json uses the C codec).
+REGEXLESS = ("json", "re")
 # Never imported by ferry on the path of run, submit, ls and show: orjson (15 ms: it
 # imports dataclasses, inspect, uuid, platform and datetime; journal._json uses the
 # standard library's json until a process has much to parse).
-NOT_IMPORTED = ("dataclasses", "inspect", "socket", "orjson", "json", "re")
+NOT_IMPORTED = ("dataclasses", "inspect", "socket", "orjson", *REGEXLESS)
 # Never loaded by them: only a damaged journal or a maintenance command needs these.
 NOT_LOADED = ("journal._repair", "journal._salvage", "journal._verify", "journal._view")
 # Never loaded by submit, ls and show, nor by run's own process: its supervisor (a
@@ -79,9 +82,9 @@ UNTYPED = ("typing",)
 # ipaddress), fnmatch and ntpath, 1.9 ms of run and 1.4 of submit here. Their paths are
 # ``str`` and ``os.path`` (docs/architecture.md, "Start-up").
 PATHLESS = ("pathlib", "urllib.parse", "ipaddress")
-# An editable install's finder loads pathlib as the interpreter starts: a probe forgets
-# those modules first, so that whatever imports one of them again loads it again.
-FORGET = f"import sys\nfor name in {PATHLESS!r}: sys.modules.pop(name, None)\n"
+# An editable install's finder loads pathlib (and re) as the interpreter starts: a probe
+# forgets those modules first, so that whatever imports one of them again loads it again.
+FORGET = f"import sys\nfor name in {PATHLESS + REGEXLESS!r}: sys.modules.pop(name, None)\n"
 TYPED_MOST = [["run", "--", "true"], ["submit", "--", "true"], ["ls"], ["show", "last"],
               ["--json", "ls", "--limit", "100"]]  # fmt: skip
 
@@ -162,6 +165,7 @@ def test_the_commands_typed_most_keep_off_what_was_taken_off_their_path(
     assert sorted(set(imported) & set(NOT_IMPORTED)) == []
     assert sorted(set(imported) & set(PATHLESS)) == [], "ferry imports pathlib"
     assert sorted(set(loaded) & set(PATHLESS)) == [], "what ferry imports loads pathlib"
+    assert sorted(set(loaded) & set(REGEXLESS)) == [], "what ferry imports loads re"
     assert sorted(set(loaded) & set(NOT_LOADED)) == []
     assert sorted(set(loaded) & set(SPAWNING)) == []
     assert sorted(set(loaded) & set(UNTYPED)) == []
@@ -169,13 +173,13 @@ def test_the_commands_typed_most_keep_off_what_was_taken_off_their_path(
         assert "ferry.app.launch" not in loaded and "ferry.app.supervisor" not in loaded
 
 
-def test_a_supervisor_loads_no_typing_no_subprocess_and_no_pathlib(tmp_path: Path) -> None:
+def test_a_supervisor_loads_no_typing_no_subprocess_no_pathlib_and_no_re(tmp_path: Path) -> None:
     """What a supervisor imports after its fork (its task's spawn and watch): those
     imports are the last step on ``run``'s critical path (docs/architecture.md,
     start-up). ``subprocess`` (with ``locale``) cost it 1.7 ms; the spawn is
     ``os.posix_spawn``'s."""
     probe = FORGET + "import ferry.app.supervisor, ferry.proc.supervise\n" + BARE
-    unwanted = {*UNTYPED, *PATHLESS, "subprocess", "locale"}
+    unwanted = {*UNTYPED, *PATHLESS, *REGEXLESS, "subprocess", "locale"}
     assert sorted(_loaded(probe, tmp_path) & unwanted) == []
 
 
