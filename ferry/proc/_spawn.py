@@ -206,7 +206,8 @@ def _spawn_found(args: list[str], env: dict[str, str], actions: list[tuple[int, 
     if "/" in program:
         return _posix_spawn(program, args, env, actions)
     first_error: OSError | None = None
-    for directory in os.get_exec_path(env):
+    # (os.get_exec_path(env) imports warnings: 0.3 ms of a supervisor's start.)
+    for directory in env.get("PATH", os.defpath).split(os.pathsep):
         candidate = os.path.join(directory, program)
         try:
             os.stat(candidate)  # (a place without it costs no spawn; its errno is exec's)

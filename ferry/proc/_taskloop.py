@@ -1,6 +1,6 @@
 """The poll loop that watches one spawned task until it and its group are gone.
 
-One ``selectors`` loop waits on the two output pipes, a pidfd of the leader (readable
+One epoll loop waits on the two output pipes, a pidfd of the leader (readable
 when it exits) and the signal trap's wakeup descriptor; its timeout is the time to the
 next heartbeat, timeout, grace or poll deadline. The policy is in
 :mod:`ferry.proc.supervise`'s docstring.
@@ -12,7 +12,7 @@ import contextlib
 import errno
 import functools
 import os
-import selectors
+import select
 import signal
 import threading
 import time
@@ -41,6 +41,29 @@ DRAIN_BACKLOG_BYTES = 4 * ECHO_BACKLOG_BYTES  # passthrough held for a stalled r
 
 
 _local = threading.local()
+
+
+class _Epoll:
+    """``select.epoll`` as ``selectors.EpollSelector`` uses it, without importing
+    ``selectors`` (0.4 ms of a supervisor's start, on ``run``'s critical path:
+    docs/architecture.md, start-up): an fd already closed is unregistered quietly (the
+    kernel dropped it from the set when it was closed)."""
+
+    def __init__(self) -> None:
+        self._epoll = select.epoll()
+
+    def register(self, fd: int, events: int) -> None:
+        self._epoll.register(fd, events)
+
+    def unregister(self, fd: int) -> None:
+        with contextlib.suppress(OSError):
+            self._epoll.unregister(fd)
+
+    def poll(self, timeout: float | None) -> list[tuple[int, int]]:
+        return self._epoll.poll(timeout)
+
+    def close(self) -> None:
+        self._epoll.close()
 
 
 def _read_buffer() -> tuple[bytearray, memoryview]:
@@ -88,7 +111,7 @@ class TaskLoop:
         self.control = control
         self.started_at = started_at
         self.group = TaskGroup(proc.pid)
-        self.sel = selectors.DefaultSelector()
+        self.sel = _Epoll()
         self.streams: dict[int, Sink] = {}  # the task's pipes not yet at EOF
         self.sinks = list(sinks)
         self.paused: set[int] = set()  # pipes not read while their passthrough lags
@@ -101,13 +124,13 @@ class TaskLoop:
             if order is not None:
                 # Before each chunk reaches its log: where the other stream's run ended.
                 sink.before_log = functools.partial(order.before_chunk, index)
-            self.sel.register(stream.fileno(), selectors.EVENT_READ)
+            self.sel.register(stream.fileno(), select.EPOLLIN)
         if self.group.pidfd is not None:
-            self.sel.register(self.group.pidfd, selectors.EVENT_READ)
+            self.sel.register(self.group.pidfd, select.EPOLLIN)
         if trap.wakeup_fd is not None:
-            self.sel.register(trap.wakeup_fd, selectors.EVENT_READ)
+            self.sel.register(trap.wakeup_fd, select.EPOLLIN)
         if control is not None and not control.done:
-            self.sel.register(control.fd, selectors.EVENT_READ)
+            self.sel.register(control.fd, select.EPOLLIN)
         now = time.monotonic()
         # on_running is due then, unless the leader exited first (then never).
         self.running_at = None if on_running is None else now + running_after_s
@@ -306,7 +329,7 @@ class TaskLoop:
                 self.sel.unregister(fd)
                 self.paused.add(fd)
             elif not pause and fd in self.paused:
-                self.sel.register(fd, selectors.EVENT_READ)
+                self.sel.register(fd, select.EPOLLIN)
                 self.paused.discard(fd)
         for fd, sink in list(self.echo_fds.items()):
             if not (sink.wants_write and sink.echo_fd == fd):
@@ -314,7 +337,7 @@ class TaskLoop:
                 del self.echo_fds[fd]
         for sink in self.sinks:
             if sink.wants_write and sink.echo_fd is not None and sink.echo_fd not in self.echo_fds:
-                self.sel.register(sink.echo_fd, selectors.EVENT_WRITE)
+                self.sel.register(sink.echo_fd, select.EPOLLOUT)
                 self.echo_fds[sink.echo_fd] = sink
 
     def loop(self) -> Outcome:
@@ -335,8 +358,7 @@ class TaskLoop:
                 if not self.streams and not any(s.wants_write for s in self.sinks):
                     break
             self._sync_interest()
-            for key, _ in self.sel.select(self._next_wakeup(now)):
-                fd = key.fd
+            for fd, _ in self.sel.poll(self._next_wakeup(now)):
                 if fd in self.streams:
                     self._read(fd)
                 elif fd in self.echo_fds:

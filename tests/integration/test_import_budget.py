@@ -179,7 +179,7 @@ def test_a_supervisor_loads_no_typing_no_subprocess_no_pathlib_and_no_re(tmp_pat
     start-up). ``subprocess`` (with ``locale``) cost it 1.7 ms; the spawn is
     ``os.posix_spawn``'s."""
     probe = FORGET + "import ferry.app.supervisor, ferry.proc.supervise\n" + BARE
-    unwanted = {*UNTYPED, *PATHLESS, *REGEXLESS, "subprocess", "locale"}
+    unwanted = {*UNTYPED, *PATHLESS, *REGEXLESS, "subprocess", "locale", "selectors"}
     assert sorted(_loaded(probe, tmp_path) & unwanted) == []
 
 

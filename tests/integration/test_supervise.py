@@ -1206,9 +1206,9 @@ def test_a_signal_after_the_task_ended_gives_up_a_stalled_passthrough_in_any_eve
             signal.raise_signal(signal.SIGTERM)  # forwarded
         elif sent == ["first"] and loop.stopping:
             wait_for(lambda: live_members(loop.proc.pid) == [], "the task to end")
-            select, wakeup_fd = loop.sel.select, loop.trap.wakeup_fd
-            loop.sel.select = lambda timeout=None: sorted(  # type: ignore[method-assign]
-                select(timeout), key=lambda event: event[0].fd != wakeup_fd
+            poll, wakeup_fd = loop.sel.poll, loop.trap.wakeup_fd
+            loop.sel.poll = lambda timeout=None: sorted(  # type: ignore[method-assign]
+                poll(timeout), key=lambda event: event[0] != wakeup_fd
             )
             sent.append("second")
             signal.raise_signal(signal.SIGTERM)
