@@ -63,6 +63,13 @@ _IS_IN_FLIGHT = "state IN ({})".format(", ".join(f"'{state}'" for state in sorte
 _TERMINAL = {State.SUCCEEDED.value, State.FAILED.value, State.CANCELLED.value}
 _COLUMNS = "body"
 _CLAIM = "SELECT claim_status, claim_epoch, claim_body FROM ferry_claim(%s, %s, %s, %s, %s, %s)"
+# One claim (``run``'s, and ``work``'s usual one: a slot came free): its token and runner
+# sent as values, made arrays by the server. psycopg adapts an array in Python (a JSON
+# runner's quotes escaped one by one): a third of the client's CPU for one claim.
+_CLAIM_ONE = (
+    "SELECT claim_status, claim_epoch, claim_body"
+    " FROM ferry_claim(%s, %s, ARRAY[%s::text], ARRAY[%s::jsonb], %s, %s)"
+)
 
 
 def _task(row: Sequence[Any]) -> Task:
@@ -330,7 +337,12 @@ class PgStore:
         tasks claimed, in order; its lease fenced: nothing written, journal.fenced."""
         runners = [_json({"host_id": self.host, **runner}) for runner, _ in claims]
         tokens = [token for _, token in claims]
-        rows = execute(_CLAIM, (self.host, epoch, tokens, runners, by, time.time())).fetchall()
+        one = len(claims) == 1
+        rows = execute(
+            _CLAIM_ONE if one else _CLAIM,
+            (self.host, epoch, tokens[0] if one else tokens, runners[0] if one else runners,
+             by, time.time()),
+        ).fetchall()  # fmt: skip
         if rows and rows[-1][0] == "fenced":
             raise _fenced(self.host, epoch, rows[-1][1])
         return [self._claimed(row[2]) for row in rows]
