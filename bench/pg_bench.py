@@ -35,6 +35,12 @@ pg-claim-latency  eight claimer processes (hosts c1..c8, each its own PgStore co
                   transaction: one round trip, one durable COMMIT). ours/base = p99
                   in ms; ratio = ours p99 / base p99 (lower is better); also p50_ms=,
                   base_p50_ms=; the issue's target is p99 <= 5 ms (target_met=).
+                  Steady state: each claimer is set up as `ferry work` is (orjson,
+                  its start-up's objects frozen), and each connection's first 10
+                  claims (and each inserter's first 10 INSERTs) are its warm-up,
+                  left out of p50/p99 and printed apart (`cold_p99_ms=`,
+                  `base_cold_p99_ms=`: every claim); the server's WAL segments are
+                  recycled ones, as on a server in service (`_recycled_wal`).
                   Why it is where it is: the eight claimers claim back to back, so the
                   run is a closed loop bound by CPU on this machine's cores: a claim
                   waits for the others' CPU (theirs and their backends'). Printed:
