@@ -109,12 +109,19 @@ _BLANK = " \t\n\r"  # JSON's whitespace, allowed around the document
 
 def _decode(text: str) -> Any:
     """``json.JSONDecoder(...).decode(text)`` as it does it: the document begins after
-    blanks and only blanks follow it (errors: json.JSONDecodeError, a ValueError; the C
-    module imports ``json.decoder`` to raise one)."""
+    blanks and only blanks follow it (errors: json.JSONDecodeError, a ValueError)."""
+    start = len(text) - len(text.lstrip(_BLANK))
     try:
-        obj, end = _scan(text, len(text) - len(text.lstrip(_BLANK)))
+        obj, end = _scan(text, start)
     except StopIteration as err:
         raise _decode_error("Expecting value", text, err.value) from None
+    except SystemError:
+        # The C scanner raises its JSONDecodeError only if ``json.decoder`` is loaded
+        # (Python 3.11 looks for it in sys.modules and, not finding it, returns no
+        # result and no exception): loaded now, the same text fails as json says.
+        import json.decoder  # noqa: F401
+
+        obj, end = _scan(text, start)
     after = len(text) - len(text[end:].lstrip(_BLANK))
     if after != len(text):
         raise _decode_error("Extra data", text, after)
