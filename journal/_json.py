@@ -35,7 +35,11 @@ things (what the journal promises, ``docs/journal-format.md``):
 from __future__ import annotations
 
 import math
-from _json import encode_basestring, make_encoder, make_scanner
+
+try:  # (CPython's; the json package's own is used where it cannot be: _package_codec)
+    from _json import encode_basestring, make_encoder, make_scanner
+except ImportError:
+    encode_basestring = make_encoder = make_scanner = None  # type: ignore[assignment,misc]
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -91,9 +95,6 @@ def _encoder(sort_keys: bool) -> Callable[[Any], str]:
     return encode
 
 
-_encode, _encode_sorted = _encoder(False), _encoder(True)
-
-
 class _DecoderSettings:
     """What the C scanner reads of a ``json.JSONDecoder`` when it is made."""
 
@@ -103,11 +104,10 @@ class _DecoderSettings:
         self.parse_float, self.parse_int, self.parse_constant = _float, _int, _refuse_constant
 
 
-_scan = make_scanner(_DecoderSettings())  # type: ignore[arg-type]  # (typeshed: any object)
 _BLANK = " \t\n\r"  # JSON's whitespace, allowed around the document
 
 
-def _decode(text: str) -> Any:
+def _c_decode(text: str) -> Any:
     """``json.JSONDecoder(...).decode(text)`` as it does it: the document begins after
     blanks and only blanks follow it (errors: json.JSONDecodeError, a ValueError)."""
     start = len(text) - len(text.lstrip(_BLANK))
@@ -132,6 +132,29 @@ def _decode_error(message: str, text: str, position: int) -> ValueError:
     from json import JSONDecodeError
 
     return JSONDecodeError(message, text, position)
+
+
+def _package_codec() -> tuple[Callable[[Any], str], Callable[[Any], str], Callable[[str], Any]]:
+    """The same codec from the json package (which imports re): for an interpreter
+    without CPython's ``_json``, or whose C functions take other arguments."""
+    import json
+
+    def encoder(sort_keys: bool) -> Callable[[Any], str]:
+        return json.JSONEncoder(
+            ensure_ascii=False, allow_nan=False, check_circular=False, separators=(",", ":"),
+            sort_keys=sort_keys, default=_default,
+        ).encode  # fmt: skip
+
+    decoder = json.JSONDecoder(parse_constant=_refuse_constant, parse_int=_int, parse_float=_float)
+    return encoder(False), encoder(True), decoder.decode
+
+
+_decode: Callable[[str], Any]
+try:
+    _scan = make_scanner(_DecoderSettings())  # type: ignore[arg-type]  # (typeshed: any object)
+    _encode, _encode_sorted, _decode = _encoder(False), _encoder(True), _c_decode
+except TypeError:  # (None, or other arguments)
+    _encode, _encode_sorted, _decode = _package_codec()
 
 
 # (A pair is fine; one alone is not.)

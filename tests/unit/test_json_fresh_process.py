@@ -56,3 +56,31 @@ def test_submit_from_a_file_with_a_malformed_line_is_a_usage_error(tmp_path: Pat
     )  # fmt: skip
     assert done.returncode == 2, done.stderr
     assert "usage.bad_from_line" in done.stderr and "SystemError" not in done.stderr
+
+
+# Without CPython's C module (another interpreter; or one whose C functions take other
+# arguments, which journal._json meets the same way): the json package's codec.
+WITHOUT_C = (
+    "import sys\n"
+    "sys.modules['_json'] = None\n"
+    "from journal import _json\n"
+    "assert _json._encode.__self__.__class__.__name__ == 'JSONEncoder'\n"
+    "doc = {'b': [1, 2.5, 'é', None, True], 'a': {'x': -0.0}}\n"
+    "print(_json.dumps(doc).decode(), _json.dumps_sorted(doc).decode(), _json.loads(b' [1] \\n'))\n"
+    "for bad in ('{x}', '1e400', 'NaN', '[1] 2', '\"\\\\ud800\"'):\n"
+    "    try:\n"
+    "        _json.loads(bad)\n"
+    "    except ValueError as error:\n"
+    "        print(type(error).__name__)\n"
+)
+
+
+def test_without_the_c_module_the_json_package_codes_alike() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", WITHOUT_C], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:-1] == [
+        '{"b":[1,2.5,"é",null,true],"a":{"x":-0.0}} {"a":{"x":-0.0},"b":[1,2.5,"é",null,true]} [1]',
+        "JSONDecodeError", "ValueError", "ValueError", "JSONDecodeError", "UnicodeEncodeError",
+    ]  # fmt: skip
