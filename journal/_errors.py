@@ -51,7 +51,7 @@ class JournalError(Exception):
     def _render(self) -> str:
         where = []
         if self.segment is not None:
-            where.append(f"segment {_fsutil.basename(self.segment)}")
+            where.append(f"segment {_fsutil.name(self.segment)}")
         if self.offset is not None:
             where.append(f"offset {self.offset}")
         if self.seq is not None:

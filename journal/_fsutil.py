@@ -82,7 +82,6 @@ NO_LOCK_ERRNOS = frozenset({errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP})
 # the start-up path of ferry's commands: docs/architecture.md, "Start-up").
 StrPath = str | PathLike[str]
 join = _path.join
-basename = _path.basename
 split = _path.split
 
 

@@ -195,7 +195,7 @@ class Position:
                 if self.fd is not None and _fsutil.unlinked(self.fd):
                     # Never by compaction (the active segment is pinned): by hand.
                     raise JournalError(
-                        f"segment {_fsutil.basename(self.path)} was removed while this handle still"
+                        f"segment {_fsutil.name(self.path)} was removed while this handle still"
                         " read it; its later records cannot be found: reopen the journal"
                     ) from None
                 return torn  # not created yet (its creator counted it first)

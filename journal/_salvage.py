@@ -100,11 +100,11 @@ def salvage(
             return SalvageReport(readable(directory), None, 0, (), (), None, finished)
         aside = aside_name(directory, stamp)
         build = build_name(directory, stamp)
-        if {_fsutil.basename(aside), _fsutil.basename(build)} & set(
+        if {_fsutil.name(aside), _fsutil.name(build)} & set(
             _fsutil.listdir(_fsutil.parent(directory))
         ):
             raise JournalError(
-                f"{_fsutil.basename(aside)} or {_fsutil.basename(build)} exists already: try again"
+                f"{_fsutil.name(aside)} or {_fsutil.name(build)} exists already: try again"
             )
         _build(build, stamp, report, step)
         step("before:salvage_swap")
@@ -267,7 +267,7 @@ def finish_interrupted(directory: str) -> tuple[str, ...]:
             target = aside_name(directory, stamp)
             _fsutil.rename(leftover, target)
             done.append(
-                f"renamed {name} to {_fsutil.basename(target)}: the damaged journal it moved aside"
+                f"renamed {name} to {_fsutil.name(target)}: the damaged journal it moved aside"
             )
     if done:
         _fsutil.fsync_dir(_fsutil.parent(directory))

@@ -81,8 +81,8 @@ def check_next(previous: Segment, next_seq: int, following: Segment) -> None:
     if following.first_seq != next_seq:
         kind = "gap" if following.first_seq > next_seq else "overlap"
         raise CorruptionError(
-            f"seq {kind} between segments: {_fsutil.basename(previous.path)} ends at seq"
-            f" {next_seq - 1}, next segment {_fsutil.basename(following.path)} starts at"
+            f"seq {kind} between segments: {_fsutil.name(previous.path)} ends at seq"
+            f" {next_seq - 1}, next segment {_fsutil.name(following.path)} starts at"
             f" {following.first_seq}",
             segment=following.path,
             offset=0,

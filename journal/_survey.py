@@ -166,7 +166,7 @@ def iter_records(
             fd = _fsutil.open_read(segment.path)
         except FileNotFoundError:
             raise CompactedError(
-                f"segment {_fsutil.basename(segment.path)} was compacted while being read",
+                f"segment {_fsutil.name(segment.path)} was compacted while being read",
                 first_seq=segment.first_seq + 1,
                 seq=next_seq,
             ) from None
