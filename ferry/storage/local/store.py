@@ -985,8 +985,7 @@ def _write_archive(
     writer picks a name.)"""
     from ferry.storage.local.archive_index import build_index, index_name, order_key
 
-    make_dir_durable(directory)
-    present = set(os.listdir(directory))
+    present = set(os.listdir(directory))  # (made by the compaction: Store._compact)
     name = _archive_name(seq)
     while name in present or index_name(name) in present:
         name = _archive_name(seq)
