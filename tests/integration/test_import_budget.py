@@ -69,8 +69,9 @@ NOT_IMPORTED = ("dataclasses", "inspect", "socket", "orjson", *REGEXLESS)
 # Never loaded by them: only a damaged journal or a maintenance command needs these.
 NOT_LOADED = ("journal._repair", "journal._salvage", "journal._verify", "journal._view")
 # Never loaded by submit, ls and show, nor by run's own process: its supervisor (a
-# fork) loads them, its own module at once (while run opens the store), the spawn's
-# once it has sent its plan (while run writes the intent).
+# fork) loads ferry's, its own module at once (while run opens the store), the spawn's
+# once it has sent its plan (while run writes the intent); subprocess and selectors
+# nobody on these paths (the supervisor spawns with os.posix_spawn, waits with epoll).
 SPAWNING = ("subprocess", "selectors", "ferry.proc.supervise", "ferry.proc._spawn",
             "ferry.proc._taskloop", "ferry.proc._sink", "ferry.app.supervisor",
             "ferry.proc.logorder")  # fmt: skip
