@@ -69,8 +69,9 @@ else:
 
 _new_tuple = tuple.__new__
 _dumps, _loads, _now, _crc32 = _json.dumps, _json.loads, time.time, zlib.crc32
-# The three parts of a line, as C-level callables (``prepare_batch``, ``encode_lines``).
-_inner_of: Callable[[tuple[Any, ...]], bytes] = b'"epoch":%d,"ts":%s,"type":%s,"data":%s'.__mod__
+# The parts of a line around its data, as C-level callables (``prepare_batch``,
+# ``encode_lines``): a line is head, inner (before_data, then the data's JSON), tail.
+_before_data: Callable[[tuple[Any, ...]], bytes] = b'"epoch":%d,"ts":%s,"type":%s,"data":'.__mod__
 _head_of: Callable[[int], bytes] = b'{"v":1,"seq":%d,'.__mod__
 _tail_of: Callable[[int], bytes] = b',"crc":"%08x"}\n'.__mod__
 # Record types are few: their JSON is kept (for exact str only).
@@ -130,7 +131,7 @@ def prepare(
         # orjson writes NaN/Infinity as null without a word: only then walk the data
         # (a real None or the text "null" also lands here; the walk tells them apart).
         _check_finite(data, "data")
-    inner = _inner_of((epoch, _dumps(ts), type_bytes, data_bytes))
+    inner = _before_data((epoch, _dumps(ts), type_bytes)) + data_bytes
     if len(inner) + _OVERHEAD_BYTES > record_bytes_max:
         raise RecordTooLargeError(
             f"record of type {type!r} needs up to {len(inner) + _OVERHEAD_BYTES} bytes,"
@@ -166,17 +167,23 @@ def prepare_batch(
             or not 0 <= epoch < 2**63
         ):
             raise ValueError
-        type_bytes = list(map(_type_bytes.get, types))
-        if None in type_bytes:  # a type not seen yet: keep its JSON, as prepare does
-            if not all(types) or len(_type_bytes) + len(types) > _TYPE_CACHE_MAX:
+        kinds = set(types)
+        if not kinds <= _type_bytes.keys():  # a type not seen yet: keep its JSON, as prepare does
+            if "" in kinds or len(_type_bytes) + len(kinds) > _TYPE_CACHE_MAX:
                 raise ValueError  # (an empty type: prepare refuses it)
-            _type_bytes.update((t, _dumps(t)) for t in set(types) - _type_bytes.keys())
-            type_bytes = list(map(_type_bytes.get, types))
+            _type_bytes.update((t, _dumps(t)) for t in kinds - _type_bytes.keys())
         _json.expect(len(datas))
         data_bytes = list(map(_dumps, datas))
-        inners = list(
-            map(_inner_of, zip(repeat(epoch), repeat(_dumps(ts)), type_bytes, data_bytes))
-        )
+        # Each line's inner is its type's part before the data, then the data: the parts
+        # made once per type in the batch (most batches have one or two).
+        ts_bytes = _dumps(ts)
+        if len(kinds) == 1:
+            inners = list(
+                map(_before_data((epoch, ts_bytes, _type_bytes[types[0]])).__add__, data_bytes)
+            )
+        else:
+            before = {t: _before_data((epoch, ts_bytes, _type_bytes[t])) for t in kinds}
+            inners = list(map(bytes.__add__, map(before.__getitem__, types), data_bytes))
         if max(map(len, inners)) + _OVERHEAD_BYTES > record_bytes_max:
             raise ValueError
         joined = b",".join(data_bytes)  # (no "null" can straddle a '},{')
