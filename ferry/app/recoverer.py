@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from ferry.app.session import Session
+    from ferry.storage import TaskStore
 
 SALVAGE_TAIL_BYTES = 4096
 CANCEL_WAIT_MARGIN_S = 5.0
@@ -172,7 +173,10 @@ class Recoverer:
             if lost is False:
                 continue  # another host's, alive: its own workers decide it
             now = wall_clock()
-            seen = self.observe(task, now) if lost is None else _lost_host(task, now)
+            if lost is None:
+                seen = self.observe(task, now)
+            else:
+                seen = lost_host_observation(task, now, host_ttl_s)
             decision = decide(task, seen, policy, now)
             if decision.event is None:
                 continue
@@ -207,7 +211,7 @@ class Recoverer:
         marked, groups = _marks_and_groups()
         found = []
         for task in self.store.quarantined():
-            if self.store.host_lost(task, float("inf")) is not None:
+            if other_host(self.store, task) is not None:
                 continue  # another host's: only its own probes can see its orphan
             # The alive-lock first: an orphan that left the session and cleared its
             # environment is in neither index, and shows by nothing else.
@@ -219,7 +223,12 @@ class Recoverer:
 
     def cancel_in_flight(self, task: Task) -> Task:
         """After CANCEL_REQUESTED is durable: stop the task's processes and see it
-        settle CANCELLED (by its runner if alive, else by us)."""
+        settle CANCELLED (by its runner if alive, else by us). Another host's task is
+        its host's to stop: no probe here can see its processes (they answer DEAD), so
+        it is only waited for."""
+        owner = other_host(self.store, task)
+        if owner is not None:
+            return self._await_owner(task, owner)
         runner = runner_identity(task)
         runner_alive = runner is not None and probe(runner) is not Liveness.DEAD
         if task.state is not State.CLAIMED:
@@ -259,13 +268,39 @@ class Recoverer:
                                          State.CANCELLED, Reason.CANCELLED_BY_USER))  # fmt: skip
         return self._show(task.id)
 
+    def _await_owner(self, task: Task, owner: str) -> Task:
+        """Another host's task, its cancel requested: that host's runner sees the
+        request at its next beat, stops the task (its grace) and settles it; a lost
+        host's is decided by ``recover`` (CANCELLED, its cancel having been asked)."""
+        spec = task.spec
+        deadline = time.monotonic() + spec.heartbeat_s + spec.kill_grace_s + CANCEL_WAIT_MARGIN_S
+        while time.monotonic() < deadline:
+            current = self.store.get(task.id)
+            if current is None or current.terminal or current.attempt != task.attempt:
+                return self._show(task.id)
+            time.sleep(_POLL_S)
+        self.session.notice(
+            f"task {task.id}: cancel requested; it runs on host {owner}, whose ferry"
+            " stops it (or, that host lost, 'ferry recover' settles it)"
+        )
+        return self._show(task.id)
 
-def _lost_host(task: Task, now: float) -> Observation:
-    """What is known of a task whose host was lost: nothing a probe here could see."""
+
+def other_host(store: TaskStore, task: Task) -> str | None:
+    """The host that runs ``task``, if it is another's (a shared database): only a
+    ferry on that host can probe or signal its processes."""
+    if store.host_lost(task, float("inf")) is None:
+        return None
+    return str((task.runner or {}).get("host_id"))
+
+
+def lost_host_observation(task: Task, now: float, ttl_s: float) -> Observation:
+    """What is known of a task whose host was lost (``host_lost(task, ttl_s)``):
+    nothing a probe here could see."""
     age = None if task.heartbeat_at is None else now - task.heartbeat_at
     return Observation(
         runner=Liveness.UNKNOWN, task_process=Liveness.UNKNOWN, heartbeat_age_s=age,
-        host_lost=True,
+        host_lost=True, host_ttl_s=ttl_s,
     )  # fmt: skip
 
 
@@ -306,8 +341,8 @@ def _marks_and_groups() -> tuple[set[str], set[int]]:
 def kill_orphan(session: Session, task: Task, sig: int) -> dict[str, Any]:
     """``ferry kill``: journal the intent, then a verified signal to the orphan's group
     and to every process still carrying the task's marker. Never a bare pid."""
-    owner = None if task.runner is None else task.runner.get("host_id")
-    if session.store.host_lost(task, float("inf")) is not None:
+    owner = other_host(session.store, task)
+    if owner is not None:
         raise RefusedError(
             f"task {task.id} runs on host {owner}: only a ferry on that host can signal"
             " its processes",

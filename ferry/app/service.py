@@ -484,20 +484,26 @@ class Service:
     def _refuse_beside_a_live_orphan(self, task: Task, force: bool, action: str) -> None:
         """A quarantined task's orphan may still be doing the work: neither a new run of
         it nor a verdict on it, unless the operator insists."""
-        quarantined = task.reason is Reason.QUARANTINED_ORPHAN_ALIVE and task.terminal
-        if quarantined and not force and self._orphan_alive(task):
+        if force or not (task.reason is Reason.QUARANTINED_ORPHAN_ALIVE and task.terminal):
+            return
+        from ferry.app.recoverer import other_host, task_liveness
+        from ferry.core.model import Liveness
+
+        owner = other_host(self.store, task)
+        if owner is not None:  # (no probe here can see it: it may well be alive)
+            raise OperatorNeededError(
+                f"task {task.id}: its quarantined orphan ran on host {owner}, where only a"
+                f" ferry can see whether it is still alive; {action} it there, or with --force",
+                code="task.orphan_alive",
+                details={"task": task.id, "host": owner},
+            )
+        if task_liveness(task, self.home) is not Liveness.DEAD:
             raise OperatorNeededError(
                 f"task {task.id}: its quarantined orphan is still alive; stop it with "
                 f"'ferry kill {task.id}' or {action} with --force",
                 code="task.orphan_alive",
                 details={"task": task.id},
             )
-
-    def _orphan_alive(self, task: Task) -> bool:
-        from ferry.app.recoverer import task_liveness
-        from ferry.core.model import Liveness
-
-        return task_liveness(task, self.home) is not Liveness.DEAD
 
     def kill(self, prefix: str, signame: str) -> dict[str, Any]:
         from ferry.app.recoverer import kill_orphan

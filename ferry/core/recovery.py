@@ -62,7 +62,9 @@ class Observation:
     ``host_lost``: a shared database only: the task ran on another host, whose lease
     expired long enough ago that its workers have stopped their tasks; no probe of this
     host can see that host's processes (``runner`` and ``task_process`` are then
-    UNKNOWN and mean nothing).
+    UNKNOWN and mean nothing). ``host_ttl_s``: the lease time it was judged lost by,
+    kept in the evidence: the store judges again with it as it writes the decision
+    (the host may be back, its task heard again, since).
     """
 
     runner: Liveness
@@ -74,6 +76,7 @@ class Observation:
     orphan: Mapping[str, Any] | None = None
     salvage: Mapping[str, Any] = field(default_factory=dict)
     host_lost: bool = False
+    host_ttl_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -154,7 +157,11 @@ def _choose(task: Task, seen: Observation, policy: Policy) -> tuple[Action, str]
 
 def _choose_host_lost(task: Task) -> tuple[Action, str]:
     """Another host's task, that host's lease expired: its workers stopped their tasks
-    when they could not renew (or the host is gone). Nothing here can probe it."""
+    when they could not renew (or the host is gone). Nothing here can probe it. A
+    cancel asked for meanwhile is what the user wanted of it (a release would be
+    refused: the fold's rule)."""
+    if task.cancel_requested:
+        return Action.CANCEL, "its host was lost; a cancel was requested"
     if task.state is State.CLAIMED:
         return Action.RELEASE_UNCOUNTED, "its host was lost before dispatch: nothing was started"
     if not task.spec.idempotent:
@@ -192,6 +199,8 @@ def decide(task: Task, observation: Observation, policy: Policy, now: float) -> 
     }
     if seen.host_lost:
         recovery["host_lost"] = True
+        if seen.host_ttl_s is not None:
+            recovery["host_ttl_s"] = seen.host_ttl_s
     if action is Action.MARK_STALE:
         recovery["kill_requested"] = policy.kill_stale
     salvage = {

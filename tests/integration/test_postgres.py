@@ -17,7 +17,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from clikit import Ferry, Hosts, processes_with_env, wait_until
+from clikit import Ferry, Hosts, finish, processes_with_env, wait_until
 from crashkit import most_at_once, restart_worker_midway, stamping_task, wait_task_gone
 from pgserver import PgServer
 
@@ -612,6 +612,56 @@ def test_a_paused_host_writes_nothing_once_another_decided_its_tasks(
     assert (late["attempt"], late["host"]) == (1, "a") and late["state"] in ("SUCCEEDED", "FAILED")
 
 
+def test_a_lost_host_decision_is_refused_once_the_task_is_heard_again(
+    hosts: Hosts, pg_url: str
+) -> None:
+    # (Found by a review: recover read that a's task was lost, then wrote its decision;
+    # a beat of the task between the two, its host back (its supervisor, paused before
+    # its spawn, beat and spawned), was not looked at: the task was queued again and
+    # run by another host while it ran on a.)
+    from ferry.app.recoverer import lost_host_observation
+    from ferry.core.errors import RefusedError
+    from ferry.core.recovery import Policy, decide
+    from ferry.storage.postgres.lease import PgLeases
+
+    a, b = PgStore.open(pg_url, "a"), PgStore.open(pg_url, "b")
+    try:
+        me = self_identity()
+        task_id = new_task_id(time.time_ns(), os.urandom(4))
+        spec = TaskSpec(argv=("true",), cwd="/", idempotent=True)
+        a.commit(ev.Submitted(task_id, spec, time.time()))
+        epoch = PgLeases(a.db, "a", ttl_s=600).acquire(me).epoch
+        task = a.claim_next(me.to_json(), new_claim_token(os.urandom(10)), by="work", epoch=epoch)
+        assert task is not None
+        a.db.execute("UPDATE ferry_hosts SET expires_at = now() - interval '1 hour'"
+                     " WHERE host_id = 'a'")  # fmt: skip
+        unheard = ("UPDATE ferry_tasks SET heartbeat_at = now() - interval '1 hour',"
+                   " updated_at = now() - interval '1 hour' WHERE id = %s")  # fmt: skip
+        a.db.execute(unheard, (task_id,))
+        assert b.host_lost(task, 1.0) is True
+        now = time.time()
+        decision = decide(task, lost_host_observation(task, now, 1.0), Policy(), now)
+        assert decision.event is not None and decision.event[0] == "RELEASED"
+        assert a.beat(task)  # heard again, before b's write
+        b_epoch = PgLeases(b.db, "b", ttl_s=600).acquire(me).epoch
+        with pytest.raises(RefusedError) as refused:
+            b.commit(decision.event, epoch=b_epoch)
+        assert refused.value.code == "task.heard_again"
+        assert b.get(task_id).state is State.DISPATCHING  # (left to its host)
+        a.db.execute(unheard, (task_id,))  # unheard again: the decision stands
+        a.db.execute("UPDATE ferry_hosts SET expires_at = now() + interval '1 hour'"
+                     " WHERE host_id = 'a'")  # fmt: skip
+        with pytest.raises(RefusedError):  # (but not while its host's lease lives)
+            b.commit(decision.event, epoch=b_epoch)
+        a.db.execute("UPDATE ferry_hosts SET expires_at = now() - interval '1 hour'"
+                     " WHERE host_id = 'a'")  # fmt: skip
+        b.commit(decision.event, epoch=b_epoch)
+        assert b.get(task_id).state is State.QUEUED
+    finally:
+        a.close()
+        b.close()
+
+
 def test_two_recovers_on_two_hosts_decide_each_task_once(hosts: Hosts, pg_url: str) -> None:
     a = hosts("a")
     for _ in range(4):
@@ -868,6 +918,47 @@ def test_a_read_only_database_stops_a_task_with_its_grace_not_a_crash(
     task = wait_until(lambda: (t := a.task(task_id))["state"] != "RUNNING" and t,
                       what="the task's end")  # fmt: skip
     assert "unheard" in task["evidence"]
+
+
+@pytest.mark.parametrize("command", ["run", "work"])
+def test_an_end_a_read_only_database_could_not_take_is_kept_and_delivered(
+    hosts: Hosts, pg_url: str, tmp_path: Path, command: str
+) -> None:
+    # (Found by a review: ReadOnlySqlTransaction, a server that takes no writes (a
+    # standby after a failover, default_transaction_read_only), is not a lost
+    # connection: it escaped as error[internal], the supervisor died without keeping
+    # the end, and recover later marked the task FAILED MARKED_FAILED_MUTATION_UNSAFE.)
+    a = hosts("a")
+    a.env["FERRY_OUTBOX_PATIENCE_S"] = "120"  # (its supervisor tries again quickly)
+    gate = tmp_path / "gate"
+    script = f'while [ ! -e "{gate}" ]; do sleep 0.05; done; echo done'
+    if command == "run":
+        launcher = a.start("run", "--", "sh", "-c", script)
+    else:
+        a.ok("submit", "--", "sh", "-c", script)
+        launcher = a.start("work", "-j", "1", "--drain", "--lease-ttl", "10", "--poll", "0.1")
+    task = wait_until(lambda: (t := a.only_task_or_none()) and t["state"] == "RUNNING" and t,
+                      what="the task to run")  # fmt: skip
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("SET default_transaction_read_only = off")  # (this session writes)
+        conn.execute("ALTER SYSTEM SET default_transaction_read_only = on")
+        conn.execute("SELECT pg_reload_conf()")
+        try:
+            gate.touch()  # the task ends while the database takes no writes
+            wait_until(lambda: sorted((a.home / "outbox").glob("*.json")),
+                       what="the supervisor to keep the end")  # fmt: skip
+            if command == "run":  # (it cannot say how the task ended; it does not guess)
+                code, err = finish(launcher)
+                assert code == 75 and "db.unavailable" in err, (code, err)
+        finally:
+            conn.execute("ALTER SYSTEM RESET default_transaction_read_only")
+            conn.execute("SELECT pg_reload_conf()")
+    ended = wait_until(lambda: (t := a.task(task["id"]))["state"] != "RUNNING" and t,
+                       what="the kept end to be delivered")  # fmt: skip
+    assert (ended["state"], ended["exit_code"]) == ("SUCCEEDED", 0)
+    if command == "work":  # (no crash: done, or its lease lost in the spell: it stopped)
+        code, err = finish(launcher)
+        assert code == 0 or (code == 75 and "error[lease.lost]" in err), err
 
 
 def test_supervisors_let_go_of_the_connections_they_beat_alone_with(

@@ -355,3 +355,17 @@ def test_a_lost_host_s_task_is_decided_by_its_class_never_by_a_probe_here(
     assert decision.event is not None and decision.event[1].get("reason") == reason.value
     assert decision.evidence["recovery"]["host_lost"] is True
     assert decision.needs_operator is (action in (Action.FAIL_HOST_LOST, Action.FAIL_LIMIT))
+
+
+@pytest.mark.parametrize("state", IN_FLIGHT)
+@pytest.mark.parametrize("idempotent", [True, False])
+def test_a_lost_host_s_task_whose_cancel_was_asked_for_is_cancelled(
+    state: State, idempotent: bool
+) -> None:
+    # (A release of it would be refused, its cancel requested: a lost host's task with
+    # a cancel asked from another host was decided RELEASE at every pass, for ever.)
+    task = make_task(state, idempotent=idempotent, cancel_requested=True)
+    seen = Observation(Liveness.ALIVE, Liveness.ALIVE, host_lost=True, host_ttl_s=30.0)
+    decision = decide(task, seen, Policy(), 0.0)
+    assert decision.action is Action.CANCEL
+    assert decision.evidence["recovery"]["host_ttl_s"] == 30.0  # (judged again at its write)

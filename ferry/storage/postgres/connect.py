@@ -99,10 +99,18 @@ def _check_url(psycopg: Any, url: str) -> None:
 
 
 def unavailable(error: Exception, url: str) -> DatabaseUnavailableError:
+    """A database out of reach, or one that takes no writes now (read-only: a standby
+    after a failover, ``default_transaction_read_only``): either way what was to be
+    written waits (a supervisor keeps a task's end) and the command exits 75."""
     where = _redacted(url)
     first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    what = (
+        "takes no writes now"
+        if getattr(error, "sqlstate", None) == "25006"
+        else "cannot be reached"
+    )
     return DatabaseUnavailableError(
-        f"the database {where} cannot be reached: {first}", details={"database": where}
+        f"the database {where} {what}: {first}", details={"database": where}
     )
 
 
@@ -195,7 +203,11 @@ class Database:
         try:
             with conn.transaction(force_rollback=rollback):
                 yield conn
-        except (psycopg.OperationalError, psycopg.errors.AdminShutdown) as error:
+        except (
+            psycopg.OperationalError,
+            psycopg.errors.AdminShutdown,
+            psycopg.errors.ReadOnlySqlTransaction,
+        ) as error:
             self.close()
             raise unavailable(error, self.url) from error
 
@@ -204,7 +216,7 @@ class Database:
         psycopg = self._psycopg
         try:
             return self.connection().execute(sql, params)
-        except psycopg.OperationalError as error:
+        except (psycopg.OperationalError, psycopg.errors.ReadOnlySqlTransaction) as error:
             self.close()
             raise unavailable(error, self.url) from error
 

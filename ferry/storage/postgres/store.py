@@ -148,6 +148,7 @@ class PgStore:
             # for: a claimer that picked one from the queue a moment before it was
             # claimed holds it until refused. They are locked first, in id order; the
             # claimed rows after them never wait.
+            self._check_still_lost(conn, batch, rows)
             facts = queue.lock_claimed(conn, sorted(claims))  # (with their rules' facts)
             rows.update(facts.rows)
             taken = claims - set(rows)
@@ -825,21 +826,29 @@ class PgStore:
             return None
         if ttl_s == float("inf"):
             return False  # (asked only whose task it is)
-        from ferry.proc.supervise import DRAIN_TIMEOUT_S, SIGKILL_WAIT_S
+        return _lost(self.db.execute, task.id, owner, ttl_s)
 
-        # (a stopped group may take this long to be gone after its SIGKILL, its pipes
-        # drained, before what left the group gets a grace of its own; and a second)
-        slack_s = SIGKILL_WAIT_S + DRAIN_TIMEOUT_S + 1.0
-        row = self.db.execute(
-            "SELECT coalesce((SELECT expires_at FROM ferry_hosts WHERE host_id = %s),"
-            " '-infinity') < now() - make_interval(secs => %s),"
-            " coalesce(heartbeat_at, updated_at) < now() - make_interval(secs =>"
-            " 2 * greatest(%s, (body->'runner'->>'beat_ttl_s')::float8)"
-            " + 2 * coalesce((body->'spec'->>'kill_grace_s')::float8, 0) + %s)"
-            " FROM ferry_tasks WHERE id = %s",
-            (owner, ttl_s, ttl_s, slack_s, task.id),
-        ).fetchone()
-        return bool(row is not None and row[0] and row[1])
+    def _check_still_lost(
+        self, conn: Any, batch: Sequence[EncodedEvent], rows: Mapping[str, Any]
+    ) -> None:
+        """A decision that another host was lost (``recover``: its evidence names the
+        TTL it was judged by) is judged again on the row as locked for its write: the
+        host may be back since ``host_lost`` was read (a beat of its task, its SPAWNED),
+        and the task then is that host's again. Refused: task.heard_again."""
+        for _, data in batch:
+            recovery = (data.get("evidence") or {}).get("recovery") or {}
+            ttl_s = recovery.get("host_ttl_s") if recovery.get("host_lost") else None
+            if ttl_s is None:
+                continue
+            task_id = str(data["task"])
+            owner = str(((rows.get(task_id) or {}).get("runner") or {}).get("host_id"))
+            if not _lost(conn.execute, task_id, owner, float(ttl_s)):
+                raise RefusedError(
+                    f"task {task_id} was heard from since host {owner} was judged lost:"
+                    " it is that host's again",
+                    code="task.heard_again",
+                    details={"task": task_id, "host": owner},
+                )
 
     # ---- housekeeping --------------------------------------------------------------
 
@@ -886,6 +895,26 @@ class _NothingWritten(Exception):
     def __init__(self, tasks: dict[str, Task | None]) -> None:
         super().__init__("nothing written")
         self.tasks = tasks
+
+
+def _lost(execute: Callable[..., Any], task_id: str, owner: str, ttl_s: float) -> bool:
+    """``PgStore.host_lost``'s judgement, in one statement (``execute``: the store's, or
+    a transaction's after it locked the row)."""
+    from ferry.proc.supervise import DRAIN_TIMEOUT_S, SIGKILL_WAIT_S
+
+    # (a stopped group may take this long to be gone after its SIGKILL, its pipes
+    # drained, before what left the group gets a grace of its own; and a second)
+    slack_s = SIGKILL_WAIT_S + DRAIN_TIMEOUT_S + 1.0
+    row = execute(
+        "SELECT coalesce((SELECT expires_at FROM ferry_hosts WHERE host_id = %s),"
+        " '-infinity') < now() - make_interval(secs => %s),"
+        " coalesce(heartbeat_at, updated_at) < now() - make_interval(secs =>"
+        " 2 * greatest(%s, (body->'runner'->>'beat_ttl_s')::float8)"
+        " + 2 * coalesce((body->'spec'->>'kill_grace_s')::float8, 0) + %s)"
+        " FROM ferry_tasks WHERE id = %s",
+        (owner, ttl_s, ttl_s, slack_s, task_id),
+    ).fetchone()
+    return bool(row is not None and row[0] and row[1])
 
 
 def _after_claims(claimed: Sequence[Task]) -> None:

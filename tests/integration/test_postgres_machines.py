@@ -1,0 +1,135 @@
+"""What one host may do about another host's task on a shared database, when the other
+host is another machine (contract.md, "Many machines: PostgreSQL": a host decides only
+its own tasks, with its own probes).
+
+Simulated hosts on one machine see each other's processes, so a probe of another
+host's runner answers as it never could across machines. Here host ``b`` runs ferry as
+a second machine would: in a PID and mount namespace of its own (its own /proc, none of
+``a``'s processes in it) with a boot id of its own, so that every probe of ``a``'s
+processes answers DEAD, as it does on another machine. (Found by a review: ``cancel``
+from such a host settled a running task CANCELLED while it ran on, and ``retry``
+beside a quarantined orphan of another host was not refused.)
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import uuid
+from pathlib import Path
+
+import psycopg
+import pytest
+from clikit import FERRY, Ferry, Hosts, processes_with_env, wait_until
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def another_machine(ferry: Ferry, boot_id_file: Path) -> Ferry:
+    """``ferry``'s commands run from here on as on a machine of their own (see the
+    module docstring)."""
+    ferry.command = (*machine(boot_id_file), *FERRY)
+    return ferry
+
+
+def machine(boot_id_file: Path) -> tuple[str, ...]:
+    """The words that run a command as on another machine, with a boot id of its own."""
+    boot_id_file.write_text(f"{uuid.uuid4()}\n")
+    inner = (
+        f"mount --bind {shlex.quote(str(boot_id_file))} /proc/sys/kernel/random/boot_id"
+        ' && exec "$@"'
+    )
+    return ("unshare", "--mount", "--pid", "--fork", "--mount-proc", "sh", "-c", inner, "sh")
+
+
+def task_processes(ferry: Ferry, task_id: str) -> list[object]:
+    """The live processes of the task (its marker) that ``ferry``'s host started."""
+    home = f"FERRY_HOME={ferry.home}".encode()
+    return list(processes_with_env(home, f"FERRY_TASK={task_id}:".encode()))
+
+
+def settled_by(pg_url: str, task_id: str) -> list[str]:
+    """The hosts that wrote the task's SETTLED events, in order."""
+    with psycopg.connect(pg_url) as conn:
+        rows = conn.execute(
+            "SELECT host FROM ferry_events WHERE task = %s AND type = 'SETTLED' ORDER BY seq",
+            (task_id,),
+        ).fetchall()
+    return [row[0] for row in rows]
+
+
+def test_the_other_machine_sees_none_of_a_s_processes(
+    hosts: Hosts, pg_url: str, tmp_path: Path
+) -> None:
+    # (The premise of this module: without it the tests below prove nothing.)
+    a = hosts("a")
+    task_id = a.ok("submit", "--", "sleep", "60").out.decode().strip()
+    a.start("work", "-j", "1", "--lease-ttl", "10", "--poll", "0.1")
+    wait_until(lambda: a.task(task_id)["state"] == "RUNNING", what="the task to run on a")
+    with psycopg.connect(pg_url) as conn:
+        [runner] = conn.execute(
+            "SELECT body->'runner' FROM ferry_tasks WHERE id = %s", (task_id,)
+        ).fetchone()
+    look = (
+        "import os, sys, json; from ferry.proc.process import ProcessIdentity, boot_id;"
+        " from ferry.proc.liveness import probe;"
+        " r = ProcessIdentity.from_json(json.loads(sys.argv[1]));"
+        " print(probe(r), boot_id() == r.boot_id, sum(p.isdigit() for p in os.listdir('/proc')))"
+    )
+    words = (*machine(tmp_path / "boot-b"), sys.executable, "-c", look, json.dumps(runner))
+    seen = a.ok(command=words)
+    liveness, same_boot, processes = seen.out.decode().split()
+    assert (liveness, same_boot) == ("DEAD", "False") and int(processes) < 10, seen
+
+
+def test_a_cancel_from_another_machine_is_carried_out_by_the_task_s_own_host(
+    hosts: Hosts, pg_url: str, tmp_path: Path
+) -> None:
+    a, b = hosts("a"), another_machine(hosts("b"), tmp_path / "boot-b")
+    marks = tmp_path / "marks"
+    script = f"trap 'sleep 1; exit 143' TERM; while :; do echo x >> '{marks}'; sleep 0.05; done"
+    task_id = a.ok("submit", "--", "sh", "-c", script).out.decode().strip()
+    a.start("work", "-j", "1", "--lease-ttl", "10", "--poll", "0.1")
+    wait_until(lambda: a.task(task_id)["state"] == "RUNNING", what="the task to run on a")
+    b.ok("cancel", task_id)
+    task = wait_until(
+        lambda: (t := a.task(task_id))["state"] != "RUNNING" and t, what="the task to settle"
+    )
+    assert (task["state"], task["reason"]) == ("CANCELLED", "CANCELLED_BY_USER")
+    # Settled by a, once its task was stopped: b, which cannot see a's processes,
+    # decided nothing about them.
+    assert settled_by(pg_url, task_id) == ["a"]
+    assert not task_processes(a, task_id)
+
+
+def quarantined_on_a(hosts: Hosts, tmp_path: Path) -> tuple[Ferry, str]:
+    """A task of host ``a`` FAILED QUARANTINED_ORPHAN_ALIVE, its orphan running on."""
+    a = hosts("a")
+    marks = tmp_path / "marks"
+    script = f"while :; do echo x >> '{marks}'; sleep 0.05; done"
+    task_id = a.ok("submit", "--idempotent", "--", "sh", "-c", script).out.decode().strip()
+    worker = a.start(
+        "work", "-j", "1", "--lease-ttl", "10", "--poll", "0.1", "--drain",
+        failpoints="supervisor:after:spawn=self",
+    )  # fmt: skip
+    wait_until(lambda: task_processes(a, task_id), what="the task to start on a")
+    worker.kill()
+    worker.wait(timeout=30)
+    a.ok("recover", codes=(3,))
+    task = a.task(task_id)
+    assert (task["state"], task["reason"]) == ("FAILED", "QUARANTINED_ORPHAN_ALIVE")
+    assert task_processes(a, task_id)
+    return a, task_id
+
+
+@pytest.mark.parametrize("action", [("retry",), ("resolve", "--as", "failed")])
+def test_another_machine_does_not_act_beside_a_quarantined_orphan_it_cannot_see(
+    hosts: Hosts, tmp_path: Path, action: tuple[str, ...]
+) -> None:
+    a, task_id = quarantined_on_a(hosts, tmp_path)
+    b = another_machine(hosts("b"), tmp_path / "boot-b")
+    refused = b.refused(3, "task.orphan_alive", *action, task_id)
+    assert "host a" in refused.err  # (where it can be seen to)
+    assert a.task(task_id)["attempt"] == 1 and a.task(task_id)["state"] == "FAILED"
+    b.ok(*action, "--force", task_id)  # (the operator may insist)
