@@ -1,7 +1,8 @@
 """Cut a torn tail, keeping a ``.broken`` copy of the bytes cut.  Nothing else.
 
-Repair never touches corruption (it raises CorruptionError instead), never removes a
-valid record and never resets a journal to empty.  It runs under the append lock, so no
+Repair never touches corruption (it raises CorruptionError instead; a "torn tail" in
+records a valid snapshot covers is damage, not a tear), never removes a valid record
+and never resets a journal to empty.  It runs under the append lock, so no
 append is in progress while it decides what is torn.
 """
 
@@ -13,6 +14,7 @@ from journal import _fsutil
 from journal._errors import JournalError
 from journal._reader import TornTail
 from journal._segment import LOCK_NAME, broken_copy_path
+from journal._snapshot import latest_snapshot
 from journal._survey import survey
 
 _COPY_CHUNK_BYTES = 1 << 20
@@ -75,6 +77,9 @@ def repair(directory: _fsutil.StrPath) -> RepairReport:
             raise found.corruption
         if found.torn is None:
             return RepairReport(False, None, None, 0, None, found.last_seq)
+        # What looks torn is damage if a valid snapshot covers records past it: they
+        # were durable, and nothing is written after a commit that did not return.
+        latest_snapshot(directory, found.last_seq)  # (CorruptionError: touch nothing)
         broken, bytes_cut = cut_tail(directory, found.torn)
         return RepairReport(
             True, found.torn.segment, found.torn.offset, bytes_cut, broken, found.last_seq

@@ -199,3 +199,47 @@ def test_append_refuses_corruption_and_writes_nothing(tmp_path: Path) -> None:
         assert snapshot_of(tmp_path / "j") == before
         with pytest.raises(CorruptionError):  # and keeps refusing; the handle is not broken
             journal.append("NOPE", {})
+
+
+# ---- damage under a snapshot is not a tear ---------------------------------------------
+# (Found by a review: what looks like a torn tail, in records a valid snapshot covers, can
+# only be damage (a snapshot is written once its records are durable, and nothing is
+# written after a commit that did not return). Cut as a tear, it took records away that
+# append had reported committed after it.)
+
+
+def covered_journal(directory: Path, records: int, snapshot_seq: int) -> Path:
+    with Journal.open(directory) as j:
+        for i in range(records):
+            j.append("T", {"i": i, "pad": "x" * 200})
+        j.write_snapshot(snapshot_seq, b"state")
+    [segment] = sorted(directory.glob("*.jsonl"))
+    return segment
+
+
+def test_repair_refuses_to_cut_records_a_snapshot_covers(tmp_path: Path) -> None:
+    directory = tmp_path / "journal"
+    segment = covered_journal(directory, 20, 15)
+    with segment.open("r+b") as f:  # one sector of covered records reads back as zeros
+        f.seek(1024)
+        f.write(bytes(512))
+    with Journal.open(directory) as j:  # (what the snapshot covers is not read at open)
+        committed = j.append("T", {"i": "after"})
+    before = segment.read_bytes()
+    with pytest.raises(CorruptionError):
+        repair(directory)
+    assert segment.read_bytes() == before  # the committed record is still there
+    assert committed.seq == 21 and verify(directory).status == "corrupt"
+
+
+def test_an_append_never_cuts_a_record_a_snapshot_covers(tmp_path: Path) -> None:
+    directory = tmp_path / "journal"
+    segment = covered_journal(directory, 10, 10)
+    size = len(segment.read_bytes().rstrip(b"\0"))
+    with segment.open("r+b") as f:  # the covered last record cut short
+        f.truncate(size - 5)
+    before = segment.read_bytes()
+    with Journal.open(directory) as j, pytest.raises(CorruptionError):
+        j.append("T", {"i": "new"})  # (it would have cut seq 10 and written a new seq 10)
+    assert segment.read_bytes() == before
+    assert verify(directory).status == "corrupt"
