@@ -18,7 +18,7 @@ from collections.abc import Callable
 from ferry.app import outbox
 from ferry.app.queueing import settle_doomed
 from ferry.app.runner import heartbeat_path, log_paths
-from ferry.app.runner_state import runner_identity, with_runner_state
+from ferry.app.runner_state import other_host, runner_identity, with_runner_state
 from ferry.core import events as ev
 from ferry.core.errors import FerryError, OperatorNeededError, RefusedError
 from ferry.core.model import Liveness, Reason, State, Task
@@ -40,7 +40,6 @@ if TYPE_CHECKING:
     from typing import Any
 
     from ferry.app.session import Session
-    from ferry.storage import TaskStore
 
 SALVAGE_TAIL_BYTES = 4096
 CANCEL_WAIT_MARGIN_S = 5.0
@@ -110,7 +109,7 @@ class Recoverer:
         self.home = session.home
 
     def _show(self, task_id: str) -> Task:
-        return with_runner_state(self.store.resolve(task_id), self.home)
+        return with_runner_state(self.store.resolve(task_id), self.home, self.store)
 
     def observe(self, task: Task, now: float) -> Observation:
         runner = runner_identity(task)
@@ -284,14 +283,6 @@ class Recoverer:
             " stops it (or, that host lost, 'ferry recover' settles it)"
         )
         return self._show(task.id)
-
-
-def other_host(store: TaskStore, task: Task) -> str | None:
-    """The host that runs ``task``, if it is another's (a shared database): only a
-    ferry on that host can probe or signal its processes."""
-    if store.host_lost(task, float("inf")) is None:
-        return None
-    return str((task.runner or {}).get("host_id"))
 
 
 def lost_host_observation(task: Task, now: float, ttl_s: float) -> Observation:

@@ -13,6 +13,10 @@ from ferry.core.model import Liveness, Task
 from ferry.proc.liveness import probe
 from ferry.proc.process import ProcessIdentity
 
+TYPE_CHECKING = False  # (typing is not imported at run time: start-up)
+if TYPE_CHECKING:
+    from ferry.storage import TaskStore
+
 
 def runner_identity(task: Task) -> ProcessIdentity | None:
     try:
@@ -21,15 +25,27 @@ def runner_identity(task: Task) -> ProcessIdentity | None:
         return None
 
 
-def with_runner_state(task: Task, home: str | os.PathLike[str]) -> Task:
+def other_host(store: TaskStore, task: Task) -> str | None:
+    """The host that runs ``task``, if it is another's (a shared database): only a
+    ferry on that host can probe or signal its processes (a probe here of a process of
+    another machine answers DEAD: another boot)."""
+    if store.host_lost(task, float("inf")) is None:
+        return None
+    return str((task.runner or {}).get("host_id"))
+
+
+def with_runner_state(task: Task, home: str | os.PathLike[str], store: TaskStore) -> Task:
     """What the journal does not hold, for a task in flight: heartbeat_at from the
     heartbeat file (beats are not journaled), and whether its runner (the task's
     supervisor) is alive now, as a probe proves it (``runner.alive``: true, false, or
-    null when it cannot be proven either way). A settled task's runner is done."""
+    null when it cannot be proven either way: another host's, say). A settled task's
+    runner is done."""
     if task.runner is None:
         return task
     if not task.in_flight:
         return replace(task, runner={**task.runner, "alive": False})
+    if other_host(store, task) is not None:  # (its heartbeat file is on that host too)
+        return replace(task, runner={**task.runner, "alive": None})
     identity = runner_identity(task)
     seen = Liveness.UNKNOWN if identity is None else probe(identity)
     alive = None if seen is Liveness.UNKNOWN else seen is Liveness.ALIVE

@@ -297,7 +297,7 @@ class Service:
     def _with_heartbeat(self, task: Task) -> Task:
         from ferry.app.runner_state import with_runner_state
 
-        return with_runner_state(task, self.home)
+        return with_runner_state(task, self.home, self.store)
 
     def ls(self, *, state: States, limit: int) -> tuple[list[Task], int]:
         """The last ``limit`` tasks submitted (0: all), in submission order, and how
@@ -486,7 +486,8 @@ class Service:
         it nor a verdict on it, unless the operator insists."""
         if force or not (task.reason is Reason.QUARANTINED_ORPHAN_ALIVE and task.terminal):
             return
-        from ferry.app.recoverer import other_host, task_liveness
+        from ferry.app.recoverer import task_liveness
+        from ferry.app.runner_state import other_host
         from ferry.core.model import Liveness
 
         owner = other_host(self.store, task)

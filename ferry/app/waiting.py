@@ -55,7 +55,7 @@ def wait(
             latest[task_id] = current
             if current.terminal:
                 awaited.remove(task_id)
-                session.reporter.settled(with_runner_state(current, session.home))
+                session.reporter.settled(with_runner_state(current, session.home, store))
         if not awaited:
             break
         left = None if deadline is None else deadline - time.monotonic()
@@ -63,5 +63,5 @@ def wait(
             break
         time.sleep(POLL_S if left is None else min(POLL_S, left))
         store.refresh()
-    result = [with_runner_state(latest[task.id], session.home) for task in tasks]
+    result = [with_runner_state(latest[task.id], session.home, store) for task in tasks]
     return WaitReport(result, awaited, time.monotonic() - started)

@@ -406,7 +406,9 @@ class Worker:
         if len(self._reported) > REPORTED_KEPT:
             del self._reported[next(iter(self._reported))]
         self.tally.add(task)
-        self.session.reporter.settled(with_runner_state(task, self.session.home))
+        self.session.reporter.settled(
+            with_runner_state(task, self.session.home, self.session.store)
+        )
         if task.state is State.FAILED and self.halt and self.halted_after is None:
             self.halted_after = task.id
             then = "stopping the running tasks" if self.halt == "now" else "running ones finish"

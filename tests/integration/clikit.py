@@ -294,7 +294,6 @@ class Ferry:
         for proc in self.background:
             if proc.poll() is None:
                 proc.kill()
-            proc.communicate(timeout=self.timeout_s)
         for stray in self.strays:
             with contextlib.suppress(OSError):
                 signal_verified(stray, signal.SIGKILL, group=False)
@@ -302,13 +301,17 @@ class Ferry:
         for _ in range(3):
             left = processes_with_env(needle)
             if not left:
-                return
+                break
             for ident in left:
                 with contextlib.suppress(OSError):  # not ours to signal after all
                     signal_verified(ident, signal.SIGKILL, group=False)
             wait_until(
                 lambda: not processes_with_env(needle), what="leftover task processes to die"
             )
+        # Reaped last: a command's supervisors (which outlive it) hold its stderr open
+        # until they end, so reading it to its end had to wait for their tasks.
+        for proc in self.background:
+            proc.communicate(timeout=self.timeout_s)
 
 
 def processes_with_env(needle: bytes, *prefixes: bytes) -> list[ProcessIdentity]:

@@ -865,6 +865,31 @@ def test_a_row_lock_held_elsewhere_does_not_keep_a_task_past_its_deadline(
     claim.wait(timeout=60)
 
 
+def test_a_row_lock_held_elsewhere_does_not_stall_a_worker_past_its_lease(
+    hosts: Hosts, pg_url: str
+) -> None:
+    # (Found by a third review: a `cancel` from another host, paused (^Z, a frozen VM)
+    # inside its write, held one task's row lock; the worker's beat of that task waited
+    # for it without a bound, its loop stalled, its lease lapsed, and it stopped every
+    # task it ran, the other one too, and exited 75.)
+    a = hosts("a")
+    held, other = (a.ok("submit", "--", "sleep", "60").out.decode().strip() for _ in range(2))
+    worker = a.start("work", "-j", "2", "--lease-ttl", "3", "--poll", "0.1")
+    wait_until(lambda: {t["state"] for t in a.tasks()} == {"RUNNING"}, what="both to run")
+    with psycopg.connect(pg_url) as locker, psycopg.connect(pg_url, autocommit=True) as look:
+        locker.execute("SELECT 1 FROM ferry_tasks WHERE id = %s FOR UPDATE", (held,))
+        until = time.monotonic() + 12  # four of its TTLs
+        while time.monotonic() < until:
+            [[live]] = look.execute(
+                "SELECT expires_at > now() FROM ferry_hosts WHERE host_id = 'a'"
+            ).fetchall()
+            assert live and worker.poll() is None, "a's worker let its lease lapse"
+            time.sleep(0.2)
+        locker.rollback()
+    assert a.task(other)["state"] == "RUNNING" and worker.poll() is None
+    kill_host(a)  # (its supervisors, which hold the worker's stderr, and their tasks)
+
+
 def test_a_late_start_whose_claim_is_still_its_own_goes_ahead(
     hosts: Hosts, pg_url: str, tmp_path: Path
 ) -> None:

@@ -34,12 +34,11 @@ def another_machine(ferry: Ferry, boot_id_file: Path) -> Ferry:
 
 
 def machine(boot_id_file: Path) -> tuple[str, ...]:
-    """The words that run a command as on another machine, with a boot id of its own."""
+    """The words that run a command as on another machine, with a boot id of its own.
+    (Not exec'd: the command would be its namespace's PID 1, which the kernel does not
+    let signal itself, and a failpoint's ``=stop`` or ``=self`` would do nothing.)"""
     boot_id_file.write_text(f"{uuid.uuid4()}\n")
-    inner = (
-        f"mount --bind {shlex.quote(str(boot_id_file))} /proc/sys/kernel/random/boot_id"
-        ' && exec "$@"'
-    )
+    inner = f'mount --bind {shlex.quote(str(boot_id_file))} /proc/sys/kernel/random/boot_id && "$@"'
     return ("unshare", "--mount", "--pid", "--fork", "--mount-proc", "sh", "-c", inner, "sh")
 
 
@@ -133,3 +132,17 @@ def test_another_machine_does_not_act_beside_a_quarantined_orphan_it_cannot_see(
     assert "host a" in refused.err  # (where it can be seen to)
     assert a.task(task_id)["attempt"] == 1 and a.task(task_id)["state"] == "FAILED"
     b.ok(*action, "--force", task_id)  # (the operator may insist)
+
+
+def test_another_machine_shows_a_running_task_s_runner_as_not_known(
+    hosts: Hosts, tmp_path: Path
+) -> None:
+    # (Found by a review: b's probe of a's runner answers DEAD (another boot), and
+    # `show` said "alive": false of a task running on a.)
+    a, b = hosts("a"), another_machine(hosts("b"), tmp_path / "boot-b")
+    task_id = a.ok("submit", "--", "sleep", "60").out.decode().strip()
+    a.start("work", "-j", "1", "--lease-ttl", "10", "--poll", "0.1")
+    wait_until(lambda: a.task(task_id)["state"] == "RUNNING", what="the task to run on a")
+    assert a.task(task_id)["runner"]["alive"] is True
+    assert b.task(task_id)["runner"]["alive"] is None  # (null: it cannot be proven here)
+    assert [t["runner"]["alive"] for t in b.tasks()] == [None]

@@ -141,6 +141,7 @@ class Database:
         self.host = host
         self.silence_s = _process_silence_s
         self.statements_bound = False  # every statement cut after silence_s (bound_statements)
+        self.locks_bound = False  # every wait for a lock cut after silence_s (bound)
         self._conn: Any = None
         self._psycopg = _psycopg()
         _check_url(self._psycopg, url)
@@ -149,12 +150,17 @@ class Database:
         """Give a connection up after ``silence_s`` of silence (no tighter than 1 s), from
         the next connection on (an open one is closed). For every connection this
         process opens from now on too, and its forks': a supervisor forked by a lease
-        holder must see the lease expire as soon as its launcher would."""
+        holder must see the lease expire as soon as its launcher would. And on this
+        one, a wait for a lock is cut after the bound too (``lock_timeout``:
+        ``db.unavailable``, and the caller goes on): a lease holder must renew whatever
+        another session holds (a client paused between its FOR UPDATE and its COMMIT),
+        and the network's bound does not cover a lock wait."""
         global _process_silence_s
         silence_s = max(1.0, silence_s)
         _process_silence_s = min(_process_silence_s, silence_s)
-        if silence_s < self.silence_s:
-            self.silence_s = silence_s
+        if silence_s < self.silence_s or not self.locks_bound:
+            self.silence_s = min(self.silence_s, silence_s)
+            self.locks_bound = True
             self.close()
 
     def bound_statements(self) -> None:
@@ -177,6 +183,8 @@ class Database:
                 options = "-c jit=off"
                 if self.statements_bound:
                     options += f" -c statement_timeout={int(silence_s * 1000)}"
+                elif self.locks_bound:
+                    options += f" -c lock_timeout={int(silence_s * 1000)}"
                 self._conn = self._psycopg.connect(
                     self.url, autocommit=True, options=options,
                     # (libpq: whole seconds, at least 2)
