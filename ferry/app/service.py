@@ -418,9 +418,13 @@ class Service:
 
     # ---- acting on a task ----------------------------------------------------------
 
-    def cancel(self, prefix: str) -> Task:
+    def cancel(self, prefix: str, *, listed: State | None = None) -> Task:
+        """``listed``: the state the task was selected by (``--state``): one that has
+        left it when the cancel is decided is left alone (``task.moved``), not cancelled
+        as ``cancel ID`` would (a task claimed after ``--state QUEUED`` listed it)."""
         task = resolve_task(self.store, prefix)
         for _ in range(RACE_TRIES):
+            _refuse_moved(task, listed)
             try:
                 if task.state is State.QUEUED:
                     # Token-less: refused under the lock if a runner claimed it meanwhile.
@@ -447,8 +451,10 @@ class Service:
             return Recoverer(self.session).cancel_in_flight(self._get(task.id))
         raise InternalError(f"task {task.id} kept changing while it was being cancelled")
 
-    def retry(self, prefix: str, *, force: bool) -> Task:
+    def retry(self, prefix: str, *, force: bool, listed: State | None = None) -> Task:
+        """``listed``: as for ``cancel`` (the attempt read is pinned by the write)."""
         task = resolve_task(self.store, prefix)
+        _refuse_moved(task, listed)
         if not task.terminal:
             raise RefusedError(
                 f"task {task.id} is {task.state}: only a settled task is retried",
@@ -704,3 +710,13 @@ def _dependencies_first(
     if order is None:
         raise cycle_error(source)
     return [fixed[task_id] for task_id in order]
+
+
+def _refuse_moved(task: Task, listed: State | None) -> None:
+    """A task selected by its state (``--state``) that is in another now is left alone."""
+    if listed is not None and task.state is not listed:
+        raise RefusedError(
+            f"task {task.id} is {task.state} now, not {listed} as it was listed: left alone",
+            code="task.moved",
+            details={"task": task.id, "state": task.state.value, "listed": listed.value},
+        )

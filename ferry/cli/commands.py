@@ -68,6 +68,14 @@ _STATE_SELECTOR = click.option(
 )
 
 
+def _listed(state: str | None) -> Any:
+    """The state ``--state`` selected tasks by (None: ids were given): each is acted on
+    only if it is still in it when decided (``task.moved``)."""
+    from ferry.core.model import State
+
+    return None if state is None else State(state.upper())
+
+
 def _each_quietly(ctx: Any, ids: Sequence[str], action: many.Action) -> int:
     """``many.for_each`` for a command whose output is its own (``logs``): nothing
     printed per task but errors; the first failure's exit code, or 0."""
@@ -480,7 +488,7 @@ def register(
         go on (exit: that one's code)."""
 
         def one(task_id: str) -> tuple[str | None, Any]:
-            task = ctx.service(make=False).cancel(task_id)
+            task = ctx.service(make=False).cancel(task_id, listed=_listed(state))
             return f"{task.id} {task.state}", render.task_json(task)
 
         ids = many.targets(ctx, task_ids, state)
@@ -497,7 +505,7 @@ def register(
         """Queue FAILED or CANCELLED tasks again, each as a new attempt (same id)."""
 
         def one(task_id: str) -> tuple[str | None, Any]:
-            task = ctx.service(make=False).retry(task_id, force=force)
+            task = ctx.service(make=False).retry(task_id, force=force, listed=_listed(state))
             return f"{task.id} attempt {task.attempt} QUEUED", render.task_json(task)
 
         ids = many.targets(ctx, task_ids, state)

@@ -47,6 +47,49 @@ def test_a_cancel_that_read_queued_never_overwrites_a_running_claim(
     ferry.verify_clean()
 
 
+def test_cancel_state_queued_leaves_a_task_claimed_after_it_listed_the_queue(
+    ferry: Ferry, tmp_path: Path
+) -> None:
+    """Found by a review: ``cancel --state QUEUED`` ("empty the queue") listed the
+    queue, then a worker claimed and started a listed task before the cancel's write.
+    Its token-less SETTLED was refused (right), but it then decided again as ``cancel
+    ID`` does and cancelled the running task through its runner: SIGTERM. A task
+    selected by its state that is no longer in it is left alone and reported."""
+    gate, mark = tmp_path / "gate", tmp_path / "runs"
+    script = f"echo x >> '{mark}'; while [ ! -e '{gate}' ]; do sleep 0.05; done"
+    task_id = ferry.ok("submit", "--", "sh", "-c", script).text.strip()
+    cancel = ferry.start_stopped("cancel", "--state", "QUEUED", at="before:SETTLED")
+    claim = ferry.start("claim")
+    wait_until(lambda: ferry.task(task_id)["state"] == "RUNNING", what="the task to run")
+    code, err = finish(cancel)
+    assert code == 1 and "task.moved" in err, err
+    task = ferry.task(task_id)
+    assert (task["state"], task["cancel_requested"]) == ("RUNNING", False), task
+    gate.touch()
+    claim_code, claim_err = finish(claim)
+    assert claim_code == 0, claim_err
+    assert ferry.task(task_id)["state"] == "SUCCEEDED" and runs(mark) == 1
+    ferry.verify_clean()
+
+
+def test_retry_state_failed_leaves_a_task_that_moved_after_it_was_listed(
+    ferry: Ferry,
+) -> None:
+    """The same rule for ``retry --state FAILED``: of two tasks listed FAILED, the
+    second, retried by someone else and cancelled while the first one's retry was
+    written, is not retried again (it was, as attempt 3)."""
+    first, second = (ferry.ok("submit", "--", "false").text.strip() for _ in range(2))
+    ferry.ok("work", "--drain", codes=(1,))
+    retry = ferry.start_stopped("retry", "--state", "FAILED", at="before:RETRIED")
+    ferry.ok("retry", second)
+    ferry.ok("cancel", second)
+    code, err = finish(retry)
+    assert code == 1 and "task.moved" in err, err
+    assert (ferry.task(first)["state"], ferry.task(first)["attempt"]) == ("QUEUED", 2)
+    task = ferry.task(second)
+    assert (task["state"], task["attempt"]) == ("CANCELLED", 2), task
+
+
 def test_a_queued_cancel_still_cancels_when_nothing_raced_it(ferry: Ferry) -> None:
     task_id = ferry.ok("submit", "--", "true").text.strip()
     assert ferry.json("cancel", task_id)["state"] == "CANCELLED"
