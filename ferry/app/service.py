@@ -446,9 +446,14 @@ class Service:
                     raise
                 task = self._get(task.id)  # it moved meanwhile: decide again
                 continue
+            current = self._get(task.id)
+            if (current.attempt, current.claim_token) != (task.attempt, task.claim_token):
+                # The claim the request was for has ended since (settled, and perhaps
+                # retried: a new attempt nobody asked to cancel): nothing of it to stop.
+                return current
             from ferry.app.recoverer import Recoverer
 
-            return Recoverer(self.session).cancel_in_flight(self._get(task.id))
+            return Recoverer(self.session).cancel_in_flight(current)
         raise InternalError(f"task {task.id} kept changing while it was being cancelled")
 
     def retry(self, prefix: str, *, force: bool, listed: State | None = None) -> Task:

@@ -662,6 +662,30 @@ def test_a_lost_host_decision_is_refused_once_the_task_is_heard_again(
         b.close()
 
 
+def test_a_cancel_resumed_after_a_retry_leaves_the_new_attempt_alone(hosts: Hosts) -> None:
+    """Found by a review: ``cancel`` paused just after its CANCEL_REQUESTED (attempt 1)
+    was durable; the runner stopped the task (CANCELLED) and a ``retry`` queued attempt
+    2; the cancel, continued, read the task again and cancelled attempt 2 with its own
+    token (or SIGTERMed it, running): a stale writer, whose request was for attempt 1.
+    (On the local journal the cancel's table, not caught up, still held attempt 1.)"""
+    ferry = hosts("a")
+    task_id = ferry.ok(
+        "submit", "--heartbeat", "0.5", "--kill-grace", "1", "--", "sleep", "60"
+    ).text.strip()
+    worker = ferry.start("work", "-j", "1", "--poll", "0.1")
+    wait_until(lambda: ferry.task(task_id)["state"] == "RUNNING", what="the task to run")
+    cancel = ferry.start_stopped("cancel", task_id, at="after:CANCEL_REQUESTED")
+    wait_until(lambda: ferry.task(task_id)["state"] == "CANCELLED", what="its runner to stop it")
+    worker.send_signal(signal.SIGTERM)
+    finish(worker)
+    ferry.ok("retry", task_id)
+    code, err = finish(cancel)
+    assert code == 0, err
+    task = ferry.task(task_id)
+    assert (task["attempt"], task["state"], task["cancel_requested"]) == (2, "QUEUED", False)
+    ferry.verify_clean()
+
+
 def test_two_recovers_on_two_hosts_decide_each_task_once(hosts: Hosts, pg_url: str) -> None:
     a = hosts("a")
     for _ in range(4):
