@@ -686,6 +686,28 @@ def test_a_cancel_resumed_after_a_retry_leaves_the_new_attempt_alone(hosts: Host
     ferry.verify_clean()
 
 
+@pytest.mark.soak
+@pytest.mark.timeout(300)
+def test_a_client_paused_inside_its_write_holds_its_locks_a_minute_at_most(
+    hosts: Hosts,
+) -> None:
+    # (Found by a third review: a `resolve` paused inside its write (^Z; or cut off,
+    # its COMMIT lost on the way) kept its key's lock on the server until the server's
+    # TCP keepalive gave up, about two hours: a `submit --key` of that key, on any
+    # host, waited as long. The server now ends such a session after a minute.)
+    a, b = hosts("a"), hosts("b")
+    first = a.ok("submit", "--key", "K", "--", "false").out.decode().strip()
+    a.ok("work", "--drain", codes=(1,))
+    resolve = b.start_stopped("resolve", first, "--as", "failed", at="before:RESOLVED")
+    started = time.monotonic()
+    submit = a.start("submit", "--key", "K", "--", "true")
+    code, err = finish(submit, timeout_s=150)
+    assert code == 0, err
+    assert time.monotonic() - started < 120
+    code, err = finish(resolve)
+    assert code == 75 and "db.unavailable" in err, err  # (its write rolled back: unknown)
+
+
 def test_two_recovers_on_two_hosts_decide_each_task_once(hosts: Hosts, pg_url: str) -> None:
     a = hosts("a")
     for _ in range(4):

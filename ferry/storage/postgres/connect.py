@@ -27,6 +27,13 @@ CONNECT_TIMEOUT_S = 5
 # there answers the probes: a long statement is not cut. A lease holder bounds it
 # tighter, by its TTL (``bound``): it must see its lease expire in time to stop its tasks.
 SILENCE_S = 10.0
+# A ferry session the server finds idle inside a transaction this long is ended, its
+# transaction rolled back and its locks let go: the client is paused (^Z, a frozen VM)
+# or cut off mid-write (its COMMIT lost on the way). Without it the server keeps the
+# locks until its own TCP keepalive gives up (about two hours by default), and every
+# command that needs one (a key's, a task's row) waits for them. ferry's transactions
+# are never idle but between statements of one write (milliseconds).
+IDLE_IN_TRANSACTION_S = 60
 _process_silence_s = SILENCE_S  # this process's bound (Database.bound)
 
 
@@ -180,7 +187,9 @@ class Database:
                 # estimate past jit_above_cost made one of them spend a second
                 # compiling what runs in a millisecond.
                 silence_s = self.silence_s
-                options = "-c jit=off"
+                options = (
+                    f"-c jit=off -c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_S}s"
+                )
                 if self.statements_bound:
                     options += f" -c statement_timeout={int(silence_s * 1000)}"
                 elif self.locks_bound:
@@ -215,6 +224,7 @@ class Database:
             psycopg.OperationalError,
             psycopg.errors.AdminShutdown,
             psycopg.errors.ReadOnlySqlTransaction,
+            psycopg.errors.IdleInTransactionSessionTimeout,
         ) as error:
             self.close()
             raise unavailable(error, self.url) from error
