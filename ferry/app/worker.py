@@ -258,9 +258,13 @@ class Worker:
                         self.store.refresh()
                     self._cancel_doomed()
                     next_poll = time.monotonic() + self.poll_s
-                self._watch_journal()
-                self._settle_claims()
-                self._write()
+                # The lease renewed between the steps that write, when due: each call
+                # is bounded (a lock wait a quarter of the TTL), but a turn makes
+                # several, and a lock held elsewhere (a client paused inside its
+                # write) could make them add up past the TTL.
+                for step in (self._watch_journal, self._settle_claims, self._write):
+                    step()
+                    self._renew()
                 self._await_plans()
                 self._dispatch()
                 self._stop_if_halted_now()

@@ -936,6 +936,34 @@ def test_a_row_lock_held_elsewhere_does_not_stall_a_worker_past_its_lease(
     kill_host(a)  # (its supervisors, which hold the worker's stderr, and their tasks)
 
 
+def test_a_key_lock_held_elsewhere_does_not_stall_a_worker_past_its_lease(
+    hosts: Hosts, pg_url: str
+) -> None:
+    # (Found by a third review: another session held key K's lock (a `resolve` paused
+    # inside its write) while a task with --key K ended: each of the worker's writes of
+    # that end waited a quarter of its TTL, one after another in one turn, its
+    # supervisor's too, and the lease lapsed between two renewals: it stopped the other
+    # task it ran.)
+    a = hosts("a")
+    keyed = a.ok("submit", "--key", "K", "--", "sleep", "2").out.decode().strip()
+    other = a.ok("submit", "--", "sleep", "60").out.decode().strip()
+    worker = a.start("work", "-j", "2", "--lease-ttl", "8", "--poll", "0.1")
+    wait_until(lambda: {t["state"] for t in a.tasks()} == {"RUNNING"}, what="both to run")
+    with psycopg.connect(pg_url) as locker, psycopg.connect(pg_url, autocommit=True) as look:
+        locker.execute("SELECT pg_advisory_xact_lock(hashtextextended('K', 0))")
+        until = time.monotonic() + 30  # (the keyed task ends meanwhile)
+        while time.monotonic() < until:
+            [[live]] = look.execute(
+                "SELECT expires_at > now() FROM ferry_hosts WHERE host_id = 'a'"
+            ).fetchall()
+            assert live and worker.poll() is None, "a's worker let its lease lapse"
+            time.sleep(0.2)
+        locker.rollback()
+    wait_until(lambda: a.task(keyed)["state"] == "SUCCEEDED", what="the keyed task's end")
+    assert a.task(other)["state"] == "RUNNING" and worker.poll() is None
+    kill_host(a)
+
+
 def test_a_late_start_whose_claim_is_still_its_own_goes_ahead(
     hosts: Hosts, pg_url: str, tmp_path: Path
 ) -> None:
