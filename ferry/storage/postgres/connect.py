@@ -105,17 +105,22 @@ def _check_url(psycopg: Any, url: str) -> None:
         ) from None
 
 
+# What went wrong, by the server's SQLSTATE, where it is not the connection itself.
+_WHAT_FAILED = {
+    "25006": "takes no writes now",  # read_only_sql_transaction
+    "55P03": "a lock it needs is held by another session",  # lock_timeout (Database.bound)
+    "57014": "cancelled a statement (past ferry's bound, or by an administrator)",
+    "25P03": "ended this session, idle inside a transaction",  # (paused past the bound)
+}
+
+
 def unavailable(error: Exception, url: str) -> DatabaseUnavailableError:
     """A database out of reach, or one that takes no writes now (read-only: a standby
     after a failover, ``default_transaction_read_only``): either way what was to be
     written waits (a supervisor keeps a task's end) and the command exits 75."""
     where = _redacted(url)
     first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    what = (
-        "takes no writes now"
-        if getattr(error, "sqlstate", None) == "25006"
-        else "cannot be reached"
-    )
+    what = _WHAT_FAILED.get(getattr(error, "sqlstate", None) or "", "cannot be reached")
     return DatabaseUnavailableError(
         f"the database {where} {what}: {first}", details={"database": where}
     )
