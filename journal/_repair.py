@@ -33,7 +33,11 @@ def cut_tail(directory: str, torn: TornTail) -> tuple[str, int]:
     """Copy the torn bytes (``torn.tail_bytes`` from ``torn.offset``: the zero tail
     after them is not evidence) to a new ``.broken`` file, then truncate at the offset.
 
-    The caller holds the append lock.  Returns (broken copy path, bytes copied)."""
+    The caller holds the append lock.  Returns (broken copy path, bytes copied).
+    CorruptionError, touching nothing, if a valid snapshot covers records past the
+    tail: they were durable (a snapshot follows its records' fsync, and nothing is
+    written after a commit that did not return), so what looks torn is damage."""
+    latest_snapshot(directory, torn.seq - 1)
     broken = broken_copy_path(torn.segment, _fsutil.listdir(directory))
     fd = _fsutil.open_rdwr(torn.segment)
     try:
@@ -77,9 +81,6 @@ def repair(directory: _fsutil.StrPath) -> RepairReport:
             raise found.corruption
         if found.torn is None:
             return RepairReport(False, None, None, 0, None, found.last_seq)
-        # What looks torn is damage if a valid snapshot covers records past it: they
-        # were durable, and nothing is written after a commit that did not return.
-        latest_snapshot(directory, found.last_seq)  # (CorruptionError: touch nothing)
         broken, bytes_cut = cut_tail(directory, found.torn)
         return RepairReport(
             True, found.torn.segment, found.torn.offset, bytes_cut, broken, found.last_seq

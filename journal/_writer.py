@@ -70,7 +70,6 @@ from journal._errors import (
     WriterFailedError,
 )
 from journal._position import Position
-from journal._snapshot import latest_snapshot
 from journal._survey import Survey
 
 Subscriber = Callable[[Record], None]
@@ -488,11 +487,10 @@ class Writer:
 
     def _catch_up_and_cut(self) -> None:
         """Under the lock, before a commit: catch up, and cut a torn tail if one is there
-        (never one that a valid snapshot covers: that is damage, CorruptionError)."""
+        (never one that a valid snapshot covers: ``cut_tail`` refuses it)."""
         pos = self.pos
         torn = pos.catch_up(self._feed_one, locked=True)
         if torn is not None:
-            latest_snapshot(self.directory, pos.last_seq)
             pos.cut(torn)
 
     def _commit(self, group: list[_Batch]) -> None:
