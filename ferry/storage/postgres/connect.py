@@ -114,10 +114,25 @@ _WHAT_FAILED = {
 }
 
 
+def _unavailable_errors(psycopg: Any) -> tuple[type[Exception], ...]:
+    """The driver's errors that mean "not now" (``unavailable``): a connection lost or
+    refused, or a bound of ferry's own that cut a wait (OperationalError: lock and
+    statement timeouts too), a read-only server, a session ended idle in a transaction
+    (both InternalError, for the driver)."""
+    errors = psycopg.errors
+    return (
+        psycopg.OperationalError,
+        errors.AdminShutdown,
+        errors.ReadOnlySqlTransaction,
+        errors.IdleInTransactionSessionTimeout,
+    )
+
+
 def unavailable(error: Exception, url: str) -> DatabaseUnavailableError:
-    """A database out of reach, or one that takes no writes now (read-only: a standby
-    after a failover, ``default_transaction_read_only``): either way what was to be
-    written waits (a supervisor keeps a task's end) and the command exits 75."""
+    """``db.unavailable`` (75): what was to be written waits (a supervisor keeps a
+    task's end), and the message says why, by the server's SQLSTATE (``_WHAT_FAILED``):
+    out of reach, read-only (a standby after a failover), or a wait cut at ferry's
+    bound."""
     where = _redacted(url)
     first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     what = _WHAT_FAILED.get(getattr(error, "sqlstate", None) or "", "cannot be reached")
@@ -225,12 +240,7 @@ class Database:
         try:
             with conn.transaction(force_rollback=rollback):
                 yield conn
-        except (
-            psycopg.OperationalError,
-            psycopg.errors.AdminShutdown,
-            psycopg.errors.ReadOnlySqlTransaction,
-            psycopg.errors.IdleInTransactionSessionTimeout,
-        ) as error:
+        except _unavailable_errors(psycopg) as error:
             self.close()
             raise unavailable(error, self.url) from error
 
@@ -239,7 +249,7 @@ class Database:
         psycopg = self._psycopg
         try:
             return self.connection().execute(sql, params)
-        except (psycopg.OperationalError, psycopg.errors.ReadOnlySqlTransaction) as error:
+        except _unavailable_errors(psycopg) as error:
             self.close()
             raise unavailable(error, self.url) from error
 
