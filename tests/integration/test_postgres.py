@@ -911,6 +911,20 @@ def test_a_row_lock_held_elsewhere_does_not_keep_a_task_past_its_deadline(
     claim.wait(timeout=60)
 
 
+def assert_lease_kept(
+    pg_url: str, host: str, worker: subprocess.Popen[bytes], seconds: float
+) -> None:
+    """For ``seconds``, ``host``'s lease stays live and its ``worker`` runs."""
+    with psycopg.connect(pg_url, autocommit=True) as look:
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
+            [[live]] = look.execute(
+                "SELECT expires_at > now() FROM ferry_hosts WHERE host_id = %s", (host,)
+            ).fetchall()
+            assert live and worker.poll() is None, f"{host}'s worker let its lease lapse"
+            time.sleep(0.2)
+
+
 def test_a_row_lock_held_elsewhere_does_not_stall_a_worker_past_its_lease(
     hosts: Hosts, pg_url: str
 ) -> None:
@@ -922,15 +936,9 @@ def test_a_row_lock_held_elsewhere_does_not_stall_a_worker_past_its_lease(
     held, other = (a.ok("submit", "--", "sleep", "60").out.decode().strip() for _ in range(2))
     worker = a.start("work", "-j", "2", "--lease-ttl", "3", "--poll", "0.1")
     wait_until(lambda: {t["state"] for t in a.tasks()} == {"RUNNING"}, what="both to run")
-    with psycopg.connect(pg_url) as locker, psycopg.connect(pg_url, autocommit=True) as look:
+    with psycopg.connect(pg_url) as locker:
         locker.execute("SELECT 1 FROM ferry_tasks WHERE id = %s FOR UPDATE", (held,))
-        until = time.monotonic() + 12  # four of its TTLs
-        while time.monotonic() < until:
-            [[live]] = look.execute(
-                "SELECT expires_at > now() FROM ferry_hosts WHERE host_id = 'a'"
-            ).fetchall()
-            assert live and worker.poll() is None, "a's worker let its lease lapse"
-            time.sleep(0.2)
+        assert_lease_kept(pg_url, "a", worker, 12)  # (four of its TTLs)
         locker.rollback()
     assert a.task(other)["state"] == "RUNNING" and worker.poll() is None
     kill_host(a)  # (its supervisors, which hold the worker's stderr, and their tasks)
@@ -949,15 +957,9 @@ def test_a_key_lock_held_elsewhere_does_not_stall_a_worker_past_its_lease(
     other = a.ok("submit", "--", "sleep", "60").out.decode().strip()
     worker = a.start("work", "-j", "2", "--lease-ttl", "8", "--poll", "0.1")
     wait_until(lambda: {t["state"] for t in a.tasks()} == {"RUNNING"}, what="both to run")
-    with psycopg.connect(pg_url) as locker, psycopg.connect(pg_url, autocommit=True) as look:
+    with psycopg.connect(pg_url) as locker:
         locker.execute("SELECT pg_advisory_xact_lock(hashtextextended('K', 0))")
-        until = time.monotonic() + 30  # (the keyed task ends meanwhile)
-        while time.monotonic() < until:
-            [[live]] = look.execute(
-                "SELECT expires_at > now() FROM ferry_hosts WHERE host_id = 'a'"
-            ).fetchall()
-            assert live and worker.poll() is None, "a's worker let its lease lapse"
-            time.sleep(0.2)
+        assert_lease_kept(pg_url, "a", worker, 30)  # (the keyed task ends meanwhile)
         locker.rollback()
     wait_until(lambda: a.task(keyed)["state"] == "SUCCEEDED", what="the keyed task's end")
     assert a.task(other)["state"] == "RUNNING" and worker.poll() is None
