@@ -150,19 +150,15 @@ def console() -> None:
             # Its reader went (``| head``): what is left goes nowhere, and the exit
             # status stays the command's (the interpreter's own last flush would fail
             # again and exit 120).
-            _write_nowhere(stream.fileno())
+            from ferry.cli.render import nowhere
+
+            nowhere(stream)
         except (OSError, ValueError):
             lost = True  # (a full disk, say: the usual exit says output was lost)
     handlers = getattr(atexit, "_ncallbacks", lambda: 1)()
     if threading.active_count() == 1 and handlers == 0 and not lost:
         os._exit(code)
     sys.exit(code)
-
-
-def _write_nowhere(fd: int) -> None:
-    null = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(null, fd)
-    os.close(null)
 
 
 def _children_reported() -> None:

@@ -2,6 +2,16 @@
 
 With ``--json`` exactly one JSON document goes to stdout (JSON Lines for streams);
 human text goes to stdout for listings and to stderr for notices.
+
+What ferry says never decides what it does. Once nobody reads stderr (EPIPE: ``2>&1 |
+head -1``; EIO: its terminal closed; a full disk under a redirect), or stdout (EPIPE),
+what would have been written there goes to /dev/null, and the command goes on to its
+own end and exit status: a ``run`` runs its task in the foreground and exits with its
+status, a ``work`` drains its queue. (A review found a notice's BrokenPipeError ending
+``run`` with status 0, and under ``run -v`` coming between the intent and the go: the
+task was given back to the queue, to run later under whichever ``work`` came next.)
+Other errors on stdout are the command's (``ls > /dev/full``: ``io.no_space``), and
+``logs`` writes a task's bytes itself (it stops when its reader goes).
 """
 
 from __future__ import annotations
@@ -57,30 +67,63 @@ def _readable_json(obj: Any) -> Any:
 
 
 def write_json(obj: Any) -> None:
-    sys.stdout.buffer.write(dumps(obj) + b"\n")
-    sys.stdout.flush()
+    _out(dumps(obj) + b"\n")
 
 
 def emit(*, as_json: bool, human: str | None, payload: Any) -> None:
     if as_json:
         write_json(payload)
     elif human:
-        sys.stdout.write(human if human.endswith("\n") else human + "\n")
+        _out(human if human.endswith("\n") else human + "\n")
+
+
+def _out(data: bytes | str) -> None:
+    """Onto stdout; nowhere once its reader went (see the module's docstring)."""
+    try:
+        if isinstance(data, str):
+            sys.stdout.write(data)
+        else:
+            sys.stdout.buffer.write(data)
         sys.stdout.flush()
+    except BrokenPipeError:
+        nowhere(sys.stdout)
+
+
+def _err(text: str) -> None:
+    """Onto stderr; nowhere once it cannot be written (see the module's docstring)."""
+    try:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        nowhere(sys.stderr)
+
+
+def nowhere(stream: Any) -> None:
+    """From now on ``stream`` writes to /dev/null (what its buffer holds included)."""
+    import contextlib
+    import os
+
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):  # (closed, or not a file)
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, fd)
+    os.close(null)
+    with contextlib.suppress(OSError, ValueError):
+        stream.flush()
 
 
 def notice(message: str) -> None:
     """A human notice: always stderr, so stdout stays clean for data."""
-    sys.stderr.write(f"ferry: {message}\n")
-    sys.stderr.flush()
+    _err(f"ferry: {message}\n")
 
 
 def error(err: FerryError, *, as_json: bool) -> None:
     """The one error line; under --json also the error object on stdout. What the user
     gave is echoed as its bytes (never a surrogate, never a traceback over one)."""
     message = readable(" ".join(err.message.splitlines()))
-    sys.stderr.write(f"ferry: error[{err.code}]: {message}\n")
-    sys.stderr.flush()
+    _err(f"ferry: error[{err.code}]: {message}\n")
     if as_json:
         shown = {**err.to_json(), "message": readable(err.message)}
         write_json({"error": _readable_json(shown)})
@@ -201,8 +244,7 @@ def summary(report: Any) -> str:
 
 
 def stderr_line(text: str) -> None:
-    sys.stderr.write(text + "\n")
-    sys.stderr.flush()
+    _err(text + "\n")
 
 
 def stderr_is_terminal() -> bool:
@@ -225,8 +267,7 @@ def redraw(text: str) -> None:
         width = os.get_terminal_size(sys.stderr.fileno()).columns or 80  # (0: not set)
     except (OSError, ValueError):
         width = 80
-    sys.stderr.write("\r\x1b[K" + text[: max(0, width - 1)])
-    sys.stderr.flush()
+    _err("\r\x1b[K" + text[: max(0, width - 1)])
 
 
 def detail(obj: Mapping[str, Any]) -> str:
