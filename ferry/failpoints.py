@@ -49,6 +49,8 @@ Naming convention (the registry :data:`FAILPOINTS` lists every name):
 * ``before:go`` / ``after:go``: around a launcher telling a task's supervisor to spawn
   it (its ``go``; for ``work``, usually the task itself, sent with its ``go``): the
   intent is durable; ``after``: the supervisor will spawn without its launcher.
+* ``before:relay`` / ``after:relay``: around a launcher relaying a signal it got to
+  its task's supervisor (``after``: the supervisor can read it).
 * ``before:signal`` / ``after:signal``: around sending a verified signal
   (:func:`ferry.proc.process.signal_verified` calls them itself).
 * ``before:lease_write`` / ``after:lease_write``: around the atomic replace of
@@ -119,6 +121,8 @@ SIDE_EFFECT_POINTS: tuple[str, ...] = (
     "after:spawn",
     "before:go",
     "after:go",
+    "before:relay",
+    "after:relay",
     "before:signal",
     "after:signal",
     "before:lease_write",

@@ -356,11 +356,18 @@ class Launch:
         self.channel.send("stop", signal=sig, cancel=cancel, evidence=evidence or {})
 
     def forward(self, sig: int) -> None:
-        """A signal ferry got (SIGINT, SIGTERM, SIGHUP), for the task: sent to the
-        supervisor, whose own trap forwards it to the task's group."""
-        if not self.reaped:  # (an unreaped child: its number cannot be reused)
+        """A signal ferry got (SIGINT, SIGTERM, SIGHUP), for the task: relayed to the
+        supervisor, which forwards it to the task's group. Relayed as a message, not
+        sent again as a signal: one signal that reached both (systemd stopping a unit,
+        ``pkill -f``, a cgroup's kill) is then one request to the supervisor, not two
+        (a second means "now": SIGKILL). Sent as a signal only once the channel is
+        gone."""
+        failpoints.failpoint("before:relay")
+        self.channel.send("signal", signal=sig)
+        if self.channel.closed and not self.reaped:  # (unreaped: its pid is not reused)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, sig)
+        failpoints.failpoint("after:relay")
 
     def reap(self, timeout_s: float = REAP_WAIT_S) -> None:
         """Wait for the supervisor to exit (its channel has ended, or is about to)."""

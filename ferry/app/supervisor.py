@@ -70,6 +70,7 @@ from ferry.app import collector, outbox
 from ferry.app.runner import (
     SPAWNED_AFTER_S,
     Plan,
+    before_spawn_event,
     error_to_json,
     exit_status_of,
     heartbeat_path,
@@ -284,6 +285,7 @@ class Supervisor:
         self.spawned: ev.Spawned | None = None  # due, not yet known durable
         self.spawned_due = False  # it has run SPAWNED_AFTER_S
         self.cancelled = False  # its cancel was asked for (by the launcher, or seen here)
+        self.relayed: list[int] = []  # signals its launcher got, for the task (forward)
         self.stopped_because: dict[str, Any] = {}  # the launcher's why, for the evidence
         self.warnings: list[str] = []  # for the launcher to print (an incomplete log)
         self.spawn_at = 0.0  # wall clock, just before the spawn
@@ -371,6 +373,10 @@ class Supervisor:
         assert plan.env is not None
         stdout_log, stderr_log = log_paths(self.home, task.id, task.attempt)
         failpoint("before:spawn")  # DISPATCHING is durable, no child exists yet
+        signum = self._signalled()
+        if signum is not None:  # (for a task that does not exist yet: it starts nothing)
+            event = before_spawn_event(task, token, cancelled=False, signum=signum)
+            return [event], 128 + signum, None
         try:
             if self._unheard() and not self._heard_again():
                 # This host was frozen or cut off since the claim, and cannot make its
@@ -461,8 +467,23 @@ class Supervisor:
         if not self.spawned_due:
             self.exit_start_time = self._start_time()
 
+    def _signalled(self) -> int | None:
+        """The first signal for the task that came before its spawn: to this supervisor
+        (its trap), or to its launcher (relayed). Other messages are left to the task's
+        loop."""
+        self.trap.drain()
+        with contextlib.suppress(ChannelClosed):
+            messages = self.channel.receive()
+            self.channel.unread([m for m in messages if m["t"] != "signal"])
+            self.relayed += [int(m["signal"]) for m in messages if m["t"] == "signal"]
+        signals = [*self.trap.received, *self.relayed]
+        return signals[0] if signals else None
+
     def _on_message(self, message: dict[str, Any]) -> int | None:
         kind = message["t"]
+        if kind == "signal":  # (relayed by the launcher: _Control.take_relayed)
+            self.relayed.append(int(message["signal"]))
+            return None
         if kind == "stop":
             self.cancelled = self.cancelled or bool(message.get("cancel"))
             self.stopped_because.update(message.get("evidence") or {})
@@ -690,3 +711,8 @@ class _Control:
         for message in messages:
             stop = supervisor._on_message(message) or stop
         return stop
+
+    def take_relayed(self) -> list[int]:
+        """The signals the launcher relayed since the last call (its own, for the task)."""
+        relayed, self.supervisor.relayed = self.supervisor.relayed, []
+        return relayed

@@ -79,13 +79,16 @@ def _read_buffer() -> tuple[bytearray, memoryview]:
 class Control(Protocol):
     """A descriptor the loop also waits on (a supervisor's channel to its launcher):
     ``on_readable`` is called each time it is readable and may ask for the task to be
-    stopped (a signal number); once ``done`` it is no longer waited on."""
+    stopped (a signal number); ``take_relayed`` then gives the signals it relayed (its
+    launcher's, for the task: as if trapped here); once ``done`` it is no longer waited
+    on."""
 
     @property
     def fd(self) -> int: ...
     @property
     def done(self) -> bool: ...
     def on_readable(self) -> int | None: ...
+    def take_relayed(self) -> list[int]: ...
 
 
 class TaskLoop:
@@ -150,6 +153,8 @@ class TaskLoop:
         self.drain_timed_out = self.group_survived = False
         self.forwarded_signal: int | None = None
         self.stop_signal: int | None = None
+        self.heard = [0, 0]  # signals for the task: trapped here, relayed (_asked)
+        self.requests = 0  # what they asked, counted once however heard
 
     # -- stopping -------------------------------------------------------------------
 
@@ -170,13 +175,25 @@ class TaskLoop:
         self.trap.drain()
         new = self.trap.received[self.signals_seen :]
         self.signals_seen = len(self.trap.received)
-        if new and not self.leader_exited and self.group.leader_exited():
+        self._asked(new, now, relayed=False)
+
+    def _asked(self, signals: list[int], now: float, *, relayed: bool) -> None:
+        """Signals for the task: trapped here, or ``relayed`` (the control's: those
+        its launcher got). The first stops the task, a second means "now" (SIGKILL).
+        One signal that reached both (systemd stopping a unit, ``pkill -f``, a
+        cgroup's kill) is one request: the n-th request is the n-th signal of either
+        source. (Was: counted twice, and the task SIGKILLed at once.)"""
+        if signals and not self.leader_exited and self.group.leader_exited():
             # The leader exited, but its event waits behind this one (epoll gives no
             # order within a batch) or the next poll (no pidfd): a signal sent once the
             # task ended must find it ended, so that it gives up a stalled passthrough
             # instead of being spent on a SIGKILL to nobody.
             self._leader_exit_seen(now)
-        for sig in new:
+        for sig in signals:
+            self.heard[relayed] += 1
+            if self.heard[relayed] <= self.requests:
+                continue  # (the same one, heard the other way too)
+            self.requests += 1
             if self.forwarded_signal is None:
                 self.forwarded_signal = sig
             if self.group_gone:
@@ -222,10 +239,12 @@ class TaskLoop:
     def _on_control(self, now: float) -> None:
         assert self.control is not None
         sig = self.control.on_readable()
+        relayed = self.control.take_relayed()
         if self.control.done:
             self.sel.unregister(self.control.fd)
             self.control = None
         self._stop_for(sig, now)
+        self._asked(relayed, now, relayed=True)
 
     # -- the leader and the group ------------------------------------------------------
 

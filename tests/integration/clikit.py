@@ -228,6 +228,18 @@ class Ferry:
 
     # ---- looking -------------------------------------------------------------------
 
+    def stopped_runner(self, task_id: str) -> int:
+        """The pid of the task's supervisor, once stopped (a ``supervisor:...=stop``
+        failpoint)."""
+
+        def stopped() -> int | None:
+            pid = (self.task(task_id).get("runner") or {}).get("pid")
+            st = None if pid is None else read_stat(pid)
+            return pid if st is not None and st.state == "T" else None
+
+        found: int = wait_until(stopped, what="the task's supervisor to stop")
+        return found
+
     def tasks(self) -> list[dict[str, Any]]:
         tasks: list[dict[str, Any]] = self.json("ls", "--limit", "0")
         return tasks

@@ -806,18 +806,6 @@ def test_a_long_run_is_left_alone_by_another_host_s_recover(hosts: Hosts, tmp_pa
     assert [t["state"] for t in b.tasks()] == ["SUCCEEDED"]
 
 
-def stopped_before_its_spawn(ferry: Ferry, task_id: str) -> int:
-    """The pid of the task's supervisor, once stopped (``supervisor:before:spawn=stop``)."""
-
-    def stopped() -> int | None:
-        pid = (ferry.task(task_id).get("runner") or {}).get("pid")
-        st = None if pid is None else read_stat(pid)
-        return pid if st is not None and st.state == "T" else None
-
-    found: int = wait_until(stopped, what="the supervisor to stop before the spawn")
-    return found
-
-
 def test_a_run_is_left_alone_before_its_first_beat(hosts: Hosts, tmp_path: Path) -> None:
     # (Found by a review: the TTL of a task's beats was kept with its first beat only;
     # before it (5 s, the default --heartbeat), b's recover --lease-ttl 1 waited its
@@ -870,7 +858,7 @@ def test_a_task_unheard_past_its_deadline_is_not_started(hosts: Hosts, tmp_path:
     )  # (b waits 2 TTLs, 2 graces and 8 s: within wait_until's 30)
     claim = a.start("claim", "--lease-ttl", "2", failpoints="supervisor:before:spawn=stop")
     try:
-        pid = stopped_before_its_spawn(a, task_id)
+        pid = a.stopped_runner(task_id)
         wait_until(lambda: b("recover", "--lease-ttl", "2").code == 3 or b.task(task_id)[
             "state"] == "QUEUED", what="b to queue the task again")  # fmt: skip
         os.kill(pid, signal.SIGCONT)
@@ -978,7 +966,7 @@ def test_a_late_start_whose_claim_is_still_its_own_goes_ahead(
     worker = a.start("work", "-j", "1", "--lease-ttl", "2", "--poll", "0.1", "--drain",
                      failpoints="supervisor:before:spawn=stop")  # fmt: skip
     try:
-        pid = stopped_before_its_spawn(a, task_id)
+        pid = a.stopped_runner(task_id)
         with psycopg.connect(pg_url, autocommit=True) as db:
             wait_until(lambda: db.execute(
                 "SELECT updated_at < now() - interval '3 seconds' FROM ferry_tasks"

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from clikit import CLI_TIMEOUT_S, Ferry, wait_until
+from clikit import CLI_TIMEOUT_S, Ferry, wait_stopped, wait_until
 from hardkit import holds_open_below, pid_alive, slow_to_hash, wait_for
 from taskscripts import TREE_LEAF
 
@@ -234,6 +234,49 @@ def test_two_signals_at_once_are_both_counted(ferry: Ferry, tmp_path: Path) -> N
     assert task["evidence"]["forwarded_signal"] in (signal.SIGINT, signal.SIGTERM)
     assert task["evidence"]["killed_after_grace"] is True
     assert ferry.live_task_processes() == []
+
+
+def test_one_sigterm_to_run_and_its_supervisor_is_one_request(ferry: Ferry, tmp_path: Path) -> None:
+    # One SIGTERM that reaches every process of the command (systemd stopping a unit,
+    # `pkill -f`, a cgroup's kill): the supervisor gets it, and run relays its own copy.
+    # (Was: counted as two, "now": SIGKILL at once, the task's clean-up cut short.)
+    cleaned = tmp_path / "cleaned"
+    clean_up = (
+        f"trap 'sleep 0.5; touch {cleaned}; exit 0' TERM; echo ready; {wait_go(tmp_path / 'never')}"
+    )
+    proc = ferry.start("run", "--kill-grace", "600", "--", "sh", "-c", clean_up,
+                       stdout=subprocess.PIPE)  # fmt: skip
+    assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+    supervisor = int(ferry.only_task()["runner"]["pid"])
+    os.kill(supervisor, signal.SIGTERM)
+    proc.send_signal(signal.SIGTERM)
+    code, _ = finish(proc)
+    assert (code, cleaned.exists()) == (0, True)
+    task = ferry.only_task()
+    assert task["evidence"]["forwarded_signal"] == signal.SIGTERM
+    assert "killed_after_grace" not in task["evidence"]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_after_the_go_and_before_the_spawn_starts_nothing(
+    ferry: Ferry, tmp_path: Path, signum: int
+) -> None:
+    # (Was: the supervisor, told to go, spawned the task all the same; the signal then
+    # stopped it, after its first command had run.)
+    ran = tmp_path / "ran"
+    proc = ferry.start("run", "--", "sh", "-c", f"touch {ran}",
+                       failpoints="supervisor:before:spawn=stop,launcher:after:relay=stop")  # fmt: skip
+    task_id = wait_until(lambda: ferry.only_task_or_none(), what="the claim")["id"]
+    supervisor = ferry.stopped_runner(task_id)
+    proc.send_signal(signum)
+    wait_stopped(proc, what="run to relay the signal")
+    os.kill(supervisor, signal.SIGCONT)
+    os.kill(proc.pid, signal.SIGCONT)
+    code, _ = finish(proc)
+    assert (code, ran.exists()) == (128 + signum, False)
+    task = ferry.only_task()
+    assert (task["state"], task["reason"], task["signal"]) == ("FAILED", "SIGNALLED", signum)
+    assert task["evidence"]["signalled_before_spawn"] is True
 
 
 # -- output ------------------------------------------------------------------------------
