@@ -175,6 +175,7 @@ class Launch:
         self.beat = False  # it beat since the launcher last looked at the journal for it
         self.warned: list[str] = []  # warnings about its end (an incomplete log)
         self.ended: dict[str, Any] | None = None  # its "ended" message, until written
+        self.retry_refused: RefusedError | None = None  # (its end then goes alone)
         self.stop_sent = False
         self.claimed = False  # its claim is in the journal
         self.dispatched = False  # its DISPATCHING too (written with the claim, or after)
@@ -312,7 +313,7 @@ class Launch:
     def end_records_for(self, current: Task | None) -> list[Record]:
         """``end_records``, the task being ``current`` (as read for the write)."""
         assert self.ended is not None
-        _, writes = outbox.end_writes(current, self.end_events)
+        _, writes = outbox.end_writes(current, self.end_events, retry_refused=self.retry_refused)
         return [event.encode() for event in writes]
 
     @property

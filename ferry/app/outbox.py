@@ -107,11 +107,13 @@ def deliver(store: TaskStore, records: Sequence[ev.Event]) -> str:
     task moved); what it became. Raises what the store raises when it cannot be reached
     or refuses for another reason."""
     settled = _settled(records)
-    outcome: list[str] = []  # (what the last decision made of it)
+    outcome: list[Any] = []  # (what the last decision made of it; with a RETRIED?)
+    refused: list[RefusedError] = []  # (its retry's refusal: the end goes without it)
 
     def decide(current: Mapping[str, Task | None]) -> list[ev.Event]:
-        found, writes = end_writes(current.get(settled.task), records)
-        outcome[:] = [found]
+        found, writes = end_writes(current.get(settled.task), records,
+                                   retry_refused=refused[0] if refused else None)  # fmt: skip
+        outcome[:] = [found, any(isinstance(write, ev.Retried) for write in writes)]
         return writes
 
     for _ in range(RACE_TRIES):
@@ -119,22 +121,33 @@ def deliver(store: TaskStore, records: Sequence[ev.Event]) -> str:
         try:
             store.commit_against([settled.task], decide)
         except RefusedError as error:
-            if error.code not in MOVED_CODES:
-                raise
-            continue
-        return outcome[0]
+            if error.code in MOVED_CODES:
+                continue
+            if outcome[1] and not refused:
+                refused.append(error)
+                continue
+            raise
+        return str(outcome[0])
     raise RefusedError(
         f"task {settled.task}: its end was refused {RACE_TRIES} times", code="task.stale_claim"
     )
 
 
-def end_writes(current: Task | None, records: Sequence[ev.Event]) -> tuple[str, list[ev.Event]]:
+def end_writes(
+    current: Task | None,
+    records: Sequence[ev.Event],
+    *,
+    retry_refused: RefusedError | None = None,
+) -> tuple[str, list[ev.Event]]:
     """What a supervisor's end (``records``: its SETTLED, maybe after its SPAWNED) is,
     the task being ``current`` now: SETTLED, the records to write (its SPAWNED only if
     the task is still DISPATCHING; CANCELLED if a cancel was asked for meanwhile);
     LATE, a LATE_RESULT (the claim moved: recovery or another host decided); ALREADY,
     nothing (it is written, or kept as a late result, already). A failure the task's
-    ``--retries`` retry gets its RETRIED in the same write (``queueing.auto_retry``)."""
+    ``--retries`` retry gets its RETRIED in the same write (``queueing.auto_retry``),
+    unless the store refused that retry (``retry_refused``: its ``--key`` succeeded
+    meanwhile, say): then the end goes alone, the refusal in its evidence
+    (``not_retried``). An end is never dropped for its retry's sake."""
     settled = _settled(records)
     if current is None:
         return ALREADY, []
@@ -145,6 +158,8 @@ def end_writes(current: Task | None, records: Sequence[ev.Event]) -> tuple[str, 
             writes = list(records)
         if current.cancel_requested:
             writes = [as_cancelled(r) if isinstance(r, ev.Settled) else r for r in writes]
+        if retry_refused is not None:
+            return SETTLED, [_not_retried(r, retry_refused) for r in writes]
         if not current.spec.retries:
             return SETTLED, writes
         from ferry.app.queueing import auto_retry  # (lazy: run's tasks have no --retries)
@@ -158,6 +173,21 @@ def end_writes(current: Task | None, records: Sequence[ev.Event]) -> tuple[str, 
     ):
         return ALREADY, []
     return LATE, [ev.LateResult(settled.task, settled.attempt, _result(settled))]
+
+
+def _not_retried(record: ev.Event, refusal: RefusedError) -> ev.Event:
+    """The SETTLED of an end whose automatic retry was refused, that refusal in its
+    evidence (other records as they are)."""
+    if not isinstance(record, ev.Settled) or record.state is not State.FAILED:
+        return record
+    evidence = {
+        **record.evidence,
+        "not_retried": {"code": refusal.code, "message": refusal.message},
+    }
+    return ev.Settled(
+        record.task, record.attempt, record.token, record.state, record.reason,
+        record.exit_code, record.signal, evidence, record.ended_at,
+    )  # fmt: skip
 
 
 def _kept_late(current: Task, settled: ev.Settled) -> bool:

@@ -79,6 +79,7 @@ from ferry.core.errors import (
     RefusedError,
     from_os_error,
 )
+from ferry.core.fold import MOVED_CODES
 from ferry.core.ids import new_claim_token
 from ferry.core.model import TERMINAL_STATES, Liveness, State, Task
 from ferry.proc._outputs import SignalTrap
@@ -871,7 +872,16 @@ class Worker:
         for unit in units:
             task_id = unit.launch.task.id
             try:
-                written = self.store.commit_against([task_id], functools.partial(_decided, [unit]))
+                try:
+                    written = self.store.commit_against(
+                        [task_id], functools.partial(_decided, [unit])
+                    )
+                except RefusedError as error:
+                    if not _retry_refused(unit, error):
+                        raise
+                    written = self.store.commit_against(
+                        [task_id], functools.partial(_decided, [unit])
+                    )
             except RefusedError as error:
                 self._done(unit, error, None)
                 continue
@@ -955,6 +965,19 @@ def _decided(units: Sequence[_Unit], current: Mapping[str, Task | None]) -> list
             unit.records = unit.launch.end_records_for(current.get(unit.launch.task.id))
         records.extend(unit.records)
     return records
+
+
+def _retry_refused(unit: _Unit, error: RefusedError) -> bool:
+    """An end refused for its automatic retry (its ``--key`` succeeded meanwhile, say:
+    not that the task moved): its launch is told, and its end is written alone next
+    (``outbox.end_writes``). True if so."""
+    launch = unit.launch
+    if unit.kind != "end" or error.code in MOVED_CODES or launch.retry_refused is not None:
+        return False
+    if not any(kind == "RETRIED" for kind, _ in unit.records):
+        return False
+    launch.retry_refused = error
+    return True
 
 
 def _ends_failed(launch: Launch) -> bool:

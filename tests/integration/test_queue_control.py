@@ -452,3 +452,38 @@ def test_a_supervisor_whose_work_was_killed_writes_its_end_and_the_retry(
     ferry.ok("work", "--drain")
     assert ferry.task(task_id)["state"] == "SUCCEEDED" and stamps.started("t") == 2
     ferry.verify_clean()
+
+
+@pytest.mark.parametrize("runner", ["work", "claim", "supervisor alone"])
+def test_an_end_whose_retry_its_key_refuses_is_written_without_the_retry(
+    ferry: Ferry, tmp_path: Path, runner: str
+) -> None:
+    # (Found by a review: the older task of the key resolved SUCCEEDED while this one
+    # was queued or ran; its failure's automatic RETRIED was refused, task.key_succeeded,
+    # and the whole end with it: work and the supervisor took the refusal for "decided
+    # elsewhere" and dropped the end. The task stayed RUNNING; recovery failed it
+    # MUTATION_UNSAFE, or, --idempotent, ran it again: 4 runs for --retries 1.)
+    older = submit(ferry, "--key", "K", "--", "false")
+    ferry.ok("work", "--drain", codes=(1,))
+    stamps, gate = Stamps(tmp_path / "stamps"), tmp_path / "gate"
+    task_id = submit(ferry, "--key", "K", "--retries", "1", "--retry-delay", "0", "--",
+                     *stamped(stamps, "t", gate=gate, fail_attempts=1))  # fmt: skip
+    ferry.ok("resolve", older, "--as", "succeeded")
+    if runner == "supervisor alone":
+        worker = ferry.start("work", "--poll", "0.1")
+        wait_until(lambda: stamps.starts() == ["t"], what="the task to start")
+        worker.kill()  # kill -9 of work: its supervisor writes the end itself
+        worker.wait(timeout=30)
+        gate.touch()
+        wait_until(lambda: ferry.task(task_id)["state"] == "FAILED", what="the end")
+    else:
+        gate.touch()
+        ferry.ok(*(("work", "--drain") if runner == "work" else ("claim",)), codes=(1, 3))
+    task = ferry.task(task_id)
+    assert (task["state"], task["reason"], task["exit_code"]) == ("FAILED", "EXIT_NONZERO", 3)
+    assert (task["attempt"], task["retries_used"]) == (1, 0)
+    assert task["evidence"]["not_retried"]["code"] == "task.key_succeeded"
+    assert stamps.started("t") == 1
+    ferry.ok("work", "--drain")  # nothing left to run
+    assert stamps.started("t") == 1
+    ferry.verify_clean()
