@@ -333,8 +333,23 @@ class QueueIndex:
         if self.room(group, extra) <= 0:
             return "task.group_full", f"group {group} has {self.jobs[group]} task(s) in flight"
         if now is not None and task.not_before is not None and task.not_before > now:
+            self._not_yet(task.id, task.not_before)
             return "task.not_before", "its time has not come"
         return None
+
+    def _not_yet(self, task_id: str, not_before: float) -> None:
+        """A task woken by a clock that read later than the clock of a write (stepped
+        back since: NTP, a VM restored) waits for its time again, so that picks pass it
+        by. (Was: picked and refused at every turn, and a run of such refusals stopped
+        every claim of the queue.)"""
+        entry = self._entries.get(task_id)
+        if entry is None or entry.status is not READY:
+            return
+        self._ready_count[entry.group] -= 1
+        self._tidy(entry.group)
+        entry.serial = next(self._serials)  # (its item in the ready heap is dead now)
+        entry.not_before = not_before
+        self._release(task_id, entry)
 
     def doomed(self) -> list[tuple[str, str]]:
         """(task, dependency) for each queued task to cancel ``DEPENDENCY_FAILED``: one
