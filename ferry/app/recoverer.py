@@ -371,6 +371,8 @@ def kill_orphan(session: Session, task: Task, sig: int) -> dict[str, Any]:
     )
     try:
         sent = signal_all(task, session.home, sig)
+        if sig not in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCONT):
+            signal_all(task, session.home, signal.SIGCONT)  # (a stopped orphan gets it too)
     except OSError as error:
         raise FerryError(f"cannot signal task {task.id}: {error}", code="signal.failed") from error
     name = signal.Signals(sig).name

@@ -543,7 +543,10 @@ def register(
     )
     @click.pass_obj
     def kill(ctx: Any, task_ids: tuple[str, ...], signame: str) -> int:
-        """Signal quarantined orphans' process groups, after proving each is the same process."""
+        """Signal quarantined orphans' process groups, after proving each is the same process.
+
+        SIGCONT follows (as for a forwarded signal): a stopped orphan gets it too.
+        """
 
         def one(task_id: str) -> tuple[str | None, Any]:
             result = ctx.service(make=False).kill(task_id, signame)

@@ -470,6 +470,21 @@ def test_a_live_quarantined_orphan_blocks_retry_until_ferry_kill_ends_it(
     ferry.verify_clean()
 
 
+def test_kill_reaches_a_stopped_orphan(ferry: Ferry, tmp_path: Path) -> None:
+    # (Found by a review: `kill` sent SIGTERM alone; a stopped orphan never got it, and
+    # retry stayed refused, task.orphan_alive. Forwarding and cancel add SIGCONT.)
+    mark = tmp_path / "runs"
+    task = crashed_after_spawned(ferry, counting_task(mark, linger=FIRST_ATTEMPT_LINGERS))
+    task_id = str(task["id"])
+    wait_until(lambda: runs(mark) == 1 and task_processes(task_id), what="the orphan")
+    for ident in task_processes(task_id):
+        os.kill(ident.pid, signal.SIGSTOP)
+    assert ferry.recover()[0] == 3
+    ferry.ok("kill", task_id)
+    wait_task_gone(task_id)
+    nothing_to_recover(ferry)
+
+
 # ---- a daemon that left the task's session --------------------------------------------
 
 DAEMONISE = 'echo "$FERRY_TASK" >> "$0"; setsid -f sleep 300' + OUTLIVES_SPAWNED
