@@ -148,6 +148,8 @@ class Worker:
         self.environ = child_environ()
         self.supervisors: list[Launch] = []  # ours: each holds a task, or waits for one
         self.survivors: dict[int, str] = {}  # pidfd -> task id (an earlier work's)
+        self.orphans: dict[str, str] = {}  # task id -> alive-lock (_watch_orphans)
+        self._orphans_due = False  # a supervisor died under its task: look again now
         self.signals_seen = 0
         self.halted = False  # no more claims: the lease is lost, or the journal failed us
         self.failures: list[FerryError] = []
@@ -244,6 +246,7 @@ class Worker:
         self.lead.commit()  # LEASE_ACQUIRED: before anything is written under this epoch
         self._recover()
         self._find_survivors()
+        self._watch_orphans(look_again=True)
         next_recover = time.monotonic() + self.RECOVER_EVERY_S
         next_poll = time.monotonic() + self.poll_s
         try:
@@ -251,9 +254,12 @@ class Worker:
                 self._on_signals()
                 self._renew()
                 now = time.monotonic()
-                if now >= next_recover and not self.halted:
+                if (now >= next_recover or self._orphans_due) and not self.halted:
                     self._recover()
+                    self._watch_orphans(look_again=True)
                     next_recover = now + self.RECOVER_EVERY_S
+                elif self.orphans:
+                    self._watch_orphans()
                 if now >= next_poll:  # (new tasks in the queue, the groups' settings)
                     with contextlib.suppress(FerryError, OSError):
                         self.store.refresh()
@@ -501,6 +507,32 @@ class Worker:
                 " supervisors: they hold slots until they end"
             )
 
+    def _watch_orphans(self, *, look_again: bool = False) -> None:
+        """The tasks of this home that run on without a supervisor (one of ours killed
+        under its task, an earlier work's; in flight, or quarantined by recovery): each
+        holds a slot while a process of it holds its alive-lock, so that ``-j N`` never
+        has more than N of the home's tasks running. ``look_again``: find them (after a
+        recovery pass); else only see which of those known have ended."""
+        home = self.session.home
+        if look_again:
+            self._orphans_due = False
+            ours = {*self.launches, *self.survivors.values()}
+            candidates = [
+                task for task in (*self.store.in_flight(), *self.store.quarantined())
+                if task.id not in ours and self._of_this_home(task)
+                and (not task.in_flight or _runner_dead(task))
+            ]  # fmt: skip
+            found = {t.id: alive_path(home, t.id, t.attempt) for t in candidates}
+        else:
+            found = dict(self.orphans)
+        before = set(self.orphans)
+        self.orphans = {task_id: path for task_id, path in found.items() if held(path) is True}
+        for task_id in sorted(set(self.orphans) - before):
+            self.session.notice(
+                f"task {task_id} runs on without its supervisor: it holds a slot until it"
+                f" ends ('ferry kill {task_id}' ends it once quarantined)"
+            )
+
     def _of_this_home(self, task: Task) -> bool:
         """Was the task claimed from this state directory? ``work``'s claims say so
         (``runner.home``), whatever host id they name: the same home may restart under a
@@ -557,7 +589,7 @@ class Worker:
             return []  # (--halt: the next claim waits until the failure's end is written)
         unknown = sum(1 for s in self.supervisors if s.claiming is not None and not s.gone)
         busy = sum(1 for launch in held.values() if launch.ended is None) + unknown
-        free = self.jobs - busy - len(self.survivors)
+        free = self.jobs - busy - len(self.survivors) - len(self.orphans)
         idle = [s for s in self.supervisors if s.idle and not s.gone and s.claiming is None]
         ending = sum(1 for unit in units if unit.kind == "end")  # (idle once written)
         forks = min(free - len(idle), 2 * self.jobs - len(self.supervisors))
@@ -753,6 +785,8 @@ class Worker:
                 self.session.notice(
                     f"task {launch.task.id}: its end is left to its supervisor's own write"
                 )
+            elif launch.went and launch.plan is not None:
+                self._orphans_due = True  # (it may run on: decided, and its slot held)
             elif launch.claimed and (not launch.went or launch.plan is None):
                 # (Told to go with its task, it sends its plan before it spawns: gone
                 # without one, it started nothing.)
@@ -965,6 +999,11 @@ def _decided(units: Sequence[_Unit], current: Mapping[str, Task | None]) -> list
             unit.records = unit.launch.end_records_for(current.get(unit.launch.task.id))
         records.extend(unit.records)
     return records
+
+
+def _runner_dead(task: Task) -> bool:
+    identity = runner_identity(task)
+    return identity is None or probe(identity) is Liveness.DEAD
 
 
 def _retry_refused(unit: _Unit, error: RefusedError) -> bool:

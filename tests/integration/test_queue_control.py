@@ -487,3 +487,29 @@ def test_an_end_whose_retry_its_key_refuses_is_written_without_the_retry(
     ferry.ok("work", "--drain")  # nothing left to run
     assert stamps.started("t") == 1
     ferry.verify_clean()
+
+
+def test_a_task_whose_supervisor_died_holds_its_slot_while_it_runs_on(
+    ferry: Ferry, tmp_path: Path
+) -> None:
+    # (Found by a review: `work -j 2` freed the slot of a supervisor killed under its
+    # running task and claimed the next one: three of the home's tasks ran at once.)
+    stamps = Stamps(tmp_path / "stamps")
+    gates = {name: tmp_path / f"gate-{name}" for name in ("orphan", "other")}
+    orphan = submit(ferry, "--", *stamped(stamps, "orphan", gate=gates["orphan"]))
+    submit(ferry, "--", *stamped(stamps, "other", gate=gates["other"]))
+    later = [submit(ferry, "--", *stamped(stamps, f"later{n}", sleep_s=0.3)) for n in range(2)]
+    worker = ferry.start("work", "-j", "2", "--poll", "0.05")
+    wait_until(lambda: sorted(stamps.starts()) == ["orphan", "other"], what="two tasks to start")
+    os.kill(int(ferry.task(orphan)["runner"]["pid"]), signal.SIGKILL)
+    wait_until(lambda: ferry.task(orphan)["state"] == "FAILED", what="recovery to decide it")
+    assert ferry.task(orphan)["reason"] == "QUARANTINED_ORPHAN_ALIVE"
+    assert sorted(stamps.starts()) == ["orphan", "other"]  # (no third while it runs on)
+    gates["other"].touch()  # one slot frees: the later tasks run one at a time
+    wait_until(lambda: all(ferry.task(t)["state"] == "SUCCEEDED" for t in later),
+               what="the later tasks")  # fmt: skip
+    gates["orphan"].touch()
+    wait_until(lambda: len(stamps.intervals()) == 4, what="the orphan to end")
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0
+    assert stamps.most_at_once({"orphan", "other", "later0", "later1"}) == 2
