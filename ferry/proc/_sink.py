@@ -113,6 +113,7 @@ class Echo:
     def __init__(self, fd: int) -> None:
         self.fd: int | None = fd  # written and waited on; None once passthrough ended
         self.error: str | None = None
+        self.reader_gone = False  # it ended as its reader went (EPIPE)
         self.backlog_bytes = 0
         self._backlog: deque[bytes] = deque()
         self._head_done = 0  # bytes of _backlog[0] already written
@@ -208,6 +209,7 @@ class Echo:
                 return self._write_now(view[done:])
             # EPIPE (the reader of ferry's stdout went away), EBADF, EIO (terminal
             # hung up): stop echoing there, keep logging in full.
+            self.reader_gone = e.errno == errno.EPIPE
             self.drop(str(e))
         return None
 
@@ -260,6 +262,11 @@ class Sink:
     @property
     def echo_error(self) -> str | None:
         return None if self.echo is None else self.echo.error
+
+    @property
+    def reader_gone(self) -> bool:
+        """Its passthrough ended as its reader went (EPIPE)."""
+        return self.echo is not None and self.echo.reader_gone
 
     @property
     def backlog_bytes(self) -> int:

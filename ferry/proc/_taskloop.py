@@ -28,7 +28,7 @@ from ferry.proc.logorder import OrderWriter
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Protocol
+    from typing import Any, Protocol
 else:
     Protocol = object  # (the protocols below are for the type checker)
 
@@ -116,6 +116,7 @@ class TaskLoop:
         self.group = TaskGroup(proc.pid)
         self.sel = _Epoll()
         self.streams: dict[int, Sink] = {}  # the task's pipes not yet at EOF
+        self.pipes: dict[int, Any] = {}  # the same, as files (to close one early)
         self.sinks = list(sinks)
         self.paused: set[int] = set()  # pipes not read while their passthrough lags
         self.echo_fds: dict[int, Sink] = {}  # ferry's fds waited on for writability
@@ -124,6 +125,7 @@ class TaskLoop:
             if stream is None:
                 continue
             self.streams[stream.fileno()] = sink
+            self.pipes[stream.fileno()] = stream
             if order is not None:
                 # Before each chunk reaches its log: where the other stream's run ended.
                 sink.before_log = functools.partial(order.before_chunk, index)
@@ -329,6 +331,22 @@ class TaskLoop:
             self.sel.unregister(fd)
             del self.streams[fd]
 
+    def _hang_up_gone_readers(self) -> None:
+        """A stream whose passthrough reader went (EPIPE: ``ferry run -- yes | head
+        -1``): its pipe is closed, so that the task's next write to it fails as it would
+        have without ferry (SIGPIPE). Its log holds every byte written until then. (Was:
+        read and logged for ever, gigabytes a second, the task RUNNING.) Not on a
+        pseudo-terminal: its one master is both streams."""
+        if self.spec.pty:
+            return
+        for fd, sink in list(self.streams.items()):
+            if sink.reader_gone:
+                if fd not in self.paused:
+                    self.sel.unregister(fd)
+                self.paused.discard(fd)
+                del self.streams[fd]
+                self.pipes[fd].close()
+
     def _stop_reading(self) -> None:
         for fd in self.streams:
             if fd not in self.paused:
@@ -389,6 +407,7 @@ class TaskLoop:
                     self._on_signals(time.monotonic())
                 elif self.control is not None and fd == self.control.fd:
                     self._on_control(time.monotonic())
+            self._hang_up_gone_readers()
         self._close()
         return self._outcome()
 

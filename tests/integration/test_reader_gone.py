@@ -88,3 +88,24 @@ def test_work_with_both_read_by_nobody_drains_the_queue_and_says_a_task_failed(
         assert ferry_into(ferry, "--json", "work", "--drain", stdout=fd, stderr=fd) == 1
     states = sorted(task["state"] for task in ferry.tasks())
     assert states == ["FAILED"] * 3 + ["SUCCEEDED"] * 3
+
+
+def test_run_s_task_gets_sigpipe_once_the_reader_of_its_output_went(ferry: Ferry) -> None:
+    # `ferry run -- yes | head -1` ends as `yes | head -1` does: the task's next write
+    # after the reader went fails (SIGPIPE). (Was: ferry kept reading and logging for
+    # ever, gigabytes a second, the task RUNNING.)
+    proc = subprocess.Popen([*ferry.command, "run", "--", "yes"], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=ferry.env)  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == b"y\n"
+        proc.stdout.close()  # (head -1 exits)
+        assert proc.wait(timeout=ferry.timeout_s) == 128 + 13
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    task = ferry.only_task()
+    assert (task["state"], task["reason"], task["signal"]) == ("FAILED", "SIGNALLED", 13)
+    log = ferry.ok("logs", task["id"], "--stream", "stdout").out
+    assert log.startswith(b"y\ny\n") and set(log) == set(b"y\n")  # (what it wrote until then)
