@@ -14,7 +14,9 @@ A log kept with ``--log-max`` has a hole where the middle of its stream was drop
 (:mod:`ferry.proc._logcap`): its offsets stay the stream's, and the hole is skipped
 (``SEEK_DATA``/``SEEK_HOLE``), never shown as zeros. Where it was, a marker says how many
 bytes were dropped: a ``ferry:`` line on stderr (``--json``: a line ``{"stream",
-"offset", "dropped"}`` in the output's order).
+"offset", "dropped"}`` in the output's order). The hole grows while the task runs,
+under a reader too: what is read is shown only once the file is seen to hold it as
+data still (a region punched meanwhile reads as zeros), and is otherwise said dropped.
 
 How the index is read, and why nothing is ever lost: the logs' sizes are taken first,
 the index after. An entry says "this stream's bytes up to here come before what
@@ -51,19 +53,40 @@ def data_segments(fd: int, start: int, end: int) -> list[tuple[int, int]]:
     say (no ``SEEK_DATA``) is taken to hold data everywhere."""
     found: list[tuple[int, int]] = []
     pos = start
-    while pos < end:
+    while pos < end and (part := _next_data(fd, pos, end)) is not None:
+        found.append(part)
+        pos = part[1]
+    return found
+
+
+def _next_data(fd: int, pos: int, end: int) -> tuple[int, int] | None:
+    """The first part of [pos, end) that holds data (not empty), or None."""
+    while True:
         try:
             low = os.lseek(fd, pos, os.SEEK_DATA)
             high = os.lseek(fd, low, os.SEEK_HOLE)
         except OSError as error:
             if error.errno == errno.ENXIO:  # no data past pos (a hole to the end)
-                break
-            return [*found, (pos, end)]  # (cannot tell: all data)
+                return None
+            return (pos, end)  # (cannot tell: all data)
         if low >= end:
-            break
-        found.append((low, min(high, end)))
-        pos = high
-    return found
+            return None
+        if high > low:
+            return (low, min(high, end))
+        pos = low  # (punched between the two looks: look again)
+
+
+def still_data(fd: int, offset: int, chunk: bytes) -> list[tuple[int, bytes]]:
+    """The parts of ``chunk``, just read at ``offset`` of the file open on ``fd``, that
+    the file still holds as data, with their offsets. The supervisor of a ``--log-max``
+    task punches holes under its readers at any moment, and a region punched before or
+    while it was read reads as zeros the task never wrote; a punch only ever turns data
+    into a hole, never back, so what is data after the read was data all through it:
+    read as written."""
+    end = offset + len(chunk)
+    return [
+        (low, chunk[low - offset : high - offset]) for low, high in data_segments(fd, offset, end)
+    ]
 
 
 def read_tails(paths: tuple[str, str], bytes_max: int) -> dict[str, tuple[bytes, int]]:
@@ -81,7 +104,8 @@ def read_tails(paths: tuple[str, str], bytes_max: int) -> dict[str, tuple[bytes,
             wanted = bytes_max
             for low, high in reversed(data_segments(fd, 0, size)):
                 start = max(low, high - wanted)
-                parts.insert(0, os.pread(fd, high - start, start))
+                kept = still_data(fd, start, os.pread(fd, high - start, start))
+                parts[:0] = [data for _, data in kept]
                 wanted -= high - start
                 if wanted <= 0:
                     break
@@ -193,7 +217,10 @@ class _Replay:
         self.index_read += whole
 
     def _copy(self, stream: int, end: int) -> None:
-        """Show the stream's bytes up to ``end`` (what was not shown yet)."""
+        """Show the stream's bytes up to ``end`` (what was not shown yet): each chunk of
+        data as it is once read (:func:`still_data`: the supervisor may punch a hole
+        under this reader, above all while it waits for a slow reader of its own), and
+        where a hole is, how many bytes it dropped."""
         start = self.pos[stream]
         if end <= start:
             return
@@ -207,24 +234,24 @@ class _Replay:
                 fd = self.fds[stream] = os.open(self.paths[stream], os.O_RDONLY | os.O_CLOEXEC)
             except FileNotFoundError:
                 return
-        for low, high in data_segments(fd, start, end):
-            if low > start:
-                self._dropped(stream, out, start, low - start)
-            start = low
-            while start < high:
-                chunk = os.pread(fd, min(_CHUNK_BYTES, high - start), start)
-                if not chunk:
-                    break  # (the log shrank: someone cut it)
-                self._write(stream, out, start, chunk)
-                start += len(chunk)
-                self.copied += len(chunk)
-            if start < high:
-                break  # (cut short: nothing more to say)
+        pos = start  # shown or said dropped up to here
+        while start < end and (found := _next_data(fd, start, end)) is not None:
+            low, high = found
+            chunk = os.pread(fd, min(_CHUNK_BYTES, high - low), low)
+            if not chunk:
+                break  # (the log shrank: someone cut it; nothing more to say)
+            for offset, data in still_data(fd, low, chunk):
+                if offset > pos:
+                    self._dropped(stream, out, pos, offset - pos)
+                self._write(stream, out, offset, data)
+                self.copied += len(data)
+                pos = offset + len(data)
+            start = low + len(chunk)
         else:
-            if start < end:  # dropped up to this entry's end (a hole, not yet data)
-                self._dropped(stream, out, start, end - start)
-                start = end
-        self.pos[stream] = start
+            if pos < end:  # dropped up to this entry's end (a hole, not yet data)
+                self._dropped(stream, out, pos, end - pos)
+                pos = end
+        self.pos[stream] = pos
 
     def _dropped(self, stream: int, out: BinaryIO, offset: int, count: int) -> None:
         """Bytes the log did not keep (``--log-max``), at ``offset``: say so, in place."""

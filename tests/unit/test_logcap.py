@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ferry.app.logs import data_segments
+from ferry.app.logs import data_segments, still_data
 from ferry.proc import _logcap
 from ferry.proc._logcap import LogCap
 
@@ -125,4 +125,33 @@ def test_the_reader_finds_no_hole_in_an_ordinary_log(tmp_path: Path) -> None:
         assert data_segments(fd, 5, 7) == [(5, 7)]
         assert data_segments(fd, 100_000, 100_000) == []
     finally:
+        os.close(fd)
+
+
+def test_what_was_punched_while_it_was_read_is_not_taken_for_data(tmp_path: Path) -> None:
+    """A reader's chunk read as the supervisor punched it: the punched part reads as
+    zeros the task never wrote. ``still_data`` keeps only what the file holds as data
+    once read (found by a review: ``logs -f`` of a capped log showed NUL bytes)."""
+    path = tmp_path / "1.stdout"
+    fd = os.open(path, FLAGS, 0o600)
+    block = LogCap(fd, CAP).block
+    stream = bytes(range(1, 256)) * (8 * block // 255 + 1)
+    os.write(fd, stream[: 8 * block])
+    reader = os.open(path, os.O_RDONLY)
+    try:
+        before = os.pread(reader, 8 * block, 0)
+        assert still_data(reader, 0, before) == [(0, stream[: 8 * block])]
+        punch = _logcap._load_punch()
+        assert punch is not None
+        punch(fd, 2 * block, 3 * block)  # (as if between the read and the look)
+        assert still_data(reader, 0, before) == [
+            (0, stream[: 2 * block]), (5 * block, stream[5 * block : 8 * block])
+        ]  # fmt: skip
+        after = os.pread(reader, 6 * block, block)
+        assert after[block : 4 * block] == bytes(3 * block)  # (what the reader would show)
+        assert still_data(reader, block, after) == [
+            (block, stream[block : 2 * block]), (5 * block, stream[5 * block : 7 * block])
+        ]  # fmt: skip
+    finally:
+        os.close(reader)
         os.close(fd)
