@@ -18,6 +18,12 @@ bytes were dropped: a ``ferry:`` line on stderr (``--json``: a line ``{"stream",
 under a reader too: what is read is shown only once the file is seen to hold it as
 data still (a region punched meanwhile reads as zeros), and is otherwise said dropped.
 
+Each log (and the index) is opened the first time it is found, and read through that
+descriptor from then on, its size taken with ``fstat``: ``ferry gc`` may forget the
+task and remove its logs under a reader, which still shows all of a log it holds. A
+log removed before it was found is lost: :func:`print_logs` names it, and the use case
+says so (:meth:`ferry.app.service.Service.logs`).
+
 How the index is read, and why nothing is ever lost: the logs' sizes are taken first,
 the index after. An entry says "this stream's bytes up to here come before what
 follows"; each is replayed as it is met, once its bytes are in the log (an entry past
@@ -147,13 +153,6 @@ def _tail_offset(path: str, lines: int) -> int:
         os.close(fd)
 
 
-def _size(path: str) -> int:
-    try:
-        return os.stat(path).st_size
-    except FileNotFoundError:
-        return 0
-
-
 class _Replay:
     """Both logs (or one), replayed in write order from their start offsets."""
 
@@ -169,9 +168,12 @@ class _Replay:
         self.task_id = task_id
         self.pos = list(starts)  # per stream: what was shown (or skipped) ends here
         self.index = order_path(paths[0])
+        self.index_fd: int | None = None  # the index, open once there
         self.index_read = 0  # bytes of the index taken in (whole entries)
         self.entries: deque[tuple[int, int]] = deque()  # read, not yet replayed
-        self.fds: list[int | None] = [None, None]  # the logs, open once there
+        # The logs, open from the first look that finds them (the index too): a log
+        # removed later (``ferry gc`` forgot the task) is still read to its end.
+        self.fds: list[int | None] = [None, None]
         self.last_out: BinaryIO | None = None  # flushed before the other one is written
         self.copied = 0
 
@@ -180,7 +182,7 @@ class _Replay:
         logs will not grow (the task settled): show everything, in order as far as the
         index knows it."""
         self.copied = 0
-        sizes = [_size(path) for path in self.paths]  # before the index: see the docstring
+        sizes = [self._size(stream) for stream in (STDOUT, STDERR)]  # before the index
         self._read_index()
         while self.entries:
             stream, end = self.entries[0]
@@ -197,21 +199,35 @@ class _Replay:
             self.last_out.flush()
         return self.copied
 
+    def _size(self, stream: int) -> int:
+        """The size of the stream's log (0: none yet, or not asked for), opened if it is
+        there now."""
+        if self.outs[stream] is None:
+            return 0
+        fd = self.fds[stream]
+        if fd is None:
+            try:
+                fd = self.fds[stream] = os.open(self.paths[stream], os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                return 0
+        return os.fstat(fd).st_size
+
     def _read_index(self) -> None:
         if self.outs[STDOUT] is None or self.outs[STDERR] is None:
             return  # one stream: no order to keep
-        try:
-            fd = os.open(self.index, os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
-        except OSError:
-            # Missing: no switch between the streams yet, or logs from before the index.
-            # Unreadable, or a symlink planted there: ignored like a damaged index.
-            return
-        try:
-            data = b""
-            while chunk := os.pread(fd, _CHUNK_BYTES, self.index_read + len(data)):
-                data += chunk
-        finally:
-            os.close(fd)
+        fd = self.index_fd
+        if fd is None:
+            try:
+                flags = os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+                fd = self.index_fd = os.open(self.index, flags)
+            except OSError:
+                # Missing: no switch between the streams yet, or logs from before the
+                # index. Unreadable, or a symlink planted there: ignored like a damaged
+                # index.
+                return
+        data = b""
+        while chunk := os.pread(fd, _CHUNK_BYTES, self.index_read + len(data)):
+            data += chunk
         whole = len(data) - len(data) % ENTRY_BYTES  # (a torn or unfinished entry waits)
         self.entries.extend(unpack(data[:whole]))
         self.index_read += whole
@@ -229,11 +245,8 @@ class _Replay:
             self.pos[stream] = end
             return
         fd = self.fds[stream]
-        if fd is None:
-            try:
-                fd = self.fds[stream] = os.open(self.paths[stream], os.O_RDONLY | os.O_CLOEXEC)
-            except FileNotFoundError:
-                return
+        if fd is None:  # (no log: its size was 0)
+            return
         pos = start  # shown or said dropped up to here
         while start < end and (found := _next_data(fd, start, end)) is not None:
             low, high = found
@@ -267,11 +280,20 @@ class _Replay:
         sys.stderr.buffer.write(note.encode())
         sys.stderr.buffer.flush()
 
+    def unread(self) -> list[str]:
+        """The streams asked for whose log was never found here (not there yet, or
+        removed before it was opened)."""
+        return [
+            _NAMES[stream]
+            for stream in (STDOUT, STDERR)
+            if self.outs[stream] is not None and self.fds[stream] is None
+        ]
+
     def close(self) -> None:
-        for fd in self.fds:
+        for fd in (*self.fds, self.index_fd):
             if fd is not None:
                 os.close(fd)
-        self.fds = [None, None]
+        self.fds, self.index_fd = [None, None], None
 
     def _write(self, stream: int, out: BinaryIO, offset: int, chunk: bytes) -> None:
         if self.as_json:
@@ -295,9 +317,10 @@ def print_logs(
     as_json: bool,
     merged: bool = False,
     task_id: str = "",
-) -> None:
+) -> list[str]:
     """Copy the task's logs (``paths``: stdout's, stderr's) to ferry's stdout/stderr;
-    ``task_id`` names them in JSON lines."""
+    ``task_id`` names them in JSON lines. The streams asked for whose log it never found
+    (not there, or removed before it looked: ``ferry gc``)."""
     stdout = sys.stdout.buffer
     to_stdout = stream is not None or as_json or merged
     outs: tuple[BinaryIO | None, BinaryIO | None] = (
@@ -318,5 +341,6 @@ def print_logs(
                 break
             if not moved:
                 time.sleep(FOLLOW_POLL_S)
+        return replay.unread()
     finally:
         replay.close()

@@ -342,14 +342,24 @@ class Service:
         if follow and self.session.damage() is not None:
             follow = False  # (past its damage the journal says no more: none will settle)
 
+        seen = [task]  # the task as last seen in the table
+
         def settled() -> bool:
             self.store.refresh()
             current = self.store.get(task.id)
-            return current is None or current.terminal or current.attempt != which
+            if current is None:
+                return True  # forgotten (ferry gc): settled, whether or not its end was seen
+            seen[0] = current
+            return current.terminal or current.attempt != which
 
-        print_logs(paths, stream=stream, tail=tail, follow=follow, settled=settled,
-                   as_json=as_json, merged=merged, task_id=task.id)  # fmt: skip
-        current = self.store.get(task.id) or task
+        unread = print_logs(paths, stream=stream, tail=tail, follow=follow, settled=settled,
+                            as_json=as_json, merged=merged, task_id=task.id)  # fmt: skip
+        current = self.store.get(task.id)
+        if current is not None and _lost_logs(paths, current):
+            self.store.refresh()  # (gone: forgotten since the last look?)
+            current = self.store.get(task.id)
+        if current is None:
+            return self._logs_forgotten(seen[0], which, unread)
         if current.attempt != which:
             # (An earlier attempt's evidence is not kept; it was retried: not a success.)
             return False
@@ -359,6 +369,27 @@ class Service:
         elif lost:
             self.notice(f"warning: task {task.id}: log file(s) missing: {', '.join(lost)}")
         return current.state is State.SUCCEEDED
+
+    def _logs_forgotten(self, seen: Task, attempt: int, unread: Sequence[str]) -> bool:
+        """``ferry gc`` forgot the task (and removed its logs) while ``logs`` read them:
+        what was open here was read to its end (a forgotten task is settled); say so, and
+        which logs were removed before they could be read (``unread``: never found here).
+        True if the end seen (``seen``: the task as last seen) is SUCCEEDED."""
+        ended = seen.attempt == attempt and seen.terminal
+        head = f"task {seen.id}{f' ({seen.state.value})' if ended else ''} was forgotten (ferry gc)"
+        if seen.attempt == attempt and not ended:
+            head += " before its end was seen: its outcome is not known"
+        else:  # (or that attempt was retried: not a success)
+            head += " as its logs were read"
+        written = _written(seen) if ended else None
+        gone = [name for name in unread if written is None or written[name]]
+        if gone:
+            maybe = "" if written is not None else ", if it wrote any,"
+            verb = "was" if len(gone) == 1 else "were"
+            self.notice(f"warning: {head}; its {' and '.join(gone)}{maybe} {verb} removed unread")
+        else:
+            self.notice(f"{'' if ended else 'warning: '}{head}; its logs were read whole")
+        return ended and seen.state is State.SUCCEEDED
 
     def _logs_kept_elsewhere(
         self, task: Task, attempt: int, *, stream: str | None, tail: int | None,
