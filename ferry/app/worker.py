@@ -149,7 +149,7 @@ class Worker:
         self.supervisors: list[Launch] = []  # ours: each holds a task, or waits for one
         self.survivors: dict[int, str] = {}  # pidfd -> task id (an earlier work's)
         self.orphans: dict[str, str] = {}  # task id -> alive-lock (_watch_orphans)
-        self._orphans_due = False  # a supervisor died under its task: look again now
+        self._orphans_due = False  # a supervisor died under its task: recover now
         self.signals_seen = 0
         self.halted = False  # no more claims: the lease is lost, or the journal failed us
         self.failures: list[FerryError] = []
@@ -508,29 +508,28 @@ class Worker:
             )
 
     def _watch_orphans(self, *, look_again: bool = False) -> None:
-        """The tasks of this home that run on without a supervisor (one of ours killed
-        under its task, an earlier work's; in flight, or quarantined by recovery): each
-        holds a slot while a process of it holds its alive-lock, so that ``-j N`` never
-        has more than N of the home's tasks running. ``look_again``: find them (after a
+        """The tasks of this home in flight without a supervisor (one of ours killed
+        under its task): each holds a slot while a process of it holds its alive-lock,
+        until recovery decides it (``_let_go`` asks for a pass at once: a quarantined
+        orphan is the operator's, and holds none). ``look_again``: find them (after a
         recovery pass); else only see which of those known have ended."""
         home = self.session.home
         if look_again:
             self._orphans_due = False
             ours = {*self.launches, *self.survivors.values()}
-            candidates = [
-                task for task in (*self.store.in_flight(), *self.store.quarantined())
-                if task.id not in ours and self._of_this_home(task)
-                and (not task.in_flight or _runner_dead(task))
-            ]  # fmt: skip
-            found = {t.id: alive_path(home, t.id, t.attempt) for t in candidates}
+            found = {
+                task.id: alive_path(home, task.id, task.attempt)
+                for task in self.store.in_flight()
+                if task.id not in ours and self._of_this_home(task) and _runner_dead(task)
+            }
         else:
             found = dict(self.orphans)
         before = set(self.orphans)
         self.orphans = {task_id: path for task_id, path in found.items() if held(path) is True}
         for task_id in sorted(set(self.orphans) - before):
             self.session.notice(
-                f"task {task_id} runs on without its supervisor: it holds a slot until it"
-                f" ends ('ferry kill {task_id}' ends it once quarantined)"
+                f"task {task_id} runs on without its supervisor: it holds a slot until"
+                " recovery decides it"
             )
 
     def _of_this_home(self, task: Task) -> bool:
