@@ -6,6 +6,7 @@ look."""
 from __future__ import annotations
 
 import os
+import time
 
 from ferry.app.runner import heartbeat_path
 from ferry.core._value import replace
@@ -15,6 +16,9 @@ from ferry.proc.process import ProcessIdentity
 
 TYPE_CHECKING = False  # (typing is not imported at run time: start-up)
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from typing import Any
+
     from ferry.storage import TaskStore
 
 
@@ -55,3 +59,35 @@ def with_runner_state(task: Task, home: str | os.PathLike[str], store: TaskStore
     except OSError:
         return task
     return replace(task, heartbeat_at=beat)
+
+
+class GoneRunners:
+    """For a command that waits on tasks in flight (``wait``, ``logs -f``): says once
+    for each that its runner is gone, so that it does not wait for ever without a word:
+    such a task stays in flight until recovery decides it (``ferry recover``, or a
+    running ``work``'s next pass). Looked at every ``LOOK_S`` at most (a probe reads
+    /proc); the first look at once."""
+
+    LOOK_S = 5.0
+
+    def __init__(self, home: str | os.PathLike[str], store: TaskStore, notice: Any) -> None:
+        self.home, self.store, self.notice = home, store, notice
+        self.told: set[str] = set()
+        self.next_look = 0.0
+
+    def look(self, tasks: Iterable[Task]) -> None:
+        now = time.monotonic()
+        if now < self.next_look:
+            return
+        self.next_look = now + self.LOOK_S
+        for task in tasks:
+            if not task.in_flight or task.id in self.told:
+                continue
+            runner = with_runner_state(task, self.home, self.store).runner or {}
+            if runner.get("alive") is False:
+                self.told.add(task.id)
+                self.notice(
+                    f"task {task.id}: its runner (pid {runner.get('pid')}) is gone: it stays"
+                    f" {task.state.value} until 'ferry recover' (or a running 'ferry work')"
+                    " decides it"
+                )

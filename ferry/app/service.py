@@ -342,7 +342,10 @@ class Service:
         if follow and self.session.damage() is not None:
             follow = False  # (past its damage the journal says no more: none will settle)
 
+        from ferry.app.runner_state import GoneRunners
+
         seen = [task]  # the task as last seen in the table
+        gone = GoneRunners(self.session.home, self.store, self.notice)
 
         def settled() -> bool:
             self.store.refresh()
@@ -350,7 +353,11 @@ class Service:
             if current is None:
                 return True  # forgotten (ferry gc): settled, whether or not its end was seen
             seen[0] = current
-            return current.terminal or current.attempt != which
+            if current.terminal or current.attempt != which:
+                return True
+            if follow:
+                gone.look([current])
+            return False
 
         unread = print_logs(paths, stream=stream, tail=tail, follow=follow, settled=settled,
                             as_json=as_json, merged=merged, task_id=task.id)  # fmt: skip

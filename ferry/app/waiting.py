@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 
 from ferry.app.naming import resolve as resolve_task
-from ferry.app.runner_state import with_runner_state
+from ferry.app.runner_state import GoneRunners, with_runner_state
 from ferry.app.tally import WaitReport
 from ferry.core.model import Task
 
@@ -43,6 +43,7 @@ def wait(
     latest: dict[str, Task] = {task.id: task for task in tasks}
     awaited = [task.id for task in tasks]
     deadline = None if timeout_s is None else started + timeout_s
+    gone = GoneRunners(session.home, store, session.reporter.notice)
     while True:
         for task_id in list(awaited):
             current = store.get(task_id)
@@ -58,6 +59,7 @@ def wait(
                 session.reporter.settled(with_runner_state(current, session.home, store))
         if not awaited:
             break
+        gone.look(latest[task_id] for task_id in awaited)
         left = None if deadline is None else deadline - time.monotonic()
         if left is not None and left <= 0:
             break

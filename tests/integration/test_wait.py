@@ -74,3 +74,21 @@ def test_wait_without_ids_and_nothing_unsettled_exits_0(ferry: Ferry) -> None:
 
 def test_wait_for_an_unknown_task_is_refused(ferry: Ferry) -> None:
     ferry.refused(5, "task.not_found", "wait", "0123456789abcdef")
+
+
+def test_wait_and_logs_follow_say_when_a_task_s_runner_is_gone(ferry: Ferry) -> None:
+    # (Found by a review: with no `work` running, a task whose runner died stays in flight
+    # until `ferry recover`; `wait` and `logs -f` waited for ever without a word.)
+    crashed = ferry("run", "--", "sleep", "300", failpoints="after:SPAWNED")
+    assert crashed.code == -9  # run and its supervisor killed; the task runs on
+    task = ferry.only_task()
+    ferry.end_at_close(int(task["pid"]))
+    hint = f"task {task['id']}: its runner (pid {task['runner']['pid']}) is gone"
+    waited = ferry("wait", "--timeout", "0.5", task["id"])
+    assert waited.code == 124 and hint in waited.err, waited
+    follower = ferry.start("logs", "-f", task["id"])
+    try:
+        read_until(follower, hint)
+    finally:
+        follower.kill()
+        finish(follower)
