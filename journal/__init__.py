@@ -109,6 +109,7 @@ from journal._snapshot import (
     headers_epoch_max,
     latest_snapshot,
     read_latest_snapshot,
+    read_snapshots,
     snapshots_in,
     write_snapshot,
 )
@@ -155,6 +156,7 @@ __all__ = [
     "WriterFailedError",
     "read_latest_snapshot",
     "read_records",
+    "read_snapshots",
     "readable",
     "repair",
     "salvage",

@@ -10,7 +10,8 @@ the journal open: a salvage under a running appender would lose its records):
 
 1. build the new journal in ``.<name>.salvage-<stamp>/`` beside it: a marker file
    ``.salvage-build`` (the stamp), the snapshot, the segments, ``.lock``, each fsynced,
-   then the directory and its parent;
+   then the directory and its parent (first, the caller's ``keep(plan)``: what it must
+   keep of what the new journal leaves out, made durable before anything is written);
 2. **swap** the two directories in one step (``renameat2(RENAME_EXCHANGE)``), fsync
    the parent: whatever a crash keeps, ``<name>`` is the whole damaged journal or the
    whole new one, never neither and never a half-written one;
@@ -69,10 +70,15 @@ def salvage(
     hook: Hook | None = None,
     stamp: str | None = None,
     on_lock_wait: Callable[[], None] | None = None,
+    keep: Callable[[SalvageReport], None] | None = None,
 ) -> SalvageReport:
     """Salvage the damaged journal at ``directory`` (see the module docstring).
 
-    ``accept``: the caller's test of a snapshot (``_view``); ``hook(name)`` is called
+    ``accept``: the caller's test of a snapshot (``_view``); ``keep(plan)`` is called
+    once the plan is made, under the locks, before anything of the new journal is
+    written: the caller makes durable there what it must keep of what the new journal
+    leaves out (files of its own that the old journal's snapshots name; an error
+    there stops the salvage, nothing of the journal changed); ``hook(name)`` is called
     at each step (``before:salvage_segment``, ``after:salvage_segment``,
     ``before:salvage_swap``, ``after:salvage_swap``: crash tests kill the process
     there); ``stamp`` names the damaged copy (default: the UTC time).  ``dry_run``:
@@ -106,6 +112,8 @@ def salvage(
             raise JournalError(
                 f"{_fsutil.name(aside)} or {_fsutil.name(build)} exists already: try again"
             )
+        if keep is not None:
+            keep(report)
         _build(build, stamp, report, step)
         step("before:salvage_swap")
         _fsutil.exchange(directory, build)

@@ -195,6 +195,24 @@ def read_latest_snapshot(directory: _fsutil.StrPath) -> Snapshot | None:
     return latest_snapshot(_fsutil.fspath(directory), sys.maxsize).snapshot
 
 
+def read_snapshots(directory: _fsutil.StrPath) -> list[Snapshot]:
+    """Every snapshot in the journal at ``directory`` that passes its checks, oldest
+    first (a damaged one is left out), read without a handle: what a salvage looks at
+    besides the one it keeps (the archives a newer one names, say)."""
+    directory = _fsutil.fspath(directory)
+    try:
+        names = _fsutil.listdir(directory)
+    except FileNotFoundError:
+        return []
+    found = []
+    for seq, path in snapshots_in(names, directory):
+        try:
+            found.append(load_snapshot(path, seq)[0])
+        except (SnapshotDamaged, FileNotFoundError):
+            continue
+    return found
+
+
 def headers_epoch_max(directory: str, names: list[str]) -> tuple[int, int]:
     """(highest epoch_max, highest seq) over the snapshot headers that check (cheap: the
     data is not read).  Used at open so that fencing survives compaction."""

@@ -208,6 +208,43 @@ def test_salvage_refuses_a_healthy_journal_a_torn_tail_and_an_open_handle(
     assert refused.value.code == "journal.salvage_torn"
 
 
+def test_keep_sees_the_plan_before_anything_is_written_and_can_stop_the_salvage(
+    tmp_path: Path,
+) -> None:
+    """``keep(plan)``: the caller's step (ferry keeps aside the archives the new journal
+    no longer names), under the locks, before the build; an error there changes
+    nothing. A dry run takes no step."""
+    directory = make(tmp_path / "j")
+    flip(directory, 30)
+    original = contents(directory)
+    seen: list[tuple[int, list[str]]] = []
+
+    def keep(plan: journal.SalvageReport) -> None:
+        seen.append((plan.view.last_seq, sorted(os.listdir(tmp_path))))
+        raise Crash("keep")
+
+    journal.salvage(directory, dry_run=True, keep=keep)
+    assert seen == []
+    with pytest.raises(Crash):
+        journal.salvage(directory, keep=keep, stamp="T1")
+    assert seen == [(29, ["j"])], "the plan, and nothing built yet"
+    assert contents(directory) == original and sorted(os.listdir(tmp_path)) == ["j"]
+    report = journal.salvage(directory, keep=lambda plan: seen.append((0, [])), stamp="T2")
+    assert report.aside is not None and len(seen) == 2
+
+
+def test_read_snapshots_gives_every_sound_snapshot_oldest_first(tmp_path: Path) -> None:
+    directory = make(tmp_path / "j")
+    with journal.Journal.open(directory) as wal:
+        wal.write_snapshot(30, b"state at 30")
+    assert journal.read_snapshots(directory) == [
+        journal.Snapshot(20, b"state at 20"), journal.Snapshot(30, b"state at 30")]  # fmt: skip
+    newest = directory / "snapshot-00000000000000000030.snap"
+    newest.write_bytes(newest.read_bytes()[:-3])
+    assert journal.read_snapshots(directory) == [journal.Snapshot(20, b"state at 20")]
+    assert journal.read_snapshots(tmp_path / "missing") == []
+
+
 @pytest.mark.parametrize(
     "point",
     ["before:salvage_segment", "after:salvage_segment", "before:salvage_swap",
