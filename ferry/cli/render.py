@@ -384,10 +384,7 @@ def salvage_text(report: Mapping[str, Any]) -> str:
                 lines.append(f"  (the damaged record, seq {seqs}, read as it probably was)")
         else:
             lines.append("lost: no record")
-        for name in report["dropped_archives"]:
-            lines.append(
-                f"lost: settled-task archive {name} (damaged; kept as archive/damaged-{name})"
-            )
+        lines.extend(_archive_line(item, report["dry_run"]) for item in report["archives"])
         older = [t for t in report["tasks"] if t["after"] is not None]
         gone = [t for t in report["tasks"] if t["after"] is None]
         if older:
@@ -399,10 +396,51 @@ def salvage_text(report: Mapping[str, Any]) -> str:
             )
         if gone:
             lines.append(f"tasks now gone ({len(gone)}):")
-            lines.extend(f"  {t['task']}  was {t['before']}" for t in gone)
-        if not older and not gone:
+            lines.extend(
+                f"  {t['task']}  was {t['before']}"
+                if t["before"] is not None
+                else f"  {t['task']}  was in a state not known (its submission is lost too)"
+                for t in gone
+            )
+        unknown = report["tasks_unknown"]
+        if unknown:
+            lines.append(
+                "more tasks may be lost than these, and are not known:"
+                if older or gone
+                else "no task is known to be lost, but some may be, and are not known:"
+            )
+            lines.extend(f"  {why}" for why in unknown)
+        elif not older and not gone:
             lines.append("no task's state changed")
+    elif report["finished"] and report["kept_aside"]:
+        lines.append("kept aside in archive/ by salvages (remove them once you are done):")
+        lines.extend(f"  {name}" for name in report["kept_aside"])
     return "\n".join(lines)
+
+
+_CHECKED_BY = {"sha256": "its SHA-256 in a readable snapshot", "index": "its index"}
+
+
+def _archive_line(item: Mapping[str, Any], dry_run: bool) -> str:
+    """A settled-task archive the salvaged journal no longer names: what it is, what of
+    it is lost, and where it is kept (only what is, or would be, there)."""
+    status = item["status"]
+    what = {
+        "whole": f"whole, checked by {_CHECKED_BY.get(item['checked_by'], '?')}",
+        "damaged": "damaged",
+        "missing": "missing",
+        "unverified": "nothing can check it",
+    }.get(status, status)
+    if item["tasks"] is not None:
+        what += f"; {item['tasks']} task(s), {item['lost']} of them lost"
+    kept = "would be kept" if dry_run else "kept"
+    where = [f"{kept} as {item['kept_as']}"] if item["kept_as"] else []
+    if item["index_kept_as"]:
+        where.append(f"its index {kept} as {item['index_kept_as']}")
+    head = "lost" if status in ("damaged", "missing") else "not in the new journal"
+    return f"{head}: settled-task archive {item['name']} ({what})" + (
+        ": " + ", ".join(where) if where else ""
+    )
 
 
 def compact_text(report: Mapping[str, Any]) -> str:

@@ -420,6 +420,9 @@ def test_a_damaged_snapshot_or_archive_with_the_records_still_there_loses_nothin
         assert shown.json() == full  # read from seq 1 instead
     report = cli.json("journal", "salvage")
     assert (report["lost_records"], report["tasks"]) == (0, [])
+    # (its archive holds nothing the records do not say: not kept aside, not named)
+    assert (report["archives"], report["tasks_unknown"]) == ([], [])
+    assert not [p for p in (cli.home / "archive").iterdir() if p.name.startswith("kept-")]
     assert report["kept"]["snapshot_seq"] is None, "from seq 1: the records were there"
     assert cli.tasks() == full
     cli.verify_clean()
@@ -439,6 +442,10 @@ def test_a_damaged_archive_whose_records_are_gone_loses_its_settled_tasks(cli: F
     damaged_bytes = archive.read_bytes()
     report = cli.json("journal", "salvage")
     assert report["dropped_archives"] == [archive.name]
+    (entry,) = report["archives"]
+    assert (entry["name"], entry["status"], entry["checked_by"]) == (archive.name, "damaged",
+                                                                    "sha256")  # fmt: skip
+    assert entry["kept_as"] == f"archive/damaged-{archive.name}"
     kept = cli.home / "archive" / f"damaged-{archive.name}"
     assert kept.read_bytes() == damaged_bytes, "the damaged archive is kept"
     gone = {(t["task"], t["before"], t["after"]) for t in report["tasks"]}
@@ -455,3 +462,239 @@ def test_the_journal_commands_of_a_shared_database_are_not_local(cli: Ferry) -> 
     cli.env["FERRY_DATABASE_URL"] = "postgresql://nobody@127.0.0.1:9/none"  # (discard port)
     for args in (["journal", "salvage"], ["journal", "dump"]):
         cli.refused(2, "usage.not_local", *args)
+
+
+# ---- archives the salvaged journal no longer names -----------------------------------------
+#
+# A sixteenth-session review: with no usable snapshot left (the only one halved, the
+# records it covers compacted away), salvage reported 1 task gone of 121, and the intact
+# settled-task archive, which the new journal does not name, was neither kept nor named:
+# the next two compactions pruned it. With the archive itself lost, salvage said "kept
+# as archive/damaged-..." (no such file) and "no task's state changed".
+
+
+def _all_compacted(cli: Ferry) -> None:
+    """A compaction that took every record: what happened before it is only in its
+    snapshot and its archive (the journal goes on in an empty segment)."""
+    records = len(cli.records())
+    split_at(cli.home, records + 1)
+    cli.ok("journal", "compact")
+    assert [p.name for p in segments(cli.home)] == [f"{records + 1:020d}.jsonl"]
+
+
+def _halve(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def _archive_files(home: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in (home / "archive").iterdir()}
+
+
+def _compact_twice(cli: Ferry) -> None:
+    """What prunes every ``settled-*``/``index-*`` file the last two snapshots do not name."""
+    for _ in range(2):
+        cli.ok("submit", "--", "true")
+        cli.ok("journal", "compact")
+
+
+def _unusable_snapshot_home(cli: Ferry) -> tuple[list[dict[str, Any]], dict[str, bytes]]:
+    """The first reproducer: a..d settled and e queued, all compacted away; then ``late``
+    submitted; then the only snapshot halved. Returns the tasks before the damage and
+    the archive files (one archive and its index, intact)."""
+    _all_compacted(cli)
+    cli.ok("submit", "--name", "late", "--not-before", "+100000", "--", "true")
+    full = cli.tasks()
+    archives = _archive_files(cli.home)
+    assert sorted(name.split("-")[0] for name in archives) == ["index", "settled"]
+    (snapshot,) = journal_dir(cli.home).glob("snapshot-*.snap")
+    _halve(snapshot)
+    return full, archives
+
+
+def test_salvage_with_no_usable_snapshot_keeps_the_intact_archive_and_names_every_task_lost(
+    cli: Ferry,
+) -> None:
+    full, archives = _unusable_snapshot_home(cli)
+    by_name = {t["name"]: t for t in full}
+    (name,) = (n for n in archives if n.startswith("settled-"))
+    (index,) = (n for n in archives if n.startswith("index-"))
+    before = tree(cli.home)
+    report = cli.json("journal", "salvage", "--dry-run")  # (as JSON: the next test)
+    assert tree(cli.home) == before, "a dry run changes nothing"
+    text = cli.ok("journal", "salvage").text
+    assert report["archives"] == [
+        {
+            "name": name,
+            "status": "whole",
+            "checked_by": "index",
+            "tasks": 4,
+            "lost": 4,
+            "kept_as": f"archive/kept-{name}",
+            "index_kept_as": f"archive/kept-{index}",
+        }
+    ]
+    # Every task is gone but e, which only the halved snapshot knew: said, not counted.
+    gone = {(t["task"], t["before"], t["after"]) for t in report["tasks"]}
+    assert gone == {(t["id"], t["state"], None) for t in full if t["name"] != "e"}, (
+        "a..d (from the archive) and late (from a readable record)"
+    )
+    assert by_name["e"]["id"] not in text
+    (unknown,) = report["tasks_unknown"]
+    assert "snapshot-" in unknown and "not known" in unknown
+    assert f"tasks now gone ({len(full) - 1}):" in text
+    assert f"kept as archive/kept-{name}" in text and "not known" in text
+    assert "no task's state changed" not in text
+    kept = cli.home / "archive" / f"kept-{name}"
+    assert kept.read_bytes() == archives[name]
+    assert (cli.home / "archive" / f"kept-{index}").read_bytes() == archives[index]
+    cli.verify_clean()
+    assert cli.tasks() == []
+    _compact_twice(cli)
+    left = _archive_files(cli.home)
+    assert name not in left, "(the new journal does not name it: pruned)"
+    assert left[f"kept-{name}"] == archives[name] and left[f"kept-{index}"] == archives[index]
+    cli.verify_clean()
+
+
+def test_the_salvage_report_as_json_is_what_its_dry_run_said(cli: Ferry) -> None:
+    full, archives = _unusable_snapshot_home(cli)
+    dry = cli.json("journal", "salvage", "--dry-run")
+    report = cli.json("journal", "salvage")
+    assert report["salvaged"] and not dry["salvaged"]
+    for key in ("kept", "lost_records", "tasks", "archives", "tasks_unknown", "damage"):
+        assert report[key] == dry[key], key
+    assert len(report["tasks"]) == len(full) - 1
+    for entry in report["archives"]:
+        for key in ("kept_as", "index_kept_as"):
+            assert (cli.home / entry[key]).read_bytes() == archives[entry[key][13:]]
+
+
+def test_a_task_whose_submission_is_lost_but_whose_later_records_read_is_named_gone(
+    cli: Ferry,
+) -> None:
+    """e was queued when its submission was compacted away; a worker ran it since.
+    With the snapshot halved, its end still reads, but nothing can fold it: e is named
+    gone, in a state not known (it was counted nowhere)."""
+    full = {t["name"]: t for t in cli.tasks()}
+    _all_compacted(cli)
+    cli.ok("work", "--drain")
+    (snapshot,) = journal_dir(cli.home).glob("snapshot-*.snap")
+    _halve(snapshot)
+    report = cli.json("journal", "salvage", "--dry-run")
+    rows = {t["task"]: (t["before"], t["attempt_before"], t["after"]) for t in report["tasks"]}
+    assert rows == {
+        task["id"]: (None, None, None) if name == "e" else (task["state"], 1, None)
+        for name, task in full.items()
+    }
+    text = cli.ok("journal", "salvage").text
+    assert f"  {full['e']['id']}  was in a state not known" in text, text
+    assert f"tasks now gone ({len(full)}):" in text
+    cli.verify_clean()
+
+
+@pytest.mark.parametrize("index", ["index kept", "index lost too"])
+def test_salvage_of_a_lost_archive_names_its_tasks_and_keeps_only_what_is_there(
+    cli: Ferry, index: str
+) -> None:
+    """The second reproducer: the archive lost after compaction took its records."""
+    full = cli.tasks()
+    _compacted(cli, drop_segments=True)
+    (archive,) = (cli.home / "archive").glob("settled-*.jsonl")
+    (index_file,) = (cli.home / "archive").glob("index-*.idx")
+    index_bytes = index_file.read_bytes()
+    archive.unlink()
+    if index == "index lost too":
+        index_file.unlink()
+    result = cli.ok("journal", "salvage")
+    text = result.text
+    assert "damaged-settled-" not in text, "no file it did not keep"
+    assert not (cli.home / "archive" / f"damaged-{archive.name}").exists()
+    assert "no task's state changed" not in text
+    assert [t["name"] for t in cli.tasks()] == ["e"]
+    settled = [t for t in full if t["name"] != "e"]
+    kept_index = cli.home / "archive" / f"damaged-{index_file.name}"
+    if index == "index kept":
+        # Its index still names each task: each is named, and the index is kept.
+        assert f"tasks now gone ({len(settled)}):" in text
+        assert all(f"  {t['id']}  was {t['state']}" in text for t in settled), text
+        assert f"index kept as archive/damaged-{index_file.name}" in text
+        assert "not known" not in text
+        assert kept_index.read_bytes() == index_bytes
+    else:
+        # Nothing names its tasks but the snapshot's count: said, never "nothing lost".
+        assert f"{len(settled)} settled task(s)" in text and "not known" in text, text
+        assert not kept_index.exists()
+    cli.verify_clean()
+    _compact_twice(cli)
+    if index == "index kept":
+        assert kept_index.read_bytes() == index_bytes
+    cli.verify_clean()
+
+
+def test_an_archive_newer_than_what_salvage_keeps_is_kept_and_its_tasks_counted(
+    cli: Ferry,
+) -> None:
+    """An older snapshot is usable, the newer one is halved, and the damage is in a
+    record between them: the newer snapshot's archive holds f's end, which the kept
+    records no longer reach. The archive is kept (checked by its index) and f named."""
+    cli.ok("journal", "compact")
+    (older,) = journal_dir(cli.home).glob("snapshot-*.snap")
+    older_bytes = older.read_bytes()
+    cli.ok("run", "--name", "f", "--", "true")
+    cli.ok("journal", "compact")  # (removes the older snapshot: a crash could have not)
+    older.write_bytes(older_bytes)
+    newer = max(journal_dir(cli.home).glob("snapshot-*.snap"))
+    assert newer != older
+    fresh = set(_archive_files(cli.home)) - set(_compacted_names(older_bytes))
+    (name,) = (n for n in fresh if n.startswith("settled-"))
+    archive_bytes = (cli.home / "archive" / name).read_bytes()
+    f_id = next(t["id"] for t in cli.tasks() if t["name"] == "f")
+    seq = settled_seq(cli, "f")
+    flip(cli.home, seq)
+    _halve(newer)
+    report = cli.json("journal", "salvage")
+    assert report["kept"]["snapshot_seq"] == int(older.name[9:29])
+    assert report["kept"]["last_seq"] == seq - 1
+    (entry,) = report["archives"]
+    assert (entry["name"], entry["status"], entry["checked_by"]) == (name, "whole", "index")
+    assert (cli.home / entry["kept_as"]).read_bytes() == archive_bytes
+    rows = {t["task"]: (t["before"], t["after"]) for t in report["tasks"]}
+    assert rows[f_id][0] == "SUCCEEDED" and rows[f_id][1] in ("DISPATCHING", "RUNNING")
+    cli.verify_clean()
+    _compact_twice(cli)
+    assert (cli.home / entry["kept_as"]).read_bytes() == archive_bytes
+
+
+def _compacted_names(snapshot: bytes) -> list[str]:
+    """The archive files (and indexes) a snapshot file's data names."""
+    import orjson
+
+    data = orjson.loads(snapshot.partition(b"\n")[2])
+    refs = data.get("settled_archives", [])
+    return [r["name"] for r in refs] + [r["index"] for r in refs if "index" in r]
+
+
+@pytest.mark.parametrize(
+    "point",
+    [p if p == "after:salvage_swap" else pytest.param(p, marks=pytest.mark.crash)
+     for p in SALVAGE_POINTS],
+)  # fmt: skip
+def test_a_salvage_killed_at_each_step_never_loses_the_archive_it_left_out(
+    cli: Ferry, point: str
+) -> None:
+    full, archives = _unusable_snapshot_home(cli)
+    (name,) = (n for n in archives if n.startswith("settled-"))
+    killed = cli("journal", "salvage", failpoints=point)
+    assert killed.code == -signal.SIGKILL, killed
+    swapped = point == "after:salvage_swap"
+    if swapped:  # the new journal is in use: compactions prune what it does not name
+        _compact_twice(cli)
+        assert name not in _archive_files(cli.home)
+    again = cli.ok("journal", "salvage")
+    assert f"archive/kept-{name}" in again.text, again.text
+    if not swapped:
+        assert f"tasks now gone ({len(full) - 1}):" in again.text
+    _compact_twice(cli)
+    assert _archive_files(cli.home)[f"kept-{name}"] == archives[name]
+    cli.verify_clean()

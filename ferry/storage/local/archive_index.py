@@ -139,6 +139,63 @@ def check_index(directory: str, ref: Mapping[str, Any], body: bytes) -> str | No
     return None
 
 
+def index_made_of(directory: str, archive_name: str, body: bytes) -> bool:
+    """Is the index beside ``archive_name`` the one its bytes ``body`` make, byte for
+    byte? (Salvage's check of an archive no readable snapshot names: every line's CRC
+    and the size and count are in it, all chained from the archive's name.)"""
+    lines = body.splitlines(keepends=True)
+    try:
+        records = _json.loads_each(lines)
+        index, _ = build_index(archive_name, records, lines)
+        with open(os.path.join(directory, index_name(archive_name)), "rb") as file:
+            return file.read() == index
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def index_tasks(directory: str, archive_name: str) -> tuple[list[dict[str, Any]], bool]:
+    """The tasks the index of ``archive_name`` names (``id``, ``state``, ``number``,
+    ``submit_seq``), from its entries that check; and whether that is every task of
+    the archive (the header checks, the file is whole, every entry checks). For a
+    salvage that lost the archive itself: its index is the last list of its tasks."""
+    try:
+        with open(os.path.join(directory, index_name(archive_name)), "rb") as file:
+            data = file.read()
+    except OSError:
+        return [], False
+    seed = _seed(archive_name)
+    line, newline, rest = data.partition(b"\n")
+    body, _, tail = line.rpartition(_CRC_KEY)
+    if not newline or tail != _crc(body, seed) + b'"}':
+        return [], False
+    try:
+        header = _json.loads(line)
+        count, width = int(header["count"]), int(header["id_width"])
+        states = [str(state) for state in header["states"]]
+        if header["archive"] != archive_name:
+            return [], False
+    except (ValueError, KeyError, TypeError):
+        return [], False
+    size = _POSITION_FIXED + width + 9
+    tasks: list[dict[str, Any]] = []
+    for k in range(count):
+        raw = rest[k * size : (k + 1) * size]
+        entry = raw[: size - 9]
+        if len(raw) != size or raw[size - 9 :] != _crc(entry, seed) + b"\n":
+            continue
+        try:
+            tasks.append({
+                "id": entry[62 : 62 + width].decode("ascii").rstrip(" "),
+                "state": states[int(entry[32:34], 16)],
+                "number": int(entry[16:32], 16),
+                "submit_seq": int(entry[0:16], 16),
+            })  # fmt: skip
+        except (ValueError, IndexError):
+            continue
+    whole = len(tasks) == count and len(rest) == count * (size + width + 17)
+    return tasks, whole
+
+
 class Position:
     """One position entry: an archived task as the index has it (``ArchivedTask``)."""
 
