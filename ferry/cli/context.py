@@ -70,15 +70,25 @@ class Ctx:
             from ferry.cli import render
 
             if self.as_json:
-                render.write_json({"task": None})
+                self._task_document({"task": None})
             elif self.verbosity > 0:
                 render.notice("the queue is empty")
             return 0
         if self.as_json:
             from ferry.cli import render
 
-            render.write_json(render.task_json(result.task))
+            self._task_document(render.task_json(result.task))
         return result.exit_status
+
+    def _task_document(self, obj: Any) -> None:
+        """The one document of ``run``/``claim --json``: the task ran whether or not
+        stdout takes it (a full disk): its status passes through, a warning says it."""
+        from ferry.cli import render
+
+        try:
+            render.write_json(obj)
+        except render.OutputLost as lost:
+            render.notice(f"warning: {lost.message}: the task's JSON document is lost")
 
     @property
     def stdout_echo_fd(self) -> int:
@@ -97,6 +107,7 @@ class CliReporter:
         self.verbosity = verbosity
         self.as_json = as_json
         self.json_lines = False  # settled tasks as JSON Lines on stdout (work --json)
+        self.lines_lost = False  # stdout could not take them (a full disk): said once
         self.live_line = ""  # the progress line drawn now ("": none)
         self.run_started = False  # run started its task (not skipped for its --key)
 
@@ -110,8 +121,12 @@ class CliReporter:
         from ferry.cli import render
 
         if self.as_json:
-            if self.json_lines:
-                render.write_json(render.task_json(task))
+            if self.json_lines and not self.lines_lost:
+                try:
+                    render.write_json(render.task_json(task))
+                except render.OutputLost as lost:  # (work goes on: its tasks are its job)
+                    self.lines_lost = True
+                    self.notice(f"warning: {lost.message}: the settled tasks' JSON lines are lost")
         elif self.verbosity >= 0:
             self._around_live_line(lambda: render.stderr_line(render.settled_line(task)))
 

@@ -6,7 +6,6 @@ them the same values."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 
 from ferry.cli import many, render
@@ -26,12 +25,20 @@ def submit(ctx: Ctx, kw: dict[str, Any], argv: tuple[str, ...]) -> None:
 
 def submitted(ctx: Ctx, tasks: Sequence[Any], *, many: bool) -> None:
     """What ``submit`` prints: the ids, one per line (--json: the task, or an array)."""
-    if ctx.as_json:
-        objs = [render.task_json(t) for t in tasks]
-        render.write_json(objs if many else objs[0])
-    else:
-        sys.stdout.write("".join(t.id + "\n" for t in tasks))
-        sys.stdout.flush()
+    try:
+        if ctx.as_json:
+            objs = [render.task_json(t) for t in tasks]
+            render.write_json(objs if many else objs[0])
+        else:
+            render.emit(as_json=False, human="".join(t.id + "\n" for t in tasks), payload=None)
+    except render.OutputLost as lost:
+        # The tasks are queued whatever stdout takes: the error names them, so that a
+        # script that submits again on failure knows (--key makes that safe).
+        ids = [t.id for t in tasks]
+        named = ", ".join(ids) if len(ids) <= 10 else f"{', '.join(ids[:10])} ... {ids[-1]}"
+        lost.message += f"; queued all the same: {named}"
+        lost.details["queued"] = ids
+        raise
 
 
 def work(

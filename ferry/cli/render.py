@@ -10,8 +10,13 @@ own end and exit status: a ``run`` runs its task in the foreground and exits wit
 status, a ``work`` drains its queue. (A review found a notice's BrokenPipeError ending
 ``run`` with status 0, and under ``run -v`` coming between the intent and the go: the
 task was given back to the queue, to run later under whichever ``work`` came next.)
-Other errors on stdout are the command's (``ls > /dev/full``: ``io.no_space``), and
-``logs`` writes a task's bytes itself (it stops when its reader goes).
+Other errors on stdout (``ls > /dev/full``: ENOSPC) are :class:`OutputLost`, whose
+code is the errno's (``io.no_space``): the command's, for a command whose output is
+its result; stdout then goes to /dev/null too, so that the error's own JSON document,
+which cannot be written either, raises nothing more (its line is on stderr). ``run``
+passes its task's status through all the same (a warning says the document is lost),
+``work`` goes on, and ``submit`` names the tasks it queued in its error. ``logs``
+writes a task's bytes itself (it stops when its reader goes).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping, Sequence
 
-from ferry.core.errors import FerryError
+from ferry.core.errors import FerryError, ResourceError, from_os_error
 from journal import _json
 
 TYPE_CHECKING = False
@@ -77,8 +82,14 @@ def emit(*, as_json: bool, human: str | None, payload: Any) -> None:
         _out(human if human.endswith("\n") else human + "\n")
 
 
+class OutputLost(ResourceError):
+    """stdout could not be written, though its reader did not go (a full disk under a
+    redirect, a device error): the output is lost; coded by its errno (``io.*``)."""
+
+
 def _out(data: bytes | str) -> None:
-    """Onto stdout; nowhere once its reader went (see the module's docstring)."""
+    """Onto stdout; nowhere once its reader went; :class:`OutputLost` if it cannot be
+    written otherwise (see the module's docstring)."""
     try:
         if isinstance(data, str):
             sys.stdout.write(data)
@@ -87,6 +98,14 @@ def _out(data: bytes | str) -> None:
         sys.stdout.flush()
     except BrokenPipeError:
         nowhere(sys.stdout)
+    except OSError as exc:
+        nowhere(sys.stdout)  # (what is left in its buffer: never written, never again)
+        coded = from_os_error(exc)
+        raise OutputLost(
+            f"cannot write to stdout: {exc.strerror or exc}",
+            code=coded.code,
+            details={"errno": exc.errno, "stream": "stdout"},
+        ) from None
 
 
 def _err(text: str) -> None:
@@ -126,7 +145,11 @@ def error(err: FerryError, *, as_json: bool) -> None:
     _err(f"ferry: error[{err.code}]: {message}\n")
     if as_json:
         shown = {**err.to_json(), "message": readable(err.message)}
-        write_json({"error": _readable_json(shown)})
+        import contextlib
+
+        # (stdout that cannot take it: the line above says the error all the same)
+        with contextlib.suppress(OutputLost):
+            write_json({"error": _readable_json(shown)})
 
 
 def task_json(task: Any, *, show_env_values: bool = False) -> dict[str, Any]:

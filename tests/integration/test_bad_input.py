@@ -17,6 +17,7 @@ import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from clikit import Ferry
@@ -373,3 +374,65 @@ def test_an_argument_the_kernel_cannot_exec_is_refused_at_submit(cli: Ferry) -> 
     refused = cli.refused(2, "usage.bad_argv", "submit", "--from", "-", stdin=line(200 << 10))
     assert "E2BIG" in refused.err
     cli.ok("submit", "--from", "-", stdin=line(100 << 10))  # within the limit: queued
+
+
+# ---- a sixteenth-session review of bad input ---------------------------------------------
+
+
+def _to_full(cli: Ferry, *args: str | bytes, **kw: Any) -> Any:
+    """The command with its stdout on /dev/full (ENOSPC at its first write)."""
+    with open("/dev/full", "wb") as full:
+        return cli(*args, stdout=full, **kw)
+
+
+def test_a_stdout_that_cannot_be_written_is_said_and_changes_no_other_status(cli: Ferry) -> None:
+    """With --json and stdout on a full disk, every command ended in a traceback, exit 1:
+    its output's ENOSPC, then again the error document's. Now a data command whose
+    output is lost says so (``io.no_space``, as ``ls > /dev/full`` did), an error is
+    its own (``show 99``: 5), and ``run`` passes its task's status through."""
+    for args in (("--json", "show", "99"), ("show", "99")):
+        missing = _to_full(cli, *args)
+        assert (missing.code, missing.error_code()) == (5, "task.not_found"), missing
+    for args in (
+        ("--json", "show", "1"),
+        ("--json", "ls"),
+        ("ls",),
+        ("group",),
+        ("--json", "lease"),
+    ):
+        lost = _to_full(cli, *args)
+        assert (lost.code, lost.error_code()) == (125, "io.no_space"), (args, lost)
+        assert "stdout" in lost.err, lost.err
+    for as_json in ((), ("--json",)):
+        ran = _to_full(cli, *as_json, "run", "--", "sh", "-c", "exit 3")
+        assert ran.code == 3, ran
+        assert "error[" not in ran.err, ran.err
+        assert cli.tasks()[-1]["exit_code"] == 3
+    ran = _to_full(cli, "--json", "run", "--", "true")
+    assert ran.code == 0 and "stdout" in ran.err, ran
+    drained = _to_full(cli, "--json", "work", "--drain")  # (its lines lost, its queue run)
+    assert drained.code == 0 and "stdout" in drained.err, drained
+    assert "QUEUED" not in {task["state"] for task in cli.tasks()}
+    cli.verify_clean()
+
+
+def test_a_submit_whose_id_cannot_be_written_says_its_task_was_queued(cli: Ferry) -> None:
+    """``submit > /dev/full`` exited 125 io.no_space, and nothing said the task was
+    queued all the same: a script that submits again on failure queued it twice. The
+    error line names what was queued (its id); the status stays a failure (the ids the
+    caller asked for are lost), and with ``--key`` a second submit queues nothing."""
+    before = len(cli.tasks())
+    for as_json in ((), ("--json",)):
+        lost = _to_full(cli, *as_json, "submit", "--", "true")
+        assert (lost.code, lost.error_code()) == (125, "io.no_space"), lost
+        queued = cli.tasks()[-1]
+        assert queued["state"] == "QUEUED" and "queued all the same" in lost.err, lost.err
+        assert queued["id"] in lost.err
+    lines = b'{"argv": ["true"]}\n{"argv": ["false"]}\n'
+    lost = _to_full(cli, "submit", "--from", "-", stdin=lines)
+    assert lost.code == 125, lost
+    assert all(task["id"] in lost.err for task in cli.tasks()[-2:]), lost.err
+    assert len(cli.tasks()) == before + 4
+    _to_full(cli, "submit", "--key", "once", "--", "true")
+    again = cli("submit", "--key", "once", "--", "true")
+    assert again.code == 75 and len(cli.tasks()) == before + 5, again
