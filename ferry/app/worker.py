@@ -538,9 +538,9 @@ class Worker:
         new ``FERRY_HOST_ID``, and a task released here may run on another host under
         the same attempt. Other claims: this host's, or its supervisor holds the
         alive-lock of this home."""
-        claimed_from = (task.runner or {}).get("home")
+        claimed_from = claimed_home(task.runner or {})
         if claimed_from is not None:
-            return bool(claimed_from == str(self.session.home))
+            return claimed_from == os.fsencode(self.session.home)
         if self.store.host_lost(task, float("inf")) is None:
             return True
         return held(alive_path(self.session.home, task.id, task.attempt)) is True
@@ -835,8 +835,8 @@ class Worker:
             with contextlib.suppress(FerryError):
                 self.store.refresh()  # a cancel that landed makes an end CANCELLED
         ids = sorted({unit.launch.task.id for unit in units})
-        home = str(self.session.home)  # (runner.home: see _of_this_home)
-        claims = [({**launch.runner(), "home": home}, str(launch.claiming))
+        home = home_fields(str(self.session.home))  # (runner.home: see _of_this_home)
+        claims = [({**launch.runner(), **home}, str(launch.claiming))
                   for launch in claimants]  # fmt: skip
         try:
             written = self.store.commit_against(
@@ -966,6 +966,29 @@ class Worker:
         self.halted = True
         if fail and error is not None:
             self.failures.append(error)
+
+
+def home_fields(home: str) -> dict[str, str]:
+    """What a ``work`` claim says of the home it was made from, as JSON can hold it and
+    losslessly: ``home``, the path, when it is UTF-8; else ``home_bytes``, its bytes in
+    hex (a path is bytes: a home whose name is not UTF-8 is a home all the same)."""
+    try:
+        home.encode("utf-8")
+    except UnicodeEncodeError:
+        return {"home_bytes": os.fsencode(home).hex()}
+    return {"home": home}
+
+
+def claimed_home(runner: Mapping[str, Any]) -> bytes | None:
+    """The home a claim's runner names (:func:`home_fields`), as bytes; None: it names
+    none (a claim not by ``work``, or one this could not read)."""
+    named, raw = runner.get("home"), runner.get("home_bytes")
+    if isinstance(raw, str):
+        try:
+            return bytes.fromhex(raw)
+        except ValueError:
+            return None
+    return os.fsencode(named) if isinstance(named, str) else None
 
 
 def _descriptors_left() -> int:

@@ -289,7 +289,7 @@ class Ferry:
 
     def live_task_processes(self) -> list[ProcessIdentity]:
         """Live processes of any task of this FERRY_HOME (they carry a FERRY_TASK marker)."""
-        return processes_with_env(f"FERRY_HOME={self.home}".encode(), b"FERRY_TASK=")
+        return processes_with_env(b"FERRY_HOME=" + os.fsencode(self.home), b"FERRY_TASK=")
 
     # ---- cleaning up ---------------------------------------------------------------
 
@@ -309,7 +309,7 @@ class Ferry:
         for stray in self.strays:
             with contextlib.suppress(OSError):
                 signal_verified(stray, signal.SIGKILL, group=False)
-        needle = f"FERRY_HOME={self.home}".encode()
+        needle = b"FERRY_HOME=" + os.fsencode(self.home)
         for _ in range(3):
             left = processes_with_env(needle)
             if not left:

@@ -563,3 +563,22 @@ def test_a_home_of_a_user_that_does_not_exist_is_a_usage_error(tmp_path: Path, w
     assert done.returncode == 2, done
     assert "usage.bad_home" in done.stderr and "Traceback" not in done.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_work_runs_in_a_home_whose_path_is_not_utf8(tmp_path: Path) -> None:
+    """``work`` in a state directory whose path is not UTF-8 failed every claim
+    (``journal.invalid_record``, exit 2: its claims name their home, ``runner.home``,
+    which JSON cannot hold), while ``run``, ``claim`` and ``submit`` worked there. The
+    claim names it losslessly; a restarted work counts the survivors of this home."""
+    home = Path(os.fsdecode(os.fsencode(tmp_path) + b"/home-\xff"))
+    cli = Ferry(home, tmp_path, start_stdout=subprocess.DEVNULL)
+    try:
+        for n in range(2):
+            cli.ok("submit", "--", "sh", "-c", f"echo {n}")
+        drained = cli("work", "--drain")
+        assert drained.code == 0, drained
+        assert [task["state"] for task in cli.tasks()] == ["SUCCEEDED"] * 2
+        assert cli.ok("logs", "1").out == b"0\n"
+        cli.verify_clean()
+    finally:
+        cli.close()
