@@ -604,7 +604,8 @@ class Service:
             db.check_durable()
             with db.transaction() as conn:
                 conn.execute("SELECT 1")
-            before, after = schema.migrate(db.connection())
+            with db.mapped():
+                before, after = schema.migrate(db.connection())
         finally:
             db.close()
         return {"schema_version": after, "previous_version": before, "created": before == 0}

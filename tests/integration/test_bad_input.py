@@ -436,3 +436,23 @@ def test_a_submit_whose_id_cannot_be_written_says_its_task_was_queued(cli: Ferry
     _to_full(cli, "submit", "--key", "once", "--", "true")
     again = cli("submit", "--key", "once", "--", "true")
     assert again.code == 75 and len(cli.tasks()) == before + 5, again
+
+
+BAD_URL_VALUES = [
+    "postgresql://127.0.0.1:99999/db",
+    "postgresql://127.0.0.1:abc/db",
+    "postgresql://127.0.0.1/db?sslmode=bogus",
+    "postgresql://127.0.0.1/db?target_session_attrs=bogus",
+]
+
+
+@pytest.mark.parametrize("url", BAD_URL_VALUES)
+def test_a_database_url_with_a_value_libpq_refuses_is_a_usage_error(cli: Ferry, url: str) -> None:
+    """A port out of range or not a number, an sslmode libpq does not know: was
+    ``db.unavailable`` (75, "cannot be reached": try again later, for ever). The URL
+    is bad input: ``usage.bad_database`` (2, ``run`` too), nothing changed."""
+    pytest.importorskip("psycopg")
+    for args in (("ls",), ("run", "--", "true"), ("db", "init")):
+        refused = cli.refused(2, "usage.bad_database", "--database", url, *args)
+        assert "invalid" in refused.err, refused.err
+    cli.verify_clean()

@@ -5,12 +5,16 @@ that are no names. Each: one coded line, the contract's exit status, no tracebac
 from __future__ import annotations
 
 import os
+import secrets
 import signal
+import urllib.parse
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from clikit import Ferry, wait_until
 from crashkit import most_at_once, stamping_task, wait_task_gone
+from pgserver import PgServer
 
 from ferry.proc.process import read_stat
 
@@ -54,3 +58,70 @@ def test_a_home_not_utf8_names_its_claims_and_keeps_its_survivors(
         assert most_at_once(stamps) == 1
     finally:
         a.close()
+
+
+def _as(url: str, *, user: str | None = None, dbname: str | None = None) -> str:
+    """``url`` with another user or database."""
+    parts = urllib.parse.urlsplit(url)
+    netloc = parts.netloc if user is None else f"{user}@{parts.netloc.rpartition('@')[2]}"
+    path = parts.path if dbname is None else f"/{dbname}"
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc, path=path))
+
+
+@pytest.fixture
+def role(pg_server: PgServer, pg_url: str) -> Iterator[str]:
+    """A login role of its own with no privilege on the test's database (which may
+    not create tables in its schema either); dropped after the test."""
+    name = f"limited_{os.getpid()}_{secrets.token_hex(3)}"
+    dbname = urllib.parse.urlsplit(pg_url).path.lstrip("/")
+    pg_server.execute(f'CREATE ROLE "{name}" LOGIN')
+    pg_server.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC", dbname=dbname)
+    try:
+        yield name
+    finally:
+        pg_server.execute(f'DROP OWNED BY "{name}"', dbname=dbname)
+        pg_server.execute(f'DROP ROLE "{name}"')
+
+
+def test_a_role_without_privileges_is_told_so_never_an_internal_error(
+    pg_url: str, role: str, tmp_path: Path
+) -> None:
+    """A role that may not create ferry's tables (``db init``) or use them (every other
+    command) met SQLSTATE 42501, InsufficientPrivilege: ``error[internal]`` (125), as a
+    bug of ferry's. Now ``db.permission_denied`` (125: no retry mends it), naming what
+    was refused; nothing is run or queued."""
+    cli = Ferry(tmp_path / "h", tmp_path)
+    cli.env.update(FERRY_DATABASE_URL=_as(pg_url, user=role), FERRY_HOST_ID="a")
+    admin = Ferry(tmp_path / "admin", tmp_path)
+    admin.env.update(FERRY_DATABASE_URL=pg_url, FERRY_HOST_ID="admin")
+    try:
+        refused = cli.refused(125, "db.permission_denied", "db", "init")
+        assert "permission denied for schema public" in refused.err, refused.err
+        admin.ok("db", "init")
+        mark = tmp_path / "ran"
+        for args in (("ls",), ("db", "status"), ("submit", "--", "true"),
+                     ("run", "--", "touch", str(mark)), ("work", "--drain")):  # fmt: skip
+            refused = cli.refused(125, "db.permission_denied", *args)
+            assert "permission denied for table" in refused.err and role in refused.err, refused
+        assert not mark.exists() and admin.tasks() == []
+    finally:
+        cli.close()
+        admin.close()
+
+
+def test_a_database_or_role_that_does_not_exist_is_no_temporary_failure(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """A database or a role that does not exist was ``db.unavailable`` (75, "cannot be
+    reached": cron and CI try again for ever). Now a permanent code of its own (125)."""
+    cli = Ferry(tmp_path / "h", tmp_path)
+    cli.env["FERRY_HOST_ID"] = "a"
+    try:
+        cases = ((_as(pg_url, dbname="no_such_db"), "db.no_database"),
+                 (_as(pg_url, user="no_such_role"), "db.auth_failed"))  # fmt: skip
+        for url, code in cases:
+            for args in (("ls",), ("run", "--", "true"), ("db", "init")):
+                refused = cli.refused(125, code, "--database", url, *args)
+                assert "does not exist" in refused.err, refused.err
+    finally:
+        cli.close()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from ferry.storage.postgres.connect import unavailable
+from ferry.storage.postgres.connect import refusal, unavailable
 
 URL = "postgresql://ferry:secret@db.example/ferry"
 
@@ -34,3 +34,54 @@ def test_the_message_says_what_the_server_said(sqlstate: str | None, says: str) 
     assert error.message == (
         f"the database postgresql://ferry@db.example/ferry {says}: the server's own words"
     )
+
+
+@pytest.mark.parametrize(
+    ("sqlstate", "text", "code"),
+    [
+        ("42501", "permission denied for table ferry_meta", "db.permission_denied"),
+        ("3D000", 'database "x" does not exist', "db.no_database"),
+        ("28000", 'role "x" does not exist', "db.auth_failed"),
+        ("28P01", 'password authentication failed for user "ferry"', "db.auth_failed"),
+        # a connection that failed: no SQLSTATE, the server's words
+        (None, 'connection failed: ... failed: FATAL:  database "x" does not exist',
+         "db.no_database"),
+        (None, 'connection failed: ... failed: FATAL:  role "x" does not exist', "db.auth_failed"),
+        (None, 'connection failed: ... FATAL:  password authentication failed for user "ferry"',
+         "db.auth_failed"),
+        (None, 'connection failed: ... FATAL:  no pg_hba.conf entry for host "10.0.0.1"',
+         "db.auth_failed"),
+        (None, 'connection failed: ... FATAL:  role "x" is not permitted to log in',
+         "db.auth_failed"),
+        # libpq's refusal of a value of the URL
+        (None, 'connection is bad: invalid port number: "99999"', "usage.bad_database"),
+        (None, 'connection is bad: invalid integer value "abc" for connection option "port"',
+         "usage.bad_database"),
+        (None, 'connection is bad: invalid sslmode value: "bogus"', "usage.bad_database"),
+        (None, 'connection is bad: invalid "ssl_min_protocol_version" value: "bogus"',
+         "usage.bad_database"),
+    ],
+)  # fmt: skip
+def test_what_no_retry_mends_has_a_code_of_its_own(
+    sqlstate: str | None, text: str, code: str
+) -> None:
+    """A role without a privilege (42501) was ``internal``; a database or role that does
+    not exist, a refused login, a port out of range were ``db.unavailable`` (75: "try
+    again later", for ever, under cron or CI). Found by a review (sixteenth session)."""
+    error = refusal(_ServerError(text, sqlstate), URL)
+    assert error is not None and error.code == code
+    assert error.exit_code == (2 if code.startswith("usage.") else 125)
+    assert "secret" not in error.message and text.splitlines()[0] in error.message
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        'connection failed: connection to server at "127.0.0.1", port 1 failed: Connection refused',
+        "failed to resolve host 'db.example': [Errno -3] Temporary failure in name resolution",
+        "connection failed: ... FATAL:  the database system is starting up",
+        "connection failed: ... FATAL:  sorry, too many clients already",
+    ],
+)
+def test_what_may_pass_is_still_unavailable(text: str) -> None:
+    assert refusal(_ServerError(text, None), URL) is None

@@ -1,6 +1,10 @@
 """One connection to the shared database, and the database's failures as ferry's
 errors: unreachable is ``db.unavailable`` (exit 75: try again), not durable is
-``db.not_durable``, no schema is ``db.not_initialised``.
+``db.not_durable``, no schema is ``db.not_initialised``; what no retry mends has a code
+of its own (:func:`refusal`): a role without a privilege it needs
+(``db.permission_denied``), a database that does not exist (``db.no_database``), a
+login refused (``db.auth_failed``), a value in the URL that libpq refuses
+(``usage.bad_database``).
 
 Why not psycopg_pool: its pool keeps worker threads, and ``ferry work`` forks a
 supervisor per task from a loop that must stay single-threaded (a fork copies only the
@@ -18,7 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from ferry.core.errors import DatabaseError, DatabaseUnavailableError, UsageError
+from ferry.core.errors import DatabaseError, DatabaseUnavailableError, FerryError, UsageError
 
 CONNECT_TIMEOUT_S = 5
 # The longest a call may wait on a silent network (a partition drops packets: nothing is
@@ -114,6 +118,78 @@ _WHAT_FAILED = {
 }
 
 
+# What no retry mends, by SQLSTATE: its code. The role, the URL or
+# the database must change; a cron job or CI that retries 75 would retry for ever.
+_REFUSED = {
+    "42501": "db.permission_denied",  # insufficient_privilege
+    "3D000": "db.no_database",  # invalid_catalog_name
+    "28000": "db.auth_failed",  # invalid_authorization_specification (no such role...)
+    "28P01": "db.auth_failed",  # invalid_password
+}
+# The same refusals when the connection is made: the driver has no SQLSTATE for a
+# failed connection, only the server's words (in English: a server that speaks another
+# language still gets db.unavailable).
+_REFUSED_SAYING = (
+    (r'FATAL:\s+database ".*" does not exist', "3D000"),
+    (r'FATAL:\s+role ".*" does not exist', "28000"),
+    (r'FATAL:\s+role ".*" is not permitted to log in', "28000"),
+    (r"FATAL:\s+no pg_hba\.conf entry", "28000"),
+    (r"FATAL:\s+.*authentication failed for user", "28P01"),
+)
+# libpq's own refusal of a value in the URL (a port out of range or not a number, an
+# sslmode or target_session_attrs it does not know): said before any connection.
+_BAD_VALUE = r'\binvalid (?:port number|integer value|"?\w+"? value)'
+_GRANTS = (
+    "grant it USAGE on the schema, and SELECT, INSERT, UPDATE, DELETE on ferry's tables"
+    " and USAGE on its sequences; 'db init' also needs CREATE on the schema"
+    " (docs/postgres.md)"
+)
+
+
+def refusal(error: Exception, url: str) -> FerryError | None:
+    """The error, if the database's failure is one no retry mends (``_REFUSED``, by
+    its SQLSTATE or, for a connection, by the server's words), or a value of the URL
+    libpq refuses (``usage.bad_database``); None: something else (``unavailable``,
+    or a bug)."""
+    import re
+
+    where = _redacted(url)
+    text = str(error).strip()
+    first = text.splitlines()[0] if text else type(error).__name__
+    sqlstate = getattr(error, "sqlstate", None) or ""
+    if sqlstate not in _REFUSED:
+        if re.search(_BAD_VALUE, first) and "FATAL:" not in first:
+            return UsageError(
+                f"--database {where!r} is not a valid URL: {first}",
+                code="usage.bad_database",
+                details={"database": where},
+            )
+        said = (state for pattern, state in _REFUSED_SAYING if re.search(pattern, first))
+        sqlstate = next(said, "")
+    if sqlstate not in _REFUSED:
+        return None
+    code = _REFUSED[sqlstate]
+    role = _role_of(url)
+    role = f"role {role}" if role else "the role"
+    if code == "db.permission_denied":
+        message = f"the database {where} refuses {role} a privilege ferry needs: {first}; {_GRANTS}"
+    elif code == "db.no_database":
+        message = f"the database {where} does not exist: {first}"
+    else:
+        message = f"the database {where} refuses the login of {role}: {first}"
+    return DatabaseError(message, code=code, details={"database": where, "sqlstate": sqlstate})
+
+
+def _role_of(url: str) -> str | None:
+    """The role a postgresql:// URL names (None: libpq's default, the login name)."""
+    import urllib.parse
+
+    try:
+        return urllib.parse.urlsplit(url).username
+    except ValueError:
+        return None
+
+
 def _unavailable_errors(psycopg: Any) -> tuple[type[Exception], ...]:
     """The driver's errors that mean "not now" (``unavailable``): a connection lost or
     refused, or a bound of ferry's own that cut a wait (OperationalError: lock and
@@ -125,6 +201,17 @@ def _unavailable_errors(psycopg: Any) -> tuple[type[Exception], ...]:
         errors.AdminShutdown,
         errors.ReadOnlySqlTransaction,
         errors.IdleInTransactionSessionTimeout,
+    )
+
+
+def _refused_errors(psycopg: Any) -> tuple[type[Exception], ...]:
+    """The driver's errors of a statement that no retry mends (``_REFUSED``)."""
+    errors = psycopg.errors
+    return (
+        errors.InsufficientPrivilege,
+        errors.InvalidCatalogName,
+        errors.InvalidAuthorizationSpecification,
+        errors.InvalidPassword,
     )
 
 
@@ -200,6 +287,21 @@ class Database:
             self.statements_bound = True
             self.close()
 
+    @contextmanager
+    def mapped(self) -> Iterator[None]:
+        """The driver's errors inside as ferry's: what no retry mends (:func:`refusal`),
+        else ``db.unavailable`` for what means "not now" (the connection is dropped, and
+        opened again next time). For calls on :meth:`connection` itself (``db init``'s
+        migration, a schema's version, ``db status``)."""
+        psycopg = self._psycopg
+        try:
+            yield
+        except _unavailable_errors(psycopg) as error:
+            self.close()
+            raise (refusal(error, self.url) or unavailable(error, self.url)) from error
+        except _refused_errors(psycopg) as error:
+            raise (refusal(error, self.url) or unavailable(error, self.url)) from error
+
     def connection(self) -> Any:
         if self._conn is None or self._conn.closed:
             try:
@@ -224,7 +326,7 @@ class Database:
                     application_name=application_name(os.getpid(), self.host),
                 )  # fmt: skip
             except self._psycopg.OperationalError as error:
-                raise unavailable(error, self.url) from error
+                raise (refusal(error, self.url) or unavailable(error, self.url)) from error
             _json_codec(self._conn)
         return self._conn
 
@@ -235,23 +337,14 @@ class Database:
         unknown: the caller reads back what it wrote (claims carry client-made tokens).
         ``rollback``: rolled back at the end, for a read that takes row locks only to
         hold them while it runs (committing them would wait for a WAL flush)."""
-        psycopg = self._psycopg
         conn = self.connection()
-        try:
-            with conn.transaction(force_rollback=rollback):
-                yield conn
-        except _unavailable_errors(psycopg) as error:
-            self.close()
-            raise unavailable(error, self.url) from error
+        with self.mapped(), conn.transaction(force_rollback=rollback):
+            yield conn
 
     def execute(self, sql: str, params: Any = None) -> Any:
         """One statement outside any transaction (autocommit), with the errors mapped."""
-        psycopg = self._psycopg
-        try:
+        with self.mapped():
             return self.connection().execute(sql, params)
-        except _unavailable_errors(psycopg) as error:
-            self.close()
-            raise unavailable(error, self.url) from error
 
     def check_durable(self) -> None:
         """Refuse a database that may lose a commit it acknowledged: ``fsync`` off, or

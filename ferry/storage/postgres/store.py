@@ -93,7 +93,8 @@ class PgStore:
     ) -> PgStore:
         db = Database(url, host_id(host))
         db.check_durable()
-        found = schema.version(db.connection())
+        with db.mapped():
+            found = schema.version(db.connection())
         if found == 0:
             raise DatabaseError(
                 "the database has no ferry schema: run 'ferry --database URL db init' first",
@@ -865,14 +866,16 @@ class PgStore:
 
     def status(self) -> dict[str, Any]:
         """``db status``: the schema, the tasks by state, the hosts and their leases."""
-        conn = self.db.connection()
-        counts = dict(conn.execute("SELECT state, count(*) FROM ferry_tasks GROUP BY state"))
-        hosts = conn.execute(
-            "SELECT host_id, epoch, holder, renewed_at, expires_at, expires_at > now()"
-            " FROM ferry_hosts ORDER BY host_id"
-        ).fetchall()
+        with self.db.mapped():
+            conn = self.db.connection()
+            counts = dict(conn.execute("SELECT state, count(*) FROM ferry_tasks GROUP BY state"))
+            hosts = conn.execute(
+                "SELECT host_id, epoch, holder, renewed_at, expires_at, expires_at > now()"
+                " FROM ferry_hosts ORDER BY host_id"
+            ).fetchall()
+            version = schema.version(conn)
         return {
-            "schema_version": schema.version(conn),
+            "schema_version": version,
             "host": self.host,
             "tasks": {state: counts.get(state, 0) for state in sorted(counts)},
             "hosts": [
