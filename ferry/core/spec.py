@@ -275,6 +275,13 @@ def _bad(code: str, message: str, **details: Any) -> UsageError:
     return UsageError(message, code=code, details=details)
 
 
+def check_text(value: object, what: str, code: str) -> None:
+    """A label a user gives (a task's name or key, a host id): a non-empty string of
+    printable characters (no control character, no byte that is not UTF-8), at most
+    ``TEXT_CHARS_MAX`` of them; else UsageError ``code``."""
+    _check_text(value, what, code, optional=False)
+
+
 def _check_text(value: object, what: str, code: str, *, optional: bool) -> None:
     if value is None and optional:
         return

@@ -125,3 +125,34 @@ def test_a_database_or_role_that_does_not_exist_is_no_temporary_failure(
                 assert "does not exist" in refused.err, refused.err
     finally:
         cli.close()
+
+
+BAD_HOST_IDS = [
+    os.fsdecode(b"x\xff"),  # not UTF-8: was error[internal] (UnicodeEncodeError)
+    "\x1b[31mRED\x1b[0m\nline2",  # a terminal's escape, a new line: was taken, and shown raw
+    "h" * 257,  # any length was taken
+]
+
+
+@pytest.mark.parametrize("bad", BAD_HOST_IDS, ids=["not-utf8", "control", "too-long"])
+def test_a_host_id_that_is_no_name_is_a_usage_error(pg_url: str, tmp_path: Path, bad: str) -> None:
+    """``FERRY_HOST_ID`` / ``--host-id`` is checked as a task's name is: printable, at
+    most 256 characters. It names this host's tasks to every other host (``show``'s
+    ``host``, ``db status``): another operator's terminal must not get its escapes."""
+    cli = Ferry(tmp_path / "h", tmp_path)
+    cli.env["FERRY_DATABASE_URL"] = pg_url
+    mark = tmp_path / "ran"
+    try:
+        cli.ok("db", "init")
+        for args in (("run", "--", "touch", str(mark)), ("ls",), ("work", "--drain")):
+            cli.env["FERRY_HOST_ID"] = bad
+            refused = cli.refused(2, "usage.bad_host_id", *args)
+            assert "\x1b" not in refused.err and "line2" not in refused.err, refused.err
+            del cli.env["FERRY_HOST_ID"]
+            cli.refused(2, "usage.bad_host_id", "--host-id", bad, *args)
+        assert not mark.exists() and cli.tasks() == []
+        cli.env["FERRY_HOST_ID"] = "a host, named in words: ok"
+        cli.ok("run", "--", "true")
+        assert cli.only_task()["host"] == "a host, named in words: ok"
+    finally:
+        cli.close()

@@ -52,17 +52,24 @@ def database_url(given: str | None) -> str | None:
 
 
 def host_id(given: str | None = None) -> str:
-    """``--host-id``, else ``FERRY_HOST_ID``, else this machine's id (/etc/machine-id)."""
+    """``--host-id``, else ``FERRY_HOST_ID``, else this machine's id (/etc/machine-id).
+    One given is checked as a task's name is (``usage.bad_host_id``): it names this
+    host's tasks to every other host (``show``, ``db status``), whose operator's
+    terminal must get no escape from it, and it goes into the database as text."""
+    from ferry.core.spec import check_text
+
     found = given or os.environ.get("FERRY_HOST_ID")
     if found:
+        where = "--host-id" if given else "FERRY_HOST_ID"
+        check_text(found, f"{where} (this host's id)", "usage.bad_host_id")
         return found
     for path in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
         try:
             with open(path, encoding="ascii") as f:
                 machine = f.read().strip()
-        except OSError:
+        except (OSError, ValueError):  # (gone, or not text: the next one)
             continue
-        if machine:
+        if machine and machine.isprintable():
             return machine
     return os.uname().nodename
 
