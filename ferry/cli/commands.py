@@ -167,12 +167,14 @@ def register(
                     code="usage.missing_command",
                 )
             return plain.submit(ctx, kw, argv)
+        from ferry.app.intake import read_batch
+
         svc = ctx.service()
         if lines_file is not None:
             if argv or from_file is not None:
                 raise click.UsageError("give one of CMD, --from and --lines")
-            tasks = svc.submit_lines(lines_file.read(), source=lines_file.name,
-                                     opts=task_opts(kw, ()))  # fmt: skip
+            data = read_batch(lines_file, "--lines", lines_file.name)
+            tasks = svc.submit_lines(data, source=lines_file.name, opts=task_opts(kw, ()))
         else:
             if argv:
                 raise click.UsageError("give either CMD or --from, not both")
@@ -188,7 +190,8 @@ def register(
                     f"with --from, each line carries its task's options: {', '.join(given)}"
                     " would be ignored"
                 )
-            tasks = svc.submit_many(from_file.read(), source=from_file.name)
+            data = read_batch(from_file, "--from", from_file.name)
+            tasks = svc.submit_many(data, source=from_file.name)
         plain.submitted(ctx, tasks, many=True)
 
     @cli.command(

@@ -456,3 +456,25 @@ def test_a_database_url_with_a_value_libpq_refuses_is_a_usage_error(cli: Ferry, 
         refused = cli.refused(2, "usage.bad_database", "--database", url, *args)
         assert "invalid" in refused.err, refused.err
     cli.verify_clean()
+
+
+def _memory_bound() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))  # (unbounded, it took GBs)
+
+
+def test_a_batch_past_its_bounds_is_refused_before_it_is_read_whole(cli: Ferry) -> None:
+    """``submit --lines /dev/zero`` (or ``--from``) read its whole input, without limit:
+    5 GB resident in seconds. Now at most 64 MiB are read (as a ``--patch-file``) and at
+    most 50,000 tasks taken in one submit: ``usage.batch_too_large`` (2), nothing
+    queued (the queue byte-identical)."""
+    for option in ("--lines", "--from"):
+        refused = cli("submit", option, "/dev/zero", preexec=_memory_bound)
+        assert (refused.code, refused.error_code()) == (2, "usage.batch_too_large"), refused
+        assert "64 MiB" in refused.err, refused.err
+    many = b"true\n" * 50_001
+    unchanged(cli, 2, "usage.batch_too_large", "submit", "--lines", "-", stdin=many)
+    unchanged(cli, 2, "usage.batch_too_large", "submit", "--from", "-",
+              stdin=b'{"argv": ["true"]}\n' * 50_001)  # fmt: skip
+    cli.ok("submit", "--lines", "-", stdin=b"\n\n" + b"true\n" * 3)  # (blank lines: no task)
