@@ -40,7 +40,13 @@ def parse_since(text: str, now_s: float) -> float:
             " (2024-05-01T12:00:00Z)",
             code="usage.bad_since",
         ) from None
-    return moment.timestamp()  # naive: the local zone's
+    try:
+        return moment.timestamp()  # naive: the local zone's
+    except (ValueError, OverflowError, OSError):
+        # A local time at the very edge of what a date can name (0001-01-01, the last
+        # second of 9999), whose zone's offset takes it past the edge: read as UTC. Off
+        # by that offset (hours, at year 1 or 9999), it selects the same tasks.
+        return moment.replace(tzinfo=dt.UTC).timestamp()
 
 
 def active_since(tasks: Sequence[Task], since_s: float) -> list[Task]:

@@ -478,3 +478,18 @@ def test_a_batch_past_its_bounds_is_refused_before_it_is_read_whole(cli: Ferry) 
     unchanged(cli, 2, "usage.batch_too_large", "submit", "--from", "-",
               stdin=b'{"argv": ["true"]}\n' * 50_001)  # fmt: skip
     cli.ok("submit", "--lines", "-", stdin=b"\n\n" + b"true\n" * 3)  # (blank lines: no task)
+
+
+@pytest.mark.parametrize("zone", ["Europe/Paris", "UTC", "America/New_York"])
+def test_report_since_the_first_or_the_last_day_a_date_can_name(
+    cli: Ferry, tmp_path: Path, zone: str
+) -> None:
+    """``report --since 0001-01-01`` (a local time: its UTC is before year 1) and
+    ``--since 9999-12-31T23:59:59`` west of Greenwich (after year 9999) were an internal
+    error, ValueError (125). Now every task, and the unsettled one alone."""
+    cli.env["TZ"] = zone
+    page = tmp_path / "page.html"
+    for since, count in (("0001-01-01", 3), ("0001-01-01T00:00:00", 3),
+                         ("9999-12-31T23:59:59", 1), ("9999-12-31", 1)):  # fmt: skip
+        done = cli.json("report", "--html", str(page), "--since", since)
+        assert done["tasks"] == count, (since, done)
