@@ -51,7 +51,21 @@ __all__ = [
 # without touching the machine's. Read once, at import, like FERRY_FAILPOINTS; unset
 # in production (then wall_clock() is time.time()).
 WALL_STEP_ENV = "FERRY_TEST_WALL_STEP_S"
-_WALL_STEP_S = float(os.environ.get(WALL_STEP_ENV) or 0.0)
+
+
+def _wall_step_s(text: str | None) -> float:
+    """The step WALL_STEP_ENV asks for; 0 for anything but a finite number of seconds
+    (a test's setting, read at import: a bad one must not fail every command)."""
+    import math
+
+    try:
+        step = float(text or 0.0)
+    except ValueError:
+        return 0.0
+    return step if math.isfinite(step) else 0.0
+
+
+_WALL_STEP_S = _wall_step_s(os.environ.get(WALL_STEP_ENV))
 
 
 def wall_clock() -> float:

@@ -493,3 +493,17 @@ def test_report_since_the_first_or_the_last_day_a_date_can_name(
                          ("9999-12-31T23:59:59", 1), ("9999-12-31", 1)):  # fmt: skip
         done = cli.json("report", "--html", str(page), "--since", since)
         assert done["tasks"] == count, (since, done)
+
+
+@pytest.mark.parametrize("step", ["abc", "nan", "inf", "1e999"])
+def test_a_bad_test_clock_step_in_the_environment_changes_nothing(cli: Ferry, step: str) -> None:
+    """``FERRY_TEST_WALL_STEP_S`` (the tests' step of recovery's wall clock) was parsed
+    at import: a value that is not a number made every command an internal error (125),
+    and ``nan`` or ``inf`` would have made every age unknowable. Such a value is
+    ignored: the clock is not stepped."""
+    cli.env["FERRY_TEST_WALL_STEP_S"] = step
+    cli.ok("ls")
+    cli.ok("run", "--", "true")
+    code, _ = cli.recover()
+    assert code == 0
+    assert [task["state"] for task in cli.tasks()][-1] == "SUCCEEDED"
