@@ -48,9 +48,14 @@ if TYPE_CHECKING:
 PIPE_BYTES = 1 << 20  # the unprivileged maximum (/proc/sys/fs/pipe-max-size) by default
 
 _KIND_EXIT = {"not_found": EX_NOT_FOUND_CMD, "not_executable": EX_NOT_EXECUTABLE}
+# exec's errors on a path that is there but cannot be run: 126, as a shell gives (a
+# symlink loop, a name too long among them).
 _NOT_EXECUTABLE_ERRNOS = frozenset(
-    {errno.EACCES, errno.EPERM, errno.ENOEXEC, errno.EISDIR, errno.ENOTDIR, errno.ETXTBSY}
-)
+    {errno.EACCES, errno.EPERM, errno.ENOEXEC, errno.EISDIR, errno.ENOTDIR, errno.ETXTBSY,
+     errno.ELOOP, errno.ENAMETOOLONG}
+)  # fmt: skip
+# Where a bare name is looked for on PATH, a place that cannot hold it: passed over.
+_NOT_THERE_ERRNOS = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.ENAMETOOLONG)
 _DEFAULT_IN_TASK = (signal.SIGPIPE, signal.SIGXFSZ)  # ignored by Python, not by tasks
 _WAIT_POLL_S = 0.005
 
@@ -108,11 +113,29 @@ def spawn_failed(e: OSError | ValueError, program: str) -> SpawnFailed:
         return SpawnFailed("other", f"cannot start {program!r}: {e}")
     code = e.errno
     bare_name = "/" not in program
-    if code == errno.ENOENT or (bare_name and code == errno.ENOTDIR):
+    path = e.filename if isinstance(e.filename, str) else program
+    if code == errno.ENOENT and "/" in path and os.path.exists(path):
+        # The file is there: what exec did not find is what it names to run it.
+        return SpawnFailed("not_found", _missing_interpreter(program, path), errno_=code)
+    if code == errno.ENOENT or (bare_name and code in _NOT_THERE_ERRNOS):
         return SpawnFailed("not_found", f"{program}: command not found", errno_=code)
     if code in _NOT_EXECUTABLE_ERRNOS:
         return SpawnFailed("not_executable", f"{program}: {e.strerror}", errno_=code)
     return SpawnFailed("other", f"cannot start {program!r}: {e}", errno_=code)
+
+
+def _missing_interpreter(program: str, path: str) -> str:
+    """What to say of a file exec could not run for want of another (ENOENT): the
+    interpreter its ``#!`` line names (bash: "bad interpreter"), else its loader."""
+    try:
+        with open(path, "rb") as f:
+            first = f.read(256).split(b"\n", 1)[0]
+    except OSError:
+        first = b""
+    if first.startswith(b"#!") and first[2:].strip():
+        interpreter = first[2:].strip().split()[0].decode("utf-8", "backslashreplace")
+        return f"{program}: bad interpreter: {interpreter}: no such file or directory"
+    return f"{program}: cannot execute: a file it needs (its loader) is not there"
 
 
 def spawn(spec: SuperviseSpec) -> Child:
@@ -211,9 +234,14 @@ def _spawn_found(args: list[str], env: dict[str, str], actions: list[tuple[int, 
         candidate = os.path.join(directory, program)
         try:
             os.stat(candidate)  # (a place without it costs no spawn; its errno is exec's)
-            return _posix_spawn(candidate, args, env, actions)
         except OSError as e:
-            if e.errno not in (errno.ENOENT, errno.ENOTDIR) and first_error is None:
+            if e.errno not in _NOT_THERE_ERRNOS and first_error is None:
+                first_error = e
+            continue
+        try:
+            return _posix_spawn(candidate, args, env, actions)
+        except OSError as e:  # (ENOENT of a file that is there: its interpreter is not)
+            if first_error is None:
                 first_error = e
     if first_error is not None:
         raise first_error

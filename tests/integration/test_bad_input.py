@@ -14,6 +14,7 @@ Decisions these tests pin (docs/reliability.md):
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -507,3 +508,37 @@ def test_a_bad_test_clock_step_in_the_environment_changes_nothing(cli: Ferry, st
     code, _ = cli.recover()
     assert code == 0
     assert [task["state"] for task in cli.tasks()][-1] == "SUCCEEDED"
+
+
+def test_exec_errors_on_a_path_are_126_as_a_shell_says(cli: Ferry, tmp_path: Path) -> None:
+    """A symlink loop (ELOOP) and a name too long (ENAMETOOLONG) as the command were
+    ``spawn.other`` (125, "ferry failed"): exec's errors on a path are 126, as bash
+    gives. A bare name that no place on PATH can hold is not found (127), as bash."""
+    loop = tmp_path / "loop1"
+    loop.symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(loop)
+    for command in (str(loop), str(tmp_path / ("x" * 300))):
+        refused = cli.refused(126, "spawn.not_executable", "run", "--", command)
+        assert ("symbolic links" in refused.err) or ("too long" in refused.err), refused.err
+        assert cli.tasks()[-1]["reason"] == "SPAWN_FAILED"
+    cli.refused(127, "spawn.not_found", "run", "--", "x" * 300)
+    cli.verify_clean()
+
+
+def test_a_script_whose_interpreter_is_missing_says_bad_interpreter(
+    cli: Ferry, tmp_path: Path
+) -> None:
+    """``#!/nonexistent/interp``: exec's ENOENT was reported as "command not found",
+    naming a file that is there. It names the interpreter (127 still, as bash gives);
+    also for a bare name found on PATH (was: passed over, "command not found")."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "job.sh"
+    script.write_text("#!/nonexistent/interp\necho never\n")
+    script.chmod(0o755)
+    refused = cli.refused(127, "spawn.not_found", "run", "--", str(script))
+    assert "bad interpreter: /nonexistent/interp" in refused.err, refused.err
+    assert "command not found" not in refused.err
+    path = f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+    refused = cli.refused(127, "spawn.not_found", "run", "--env", f"PATH={path}", "--", "job.sh")
+    assert "bad interpreter: /nonexistent/interp" in refused.err, refused.err
