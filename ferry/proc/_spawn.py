@@ -223,12 +223,14 @@ def _spawn_found(args: list[str], env: dict[str, str], actions: list[tuple[int, 
     """``posix_spawn`` of ``args[0]`` where exec finds it: a name with a slash as it
     is; a bare name in each place on ``env``'s PATH where it is, in turn, until one
     starts. A place where it is not (ENOENT, ENOTDIR) is passed over, and so is one
-    where its exec failed otherwise; the first such error is raised if none starts,
+    where its exec failed otherwise; the first such error is raised if none starts
+    (one of a file whose ``#!`` interpreter is missing, ENOENT, only if no other),
     ENOENT if it is nowhere (as ``Popen`` and ``execvpe`` report them)."""
     program = args[0]
     if "/" in program:
         return _posix_spawn(program, args, env, actions)
     first_error: OSError | None = None
+    no_interpreter: OSError | None = None
     # (os.get_exec_path(env) imports warnings: 0.3 ms of a supervisor's start.)
     for directory in env.get("PATH", os.defpath).split(os.pathsep):
         candidate = os.path.join(directory, program)
@@ -240,11 +242,14 @@ def _spawn_found(args: list[str], env: dict[str, str], actions: list[tuple[int, 
             continue
         try:
             return _posix_spawn(candidate, args, env, actions)
-        except OSError as e:  # (ENOENT of a file that is there: its interpreter is not)
-            if first_error is None:
+        except OSError as e:
+            if e.errno == errno.ENOENT:  # (of a file that is there: its interpreter is not)
+                no_interpreter = no_interpreter or e
+            elif first_error is None:
                 first_error = e
-    if first_error is not None:
-        raise first_error
+    error = first_error or no_interpreter
+    if error is not None:
+        raise error
     raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
 
 

@@ -112,6 +112,7 @@ class TaskLoop:
         self.spec, self.proc, self.trap, self.should_stop = spec, proc, trap, should_stop
         self.on_running, self.on_exit = on_running, on_exit
         self.control = control
+        self.watches_launcher = control is not None  # (its end: the launcher is gone)
         self.started_at = started_at
         self.group = TaskGroup(proc.pid)
         self.sel = _Epoll()
@@ -333,11 +334,18 @@ class TaskLoop:
 
     def _hang_up_gone_readers(self) -> None:
         """A stream whose passthrough reader went (EPIPE: ``ferry run -- yes | head
-        -1``): its pipe is closed, so that the task's next write to it fails as it would
-        have without ferry (SIGPIPE). Its log holds every byte written until then. (Was:
-        read and logged for ever, gigabytes a second, the task RUNNING.) Not on a
-        pseudo-terminal: its one master is both streams."""
-        if self.spec.pty:
+        -1``) while the launcher lives: its pipe is closed, so that the task's next
+        write to it fails as it would have without ferry (SIGPIPE). Its log holds every
+        byte written until then. (Was: read and logged for ever, gigabytes a second, the
+        task RUNNING.) Once the launcher is gone (``kill -9`` of ``run``, its terminal
+        closed after it) the task runs on alone and no write of it fails: its output is
+        logged in full. Not on a pseudo-terminal: its one master is both streams."""
+        if self.spec.pty or not any(sink.reader_gone for sink in self.streams.values()):
+            return
+        control = self.control
+        if control is not None and not control.done and select.select([control.fd], [], [], 0)[0]:
+            self._on_control(time.monotonic())  # (the launcher's end may be in this batch)
+        if self.watches_launcher and (self.control is None or self.control.done):
             return
         for fd, sink in list(self.streams.items()):
             if sink.reader_gone:
