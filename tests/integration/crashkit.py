@@ -112,3 +112,33 @@ def restart_worker_midway(
     ferry.ok("work", "-j", str(jobs), "--drain", "--poll", "0.05")
     for task in ferry.tasks():
         wait_task_gone(str(task["id"]))
+
+
+def survivor_keeps_its_slot_under_a_new_host_id(a: Ferry, stamps: Path) -> None:
+    """On a shared database: ``work -j 1`` on ``a`` (its host id ``a``) claims x and is
+    killed while x's supervisor is stopped before the alive-lock exists; a ``work``
+    restarted in the same home under a new host id must count that survivor (only the
+    claim's ``runner.home`` tells it is this home's) and run y only after x."""
+    import os
+
+    x = a.ok("submit", "--", *stamping_task(stamps, 0, 0.2)).out.decode().strip()
+    a.ok("submit", "--", *stamping_task(stamps, 1, 0.2))
+    first = a.start("work", "-j", "1", "--poll", "0.05", failpoints="supervisor:before:spawn=stop")
+    supervisor = wait_until(lambda: (t := a.task(x))["state"] == "DISPATCHING" and t["runner"]["pid"],
+                            what="x's claim")  # fmt: skip
+    wait_until(lambda: read_stat(supervisor).state == "T", what="x's supervisor to stop")
+    first.send_signal(signal.SIGKILL)
+    first.wait(timeout=30)
+    assert not (a.home / "heartbeats" / f"{x}.1").exists()
+    a.env["FERRY_HOST_ID"] = "a-renamed"
+    second = a.start("work", "-j", "1", "--drain", "--poll", "0.05")
+    try:
+        assert second.stderr is not None
+        notice = second.stderr.readline()  # (once it counted the survivors)
+        assert b"1 task(s) still run under an earlier work's supervisors" in notice, notice
+    finally:
+        os.kill(supervisor, signal.SIGCONT)
+    assert second.wait(timeout=60) == 0
+    wait_task_gone(x)
+    assert [t["state"] for t in a.tasks()] == ["SUCCEEDED"] * 2
+    assert most_at_once(stamps) == 1 and stamps.read_text().startswith("start 0")

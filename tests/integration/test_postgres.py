@@ -18,7 +18,11 @@ from typing import Any
 import psycopg
 import pytest
 from clikit import Ferry, Hosts, finish, processes_with_env, wait_until
-from crashkit import most_at_once, restart_worker_midway, stamping_task, wait_task_gone
+from crashkit import (
+    most_at_once,
+    restart_worker_midway,
+    survivor_keeps_its_slot_under_a_new_host_id,
+)
 from pgserver import PgServer
 
 from ferry.core import events as ev
@@ -26,7 +30,7 @@ from ferry.core.errors import FerryError, LeaseHeldError
 from ferry.core.ids import new_claim_token, new_task_id
 from ferry.core.model import State
 from ferry.core.spec import TaskSpec
-from ferry.proc.process import read_stat, self_identity
+from ferry.proc.process import self_identity
 from ferry.storage.postgres import schema
 from ferry.storage.postgres.store import PgStore
 
@@ -264,29 +268,7 @@ def test_a_survivor_stopped_before_its_alive_lock_holds_its_slot(
     # durable; stopped in between, its worker killed, and the home restarted under a new
     # host id, its task was taken for another host's: y ran while x's supervisor held
     # x's slot, then x ran.)
-    stamps = tmp_path / "stamps"
-    a = hosts("a")
-    x = a.ok("submit", "--", *stamping_task(stamps, 0, 0.2)).out.decode().strip()
-    a.ok("submit", "--", *stamping_task(stamps, 1, 0.2))
-    first = a.start("work", "-j", "1", "--poll", "0.05", failpoints="supervisor:before:spawn=stop")
-    supervisor = wait_until(lambda: (t := a.task(x))["state"] == "DISPATCHING" and t["runner"]["pid"],
-                            what="x's claim")  # fmt: skip
-    wait_until(lambda: read_stat(supervisor).state == "T", what="x's supervisor to stop")
-    first.send_signal(signal.SIGKILL)
-    first.wait(timeout=30)
-    assert not (a.home / "heartbeats" / f"{x}.1").exists()
-    a.env["FERRY_HOST_ID"] = "a-renamed"
-    second = a.start("work", "-j", "1", "--drain", "--poll", "0.05")
-    try:
-        assert second.stderr is not None
-        notice = second.stderr.readline()  # (once it counted the survivors)
-        assert b"1 task(s) still run under an earlier work's supervisors" in notice, notice
-    finally:
-        os.kill(supervisor, signal.SIGCONT)
-    assert second.wait(timeout=60) == 0
-    wait_task_gone(x)
-    assert [t["state"] for t in a.tasks()] == ["SUCCEEDED"] * 2
-    assert most_at_once(stamps) == 1 and stamps.read_text().startswith("start 0")
+    survivor_keeps_its_slot_under_a_new_host_id(hosts("a"), tmp_path / "stamps")
 
 
 def test_in_flight_reads_only_the_tasks_in_flight(hosts: Hosts, pg_url: str) -> None:

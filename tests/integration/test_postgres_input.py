@@ -6,17 +6,14 @@ from __future__ import annotations
 
 import os
 import secrets
-import signal
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from clikit import Ferry, wait_until
-from crashkit import most_at_once, stamping_task, wait_task_gone
+from clikit import Ferry
+from crashkit import survivor_keeps_its_slot_under_a_new_host_id
 from pgserver import PgServer
-
-from ferry.proc.process import read_stat
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -33,29 +30,7 @@ def test_a_home_not_utf8_names_its_claims_and_keeps_its_survivors(
     a.env.update(FERRY_DATABASE_URL=pg_url, FERRY_HOST_ID="a")
     try:
         a.ok("db", "init")
-        stamps = tmp_path / "stamps"
-        x = a.ok("submit", "--", *stamping_task(stamps, 0, 0.2)).out.decode().strip()
-        a.ok("submit", "--", *stamping_task(stamps, 1, 0.2))
-        first = a.start(
-            "work", "-j", "1", "--poll", "0.05", failpoints="supervisor:before:spawn=stop"
-        )
-        supervisor = wait_until(lambda: (t := a.task(x))["state"] == "DISPATCHING"
-                                and t["runner"]["pid"], what="x's claim")  # fmt: skip
-        wait_until(lambda: read_stat(supervisor).state == "T", what="x's supervisor to stop")
-        first.send_signal(signal.SIGKILL)
-        first.wait(timeout=30)
-        a.env["FERRY_HOST_ID"] = "a-renamed"
-        second = a.start("work", "-j", "1", "--drain", "--poll", "0.05")
-        try:
-            assert second.stderr is not None
-            notice = second.stderr.readline()
-            assert b"1 task(s) still run under an earlier work's supervisors" in notice, notice
-        finally:
-            os.kill(supervisor, signal.SIGCONT)
-        assert second.wait(timeout=60) == 0
-        wait_task_gone(x)
-        assert [t["state"] for t in a.tasks()] == ["SUCCEEDED"] * 2
-        assert most_at_once(stamps) == 1
+        survivor_keeps_its_slot_under_a_new_host_id(a, tmp_path / "stamps")
     finally:
         a.close()
 
