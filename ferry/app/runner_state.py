@@ -84,7 +84,13 @@ class GoneRunners:
             if not task.in_flight or task.id in self.told:
                 continue
             runner = with_runner_state(task, self.home, self.store).runner or {}
-            if runner.get("alive") is False:
+            if runner.get("alive") is not False:
+                continue
+            # Dead: but a runner exits once its task's end is durable, and that end may
+            # have come after ``task`` was read. Read again before saying anything.
+            self.store.refresh()
+            current = self.store.get(task.id)
+            if current is not None and current.in_flight and current.runner == task.runner:
                 self.told.add(task.id)
                 self.notice(
                     f"task {task.id}: its runner (pid {runner.get('pid')}) is gone: it stays"

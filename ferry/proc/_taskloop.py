@@ -334,13 +334,15 @@ class TaskLoop:
 
     def _hang_up_gone_readers(self) -> None:
         """A stream whose passthrough reader went (EPIPE: ``ferry run -- yes | head
-        -1``) while the launcher lives: its pipe is closed, so that the task's next
-        write to it fails as it would have without ferry (SIGPIPE). Its log holds every
-        byte written until then. (Was: read and logged for ever, gigabytes a second, the
-        task RUNNING.) Once the launcher is gone (``kill -9`` of ``run``, its terminal
-        closed after it) the task runs on alone and no write of it fails: its output is
-        logged in full. Not on a pseudo-terminal: its one master is both streams."""
-        if self.spec.pty or not any(sink.reader_gone for sink in self.streams.values()):
+        -1``) while the launcher lives: what its pipe holds is logged, and the pipe is
+        closed, so that the task's next write to it fails as it would have without
+        ferry (SIGPIPE; under ``--pty`` the terminal's master is closed: EIO). Its log
+        holds every byte written until then (but what it writes in the moment between
+        that last read and the close, which a shell pipe loses alike). (Was: read and
+        logged for ever, gigabytes a second, the task RUNNING.) Once the launcher is
+        gone (``kill -9`` of ``run``, its terminal closed after it) the task runs on
+        alone and no write of it fails: its output is logged in full."""
+        if not any(sink.reader_gone for sink in self.streams.values()):
             return
         control = self.control
         if control is not None and not control.done and select.select([control.fd], [], [], 0)[0]:
@@ -353,6 +355,7 @@ class TaskLoop:
                     self.sel.unregister(fd)
                 self.paused.discard(fd)
                 del self.streams[fd]
+                _log_what_is_there(fd, sink)
                 self.pipes[fd].close()
 
     def _stop_reading(self) -> None:
@@ -466,3 +469,22 @@ class TaskLoop:
         while self.group.alive() and time.monotonic() < deadline:
             time.sleep(GROUP_POLL_S)  # members die moments after SIGKILL
         self._close()
+
+
+def _log_what_is_there(fd: int, sink: Sink) -> None:
+    """Read what the task's pipe holds now into its log (its passthrough is gone), up
+    to its end or to what would block."""
+    os.set_blocking(fd, False)
+    buffer, view = _read_buffer()
+    while True:
+        try:
+            n = os.readv(fd, [buffer])
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as e:
+            if e.errno == errno.EIO:  # (a pseudo-terminal's master, its slave closed)
+                return
+            raise
+        if not n:
+            return
+        sink.write(view[:n])

@@ -14,11 +14,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from clikit import Ferry
+import pytest
+from clikit import Ferry, wait_until
 
 
 @contextmanager
@@ -90,22 +92,77 @@ def test_work_with_both_read_by_nobody_drains_the_queue_and_says_a_task_failed(
     assert states == ["FAILED"] * 3 + ["SUCCEEDED"] * 3
 
 
-def test_run_s_task_gets_sigpipe_once_the_reader_of_its_output_went(ferry: Ferry) -> None:
+@pytest.mark.parametrize("pty", [False, True])
+def test_run_s_task_gets_sigpipe_once_the_reader_of_its_output_went(
+    ferry: Ferry, pty: bool
+) -> None:
     # `ferry run -- yes | head -1` ends as `yes | head -1` does: the task's next write
-    # after the reader went fails (SIGPIPE). (Was: ferry kept reading and logging for
-    # ever, gigabytes a second, the task RUNNING.)
-    proc = subprocess.Popen([*ferry.command, "run", "--", "yes"], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=ferry.env)  # fmt: skip
+    # after the reader went fails (SIGPIPE; on a terminal, EIO). (Was: ferry kept
+    # reading and logging for ever, gigabytes a second, the task RUNNING.)
+    argv = [*ferry.command, "run", *(["--pty"] if pty else []), "--", "yes"]
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, env=ferry.env)  # fmt: skip
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline() == b"y\n"
         proc.stdout.close()  # (head -1 exits)
-        assert proc.wait(timeout=ferry.timeout_s) == 128 + 13
+        status = proc.wait(timeout=ferry.timeout_s)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
     task = ferry.only_task()
-    assert (task["state"], task["reason"], task["signal"]) == ("FAILED", "SIGNALLED", 13)
+    if pty:  # (yes: "standard output: Input/output error", exit 1)
+        assert (status, task["state"], task["reason"]) == (1, "FAILED", "EXIT_NONZERO")
+    else:
+        assert (status, task["state"], task["signal"]) == (128 + 13, "FAILED", 13)
     log = ferry.ok("logs", task["id"], "--stream", "stdout").out
     assert log.startswith(b"y\ny\n") and set(log) == set(b"y\n")  # (what it wrote until then)
+
+
+# Writes 1 KiB lines, one write each, and counts those that returned (in argv[1], kept
+# up to date); SIGPIPE ignored: the write that fails says so, and it exits 7.
+COUNTED_WRITES = """
+import os, signal, sys
+signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+n = 0
+try:
+    while True:
+        os.write(1, b"x" * 1023 + b"\\n")
+        n += 1
+        if n % 100 == 0:
+            with open(sys.argv[1] + ".new", "w") as f:
+                f.write(str(n))
+            os.replace(sys.argv[1] + ".new", sys.argv[1])
+except OSError:
+    with open(sys.argv[1] + ".new", "w") as f:
+        f.write(f"{n} done")
+    os.replace(sys.argv[1] + ".new", sys.argv[1])
+    sys.exit(7)
+"""
+
+
+def test_what_the_task_wrote_before_the_reader_went_is_all_logged(
+    ferry: Ferry, tmp_path: Path
+) -> None:
+    # The reader never reads: passthrough backs up (ferry's pipe, its 4 MiB backlog),
+    # ferry stops reading the task's pipe, which fills. Then the reader goes. (Was: the
+    # task's pipe was closed unread: up to 1 MiB it had written, lost from its log.)
+    count = tmp_path / "count"
+    proc = subprocess.Popen([*ferry.command, "run", "--", sys.executable, "-c", COUNTED_WRITES,
+                             str(count)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, env=ferry.env)  # fmt: skip
+    try:
+        wait_until(lambda: count.exists() and int(count.read_text().split()[0]) > 5600,
+                   what="the task to write past the passthrough's backlog")  # fmt: skip
+        assert proc.stdout is not None
+        proc.stdout.close()
+        assert proc.wait(timeout=ferry.timeout_s) == 7
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    written, done = count.read_text().split()
+    assert done == "done"
+    task = ferry.only_task()
+    assert task["evidence"]["log_bytes"]["stdout"] == int(written) * 1024
