@@ -67,7 +67,10 @@ def auto_retry(task: Task, end: ev.Settled, now: float) -> ev.Retried | None:
     if task.retries_used >= spec.retries:
         return None
     delay = retry_delay_s(spec.retry_delay_s, task.retries_used)
-    return ev.Retried(task.id, task.attempt + 1, not_before=now + delay, automatic=True)
+    # (wait_s: a shared database makes not_before its own time plus the delay)
+    return ev.Retried(
+        task.id, task.attempt + 1, not_before=now + delay, automatic=True, wait_s=delay
+    )
 
 
 # ---- --not-before and --after -----------------------------------------------------------
@@ -101,6 +104,14 @@ def parse_not_before(text: str, now: float) -> float:
             code="usage.bad_time",
         )
     return moment.timestamp()
+
+
+def not_before_wait(text: str) -> float | None:
+    """The seconds of ``--not-before +SECONDS`` (as ``parse_not_before`` took them; a
+    store whose clock is not this host's adds them to its own: ``ev.resolve_waits``),
+    None for an RFC 3339 time, which stays as given."""
+    value = text.strip()
+    return float(value[1:]) if value.startswith("+") else None
 
 
 def resolve_after(store: TaskStore, references: Iterable[str]) -> tuple[str, ...]:

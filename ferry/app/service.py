@@ -62,9 +62,12 @@ class Service:
 
     # ---- creating tasks ------------------------------------------------------------
 
-    def _new_task(self, spec: TaskSpec, task_id: str | None = None) -> ev.Submitted:
+    def _new_task(
+        self, spec: TaskSpec, task_id: str | None = None, wait_s: float | None = None
+    ) -> ev.Submitted:
+        """``wait_s``: its ``--not-before +SECONDS``, for the store to decide by its clock."""
         task_id = task_id or new_task_id(time.time_ns(), os.urandom(4))
-        return ev.Submitted(task=task_id, spec=spec, created_at=time.time())
+        return ev.Submitted(task=task_id, spec=spec, created_at=time.time(), wait_s=wait_s)
 
     def _with_after(self, opts: Mapping[str, Any]) -> dict[str, Any]:
         """The options with ``after`` (--after: ids, prefixes, numbers, last) as task ids."""
@@ -89,7 +92,8 @@ class Service:
         from ferry.app.intake import build_spec  # (lazy, as each use: not for ls, show)
 
         return self._queue(
-            [build_spec(self._with_after(opts), self.home, queued=True) for opts in batch]
+            [build_spec(self._with_after(opts), self.home, queued=True) for opts in batch],
+            waits=[_wait_of(opts) for opts in batch],
         )
 
     def submit_many(self, data: bytes, *, source: str) -> list[Task]:
@@ -99,7 +103,7 @@ class Service:
         from ferry.app.intake import build_spec, parse_from_lines
 
         lines = parse_from_lines(data, source)
-        specs = []
+        specs, waits = [], []
         first_with: dict[str, int] = {}  # key -> the line of its first task
         planned = {number: new_task_id(time.time_ns(), os.urandom(4)) for number, _ in lines}
         for number, opts in lines:
@@ -119,7 +123,9 @@ class Service:
                     details={"key": spec.key, "tasks": [first_with[spec.key], number]},
                 )
             specs.append(spec)
-        return self._queue(specs, ids=[planned[number] for number, _ in lines], source=source)
+            waits.append(_wait_of(opts))
+        ids = [planned[number] for number, _ in lines]
+        return self._queue(specs, ids=ids, source=source, waits=waits)
 
     def _line_after(
         self, opts: dict[str, Any], planned: Mapping[int, str], number: int
@@ -161,7 +167,7 @@ class Service:
             except FerryError as error:
                 error.message = f"line {number} of {source}: {error.message}"
                 raise
-        return self._queue(specs)
+        return self._queue(specs, waits=[_wait_of(opts)] * len(specs))
 
     def _queue(
         self,
@@ -169,6 +175,7 @@ class Service:
         *,
         ids: Sequence[str] | None = None,
         source: str = "the batch",
+        waits: Sequence[float | None] | None = None,
     ) -> list[Task]:
         """Queue ``specs`` in one write, under the contract's --key rules, which the
         store checks under the journal's lock (``ferry.core.fold``): a task whose key
@@ -176,9 +183,11 @@ class Service:
         did it); a key whose latest task ended unsafe is refused (exit 3), one in flight
         too (75). A key that succeeds between our read and our write: read again.
         ``ids``: the ids the tasks get (``submit --from``: its lines may name each
-        other in ``after``); they are written dependencies first."""
+        other in ``after``); they are written dependencies first. ``waits``: each one's
+        ``--not-before +SECONDS`` (``ev.Submitted.wait_s``)."""
         keys = [spec.key for spec in specs if spec.key is not None]
         planned = list(ids) if ids is not None else [""] * len(specs)
+        delays = list(waits) if waits is not None else [None] * len(specs)
         # A home fed only by submits keeps the tail every command folds bounded too (a
         # cron filling a queue that no worker drains yet), without merging archives (a
         # submit stays short: run, gc and work's merge beside it do that), and not
@@ -191,10 +200,10 @@ class Service:
             done = self._succeeded_keys(keys)
             events, result = {}, []
             skipped: dict[str, str] = {}  # planned id -> the task whose key succeeded
-            for spec, planned_id in zip(specs, planned, strict=True):
+            for spec, planned_id, wait_s in zip(specs, planned, delays, strict=True):
                 task_id = None if spec.key is None else done.get(spec.key)
                 if task_id is None:
-                    submitted = self._new_task(spec, planned_id or None)
+                    submitted = self._new_task(spec, planned_id or None, wait_s)
                     events[submitted.task] = submitted
                     task_id = submitted.task
                 elif planned_id:
@@ -735,6 +744,16 @@ def _parse_signal(name: str) -> int:
     raise UsageError(f"unknown signal {name!r}", code="usage.bad_signal")
 
 
+def _wait_of(opts: Mapping[str, Any]) -> float | None:
+    """The seconds of a ``--not-before +SECONDS`` (checked by ``build_spec``), else None."""
+    text = opts.get("not_before")
+    if not isinstance(text, str):
+        return None
+    from ferry.app.queueing import not_before_wait
+
+    return not_before_wait(text)
+
+
 def _dependencies_first(
     events: Mapping[str, ev.Submitted], skipped: Mapping[str, str], source: str
 ) -> list[ev.Submitted]:
@@ -749,7 +768,7 @@ def _dependencies_first(
     for task_id, event in events.items():
         after = tuple(dict.fromkeys(skipped.get(dep, dep) for dep in event.spec.after))
         spec = event.spec if after == event.spec.after else replace(event.spec, after=after)
-        fixed[task_id] = ev.Submitted(task_id, spec, event.created_at)
+        fixed[task_id] = ev.Submitted(task_id, spec, event.created_at, event.wait_s)
     order = topological((task_id, event.spec.after) for task_id, event in fixed.items())
     if order is None:
         raise cycle_error(source)

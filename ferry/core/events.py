@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
 from ferry.core._value import Value
@@ -91,20 +91,61 @@ class _Event(Value):
 
 _set = object.__setattr__
 _NO_EVIDENCE: Mapping[str, Any] = MappingProxyType({})
+WAIT = "wait_s"  # (a record's wait: resolve_waits)
+
+
+def _without_wait(record: tuple[str, Payload]) -> tuple[str, Payload]:
+    """A record without its ``wait_s`` when it has none: as journaled before it existed."""
+    if record[1].get(WAIT) is None:
+        del record[1][WAIT]
+    return record
+
+
+def resolve_waits(
+    batch: Sequence[tuple[str, Payload]], now: float | None
+) -> list[tuple[str, Payload]]:
+    """The batch as written: a SUBMITTED's or RETRIED's ``wait_s`` (a relative
+    ``--not-before`` or retry delay) made its ``not_before`` by the clock of the store
+    that writes it, ``now``, at the write (None: the time its writer computed on its own
+    clock stays: the local journal, whose clock is its host's). No record keeps the key.
+    A shared database passes its own clock: the hosts' clocks do not decide."""
+    resolved = []
+    for kind, data in batch:
+        wait = data.get(WAIT)
+        if WAIT in data:
+            data = {name: value for name, value in data.items() if name != WAIT}
+            if wait is not None and now is not None:
+                if kind == EventType.SUBMITTED.value:
+                    data["spec"] = {**data["spec"], "not_before": now + float(wait)}
+                else:
+                    data["not_before"] = now + float(wait)
+        resolved.append((kind, data))
+    return resolved
 
 
 class Submitted(_Event):
-    __slots__ = ("created_at", "spec", "task")
+    """A new task. ``wait_s``: its ``--not-before +SECONDS`` (its spec's ``not_before``
+    is the submitting host's time plus that), for the store that writes it to decide
+    by its own clock (:func:`resolve_waits`); never journaled."""
+
+    __slots__ = ("created_at", "spec", "task", "wait_s")
     TYPE: ClassVar[EventType] = EventType.SUBMITTED
-    _FIELDS = ("task", "spec", "created_at")
+    _FIELDS = ("task", "spec", "created_at", "wait_s")
     task: str
     spec: TaskSpec
     created_at: float
+    wait_s: float | None
 
-    def __init__(self, task: str, spec: TaskSpec, created_at: float) -> None:
+    def __init__(
+        self, task: str, spec: TaskSpec, created_at: float, wait_s: float | None = None
+    ) -> None:
         _set(self, "task", task)
         _set(self, "spec", spec)
         _set(self, "created_at", created_at)
+        _set(self, "wait_s", wait_s)
+
+    def encode(self) -> tuple[str, Payload]:
+        return _without_wait(super().encode())
 
 
 class Claimed(_Event):
@@ -341,23 +382,35 @@ class Retried(_Event):
     """FAILED | CANCELLED -> QUEUED as a new attempt (``attempt`` is the new one).
     ``automatic``: by the task's own ``--retries``, written with the SETTLED of the
     attempt that failed (``ferry retry``: false); ``not_before``: the new attempt is not
-    claimed before then (Unix seconds; the retry's delay), or null."""
+    claimed before then (Unix seconds; the retry's delay), or null. ``wait_s``: that
+    delay, for the store that writes it to decide by its own clock (``not_before`` is
+    the writing host's time plus it: :func:`resolve_waits`); never journaled."""
 
-    __slots__ = ("attempt", "automatic", "not_before", "task")
+    __slots__ = ("attempt", "automatic", "not_before", "task", "wait_s")
     TYPE: ClassVar[EventType] = EventType.RETRIED
-    _FIELDS = ("task", "attempt", "not_before", "automatic")
+    _FIELDS = ("task", "attempt", "not_before", "automatic", "wait_s")
     task: str
     attempt: int
     not_before: float | None
     automatic: bool
+    wait_s: float | None
 
     def __init__(
-        self, task: str, attempt: int, not_before: float | None = None, automatic: bool = False
+        self,
+        task: str,
+        attempt: int,
+        not_before: float | None = None,
+        automatic: bool = False,
+        wait_s: float | None = None,
     ) -> None:
         _set(self, "task", task)
         _set(self, "attempt", attempt)
         _set(self, "not_before", not_before)
         _set(self, "automatic", automatic)
+        _set(self, "wait_s", wait_s)
+
+    def encode(self) -> tuple[str, Payload]:
+        return _without_wait(super().encode())
 
 
 RESOLVED_AS = ("succeeded", "failed")

@@ -33,6 +33,8 @@ class MemoryStore(ClaimsUnderLock):
 
     def commit(self, *events: ev.Event | EncodedEvent, epoch: int = 0) -> list[Any]:
         batch = [e if isinstance(e, tuple) else e.encode() for e in events]
+        if any(ev.WAIT in data for _, data in batch):
+            batch = ev.resolve_waits(batch, None)
         with self._lock:
             if 0 < epoch < self._highest_epoch:
                 raise LeaseHeldError(

@@ -181,3 +181,25 @@ def test_cancel_of_a_queued_task_is_settled_cancelled_with_null_token() -> None:
     record_type, data = ev.Settled(T, 1, None, State.CANCELLED, Reason.CANCELLED_BY_USER).encode()
     assert record_type == "SETTLED"
     assert data["token"] is None and data["state"] == "CANCELLED"
+
+
+def test_a_wait_is_resolved_by_the_writing_stores_clock_and_never_kept() -> None:
+    """``wait_s`` (a relative --not-before, a retry's delay) travels with the record to
+    the store; a shared database makes ``not_before`` its own time plus it, the local
+    journal keeps the time its host computed; no record keeps the key, and a record
+    without one is encoded as before."""
+    spec = TaskSpec(argv=("true",), cwd="/", not_before=1000.0 + 600)
+    submitted = ev.Submitted(T, spec, 1000.0, wait_s=600.0).encode()
+    retried = ev.Retried(T, 2, not_before=1000.0 + 30, automatic=True, wait_s=30.0).encode()
+    assert submitted[1]["wait_s"] == 600.0 and retried[1]["wait_s"] == 30.0
+    assert "wait_s" not in ev.Submitted(T, spec, 1000.0).encode()[1]
+    assert "wait_s" not in ev.Retried(T, 2, 5.0).encode()[1]
+    batch = [submitted, retried, ev.Claimed(T, 1, "tok", RUNNER, "work").encode()]
+    on_db = ev.resolve_waits(batch, 5000.0)
+    assert on_db[0][1]["spec"]["not_before"] == 5600.0 and on_db[1][1]["not_before"] == 5030.0
+    local = ev.resolve_waits(batch, None)
+    assert local[0][1]["spec"]["not_before"] == 1600.0 and local[1][1]["not_before"] == 1030.0
+    for kind, data in [*on_db, *local]:
+        assert "wait_s" not in data
+        assert decoding.decode(kind, data) is not None
+    assert batch[0][1]["spec"]["not_before"] == 1600.0  # (the caller's records unchanged)

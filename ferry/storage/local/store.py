@@ -369,6 +369,8 @@ class Store(ClaimsUnderLock):
         together: one write, one fsync. Durable on return. Raises the table's coded
         refusal, or a journal error (fenced, writer failed) as a FerryError."""
         batch = [e if isinstance(e, tuple) else e.encode() for e in events]
+        if any(ev.WAIT in data for _, data in batch):  # (this host's clock is the journal's)
+            batch = ev.resolve_waits(batch, None)
 
         def check() -> None:
             with self.lock:

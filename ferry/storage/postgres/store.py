@@ -62,6 +62,7 @@ _IN_FLIGHT = [state.value for state in IN_FLIGHT_STATES]
 _IS_IN_FLIGHT = "state IN ({})".format(", ".join(f"'{state}'" for state in sorted(_IN_FLIGHT)))
 _TERMINAL = {State.SUCCEEDED.value, State.FAILED.value, State.CANCELLED.value}
 _COLUMNS = "body"
+_NOW = "SELECT extract(epoch FROM now())::float8"  # (the database's clock: its transaction's)
 _CLAIM = "SELECT claim_status, claim_epoch, claim_body FROM ferry_claim(%s, %s, %s, %s, %s, %s)"
 # One claim (``run``'s, and ``work``'s usual one: a slot came free): its token and runner
 # sent as values, made arrays by the server. psycopg adapts an array in Python (a JSON
@@ -389,7 +390,14 @@ class PgStore:
         """Check ``batch`` against the locked ``rows`` (and what the rules need beyond
         them), then insert its events and write its tasks; the records and the table
         (``announce``: pass the ``before:`` failpoints, unless the write passed them
-        already)."""
+        already). A relative ``--not-before`` or retry delay (``wait_s``) is made a time
+        here, by the database's clock (its ``now()``, this transaction's): the hosts'
+        clocks do not decide when a task may be claimed (``ev.resolve_waits``)."""
+        if any(ev.WAIT in data for _, data in batch):
+            now = facts.now if facts is not None and facts.now is not None else None
+            if now is None:
+                now = float(conn.execute(_NOW).fetchone()[0])
+            batch = ev.resolve_waits(batch, now)
         table = self._locked_table(conn, batch, rows, facts)
         table.validate_batch(batch, now=None if facts is None else facts.now)
         ts = time.time()  # (one for the batch: its records commit together)
