@@ -33,7 +33,6 @@ import contextlib
 import math
 import os
 import shutil
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -99,7 +98,9 @@ def gc(
     now_s: float | None = None,
 ) -> GcReport:
     store, home = session.store, Path(session.home)
-    cutoff_s = (time.time() if now_s is None else now_s) - older_than_s
+    # (The store's clock: a shared database's own, as it stamped the ends: a host's
+    # clock, and the end times it wrote, may be days off.)
+    cutoff_s = (store.now() if now_s is None else now_s) - older_than_s
     wanted = [state for state in SETTLED_STATES if state in set(states)]
     report = GcReport(dry_run=dry_run, cutoff_s=cutoff_s, states=wanted)
     store.refresh()

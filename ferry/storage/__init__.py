@@ -214,8 +214,14 @@ class TaskStore(Protocol):
         ...
 
     def settled_before(self, seconds: float, states: Iterable[str]) -> list[Task]:
-        """The settled tasks in ``states`` that ended before ``seconds`` (Unix time), in
-        submission order: what ``ferry gc`` may forget."""
+        """The settled tasks in ``states`` that ended before ``seconds`` (Unix time, by
+        :meth:`now`'s clock), in submission order: what ``ferry gc`` may forget."""
+        ...
+
+    def now(self) -> float:
+        """The time by the clock that decides ages and queue times (Unix seconds): this
+        host's for the local journal; a shared database's own (a host's may be wrong),
+        as it stamps when each task settled."""
         ...
 
     def forgotten_here(self) -> list[str]:

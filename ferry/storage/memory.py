@@ -133,6 +133,10 @@ class MemoryStore(ClaimsUnderLock):
         with self._lock:
             return self.table.settled_before(seconds, states)
 
+    def now(self) -> float:
+        """This host's clock: the journal's."""
+        return time.time()
+
     def forgotten_here(self) -> list[str]:
         with self._lock:
             return self.table.forgotten_ids()

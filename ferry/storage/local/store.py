@@ -491,6 +491,10 @@ class Store(ClaimsUnderLock):
         with self.lock:
             return self.table.settled_before(seconds, states)
 
+    def now(self) -> float:
+        """This host's clock: the journal's."""
+        return time.time()
+
     def forgotten_here(self) -> list[str]:
         with self.lock:
             return self.table.forgotten_ids()

@@ -6,7 +6,9 @@ the queries need), ``ferry_events`` (every event, in commit order of its sequenc
 ``ferry_hosts`` (one lease per host), ``ferry_groups`` (each group's ``jobs``, null
 until ``group set``, and its own pause, null: it follows ``ferry_meta``'s
 ``paused_all``), ``ferry_log_tails`` (the last bytes of each attempt's log streams,
-written with its SETTLED by the host that ran it, for ``ferry logs`` on the others). No fencing state lives in an UNLOGGED table: a
+written with its SETTLED by the host that ran it, for ``ferry logs`` on the others).
+A task's ``settled_at`` is when its row last became SUCCEEDED, FAILED or CANCELLED, by
+the database's clock (``gc``'s ages). No fencing state lives in an UNLOGGED table: a
 crash truncates those, and an epoch counter there would go back.
 """
 
@@ -339,6 +341,32 @@ MIGRATIONS: tuple[str, ...] = (
         END IF;
     END
     $write$;
+    """,
+    # 7: when each task settled, by the database's clock (``gc --older-than`` compares
+    # it with the database's time: an end time a host wrote is its clock's, and a host
+    # days behind had a task that ended a second ago forgotten). Stamped by the row's
+    # own write, whichever statement or function makes it (a trigger: the commit path,
+    # ferry_write, and what tests and older tools write alike), when the row becomes
+    # SUCCEEDED, FAILED or CANCELLED; a late result or a resolve keeps it. The rows
+    # settled before this version take the time of their last write (updated_at, the
+    # database's clock too: their end or later, so never forgotten sooner).
+    """
+    ALTER TABLE ferry_tasks ADD COLUMN settled_at timestamptz;
+    UPDATE ferry_tasks SET settled_at = updated_at
+        WHERE state IN ('SUCCEEDED', 'FAILED', 'CANCELLED');
+    CREATE FUNCTION ferry_settled_at() RETURNS trigger LANGUAGE plpgsql AS $settled$
+    BEGIN
+        NEW.settled_at := now();
+        RETURN NEW;
+    END
+    $settled$;
+    CREATE TRIGGER ferry_tasks_settled_new BEFORE INSERT ON ferry_tasks FOR EACH ROW
+        WHEN (NEW.state IN ('SUCCEEDED', 'FAILED', 'CANCELLED'))
+        EXECUTE FUNCTION ferry_settled_at();
+    CREATE TRIGGER ferry_tasks_settled BEFORE UPDATE OF state ON ferry_tasks FOR EACH ROW
+        WHEN (NEW.state IN ('SUCCEEDED', 'FAILED', 'CANCELLED')
+              AND OLD.state NOT IN ('SUCCEEDED', 'FAILED', 'CANCELLED'))
+        EXECUTE FUNCTION ferry_settled_at();
     """,
 )
 VERSION = len(MIGRATIONS)

@@ -784,14 +784,21 @@ class PgStore:
         return found
 
     def settled_before(self, seconds: float, states: Iterable[str]) -> list[Task]:
-        """Settled tasks in ``states`` whose end (their creation, without one) is before
-        ``seconds``; every host's (their rows are shared; their logs are each host's)."""
+        """Settled tasks in ``states`` that settled before ``seconds`` by the database's
+        clock (``settled_at``, stamped by the write that settled the row: schema version
+        7; ``seconds`` from ``now``); every host's (their rows are shared; their logs
+        are each host's). Not the task's ``ended_at``: its host's clock wrote that."""
         wanted = sorted(set(states) & _TERMINAL)
         return self._tasks(
-            "SELECT body FROM ferry_tasks WHERE state = ANY(%s) AND coalesce((body->>'ended_at')"
-            "::float8, (body->>'created_at')::float8, 0) < %s ORDER BY submit_seq, id",
+            "SELECT body FROM ferry_tasks WHERE state = ANY(%s)"
+            " AND coalesce(settled_at, updated_at) < to_timestamp(%s)"
+            " ORDER BY submit_seq, id",
             (wanted, seconds),
         )
+
+    def now(self) -> float:
+        """The database's time: its clock decides (a host's may be wrong)."""
+        return float(self.db.execute(_NOW).fetchone()[0])
 
     def forgotten_here(self) -> list[str]:
         """The tasks this host ran that gc forgot and whose files this host has not
