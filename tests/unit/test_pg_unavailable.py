@@ -26,6 +26,11 @@ class _ServerError(Exception):
         ("55P03", "a lock it needs is held by another session"),
         ("57014", "cancelled a statement (past ferry's bound, or by an administrator)"),
         ("25P03", "ended this session, idle inside a transaction"),
+        (
+            "53200",
+            "is out of shared memory (its lock table is full: other sessions hold many"
+            " locks; max_locks_per_transaction and max_connections size it)",
+        ),
     ],
 )
 def test_the_message_says_what_the_server_said(sqlstate: str | None, says: str) -> None:

@@ -122,6 +122,10 @@ _WHAT_FAILED = {
     "55P03": "a lock it needs is held by another session",  # lock_timeout (Database.bound)
     "57014": "cancelled a statement (past ferry's bound, or by an administrator)",
     "25P03": "ended this session, idle inside a transaction",  # (paused past the bound)
+    # (out_of_memory: mostly its lock table, max_locks_per_transaction x max_connections
+    # entries shared by every session; ferry's own writes take a bounded number)
+    "53200": "is out of shared memory (its lock table is full: other sessions hold many"
+    " locks; max_locks_per_transaction and max_connections size it)",
 }
 
 

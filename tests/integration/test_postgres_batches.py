@@ -1,0 +1,167 @@
+"""Keyed batches on a shared PostgreSQL database: the key locks a write takes
+(``ferry/storage/postgres/store.py``, ``_lock_keys``): one lock per key for a few keys,
+a bounded set of hashed buckets for many, so that a ``submit --from`` of any size fits
+a stock server's lock table (it overflowed at about 24,000 keys: "out of shared
+memory", said as "cannot be reached", exit 75), and writers of the same key still go
+one after the other."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+from clikit import Hosts, finish, wait_stopped, wait_until
+
+from ferry.storage.postgres import store
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def lines(path: Path, keys: list[str]) -> Path:
+    path.write_text("".join(json.dumps({"argv": ["true"], "key": k}) + "\n" for k in keys))
+    return path
+
+
+def count(pg_url: str, sql: str) -> int:
+    with psycopg.connect(pg_url) as conn:
+        return int(conn.execute(sql).fetchone()[0])
+
+
+def waiting_on_a_lock(pg_url: str) -> int:
+    """How many sessions wait for an advisory lock now."""
+    return count(pg_url, "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory'")
+
+
+@pytest.mark.soak  # (about 20 s)
+def test_a_keyed_submit_from_of_30000_lines_is_queued(
+    hosts: Hosts, pg_url: str, tmp_path: Path
+) -> None:
+    """30,000 keyed lines in one write: all queued (was: out of shared memory past about
+    24,000, exit 75; and the key check, quadratic in the batch, took most of a minute
+    between two statements of the open transaction)."""
+    a = hosts("a")
+    a.timeout_s = 240
+    source = lines(tmp_path / "lines", [f"k{n}" for n in range(30_000)])
+    started = time.monotonic()
+    result = a.ok("submit", "--from", str(source))
+    assert len(result.text.split()) == 30_000, result.err
+    assert count(pg_url, "SELECT count(*) FROM ferry_tasks WHERE state = 'QUEUED'") == 30_000
+    assert time.monotonic() - started < 200
+    # The keys hold: one of them again is refused (in flight), a new one is queued.
+    a.refused(75, "task.key_in_flight", "submit", "--key", "k29999", "--", "true")
+    a.ok("submit", "--key", "k30000", "--", "true")
+
+
+def test_a_batch_of_many_keys_and_a_write_of_one_of_them_go_one_after_the_other(
+    hosts: Hosts, pg_url: str, tmp_path: Path
+) -> None:
+    """A ``submit --from`` of 100 keys, stopped inside its transaction (its key locks
+    held: hashed buckets), and a ``submit --key`` of one of them on another host: the
+    second waits, then is refused (the first's task is in flight: queued). A key in no
+    bucket the batch holds is not held up."""
+    a, b = hosts("a"), hosts("b")
+    keys = [f"k{n}" for n in range(100)]
+    with psycopg.connect(pg_url) as conn:
+        buckets = {
+            row[0]
+            for row in conn.execute(
+                "SELECT hashtextextended(k, 0) & %s FROM unnest(%s::text[]) AS k",
+                (store.KEY_BUCKETS - 1, keys),
+            )
+        }
+        free = next(
+            f"free{n}"
+            for n in range(10_000)
+            if conn.execute(
+                "SELECT hashtextextended(%s, 0) & %s", (f"free{n}", store.KEY_BUCKETS - 1)
+            ).fetchone()[0]
+            not in buckets
+        )
+    big = a.start(
+        "submit", "--from", str(lines(tmp_path / "lines", keys)), failpoints="before:SUBMITTED=stop"
+    )
+    wait_stopped(big, what="the batch to stop inside its transaction")
+    try:
+        b.ok("submit", "--key", free, "--", "true")  # (not held up)
+        one = b.start("submit", "--key", "k42", "--", "true")
+        wait_until(lambda: waiting_on_a_lock(pg_url) == 1, what="the second to wait")
+        assert one.poll() is None
+    finally:
+        big.send_signal(signal.SIGCONT)
+    assert finish(big)[0] == 0
+    code, err = finish(one)
+    assert code == 75 and "task.key_in_flight" in err, err
+    assert count(pg_url, "SELECT count(*) FROM ferry_tasks WHERE key = 'k42'") == 1
+
+
+def test_writers_of_one_key_go_one_after_the_other_and_others_do_not_wait(
+    hosts: Hosts, pg_url: str
+) -> None:
+    """A few keys: a lock per key (under its bucket's, shared). A ``resolve`` of key K's
+    task stopped inside its write holds K: a ``submit --key K`` waits for it; a key of
+    the same bucket does not (no bucket held exclusively by a writer of a few keys)."""
+    a, b = hosts("a"), hosts("b")
+    with psycopg.connect(pg_url) as conn:
+        bucket = conn.execute(
+            "SELECT hashtextextended('K', 0) & %s", (store.KEY_BUCKETS - 1,)
+        ).fetchone()[0]
+        neighbour = next(
+            f"n{n}"
+            for n in range(100_000)
+            if conn.execute(
+                "SELECT hashtextextended(%s, 0) & %s", (f"n{n}", store.KEY_BUCKETS - 1)
+            ).fetchone()[0]
+            == bucket
+        )
+    failed = a.ok("submit", "--key", "K", "--", "false").text.strip()
+    a.ok("claim", codes=(1,))
+    resolving = a.start("resolve", failed, "--as", "failed", failpoints="before:RESOLVED=stop")
+    wait_stopped(resolving, what="the resolve to stop inside its write")
+    try:
+        b.ok("submit", "--key", neighbour, "--", "true")  # (same bucket: not held up)
+        same = b.start("submit", "--key", "K", "--", "true")
+        wait_until(lambda: waiting_on_a_lock(pg_url) == 1, what="the submit to wait")
+        assert same.poll() is None
+    finally:
+        resolving.send_signal(signal.SIGCONT)
+    assert finish(resolving)[0] == 0
+    code, err = finish(same)
+    assert code == 0, err
+
+
+def fill_lock_table(hog: psycopg.Connection[object], leave: int) -> None:
+    """Fill the server's lock table with ``hog``'s session advisory locks, then let
+    ``leave`` of them go: room for that many more locks, in all the server."""
+    taken = 0
+    try:
+        while True:
+            hog.execute(
+                "SELECT count(pg_advisory_lock(n)) FROM generate_series(%s::bigint, %s::bigint) AS n",
+                (taken + 1, taken + 1000),
+            )
+            taken += 1000
+    except psycopg.errors.OutOfMemory:
+        pass  # (a session's advisory locks stay taken when its statement fails)
+    hog.execute(
+        "SELECT count(pg_advisory_unlock(n)) FROM generate_series(1, %s::bigint) AS n", (leave,)
+    )
+
+
+def test_a_keyed_batch_fits_a_lock_table_with_little_room(
+    hosts: Hosts, pg_url: str, tmp_path: Path
+) -> None:
+    """6,000 keyed lines while the server's lock table has room for 3,000 more locks
+    (another session holds the rest): queued, taking a few hundred at most (was: one
+    per key: "out of shared memory", said as "cannot be reached", exit 75)."""
+    a = hosts("a")
+    source = lines(tmp_path / "lines", [f"k{n}" for n in range(6_000)])
+    with psycopg.connect(pg_url, autocommit=True) as hog:
+        fill_lock_table(hog, leave=3_000)
+        result = a("submit", "--from", str(source))
+        hog.execute("SELECT pg_advisory_unlock_all()")
+    assert result.code == 0, result.err
+    assert len(result.text.split()) == 6_000
