@@ -16,6 +16,7 @@ The tree (codes are part of the observable contract; scripts match on them)::
     +-- StateDirError               state_dir.*      125               125
     +-- DatabaseError               db.*             125               125
     |   +-- DatabaseUnavailableError db.unavailable  75                75
+    |                               db.queue_busy    75                75
     +-- PatchGateError              patch.*          2                 125
     +-- SpawnError                  spawn.*          125 / 126 / 127   125 / 126 / 127
     +-- ResourceError               io.*             125               125

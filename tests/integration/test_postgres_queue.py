@@ -10,13 +10,13 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from clikit import Ferry, Hosts, wait_until
+from clikit import Ferry, Hosts, finish, wait_until
 from queuekit import Stamps, stamped
 
 from ferry.core.fold import task_to_record
 from ferry.core.model import Task
 from ferry.core.spec import TaskSpec
-from ferry.storage.postgres import schema
+from ferry.storage.postgres import queue, schema
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -80,6 +80,42 @@ def test_group_set_and_pause_are_applied_by_running_workers(hosts: Hosts, tmp_pa
     wait_until(lambda: states(a)[held] == "SUCCEEDED", what="the paused group to be resumed")
     worker.terminate()
     assert worker.wait(timeout=60) == 0
+
+
+def test_a_pause_waiting_for_the_queue_never_holds_up_claims(
+    hosts: Hosts, pg_url: str, tmp_path: Path
+) -> None:
+    """A claimer frozen inside its claim (a session holding the queue's lock, shared,
+    as ``claim`` stopped between its ``ferry_claim`` and its COMMIT would) and a
+    ``pause`` of another group meanwhile: host c's worker goes on claiming, and the
+    pause gives up within its bound, nothing changed, ``db.queue_busy`` (75). Was: the
+    pause waited without a bound for the lock, exclusive, and the server queued every
+    claim of every host behind it: c started nothing for 25 s. Once the claimer is
+    gone, the pause goes through."""
+    a, c = hosts("a"), hosts("c")
+    stamps = Stamps(tmp_path / "stamps")
+    for n in range(60):
+        submit(a, "--", *stamped(stamps, f"t{n}", sleep_s=0.2))
+    worker = c.start("work", "-j", "2", "--poll", "0.1", "--drain")
+    wait_until(lambda: len(stamps.starts()) >= 2, what="c to run tasks")
+    frozen = psycopg.connect(pg_url)
+    try:
+        frozen.execute("SELECT pg_advisory_xact_lock_shared(%s)", (queue.QUEUE_LOCK,))
+        began = time.monotonic()
+        pause = a.start("pause", "other")
+        before = len(stamps.starts())
+        wait_until(lambda: len(stamps.starts()) >= before + 6, what="claims to go on",
+                   timeout_s=8)  # fmt: skip
+        code, err = finish(pause, timeout_s=40)
+        assert code == 75 and "error[db.queue_busy]" in err, err
+        assert time.monotonic() - began < 25  # (its bound: 10 s)
+        assert not [g for g in a.json("group") if g["group"] == "other"]  # (nothing changed)
+    finally:
+        frozen.rollback()
+        frozen.close()
+    a.ok("pause", "other")
+    assert {g["group"]: g["paused"] for g in a.json("group")}["other"] is True
+    assert worker.wait(timeout=120) == 0
 
 
 def test_after_and_dependency_failed_on_the_database(hosts: Hosts, tmp_path: Path) -> None:

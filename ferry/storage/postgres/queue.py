@@ -5,7 +5,8 @@ check the queue's rules (``ferry.core.queue``) in its own transaction.
 Serialisation, by transaction-scoped advisory locks taken before what they guard is
 read: a claim (by ``claim`` or ``work``) takes the queue's lock, shared (in the
 statement that checks its lease: claimers do not wait for each other, and it costs no
-round trip); ``group set``, ``pause`` and ``resume`` take it exclusively. So the
+round trip); ``group set``, ``pause`` and ``resume`` take it exclusively, never
+waiting for it (``lock``: a claim never waits behind them). So the
 groups' settings cannot change between a claim's read of them (in the statement that
 locks the claimed rows) and its COMMIT: a claim decided before a pause is the only kind
 that commits after it. A claim in a group with a limit then takes that group's count
@@ -18,10 +19,12 @@ retry of the dependency (which locks its row) and the cancel are one after the o
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ferry.core import events as ev
+from ferry.core.errors import DatabaseUnavailableError
 from ferry.core.model import IN_FLIGHT_STATES
 
 _IN_FLIGHT = sorted(state.value for state in IN_FLIGHT_STATES)
@@ -131,9 +134,56 @@ def doomed(conn: Any) -> list[tuple[Any, str]]:
 
 def lock(conn: Any, *, exclusive: bool) -> None:
     """The queue's advisory lock: shared by a claim (claimers do not wait for each
-    other), exclusive for a group change (``group set``, ``pause``, ``resume``)."""
-    mode = "pg_advisory_xact_lock" if exclusive else "pg_advisory_xact_lock_shared"
-    conn.execute(f"SELECT {mode}(%s)", (QUEUE_LOCK,))
+    other), exclusive for a group change (``group set``, ``pause``, ``resume``).
+
+    Exclusive, it is never waited for: a request waiting for it would queue every
+    later claim of every host behind it (the server grants locks in order), and a
+    claimer frozen inside its claim (stopped between its ``ferry_claim`` and its
+    COMMIT: the server ends it after a minute) would stall the whole fleet meanwhile.
+    So a group change asks for it without waiting, again and again, and after
+    ``EXCLUSIVE_WAIT_S`` gives up (``db.queue_busy``, 75; nothing written, the message
+    naming who holds it)."""
+    if not exclusive:
+        conn.execute("SELECT pg_advisory_xact_lock_shared(%s)", (QUEUE_LOCK,))
+        return
+    deadline = time.monotonic() + EXCLUSIVE_WAIT_S
+    pause_s = 0.001
+    while not conn.execute("SELECT pg_try_advisory_xact_lock(%s)", (QUEUE_LOCK,)).fetchone()[0]:
+        if time.monotonic() >= deadline:
+            raise _busy(conn)
+        time.sleep(pause_s)  # (claims hold it for a round trip: try again soon)
+        pause_s = min(EXCLUSIVE_RETRY_S, pause_s * 2)
+
+
+# A group change tries the queue's lock this long at most (claims hold it, shared, for
+# a round trip each), every EXCLUSIVE_RETRY_S at most.
+EXCLUSIVE_WAIT_S = 10.0
+EXCLUSIVE_RETRY_S = 0.005
+
+
+def _busy(conn: Any) -> DatabaseUnavailableError:
+    """``db.queue_busy``: who holds the queue's lock (up to three sessions, the oldest
+    transaction first: ferry's are named ``ferry <pid>@<host>``)."""
+    holders = conn.execute(
+        "SELECT a.application_name, a.pid, extract(epoch FROM clock_timestamp() - a.xact_start)::float8"
+        " FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
+        " WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %s AND l.objid = %s"
+        " AND l.objsubid = 1 AND l.pid <> pg_backend_pid()"
+        " ORDER BY a.xact_start LIMIT 3",
+        (QUEUE_LOCK >> 32, QUEUE_LOCK & 0xFFFFFFFF),
+    ).fetchall()
+    named = ", ".join(
+        f"{name or 'a session'} (pid {pid}, in its transaction for {age or 0:.0f} s)"
+        for name, pid, age in holders
+    )
+    return DatabaseUnavailableError(
+        f"the queue's lock was held by claims for {EXCLUSIVE_WAIT_S:.0f} s"
+        + (f" ({named})" if named else "")
+        + ": nothing changed; a claimer stopped inside its claim holds it until the"
+        " database ends its session (a minute at most): try again",
+        code="db.queue_busy",
+        details={"holders": [{"application_name": n, "pid": p} for n, p, _ in holders]},
+    )
 
 
 class ClaimFacts:
