@@ -698,3 +698,18 @@ def test_a_salvage_killed_at_each_step_never_loses_the_archive_it_left_out(
     _compact_twice(cli)
     assert _archive_files(cli.home)[f"kept-{name}"] == archives[name]
     cli.verify_clean()
+
+
+def test_a_second_salvage_does_not_count_again_what_the_first_kept_aside(cli: Ferry) -> None:
+    # (Found by a review: the first salvage, with no usable snapshot, starts the journal
+    # again at seq 1; the older archives it kept aside have higher numbers than any new
+    # record, and the second salvage counted their 4 tasks as lost again.)
+    _unusable_snapshot_home(cli)
+    cli.ok("journal", "salvage")
+    for n in range(3):
+        cli.ok("run", "--name", f"new{n}", "--", "true")
+    new = {t["id"] for t in cli.tasks()}
+    flip(cli.home, 4)
+    report = cli.json("journal", "salvage")
+    assert report["archives"] == [] and report["tasks_unknown"] == []
+    assert report["tasks"] and {t["task"] for t in report["tasks"]} <= new

@@ -234,10 +234,15 @@ def _left_out(home: Path, view: journal.View) -> list[LeftOut]:
     candidates |= dropped
     candidates.update(name for name in refs if _seq_of(name) > view.last_seq)
     with contextlib.suppress(FileNotFoundError):
-        for entry in os.listdir(directory):
+        found = os.listdir(directory)
+        for entry in found:
             name = _archive_of(entry)
-            if name is not None and _seq_of(name) > view.last_seq:
-                candidates.add(name)
+            if name is None or name in refs or _seq_of(name) <= view.last_seq:
+                continue
+            if KEPT_PREFIX + name in found or DAMAGED_PREFIX + name in found:
+                continue  # (an earlier salvage kept it aside, and said so: its journal
+                # started again at seq 1, and the older archives have higher numbers)
+            candidates.add(name)
     return [
         _look_at(directory, name, refs.get(name), name in dropped)
         for name in sorted(candidates - kept)
