@@ -74,13 +74,13 @@ def salvage(
     def keep(plan: journal.SalvageReport) -> None:
         # Under the locks, before the new journal is written (so before the swap):
         # once it is in use, compactions prune every archive it does not name.
-        left_out[:] = _left_out(home, plan.view)
+        left_out[:] = _left_out(home, plan)
         _keep(home, left_out, make=True)
 
     with _compaction_held(home, dry_run, on_lock_wait):
         report = _salvage(directory, accept, dry_run, on_lock_wait, keep)
         if dry_run:
-            left_out[:] = _left_out(home, report.view)
+            left_out[:] = _left_out(home, report)
             _keep(home, left_out, make=False)
     return _describe(home, report, accept, dry_run, left_out)
 
@@ -213,14 +213,17 @@ class LeftOut:
         }
 
 
-def _left_out(home: Path, view: journal.View) -> list[LeftOut]:
+def _left_out(home: Path, plan: journal.SalvageReport) -> list[LeftOut]:
     """The archives the damaged journal names, or may name, that the new journal (the
     view) does not: the kept snapshot's own that it leaves out (damaged or missing),
     and every archive newer than the view's last record, named by a readable snapshot
     or found in ``archive/`` (an unreadable snapshot may name any of them). An archive
     not named by the new journal that is not newer holds nothing it lacks: the new
     journal holds every record up to the archive's compaction (or its base's
-    archives, which took it in)."""
+    archives, which took it in). Nor is one newer than the damaged journal's last
+    record: an older journal's, which an earlier salvage kept aside (and said so: its
+    journal started again at seq 1)."""
+    view, end = plan.view, plan.view.last_seq + plan.lost_seqs  # (the damaged one's last)
     directory = home / "archive"
     kept = set(_archive_entries(view.base.data)) if view.base is not None else set()
     refs: dict[str, Mapping[str, Any]] = {}
@@ -234,15 +237,10 @@ def _left_out(home: Path, view: journal.View) -> list[LeftOut]:
     candidates |= dropped
     candidates.update(name for name in refs if _seq_of(name) > view.last_seq)
     with contextlib.suppress(FileNotFoundError):
-        found = os.listdir(directory)
-        for entry in found:
+        for entry in os.listdir(directory):
             name = _archive_of(entry)
-            if name is None or name in refs or _seq_of(name) <= view.last_seq:
-                continue
-            if KEPT_PREFIX + name in found or DAMAGED_PREFIX + name in found:
-                continue  # (an earlier salvage kept it aside, and said so: its journal
-                # started again at seq 1, and the older archives have higher numbers)
-            candidates.add(name)
+            if name is not None and view.last_seq < _seq_of(name) <= end:
+                candidates.add(name)
     return [
         _look_at(directory, name, refs.get(name), name in dropped)
         for name in sorted(candidates - kept)
