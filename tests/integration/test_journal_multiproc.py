@@ -70,9 +70,9 @@ def spawn(
 
 def parse_claims(text: str) -> dict[Key, int]:
     claims: dict[Key, int] = {}
-    for line in text.splitlines():
-        if not line.endswith(tuple("0123456789")):
-            continue  # a line cut by SIGKILL mid-print claims nothing
+    # Only whole lines: one cut by SIGKILL mid-print claims nothing (it may end in a
+    # digit: "C 1186 12 63", whose k, or i, is cut short).
+    for line in text.split("\n")[:-1]:
         _, seq, p, i, k = line.split()
         claims[(int(p), int(i), int(k))] = int(seq)
     return claims
