@@ -120,6 +120,7 @@ def _check_url(psycopg: Any, url: str) -> None:
 _WHAT_FAILED = {
     "25006": "takes no writes now",  # read_only_sql_transaction
     "55P03": "a lock it needs is held by another session",  # lock_timeout (Database.bound)
+    "40P01": "found this write in a deadlock with another session's, and cancelled it",
     "57014": "cancelled a statement (past ferry's bound, or by an administrator)",
     "25P03": "ended this session, idle inside a transaction",  # (paused past the bound)
     # (out_of_memory: mostly its lock table, max_locks_per_transaction x max_connections

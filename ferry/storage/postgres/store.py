@@ -925,10 +925,15 @@ class _NothingWritten(Exception):
 # key overflowed the server's lock table, max_locks_per_transaction times
 # max_connections: "out of shared memory" at about 24,000 keys on a test server, under
 # 7,000 on a stock one). Every writer takes buckets in ascending order, each before any
-# key lock: no cycle of waits.
+# key lock: no cycle among these locks (with rows: see KEYS_ONE_BY_ONE).
 KEY_SPACE = 0x6665726B  # "ferk"
 KEY_BUCKETS = 256
-KEYS_ONE_BY_ONE = 32  # more keys than this in one write: the buckets, exclusive
+# More keys than this in one write: the buckets, exclusive. Large, because a writer
+# that holds its buckets exclusively waits for others' rows (an --after dependency,
+# FOR SHARE) after its key locks, while writers that locked rows first wait for a
+# key of one of its buckets: the server ends such a cycle (a deadlock: 75, try
+# again). At 32 (a review of that change) a 40-line submit --from did it to a retry.
+KEYS_ONE_BY_ONE = 1000
 _BUCKETS = (
     f"SELECT DISTINCT (hashtextextended(k, 0) & {KEY_BUCKETS - 1})::int4 AS b"
     " FROM unnest(%(keys)s::text[]) AS k ORDER BY b"
