@@ -35,10 +35,16 @@ pytestmark = pytest.mark.timeout(120)
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 
 
-def lines_task(count: int, every_s: float = 0.1) -> list[str]:
+def lines_task(count: int, every_s: float = 0.1, gate: Path | None = None) -> list[str]:
     """A task that writes one line every ``every_s`` (and never dies of SIGPIPE: if it
-    did, the test would show it by a short log)."""
-    return ["/bin/sh", "-c", f"for i in $(seq 1 {count}); do echo line $i; sleep {every_s}; done"]
+    did, the test would show it by a short log); with ``gate``, it waits after line 2
+    until that file exists."""
+    wait = "" if gate is None else f'[ $i -ne 2 ] || while [ ! -e "{gate}" ]; do sleep 0.02; done; '
+    return [
+        "/bin/sh",
+        "-c",
+        f"for i in $(seq 1 {count}); do echo line $i; {wait}sleep {every_s}; done",
+    ]
 
 
 def settled(ferry: Ferry, task_id: str) -> dict[str, object]:
@@ -77,17 +83,19 @@ def test_kill_9_of_the_launcher_while_its_task_writes_loses_no_line(
 ) -> None:
     """Before: the task died of SIGPIPE at its next write (its stdout was a pipe to the
     killed ferry), and recovery then marked it unsafe."""
+    gate = ferry.home.parent / "gate"  # (the task waits after line 2: it outlives run)
     if command == "claim":
-        ferry.ok("submit", "--", *lines_task(30))
+        ferry.ok("submit", "--", *lines_task(30, gate=gate))
         launcher = ferry.start("claim")
     else:
-        launcher = ferry.start("run", "--", *lines_task(30))
+        launcher = ferry.start("run", "--", *lines_task(30, gate=gate))
     task_id = only_id(ferry)
     wait_for_output(ferry, task_id, "line 2\n")
     launcher.send_signal(signal.SIGKILL)
     assert launcher.wait(timeout=30) == -signal.SIGKILL
     assert launcher.stdout is not None
     launcher.stdout.close()  # and its reader goes away too (a closed terminal)
+    gate.touch()
     task = settled(ferry, task_id)
     assert (task["state"], task["exit_code"]) == ("SUCCEEDED", 0), task
     log = ferry.ok("logs", task_id).out.decode().splitlines()
