@@ -327,6 +327,7 @@ def _keep(home: Path, left_out: list[LeftOut], *, make: bool) -> None:
     ``index-*`` file the newest two snapshots do not name, and these are history (or
     the evidence of its loss). Durable before the salvage writes anything."""
     from ferry.storage.local.archive_index import index_name
+    from ferry.storage.local.statedir import fsync_dir
 
     directory = home / "archive"
     for item in left_out:
@@ -334,11 +335,7 @@ def _keep(home: Path, left_out: list[LeftOut], *, make: bool) -> None:
         item.kept_as = _second_name(directory, item.name, prefix, make)
         item.index_kept_as = _second_name(directory, index_name(item.name), prefix, make)
     if make and left_out:
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_dir(directory)
 
 
 def _second_name(directory: Path, name: str, prefix: str, make: bool) -> str | None:
