@@ -59,35 +59,36 @@ def test_a_keyed_submit_from_of_30000_lines_is_queued(
 def test_a_batch_of_many_keys_and_a_write_of_one_of_them_go_one_after_the_other(
     hosts: Hosts, pg_url: str, tmp_path: Path
 ) -> None:
-    """A ``submit --from`` of 100 keys, stopped inside its transaction (its key locks
-    held: hashed buckets), and a ``submit --key`` of one of them on another host: the
-    second waits, then is refused (the first's task is in flight: queued). A key in no
-    bucket the batch holds is not held up."""
+    """A ``submit --from`` of more keys than take a lock each (``KEYS_ONE_BY_ONE``: its
+    buckets are held, exclusive), all in the first 16 buckets, stopped inside its
+    transaction, and a ``submit --key`` of one of them on another host: the second
+    waits, then is refused (the first's task is in flight: queued). A key in no bucket
+    the batch holds is not held up."""
     a, b = hosts("a"), hosts("b")
-    keys = [f"k{n}" for n in range(100)]
+    mask = store.KEY_BUCKETS - 1
     with psycopg.connect(pg_url) as conn:
-        buckets = {
+        keys = [
             row[0]
             for row in conn.execute(
-                "SELECT hashtextextended(k, 0) & %s FROM unnest(%s::text[]) AS k",
-                (store.KEY_BUCKETS - 1, keys),
+                "SELECT k FROM (SELECT 'k' || n AS k FROM generate_series(1, 1000000) AS n) AS c"
+                " WHERE hashtextextended(k, 0) & %s < 16 LIMIT %s",
+                (mask, store.KEYS_ONE_BY_ONE + 1),
             )
-        }
+        ]
         free = next(
             f"free{n}"
             for n in range(10_000)
-            if conn.execute(
-                "SELECT hashtextextended(%s, 0) & %s", (f"free{n}", store.KEY_BUCKETS - 1)
-            ).fetchone()[0]
-            not in buckets
+            if conn.execute("SELECT hashtextextended(%s, 0) & %s", (f"free{n}", mask)).fetchone()[0]
+            >= 16
         )
+    one_of_them = keys[42]
     big = a.start(
         "submit", "--from", str(lines(tmp_path / "lines", keys)), failpoints="before:SUBMITTED=stop"
     )
     wait_stopped(big, what="the batch to stop inside its transaction")
     try:
         b.ok("submit", "--key", free, "--", "true")  # (not held up)
-        one = b.start("submit", "--key", "k42", "--", "true")
+        one = b.start("submit", "--key", one_of_them, "--", "true")
         wait_until(lambda: waiting_on_a_lock(pg_url) == 1, what="the second to wait")
         assert one.poll() is None
     finally:
@@ -95,7 +96,7 @@ def test_a_batch_of_many_keys_and_a_write_of_one_of_them_go_one_after_the_other(
     assert finish(big)[0] == 0
     code, err = finish(one)
     assert code == 75 and "task.key_in_flight" in err, err
-    assert count(pg_url, "SELECT count(*) FROM ferry_tasks WHERE key = 'k42'") == 1
+    assert count(pg_url, f"SELECT count(*) FROM ferry_tasks WHERE key = '{one_of_them}'") == 1
 
 
 def test_writers_of_one_key_go_one_after_the_other_and_others_do_not_wait(
