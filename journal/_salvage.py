@@ -81,11 +81,12 @@ def salvage(
     there stops the salvage, nothing of the journal changed); ``hook(name)`` is called
     at each step (``before:salvage_segment``, ``after:salvage_segment``,
     ``before:salvage_swap``, ``after:salvage_swap``: crash tests kill the process
-    there); ``stamp`` names the damaged copy (default: the UTC time).  ``dry_run``:
+    there); ``stamp`` names the damaged copy (default: the UTC time to the second, with
+    ``-2``, ``-3``... after it if a salvage of that second has the name).  ``dry_run``:
     find out, change nothing, take no lock.  Raises SalvageRefusedError (nothing
     changed) and JournalError."""
     directory = _fsutil.fspath(directory)
-    stamp = stamp or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    given = stamp
     step: Hook = hook or (lambda name: None)
     try:
         _fsutil.listdir(directory)
@@ -104,14 +105,8 @@ def salvage(
         report = _plan(directory, accept, finished)
         if report is None:
             return SalvageReport(readable(directory), None, 0, (), (), None, finished)
-        aside = aside_name(directory, stamp)
-        build = build_name(directory, stamp)
-        if {_fsutil.name(aside), _fsutil.name(build)} & set(
-            _fsutil.listdir(_fsutil.parent(directory))
-        ):
-            raise JournalError(
-                f"{_fsutil.name(aside)} or {_fsutil.name(build)} exists already: try again"
-            )
+        stamp = _free_stamp(directory, given or _now_stamp(), given=given is not None)
+        aside, build = aside_name(directory, stamp), build_name(directory, stamp)
         if keep is not None:
             keep(report)
         _build(build, stamp, report, step)
@@ -253,6 +248,30 @@ def _drop_marker(directory: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         _fsutil.unlink(_fsutil.join(directory, SALVAGE_MARKER))
         _fsutil.fsync_dir(directory)
+
+
+def _now_stamp() -> str:
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+
+
+def _free_stamp(directory: str, stamp: str, *, given: bool) -> str:
+    """``stamp``, or (not ``given``) the first of ``stamp-2``, ``stamp-3``... that names
+    neither a damaged copy nor a build beside ``directory`` (under its lock: no other
+    salvage of it runs)."""
+    taken = set(_fsutil.listdir(_fsutil.parent(directory)))
+    for n in range(1, 1000):
+        candidate = stamp if n == 1 else f"{stamp}-{n}"
+        names = {
+            _fsutil.name(aside_name(directory, candidate)),
+            _fsutil.name(build_name(directory, candidate)),
+        }
+        if not names & taken:
+            return candidate
+        if given:
+            break
+    raise JournalError(
+        f"{' or '.join(sorted(names))} exists already: move it away, or give another name"
+    )
 
 
 def finish_interrupted(directory: str) -> tuple[str, ...]:

@@ -180,6 +180,36 @@ def test_salvage_moves_the_damaged_journal_aside_and_keeps_what_was_before(
         assert wal.append("T", {"after": True}).seq == 30  # the seq of the lost record
 
 
+def test_two_salvages_within_one_second_get_two_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A damaged journal salvaged, damaged again and salvaged within the same second
+    (its default stamp): the second copy gets the next free name, ``-2`` (was: "exists
+    already: try again", exit 4, for an operator who had done nothing wrong)."""
+    import time
+
+    second = time.gmtime(1_800_000_000)
+    monkeypatch.setattr(time, "gmtime", lambda *_: second)
+    directory = make(tmp_path / "j")
+    flip(directory, 30)
+    first = journal.salvage(directory)
+    with journal.Journal.open(directory) as wal:
+        for i in range(10):
+            wal.append("T", {"again": i})
+    flip(directory, 35)
+    again = journal.salvage(directory)
+    assert first.aside == str(tmp_path / "j.damaged-20270115T080000Z")
+    assert again.aside == str(tmp_path / "j.damaged-20270115T080000Z-2")
+    assert sorted(os.listdir(tmp_path)) == [
+        "j",
+        *(Path(a).name for a in (first.aside, again.aside)),
+    ]
+    assert journal.verify(directory).last_seq == 34
+    flip(directory, 25)
+    with pytest.raises(journal.JournalError, match="exists already"):  # (a stamp given: kept)
+        journal.salvage(directory, stamp="20270115T080000Z")
+
+
 def test_salvage_refuses_a_healthy_journal_a_torn_tail_and_an_open_handle(
     tmp_path: Path,
 ) -> None:
