@@ -166,3 +166,52 @@ def test_a_keyed_batch_fits_a_lock_table_with_little_room(
         hog.execute("SELECT pg_advisory_unlock_all()")
     assert result.code == 0, result.err
     assert len(result.text.split()) == 6_000
+
+
+def test_a_batch_of_many_keys_after_a_task_and_a_cancel_of_that_task_both_end(
+    hosts: Hosts, pg_url: str, tmp_path: Path
+) -> None:
+    """A ``submit --from`` of more keys than take a lock each (its buckets exclusive),
+    each line ``--after`` a task X with a key of one of those buckets, and a ``cancel`` of X on another host, which
+    locks X's row, then its key. Made to meet: a session holds X's bucket, the batch
+    waits for it, the cancel starts, the session lets go. Both end, exit 0 (was: the
+    batch held its buckets and waited for X's row, FOR SHARE, while the cancel held
+    X's row and waited for X's bucket: the server broke the cycle, one of them exit 75
+    "deadlock"). Every writer now locks the rows it reads before any key."""
+    a, b = hosts("a"), hosts("b")
+    mask = store.KEY_BUCKETS - 1
+    with psycopg.connect(pg_url) as conn:
+        keys = [
+            row[0]
+            for row in conn.execute(
+                "SELECT k FROM (SELECT 'k' || n AS k FROM generate_series(1, 1000000) AS n) AS c"
+                " WHERE hashtextextended(k, 0) & %s < 16 LIMIT %s",
+                (mask, store.KEYS_ONE_BY_ONE + 2),
+            )
+        ]
+        x_key = keys.pop()
+        bucket = conn.execute("SELECT hashtextextended(%s, 0) & %s", (x_key, mask)).fetchone()[0]
+    x = a.ok("submit", "--key", x_key, "--", "true").text.strip()
+    source = tmp_path / "lines"
+    source.write_text(
+        "".join(json.dumps({"argv": ["true"], "key": k, "after": [x]}) + "\n" for k in keys)
+    )
+    with psycopg.connect(pg_url) as holder:
+        holder.execute("SELECT pg_advisory_xact_lock(%s, %s)", (store.KEY_SPACE, bucket))
+        big = a.start("submit", "--from", str(source))
+        wait_until(lambda: locked_out(pg_url) == 1, what="the batch to wait")
+        cancel = b.start("cancel", x)
+        wait_until(lambda: locked_out(pg_url) == 2, what="the cancel to wait")
+        holder.rollback()
+    code, err = finish(big)
+    assert code == 0, err
+    code, err = finish(cancel)
+    assert code == 0, err
+    # (the batch's tasks, then X, cancelled: it committed first)
+    assert count(pg_url, f"SELECT count(*) FROM ferry_tasks WHERE id <> '{x}'") == len(keys)
+    assert a.task(x)["state"] == "CANCELLED"
+
+
+def locked_out(pg_url: str) -> int:
+    """How many other sessions wait for a lock (a row's or an advisory one) now."""
+    return count(pg_url, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")

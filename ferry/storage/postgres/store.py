@@ -433,14 +433,19 @@ class PgStore:
         writers serialised: ``lock_keys``), those keys' tombstones and, for a
         batch with claims (``facts``: ``queue.lock_claimed``'s), what the queue's rules
         need (``_queue_part``), and ``extra`` rows, as a table the batch is checked
-        against."""
+        against. Rows before keys: the dependencies' rows are locked (FOR SHARE) before
+        the keys' locks are taken, as every writer locks its rows first (a batch that
+        held keys while it waited for a row another writer held, that writer waiting for
+        one of the keys, was a deadlock)."""
+        related = dict(extra or {})
+        if facts is not None:
+            related.update(self._dependency_rows(conn, batch, rows))
         keys = self._keys_of(batch, rows)
         if keys:
             lock_keys(conn, keys)
         keyed = self._with_keys(conn, keys) if keys else {}
-        related = dict(extra or {})
         if facts is not None:
-            related.update(self._queue_part(conn, batch, rows, facts))
+            related.update(self._queue_part(rows, facts, conn))
         settings = None if facts is None else facts.settings
         return _table({**related, **keyed, **rows}, self._tombstones(conn, keys), settings)
 
@@ -489,25 +494,28 @@ class PgStore:
         ).fetchall()
         return {row[0][len(_TOMBSTONE) :]: row[1] for row in rows}
 
-    def _queue_part(
-        self, conn: Any, batch: Sequence[EncodedEvent], rows: Mapping[str, Any], facts: Any
+    def _dependency_rows(
+        self, conn: Any, batch: Sequence[EncodedEvent], rows: Mapping[str, Any]
     ) -> dict[str, Any]:
-        """The rows the queue's rules need to judge ``batch`` (``ferry.core.queue``)
-        beyond those locked: a claim's dependencies (read with the claimed rows) and,
-        in a group with a limit, the group's tasks in flight, counted under its count
-        lock; a new task's dependencies and a DEPENDENCY_FAILED cancel's, locked FOR
-        SHARE (a retry or a gc of one waits, or is waited for)."""
+        """The rows of a new task's dependencies and of a DEPENDENCY_FAILED cancel's,
+        locked FOR SHARE: a gc deleting one waits, or is waited for (then it sees the
+        new dependant and keeps the dependency; or the dependency is gone: refused); a
+        retry of one waits."""
+        wanted = self._dependencies(batch, rows, cancels=False)
+        wanted |= self._dependencies(batch, rows, cancels=True)
+        return queue.rows(conn, wanted, share=True)
+
+    @staticmethod
+    def _queue_part(rows: Mapping[str, Any], facts: Any, conn: Any) -> dict[str, Any]:
+        """What the queue's rules need to judge a claim (``ferry.core.queue``) beyond
+        the rows locked: its dependencies (read with the claimed rows) and, in a group
+        with a limit, the group's tasks in flight, counted under its count lock."""
         related = dict(facts.dependencies)
         if facts.settings is not None:
             claimed = {rows[i]["spec"].get("group", "default") for i in facts.rows}
             limited = [group for group in claimed if facts.settings["jobs"].get(group)]
             if limited:
                 related.update(queue.lock_counts(conn, limited))
-        # Locked FOR SHARE: a gc deleting one waits, or is waited for (then it sees the
-        # new dependant and keeps the dependency; or the dependency is gone: refused).
-        wanted = self._dependencies(batch, rows, cancels=False)
-        wanted |= self._dependencies(batch, rows, cancels=True)
-        related.update(queue.rows(conn, wanted, share=True))
         return related
 
     @staticmethod
@@ -925,15 +933,14 @@ class _NothingWritten(Exception):
 # key overflowed the server's lock table, max_locks_per_transaction times
 # max_connections: "out of shared memory" at about 24,000 keys on a test server, under
 # 7,000 on a stock one). Every writer takes buckets in ascending order, each before any
-# key lock: no cycle among these locks (with rows: see KEYS_ONE_BY_ONE).
+# key lock, and the rows it reads (FOR UPDATE, FOR SHARE) before both: no cycle among
+# these locks and rows.
 KEY_SPACE = 0x6665726B  # "ferk"
 KEY_BUCKETS = 256
-# More keys than this in one write: the buckets, exclusive. Large, because a writer
-# that holds its buckets exclusively waits for others' rows (an --after dependency,
-# FOR SHARE) after its key locks, while writers that locked rows first wait for a
-# key of one of its buckets: the server ends such a cycle (a deadlock: 75, try
-# again). At 32 (a review of that change) a 40-line submit --from did it to a retry.
-KEYS_ONE_BY_ONE = 1000
+# More keys than this in one write: the buckets, exclusive (a few hundred locks at most,
+# where one a key would take many of the server's; but a batch holding its buckets
+# holds up the other writers of keys in them, until it commits).
+KEYS_ONE_BY_ONE = 64
 _BUCKETS = (
     f"SELECT DISTINCT (hashtextextended(k, 0) & {KEY_BUCKETS - 1})::int4 AS b"
     " FROM unnest(%(keys)s::text[]) AS k ORDER BY b"
