@@ -97,6 +97,7 @@ from journal._errors import (
     ReadOnlyError,
     RecordTooLargeError,
     SalvageRefusedError,
+    TakenBackError,
     TornTailError,
     WriterFailedError,
 )
@@ -149,6 +150,7 @@ __all__ = [
     "Snapshot",
     "SnapshotRejected",
     "Subscriber",
+    "TakenBackError",
     "TornTail",
     "TornTailError",
     "VerifyReport",
@@ -528,6 +530,9 @@ class Journal:
                 # The records a snapshot covers must be durable before it claims them:
                 # some may be another process's, written but never synced (it died in
                 # between); a power cut would leave the snapshot beyond the journal's end.
+                # And still there: read before their writer's fdatasync failed, they
+                # were taken back (the catch-up fails the handle: TakenBackError).
+                writer.catch_up_feeding(locked=True)
                 if writer.pos.fd is not None:
                     _fsutil.sync_data(writer.pos.fd)
                 write_snapshot(writer.directory, seq, bytes(data), writer.pos.max_epoch)

@@ -8,6 +8,7 @@ The tree::
     +-- TornTailError            journal.torn_tail    a torn tail where none is allowed
     +-- FencedError              journal.fenced       epoch older than the journal's highest
     +-- WriterFailedError        journal.writer_failed  a write/fsync failed; handle unusable
+    +-- TakenBackError           journal.taken_back   records this handle read are gone
     +-- RecordTooLargeError      journal.record_too_large
     +-- InvalidRecordError       journal.invalid_record  NaN/Infinity, non-JSON types, ...
     +-- FormatVersionError       journal.format_version  written by a newer format
@@ -135,6 +136,16 @@ class WriterFailedError(JournalError):
     the journal and read to find out.  A failed fsync is never retried."""
 
     code = "journal.writer_failed"
+
+
+class TakenBackError(JournalError):
+    """Records this handle read are no longer where it read them: another process wrote
+    them, its fdatasync failed, and it cut them off again (or someone cut the segment by
+    hand).  The handle's view holds records that were never committed: it fails
+    (every later call raises WriterFailedError, with this as its cause); reopen the
+    journal to read it as it is."""
+
+    code = "journal.taken_back"
 
 
 class RecordTooLargeError(JournalError):

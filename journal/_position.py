@@ -15,13 +15,16 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from journal import _fsutil
-from journal._codec import Record
-from journal._errors import CorruptionError, JournalError
+from journal._codec import CRC_SUFFIX_BYTES, Record
+from journal._errors import CorruptionError, JournalError, TakenBackError
 from journal._reader import SegmentScan, TornTail, damage_error
 from journal._segment import SALVAGE_MARKER, segment_name
 from journal._survey import Survey
 
 Feed = Callable[[Record], None]
+# The bytes of a record's end a handle remembers and checks: its line's fixed tail,
+# ``,"crc":"xxxxxxxx"}\n`` (the checksum makes them its own).
+TAIL_BYTES = CRC_SUFFIX_BYTES
 
 
 class Position:
@@ -55,6 +58,9 @@ class Position:
         self.path = directory
         self.first = 0  # the active segment's first seq
         self.end = 0  # the end of its last valid record
+        # That record's last bytes (``,"crc":"..."}\n``) as this handle read or wrote
+        # them: still there, or the records it read were taken back (``_unchanged``).
+        self.tail = b""
         # How far the file is known to reach (its zero tail included): a lower bound,
         # 0 when not known; the writer preallocates beyond it (``_writer``).
         self.allocated = 0
@@ -78,6 +84,9 @@ class Position:
                 raise FileNotFoundError(f"segment {last.path} was compacted meanwhile")
             self.fd = fd
             self.path, self.first, self.end = last.path, last.first_seq, found.end_offset
+            # (Not read by the survey: the end of a record a snapshot covers, durable.)
+            if self.end:
+                self.tail = found.tail or _fsutil.pread(fd, TAIL_BYTES, self.end - TAIL_BYTES)
 
     def _switch(self, fd: int, path: str, first_seq: int, *, durable: bool) -> None:
         # The active segment is pinned (``_fsutil.pin``): compaction keeps it and every
@@ -87,6 +96,7 @@ class Position:
         if self.fd is not None:
             _fsutil.close(self.fd)
         self.fd, self.path, self.first, self.end, self.durable = fd, path, first_seq, 0, durable
+        self.tail = b""
         self.allocated = 0
 
     def new_segment(self) -> None:
@@ -212,20 +222,31 @@ class Position:
         return torn  # the active segment has no record yet: nothing can follow it
 
     def _unchanged(self, fd: int) -> bool:
-        """Nothing follows our last record: a NUL (the zero tail) or the end of file."""
-        after = _fsutil.pread(fd, 1, self.end)
+        """Nothing follows our last record: a NUL (the zero tail) or the end of file.
+        Read with the last bytes of that record, which must be as this handle knows
+        them (one pread all the same): TakenBackError if not."""
+        known = len(self.tail)
+        got = _fsutil.pread(fd, known + 1, self.end - known)
+        if got[:known] != self.tail:
+            raise self._taken_back()
+        after = got[known:]
         if after:
             return after == b"\0"
-        size = _fsutil.size(fd)
-        self.allocated = size  # (exact: no zero tail; another handle may have cut it)
-        if size < self.end:
-            raise CorruptionError(
-                f"segment shrank to {size} bytes below its last known record end",
-                segment=self.path,
-                offset=self.end,
-                seq=self.last_seq,
-            )
+        self.allocated = _fsutil.size(fd)  # (exact: no zero tail; another may have cut it)
         return True
+
+    def _taken_back(self) -> TakenBackError:
+        """Bytes before our end changed, or the file ends before it: records this handle
+        read were cut off again by their writer, whose fdatasync failed (a lock-free
+        catch-up reads what is written, synced or not), or by hand. Nothing this handle
+        knows past that point can be trusted, nor may it write at its end."""
+        return TakenBackError(
+            "records this handle read are no longer in the journal (their writer's"
+            " fdatasync failed and it took them back, or the segment was cut): reopen",
+            segment=self.path,
+            offset=self.end,
+            seq=self.last_seq,
+        )
 
     def _catch_up_segment(self, fd: int, feed: Feed, looked: bool = False) -> TornTail | None:
         """Read the records after our end (``looked``: the caller already saw that
@@ -244,7 +265,8 @@ class Position:
                     self.max_epoch = record.epoch
                 feed(record)
         finally:
-            self.end = scan.end_offset
+            if scan.end_offset != self.end:
+                self.end, self.tail = scan.end_offset, scan.tail
         damage = scan.damage
         if damage is None:
             return None

@@ -194,6 +194,9 @@ class SegmentScan:
         self.fd = fd
         self.path = path
         self.end_offset = start
+        # The last bytes before ``end_offset`` (its line's ``,"crc":"..."}\n``), once a
+        # record was read: what a handle checks is still there (``_position``).
+        self.tail = b""
         self.next_seq = next_seq
         self.max_epoch = 0
         self.damage: Damage | None = None
@@ -255,6 +258,7 @@ class SegmentScan:
                     count = len(run_lines)
                     line_start += sum(map(len, run_lines)) + count
                     self.end_offset, self.next_seq = line_start, self.next_seq + count
+                    self.tail = run_lines[-1][-_TAIL_BYTES:] + b"\n"
                     if top > self.max_epoch:
                         self.max_epoch = top
                     done += count
@@ -266,6 +270,7 @@ class SegmentScan:
                         yield [record]
                         line_start += len(line) + 1
                         self.end_offset = line_start
+                        self.tail = line[-_TAIL_BYTES:] + b"\n"
                         self.next_seq += 1
                         self.max_epoch = max(self.max_epoch, record.epoch)
                         continue

@@ -34,13 +34,15 @@ if TYPE_CHECKING:
         # With ``keep``: the records read, in seq order up to last_seq (from
         # covered_through + 1 or before), or () if there were more than KEEP_RECORDS_MAX.
         records: list[Record] | tuple[()] = ()
+        # The last bytes before end_offset, as read (b"": no record was read there).
+        tail: bytes = b""
 
 else:
     Survey = namedtuple(
         "Survey",
         ("segments", "first_seq", "last_seq", "max_epoch", "end_offset", "torn", "corruption",
-         "records"),
-        defaults=((),),
+         "records", "tail"),
+        defaults=((), b""),
     )  # fmt: skip
 
 # A survey asked to keep its records drops them past this many (a journal no snapshot
@@ -76,7 +78,7 @@ def _survey_once(directory: str, covered_through: int, keep: bool) -> Survey:
     start = 0
     while start + 1 < len(segments) and segments[start + 1].first_seq - 1 <= covered_through:
         start += 1
-    next_seq, max_epoch, end_offset = segments[start].first_seq, 0, 0
+    next_seq, max_epoch, end_offset, tail = segments[start].first_seq, 0, 0, b""
     for index, segment in enumerate(segments):
         if index < start:
             continue
@@ -105,7 +107,7 @@ def _survey_once(directory: str, covered_through: int, keep: bool) -> Survey:
                         kept = None
         finally:
             _fsutil.close(fd)
-        next_seq, end_offset = scan.next_seq, scan.end_offset
+        next_seq, end_offset, tail = scan.next_seq, scan.end_offset, scan.tail
         max_epoch = max(max_epoch, scan.max_epoch)
         damage = scan.damage
         if damage is not None:
@@ -115,11 +117,13 @@ def _survey_once(directory: str, covered_through: int, keep: bool) -> Survey:
                 )
                 return Survey(
                     segments, first_seq, next_seq - 1, max_epoch, end_offset, torn, None,
-                    kept or (),
+                    kept or (), tail,
                 )  # fmt: skip
             error = damage_error(damage, segment.path, last=last)
             return Survey(segments, first_seq, next_seq - 1, max_epoch, end_offset, None, error)
-    return Survey(segments, first_seq, next_seq - 1, max_epoch, end_offset, None, None, kept or ())
+    return Survey(
+        segments, first_seq, next_seq - 1, max_epoch, end_offset, None, None, kept or (), tail
+    )
 
 
 def _scan_from(fd: int, segment: Segment, next_seq: int, skip_to: int) -> SegmentScan:

@@ -67,9 +67,11 @@ from journal._errors import (
     FormatVersionError,
     JournalClosedError,
     JournalError,
+    TakenBackError,
     WriterFailedError,
 )
-from journal._position import Position
+from journal._position import TAIL_BYTES, Position
+from journal._reader import TornTail
 from journal._survey import Survey
 
 Subscriber = Callable[[Record], None]
@@ -401,6 +403,8 @@ class Writer:
                 _fsutil.unlock(self._lock_fd)
         except (CorruptionError, FormatVersionError) as exc:
             self._settle(group, exc)  # nothing was written; the handle stays usable
+        except WriterFailedError as exc:  # (the catch-up found records taken back)
+            self._settle(group, exc)
         except _SubscriberFailed as exc:
             self._settle(group, self.fail("a subscriber raised; the handle is unusable", exc))
         except OSError as exc:
@@ -438,8 +442,8 @@ class Writer:
                 outcome = self._commit_one(item, epoch, check)
             finally:
                 _fsutil.unlock(lock_fd)
-        except (CorruptionError, FormatVersionError):
-            raise  # nothing was written; the handle stays usable
+        except (CorruptionError, FormatVersionError, WriterFailedError):
+            raise  # nothing was written (the handle stays usable, unless it failed)
         except _SubscriberFailed as exc:
             raise self.fail("a subscriber raised; the handle is unusable", exc) from exc
         except OSError as exc:
@@ -489,7 +493,7 @@ class Writer:
         """Under the lock, before a commit: catch up, and cut a torn tail if one is there
         (never one that a valid snapshot covers: ``cut_tail`` refuses it)."""
         pos = self.pos
-        torn = pos.catch_up(self._feed_one, locked=True)
+        torn = self._catch_up(locked=True)
         if torn is not None:
             pos.cut(torn)
 
@@ -586,7 +590,7 @@ class Writer:
             raise
         # Durable. (An error above left these records' outcome unknown: the handle
         # failed, and no caller was told they are committed.)
-        pos.end = end
+        pos.end, pos.tail = end, lines[-1][-TAIL_BYTES:]
         pos.allocated = max(pos.allocated, start + len(data))
         pos.last_seq = records[-1].seq
         self.commits += 1
@@ -621,9 +625,17 @@ class Writer:
         the append lock).  A torn tail is left alone: without the lock it may be an
         append in progress, and with it the next commit cuts it."""
         try:
-            self.pos.catch_up(self._feed_one, locked=locked)
+            self._catch_up(locked=locked)
         except _SubscriberFailed as exc:
             raise self.fail("a subscriber raised; the handle is unusable", exc) from exc
+
+    def _catch_up(self, *, locked: bool) -> TornTail | None:
+        """``Position.catch_up``, feeding the subscribers; records this handle read
+        and then taken back fail it (its subscribers' state holds them)."""
+        try:
+            return self.pos.catch_up(self._feed_one, locked=locked)
+        except TakenBackError as exc:
+            raise self.fail(exc.message, exc) from exc
 
     def refresh(self) -> None:
         with self.owned():

@@ -28,6 +28,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, S
 import journal
 from ferry.core import events as ev
 from ferry.core.errors import (
+    EX_TEMPFAIL,
     FerryError,
     JournalIntegrityError,
     LeaseHeldError,
@@ -123,6 +124,15 @@ def journal_error(error: journal.JournalError) -> FerryError:
         return UsageError(str(error), code=error.code, details=details)
     if isinstance(error, journal.WriterFailedError):
         cause = error.__cause__
+        if isinstance(cause, journal.TakenBackError):
+            # Another process's write failed after this one read it: nothing was
+            # written or done on it; a new process reads the journal as it is.
+            return FerryError(
+                f"{cause}; nothing was written: try again",
+                code=cause.code,
+                details=dict(cause.details),
+                exit_code=EX_TEMPFAIL,
+            )
         if isinstance(cause, OSError):
             details["errno"] = cause.errno
             if cause.errno in journal.NO_LOCK_ERRNOS:  # the append lock (flock) failed

@@ -1,0 +1,110 @@
+"""Records another handle read before they were durable, then taken back: a commit
+whose fdatasync failed cuts its records off again (``_writer._take_back``), but a
+lock-free reader may have read them in between (``Journal.refresh`` reads what is
+written, synced or not). Such a handle must never write at its stale end, snapshot
+past the journal's end, or act on the records as if committed: its next catch-up finds
+them gone (the bytes before its end are not the ones it read) and the handle fails,
+``TakenBackError``; a new handle reads the journal as it is. (Found by a review: a
+``work`` leader claimed and ran a task whose ``submit`` had exited 125, writing its
+records at the stale offset behind another process's record, then a zero gap: every
+command exited 4.)
+
+Unit tier, real files: the failing fdatasync is the one of ``journal._fsutil.os``,
+swapped for one that lets the reader look first."""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import journal._fsutil as fsutil
+from journal import Journal, TakenBackError, WriterFailedError, read_records, verify
+
+BIG = {"pad": "x" * 600}  # (longer than the record written in its place)
+
+
+class FailingSync:
+    """``os``, but the next fdatasync first calls ``meanwhile`` (another handle reads
+    the records written and not yet synced), then fails with EIO."""
+
+    def __init__(self, meanwhile: Callable[[], None]) -> None:
+        self.meanwhile: Callable[[], None] | None = meanwhile
+
+    def __getattr__(self, name: str) -> Any:
+        real = getattr(os, name)
+        if name != "fdatasync" or self.meanwhile is None:
+            return real
+
+        def fail(fd: int) -> None:
+            meanwhile, self.meanwhile = self.meanwhile, None
+            assert meanwhile is not None
+            meanwhile()
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+        return fail
+
+
+def taken_back(monkeypatch: pytest.MonkeyPatch, writer: Journal, reader: Journal) -> None:
+    """``writer`` appends a record, ``reader`` reads it before its fdatasync, which
+    fails: the writer takes it back."""
+    monkeypatch.setattr(fsutil, "os", FailingSync(reader.refresh))
+    before = reader.last_seq
+    with pytest.raises(WriterFailedError):
+        writer.append("phantom", BIG)
+    monkeypatch.setattr(fsutil, "os", os)
+    assert reader.last_seq == before + 1, "the reader saw the record before it was taken back"
+
+
+@pytest.fixture
+def jdir(tmp_path: Path) -> Path:
+    return tmp_path / "journal"
+
+
+@pytest.mark.parametrize("then_another_appends", [True, False])
+def test_a_handle_that_read_records_since_taken_back_writes_nothing(
+    jdir: Path, monkeypatch: pytest.MonkeyPatch, then_another_appends: bool
+) -> None:
+    with Journal.open(jdir) as leader, Journal.open(jdir) as submitter:
+        leader.append("first", {})
+        taken_back(monkeypatch, submitter, leader)
+        if then_another_appends:  # (a short record over the phantom's start, then zeros)
+            with Journal.open(jdir) as other:
+                assert other.append("real", {}).seq == 2
+        with pytest.raises(WriterFailedError) as caught:
+            leader.append("claim", {"of": "phantom"})
+        assert isinstance(caught.value.__cause__, TakenBackError)
+        assert caught.value.__cause__.code == "journal.taken_back"
+        with pytest.raises(WriterFailedError):  # (the handle stays failed)
+            leader.refresh()
+    assert verify(jdir).status == "clean"
+    expected = ["first", "real"] if then_another_appends else ["first"]
+    assert [r.type for r in read_records(jdir)] == expected
+    with Journal.open(jdir) as fresh:
+        assert fresh.append("next", {}).seq == len(expected) + 1
+
+
+def test_a_lock_free_refresh_finds_records_taken_back(
+    jdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with Journal.open(jdir) as reader, Journal.open(jdir) as submitter:
+        taken_back(monkeypatch, submitter, reader)
+        with Journal.open(jdir) as other:
+            other.append("real", {})
+        with pytest.raises(WriterFailedError) as caught:
+            reader.refresh()
+        assert isinstance(caught.value.__cause__, TakenBackError)
+
+
+def test_no_snapshot_covers_records_taken_back(jdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with Journal.open(jdir) as leader, Journal.open(jdir) as submitter:
+        leader.append("first", {})
+        taken_back(monkeypatch, submitter, leader)
+        with pytest.raises(WriterFailedError):
+            leader.write_snapshot(2, b"a state with the phantom in it")
+    assert not list(jdir.glob("snapshot-*"))
+    assert verify(jdir).status == "clean"
