@@ -438,6 +438,14 @@ class PgServer:
         self._cluster.stop(mode)
         self._cluster.start()
 
+    def outage(self, seconds: float) -> None:
+        """Down for ``seconds`` (stopped as by a crash), then up again on the same port."""
+        if self._cluster is None:
+            raise PgServerError(f"the server of ${DATABASE_URL_ENV} cannot be stopped")
+        self._cluster.stop("immediate")
+        time.sleep(seconds)  # (the outage's length is the point: nothing to wait for)
+        self._cluster.start()
+
     def stop(self) -> None:
         """Stop the server and remove its directory (private), or drop the databases made
         here (external). Idempotent; it does not raise for a server already gone."""

@@ -41,6 +41,7 @@ from ferry.app.runner import (
     unstarted_end,
 )
 from ferry.core import events as ev
+from ferry.core._value import replace
 from ferry.core.errors import EX_FERRY_FAILED, FerryError, InternalError, Interrupted, RefusedError
 from ferry.core.fold import task_to_record
 from ferry.core.model import State, Task
@@ -182,13 +183,17 @@ class Launch:
         self.went = False  # told to spawn
         self.exit_status: int | None = None
 
-    def expect(self, token: str) -> None:
+    def expect(self, token: str, *, epoch: int = 0) -> None:
         """A claim naming it as the runner is about to be written with ``token`` (it is
         idle). Should the launcher die before telling it the outcome (``assign`` or
-        ``unexpect``), it finds out itself, and releases the claim (nothing started)."""
+        ``unexpect``), it finds out itself, and releases the claim (nothing started).
+        ``epoch``: the launcher's lease's, on one host: should another leader take the
+        lease before its task is started, it releases the claim too (its launcher,
+        stopped, would hold it for as long as it stays so)."""
         self.claiming = token
         self.heard_sent = boot_clock()  # (the claim is sent after this)
-        self.channel.send("claiming", token=token)
+        epoch = epoch if math.isinf(self.beat_ttl_s) else 0  # (shared database: until)
+        self.channel.send("claiming", token=token, epoch=epoch)
 
     def unexpect(self) -> None:
         """The claim it expected was not written (nothing to claim)."""
@@ -492,7 +497,7 @@ def claim_foreground(
     )  # fmt: skip
     try:
         token = new_claim_token(os.urandom(10))
-        launch.expect(token)  # (should we die now, it releases the claim itself)
+        launch.expect(token, epoch=epoch)  # (should we die now, it releases the claim)
         task = claim(launch.runner(), token)
         if task is None:
             launch.unexpect()
@@ -686,7 +691,7 @@ class _Foreground:
             spawned = launch.due_spawned()
             if spawned is not None and launch.ended is None:
                 with contextlib.suppress(RefusedError):  # (it wrote it, once we were silent)
-                    store.commit(spawned)
+                    self._write_started(spawned)
                 launch.written("SPAWNED")
             if launch.ended is not None:
                 return self._end()
@@ -710,9 +715,43 @@ class _Foreground:
         for warning in launch.warned:
             self.notice(warning)
         assert status is not None
-        write_end(store, launch)
+        try:
+            write_end(store, launch)
+        except FerryError as failed:
+            return self._end_not_written(failed, status, error)
         task = self._task()
         launch.ack()
+        return RunResult(task, status, error)
+
+    def _write_started(self, spawned: Record) -> None:
+        """The task runs: a journal or database that fails ``run`` now does not end it
+        (its supervisor writes what run could not), nor run's wait for it."""
+        try:
+            self.store.commit(spawned)
+        except RefusedError:
+            raise
+        except FerryError as failed:
+            self.notice(f"could not write that task {self.task.id} started ({failed.message})")
+
+    def _end_not_written(
+        self, failed: FerryError, status: int, error: FerryError | None
+    ) -> RunResult:
+        """The task ran and ended, and its end could not be written here (the journal
+        failed ``run``'s handle, the database is out of reach): its supervisor, let go
+        unacknowledged, keeps the end and writes it itself. ``run`` passes the task's
+        status through, with the task as that end makes it (125 or 75 would tell a
+        script that retries on them to run the task again)."""
+        self.notice(
+            f"task {self.task.id} ended (exit {status}), but its end could not be written"
+            f" here ({failed.message}): its supervisor keeps it and writes it"
+        )
+        task = self.task
+        for event in self.launch.end_events:
+            if isinstance(event, ev.Settled):
+                task = replace(
+                    task, state=event.state, reason=event.reason, exit_code=event.exit_code,
+                    signal=event.signal,
+                )  # fmt: skip
         return RunResult(task, status, error)
 
     def _task(self) -> Task:

@@ -99,6 +99,11 @@ if TYPE_CHECKING:
 
 # Why a task was stopped, or not started, on a shared database (its evidence).
 UNHEARD = "no beat of the task reached the database for its TTL: other hosts could take it over"
+# While a supervisor of a leader's claim (one host) waits for its task or its go, it
+# looks at the lease this often: another leader took it, and the claim goes back,
+# nothing started (``deposed``); for it, this.
+LEASE_LOOK_S = 1.0
+_DEPOSED = "another leader took its launcher's lease before the spawn: nothing was started"
 # How long a supervisor waits for its launcher to confirm that its end is durable,
 # before it writes the end itself (a launcher stopped with SIGSTOP, a frozen
 # container). A record the launcher then writes too is refused by the token.
@@ -140,13 +145,13 @@ def main(
             assignment = _next_task(channel, home, launcher)
             if assignment is None:
                 return 0  # no more tasks for us (or the launcher is gone)
-            task, token, go, until = assignment
+            task, token, go, until, epoch = assignment
             trap.drain()
             trap.received.clear()  # (a signal between tasks was for none of them)
             supervisor = Supervisor(
                 channel, home, task, token, environ, trap, told_to_go=go,
                 passthrough=passthrough, stdout_echo_fd=stdout_echo_fd, beat_ttl_s=beat_ttl_s,
-                given=given,
+                given=given, epoch=epoch,
             )  # fmt: skip
             supervisor.heard(until)
             supervisor.run()
@@ -157,30 +162,55 @@ def main(
 
 def _next_task(
     channel: Channel, home: str, launcher: int
-) -> tuple[Task, str, bool, float | None] | None:
+) -> tuple[Task, str, bool, float | None, int] | None:
     """The next task, its claim token, whether it may be spawned once planned (``go``
-    with the task: its DISPATCHING was written with its claim), and its deadline as of
-    its claim (``Launch.until``); None: no more."""
+    with the task: its DISPATCHING was written with its claim), its deadline as of
+    its claim (``Launch.until``) and the epoch of the lease its launcher claimed it
+    under (0: none, or a shared database); None: no more."""
     claiming: str | None = None  # a claim naming us is being written with this token
+    epoch = 0
     while True:
         try:
-            message = channel.wait_for(("task", "claiming", "unclaimed"), None)
+            wait_s = LEASE_LOOK_S if claiming is not None and epoch > 0 else None
+            message = channel.wait_for(("task", "claiming", "unclaimed"), wait_s)
         except ChannelClosed:
             if claiming is not None:
                 _release_unstarted(home, claiming, launcher)
             return None
-        assert message is not None
+        if message is None:  # (a claim of a leader's, and no task yet: still its leader?)
+            if claiming is not None and deposed(home, epoch):
+                _release_unstarted(home, claiming, launcher, why=_DEPOSED)
+                return None
+            continue
         if message["t"] == "task":
             task, token = task_from_record(message["task"]), str(message["token"])
-            return task, token, bool(message.get("go")), message.get("until")
+            return task, token, bool(message.get("go")), message.get("until"), epoch
         claiming = str(message["token"]) if message["t"] == "claiming" else None
+        epoch = int(message.get("epoch") or 0) if claiming is not None else 0
 
 
-def _release_unstarted(home: str, token: str, launcher: int) -> None:
+def deposed(home: str, epoch: int) -> bool:
+    """Has another leader taken the lease since the launcher claimed under ``epoch``
+    (one host)? Its launcher then writes nothing more (fenced), and a claim of its
+    not yet started would hold a slot for as long as it stays stopped (Ctrl-Z)."""
+    if epoch <= 0:
+        return False
+    from ferry.storage.local.lease import epoch_at
+
+    return epoch_at(os.path.join(home, "lease.json")) > epoch
+
+
+def _release_unstarted(
+    home: str,
+    token: str,
+    launcher: int,
+    why: str = "its launcher died before it was given the task: nothing was started",
+) -> None:
     """The launcher died while (or just after) writing a claim naming us, before it told
-    us which task: if the claim was written, nothing was started under it; it goes back
-    to the queue (cancelled, if a cancel was asked for meanwhile). Looked up once none
-    of the launcher's connections may still be writing it (``claimed_with``)."""
+    us which task (or another leader took its lease meanwhile: ``why``): if the claim
+    was written, nothing was started under it; it goes back to the queue (cancelled, if
+    a cancel was asked for meanwhile). Looked up once none of the launcher's
+    connections may still be writing it (``claimed_with``)."""
     store = open_store_patiently(home, STORE_OPEN_PATIENCE_S)
     if store is None:
         return  # (recovery decides the claim, if it was written)
@@ -195,7 +225,6 @@ def _release_unstarted(home: str, token: str, launcher: int) -> None:
             time.sleep(STORE_OPEN_RETRY_S)
         except (FerryError, OSError):
             return
-    why = "its launcher died before it was given the task: nothing was started"
     event = unstarted_end(current, token, {"supervisor": why})
     if event is not None:
         with contextlib.suppress(FerryError, OSError):
@@ -266,8 +295,10 @@ class Supervisor:
         told_to_go: bool = False,
         beat_ttl_s: float = math.inf,
         given: str | None = None,
+        epoch: int = 0,
     ) -> None:
         self.channel, self.home, self.task, self.token = channel, home, task, token
+        self.epoch = epoch  # its launcher's lease's, at the claim (see deposed)
         self.environ, self.trap = environ, trap
         self.passthrough, self.stdout_echo_fd = passthrough, stdout_echo_fd
         # Opened only once the launcher is gone, or late with a beat on a shared
@@ -334,14 +365,22 @@ class Supervisor:
         return 0
 
     def _wait_for_go(self) -> bool:
-        """True once the launcher says the intent is durable. Its death before that:
-        nothing was started; the claim is released if it was written."""
-        try:
-            message = self.channel.wait_for(("go", "abort"), None)
-        except ChannelClosed:
-            self._orphaned_before_the_spawn()
-            return False
-        if message is None or message["t"] != "go":
+        """True once the launcher says the intent is durable. Its death before that, or
+        another leader's lease (``deposed``): nothing was started; the claim is
+        released if it was written, and this supervisor ends (no go is taken after)."""
+        wait_s = LEASE_LOOK_S if self.epoch > 0 else None
+        while True:
+            try:
+                message = self.channel.wait_for(("go", "abort"), wait_s)
+            except ChannelClosed:
+                self._orphaned_before_the_spawn()
+                return False
+            if message is not None:
+                break
+            if deposed(self.home, self.epoch):
+                self._orphaned_before_the_spawn(_DEPOSED)
+                return False
+        if message["t"] != "go":
             return False
         self.heard(message.get("until"))
         return True
@@ -352,13 +391,14 @@ class Supervisor:
         if until is not None and (self.beat_deadline == math.inf or until > self.beat_deadline):
             self.beat_deadline = float(until)
 
-    def _orphaned_before_the_spawn(self) -> None:
+    def _orphaned_before_the_spawn(
+        self, why: str = "its launcher died before the spawn: nothing was started"
+    ) -> None:
         self.orphaned = True
         store = self._open_store(patiently=True)
         if store is None:
             return  # (nothing was started: recovery decides the claim, if it was written)
         current = store.get(self.task.id)
-        why = "its launcher died before the spawn: nothing was started"
         # (None: the launcher never wrote the claim, or it is decided already)
         event = unstarted_end(current, self.token, {"supervisor": why})
         if event is not None:

@@ -150,6 +150,7 @@ class Worker:
         self.survivors: dict[int, str] = {}  # pidfd -> task id (an earlier work's)
         self.orphans: dict[str, str] = {}  # task id -> alive-lock (_watch_orphans)
         self._orphans_due = False  # a supervisor died under its task: recover now
+        self.started = False  # LEASE_ACQUIRED written, survivors counted (_start)
         self.signals_seen = 0
         self.halted = False  # no more claims: the lease is lost, or the journal failed us
         self.failures: list[FerryError] = []
@@ -200,7 +201,7 @@ class Worker:
                 try:
                     self._lead()
                 finally:
-                    self.lead.release()
+                    self._let_the_lease_go()
                     for pidfd in self.survivors:
                         os.close(pidfd)
         tally = self.tally
@@ -241,11 +242,34 @@ class Worker:
         except DatabaseUnavailableError:
             return True
 
+    def _let_the_lease_go(self) -> None:
+        """At the end: the lease released (on a shared database out of reach: it
+        expires on its own; a new ``work`` of this host replaces a dead holder at once)."""
+        try:
+            self.lead.release()
+        except DatabaseUnavailableError as error:
+            self.session.notice(f"the lease was not released ({error.message}): it expires")
+
+    def _start(self) -> bool:
+        """Done once before the first claim: LEASE_ACQUIRED (before anything is written
+        under this epoch) and the tasks an earlier work's supervisors still run counted.
+        The database out of reach: tried again at each turn (the lease's own deadline
+        decides when to give up)."""
+        if not self.started:
+            try:
+                if not self.lead.announced:
+                    self.lead.commit()
+                self._find_survivors()
+            except DatabaseUnavailableError as error:
+                self._unreachable(error)
+                return False
+            self.started = True
+        return True
+
     def _lead(self) -> None:
         epoch = self.lead.epoch
-        self.lead.commit()  # LEASE_ACQUIRED: before anything is written under this epoch
+        self._start()
         self._recover()
-        self._find_survivors()
         self._watch_orphans(look_again=True)
         next_recover = time.monotonic() + self.RECOVER_EVERY_S
         next_poll = time.monotonic() + self.poll_s
@@ -289,8 +313,11 @@ class Worker:
                 launch.release()  # idle: they exit; holding a task: they carry on alone
             for launch in self.supervisors:
                 launch.reap(timeout_s=0 if not launch.idle else 5.0)
-        if not self.failures or not isinstance(self.failures[0], LeaseHeldError):
-            self.store.commit(ev.LeaseReleased(epoch, self.lead.me.to_json()), epoch=epoch)
+        if self.started and not (self.failures and isinstance(self.failures[0], LeaseHeldError)):
+            try:
+                self.store.commit(ev.LeaseReleased(epoch, self.lead.me.to_json()), epoch=epoch)
+            except DatabaseUnavailableError as error:  # (as the lease itself: it expires)
+                self.session.notice(f"LEASE_RELEASED was not written ({error.message})")
         if not self.merge_aside.finish():
             self.session.notice("note: a merge of the archives goes on beside, on its own")
         self.session.compact_if_due()
@@ -515,13 +542,17 @@ class Worker:
         recovery pass); else only see which of those known have ended."""
         home = self.session.home
         if look_again:
-            self._orphans_due = False
             ours = {*self.launches, *self.survivors.values()}
-            found = {
-                task.id: alive_path(home, task.id, task.attempt)
-                for task in self.store.in_flight()
-                if task.id not in ours and self._of_this_home(task) and _runner_dead(task)
-            }
+            try:
+                found = {
+                    task.id: alive_path(home, task.id, task.attempt)
+                    for task in self.store.in_flight()
+                    if task.id not in ours and self._of_this_home(task) and _runner_dead(task)
+                }
+            except DatabaseUnavailableError as error:
+                self._unreachable(error)  # (those known hold their slots; looked at again)
+                return
+            self._orphans_due = False
         else:
             found = dict(self.orphans)
         before = set(self.orphans)
@@ -603,7 +634,7 @@ class Worker:
             idle.append(launch)
         chosen = idle[: max(0, free)]
         for launch in chosen:
-            launch.expect(new_claim_token(os.urandom(10)))
+            launch.expect(new_claim_token(os.urandom(10)), epoch=self.lead.epoch)
         return chosen
 
     def _claimed(self, launch: Launch, task: Task, token: str) -> None:
@@ -827,6 +858,8 @@ class Worker:
         """One write: everything the supervisors said (their ends decided against the
         tasks as they are when written), and a claim for each free slot; then each
         supervisor is told."""
+        if not self._start():
+            return
         units = self._units()
         claimants = self._claimants(units)
         if not units and not claimants:

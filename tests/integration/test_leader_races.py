@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -175,3 +176,47 @@ def test_recover_from_cron_is_silent_while_a_live_worker_leads(ferry: Ferry) -> 
     finally:
         worker.send_signal(signal.SIGTERM)
         assert finish([worker])[0][0] == 0
+
+
+@pytest.mark.parametrize(
+    ("point", "pinned"),
+    [
+        ("after:CLAIMED", False),  # its supervisor told a claim naming it is written
+        ("before:go", True),  # its supervisor planned the task, waits for the go
+    ],
+)
+def test_a_claim_of_a_stopped_leader_goes_back_once_another_leads(
+    ferry: Ferry, tmp_path: Path, point: str, pinned: bool
+) -> None:
+    """A ``work`` stopped (Ctrl-Z, SIGSTOP) with a claim written and its task not
+    started: its supervisor, in a session of its own, waits for the task or its go. A
+    new leader takes the lease: the supervisor sees it, gives the claim back (nothing
+    started), and the new leader runs the task, once; the old one, continued, is fenced
+    and starts nothing. (Found by a review: the claim held the new leader's only slot
+    for as long as the old one stayed stopped.)"""
+    mark = tmp_path / "mark"
+    pin = ["--pointer", str(tmp_path / "input")] if pinned else []
+    (tmp_path / "input").write_text("pinned\n")
+    task = ferry.ok("submit", *pin, "--", *counting_task(mark)).text.strip()
+    old = ferry.start("work", "-j", "1", "--lease-ttl", "1", failpoints=f"launcher:{point}=stop")
+    try:
+        wait_until(lambda: read_stat(old.pid).state == "T", what="the old leader to stop")
+        expires = orjson.loads(ferry.ok("--json", "lease").text)["expires_boot_s"]
+        wait_until(
+            lambda: time.clock_gettime(time.CLOCK_BOOTTIME) > expires,
+            what="the old leader's lease to expire",
+        )
+        new = ferry.start("work", "-j", "1", "--drain", "--lease-ttl", "1", "--poll", "0.05")
+        [(code, _, err)] = finish([new])
+        assert code == 0, err
+        assert runs(mark) == 1, err
+        ended = ferry.task(task)
+        assert ended["state"] == "SUCCEEDED" and ended["releases"] == 0
+    finally:
+        os.kill(old.pid, signal.SIGCONT)
+    [(code, _, err)] = finish([old])
+    assert code == 75 and ("lease.lost" in err or "journal.fenced" in err), err
+    assert runs(mark) == 1
+    released = [r for r in ferry.records() if r["type"] == "RELEASED"]
+    assert len(released) == 1 and "took its launcher's lease" in str(released[0]["data"]), released
+    ferry.verify_clean()

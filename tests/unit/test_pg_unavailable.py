@@ -90,3 +90,21 @@ def test_what_no_retry_mends_has_a_code_of_its_own(
 )
 def test_what_may_pass_is_still_unavailable(text: str) -> None:
     assert refusal(_ServerError(text, None), URL) is None
+
+
+def test_what_psycopg_logs_does_not_reach_stderr() -> None:
+    """psycopg logs what it ignores ("error ignored in rollback of ..." on a connection
+    the server killed); with no handler, Python printed it on stderr, beside ferry's
+    coded error (found by a review). A process of its own: the logging setup is global."""
+    import subprocess
+    import sys
+
+    script = (
+        "import logging\n"
+        "from ferry.storage.postgres.connect import _psycopg\n"
+        "_psycopg(); _psycopg()\n"
+        "logging.getLogger('psycopg.transaction').warning('error ignored in rollback')\n"
+        "assert len(logging.getLogger('psycopg').handlers) == 1\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60)
+    assert done.returncode == 0 and done.stderr == b"", done.stderr

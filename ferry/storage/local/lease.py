@@ -321,6 +321,15 @@ class LeaseStore:
         failpoint("after:lease_write")
 
 
+def epoch_at(path: str | os.PathLike[str]) -> int:
+    """The epoch the lease file holds now (0: none, or unreadable)."""
+    try:
+        raw = _read_lease_bytes(Path(path))
+        return 0 if raw is None else parse_lease(raw).epoch
+    except (OSError, LeaseUnreadableError):
+        return 0
+
+
 def _read_lease_bytes(path: Path) -> bytes | None:
     try:
         fd = private_open(path, os.O_RDONLY)

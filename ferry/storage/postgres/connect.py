@@ -82,6 +82,14 @@ def _psycopg() -> Any:
             "a database needs the postgres extra: pip install 'ferry[postgres]'",
             code="usage.no_postgres_driver",
         ) from error
+    # psycopg logs what it ignores (a ROLLBACK on a connection the server killed: "error
+    # ignored in rollback of ..."); with no handler, Python printed it on stderr, not a
+    # line of ferry's. What ferry must say, it says with its own error.
+    import logging
+
+    logger = logging.getLogger("psycopg")
+    if not logger.handlers:
+        logger.addHandler(logging.NullHandler())
     return psycopg
 
 

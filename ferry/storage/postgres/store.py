@@ -707,7 +707,7 @@ class PgStore:
                 f"SELECT body FROM ferry_tasks {by}", () if number is None else (number,)
             )
             if not found:
-                raise NotFoundError(f"no task {shown(prefix)}", details={"prefix": shown(prefix)})
+                raise NotFoundError(f"no task {shown(prefix)}", details={"prefix": prefix})
             return found[0]
         exact = self.get(prefix)
         if exact is not None:
@@ -990,9 +990,14 @@ def _after_claims(claimed: Sequence[Task]) -> None:
 
 
 def _fenced(host: str, epoch: int, current: int | None) -> LeaseHeldError:
+    if current is None:
+        why = f"host {host} holds no lease"
+    elif current == epoch:
+        why = f"host {host}'s lease (epoch {epoch}) expired"
+    else:
+        why = f"host {host}'s lease is at epoch {current}, no longer at {epoch}"
     return LeaseHeldError(
-        f"fenced: host {host}'s lease is no longer at epoch {epoch}"
-        + ("" if current is None else f" (it is at {current}, or expired)"),
+        f"fenced: {why}",
         code="journal.fenced",
         details={"epoch": epoch, "current_epoch": current, "host": host},
     )
