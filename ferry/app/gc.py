@@ -41,7 +41,7 @@ from ferry.app.recoverer import task_liveness
 from ferry.core import events as ev
 from ferry.core.errors import FerryError, InternalError
 from ferry.core.fold import MOVED_CODES, task_key_outcome
-from ferry.core.model import Liveness, Reason, State, Task
+from ferry.core.model import Liveness, Reason, State, Task, rfc3339
 from ferry.failpoints import failpoint
 from ferry.proc import alivelock
 
@@ -311,7 +311,7 @@ def _bytes_under(directory: Path) -> int:
 def describe(report: GcReport) -> dict[str, Any]:
     """The report as plain data (``--json``)."""
     forgotten = [
-        {"id": t.id, "number": t.number, "state": t.state.value, "ended_at": t.ended_at,
+        {"id": t.id, "number": t.number, "state": t.state.value, "ended_at": rfc3339(t.ended_at),
          "bytes": report.log_bytes.get(t.id, 0)}
         for t in report.forgotten
     ]  # fmt: skip
@@ -319,7 +319,7 @@ def describe(report: GcReport) -> dict[str, Any]:
     earlier = [{"id": task_id, "bytes": size} for task_id, size in sorted(report.earlier.items())]
     return {
         "dry_run": report.dry_run,
-        "ended_before": report.cutoff_s,
+        "ended_before": rfc3339(report.cutoff_s),
         "states": report.states,
         "forgotten": forgotten,
         "kept": kept,

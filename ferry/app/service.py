@@ -368,8 +368,17 @@ class Service:
                 gone.look([current])
             return False
 
-        unread = print_logs(paths, stream=stream, tail=tail, follow=follow, settled=settled,
-                            as_json=as_json, merged=merged, task_id=task.id)  # fmt: skip
+        while True:
+            unread = print_logs(paths, stream=stream, tail=tail, follow=follow, settled=settled,
+                                as_json=as_json, merged=merged, task_id=task.id)  # fmt: skip
+            moved_on = seen[0].attempt > which and self.store.get(task.id) is not None
+            if not (follow and attempt is None and moved_on):
+                break
+            # Retried (its --retries): followed to the end of its last attempt, as
+            # ``wait`` waits for it; the exit by that end.
+            which = seen[0].attempt
+            self.notice(f"task {task.id} is retried: attempt {which}")
+            paths, tail = log_paths(self.home, task.id, which), None
         current = self.store.get(task.id)
         if current is not None and _lost_logs(paths, current):
             self.store.refresh()  # (gone: forgotten since the last look?)

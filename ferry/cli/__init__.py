@@ -60,21 +60,49 @@ def command_word(args: list[str]) -> str:
     return "" if index is None else args[index]
 
 
+# The options of ``run`` and ``submit`` that take a value (a unit test keeps this the
+# click tree's): their CMD starts at the first word that is neither one of their
+# options nor such an option's value.
+TASK_VALUED_OPTIONS = frozenset(
+    ("--after", "--cwd", "--env", "--from", "--group", "--heartbeat", "--key",
+     "--kill-grace", "--lines", "--log-max", "--max-releases", "--name", "--not-before",
+     "--patch-file", "--pointer", "--priority", "--retries", "--retry-delay", "--timeout")
+)  # fmt: skip
+
+
 def hoist_json(args: list[str]) -> list[str]:
     """``--json`` after the command (``ferry ls --json``) means what it means before
-    it: moved to the front. Never from after ``--`` (the task's own argv)."""
+    it: moved to the front. Never a word of the task's: after ``--``, or (``run``,
+    ``submit``) from CMD's first word on, or an option's value (``--name --json``)."""
     index = command_index(args)
-    end = args.index("--") if "--" in args else len(args)
-    if index is None or "--json" not in args[index + 1 : end]:
+    if index is None:
         return args
-    rest = [arg for arg in args[index + 1 : end] if arg != "--json"]
-    return ["--json", *args[: index + 1], *rest, *args[end:]]
+    end = args.index("--") if "--" in args else len(args)
+    if args[index] in ("run", "submit"):
+        found = _task_option_words(args, index + 1, end)
+    else:
+        found = [i for i in range(index + 1, end) if args[i] == "--json"]
+    if not found:
+        return args
+    return ["--json", *(arg for i, arg in enumerate(args) if i not in found)]
+
+
+def _task_option_words(args: list[str], start: int, end: int) -> list[int]:
+    """Where ``--json`` is one of ``run``'s or ``submit``'s options (not a value), up
+    to CMD's first word (or ``end``)."""
+    found, i = [], start
+    while i < end and args[i].startswith("-") and args[i] != "-":
+        if args[i] == "--json":
+            found.append(i)
+        i += 2 if args[i] in TASK_VALUED_OPTIONS else 1
+    return found
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``ferry`` console script; returns the exit code."""
     args = hoist_json(list(sys.argv[1:] if argv is None else argv))
-    as_json = "--json" in args[: args.index("--")] if "--" in args else "--json" in args
+    index = command_index(args)
+    as_json = "--json" in args[: len(args) if index is None else index]
     command = command_word(args)
     Ctx.current = None
     try:

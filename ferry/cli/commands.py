@@ -129,7 +129,7 @@ def register(
         epilog=_example(
             "ferry submit --idempotent --name nightly -- ./nightly.sh\n"
             'printf \'%s\\n\' \'{"argv": ["make", "docs"]}\' | ferry submit --from -\n'
-            "seq 1 100 | sed 's/.*/./process.sh &/' | ferry submit --idempotent --lines -\n"
+            "seq 1 100 | sed 's/.*/.\\/process.sh &/' | ferry submit --idempotent --lines -\n"
             "ferry submit --group arm64 --priority 5 --retries 2 --after 12 -- make dist"
         ),
     )
@@ -407,7 +407,8 @@ def register(
         "-f",
         "--follow",
         is_flag=True,
-        help="Keep printing until the task settles; then exit 0 if it SUCCEEDED, else 1.",
+        help="Keep printing until the task settles (through its retries, without"
+        " --attempt); then exit 0 if it SUCCEEDED, else 1.",
     )
     @click.option("--attempt", type=click.IntRange(1), help="Which attempt (default: latest).")
     @click.pass_obj
@@ -474,7 +475,9 @@ def register(
             emit(ctx, text, {"reset": moved is not None, "moved_to": moved})
             return
         info = svc.lease_info()
-        emit(ctx, render.lease_text(info), info)
+        from ferry.core.model import times_as_rfc3339
+
+        emit(ctx, render.lease_text(info), times_as_rfc3339(info))
 
     @cli.command(
         epilog=_example(

@@ -191,8 +191,7 @@ def settled_line(task: Any) -> str:
     took = "-"
     if task.started_at is not None and task.ended_at is not None:
         took = duration(max(0.0, task.ended_at - task.started_at))
-    label = task.spec.name or " ".join(task.spec.argv)
-    label = label if len(label) <= 80 else label[:77] + "..."
+    label = task_label_text(task, 80)
     number = f"#{task.number}" if task.number else "#-"
     return f"{number:<5} {task.id}  {task.state:<9}  {ended:<12}  {took:>6}  {label}"
 
@@ -202,13 +201,18 @@ def _task_label(task: Any) -> str:
     return f"task {number}{task.id}"
 
 
+def task_label_text(task: Any, limit: int | None = None) -> str:
+    """The task's name, or its command, for a line on a terminal: cut at ``limit``
+    characters; its control characters shown escaped (argv may hold any: an escape
+    sequence, a newline must never reach the terminal, nor split a line)."""
+    label = task.spec.name or " ".join(task.spec.argv)
+    label = "".join(c if c.isprintable() else repr(c)[1:-1] for c in label)
+    return label if limit is None or len(label) <= limit else label[: limit - 3] + "..."
+
+
 def run_started_text(task: Any) -> str:
     """``run -v``, as its task starts: ``task #12 01jq3... started: make test``."""
-    label = task.spec.name or " ".join(task.spec.argv)
-    label = label if len(label) <= 80 else label[:77] + "..."
-    # (argv may hold control characters: shown escaped, never sent to the terminal)
-    label = "".join(c if c.isprintable() else repr(c)[1:-1] for c in label)
-    return f"{_task_label(task)} started: {label}"
+    return f"{_task_label(task)} started: {task_label_text(task, 80)}"
 
 
 def run_ended_text(task: Any, exit_status: int, verbose: bool) -> str:

@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from ferry.cli.render import duration
+from ferry.cli.render import duration, task_label_text
 from ferry.core.spec import GROUP_DEFAULT
 
 TYPE_CHECKING = False
@@ -91,11 +91,10 @@ def _row(task: Any, now: float) -> tuple[str, ...]:
         end = task.ended_at if task.ended_at is not None else (None if task.terminal else now)
         if end is not None:
             took = duration(max(0.0, end - task.started_at))
-    label = task.spec.name or " ".join(task.spec.argv)
     return (
         str(task.number or "-"), task.id, str(task.state),
         "-" if task.reason is None else str(task.reason), exit_text, started, took,
-        " ".join(label.split()),  # (a newline in a name must not break the table)
+        task_label_text(task),  # (escaped: a newline must not break the table)
     )  # fmt: skip
 
 

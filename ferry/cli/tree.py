@@ -82,7 +82,11 @@ def task_options(f: F) -> F:
             help="A unified diff covering every pointer: lets an --idempotent task run in "
             "self-contained mode when pointers are stale.",
         ),
-        click.option("--shell", is_flag=True, help="Run CMD through /bin/sh -c (never implied)."),
+        click.option(
+            "--shell",
+            is_flag=True,
+            help="Run CMD through /bin/sh -c, its words joined with spaces (never implied).",
+        ),
         click.option(
             "--log-max",
             metavar="BYTES",

@@ -94,7 +94,7 @@ def resolve_prefix(prefix: str, ids: Iterable[str]) -> str:
         raise UsageError("empty task id", code="usage.bad_id", details={"prefix": prefix})
     matches = sorted({task_id for task_id in ids if task_id.startswith(wanted)})
     if not matches:
-        raise NotFoundError(f"no task matches {shown(prefix)}", details={"prefix": shown(prefix)})
+        raise NotFoundError(f"no task matches {shown(prefix)}", details={"prefix": prefix})
     if len(matches) == 1:
         return matches[0]
     listed = matches[:AMBIGUOUS_LISTED_MAX]

@@ -271,6 +271,24 @@ def rfc3339(ts: float | None) -> str | None:
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 
+def times_as_rfc3339(value: Any) -> Any:
+    """``value`` (JSON: evidence, a lease) with every time in it, a number under a key
+    ``at`` or ending in ``_at``, made an RFC 3339 string, as the contract has times in
+    JSON (the journal keeps Unix seconds)."""
+    if isinstance(value, Mapping):
+        return {
+            key: rfc3339(item)
+            if (key == "at" or key.endswith("_at"))
+            and isinstance(item, int | float)
+            and not isinstance(item, bool)
+            else times_as_rfc3339(item)
+            for key, item in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [times_as_rfc3339(item) for item in value]
+    return value
+
+
 def _runner_json(runner: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """The task's runner (its supervisor): pid, start time, and ``alive`` as last
     proven (set by whoever probed it; null when unknown)."""
@@ -327,5 +345,5 @@ def task_to_json(task: Task, *, show_env_values: bool = False) -> dict[str, Any]
         "host": None if task.runner is None else task.runner.get("host_id"),
         "runner": _runner_json(task.runner),
         "cancel_requested": task.cancel_requested,
-        "evidence": dict(task.evidence),
+        "evidence": times_as_rfc3339(task.evidence),
     }

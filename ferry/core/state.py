@@ -475,7 +475,7 @@ class Table:
                 raise NotFoundError(
                     f"no task {shown(reference)}"
                     + (" (none submitted yet)" if not self.submitted else ""),
-                    details={"prefix": shown(reference)},
+                    details={"prefix": reference},
                 )
             return task
         task = self.get(reference)

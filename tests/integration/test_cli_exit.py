@@ -112,3 +112,13 @@ def test_output_left_in_the_buffer_for_a_reader_that_went_changes_no_exit_status
     finally:
         os.close(write_fd)
     assert (done.returncode, done.stderr) == (3, b"")
+
+
+def test_a_json_error_names_the_id_as_given(ferry: Ferry) -> None:
+    """``details.prefix`` is the id as typed, in every not-found error (was Python's
+    repr of it, quotes and escapes added, for an id or a number; found by a review)."""
+    ferry.ok("submit", "--", "true")
+    for given in ("it's", "99", "zz"):
+        result = ferry("--json", "show", given)
+        assert result.code == 5, result
+        assert json.loads(result.out)["error"]["details"]["prefix"] == given

@@ -56,6 +56,8 @@ def test_gc_forgets_settled_tasks_and_frees_their_logs_and_history(ferry: Ferry)
     report = ferry.json("gc", "--older-than", "0s", "--state", "succeeded")
     assert [t["id"] for t in report["forgotten"]] == old
     assert all(t["state"] == "SUCCEEDED" and t["bytes"] > 0 for t in report["forgotten"])
+    assert all(t["ended_at"].endswith("Z") for t in report["forgotten"])  # (RFC 3339)
+    assert report["ended_before"].endswith("Z")
     assert report["log_bytes"] == sum(t["bytes"] for t in report["forgotten"]) > 0
     assert report["compacted"] is True
     assert ids_listed(ferry) == [*failed, queued]

@@ -125,6 +125,28 @@ def test_logs_follow_replays_in_order_and_exits_by_the_outcome(
     assert ferry("logs", failed).code == 0
 
 
+def test_logs_follow_goes_on_to_a_retry_and_exits_by_the_last_attempt(
+    ferry: Ferry, tmp_path: Path
+) -> None:
+    """``--retries``: the first attempt fails, the second succeeds. ``logs -f`` follows
+    the task to its end, as ``wait`` does, and exits 0 (was: 1 as soon as the first
+    attempt ended, the task queued again; found by a review)."""
+    tried = tmp_path / "tried"
+    script = f"if [ -e {tried} ]; then echo second; else touch {tried}; echo first; exit 1; fi"
+    task_id = ferry.ok(
+        "submit", "--retries", "1", "--retry-delay", "0.5", "--", "sh", "-c", script
+    ).text.strip()
+    follower = ferry.start("logs", "-f", task_id)
+    worker = ferry.start("work", "--drain", "--poll", "0.05")
+    out, err = follower.communicate(timeout=60)
+    worker.communicate(timeout=60)
+    assert (follower.returncode, out) == (0, b"first\nsecond\n"), err
+    assert f"task {task_id} is retried: attempt 2" in err.decode()
+    assert ferry.task(task_id)["state"] == "SUCCEEDED"
+    # --attempt 1: that attempt alone, by its end
+    assert ferry("logs", "-f", "--attempt", "1", task_id).code == 1
+
+
 def test_ctrl_c_on_logs_follow_exits_130_quietly(ferry: Ferry, tmp_path: Path) -> None:
     """Before: 'ferry: error[interrupted]: interrupted' on stderr (exit 130)."""
     gate = tmp_path / "gate"

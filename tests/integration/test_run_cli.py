@@ -103,6 +103,15 @@ def test_exit_status_passes_through(ferry: Ferry, code: int) -> None:
     )
 
 
+def test_json_among_the_task_s_words_is_the_task_s(ferry: Ferry) -> None:
+    """(Found by a review: ``--json`` was taken out of CMD given without ``--``, and out
+    of an option's value, and ferry answered in JSON.)"""
+    assert ferry.ok("run", "echo", "hello", "--json").out == b"hello --json\n"
+    ferry.ok("submit", "--name", "--json", "printf", "%s", "--json")
+    task = ferry.tasks()[-1]
+    assert (task["name"], task["argv"]) == ("--json", ["printf", "%s", "--json"])
+
+
 def test_timeout_exits_124_and_kills_the_whole_tree(ferry: Ferry, tmp_path: Path) -> None:
     pidfile = tmp_path / "grandchild.pid"
     script = f"sleep 300 & echo $! > '{pidfile}'; wait"
@@ -489,6 +498,14 @@ def test_the_shell_is_used_only_when_asked(ferry: Ferry) -> None:
     assert ferry("run", "--shell", "--", "echo $HOME").out == f"{home}\n".encode()
     shells = [t["shell"] for t in ferry.tasks()]
     assert shells == [False, False, True]
+
+
+def test_shell_takes_cmd_s_words_as_one_command_line(ferry: Ferry) -> None:
+    """As pueue and GNU parallel do: the words joined with spaces, for /bin/sh -c (was:
+    the first word alone was the script, the others its $0, $1...: ``--shell -- echo
+    hello world`` printed an empty line; found by a review)."""
+    assert ferry.ok("run", "--shell", "--", "echo", "hello", "world").out == b"hello world\n"
+    assert ferry.ok("run", "--shell", "--", "echo", "$((1 + 2))", "|", "tr", "3", "x").out == b"x\n"
 
 
 def test_name_is_shown(ferry: Ferry) -> None:

@@ -146,6 +146,22 @@ def test_nul_and_control_characters_in_names_are_refused(cli: Ferry) -> None:
     assert cli.tasks() == []
 
 
+def test_control_characters_in_a_command_never_reach_the_terminal(cli: Ferry) -> None:
+    """argv may hold any character but NUL: an escape sequence (setting the terminal's
+    title, colours), a CR or a newline splitting a line. ``ls``, ``work`` and ``wait``
+    show them escaped, as ``run -v`` did (found by a review: only ``run -v`` did)."""
+    hostile = ["printf", "\x1b]0;pwned\x07\x1b[31m", "a\nb\rc"]
+    task_id = cli.ok("submit", "--", *hostile).text.strip()
+    outputs = [
+        (result.text + result.err)
+        for result in (cli.ok("ls"), cli.ok("work", "--drain"), cli.ok("wait", task_id))
+    ]
+    for text in outputs:
+        line = next(line for line in text.splitlines() if task_id in line)
+        assert "\\x1b]0;pwned\\x07\\x1b[31m a\\nb\\rc" in line, line
+        assert not any(c in text for c in "\x1b\x07\r"), text
+
+
 def test_ids_that_look_like_paths_match_nothing(cli: Ferry) -> None:
     cli.ok("run", "--", "echo", "logged")
     for command in ("show", "logs", "cancel", "retry", "kill"):

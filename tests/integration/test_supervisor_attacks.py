@@ -331,7 +331,7 @@ def test_claim_keeps_its_lease_while_its_supervisor_hashes_a_pinned_input(
         held = ferry.json("lease")
         assert held["holder"]["pid"] == claimer.pid
         wait_until(
-            lambda: ferry.json("lease")["expires_at"] > held["expires_at"] + 2,
+            lambda: ferry.json("lease")["expires_boot_s"] > held["expires_boot_s"] + 2,
             what="claim to renew its lease twice while the hashing lasts",
         )
         assert ferry.json("lease")["holder"]["pid"] == claimer.pid

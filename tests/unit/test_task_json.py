@@ -72,3 +72,26 @@ def test_the_runner_is_its_pid_start_time_and_liveness_as_last_proven() -> None:
     probed = Task(id="x", spec=TaskSpec(argv=("true",), cwd="/"), runner={**runner, "alive": True})
     assert task_to_json(probed)["runner"]["alive"] is True
     assert task_to_json(Task(id="x", spec=TaskSpec(argv=("true",), cwd="/")))["runner"] is None
+
+
+def test_times_in_the_evidence_are_rfc3339_too() -> None:
+    """The contract's "RFC 3339 strings everywhere in JSON": the evidence's times (kept as Unix seconds
+    in the journal) too (found by a review: started_at, ended_at, signals[].at were
+    numbers beside the task's own strings of the same names)."""
+    from ferry.core._value import replace
+    from ferry.core.model import times_as_rfc3339
+
+    evidence = {
+        "started_at": 1_715_000_001.5, "ended_at": 1_715_000_002,
+        "signals": [{"signal": 15, "at": 1_715_000_001.75}],
+        "recovery": {"decided_at": "2024-05-06T12:53:21.000Z", "heartbeat_age_s": 3.5},
+        "escapees_stopped": True, "log_bytes": {"stdout": 3},
+    }  # fmt: skip
+    shown = task_to_json(replace(TASK, evidence=evidence))["evidence"]
+    assert shown == {
+        "started_at": rfc3339(1_715_000_001.5), "ended_at": rfc3339(1_715_000_002),
+        "signals": [{"signal": 15, "at": rfc3339(1_715_000_001.75)}],
+        "recovery": {"decided_at": "2024-05-06T12:53:21.000Z", "heartbeat_age_s": 3.5},
+        "escapees_stopped": True, "log_bytes": {"stdout": 3},
+    }  # fmt: skip
+    assert times_as_rfc3339({"at_least": 3, "flag_at": True}) == {"at_least": 3, "flag_at": True}
