@@ -53,7 +53,12 @@ _FLAGS = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
 _BEAT_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
 _GIVEN_FLAGS = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
 _READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
-BEAT_MAGIC = b"ferry-beat/1"
+# A record's clock, by its magic: /2 CLOCK_MONOTONIC (which stops while the machine is
+# suspended, as the supervisors do), /1 CLOCK_BOOTTIME (written until the seventeenth
+# session; still read).
+BEAT_MAGICS = {b"ferry-beat/2": "monotonic", b"ferry-beat/1": "boot"}
+_MAGIC_OF = {clock: magic for magic, clock in BEAT_MAGICS.items()}
+_CLOCK_IDS = {"monotonic": time.CLOCK_MONOTONIC, "boot": time.CLOCK_BOOTTIME}
 BEAT_BYTES = 128  # every record has this size: a shorter one would leave a tail behind
 _BEAT_READS = 3  # a read that met a beat half written is tried again, this many times
 
@@ -73,18 +78,27 @@ def alive_path(home: str | os.PathLike[str], task_id: str, attempt: int) -> str:
 
 class Beat(Value):
     """A sound beat record: written in boot ``boot_id``, in the time namespace
-    ``time_namespace`` (0: unknown), at ``boot_clock_ns`` on that CLOCK_BOOTTIME."""
+    ``time_namespace`` (0: unknown), at ``clock_ns`` on that boot's ``clock``
+    (``"monotonic"``, or ``"boot"`` in an older record)."""
 
-    __slots__ = ("boot_clock_ns", "boot_id", "time_namespace")
-    _FIELDS = ("boot_id", "time_namespace", "boot_clock_ns")
+    __slots__ = ("boot_id", "clock", "clock_ns", "time_namespace")
+    _FIELDS = ("boot_id", "time_namespace", "clock_ns", "clock")
     boot_id: str
     time_namespace: int
-    boot_clock_ns: int
+    clock_ns: int
+    clock: str
 
-    def __init__(self, boot_id: str, time_namespace: int, boot_clock_ns: int) -> None:
+    def __init__(
+        self, boot_id: str, time_namespace: int, clock_ns: int, clock: str = "monotonic"
+    ) -> None:
         init(self, "boot_id", boot_id)
         init(self, "time_namespace", time_namespace)
-        init(self, "boot_clock_ns", boot_clock_ns)
+        init(self, "clock_ns", clock_ns)
+        init(self, "clock", clock)
+
+    def age_s(self) -> float:
+        """Seconds since the beat, on its clock (read after the record: never < 0)."""
+        return (time.clock_gettime_ns(_CLOCK_IDS[self.clock]) - self.clock_ns) / 1e9
 
 
 def beat_record(beat: Beat) -> bytes | None:
@@ -95,7 +109,7 @@ def beat_record(beat: Beat) -> bytes | None:
         return None
     if boot.split() != [boot]:  # one word, without whitespace (nor empty)
         return None
-    body = b"%s %s %d %d" % (BEAT_MAGIC, boot, beat.time_namespace, beat.boot_clock_ns)
+    body = b"%s %s %d %d" % (_MAGIC_OF[beat.clock], boot, beat.time_namespace, beat.clock_ns)
     line = b"%s %08x" % (body, zlib.crc32(body))
     return line.ljust(BEAT_BYTES - 1) + b"\n" if len(line) < BEAT_BYTES else None
 
@@ -107,18 +121,18 @@ def parse_beat(raw: bytes) -> Beat | None:
     fields = raw[: BEAT_BYTES - 1].split(b" ")
     while fields and fields[-1] == b"":  # the padding
         fields.pop()
-    if len(fields) != 5 or fields[0] != BEAT_MAGIC:
+    if len(fields) != 5 or fields[0] not in BEAT_MAGICS:
         return None
     _, boot, namespace, clock, crc = fields
     if not (namespace.isdigit() and clock.isdigit() and boot.isascii() and boot):
         return None
     if crc != b"%08x" % zlib.crc32(b" ".join(fields[:4])):
         return None
-    return Beat(boot.decode("ascii"), int(namespace), int(clock))
+    return Beat(boot.decode("ascii"), int(namespace), int(clock), BEAT_MAGICS[fields[0]])
 
 
 def _now() -> bytes | None:
-    clock_ns = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+    clock_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
     return beat_record(Beat(boot_id(), time_namespace() or 0, clock_ns))
 
 

@@ -126,12 +126,14 @@ def probe_task(
 def heartbeat_age(path: str, wall_now: float) -> tuple[float, str] | None:
     """How long ago the runner beat (the file ``path``), and on which clock.
 
-    ``"boot"``: on CLOCK_BOOTTIME, from the file's beat record when it is sound and was
-    written in this boot and this time namespace; no step of the wall clock moves it.
-    ``"wall"``: ``wall_now`` minus the file's mtime, as ferry always did: for a file
-    without a sound record of ours (written by an older ferry, torn, from a container
-    with its own time namespace). None: no such file. Raises OSError when the file
-    cannot be read.
+    ``"monotonic"``: on CLOCK_MONOTONIC, from the file's beat record when it is sound
+    and was written in this boot and this time namespace; no step of the wall clock
+    moves it, nor a suspend of the machine (nothing beats while it sleeps: on the boot
+    clock, every task looked stale right after a resume). ``"boot"``: the same on
+    CLOCK_BOOTTIME, for a record of an older ferry. ``"wall"``: ``wall_now`` minus the
+    file's mtime, as ferry always did: for a file without a sound record of ours
+    (written by an older ferry still, torn, from a container with its own time
+    namespace). None: no such file. Raises OSError when the file cannot be read.
     """
     seen = read_beat(path)
     if seen is None:
@@ -139,5 +141,4 @@ def heartbeat_age(path: str, wall_now: float) -> tuple[float, str] | None:
     beat, mtime = seen
     if beat is None or (beat.boot_id, beat.time_namespace) != (boot_id(), time_namespace() or 0):
         return wall_now - mtime, "wall"
-    now_ns = time.clock_gettime_ns(time.CLOCK_BOOTTIME)  # after the read: never negative
-    return (now_ns - beat.boot_clock_ns) / 1e9, "boot"
+    return beat.age_s(), beat.clock

@@ -91,8 +91,8 @@ def test_the_holder_scan_finds_the_processes_that_inherited_the_lock_only(
 STEP_S = 1000.0  # a wall clock far off: an age measured on it would show
 
 
-def test_a_beat_is_aged_on_the_boot_clock_an_old_file_by_its_mtime(tmp_path: Path) -> None:
-    """The record ``hold`` and ``beat`` write is aged on CLOCK_BOOTTIME, whatever the
+def test_a_beat_is_aged_on_the_monotonic_clock_an_old_file_by_its_mtime(tmp_path: Path) -> None:
+    """The record ``hold`` and ``beat`` write is aged on CLOCK_MONOTONIC, whatever the
     wall clock says; a file without one (an older ferry's) by its mtime, as before."""
     from ferry.proc.liveness import heartbeat_age
 
@@ -102,7 +102,7 @@ def test_a_beat_is_aged_on_the_boot_clock_an_old_file_by_its_mtime(tmp_path: Pat
     try:
         for _ in range(2):
             age, clock = heartbeat_age(path, time.time() + STEP_S) or (None, None)
-            assert clock == "boot" and age is not None and 0 <= age < STEP_S / 2
+            assert clock == "monotonic" and age is not None and 0 <= age < STEP_S / 2
             alivelock.beat(path)
     finally:
         alivelock.release(fd)
@@ -110,6 +110,43 @@ def test_a_beat_is_aged_on_the_boot_clock_an_old_file_by_its_mtime(tmp_path: Pat
     old.touch()
     age, clock = heartbeat_age(old, time.time() + STEP_S) or (None, None)
     assert clock == "wall" and age is not None and age > STEP_S / 2
+
+
+def test_a_suspend_of_the_machine_does_not_age_a_beat(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing runs while the machine is suspended, its supervisors included: their
+    beats cannot be due then. Right after a resume CLOCK_BOOTTIME (and the wall clock)
+    are a suspend further on, CLOCK_MONOTONIC is not. Aged on the boot clock, every
+    running task looked stale to the first recovery pass, and ``--kill-stale`` killed
+    them (found by a review, with that simulation). Beats are aged on CLOCK_MONOTONIC;
+    a record of an older ferry (on the boot clock) as before."""
+    from ferry.proc.liveness import heartbeat_age
+
+    path = tmp_path / "t.1"
+    fd = alivelock.hold(path)
+    try:
+        real = time.clock_gettime_ns
+        suspended_ns = int(STEP_S * 1e9)
+        monkeypatch.setattr(
+            time,
+            "clock_gettime_ns",
+            lambda clock: real(clock) + (suspended_ns if clock == time.CLOCK_BOOTTIME else 0),
+        )
+        age, clock = heartbeat_age(path, time.time() + STEP_S) or (None, None)
+        assert clock == "monotonic" and age is not None and 0 <= age < STEP_S / 2
+        monkeypatch.undo()
+        old = alivelock.parse_beat(path.read_bytes())
+        assert old is not None  # (a boot-clock record, as ferry-beat/1 wrote them)
+        record = alivelock.beat_record(
+            alivelock.Beat(old.boot_id, old.time_namespace, real(time.CLOCK_BOOTTIME), "boot")
+        )
+        assert record is not None and record.startswith(b"ferry-beat/1 ")
+        path.write_bytes(record)
+        age, clock = heartbeat_age(path, time.time()) or (None, None)
+        assert clock == "boot" and age is not None and 0 <= age < STEP_S / 2
+    finally:
+        alivelock.release(fd)
 
 
 def sound_record(path: Path) -> bytes:
@@ -189,8 +226,8 @@ def test_reads_racing_a_beating_runner_give_true_ages_only(tmp_path: Path) -> No
         assert writer.stdout is not None and writer.stdout.readline() == b"beating\n"
         for _ in range(20000):
             age, clock = heartbeat_age(path, time.time()) or (None, None)
-            assert age is not None and clock in ("boot", "wall"), (age, clock)
-            assert 0 <= age < STEP_S / 2 if clock == "boot" else abs(age) < STEP_S / 2
+            assert age is not None and clock in ("monotonic", "wall"), (age, clock)
+            assert 0 <= age < STEP_S / 2 if clock == "monotonic" else abs(age) < STEP_S / 2
     finally:
         writer.kill()
         writer.wait(timeout=10)
