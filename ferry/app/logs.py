@@ -7,8 +7,9 @@ ferry's stdout and its stderr to ferry's stderr (``merged``: both to stdout); wi
 that one stream goes to stdout. ``--tail N`` keeps the last N lines of each stream.
 ``-f`` keeps copying new bytes until the task settles, then copies what is left. With
 ``--json`` each chunk is one JSON line ``{"task", "stream", "offset", "text"}``, in write
-order (text decoded as UTF-8 with backslash escapes: use the plain mode for exact
-bytes).
+order: ``text`` is the chunk's bytes as UTF-8 (a character split between two chunks is
+shown whole, with the second); bytes that are not UTF-8 are backslash escapes there,
+and the line then also has ``b64``, the chunk's exact bytes.
 
 A log kept with ``--log-max`` has a hole where the middle of its stream was dropped
 (:mod:`ferry.proc._logcap`): its offsets stay the stream's, and the hole is skipped
@@ -43,7 +44,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from ferry.proc.logorder import ENTRY_BYTES, STDERR, STDOUT, order_path, unpack
 from journal import _json
@@ -176,6 +177,10 @@ class _Replay:
         self.fds: list[int | None] = [None, None]
         self.last_out: BinaryIO | None = None  # flushed before the other one is written
         self.copied = 0
+        # --json, per stream: the bytes of a character a chunk ended inside (the rest is
+        # in the next one), and their offset: shown with that rest.
+        self.held = [b"", b""]
+        self.held_at = [0, 0]
 
     def pump(self, *, final: bool) -> int:
         """Replay what the logs hold now; the number of bytes copied. ``final``: the
@@ -195,6 +200,9 @@ class _Replay:
         if not self.entries:
             for stream in (STDOUT, STDERR):
                 self._copy(stream, sizes[stream])
+        if final:  # (a character cut short at the end: shown as it is)
+            for stream in (STDOUT, STDERR):
+                self._let_go_held(stream)
         if self.copied and self.last_out is not None:
             self.last_out.flush()
         return self.copied
@@ -269,6 +277,7 @@ class _Replay:
     def _dropped(self, stream: int, out: BinaryIO, offset: int, count: int) -> None:
         """Bytes the log did not keep (``--log-max``), at ``offset``: say so, in place."""
         if self.as_json:
+            self._let_go_held(stream)
             line = {"stream": _NAMES[stream], "offset": offset, "dropped": count}
             out.write(_json.dumps(line) + b"\n")
             self.last_out = out
@@ -289,6 +298,27 @@ class _Replay:
             if self.outs[stream] is not None and self.fds[stream] is None
         ]
 
+    def _let_go_held(self, stream: int) -> None:
+        """Show what was held of a character, as it is (what followed it is not its rest)."""
+        held, out = self.held[stream], self.outs[stream]
+        if held and out is not None:
+            self.held[stream] = b""
+            self._json_chunk(stream, out, self.held_at[stream], held)
+
+    def _json_chunk(self, stream: int, out: BinaryIO, offset: int, chunk: bytes) -> None:
+        """One chunk, one JSON line: ``text`` (UTF-8; bytes that are not, as backslash
+        escapes) and then also ``b64``, the chunk's exact bytes."""
+        line: dict[str, Any] = {"task": self.task_id, "stream": _NAMES[stream], "offset": offset}
+        try:
+            line["text"] = chunk.decode("utf-8")
+        except UnicodeDecodeError:
+            import base64  # (lazy: most logs are text)
+
+            line["text"] = chunk.decode("utf-8", "backslashreplace")
+            line["b64"] = base64.b64encode(chunk).decode("ascii")
+        out.write(_json.dumps(line) + b"\n")
+        self.last_out = out
+
     def close(self) -> None:
         for fd in (*self.fds, self.index_fd):
             if fd is not None:
@@ -297,14 +327,39 @@ class _Replay:
 
     def _write(self, stream: int, out: BinaryIO, offset: int, chunk: bytes) -> None:
         if self.as_json:
-            text = chunk.decode("utf-8", "backslashreplace")
-            line = {"task": self.task_id, "stream": _NAMES[stream], "offset": offset, "text": text}
-            out.write(_json.dumps(line) + b"\n")
+            held = self.held[stream]
+            if held and self.held_at[stream] + len(held) == offset:
+                chunk, offset = held + chunk, self.held_at[stream]
+            else:
+                self._let_go_held(stream)
+            whole = _whole_characters(chunk)
+            self.held[stream], self.held_at[stream] = chunk[whole:], offset + whole
+            if whole:
+                self._json_chunk(stream, out, offset, chunk[:whole])
         else:
             if self.last_out is not None and self.last_out is not out:
                 self.last_out.flush()  # (both may be one terminal: keep them in order)
             out.write(chunk)
         self.last_out = out
+
+
+def _whole_characters(data: bytes) -> int:
+    """How much of ``data`` ends on a UTF-8 character's boundary: all of it but the
+    first bytes of a character it ends inside (up to 3)."""
+    for back in range(1, min(3, len(data)) + 1):
+        byte = data[-back]
+        if byte & 0xC0 != 0x80:  # a character's first byte (or ASCII), not a continuation
+            size = (
+                2
+                if byte & 0xE0 == 0xC0
+                else 3
+                if byte & 0xF0 == 0xE0
+                else 4
+                if byte & 0xF8 == 0xF0
+                else 1
+            )
+            return len(data) - back if size > back else len(data)
+    return len(data)
 
 
 def print_logs(

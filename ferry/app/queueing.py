@@ -25,7 +25,7 @@ from ferry.core.errors import InternalError, NotFoundError, RefusedError, UsageE
 from ferry.core.fold import MOVED_CODES, RACE_TRIES, RETRIED_REASONS
 from ferry.core.ids import shown
 from ferry.core.model import Reason, State, Task
-from ferry.core.spec import SECONDS_MAX, check_group
+from ferry.core.spec import NOT_BEFORE_MAX, SECONDS_MAX, check_group
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -93,8 +93,8 @@ def parse_not_before(text: str, now: float) -> float:
         return now + seconds
     import datetime
 
-    try:
-        moment = datetime.datetime.fromisoformat(value)
+    try:  # (RFC 3339 allows "t" and "z" in lower case)
+        moment = datetime.datetime.fromisoformat(value.upper())
     except ValueError:
         moment = None
     if moment is None or "T" not in value.upper() or moment.tzinfo is None:
@@ -102,6 +102,10 @@ def parse_not_before(text: str, now: float) -> float:
             f"--not-before {text!r}: give an RFC 3339 time with its zone"
             " (2026-05-01T02:00:00Z) or +SECONDS",
             code="usage.bad_time",
+        )
+    if not 0 <= moment.timestamp() <= NOT_BEFORE_MAX:
+        raise UsageError(
+            f"--not-before {text!r}: give a time between 1970 and 2400", code="usage.bad_time"
         )
     return moment.timestamp()
 

@@ -217,6 +217,8 @@ def register(
         """
         ctx.runs_task = True
         result = ctx.service().claim(lease_ttl_s=lease_ttl, stdout_echo_fd=ctx.stdout_echo_fd)
+        if result is not None:  # (as run: a line when its task did not succeed)
+            ctx.reporter.run_ended(result)
         status = int(ctx.ran(result))
         return empty_exit if result is None else status
 

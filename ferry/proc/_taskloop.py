@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import functools
 import os
+import resource
 import select
 import signal
 import threading
@@ -38,6 +40,7 @@ SIGKILL_WAIT_S = 5.0  # wait this long for the group to die after SIGKILL, at mo
 GROUP_POLL_S = 0.02  # how often to look for surviving members once the leader exited
 LEADER_POLL_S = 0.05  # only without pidfd support
 DRAIN_BACKLOG_BYTES = 4 * ECHO_BACKLOG_BYTES  # passthrough held for a stalled reader, at most
+SHRINK_TRIES = 100  # a pipe whose reader went: read, then made a page, this often at most
 
 
 _local = threading.local()
@@ -338,7 +341,8 @@ class TaskLoop:
         closed, so that the task's next write to it fails as it would have without
         ferry (SIGPIPE; under ``--pty`` the terminal's master is closed: EIO). Its log
         holds every byte written until then (but what it writes in the moment between
-        that last read and the close, which a shell pipe loses alike). (Was: read and
+        that last read and the close, a page at most, which a shell pipe loses alike:
+        ``_log_what_is_there``). (Was: read and
         logged for ever, gigabytes a second, the task RUNNING.) Once the launcher is
         gone (``kill -9`` of ``run``, its terminal closed after it) the task runs on
         alone and no write of it fails: its output is logged in full."""
@@ -473,18 +477,34 @@ class TaskLoop:
 
 def _log_what_is_there(fd: int, sink: Sink) -> None:
     """Read what the task's pipe holds now into its log (its passthrough is gone), up
-    to its end or to what would block."""
+    to its end or to what would block. The pipe is made a page first (its size may be
+    1 MiB: ``PIPE_BYTES``): what the task writes between that last read and the close
+    is a page at most. (A pipe holding more refuses to shrink: read, tried again.)"""
     os.set_blocking(fd, False)
+    for _ in range(SHRINK_TRIES):
+        if not _read_what_is_there(fd, sink):
+            return  # (its end)
+        try:
+            fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, resource.getpagesize())
+            break
+        except OSError as e:
+            if e.errno != errno.EBUSY:
+                break  # (not a pipe: a terminal's master)
+    _read_what_is_there(fd, sink)
+
+
+def _read_what_is_there(fd: int, sink: Sink) -> bool:
+    """Read the pipe into the log up to what would block (True) or its end (False)."""
     buffer, view = _read_buffer()
     while True:
         try:
             n = os.readv(fd, [buffer])
         except (BlockingIOError, InterruptedError):
-            return
+            return True
         except OSError as e:
             if e.errno == errno.EIO:  # (a pseudo-terminal's master, its slave closed)
-                return
+                return False
             raise
         if not n:
-            return
+            return False
         sink.write(view[:n])

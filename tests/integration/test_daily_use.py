@@ -219,6 +219,9 @@ def test_claim_on_an_empty_queue_can_exit_as_told_so_a_loop_ends(ferry: Ferry) -
                             timeout=60, check=False)  # fmt: skip
     assert result.stdout == b"2\n", result
     assert [t["state"] for t in ferry.tasks()] == ["SUCCEEDED", "FAILED"]
+    # As run, a line for a task that did not succeed (was none: found by a review).
+    failed = ferry.tasks()[-1]["id"]
+    assert f"task #2 {failed} failed: EXIT_NONZERO (exit 1)" in result.stderr.decode()
 
 
 @pytest.mark.parametrize(

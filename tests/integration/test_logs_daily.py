@@ -10,6 +10,7 @@ shell's ``echo a; echo b >&2``, microseconds apart) reach it together.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -145,6 +146,45 @@ def test_logs_follow_goes_on_to_a_retry_and_exits_by_the_last_attempt(
     assert ferry.task(task_id)["state"] == "SUCCEEDED"
     # --attempt 1: that attempt alone, by its end
     assert ferry("logs", "-f", "--attempt", "1", task_id).code == 1
+
+
+# argv: "o:HEX" or "e:HEX": those bytes to stdout or stderr, each once the one before is
+# in its log.
+PIECES = r"""
+import os, sys, time
+home, task, attempt = os.environ["FERRY_HOME"], os.environ["FERRY_TASK_ID"], os.environ["FERRY_ATTEMPT"]
+for piece in sys.argv[1:]:
+    fd, data = (2 if piece[0] == "e" else 1), bytes.fromhex(piece[2:])
+    log = os.path.join(home, "logs", task, attempt + (".stderr" if fd == 2 else ".stdout"))
+    size = os.path.getsize(log) if os.path.exists(log) else 0
+    os.write(fd, data)
+    while not os.path.exists(log) or os.path.getsize(log) < size + len(data):
+        time.sleep(0.002)
+"""
+
+
+def test_logs_json_is_byte_exact_whatever_the_chunks(ferry: Ferry) -> None:
+    """A character split between two chunks (a write to the other stream between its
+    bytes) is one character in ``text``, not two escapes; bytes that are not UTF-8 come
+    with ``b64``, the chunk's exact bytes (their ``text`` alone reads like the text
+    ``\\xff``: found by a review)."""
+    stdout = "price: €".encode(), b" ok\n", b"\xff raw\n"
+    pieces = [
+        "o:" + stdout[0][:-1].hex(), "e:" + b"between\n".hex(),
+        "o:" + (stdout[0][-1:] + stdout[1]).hex(), "e:" + b"again\n".hex(), "o:" + stdout[2].hex(),
+    ]  # fmt: skip
+    ferry.ok("run", "--", sys.executable, "-c", PIECES, *pieces)
+    task_id = ferry.tasks()[-1]["id"]
+    chunks = [json.loads(line) for line in ferry.ok("--json", "logs", task_id).out.splitlines()]
+    out = [c for c in chunks if c["stream"] == "stdout"]
+    assert "".join(c["text"] for c in out[:-1]) == "price: € ok\n"
+    assert all("b64" not in c for c in out[:-1])
+    assert base64.b64decode(out[-1]["b64"]) == stdout[2] and out[-1]["text"] == "\\xff raw\n"
+    exact = b"".join(base64.b64decode(c["b64"]) if "b64" in c else c["text"].encode() for c in out)
+    assert exact == b"".join(stdout)
+    assert [c["offset"] for c in out] == [0, *(
+        sum(len(c["text"].encode()) for c in out[:i]) for i in range(1, len(out))
+    )]  # fmt: skip
 
 
 def test_ctrl_c_on_logs_follow_exits_130_quietly(ferry: Ferry, tmp_path: Path) -> None:

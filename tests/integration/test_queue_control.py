@@ -111,6 +111,7 @@ def test_group_lists_limits_pauses_and_counts(ferry: Ferry) -> None:
         (("submit", "--not-before", "tomorrow", "--", "true"), 2, "usage.bad_time"),
         (("submit", "--not-before", "2026-05-01T02:00:00", "--", "true"), 2, "usage.bad_time"),
         (("submit", "--not-before", "+x", "--", "true"), 2, "usage.bad_time"),
+        (("submit", "--not-before", "9999-01-01T00:00:00Z", "--", "true"), 2, "usage.bad_time"),
         (("submit", "--after", "zzzzzz", "--", "true"), 5, "task.unknown_dependency"),
         (("submit", "--after", "7", "--", "true"), 5, "task.unknown_dependency"),
     ],
@@ -120,6 +121,19 @@ def test_bad_queue_input_is_one_coded_line(
 ) -> None:
     ferry.refused(exit_code, code, *args)
     assert ferry.tasks() == []
+
+
+def test_not_before_takes_rfc3339_in_lower_case_and_says_what_is_out_of_range(
+    ferry: Ferry,
+) -> None:
+    """RFC 3339 allows "t" and "z" in lower case (refused before); a time past the year
+    2400 was "not_before must be a time (Unix seconds)" (found by a review)."""
+    task = ferry.ok("submit", "--not-before", "2031-01-01t00:00:00z", "--", "true").text.strip()
+    assert ferry.task(task)["not_before"] == "2031-01-01T00:00:00.000Z"
+    result = ferry.refused(
+        2, "usage.bad_time", "submit", "--not-before", "9999-01-01T00:00:00Z", "--", "true"
+    )
+    assert "between 1970 and 2400" in result.err
 
 
 # ---- pause and resume -----------------------------------------------------------------

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -165,4 +166,8 @@ def test_what_the_task_wrote_before_the_reader_went_is_all_logged(
     written, done = count.read_text().split()
     assert done == "done"
     task = ferry.only_task()
-    assert task["evidence"]["log_bytes"]["stdout"] == int(written) * 1024
+    # What it wrote between the supervisor's last read and its close of the pipe is
+    # lost (as a shell pipe loses it): a page at most, the pipe made that small first.
+    # (Was up to the pipe's 1 MiB: 376 KiB once on a loaded CI machine.)
+    lost = int(written) * 1024 - task["evidence"]["log_bytes"]["stdout"]
+    assert 0 <= lost <= resource.getpagesize(), lost
