@@ -31,6 +31,19 @@ def count(pg_url: str, sql: str) -> int:
         return int(conn.execute(sql).fetchone()[0])
 
 
+def keys_in_16_buckets(pg_url: str, count: int) -> list[str]:
+    """``count`` keys whose buckets (``store.KEY_BUCKETS``) are among the first 16."""
+    with psycopg.connect(pg_url) as conn:
+        return [
+            row[0]
+            for row in conn.execute(
+                "SELECT k FROM (SELECT 'k' || n AS k FROM generate_series(1, 1000000) AS n) AS c"
+                " WHERE hashtextextended(k, 0) & %s < 16 LIMIT %s",
+                (store.KEY_BUCKETS - 1, count),
+            )
+        ]
+
+
 def waiting_on_a_lock(pg_url: str) -> int:
     """How many sessions wait for an advisory lock now."""
     return count(pg_url, "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory'")
@@ -66,15 +79,8 @@ def test_a_batch_of_many_keys_and_a_write_of_one_of_them_go_one_after_the_other(
     the batch holds is not held up."""
     a, b = hosts("a"), hosts("b")
     mask = store.KEY_BUCKETS - 1
+    keys = keys_in_16_buckets(pg_url, store.KEYS_ONE_BY_ONE + 1)
     with psycopg.connect(pg_url) as conn:
-        keys = [
-            row[0]
-            for row in conn.execute(
-                "SELECT k FROM (SELECT 'k' || n AS k FROM generate_series(1, 1000000) AS n) AS c"
-                " WHERE hashtextextended(k, 0) & %s < 16 LIMIT %s",
-                (mask, store.KEYS_ONE_BY_ONE + 1),
-            )
-        ]
         free = next(
             f"free{n}"
             for n in range(10_000)
@@ -179,18 +185,12 @@ def test_a_batch_of_many_keys_after_a_task_and_a_cancel_of_that_task_both_end(
     X's row and waited for X's bucket: the server broke the cycle, one of them exit 75
     "deadlock"). Every writer now locks the rows it reads before any key."""
     a, b = hosts("a"), hosts("b")
-    mask = store.KEY_BUCKETS - 1
+    keys = keys_in_16_buckets(pg_url, store.KEYS_ONE_BY_ONE + 2)
+    x_key = keys.pop()
     with psycopg.connect(pg_url) as conn:
-        keys = [
-            row[0]
-            for row in conn.execute(
-                "SELECT k FROM (SELECT 'k' || n AS k FROM generate_series(1, 1000000) AS n) AS c"
-                " WHERE hashtextextended(k, 0) & %s < 16 LIMIT %s",
-                (mask, store.KEYS_ONE_BY_ONE + 2),
-            )
-        ]
-        x_key = keys.pop()
-        bucket = conn.execute("SELECT hashtextextended(%s, 0) & %s", (x_key, mask)).fetchone()[0]
+        bucket = conn.execute(
+            "SELECT hashtextextended(%s, 0) & %s", (x_key, store.KEY_BUCKETS - 1)
+        ).fetchone()[0]
     x = a.ok("submit", "--key", x_key, "--", "true").text.strip()
     source = tmp_path / "lines"
     source.write_text(
