@@ -52,7 +52,7 @@ def table(tasks: Sequence[Any], *, now: float | None = None) -> str:
             if width - _line_length(rows, columns[:-1]) - len(_GAP) >= _NAME_MIN:
                 break
             columns.remove(rows[0].index(name))
-    widths = {i: max(len(row[i]) for row in rows) for i in columns}
+    widths = {i: max(_cells(row[i]) for row in rows) for i in columns}
     if width is not None:
         fixed = sum(widths[i] + len(_GAP) for i in columns[:-1])
         shown = {rows[0][i] for i in columns}
@@ -65,8 +65,8 @@ def table(tasks: Sequence[Any], *, now: float | None = None) -> str:
         cells = [row[i].ljust(widths[i]) for i in columns[:-1]]
         cells.append(_cut(row[-1], widths[columns[-1]]))
         line = _GAP.join(cells).rstrip()
-        if width is not None and len(line) > width:
-            line = line[:width].rstrip()  # (narrower than the fewest columns: as ps cuts)
+        if width is not None and _cells(line) > width:
+            line = _take(line, width).rstrip()  # (narrower than the fewest columns: as ps)
         state = row[_STATE]
         if colour and n > 0 and state in _COLOURS and len(line) >= state_at + len(state):
             coloured = f"\x1b[{_COLOURS[state]}m{state}\x1b[0m"
@@ -99,11 +99,41 @@ def _row(task: Any, now: float) -> tuple[str, ...]:
 
 
 def _line_length(rows: Sequence[tuple[str, ...]], columns: Sequence[int]) -> int:
-    return sum(max(len(row[i]) for row in rows) for i in columns) + len(_GAP) * (len(columns) - 1)
+    return sum(max(_cells(row[i]) for row in rows) for i in columns) + len(_GAP) * (
+        len(columns) - 1
+    )
 
 
 def _cut(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: max(0, width - 3)] + "..."
+    return text if _cells(text) <= width else _take(text, max(0, width - 3)) + "..."
+
+
+def _cells(text: str) -> int:
+    """The terminal cells ``text`` takes: 2 for a wide character (CJK, most emoji), 0
+    for a combining one (names and commands are any text)."""
+    if text.isascii():
+        return len(text)
+    return sum(map(_cell, text))
+
+
+def _cell(char: str) -> int:
+    import unicodedata  # (lazy: a table of ASCII needs none)
+
+    if unicodedata.combining(char):
+        return 0
+    return 2 if unicodedata.east_asian_width(char) in ("W", "F") else 1
+
+
+def _take(text: str, width: int) -> str:
+    """The longest start of ``text`` that takes at most ``width`` cells."""
+    if text.isascii():
+        return text[:width]
+    used = 0
+    for index, char in enumerate(text):
+        used += _cell(char)
+        if used > width:
+            return text[:index]
+    return text
 
 
 def _width() -> int | None:

@@ -99,3 +99,24 @@ def test_a_narrow_terminal_gets_a_table_that_still_fits(ferry: Ferry, columns: i
     assert header[:2] == ["#", "STATE"] and "ID" not in header, header
     if columns >= 50:
         assert header[-1] == "NAME/COMMAND" and lines[2].split()[:3] == ["2", "FAILED", "1"]
+
+
+@pytest.mark.parametrize("columns", [80, 60, 40])
+def test_wide_characters_take_two_cells_and_still_fit(ferry: Ferry, columns: int) -> None:
+    """CJK and emoji take two cells of a terminal, combining marks none: the table is
+    measured in cells (was: in code points, and rows of CJK names were up to 95 cells
+    wide at COLUMNS=80, wrapping; found by a review)."""
+    import unicodedata
+
+    def cells(text: str) -> int:
+        return sum(
+            0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1
+            for c in text
+        )
+
+    for name in ("構築とテストと配布" * 4, "🚀 deploy " * 8, "e\u0301" * 60):
+        ferry.ok("submit", "--name", name, "--", "true")
+    ferry.env["COLUMNS"] = str(columns)
+    lines = ferry.ok("ls").out.decode().splitlines()
+    assert len(lines) == 4 and max(cells(line) for line in lines) <= columns, lines
+    assert all(line.endswith("...") for line in lines[1:]), lines
