@@ -36,14 +36,21 @@ from ferry.app import collector, outbox
 from ferry.app.runner import (
     RunResult,
     before_spawn_event,
+    cancel_stands,
     child_environ,
     error_from_json,
     unstarted_end,
 )
 from ferry.core import events as ev
-from ferry.core._value import replace
-from ferry.core.errors import EX_FERRY_FAILED, FerryError, InternalError, Interrupted, RefusedError
-from ferry.core.fold import task_to_record
+from ferry.core.errors import (
+    EX_FERRY_FAILED,
+    EX_TEMPFAIL,
+    FerryError,
+    InternalError,
+    Interrupted,
+    RefusedError,
+)
+from ferry.core.fold import fold_event, task_to_record
 from ferry.core.model import State, Task
 from ferry.core.spec import TaskSpec
 from ferry.proc._control import Channel, ChannelClosed, channel_pair, close_inherited_descriptors
@@ -579,6 +586,7 @@ class _Foreground:
         self.on_started = on_started
         self.task = launch.task
         self.signals_seen = 0
+        self.unwritten = False  # a write of ours failed (said once)
 
     def run(
         self,
@@ -643,14 +651,20 @@ class _Foreground:
         return record
 
     def _claimed(self, record: Record, on_claimed: Callable[[], None]) -> RunResult:
+        """``on_claimed`` (``claim``: the lease let go) once the task is given its go,
+        or will never be: a supervisor of a leader's claim gives it back when another
+        leader holds the lease before its go (``deposed``), and ``claim``'s own release
+        let a ``recover`` take it meanwhile."""
         launch = self.launch
-        on_claimed()
         if record[0] == "SETTLED":  # a pinned input changed: settled FAILED, not run
+            on_claimed()
             return RunResult(self._task(), EX_FERRY_FAILED, launch.plan_error)
         if self._before_spawn():
+            on_claimed()
             return RunResult(self._task(), self.before_spawn_status)
         self.on_started(self._task())  # (before the go: it precedes the task's output)
         launch.go()
+        on_claimed()
         return self._watch()
 
     def _before_spawn(self) -> bool:
@@ -689,19 +703,33 @@ class _Foreground:
                 self._forward_signals()
             launch.poll()
             spawned = launch.due_spawned()
-            if spawned is not None and launch.ended is None:
-                with contextlib.suppress(RefusedError):  # (it wrote it, once we were silent)
-                    self._write_started(spawned)
+            if spawned is not None and launch.ended is None and self._write_started(spawned):
                 launch.written("SPAWNED")
             if launch.ended is not None:
                 return self._end()
             if launch.gone:
-                raise SupervisorDied(
-                    "the task's supervisor died before the task ended; 'ferry recover'"
-                    " decides the task"
-                )
+                raise self._gone()
             if launch.beat:  # (at the task's heartbeat)
                 watch_journal(store, launch)
+
+    def _gone(self) -> FerryError:
+        """Its supervisor gone before the task's end was known: died (recovery decides
+        the task); or it gave its claim back before the spawn (a supervisor of a
+        leader's claim does once another leader took the lease: ``deposed``), as the
+        journal says: nothing was started, and the task waits in the queue (75)."""
+        with contextlib.suppress(FerryError, OSError):
+            self.store.refresh()
+            current = self.store.get(self.task.id)
+            if current is not None and current.claim_token != self.launch.token:
+                return FerryError(
+                    f"task {self.task.id} was given back before it started (another"
+                    f" leader took the lease): it is {current.state.value}",
+                    code="lease.lost",
+                    exit_code=EX_TEMPFAIL,
+                )
+        return SupervisorDied(
+            "the task's supervisor died before the task ended; 'ferry recover' decides the task"
+        )
 
     def _forward_signals(self) -> None:
         self.trap.drain()
@@ -723,15 +751,21 @@ class _Foreground:
         launch.ack()
         return RunResult(task, status, error)
 
-    def _write_started(self, spawned: Record) -> None:
-        """The task runs: a journal or database that fails ``run`` now does not end it
-        (its supervisor writes what run could not), nor run's wait for it."""
+    def _write_started(self, spawned: Record) -> bool:
+        """SPAWNED written (or refused: the supervisor wrote it, once we were silent):
+        True, and the supervisor is told it is durable. Not written (a journal or a
+        database that fails ``run`` now): False, and the supervisor keeps it, to write
+        it with its end; the task runs on, and so does run's wait for it."""
         try:
             self.store.commit(spawned)
         except RefusedError:
-            raise
+            pass
         except FerryError as failed:
-            self.notice(f"could not write that task {self.task.id} started ({failed.message})")
+            if not self.unwritten:
+                self.notice(f"could not write that task {self.task.id} started ({failed.message})")
+            self.unwritten = True
+            return False
+        return True
 
     def _end_not_written(
         self, failed: FerryError, status: int, error: FerryError | None
@@ -745,13 +779,13 @@ class _Foreground:
             f"task {self.task.id} ended (exit {status}), but its end could not be written"
             f" here ({failed.message}): its supervisor keeps it and writes it"
         )
-        task = self.task
-        for event in self.launch.end_events:
-            if isinstance(event, ev.Settled):
-                task = replace(
-                    task, state=event.state, reason=event.reason, exit_code=event.exit_code,
-                    signal=event.signal,
-                )  # fmt: skip
+        # (the task as this process last knew it, its end folded on: what the end will
+        # make it, as far as it is known here; its seq and times are this moment's)
+        task = self.store.get(self.task.id) or self.task
+        with contextlib.suppress(Exception):  # (folded already: the failed write's own)
+            for event in self.launch.end_events if not task.terminal else ():
+                if isinstance(event, ev.Spawned | ev.Settled):
+                    task = fold_event(task, event, task.updated_seq, time.time())
         return RunResult(task, status, error)
 
     def _task(self) -> Task:
@@ -775,7 +809,8 @@ def watch_journal(store: TaskStore, launch: Launch, *, refresh: bool = True) -> 
         if store.beat(current):
             launch.heard(sent)
         if current.cancel_requested and not launch.stop_sent:
-            launch.stop(signal.SIGTERM, cancel=True)
+            if cancel_stands(store, launch.task.id, launch.token):
+                launch.stop(signal.SIGTERM, cancel=True)
         elif current.state is State.STALE:
             store.commit(ev.Resumed(launch.task.id, launch.task.attempt, launch.token))
 

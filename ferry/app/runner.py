@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from ferry.proc.supervise import Outcome
+    from ferry.storage import TaskStore
 
 ESCAPEE_POLL_S = 0.05
 # SPAWNED is journaled once the task has run this long; a task that ends sooner gets
@@ -264,6 +265,19 @@ def unstarted_end(
     return ev.Released(
         current.id, current.attempt, token, Reason.RELEASED_TO_QUEUE, False, dict(evidence)
     )
+
+
+def cancel_stands(store: TaskStore, task_id: str, token: str) -> bool:
+    """Is the cancel request a catch-up read of this claim durable? A catch-up without
+    the journal's lock reads what is written, synced or not: the request is confirmed
+    under the lock, made durable (``sync``), before the task is stopped for it; one its
+    writer took back since (its fdatasync failed: it exited 125) is not there then."""
+    try:
+        store.sync()
+    except FerryError:
+        return False  # (taken back: the store reads the journal again; looked at next beat)
+    current = store.get(task_id)
+    return bool(current and current.claim_token == token and current.cancel_requested)
 
 
 def as_cancelled(settled: ev.Settled) -> ev.Settled:

@@ -71,6 +71,7 @@ from ferry.app.runner import (
     SPAWNED_AFTER_S,
     Plan,
     before_spawn_event,
+    cancel_stands,
     error_to_json,
     exit_status_of,
     heartbeat_path,
@@ -591,7 +592,7 @@ class Supervisor:
                 self.stopped_because.setdefault("decided", "its beat was refused: decided")
                 return signal.SIGTERM
             self.heard(sent + self.beat_ttl_s)
-            if current.cancel_requested:
+            if current.cancel_requested and cancel_stands(self.store, self.task.id, self.token):
                 self.cancelled = True
                 return signal.SIGTERM
             if current.state is State.STALE:

@@ -401,6 +401,10 @@ class Worker:
         except DatabaseUnavailableError as error:
             self._unreachable(error)
             return
+        except FerryError as error:
+            if _read_again(error, self.session):
+                return  # (the next pass decides)
+            raise
         self.session.reporter.recovered(report)
         terminal = {state.value for state in TERMINAL_STATES}
         for decision in report.decisions:
@@ -929,7 +933,11 @@ class Worker:
     def _journal_failed(self, error: FerryError) -> None:
         """The journal refuses every write now (the handle failed): claim nothing more,
         and let every supervisor go (they write their own records, through handles of
-        their own, once they see this one gone)."""
+        their own, once they see this one gone). Unless records it had read were taken
+        back by their writer (its fdatasync failed): nothing was written, and the store
+        reads the journal again (``Store._reopen``); the next turn writes."""
+        if _read_again(error, self.session):
+            return
         self._halt(error, fail=True)
         for launch in self.supervisors:
             launch.release()
@@ -999,6 +1007,18 @@ class Worker:
         self.halted = True
         if fail and error is not None:
             self.failures.append(error)
+
+
+def _read_again(error: FerryError, session: Session) -> bool:
+    """Was ``error`` the journal's records taken back (the store has read it again:
+    ``journal.taken_back``)? Then it is said, and the loop goes on."""
+    if error.code != "journal.taken_back":
+        return False
+    session.notice(
+        "records this work had read were taken back by their writer (its fdatasync"
+        " failed): the journal was read again"
+    )
+    return True
 
 
 def home_fields(home: str) -> dict[str, str]:

@@ -220,3 +220,38 @@ def test_a_claim_of_a_stopped_leader_goes_back_once_another_leads(
     released = [r for r in ferry.records() if r["type"] == "RELEASED"]
     assert len(released) == 1 and "took its launcher's lease" in str(released[0]["data"]), released
     ferry.verify_clean()
+
+
+def test_a_claim_stopped_before_its_go_keeps_its_task_while_its_lease_lives(
+    ferry: Ferry, tmp_path: Path
+) -> None:
+    """``claim`` stopped after its claim was written, before its go: a ``recover`` is
+    refused (the lease is claim's until its go), the task runs once claim goes on.
+    (Found by a review: claim let its lease go before the go, a recover took it, and
+    the supervisor, seeing another leader, gave the task back; claim exited 125.) Past
+    its lease's TTL, the task goes back to the queue and claim says so (75)."""
+    mark = tmp_path / "mark"
+    ferry.ok("submit", "--", *counting_task(mark))
+    claim = ferry.start("claim", failpoints="launcher:before:go=stop")
+    try:
+        wait_until(lambda: read_stat(claim.pid).state == "T", what="claim to stop")
+        code = ferry("recover").code
+        deadline = time.monotonic() + 2.5  # (the supervisor looks every LEASE_LOOK_S)
+        wait_until(lambda: time.monotonic() > deadline, what="two looks of the supervisor")
+    finally:
+        os.kill(claim.pid, signal.SIGCONT)
+    [(claimed, _, err)] = finish([claim])
+    assert (code, claimed, runs(mark)) == (75, 0, 1), err
+
+    late = tmp_path / "late"
+    task = ferry.ok("submit", "--", *counting_task(late)).text.strip()
+    claim = ferry.start("claim", "--lease-ttl", "1", failpoints="launcher:before:go=stop")
+    try:
+        wait_until(lambda: read_stat(claim.pid).state == "T", what="claim to stop")
+        wait_until(lambda: ferry("recover").code == 0, what="recover to take the lease")
+        wait_until(lambda: ferry.task(task)["state"] == "QUEUED", what="the claim to go back")
+    finally:
+        os.kill(claim.pid, signal.SIGCONT)
+    [(claimed, _, err)] = finish([claim])
+    assert claimed == 75 and "error[lease.lost]" in err and "given back" in err, err
+    assert runs(late) == 0 and ferry.task(task)["state"] == "QUEUED"

@@ -128,7 +128,7 @@ def journal_error(error: journal.JournalError) -> FerryError:
             # Another process's write failed after this one read it: nothing was
             # written or done on it; a new process reads the journal as it is.
             return FerryError(
-                f"{cause}; nothing was written: try again",
+                f"{cause}: nothing was written; try again",
                 code=cause.code,
                 details=dict(cause.details),
                 exit_code=EX_TEMPFAIL,
@@ -239,6 +239,7 @@ class Store(ClaimsUnderLock):
         # at while this table had to rewrite history: not looked at again.
         self._looked_at = (0, 0)
         self.fence: LeaseFence | None = None  # the journal's lease check (see LeaseFence)
+        self.on_lock_wait: Callable[[], None] | None = None  # (given to a reopen: _reopen)
         # What a reader that shows what it can found damaged (``tolerate_damage``): the
         # command warns with it, once, after its output, and exits 4.
         self.damage: list[JournalIntegrityError] = []
@@ -329,7 +330,7 @@ class Store(ClaimsUnderLock):
                 store = cls(home, wal, table)
                 if damage is not None:
                     store.damage = damage
-                store.fence = fence
+                store.fence, store.on_lock_wait = fence, on_lock_wait
                 store.snapshot_seq = snapshot.seq if snapshot else 0
                 failpoint("before:replay")
                 try:
@@ -394,10 +395,35 @@ class Store(ClaimsUnderLock):
         try:
             records = self.wal.append_batch(batch, epoch=epoch, check=check)
         except journal.JournalError as error:
-            raise journal_error(error) from error
+            raise self._failed(error) from error
         for record_type, _ in batch:
             failpoint("after:" + record_type)
         return records
+
+    def _failed(self, error: journal.JournalError) -> FerryError:
+        """``error`` as ferry's; if it says records this handle read were taken back
+        (their writer's fdatasync failed), the journal is opened again first, so that
+        the next call reads it as it is (a ``work``, a ``wait`` go on)."""
+        if isinstance(error.__cause__, journal.TakenBackError):
+            with contextlib.suppress(FerryError, OSError):
+                self._reopen()
+        return journal_error(error)
+
+    def _reopen(self) -> None:
+        """This store, on the journal opened again: a new handle, the table folded
+        from the latest snapshot again (what a new process loads), in place, so that
+        whoever holds the store goes on with it."""
+        if self.wal.view is not None:
+            return  # (a damaged journal's view reads no further: nothing to read again)
+        fresh = Store._open(self.home, self.on_lock_wait, self.wal.read_only, damage=None)
+        with self.lock:
+            old, fence = self.wal, self.fence
+            fresh.lock = self.lock  # (its subscriber folds into this table, under this lock)
+            self.wal, self.table, self.fence = fresh.wal, fresh.table, fresh.fence
+            self.snapshot_seq, self._looked_at = fresh.snapshot_seq, (0, 0)
+        old.close()
+        if fence is not None:
+            fence.close()
 
     def _check_new_epoch(self, epoch: int) -> None:
         """A leader announces its epoch (LEASE_ACQUIRED) in its first write: refused if
@@ -418,7 +444,7 @@ class Store(ClaimsUnderLock):
         try:
             self.wal.refresh()
         except journal.JournalError as error:
-            raise journal_error(error) from error
+            raise self._failed(error) from error
 
     def bound_calls(self) -> None:
         """Local calls wait on no network and no other session's lock."""
@@ -441,7 +467,7 @@ class Store(ClaimsUnderLock):
         try:
             self.wal.sync()
         except journal.JournalError as error:
-            raise journal_error(error) from error
+            raise self._failed(error) from error
 
     # ---- reading -------------------------------------------------------------------
 
