@@ -233,6 +233,22 @@ def _refuse_shell_text(argv: tuple[str, ...], cwd: str) -> None:
     )
 
 
+def _refuse_loose_words(argv: tuple[str, ...]) -> None:
+    """``--shell`` runs ``/bin/sh -c CMD...``: CMD's first word is the script, the words
+    after it its ``$0``, ``$1``... (how ``sh -c`` takes them: ``--shell -- 'echo "$1"' _
+    x`` passes ``x`` safely). A first word with no shell syntax followed by more words
+    (``--shell -- echo hello world``) would run that word alone, the others unused: a
+    mistake, refused (found by a review: an empty line, exit 0)."""
+    if len(argv) > 1 and not any(token in argv[0] for token in _SHELL_SYNTAX):
+        raise UsageError(
+            f"with --shell, CMD's first word is the whole command line for /bin/sh -c, and"
+            f" the words after it are its $0, $1...: {argv[0]!r} would run without them;"
+            f" give the command line as one word (--shell -- {' '.join(argv)[:60]!r}),"
+            " or drop --shell",
+            code="usage.shell_words",
+        )
+
+
 def build_spec(opts: Mapping[str, Any], home: str, *, queued: bool = False) -> TaskSpec:
     """TaskSpec from the TASK OPTIONS (``ferry.cli.context.task_opts`` shape).
     ``queued``: for a task that runs later (``submit``), a CMD that only a shell could
@@ -244,6 +260,8 @@ def build_spec(opts: Mapping[str, Any], home: str, *, queued: bool = False) -> T
     cwd = _resolve_cwd(opts.get("cwd"))
     if queued and not opts.get("shell"):
         _refuse_shell_text(argv_t, cwd)
+    if opts.get("shell"):
+        _refuse_loose_words(argv_t)
     for what in ("name", "key"):
         _check_utf8_text(opts.get(what), what)
     env = _parse_env(opts.get("env") or [])

@@ -6,7 +6,7 @@ the supervisor's order index says: :mod:`ferry.proc.logorder`), the task's stdou
 ferry's stdout and its stderr to ferry's stderr (``merged``: both to stdout); with it,
 that one stream goes to stdout. ``--tail N`` keeps the last N lines of each stream.
 ``-f`` keeps copying new bytes until the task settles, then copies what is left. With
-``--json`` each chunk is one JSON line ``{"task", "stream", "offset", "text"}``, in write
+``--json`` each chunk is one JSON line ``{"task", "attempt", "stream", "offset", "text"}``, in write
 order: ``text`` is the chunk's bytes as UTF-8 (a character split between two chunks is
 shown whole, with the second); bytes that are not UTF-8 are backslash escapes there,
 and the line then also has ``b64``, the chunk's exact bytes.
@@ -164,9 +164,10 @@ class _Replay:
         starts: tuple[int, int],
         as_json: bool,
         task_id: str = "",
+        attempt: int | None = None,
     ) -> None:
         self.paths, self.outs, self.as_json = paths, outs, as_json
-        self.task_id = task_id
+        self.task_id, self.attempt = task_id, attempt
         self.pos = list(starts)  # per stream: what was shown (or skipped) ends here
         self.index = order_path(paths[0])
         self.index_fd: int | None = None  # the index, open once there
@@ -309,6 +310,8 @@ class _Replay:
         """One chunk, one JSON line: ``text`` (UTF-8; bytes that are not, as backslash
         escapes) and then also ``b64``, the chunk's exact bytes."""
         line: dict[str, Any] = {"task": self.task_id, "stream": _NAMES[stream], "offset": offset}
+        if self.attempt is not None:
+            line["attempt"] = self.attempt
         try:
             line["text"] = chunk.decode("utf-8")
         except UnicodeDecodeError:
@@ -372,10 +375,11 @@ def print_logs(
     as_json: bool,
     merged: bool = False,
     task_id: str = "",
+    attempt: int | None = None,
 ) -> list[str]:
     """Copy the task's logs (``paths``: stdout's, stderr's) to ferry's stdout/stderr;
-    ``task_id`` names them in JSON lines. The streams asked for whose log it never found
-    (not there, or removed before it looked: ``ferry gc``)."""
+    ``task_id`` and ``attempt`` name them in JSON lines. The streams asked for whose log
+    it never found (not there, or removed before it looked: ``ferry gc``)."""
     stdout = sys.stdout.buffer
     to_stdout = stream is not None or as_json or merged
     outs: tuple[BinaryIO | None, BinaryIO | None] = (
@@ -385,7 +389,7 @@ def print_logs(
     starts = (
         (0, 0) if tail is None else (_tail_offset(paths[0], tail), _tail_offset(paths[1], tail))
     )
-    replay = _Replay(paths, outs, starts, as_json, task_id)
+    replay = _Replay(paths, outs, starts, as_json, task_id, attempt)
     try:
         # (Not following a task that still runs: what its logs hold now, in order.)
         replay.pump(final=not follow and settled())

@@ -130,7 +130,7 @@ def resolve_after(store: TaskStore, references: Iterable[str]) -> tuple[str, ...
             raise NotFoundError(
                 f"--after {shown(reference)}: no such task",
                 code="task.unknown_dependency",
-                details={"task": shown(reference)},
+                details={"task": reference},
             ) from None
         if task_id not in found:
             found.append(task_id)

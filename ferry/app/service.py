@@ -370,15 +370,21 @@ class Service:
 
         while True:
             unread = print_logs(paths, stream=stream, tail=tail, follow=follow, settled=settled,
-                                as_json=as_json, merged=merged, task_id=task.id)  # fmt: skip
+                                as_json=as_json, merged=merged, task_id=task.id,
+                                attempt=which)  # fmt: skip
             moved_on = seen[0].attempt > which and self.store.get(task.id) is not None
             if not (follow and attempt is None and moved_on):
                 break
-            # Retried (its --retries): followed to the end of its last attempt, as
-            # ``wait`` waits for it; the exit by that end.
-            which = seen[0].attempt
+            # Retried (its --retries): each attempt in turn, whole, to the end of the
+            # last, as ``wait`` waits for it; the exit by that end.
+            which += 1
             self.notice(f"task {task.id} is retried: attempt {which}")
             paths, tail = log_paths(self.home, task.id, which), None
+            if self.store.host_lost(seen[0], float("inf")) is not None and not os.path.exists(
+                paths[0]
+            ):  # (another host of the database runs it: what it keeps, from there on)
+                return self._logs_kept_elsewhere(seen[0], which, stream=stream, tail=tail,
+                                                 as_json=as_json, merged=merged)  # fmt: skip
         current = self.store.get(task.id)
         if current is not None and _lost_logs(paths, current):
             self.store.refresh()  # (gone: forgotten since the last look?)

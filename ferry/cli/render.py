@@ -138,13 +138,26 @@ def notice(message: str) -> None:
     _err(f"ferry: {message}\n")
 
 
+def escaped(text: str) -> str:
+    """``text`` for a terminal: what is not printable (a control character, an escape
+    sequence's start, DEL, a C1 control, a direction override) shown escaped, never
+    sent (a task's argv or cwd may hold any of them)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def error(err: FerryError, *, as_json: bool) -> None:
     """The one error line; under --json also the error object on stdout. What the user
-    gave is echoed as its bytes (never a surrogate, never a traceback over one)."""
-    message = readable(" ".join(err.message.splitlines()))
+    gave is echoed as its bytes (never a surrogate, never a traceback over one), and
+    escaped (``escaped``)."""
+    message = escaped(readable(" ".join(err.message.splitlines())))
     _err(f"ferry: error[{err.code}]: {message}\n")
     if as_json:
+        from ferry.core.model import times_as_rfc3339
+
         shown = {**err.to_json(), "message": readable(err.message)}
+        shown["details"] = times_as_rfc3339(shown["details"])  # (a lease's expires_at...)
         import contextlib
 
         # (stdout that cannot take it: the line above says the error all the same)
@@ -205,8 +218,7 @@ def task_label_text(task: Any, limit: int | None = None) -> str:
     """The task's name, or its command, for a line on a terminal: cut at ``limit``
     characters; its control characters shown escaped (argv may hold any: an escape
     sequence, a newline must never reach the terminal, nor split a line)."""
-    label = task.spec.name or " ".join(task.spec.argv)
-    label = "".join(c if c.isprintable() else repr(c)[1:-1] for c in label)
+    label = escaped(task.spec.name or " ".join(task.spec.argv))
     return label if limit is None or len(label) <= limit else label[: limit - 3] + "..."
 
 
@@ -304,7 +316,7 @@ def detail(obj: Mapping[str, Any]) -> str:
             text = _json.dumps_sorted(value).decode()
         else:
             text = "-" if value is None else str(value)
-        lines.append(f"{key + ':':<14} {text}")
+        lines.append(f"{key + ':':<14} {escaped(text)}")
     return "\n".join(lines)
 
 

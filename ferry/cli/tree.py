@@ -85,7 +85,8 @@ def task_options(f: F) -> F:
         click.option(
             "--shell",
             is_flag=True,
-            help="Run CMD through /bin/sh -c, its words joined with spaces (never implied).",
+            help="Run CMD through /bin/sh -c (never implied): its first word the command"
+            " line, the others its $0, $1...",
         ),
         click.option(
             "--log-max",

@@ -141,9 +141,7 @@ def _missing_interpreter(program: str, path: str) -> str:
 def spawn(spec: SuperviseSpec) -> Child:
     """Start the task: its stdout and stderr two pipes (``stdout``/``stderr``), or with
     ``spec.pty`` one pseudo-terminal whose master is ``stdout`` (``stderr`` None)."""
-    # --shell: CMD's words are one command line, joined with spaces (as pueue and GNU
-    # parallel take them), not a script and its $0, $1... (``sh -c``'s own way).
-    args = ["/bin/sh", "-c", " ".join(spec.argv)] if spec.shell else list(spec.argv)
+    args = ["/bin/sh", "-c", *spec.argv] if spec.shell else list(spec.argv)
     env = {name: value for name, value in spec.env.items() if name}
     terminal = _open_pty() if spec.pty else None
     if terminal is None:

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from clikit import Ferry
+from clikit import Ferry, wait_until
 
 
 def test_a_long_listing_arrives_whole_through_a_pipe(ferry: Ferry) -> None:
@@ -122,3 +122,18 @@ def test_a_json_error_names_the_id_as_given(ferry: Ferry) -> None:
         result = ferry("--json", "show", given)
         assert result.code == 5, result
         assert json.loads(result.out)["error"]["details"]["prefix"] == given
+
+
+def test_json_error_details_name_ids_as_given_and_times_in_rfc3339(ferry: Ferry) -> None:
+    """(A review: ``task.unknown_dependency`` gave Python's repr of the id, and
+    ``lease.held`` the lease's expiry as a number.)"""
+    result = ferry("--json", "submit", "--after", "it's", "--", "true")
+    assert result.code == 5 and json.loads(result.out)["error"]["details"]["task"] == "it's"
+    worker = ferry.start("work", "--lease-ttl", "30")
+    try:
+        wait_until(lambda: ferry("recover").code == 75, what="work to lead")
+        held = json.loads(ferry("--json", "recover").out)["error"]
+        assert held["code"] == "lease.held" and held["details"]["expires_at"].endswith("Z")
+    finally:
+        worker.terminate()
+        worker.communicate(timeout=60)

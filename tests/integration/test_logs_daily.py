@@ -126,23 +126,48 @@ def test_logs_follow_replays_in_order_and_exits_by_the_outcome(
     assert ferry("logs", failed).code == 0
 
 
-def test_logs_follow_goes_on_to_a_retry_and_exits_by_the_last_attempt(
-    ferry: Ferry, tmp_path: Path
+@pytest.mark.parametrize("as_json", [False, True])
+def test_logs_follow_goes_on_through_each_retry_and_exits_by_the_last_attempt(
+    ferry: Ferry, tmp_path: Path, as_json: bool
 ) -> None:
-    """``--retries``: the first attempt fails, the second succeeds. ``logs -f`` follows
-    the task to its end, as ``wait`` does, and exits 0 (was: 1 as soon as the first
-    attempt ended, the task queued again; found by a review)."""
-    tried = tmp_path / "tried"
-    script = f"if [ -e {tried} ]; then echo second; else touch {tried}; echo first; exit 1; fi"
+    """``--retries 2``: the first two attempts fail, the third succeeds. ``logs -f``
+    follows the task to its end, as ``wait`` does, each attempt's output in turn, and
+    exits 0 (was: 1 as soon as the first attempt ended; found by a review). The
+    follower stopped until the third attempt is done: it still shows the second (a
+    review of that fix: it jumped to the latest, and an attempt's output was never
+    shown). With ``--json`` each line names its attempt."""
+    count = tmp_path / "count"
+    script = (
+        f"n=$(($(cat {count} 2>/dev/null || echo 0) + 1)); echo $n > {count};"
+        ' echo "attempt $n"; [ $n -ge 3 ]'
+    )
+    gate = tmp_path / "gate"
+    script = f"while [ ! -e {gate} ]; do sleep 0.02; done; {script}"
     task_id = ferry.ok(
-        "submit", "--retries", "1", "--retry-delay", "0.5", "--", "sh", "-c", script
+        "submit", "--retries", "2", "--retry-delay", "0.1", "--", "sh", "-c", script
     ).text.strip()
-    follower = ferry.start("logs", "-f", task_id)
+    follower = ferry.start(*(["--json"] if as_json else []), "logs", "-f", task_id)
+    assert follower.stdout is not None
     worker = ferry.start("work", "--drain", "--poll", "0.05")
-    out, err = follower.communicate(timeout=60)
-    worker.communicate(timeout=60)
-    assert (follower.returncode, out) == (0, b"first\nsecond\n"), err
-    assert f"task {task_id} is retried: attempt 2" in err.decode()
+    wait_until(lambda: ferry.task(task_id)["state"] == "RUNNING", what="the first attempt")
+    gate.touch()
+    first = os.read(follower.stdout.fileno(), 1000)  # (the first attempt's output, shown)
+    os.kill(follower.pid, signal.SIGSTOP)  # (until the last attempt is done)
+    try:
+        assert worker.wait(timeout=60) == 0
+    finally:
+        os.kill(follower.pid, signal.SIGCONT)
+    rest, err = follower.communicate(timeout=60)
+    out = first + rest
+    assert follower.returncode == 0, err
+    if as_json:
+        lines = [json.loads(line) for line in out.splitlines()]
+        assert [(c["attempt"], c["text"]) for c in lines] == [
+            (1, "attempt 1\n"), (2, "attempt 2\n"), (3, "attempt 3\n")
+        ]  # fmt: skip
+    else:
+        assert out == b"attempt 1\nattempt 2\nattempt 3\n", err
+    assert err.decode().count(f"task {task_id} is retried: attempt") == 2
     assert ferry.task(task_id)["state"] == "SUCCEEDED"
     # --attempt 1: that attempt alone, by its end
     assert ferry("logs", "-f", "--attempt", "1", task_id).code == 1

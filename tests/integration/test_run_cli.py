@@ -500,12 +500,18 @@ def test_the_shell_is_used_only_when_asked(ferry: Ferry) -> None:
     assert shells == [False, False, True]
 
 
-def test_shell_takes_cmd_s_words_as_one_command_line(ferry: Ferry) -> None:
-    """As pueue and GNU parallel do: the words joined with spaces, for /bin/sh -c (was:
-    the first word alone was the script, the others its $0, $1...: ``--shell -- echo
-    hello world`` printed an empty line; found by a review)."""
-    assert ferry.ok("run", "--shell", "--", "echo", "hello", "world").out == b"hello world\n"
-    assert ferry.ok("run", "--shell", "--", "echo", "$((1 + 2))", "|", "tr", "3", "x").out == b"x\n"
+def test_shell_takes_cmd_as_sh_c_does_and_refuses_loose_words(ferry: Ferry) -> None:
+    """CMD's first word is the command line, the others its $0, $1... (data, never
+    shell code). ``--shell -- echo hello world`` ran ``echo`` alone, an empty line, exit
+    0 (found by a review): refused now, for run and submit, nothing queued. (Joining the
+    words, as a first fix did, made data words shell code and changed what a task
+    queued before meant: found by a review of that fix.)"""
+    out = ferry.ok("run", "--shell", "--", 'printf "<%s>" "$0" "$1"', "a b", "c;d").out
+    assert out == b"<a b><c;d>"
+    for command in ("run", "submit"):
+        result = ferry.refused(2, "usage.shell_words", command, "--shell", "--", "echo", "hi", "x")
+        assert "give the command line as one word" in result.err
+    assert len(ferry.tasks()) == 1
 
 
 def test_name_is_shown(ferry: Ferry) -> None:

@@ -160,6 +160,16 @@ def test_control_characters_in_a_command_never_reach_the_terminal(cli: Ferry) ->
         line = next(line for line in text.splitlines() if task_id in line)
         assert "\\x1b]0;pwned\\x07\\x1b[31m a\\nb\\rc" in line, line
         assert not any(c in text for c in "\x1b\x07\r"), text
+    # (a review of that fix: show's text fields, a spawn error's program name)
+    odd = cli.home.parent / "dir\x1b[41mred\x07"
+    odd.mkdir()
+    cli.ok("run", "--cwd", str(odd), "--", "printf", "\x9b\u202e\x7f")
+    shown = cli.ok("show", "last").text
+    assert "dir\\x1b[41mred\\x07" in shown and "\\x9b\\u202e\\x7f" in shown, shown
+    failed = cli("run", "--", "no\x1b[7msuch")
+    assert failed.code == 127 and "no\\x1b[7msuch" in failed.err, failed
+    for text in (shown, failed.err):
+        assert not any(c in text for c in "\x1b\x07\x9b\u202e\x7f"), text
 
 
 def test_ids_that_look_like_paths_match_nothing(cli: Ferry) -> None:

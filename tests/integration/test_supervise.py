@@ -433,8 +433,8 @@ def test_argv_is_exact_without_a_shell(tmp_path: Path) -> None:
     assert (tmp_path / "task.out").read_text() == repr(["$HOME", "a b", "*"])
 
 
-def test_shell_runs_argv_joined_through_sh(tmp_path: Path) -> None:
-    run(make_spec(tmp_path, ['echo "x-y"', "|", "tr a-z A-Z"], shell=True))
+def test_shell_runs_argv0_through_sh(tmp_path: Path) -> None:
+    run(make_spec(tmp_path, ['echo "$0-$1" | tr a-z A-Z', "x", "y"], shell=True))
     assert (tmp_path / "task.out").read_text() == "X-Y\n"
 
 
