@@ -34,6 +34,7 @@ from types import FrameType
 from ferry import failpoints
 from ferry.app import collector, outbox
 from ferry.app.runner import (
+    DEPOSED,
     RunResult,
     before_spawn_event,
     cancel_stands,
@@ -720,10 +721,13 @@ class _Foreground:
         with contextlib.suppress(FerryError, OSError):
             self.store.refresh()
             current = self.store.get(self.task.id)
-            if current is not None and current.claim_token != self.launch.token:
+            if (
+                current is not None
+                and current.state is State.QUEUED
+                and current.evidence.get("supervisor") == DEPOSED
+            ):
                 return FerryError(
-                    f"task {self.task.id} was given back before it started (another"
-                    f" leader took the lease): it is {current.state.value}",
+                    f"task {self.task.id} went back to the queue before it started: {DEPOSED}",
                     code="lease.lost",
                     exit_code=EX_TEMPFAIL,
                 )

@@ -42,6 +42,9 @@ if TYPE_CHECKING:
     from ferry.proc.supervise import Outcome
     from ferry.storage import TaskStore
 
+# Why a supervisor of a leader's claim gave it back (its evidence): another leader
+# took the lease while it waited for its task or its go (``supervisor.deposed``).
+DEPOSED = "another leader took its launcher's lease before the spawn: nothing was started"
 ESCAPEE_POLL_S = 0.05
 # SPAWNED is journaled once the task has run this long; a task that ends sooner gets
 # SPAWNED in the write of its SETTLED (one fsync less for every short task). Until

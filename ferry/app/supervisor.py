@@ -68,6 +68,7 @@ import time
 
 from ferry.app import collector, outbox
 from ferry.app.runner import (
+    DEPOSED,
     SPAWNED_AFTER_S,
     Plan,
     before_spawn_event,
@@ -102,9 +103,8 @@ if TYPE_CHECKING:
 UNHEARD = "no beat of the task reached the database for its TTL: other hosts could take it over"
 # While a supervisor of a leader's claim (one host) waits for its task or its go, it
 # looks at the lease this often: another leader took it, and the claim goes back,
-# nothing started (``deposed``); for it, this.
+# nothing started (``deposed``; its evidence: runner.DEPOSED).
 LEASE_LOOK_S = 1.0
-_DEPOSED = "another leader took its launcher's lease before the spawn: nothing was started"
 # How long a supervisor waits for its launcher to confirm that its end is durable,
 # before it writes the end itself (a launcher stopped with SIGSTOP, a frozen
 # container). A record the launcher then writes too is refused by the token.
@@ -180,7 +180,7 @@ def _next_task(
             return None
         if message is None:  # (a claim of a leader's, and no task yet: still its leader?)
             if claiming is not None and deposed(home, epoch):
-                _release_unstarted(home, claiming, launcher, why=_DEPOSED)
+                _release_unstarted(home, claiming, launcher, why=DEPOSED)
                 return None
             continue
         if message["t"] == "task":
@@ -379,7 +379,7 @@ class Supervisor:
             if message is not None:
                 break
             if deposed(self.home, self.epoch):
-                self._orphaned_before_the_spawn(_DEPOSED)
+                self._orphaned_before_the_spawn(DEPOSED)
                 return False
         if message["t"] != "go":
             return False

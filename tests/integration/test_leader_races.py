@@ -253,5 +253,5 @@ def test_a_claim_stopped_before_its_go_keeps_its_task_while_its_lease_lives(
     finally:
         os.kill(claim.pid, signal.SIGCONT)
     [(claimed, _, err)] = finish([claim])
-    assert claimed == 75 and "error[lease.lost]" in err and "given back" in err, err
+    assert claimed == 75 and "error[lease.lost]" in err and "went back to the queue" in err, err
     assert runs(late) == 0 and ferry.task(task)["state"] == "QUEUED"
