@@ -785,7 +785,9 @@ class _Foreground:
         )
         # (the task as this process last knew it, its end folded on: what the end will
         # make it, as far as it is known here; its seq and times are this moment's)
-        task = self.store.get(self.task.id) or self.task
+        task = self.task
+        with contextlib.suppress(FerryError, OSError):  # (a database read: out of reach)
+            task = self.store.get(self.task.id) or task
         with contextlib.suppress(Exception):  # (folded already: the failed write's own)
             for event in self.launch.end_events if not task.terminal else ():
                 if isinstance(event, ev.Spawned | ev.Settled):

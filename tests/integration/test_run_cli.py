@@ -696,7 +696,9 @@ def test_json_gives_one_document_per_command(ferry: Ferry) -> None:
     ferry.ok("run", "--", "echo", "hello")
     echoed = ferry.tasks()[-1]["id"]
     chunks = [json.loads(line) for line in ferry.ok("--json", "logs", echoed).out.splitlines()]
-    assert chunks == [{"task": echoed, "stream": "stdout", "offset": 0, "text": "hello\n"}]
+    assert chunks == [
+        {"task": echoed, "attempt": 1, "stream": "stdout", "offset": 0, "text": "hello\n"}
+    ]
 
 
 @pytest.mark.parametrize(
