@@ -7,7 +7,8 @@ in the active segment, new segments named by the next seq), creates the next seg
 and seals the one it leaves.  The lock file's size counts segment creations, so
 noticing a new segment costs one lseek instead of a directory listing, and noticing a
 new record one pread of the byte after the last one known (a NUL, or the end of the
-file: nothing new).
+file: nothing new), with the last bytes of that record (still as this handle read or
+wrote them: else records it read were taken back, ``TakenBackError``).
 """
 
 from __future__ import annotations
@@ -242,7 +243,7 @@ class Position:
         knows past that point can be trusted, nor may it write at its end."""
         return TakenBackError(
             "records this handle read are no longer in the journal (their writer's"
-            " fdatasync failed and it took them back, or the segment was cut): reopen",
+            " fdatasync failed and it took them back, or the segment was cut)",
             segment=self.path,
             offset=self.end,
             seq=self.last_seq,
