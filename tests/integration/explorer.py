@@ -909,7 +909,12 @@ def _run_case(case: Case, root: Path, outcome: Outcome) -> None:
         )  # fmt: skip
         middle = read_state(world.home)
         seen.append(middle)
-        problems.extend(settled_but_alive(middle))
+        # (A work just continued may write a claim and spawn its task between this read
+        # and the scan of processes: seen once in a soak, work[kx]@before:CLAIMED|run,
+        # a task QUEUED "while it runs". A true one stays so, the gate shut: looked at
+        # again.)
+        if settled_but_alive(middle):
+            problems.extend(settled_but_alive(read_state(world.home)))
         world.gate.touch()
         problems.append(_finish(a_cmd, a))
         problems.append(_finish(b_cmd, b))

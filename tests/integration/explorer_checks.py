@@ -73,7 +73,7 @@ def executions(marks: Path) -> list[Execution]:
     if not marks.is_dir():
         return found
     for path in sorted(marks.iterdir()):
-        open_by_marker: dict[str, Execution] = {}
+        latest_by_marker: dict[str, Execution] = {}
         for line in path.read_text().splitlines():
             parts = line.split()
             if len(parts) != 4 or not parts[3].isdigit():
@@ -82,9 +82,12 @@ def executions(marks: Path) -> list[Execution]:
             if kind == "start" and third.isdigit():
                 execution = Execution(path.name, marker, int(third), int(ns))
                 found.append(execution)
-                open_by_marker[marker] = execution
-            elif kind == "end" and marker in open_by_marker:
-                ended = open_by_marker.pop(marker)
+                latest_by_marker[marker] = execution
+            elif kind == "end" and marker in latest_by_marker:
+                # (Its last end line: a TERM between the task's "end exit:N" and its
+                # exit runs its trap, which writes "end signal": it died of that signal,
+                # as its runner saw. Seen once in a soak: cancel|claim:end.)
+                ended = latest_by_marker[marker]
                 ended.end, ended.end_ns = third, int(ns)
     return found
 
