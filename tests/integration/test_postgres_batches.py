@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
 import pytest
-from clikit import Hosts, finish, wait_stopped, wait_until
+from clikit import Ferry, Hosts, finish, wait_stopped, wait_until
 
 from ferry.storage.postgres import store
 
@@ -29,6 +31,33 @@ def lines(path: Path, keys: list[str]) -> Path:
 def count(pg_url: str, sql: str) -> int:
     with psycopg.connect(pg_url) as conn:
         return int(conn.execute(sql).fetchone()[0])
+
+
+def bucket_of(pg_url: str, key: str) -> int:
+    """The key's bucket (``store.KEY_BUCKETS``), as the server hashes it."""
+    return count(pg_url, f"SELECT hashtextextended('{key}', 0) & {store.KEY_BUCKETS - 1}")
+
+
+def first_key(pg_url: str, prefix: str, wanted: Callable[[int], bool]) -> str:
+    """The first of ``prefix``0, ``prefix``1, ... whose bucket is ``wanted``."""
+    return next(f"{prefix}{n}" for n in range(100_000) if wanted(bucket_of(pg_url, f"{prefix}{n}")))
+
+
+def the_second_waits(
+    pg_url: str, stopped: subprocess.Popen[bytes], host: Ferry, free_key: str, held_key: str
+) -> subprocess.Popen[bytes]:
+    """While ``stopped`` (a writer stopped inside its transaction) holds its locks: a
+    ``submit --key free_key`` is not held up, one of ``held_key`` waits (returned, still
+    waiting once ``stopped`` is continued and has ended)."""
+    try:
+        host.ok("submit", "--key", free_key, "--", "true")
+        waiting = host.start("submit", "--key", held_key, "--", "true")
+        wait_until(lambda: waiting_on_a_lock(pg_url) == 1, what="the second submit to wait")
+        assert waiting.poll() is None
+    finally:
+        stopped.send_signal(signal.SIGCONT)
+    assert finish(stopped)[0] == 0
+    return waiting
 
 
 def keys_in_16_buckets(pg_url: str, count: int) -> list[str]:
@@ -78,28 +107,14 @@ def test_a_batch_of_many_keys_and_a_write_of_one_of_them_go_one_after_the_other(
     waits, then is refused (the first's task is in flight: queued). A key in no bucket
     the batch holds is not held up."""
     a, b = hosts("a"), hosts("b")
-    mask = store.KEY_BUCKETS - 1
     keys = keys_in_16_buckets(pg_url, store.KEYS_ONE_BY_ONE + 1)
-    with psycopg.connect(pg_url) as conn:
-        free = next(
-            f"free{n}"
-            for n in range(10_000)
-            if conn.execute("SELECT hashtextextended(%s, 0) & %s", (f"free{n}", mask)).fetchone()[0]
-            >= 16
-        )
+    free = first_key(pg_url, "free", lambda bucket: bucket >= 16)
     one_of_them = keys[42]
     big = a.start(
         "submit", "--from", str(lines(tmp_path / "lines", keys)), failpoints="before:SUBMITTED=stop"
     )
     wait_stopped(big, what="the batch to stop inside its transaction")
-    try:
-        b.ok("submit", "--key", free, "--", "true")  # (not held up)
-        one = b.start("submit", "--key", one_of_them, "--", "true")
-        wait_until(lambda: waiting_on_a_lock(pg_url) == 1, what="the second to wait")
-        assert one.poll() is None
-    finally:
-        big.send_signal(signal.SIGCONT)
-    assert finish(big)[0] == 0
+    one = the_second_waits(pg_url, big, b, free, one_of_them)
     code, err = finish(one)
     assert code == 75 and "task.key_in_flight" in err, err
     assert count(pg_url, f"SELECT count(*) FROM ferry_tasks WHERE key = '{one_of_them}'") == 1
@@ -112,30 +127,13 @@ def test_writers_of_one_key_go_one_after_the_other_and_others_do_not_wait(
     task stopped inside its write holds K: a ``submit --key K`` waits for it; a key of
     the same bucket does not (no bucket held exclusively by a writer of a few keys)."""
     a, b = hosts("a"), hosts("b")
-    with psycopg.connect(pg_url) as conn:
-        bucket = conn.execute(
-            "SELECT hashtextextended('K', 0) & %s", (store.KEY_BUCKETS - 1,)
-        ).fetchone()[0]
-        neighbour = next(
-            f"n{n}"
-            for n in range(100_000)
-            if conn.execute(
-                "SELECT hashtextextended(%s, 0) & %s", (f"n{n}", store.KEY_BUCKETS - 1)
-            ).fetchone()[0]
-            == bucket
-        )
+    bucket = bucket_of(pg_url, "K")
+    neighbour = first_key(pg_url, "n", lambda other: other == bucket)
     failed = a.ok("submit", "--key", "K", "--", "false").text.strip()
     a.ok("claim", codes=(1,))
     resolving = a.start("resolve", failed, "--as", "failed", failpoints="before:RESOLVED=stop")
     wait_stopped(resolving, what="the resolve to stop inside its write")
-    try:
-        b.ok("submit", "--key", neighbour, "--", "true")  # (same bucket: not held up)
-        same = b.start("submit", "--key", "K", "--", "true")
-        wait_until(lambda: waiting_on_a_lock(pg_url) == 1, what="the submit to wait")
-        assert same.poll() is None
-    finally:
-        resolving.send_signal(signal.SIGCONT)
-    assert finish(resolving)[0] == 0
+    same = the_second_waits(pg_url, resolving, b, neighbour, "K")  # (same bucket: not held up)
     code, err = finish(same)
     assert code == 0, err
 
@@ -187,10 +185,7 @@ def test_a_batch_of_many_keys_after_a_task_and_a_cancel_of_that_task_both_end(
     a, b = hosts("a"), hosts("b")
     keys = keys_in_16_buckets(pg_url, store.KEYS_ONE_BY_ONE + 2)
     x_key = keys.pop()
-    with psycopg.connect(pg_url) as conn:
-        bucket = conn.execute(
-            "SELECT hashtextextended(%s, 0) & %s", (x_key, store.KEY_BUCKETS - 1)
-        ).fetchone()[0]
+    bucket = bucket_of(pg_url, x_key)
     x = a.ok("submit", "--key", x_key, "--", "true").text.strip()
     source = tmp_path / "lines"
     source.write_text(
