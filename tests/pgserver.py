@@ -474,6 +474,23 @@ class PgServer:
         self.stop()
 
 
+def schema_at(url: str, version: int) -> None:
+    """Make the database at ``url`` one of ferry's schema ``version`` (its first
+    ``version`` migrations, as an older ``ferry db init`` left it): for upgrade tests."""
+    import psycopg
+
+    from ferry.storage.postgres import schema
+
+    with psycopg.connect(url, autocommit=True) as conn, conn.transaction():
+        for number, migration in enumerate(schema.MIGRATIONS[:version], start=1):
+            conn.execute(migration)
+            conn.execute(
+                "INSERT INTO ferry_meta (key, value) VALUES ('version', %s)"
+                " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (str(number),),
+            )
+
+
 def sweep_leaked() -> list[Path]:
     """Stop and remove the private clusters of this host's dead test sessions (each
     ``PgServer.start`` does it first); the directories removed."""

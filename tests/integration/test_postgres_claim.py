@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 from clikit import wait_until
+from pgserver import schema_at
 
 from ferry.app.runner import as_cancelled
 from ferry.core import events as ev
@@ -589,14 +590,7 @@ def test_a_version_3_database_is_refused_until_db_init_upgrades_it(
     upgrades it and the queued task runs."""
     from clikit import Ferry
 
-    with psycopg.connect(pg_url, autocommit=True) as conn, conn.transaction():
-        for number, migration in enumerate(schema.MIGRATIONS[:3], start=1):
-            conn.execute(migration)
-            conn.execute(
-                "INSERT INTO ferry_meta (key, value) VALUES ('version', %s)"
-                " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                (str(number),),
-            )
+    schema_at(pg_url, 3)
     ferry = Ferry(tmp_path / "h")
     ferry.env.update(FERRY_DATABASE_URL=pg_url, FERRY_HOST_ID="h")
     try:

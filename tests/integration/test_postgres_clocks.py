@@ -15,6 +15,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from clikit import Ferry, Hosts
+from pgserver import schema_at
 from psycopg.types.json import Jsonb
 
 from ferry.core.fold import task_to_record
@@ -98,15 +99,8 @@ def test_db_init_gives_the_tasks_settled_before_it_their_last_write_s_time(
     eight days ago by their host's clock: one last written ten days ago by the
     database's, one just now. ``db init`` (version 7) stamps each with its last write's
     time: a default ``gc`` forgets the first, keeps the second."""
+    schema_at(pg_url, 6)
     with psycopg.connect(pg_url, autocommit=True) as conn:
-        with conn.transaction():
-            for number, migration in enumerate(schema.MIGRATIONS[:6], start=1):
-                conn.execute(migration)
-                conn.execute(
-                    "INSERT INTO ferry_meta (key, value) VALUES ('version', %s)"
-                    " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                    (str(number),),
-                )
         ended = time.time() - 8 * 24 * HOUR_S
         ids = {"old": "01m8td000000abcd", "recent": "01m8td000000abce"}
         for number, (age, task_id) in enumerate(ids.items(), start=1):

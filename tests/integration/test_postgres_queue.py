@@ -11,6 +11,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from clikit import Ferry, Hosts, finish, wait_until
+from pgserver import schema_at
 from queuekit import Stamps, stamped
 
 from ferry.core.fold import task_to_record
@@ -166,15 +167,8 @@ def test_retries_and_not_before_on_the_database(hosts: Hosts, tmp_path: Path) ->
 def test_db_init_upgrades_a_version_2_database(pg_url: str, tmp_path: Path) -> None:
     """A database made by the schema of version 2, with a queued task in it: ``db init``
     upgrades it (version 3, then 4), the task is in group default and runs."""
+    schema_at(pg_url, 2)
     with psycopg.connect(pg_url, autocommit=True) as conn:
-        with conn.transaction():
-            for number, migration in enumerate(schema.MIGRATIONS[:2], start=1):
-                conn.execute(migration)
-                conn.execute(
-                    "INSERT INTO ferry_meta (key, value) VALUES ('version', %s)"
-                    " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                    (str(number),),
-                )
         old = Task(id="01m8td000000abcd", spec=TaskSpec(argv=("true",), cwd="/"),
                    submit_seq=1, queue_seq=1, updated_seq=1, number=1,
                    created_at=time.time())  # fmt: skip
