@@ -157,6 +157,16 @@ def _check_utf8_text(value: Any, what: str) -> None:
         )
 
 
+def _check_key_edges(key: Any) -> None:
+    """A new task's key has no white space at its ends (a shell quote gone wrong: the
+    key ``' build'`` would not be ``build``), and is not blank. Checked for new input
+    only: a journal that holds such a key still reads."""
+    if isinstance(key, str) and key and key != key.strip():
+        raise UsageError(
+            f"--key {key!r} must not begin or end with white space", code="usage.bad_key"
+        )
+
+
 def _parse_env(items: Any) -> dict[str, str]:
     if isinstance(items, Mapping):  # (a --from line's "env": {"KEY": "VALUE"})
         for key, value in items.items():
@@ -293,6 +303,7 @@ def build_spec(opts: Mapping[str, Any], home: str, *, queued: bool = False) -> T
             "--patch-file needs at least one --pointer: a patch stands in only for pinned files",
             code="usage.patch_without_pointer",
         )
+    _check_key_edges(opts.get("key"))
     spec = TaskSpec(
         argv=argv_t,
         cwd=cwd,

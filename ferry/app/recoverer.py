@@ -340,6 +340,12 @@ def kill_orphan(session: Session, task: Task, sig: int) -> dict[str, Any]:
             code="task.other_host",
             details={"task": task.id, "host": owner},
         )
+    if task.state is State.QUEUED:
+        raise RefusedError(
+            f"task {task.id} is QUEUED: no process of it has started; use 'ferry cancel'",
+            code="task.not_started",
+            details={"task": task.id},
+        )
     runner = runner_identity(task)
     if task.in_flight and runner is not None and probe(runner) is not Liveness.DEAD:
         raise RefusedError(

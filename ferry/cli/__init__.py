@@ -70,10 +70,15 @@ TASK_VALUED_OPTIONS = frozenset(
 )  # fmt: skip
 
 
-def hoist_json(args: list[str]) -> list[str]:
-    """``--json`` after the command (``ferry ls --json``) means what it means before
-    it: moved to the front. Never a word of the task's: after ``--``, or (``run``,
-    ``submit``) from CMD's first word on, or an option's value (``--name --json``)."""
+# The global flags that may also come after the command word.
+HOISTED = frozenset(("--json", "-v", "--verbose", "-q", "--quiet"))
+
+
+def hoist_globals(args: list[str]) -> list[str]:
+    """``--json``, ``-v`` and ``-q`` after the command (``ferry ls --json``) mean what
+    they mean before it: moved to the front, in their order. Never a word of the task's:
+    after ``--``, or (``run``, ``submit``) from CMD's first word on, or an option's value
+    (``--name --json``)."""
     index = command_index(args)
     if index is None:
         return args
@@ -81,18 +86,18 @@ def hoist_json(args: list[str]) -> list[str]:
     if args[index] in ("run", "submit"):
         found = _task_option_words(args, index + 1, end)
     else:
-        found = [i for i in range(index + 1, end) if args[i] == "--json"]
+        found = [i for i in range(index + 1, end) if args[i] in HOISTED]
     if not found:
         return args
-    return ["--json", *(arg for i, arg in enumerate(args) if i not in found)]
+    return [*(args[i] for i in found), *(arg for i, arg in enumerate(args) if i not in found)]
 
 
 def _task_option_words(args: list[str], start: int, end: int) -> list[int]:
-    """Where ``--json`` is one of ``run``'s or ``submit``'s options (not a value), up
-    to CMD's first word (or ``end``)."""
+    """Where a hoisted flag is one of ``run``'s or ``submit``'s options (not a value),
+    up to CMD's first word (or ``end``)."""
     found, i = [], start
     while i < end and args[i].startswith("-") and args[i] != "-":
-        if args[i] == "--json":
+        if args[i] in HOISTED:
             found.append(i)
         i += 2 if args[i] in TASK_VALUED_OPTIONS else 1
     return found
@@ -100,7 +105,7 @@ def _task_option_words(args: list[str], start: int, end: int) -> list[int]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``ferry`` console script; returns the exit code."""
-    args = hoist_json(list(sys.argv[1:] if argv is None else argv))
+    args = hoist_globals(list(sys.argv[1:] if argv is None else argv))
     index = command_index(args)
     as_json = "--json" in args[: len(args) if index is None else index]
     command = command_word(args)

@@ -6,6 +6,7 @@ atomically."""
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import sys
@@ -98,6 +99,8 @@ def write_atomically(path: str, data: bytes) -> None:
     A ``path`` that is (or links to) a device, a FIFO or a socket (``/dev/stdout``,
     ``/dev/null``) is written into, as a shell's ``>`` would: a rename would replace
     it with a regular file."""
+    if path.endswith(os.sep) or os.path.isdir(path):  # (a rename over it: EBUSY, ENOTDIR)
+        raise _unwritable(path, IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR)))
     if _is_special(path):
         try:
             with open(path, "wb") as stream:

@@ -350,6 +350,20 @@ def test_a_from_batch_follows_the_key_rules_of_a_single_submit(cli: Ferry) -> No
     assert (after[-1]["id"], after[-1]["key"], after[-1]["state"]) == (ids[1], "k3", "QUEUED")
 
 
+def test_a_key_with_white_space_around_it_is_refused(cli: Ferry) -> None:
+    """A key is the task's identity for ``--key``'s rules: ``' build'`` (a shell quote
+    gone wrong) and ``'build'`` would be two keys that look one, and a blank key names
+    nothing. Refused at submit, run and in a ``--from`` line; a journal that holds such
+    a key (written before) still reads."""
+    for key in (" ", "  ", " build", "build ", "\u3000build"):
+        unchanged(cli, 2, "usage.bad_key", "submit", "--key", key, "--", "true")
+        unchanged(cli, 2, "usage.bad_key", "run", "--key", key, "--", "true")
+    line = b'{"argv": ["true"], "key": "build "}\n'
+    result = cli.refused(2, "usage.bad_key", "submit", "--from", "-", stdin=line)
+    assert "must not begin or end with white space" in result.err, result.err
+    assert cli("submit", "--key", "build x", "--", "true").code == 0
+
+
 @pytest.mark.parametrize("args", [["run"], ["run", "--"], ["submit"], ["submit", "--"]])
 def test_a_missing_command_has_one_code_however_it_is_missing(cli: Ferry, args: list[str]) -> None:
     """``run -- ''`` said usage.missing_command; ``run`` and ``run --`` said usage.invalid."""

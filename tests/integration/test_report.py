@@ -209,8 +209,11 @@ def test_an_unwritable_file_is_one_coded_error_and_the_old_page_stays(
     missing = tmp_path / "no-such-dir" / "r.html"
     result = ferry.refused(125, "report.unwritable", "report", "--html", str(missing))
     assert f"cannot write the report to {missing}: No such file or directory" in result.err
-    result = ferry.refused(125, "report.unwritable", "report", "--html", str(tmp_path))
-    assert "Is a directory" in result.err
+    # A directory however it is named (``.``, ``..`` and ``DIR/``, which renaming over
+    # answered "Device or resource busy" and "Not a directory").
+    for directory in (str(tmp_path), f"{tmp_path}/.", f"{tmp_path}/..", f"{tmp_path}/"):
+        result = ferry.refused(125, "report.unwritable", "report", "--html", directory)
+        assert f"cannot write the report to {directory}: Is a directory" in result.err
     # A page replaced by a new one that cannot be written: the old one is left whole, and
     # no temporary file.
     out = tmp_path / "keep" / "r.html"

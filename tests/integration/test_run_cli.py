@@ -670,6 +670,16 @@ def test_retry_of_a_succeeded_task_is_refused(ferry: Ferry) -> None:
 # -- --json, usage errors, no tracebacks ------------------------------------------------------
 
 
+def test_kill_of_a_queued_task_is_refused_and_points_to_cancel(ferry: Ferry) -> None:
+    """``kill`` signals a task's processes; a QUEUED task has none yet. It said "no
+    process of the task is alive" and exited 0, as if it had done what was asked
+    (found by a review); the task stays queued."""
+    queued = ferry.json("submit", "--", "true")["id"]
+    result = ferry.refused(1, "task.not_started", "kill", queued)
+    assert "use 'ferry cancel'" in result.err, result.err
+    assert ferry.json("show", queued)["state"] == "QUEUED"
+
+
 def test_json_gives_one_document_per_command(ferry: Ferry) -> None:
     run = ferry("--json", "run", "--name", "quiet", "--", "true")
     assert run.code == 0 and run.json()["state"] == "SUCCEEDED"

@@ -1,14 +1,15 @@
-"""``--json`` after the command word means what it means before it (``ferry ls
---json``), but never when it is the task's: a word of CMD (``ferry run echo hello
---json``, CMD given without ``--``), or an option's value (``--name --json``). Found by
-a review: ferry took it out of the task's argv and answered in JSON."""
+"""``--json``, ``-v`` and ``-q`` after the command word mean what they mean before it
+(``ferry ls --json``, ``ferry ls -q``), but never when they are the task's: a word of
+CMD (``ferry run echo hello --json``, CMD given without ``--``), or an option's value
+(``--name --json``). Found by reviews: ferry took ``--json`` out of the task's argv and
+answered in JSON; ``ferry ls -q`` was a usage error."""
 
 from __future__ import annotations
 
 import click
 import pytest
 
-from ferry.cli import TASK_VALUED_OPTIONS, hoist_json
+from ferry.cli import TASK_VALUED_OPTIONS, hoist_globals
 
 
 @pytest.mark.parametrize(
@@ -27,10 +28,18 @@ from ferry.cli import TASK_VALUED_OPTIONS, hoist_json
         (["run", "--name", "--json", "--", "true"], ["run", "--name", "--json", "--", "true"]),
         (["run", "--", "echo", "--json"], ["run", "--", "echo", "--json"]),
         (["submit", "--lines", "-", "--json"], ["--json", "submit", "--lines", "-"]),
+        # -v and -q (and their long names) too, in the order given
+        (["ls", "-q"], ["-q", "ls"]),
+        (["wait", "3", "--verbose", "--json"], ["--verbose", "--json", "wait", "3"]),
+        (["work", "--drain", "-j", "2", "--quiet"], ["--quiet", "work", "--drain", "-j", "2"]),
+        (["submit", "-q", "--", "true"], ["-q", "submit", "--", "true"]),
+        (["run", "grep", "-v", "x"], ["run", "grep", "-v", "x"]),
+        (["run", "--name", "-q", "--", "true"], ["run", "--name", "-q", "--", "true"]),
+        (["ls", "--", "-q"], ["ls", "--", "-q"]),
     ],
 )  # fmt: skip
-def test_json_is_hoisted_from_ferry_s_options_only(args: list[str], hoisted: list[str]) -> None:
-    assert hoist_json(args) == hoisted
+def test_globals_are_hoisted_from_ferry_s_options_only(args: list[str], hoisted: list[str]) -> None:
+    assert hoist_globals(args) == hoisted
 
 
 @pytest.mark.parametrize("command", ["run", "submit"])
