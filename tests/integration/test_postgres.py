@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -67,8 +68,15 @@ def test_db_init_is_idempotent_and_every_command_needs_it(pg_url: str, tmp_path:
         again = ferry.json("db", "init")
         assert (again["created"], again["schema_version"]) == (False, schema.VERSION)
         ferry.ok("run", "--", "true")
+        ferry.ok("work", "--drain")  # (a host row: its lease)
         status = ferry.json("db", "status")
         assert status["tasks"] == {"SUCCEEDED": 1} and status["host"] == "a"
+        # Times as everywhere else in JSON: RFC 3339, UTC as Z, milliseconds (they
+        # were Python's isoformat, '+00:00' and microseconds).
+        times = [h[key] for h in status["hosts"] for key in ("renewed_at", "expires_at")]
+        assert times and all(
+            re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", t) for t in times
+        )
     finally:
         ferry.close()
 

@@ -42,7 +42,7 @@ from ferry.core.errors import (
 )
 from ferry.core.fold import task_from_record, task_to_record
 from ferry.core.ids import LAST, resolve_prefix, shown, task_number
-from ferry.core.model import IN_FLIGHT_STATES, Reason, State, Task, replace
+from ferry.core.model import IN_FLIGHT_STATES, Reason, State, Task, replace, rfc3339
 from ferry.core.state import SNAPSHOT_FORMAT, States, Table
 from ferry.failpoints import failpoint
 from ferry.storage import Written
@@ -1037,7 +1037,8 @@ def _json(data: Any) -> Any:
 
 
 def _iso(value: datetime | None) -> str | None:
-    return None if value is None else value.isoformat()
+    """A database time as every time in ferry's JSON: RFC 3339, UTC, milliseconds."""
+    return None if value is None else rfc3339(value.timestamp())
 
 
 def _state_list(state: States) -> list[str]:
