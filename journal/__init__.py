@@ -53,8 +53,8 @@ Guarantees
 * ``Journal.open`` checks every record from the latest snapshot's seq on (the line of a
   seq is found by bisection, ``_seek``) and changes nothing; ``verify`` checks
   everything; ``repair`` cuts only a torn tail.  ``Journal.open(read_only=True)``
-  creates nothing and takes no lock (a file system mounted read-only); its writes raise
-  ReadOnlyError.
+  creates nothing and takes no lock (a file system mounted read-only) but for its
+  ``sync`` (a moment, to read no append in progress); its writes raise ReadOnlyError.
 * A damaged journal: ``readable`` / ``Journal.open_view`` say what is still readable
   (the newest usable snapshot, then every record to the first damage); ``salvage``
   moves the damaged journal aside whole (``<dir>.damaged-<stamp>``, never deleted) and
@@ -272,9 +272,10 @@ class Journal:
         """Open (creating if needed) the journal at ``directory``.
 
         ``read_only``: for a reader; nothing is created or written, no lock is taken
-        (the directory may be on a file system mounted read-only, or not ours to
-        write).  A missing directory reads as an empty journal.  Every write through
-        the handle raises ReadOnlyError; ``refresh`` still catches up on appends.
+        but by ``sync`` (the directory may be on a file system mounted read-only, or not
+        ours to write).  A missing directory reads as an empty journal.  Every write
+        through the handle raises ReadOnlyError; ``refresh`` still catches up on
+        appends.
 
         ``on_lock_wait`` is called (from a timer thread) when an append has waited for
         the cross-process append lock for 5 s: another process holds it, perhaps one
@@ -443,9 +444,14 @@ class Journal:
         they release the lock, but one that died between its write and its sync leaves
         records readable that no disk holds yet.)  For a decision taken from what was
         read that writes nothing ("already done"), so that it cannot rest on a record a
-        power cut then takes back."""
-        self._refuse_write()
+        power cut then takes back.  A read-only handle takes the lock too, for that
+        moment (it writes nothing): no append is then in progress, and a record whose
+        writer took it back is gone; one without a lock file (no journal yet) catches
+        up as ``refresh`` does."""
         writer = self._writer
+        if self._read_only and not writer.can_lock():
+            self.refresh()
+            return
         with writer.owned(), writer.locked():
             writer.catch_up_feeding(locked=True)
             if writer.pos.fd is not None:

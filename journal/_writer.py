@@ -325,6 +325,11 @@ class Writer:
         finally:
             self._release()
 
+    def can_lock(self) -> bool:
+        """Has this handle the lock file? (A read-only one has none before the journal
+        is made.)"""
+        return self._lock_fd >= 0
+
     @contextmanager
     def locked(self) -> Iterator[None]:
         """The cross-process append lock (the caller owns the handle)."""

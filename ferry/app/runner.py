@@ -278,7 +278,7 @@ def cancel_stands(store: TaskStore, task_id: str, token: str) -> bool:
     try:
         store.sync()
     except FerryError:
-        return False  # (taken back: the store reads the journal again; looked at next beat)
+        return False  # (looked at again at the next beat)
     current = store.get(task_id)
     return bool(current and current.claim_token == token and current.cancel_requested)
 

@@ -356,13 +356,19 @@ class Service:
         seen = [task]  # the task as last seen in the table
         gone = GoneRunners(self.session.home, self.store, self.notice)
 
+        def ended(current: Task | None) -> bool:
+            return current is None or current.terminal or current.attempt != which
+
         def settled() -> bool:
             self.store.refresh()
             current = self.store.get(task.id)
+            if follow and ended(current):
+                self.store.sync()  # (confirmed under the lock before it is said: as wait)
+                current = self.store.get(task.id)
             if current is None:
                 return True  # forgotten (ferry gc): settled, whether or not its end was seen
             seen[0] = current
-            if current.terminal or current.attempt != which:
+            if ended(current):
                 return True
             if follow:
                 gone.look([current])

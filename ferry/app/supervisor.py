@@ -621,9 +621,7 @@ class Supervisor:
         if not self.orphaned or self._open_store() is None:
             return False  # (the launcher looks, when it writes the end)
         with contextlib.suppress(FerryError, OSError):
-            self.store.refresh()
-            current = self.store.get(self.task.id)
-            return bool(current and current.claim_token == self.token and current.cancel_requested)
+            return cancel_stands(self.store, self.task.id, self.token)  # (under the lock)
         return False
 
     def _write_spawned(self) -> None:

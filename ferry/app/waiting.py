@@ -45,6 +45,10 @@ def wait(
     deadline = None if timeout_s is None else started + timeout_s
     gone = GoneRunners(session.home, store, session.reporter.notice)
     while True:
+        if any(_ended(store.get(task_id)) for task_id in awaited):
+            # Confirmed under the journal's lock before it is said: an end (a cancel)
+            # read without it may be taken back by its writer (its fdatasync failed).
+            store.sync()
         for task_id in list(awaited):
             current = store.get(task_id)
             if current is None:  # settled and forgotten (ferry gc) between two looks
@@ -67,3 +71,8 @@ def wait(
         store.refresh()
     result = [with_runner_state(latest[task.id], session.home, store) for task in tasks]
     return WaitReport(result, awaited, time.monotonic() - started)
+
+
+def _ended(task: Task | None) -> bool:
+    """Settled, or forgotten (ferry gc)."""
+    return task is None or task.terminal

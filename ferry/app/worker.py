@@ -72,6 +72,7 @@ from ferry.app.runner_state import runner_identity, with_runner_state
 from ferry.app.tally import Progress, Tally, WorkReport
 from ferry.core import events as ev
 from ferry.core.errors import (
+    TAKEN_BACK,
     DatabaseUnavailableError,
     FerryError,
     InternalError,
@@ -216,6 +217,9 @@ class Worker:
             except LeaseHeldError:
                 if self.stopping or (self.drain and not self._queue_nonempty()):
                     return False
+            except FerryError as error:
+                if not _read_again(error, self.session):
+                    raise
             self._sleep(self.poll_s)
 
     def _sleep(self, timeout_s: float) -> list[Any]:
@@ -238,9 +242,21 @@ class Worker:
         reach: it may hold tasks; not empty.)"""
         try:
             self.store.refresh()
-            return any(g["queued"] and not g["paused"] for g in self.store.groups())
+            if self._queued():
+                return True
+            # Empty: so it is under the lock (a cancel read without it may be taken back
+            # by its writer, and the task still queued).
+            self.store.sync()
+            return self._queued()
         except DatabaseUnavailableError:
             return True
+        except FerryError as error:
+            if _read_again(error, self.session):
+                return True  # (looked at again at the next turn)
+            raise
+
+    def _queued(self) -> bool:
+        return any(g["queued"] and not g["paused"] for g in self.store.groups())
 
     def _let_the_lease_go(self) -> None:
         """At the end: the lease released (on a shared database out of reach: it
@@ -263,6 +279,10 @@ class Worker:
             except DatabaseUnavailableError as error:
                 self._unreachable(error)
                 return False
+            except FerryError as error:
+                if not _read_again(error, self.session):
+                    raise
+                return False  # (tried again at the next turn, on the journal as it is)
             self.started = True
         return True
 
@@ -1012,7 +1032,7 @@ class Worker:
 def _read_again(error: FerryError, session: Session) -> bool:
     """Was ``error`` the journal's records taken back (the store has read it again:
     ``journal.taken_back``)? Then it is said, and the loop goes on."""
-    if error.code != "journal.taken_back":
+    if error.code != TAKEN_BACK:
         return False
     session.notice(
         "records this work had read were taken back by their writer (its fdatasync"

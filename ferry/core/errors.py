@@ -43,6 +43,9 @@ EX_OPERATOR = 3
 EX_JOURNAL = 4
 EX_NOT_FOUND = 5
 EX_TEMPFAIL = 75
+# The code of an error that says records a process read were taken back by their writer
+# (its fdatasync failed): the local store has read the journal again; look again.
+TAKEN_BACK = "journal.taken_back"
 EX_TIMEOUT = 124
 EX_FERRY_FAILED = 125
 EX_NOT_EXECUTABLE = 126

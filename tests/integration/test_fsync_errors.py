@@ -17,12 +17,14 @@ that retries to run the task again)."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import shutil
 import signal
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from clikit import Ferry, finish, wait_until
@@ -140,3 +142,119 @@ def test_a_cancel_whose_fsync_failed_never_stops_the_task(
     ended = ferry.task(task["id"])
     assert (ended["state"], ended["cancel_requested"]) == ("SUCCEEDED", False)
     assert ferry.ok("journal", "verify").code == 0
+
+
+def _in_background(ferry: Ferry, *args: str) -> concurrent.futures.Future[Any]:
+    """``ferry(*args)`` whose first fdatasync waits 2 s then fails, in a thread."""
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    future = pool.submit(ferry, *args, command=(*FAILING_FSYNC, *ferry.command))
+    pool.shutdown(wait=False)
+    return future
+
+
+def _written(ferry: Ferry, record_type: str) -> None:
+    """Until a lock-free read shows a ``record_type`` record (written, not yet synced)."""
+    wait_until(
+        lambda: record_type in ferry.ok("journal", "dump").out.decode(),
+        what=f"the {record_type} record to be written",
+    )
+
+
+def test_a_compaction_never_removes_the_files_of_a_gc_taken_back(ferry: Ferry) -> None:
+    """``gc``'s fdatasync fails (it exits 125 and takes its FORGOTTEN back: nothing is
+    forgotten). A ``journal compact`` that read the record meanwhile (lock-free) merged
+    the history and removed the task's log before its snapshot's locked catch-up found
+    the record gone: the task stayed, its log was lost (found by a review). A
+    compaction now reads under the lock (``sync``) before it decides anything."""
+    ferry.ok("run", "--", "sh", "-c", "echo precious output")
+    task_id = ferry.tasks()[0]["id"]
+    gc = _in_background(ferry, "gc", "--older-than", "0s")
+    _written(ferry, "FORGOTTEN")
+    compact = ferry("journal", "compact")
+    assert compact.code in (0, 75), compact
+    failed = gc.result(timeout=60)
+    assert failed.code == 125 and failed.error_code() == "io.device_error", failed
+    assert [t["id"] for t in ferry.tasks()] == [task_id]
+    logs = ferry("logs", task_id)
+    assert (logs.code, logs.out, logs.err) == (0, b"precious output\n", ""), logs
+    assert ferry.ok("journal", "verify").code == 0
+
+
+def test_a_supervisor_alone_never_ends_its_task_cancelled_for_a_cancel_taken_back(
+    ferry: Ferry, tmp_path: Path
+) -> None:
+    """``run`` killed with -9: its supervisor goes on alone, and at its task's end looks
+    for a cancel request. A ``cancel`` whose fdatasync failed (taken back, 125) was read
+    there without the lock, and the end was written CANCELLED though no request was
+    ever committed (found by a review). It is confirmed under the lock now."""
+    gate = tmp_path / "gate"
+    run = ferry.start(
+        "run", "--heartbeat", "30", "--", "sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done"
+    )
+    task = wait_until(lambda: next((t for t in ferry.tasks() if t["pid"]), None), what="a pid")
+    run.kill()
+    run.wait(timeout=30)
+    cancel = _in_background(ferry, "cancel", task["id"])
+    _written(ferry, "CANCEL_REQUESTED")
+    gate.touch()
+    failed = cancel.result(timeout=60)
+    assert failed.code == 125 and failed.error_code() == "io.device_error", failed
+    ended = wait_until(
+        lambda: (t := ferry.task(task["id"]))["state"] != "RUNNING" and t, what="the task's end"
+    )
+    assert (ended["state"], ended["cancel_requested"]) == ("SUCCEEDED", False), ended
+    assert ferry.ok("journal", "verify").code == 0
+
+
+def test_a_drain_never_ends_on_a_cancel_taken_back(ferry: Ferry, tmp_path: Path) -> None:
+    """``work --drain`` read (lock-free) a cancel of its only queued task that its
+    writer then took back (125): the queue looked empty, the drain ended with the task
+    still QUEUED, and its release of the lease met the taken-back record: exit 75
+    (found by a review). An empty queue is confirmed under the lock before a drain
+    ends, and a read taken back is read again."""
+    ran = tmp_path / "ran"
+    task_id = ferry.ok("submit", "--not-before", "+4", "--", "sh", "-c", f"echo ran > {ran}")
+    work = ferry.start("work", "--drain", "--poll", "0.1", stdout=subprocess.DEVNULL)
+    cancel = _in_background(ferry, "cancel", task_id.out.decode().strip())
+    failed = cancel.result(timeout=60)
+    assert failed.code == 125 and failed.error_code() == "io.device_error", failed
+    code, err = finish(work)
+    assert code == 0 and "error[" not in err, err
+    assert ran.read_text() == "ran\n"
+    assert [t["state"] for t in ferry.tasks()] == ["SUCCEEDED"]
+
+
+def test_a_standby_work_goes_on_when_records_it_read_are_taken_back(ferry: Ferry) -> None:
+    """A ``work`` waiting for the lease (another one leads) read a submit's record
+    that its writer then took back: it exited 75 (``journal.taken_back``) where
+    ``work`` goes on (found by a review)."""
+    leader = ferry.start("work", "--poll", "0.1", stdout=subprocess.DEVNULL)
+    wait_until(lambda: ferry.json("lease")["holder"], what="the leader")
+    standby = ferry.start("work", "--poll", "0.1", stdout=subprocess.DEVNULL)
+    failed = _in_background(ferry, "submit", "--not-before", "+60", "--", "true").result(timeout=60)
+    assert failed.code == 125 and failed.error_code() == "io.device_error", failed
+    done = ferry.ok("submit", "--", "true")  # (both have read the journal again meanwhile)
+    wait_until(lambda: ferry.tasks()[-1]["state"] == "SUCCEEDED", what=f"{done} to run")
+    assert standby.poll() is None, finish(standby)
+    for proc in (standby, leader):
+        proc.send_signal(signal.SIGTERM)
+        code, err = finish(proc)
+        assert code == 0 and "error[" not in err, err
+
+
+@pytest.mark.parametrize("command", ["wait", "logs -f"])
+def test_an_end_read_then_taken_back_is_never_said(ferry: Ferry, command: str) -> None:
+    """``wait ID`` and ``logs -f ID`` read (lock-free) a cancel of the queued task that
+    its writer then took back (125): ``wait`` said CANCELLED and exited 1, though the
+    task stayed QUEUED and later SUCCEEDED (found by a review). An end is confirmed
+    under the lock before it is said; a read taken back is read again."""
+    task_id = ferry.ok("submit", "--not-before", "+3", "--", "echo", "hello").out.decode().strip()
+    looking = ferry.start(*command.split(), task_id)
+    wait_until(lambda: ferry.task(task_id), what="the task")  # (looking has read it by now)
+    failed = _in_background(ferry, "cancel", task_id).result(timeout=60)
+    assert failed.code == 125 and failed.error_code() == "io.device_error", failed
+    assert looking.poll() is None, finish(looking)
+    ferry.ok("work", "--drain", "--poll", "0.1")
+    code, err = finish(looking)
+    assert code == 0 and "error[" not in err, err
+    assert ferry.task(task_id)["state"] == "SUCCEEDED"

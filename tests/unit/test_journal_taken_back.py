@@ -108,3 +108,24 @@ def test_no_snapshot_covers_records_taken_back(jdir: Path, monkeypatch: pytest.M
             leader.write_snapshot(2, b"a state with the phantom in it")
     assert not list(jdir.glob("snapshot-*"))
     assert verify(jdir).status == "clean"
+
+
+def test_a_read_only_handle_syncs_under_the_lock(
+    jdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``sync`` on a read-only handle (``wait``, ``logs -f``) takes the append lock for
+    its catch-up (it raised ReadOnlyError): what it read and its writer then took back
+    is found gone, as for a writer's handle; no append is in progress meanwhile."""
+    with Journal.open(jdir) as writer:
+        writer.append("first", {})
+    with Journal.open(jdir, read_only=True) as reader, Journal.open(jdir) as submitter:
+        taken_back(monkeypatch, submitter, reader)
+        with pytest.raises(WriterFailedError) as caught:
+            reader.sync()
+        assert isinstance(caught.value.__cause__, TakenBackError)
+    with Journal.open(jdir, read_only=True) as reader:
+        reader.sync()
+        assert reader.last_seq == 1
+    with Journal.open(tmp := jdir.parent / "none", read_only=True) as empty:
+        empty.sync()  # (no journal yet, no lock file: a plain catch-up)
+        assert empty.last_seq == 0 and not tmp.exists()

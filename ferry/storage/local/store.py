@@ -29,6 +29,7 @@ import journal
 from ferry.core import events as ev
 from ferry.core.errors import (
     EX_TEMPFAIL,
+    TAKEN_BACK,
     FerryError,
     JournalIntegrityError,
     LeaseHeldError,
@@ -440,11 +441,10 @@ class Store(ClaimsUnderLock):
             )
 
     def refresh(self) -> None:
-        """Catch up on what other processes appended."""
-        try:
-            self.wal.refresh()
-        except journal.JournalError as error:
-            raise self._failed(error) from error
+        """Catch up on what other processes appended. Records read before and taken
+        back since by their writer (its fdatasync failed): the journal is read again,
+        as it is (``_failed``), and that is the catch-up."""
+        self._catch_up("refresh")
 
     def bound_calls(self) -> None:
         """Local calls wait on no network and no other session's lock."""
@@ -464,10 +464,17 @@ class Store(ClaimsUnderLock):
     def sync(self) -> None:
         """Catch up under the append lock, and make every record read durable
         (``journal.Journal.sync``): before acting on a read that writes nothing."""
-        try:
-            self.wal.sync()
-        except journal.JournalError as error:
-            raise self._failed(error) from error
+        self._catch_up("sync")
+
+    def _catch_up(self, how: str) -> None:
+        for again in (False, True):
+            try:
+                getattr(self.wal, how)()  # (the handle _failed opened, the second time)
+                return
+            except journal.JournalError as error:
+                failed = self._failed(error)
+                if again or failed.code != TAKEN_BACK:
+                    raise failed from error
 
     # ---- reading -------------------------------------------------------------------
 
@@ -582,7 +589,10 @@ class Store(ClaimsUnderLock):
 
     def _compact_locked(self, directory: str, may_merge: bool) -> dict[str, Any] | None:
         try:
-            self.refresh()
+            # Under the append lock, durable: a record read without it may be taken back
+            # (its writer's fdatasync failed), and a compaction removes the files of the
+            # tasks forgotten (a gc's FORGOTTEN taken back lost a task's log).
+            self.sync()
             previous = self.wal.latest_snapshot()
             if not may_merge and previous is not None and previous.seq >= self.snapshot_seq:
                 self._adopt(previous)  # (the same seq: written again by an idle merge)
