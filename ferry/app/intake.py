@@ -226,7 +226,7 @@ def _resolve_cwd(cwd: Any) -> str:
 
 # What only a shell understands: a single CMD argument holding one of these was meant
 # for /bin/sh (``ferry submit -- 'make test && make dist'``), and execve would not find it.
-_SHELL_SYNTAX = ("&&", "||", "|", ";", "$", " ", ">", "<", "`", "*", "(", "\n")
+_SHELL_SYNTAX = ("&&", "||", "|", ";", "$", " ", "\t", ">", "<", "`", "*", "(", "\n")
 
 
 def _refuse_shell_text(argv: tuple[str, ...], cwd: str) -> None:

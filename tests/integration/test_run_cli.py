@@ -512,6 +512,11 @@ def test_shell_takes_cmd_as_sh_c_does_and_refuses_loose_words(ferry: Ferry) -> N
         result = ferry.refused(2, "usage.shell_words", command, "--shell", "--", "echo", "hi", "x")
         assert "give the command line as one word" in result.err
     assert len(ferry.tasks()) == 1
+    # A tab separates words as a space does (found by a review: a command line with a
+    # tab was refused as loose words, and one without --shell queued to fail with 127).
+    assert ferry.ok("run", "--shell", "--", 'echo\t"$0"', "x").out == b"x\n"
+    result = ferry.refused(2, "usage.looks_like_shell", "submit", "--", "echo\thello")
+    assert "looks like a shell command" in result.err
 
 
 def test_name_is_shown(ferry: Ferry) -> None:
