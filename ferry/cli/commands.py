@@ -495,11 +495,13 @@ def register(
         Each task on its own: one that cannot be cancelled is reported and the others
         go on (exit: that one's code)."""
 
+        service = many.one_service(ctx)
+
         def one(task_id: str) -> tuple[str | None, Any]:
-            task = ctx.service(make=False).cancel(task_id, listed=_listed(state))
+            task = service().cancel(task_id, listed=_listed(state))
             return f"{task.id} {task.state}", render.task_json(task)
 
-        ids = many.targets(ctx, task_ids, state)
+        ids = many.targets(ctx, task_ids, state, service)
         return many.for_each(ctx, ids, one, many=state is not None)
 
     @cli.command(
@@ -512,11 +514,13 @@ def register(
     def retry(ctx: Any, task_ids: tuple[str, ...], state: str | None, force: bool) -> int:
         """Queue FAILED or CANCELLED tasks again, each as a new attempt (same id)."""
 
+        service = many.one_service(ctx)
+
         def one(task_id: str) -> tuple[str | None, Any]:
-            task = ctx.service(make=False).retry(task_id, force=force, listed=_listed(state))
+            task = service().retry(task_id, force=force, listed=_listed(state))
             return f"{task.id} attempt {task.attempt} QUEUED", render.task_json(task)
 
-        ids = many.targets(ctx, task_ids, state)
+        ids = many.targets(ctx, task_ids, state, service)
         return many.for_each(ctx, ids, one, many=state is not None)
 
     @cli.command(epilog=_example("ferry resolve 01jq3 --as succeeded   # I checked: it deployed"))
@@ -556,8 +560,10 @@ def register(
         SIGCONT follows (as for a forwarded signal): a stopped orphan gets it too.
         """
 
+        service = many.one_service(ctx)
+
         def one(task_id: str) -> tuple[str | None, Any]:
-            result = ctx.service(make=False).kill(task_id, signame)
+            result = service().kill(task_id, signame)
             return result.get("message"), result
 
         return many.for_each(ctx, task_ids, one, many=False)
