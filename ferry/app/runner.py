@@ -96,16 +96,25 @@ class Plan(Value):
 class RunResult(Value):
     """How the task ended, and the exit status ``run``/``claim`` pass through."""
 
-    __slots__ = ("error", "exit_status", "task")
-    _FIELDS = ("task", "exit_status", "error")
+    __slots__ = ("error", "exit_status", "skipped", "task")
+    _FIELDS = ("task", "exit_status", "error", "skipped")
     task: Task
     exit_status: int
     error: FerryError | None  # a failure before the task could start
+    skipped: bool  # not run: its --key succeeded (``task`` is the task that did it)
 
-    def __init__(self, task: Task, exit_status: int, error: FerryError | None = None) -> None:
+    def __init__(
+        self,
+        task: Task,
+        exit_status: int,
+        error: FerryError | None = None,
+        *,
+        skipped: bool = False,
+    ) -> None:
         init(self, "task", task)
         init(self, "exit_status", exit_status)
         init(self, "error", error)
+        init(self, "skipped", skipped)
 
 
 def child_environ() -> dict[str, str]:

@@ -259,7 +259,7 @@ class Service:
         if done is None:
             return None
         self.notice(f"key {key!r} already succeeded (task {done}); not run again")
-        return RunResult(self._get_or_forgotten(done, spec), 0)
+        return RunResult(self._get_or_forgotten(done, spec), 0, skipped=True)
 
     def _get_or_forgotten(self, task_id: str, spec: TaskSpec) -> Task:
         """The task ``task_id``; if ``ferry gc`` forgot it (its key's success is all that

@@ -143,7 +143,11 @@ class CliReporter:
         from ferry.core.model import State
 
         failed = result.task.state is not State.SUCCEEDED
-        if self.verbosity < 0 or not (failed or (self.verbosity > 0 and self.run_started)):
+        if (
+            self.verbosity < 0
+            or result.skipped
+            or not (failed or (self.verbosity > 0 and self.run_started))
+        ):
             return
         from ferry.cli import render
 

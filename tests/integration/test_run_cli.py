@@ -413,6 +413,20 @@ def test_a_succeeded_key_is_not_run_again(ferry: Ferry, tmp_path: Path) -> None:
     assert len(ferry.tasks()) == 1
 
 
+def test_a_key_resolved_as_succeeded_is_skipped_with_one_line(ferry: Ferry) -> None:
+    """A key whose task FAILED and was resolved as succeeded is skipped as one whose task
+    SUCCEEDED: one notice. It also said "task #1 ... failed: EXIT_NONZERO (exit 0)",
+    of a task this run never started (found by a review)."""
+    assert ferry("run", "--key", "K", "--", "false").code == 1
+    ferry.ok("resolve", "1", "--as", "succeeded")
+    again = ferry("run", "--key", "K", "--", "true")
+    assert again.code == 0, again
+    assert again.err.splitlines() == [
+        f"ferry: key 'K' already succeeded (task {ferry.tasks()[0]['id']}); not run again"
+    ]
+    assert len(ferry.tasks()) == 1
+
+
 def test_submit_of_a_succeeded_key_queues_nothing(ferry: Ferry) -> None:
     ferry.ok("run", "--key", "release-7", "--", "true")
     done = ferry.only_task()["id"]
