@@ -661,6 +661,7 @@ class Service:
     def journal_verify(self) -> dict[str, Any]:
         from ferry.storage.local.maintenance import verify
 
+        self._refuse_missing("verify")
         return verify(os.path.join(self.home, "journal"))
 
     def journal_repair(self) -> dict[str, Any]:
@@ -702,6 +703,7 @@ class Service:
         from ferry.storage.local.maintenance import dump
 
         self._local_journal("dump", "reads")
+        self._refuse_missing("dump")
         dump(os.path.join(self.home, "journal"), from_seq, sys.stdout.buffer)
 
     def journal_salvage(self, *, dry_run: bool) -> dict[str, Any]:

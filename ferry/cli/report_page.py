@@ -28,7 +28,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ferry.cli.render import duration
+from ferry.cli.render import duration, escaped
 from ferry.core.model import State
 from journal import _json
 
@@ -221,13 +221,14 @@ def parse_time(text: str | None) -> float | None:
 
 
 def command_text(task: Mapping[str, Any]) -> str:
-    """The command as a user would type it (a --shell task's argv is the one string)."""
+    """The command as a user would type it (a --shell task's argv is the one string),
+    what is not printable shown escaped, as ``ls`` shows it."""
     argv = [str(arg) for arg in task.get("argv") or []]
-    return " ".join(argv) if task.get("shell") else shlex.join(argv)
+    return escaped(" ".join(argv) if task.get("shell") else shlex.join(argv))
 
 
 def _label(task: Mapping[str, Any]) -> str:
-    return str(task.get("name") or command_text(task))
+    return escaped(str(task.get("name") or "")) or command_text(task)
 
 
 def _exit_text(task: Mapping[str, Any]) -> str:
@@ -310,7 +311,7 @@ def _details(task: Mapping[str, Any], span: _Span, clock: _Clock) -> str:
     """A row's details: one ``key: value`` per line (the title, and the tooltip)."""
     lines = [
         f"#{task.get('number') or '-'}  {task.get('id')}",
-        f"name: {task.get('name') or '-'}",
+        f"name: {escaped(str(task.get('name') or '-'))}",
         f"state: {task.get('state')}" + (f" ({task['reason']})" if task.get("reason") else ""),
         f"exit: {_exit_text(task)}",
         f"attempt: {task.get('attempt')}",
@@ -462,7 +463,7 @@ def _table(tasks: Sequence[Mapping[str, Any]], spans: Sequence[_Span], clock: _C
             _exit_text(task),
             clock.full(span.started)[:19] if span.started is not None else "-",
             "-" if took is None else duration(took),
-            str(task.get("name") or "-"),
+            escaped(str(task.get("name") or "-")),
         ]
         out.append(
             f'<tr data-state="{html.escape(str(task.get("state")))}">'

@@ -225,6 +225,18 @@ def test_claim_on_an_empty_queue_can_exit_as_told_so_a_loop_ends(ferry: Ferry) -
     assert f"task #2 {failed} failed: EXIT_NONZERO (exit 1)" in result.stderr.decode()
 
 
+@pytest.mark.parametrize("command", ["verify", "dump"])
+def test_verify_or_dump_of_a_home_that_is_not_there_says_so(
+    ferry: Ferry, tmp_path: Any, command: str
+) -> None:
+    """``ferry --home TYPO journal verify || alert`` never alerted: exit 0, silent (found
+    by a review). As ``repair`` and ``compact``: state_dir.missing (5), nothing made."""
+    typo = tmp_path / "ferry-hmoe"
+    result = ferry.refused(5, "state_dir.missing", "--home", str(typo), "journal", command)
+    assert str(typo) in result.err
+    assert not typo.exists()
+
+
 @pytest.mark.parametrize(
     "args",
     [("cancel", "1"), ("retry", "1"), ("kill", "1"), ("resolve", "1", "--as", "failed"),

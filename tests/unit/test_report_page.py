@@ -246,3 +246,17 @@ def test_the_number_column_holds_the_widest_number() -> None:
     page = build([task(n, "SUCCEEDED", started=0.0, ended=1.0) for n in (1, 99, 200)])
     assert '<div class="timeline" style="--n:4.5ch">' in page
     assert "min-width: var(--n" in page and "tabular-nums" in page
+
+
+def test_control_and_direction_characters_are_shown_escaped() -> None:
+    """A task's argv or name may hold an escape sequence or a direction override
+    (U+202E makes ``report-\\u202egpj.sh`` read ``report-hs.jpg``): shown escaped, as
+    ``ls`` shows them; the page held them raw (found by a review). The embedded JSON
+    keeps the exact strings."""
+    argv = ["echo", "\x1b]0;owned\x07", "report-\u202egpj.sh"]
+    page = build([task(1, "SUCCEEDED", argv=argv), task(2, "QUEUED", name="n\u202eame\x1b[2J")])
+    shown = re.sub(r"(?s)<script.*?</script>", "", page)
+    assert not {"\x1b", "\x07", "\u202e"} & set(shown), [
+        c for c in shown if not c.isprintable() and c not in "\n"
+    ]
+    assert "\\x1b]0;owned\\x07" in shown and "report-\\u202egpj.sh" in shown
