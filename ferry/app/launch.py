@@ -170,6 +170,7 @@ class Launch:
         # (boot_clock) when the last write that showed its task alive was sent
         self.heard_sent: float | None = None
         self.gone = False  # its channel ended (it exited, or died)
+        self.deposed = False  # it gave its claim back, unstarted: another leader leads
         self.claiming: str | None = None  # the token of a claim naming it, its outcome not told yet
         self.forget()
 
@@ -276,6 +277,8 @@ class Launch:
                 self.spawned_due = True
             elif kind == "beat":
                 self.beat = True
+            elif kind == "deposed":
+                self.deposed = True
             elif kind == "ended":
                 self.ended = message
                 self.exit_status = int(message["exit_status"])
@@ -716,21 +719,15 @@ class _Foreground:
     def _gone(self) -> FerryError:
         """Its supervisor gone before the task's end was known: died (recovery decides
         the task); or it gave its claim back before the spawn (a supervisor of a
-        leader's claim does once another leader took the lease: ``deposed``), as the
-        journal says: nothing was started, and the task waits in the queue (75)."""
-        with contextlib.suppress(FerryError, OSError):
-            self.store.refresh()
-            current = self.store.get(self.task.id)
-            if (
-                current is not None
-                and current.state is State.QUEUED
-                and current.evidence.get("supervisor") == DEPOSED
-            ):
-                return FerryError(
-                    f"task {self.task.id} went back to the queue before it started: {DEPOSED}",
-                    code="lease.lost",
-                    exit_code=EX_TEMPFAIL,
-                )
+        leader's claim does once another leader took the lease: ``deposed``), as it said
+        once that was written: nothing was started, the task went back to the queue
+        (75), whatever became of it since."""
+        if self.launch.deposed:
+            return FerryError(
+                f"task {self.task.id} went back to the queue before it started: {DEPOSED}",
+                code="lease.lost",
+                exit_code=EX_TEMPFAIL,
+            )
         return SupervisorDied(
             "the task's supervisor died before the task ended; 'ferry recover' decides the task"
         )

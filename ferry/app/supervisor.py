@@ -379,7 +379,8 @@ class Supervisor:
             if message is not None:
                 break
             if deposed(self.home, self.epoch):
-                self._orphaned_before_the_spawn(DEPOSED)
+                if self._orphaned_before_the_spawn(DEPOSED):
+                    self.channel.send("deposed")  # (its launcher, continued, says so)
                 return False
         if message["t"] != "go":
             return False
@@ -394,17 +395,22 @@ class Supervisor:
 
     def _orphaned_before_the_spawn(
         self, why: str = "its launcher died before the spawn: nothing was started"
-    ) -> None:
+    ) -> bool:
+        """The claim given back, nothing started: True once that is written."""
         self.orphaned = True
         store = self._open_store(patiently=True)
         if store is None:
-            return  # (nothing was started: recovery decides the claim, if it was written)
+            return False  # (nothing was started: recovery decides the claim, if written)
         current = store.get(self.task.id)
         # (None: the launcher never wrote the claim, or it is decided already)
         event = unstarted_end(current, self.token, {"supervisor": why})
-        if event is not None:
-            with contextlib.suppress(FerryError):
-                store.commit(event)
+        if event is None:
+            return False
+        try:
+            store.commit(event)
+        except FerryError:
+            return False
+        return True
 
     def _run(self, plan: Plan) -> tuple[list[ev.Event], int, FerryError | None]:
         """Spawn and watch the task; its end's records, exit status and error."""

@@ -255,3 +255,18 @@ def test_a_claim_stopped_before_its_go_keeps_its_task_while_its_lease_lives(
     [(claimed, _, err)] = finish([claim])
     assert claimed == 75 and "error[lease.lost]" in err and "went back to the queue" in err, err
     assert runs(late) == 0 and ferry.task(task)["state"] == "QUEUED"
+
+    # The task given back has run elsewhere before claim goes on: claim still says what
+    # happened to its claim (it said "supervisor died ... 'ferry recover' decides the
+    # task", 125, once the task was no longer QUEUED: found by a review).
+    claim = ferry.start("claim", "--lease-ttl", "1", failpoints="launcher:before:go=stop")
+    try:
+        wait_until(lambda: read_stat(claim.pid).state == "T", what="claim to stop")
+        wait_until(lambda: ferry("recover").code == 0, what="recover to take the lease")
+        wait_until(lambda: ferry.task(task)["state"] == "QUEUED", what="the claim to go back")
+        ferry.ok("work", "--drain")
+    finally:
+        os.kill(claim.pid, signal.SIGCONT)
+    [(claimed, _, err)] = finish([claim])
+    assert claimed == 75 and "error[lease.lost]" in err and "went back to the queue" in err, err
+    assert runs(late) == 1 and ferry.task(task)["state"] == "SUCCEEDED"
