@@ -554,8 +554,8 @@ class Worker:
                 os.close(pidfd)
         if self.survivors:
             self.session.notice(
-                f"{len(self.survivors)} task(s) still run under an earlier work's"
-                " supervisors: they hold slots until they end"
+                f"{len(self.survivors)} task(s) of this home already run (under an earlier"
+                " work's supervisors, or run's, claim's): they hold slots until they end"
             )
 
     def _watch_orphans(self, *, look_again: bool = False) -> None:

@@ -135,7 +135,9 @@ def survivor_keeps_its_slot_under_a_new_host_id(a: Ferry, stamps: Path) -> None:
     try:
         assert second.stderr is not None
         notice = second.stderr.readline()  # (once it counted the survivors)
-        assert b"1 task(s) still run under an earlier work's supervisors" in notice, notice
+        assert (
+            b"1 task(s) of this home already run (under an earlier work's supervisors" in notice
+        ), notice
     finally:
         os.kill(supervisor, signal.SIGCONT)
     assert second.wait(timeout=60) == 0

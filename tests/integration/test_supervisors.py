@@ -294,6 +294,29 @@ def test_jobs_holds_across_a_restart_of_the_worker(ferry: Ferry, tmp_path: Path)
     ferry.verify_clean()
 
 
+def test_a_task_of_run_holds_a_slot_of_work_and_work_says_whose_it_is(
+    ferry: Ferry, tmp_path: Path
+) -> None:
+    """``-j N`` counts every task of this home that runs: one of ``ferry run``'s too. The
+    notice said they ran "under an earlier work's supervisors" (found by a review)."""
+    gate, ran = tmp_path / "gate", tmp_path / "ran"
+    run = ferry.start("run", "--", "sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done")
+    wait_until(lambda: ferry.tasks() and ferry.tasks()[0]["state"] == "RUNNING", what="run's task")
+    ferry.ok("submit", "--", "sh", "-c", f"test -e {gate} && echo after > {ran}")
+    work = ferry.start("work", "-j", "1", "--drain", stdout=subprocess.DEVNULL)
+    assert work.stderr is not None
+    notice = work.stderr.readline()
+    assert (
+        b"1 task(s) of this home already run (under an earlier work's supervisors, or run's"
+        in notice
+    )
+    gate.touch()
+    for proc in (run, work):
+        code, err = finish(proc)
+        assert code == 0, err
+    assert ran.read_text() == "after\n"  # (it waited for run's task to end)
+
+
 # ---- the supervisor itself killed: recovery decides, as before ----------------------------
 
 
