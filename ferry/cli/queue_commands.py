@@ -63,6 +63,12 @@ def register_queue(cli: click.Group, emit: Emit) -> None:
         Journaled: it holds across restarts until 'ferry resume'.
         """
         found = ctx.service().pause(list(groups))
+        for info in found:
+            if info["group"] in groups and not (info["queued"] or info["running"]):
+                ctx.reporter.notice(
+                    f"note: group {info['group']!r} has no tasks: paused for those submitted"
+                    " to it (a typo?)"
+                )
         emit(ctx, render.groups_table(found), found)
 
     @cli.command(epilog=_example("ferry resume arm64\nferry resume   # every group"))
@@ -72,4 +78,10 @@ def register_queue(cli: click.Group, emit: Emit) -> None:
         """Claim the groups' queued tasks again (no GROUP: every group, each one's own
         pause forgotten)."""
         found = ctx.service().resume(list(groups))
-        emit(ctx, render.groups_table(found), found)
+        listed = {info["group"] for info in found}
+        for name in dict.fromkeys(groups):
+            if name not in listed:
+                ctx.reporter.notice(
+                    f"note: group {name!r} has no tasks and is not paused (a typo?)"
+                )
+        emit(ctx, render.groups_table(found) if found else None, found)

@@ -97,6 +97,24 @@ def test_group_lists_limits_pauses_and_counts(ferry: Ferry) -> None:
     assert "build.arm64" in text
 
 
+def test_pause_or_resume_of_a_group_with_no_tasks_says_so(ferry: Ferry) -> None:
+    """``pause defualt`` (a typo) paused a new group of that name and said nothing, and
+    ``resume x`` of no group printed a bare table header, both exit 0 (found by a
+    review). A group may be paused before its tasks come: it still is, with a note."""
+    result = ferry.ok("pause", "defualt")
+    assert (
+        "note: group 'defualt' has no tasks: paused for those submitted to it (a typo?)"
+        in result.err
+    )
+    assert {g["group"]: g["paused"] for g in ferry.json("group")}["defualt"] is True
+    result = ferry.ok("resume", "nosuch")
+    assert "note: group 'nosuch' has no tasks and is not paused (a typo?)" in result.err
+    assert result.text == ""
+    submit(ferry, "--group", "real", "--", "true")
+    for command in ("pause", "resume"):
+        assert "note:" not in ferry.ok(command, "real").err
+
+
 @pytest.mark.parametrize(
     ("args", "exit_code", "code"),
     [
