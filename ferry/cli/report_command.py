@@ -198,7 +198,9 @@ def register(cli: click.Group) -> None:
         if since_s is not None:
             tasks = active_since(tasks, since_s)
         objs = [render.task_json(task) for task in tasks]
-        page = report_page.build(objs, now_s=now_s, scope=_scope(states or [], since))
+        damage = ctx.damage()
+        page = report_page.build(objs, now_s=now_s, scope=_scope(states or [], since),
+                                 damage=None if damage is None else damage.message)  # fmt: skip
         data = page.encode()
         if html_path == "-":
             sys.stdout.buffer.write(data)

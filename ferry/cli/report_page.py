@@ -60,6 +60,7 @@ body { margin: 0; padding: 20px 24px 40px; color: #1f2328; background: #fff;
 h1 { font-size: 20px; margin: 0 0 2px; }
 h2 { font-size: 15px; margin: 22px 0 8px; }
 .meta { color: #59636e; margin: 0 0 14px; }
+.damage { background: #fff1e5; border: 1px solid #bc4c00; padding: 8px 12px; margin: 0 0 14px; }
 .mono, code { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace;
   font-size: 12px; }
 .summary { display: flex; flex-wrap: wrap; gap: 8px; margin: 0; }
@@ -474,16 +475,29 @@ def _table(tasks: Sequence[Mapping[str, Any]], spans: Sequence[_Span], clock: _C
     return out
 
 
+def _damage(damage: str | None) -> list[str]:
+    if damage is None:
+        return []
+    text = (
+        f"The journal is damaged ({escaped(damage)}): this page shows the tasks as far as"
+        " it could be read, and the others are missing. 'ferry journal verify' says where;"
+        " 'ferry journal salvage' keeps what can be kept."
+    )
+    return [f'<p class="damage" role="alert">{html.escape(text)}</p>']
+
+
 def build(
     tasks: Sequence[Mapping[str, Any]],
     *,
     now_s: float,
     scope: str = "",
     tz: dt.tzinfo | None = None,
+    damage: str | None = None,
 ) -> str:
     """The page for ``tasks`` (task objects in submission order) at time ``now_s``;
     ``scope`` says which tasks these are (the filters), in words; ``tz``: the zone
-    times are shown in (None: this host's)."""
+    times are shown in (None: this host's); ``damage``: what stopped the journal's
+    reading (the page then says it shows what came before it)."""
     clock = _Clock(tz)
     spans = [_Span(task, now_s) for task in tasks]
     count = f"{len(tasks):,} task" + ("" if len(tasks) == 1 else "s")
@@ -500,6 +514,7 @@ def build(
         f"<style>{_CSS}</style></head><body>",
         "<h1>ferry report</h1>",
         f'<p class="meta">{html.escape(meta)}</p>',
+        *_damage(damage),
         *_summary(tasks, spans, clock),
         "<h2>Timeline</h2>",
         *_filters(tasks),

@@ -287,6 +287,26 @@ def test_a_crash_or_a_failed_rename_leaves_the_old_page_whole(ferry: Ferry, tmp_
     assert out.read_text().startswith("<!DOCTYPE html>")
 
 
+def test_a_page_of_a_damaged_journal_says_it_is_not_the_whole_story(
+    ferry: Ferry, tmp_path: Path
+) -> None:
+    """A bit flipped in the second task's record: ``report`` writes the page of what it
+    could read and exits 4, naming the damage on stderr; the page itself (the artifact a
+    CI job keeps and mails) said "1 task" and nothing of the damage (found by a review)."""
+    for _ in range(4):
+        ferry.ok("run", "--", "true")
+    segment = sorted((ferry.home / "journal").glob("*.jsonl"))[0]
+    data = segment.read_bytes()
+    second = data.index(b'"type":"SUBMITTED"', data.index(b'"type":"SUBMITTED"') + 1)
+    segment.write_bytes(data[:second] + b"X" + data[second + 1 :])
+    page = tmp_path / "r.html"
+    ferry.refused(4, "journal.corrupt", "report", "--html", str(page))
+    text = page.read_text()
+    assert '<p class="damage" role="alert">' in text
+    assert "The journal is damaged" in text and "ferry journal salvage" in text
+    assert "1 task" in text  # (what could be read)
+
+
 def test_the_same_page_from_a_shared_database(pg_url: str, tmp_path: Path) -> None:
     """The command reads tasks through the same seam as ls: on PostgreSQL too, with the
     same filters."""
