@@ -257,7 +257,8 @@ def atomic_replace(path: str, data: bytes) -> None:
     rename over ``path``, fsync the directory.
 
     A crash at any point leaves either the old file or the complete new one, never a
-    mix; the temp file (``.<name>.tmp``) may be left behind and is ignored by readers.
+    mix; the temp file (``.<name>.tmp``) may be left behind by a crash and is ignored by
+    readers. A write that fails (the disk full) removes it: it would hold the space.
     """
     directory, name = _path.split(path)
     tmp = _path.join(directory, f".{name}.tmp")
@@ -265,13 +266,18 @@ def atomic_replace(path: str, data: bytes) -> None:
         os.unlink(tmp)  # leftover of an earlier crash
     fd = open_new(tmp)
     try:
-        write_all(fd, data)
-        # Data durable before the rename: else a crash after the rename could leave the
-        # new name pointing at an empty or partial file.
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        try:
+            write_all(fd, data)
+            # Data durable before the rename: else a crash after the rename could leave
+            # the new name pointing at an empty or partial file.
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     # The rename is only durable once the directory is: else a crash can bring back the
     # old file (or nothing) after we reported success.
     fsync_dir(parent(path))

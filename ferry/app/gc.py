@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from ferry.app.recoverer import task_liveness
 from ferry.core import events as ev
-from ferry.core.errors import FerryError, InternalError
+from ferry.core.errors import FerryError, InternalError, from_os_error
 from ferry.core.fold import MOVED_CODES, task_key_outcome
 from ferry.core.model import Liveness, Reason, State, Task, rfc3339
 from ferry.failpoints import failpoint
@@ -83,6 +83,7 @@ class GcReport:
         self.earlier: dict[str, int] = {}  # files of tasks forgotten before, removed now
         self.history_bytes = 0  # archives and journal segments freed by the compaction
         self.compacted: bool | None = None  # None: a dry run
+        self.compaction_error: str | None = None  # why the compaction failed (disk full)
 
     @property
     def freed_bytes(self) -> int:
@@ -133,7 +134,12 @@ def gc(
         failpoint("after:gc_remove")
     store.files_removed(files)
     # Always: an earlier gc may have been killed before its compaction.
-    report.compacted, report.history_bytes = _compact(store, home)
+    try:
+        report.compacted, report.history_bytes = _compact(store, home)
+    except OSError as error:  # (the tasks are forgotten: the next compaction goes on)
+        report.compacted, report.compaction_error = False, from_os_error(error).message
+    except FerryError as error:
+        report.compacted, report.compaction_error = False, error.message
     return report
 
 
@@ -327,4 +333,5 @@ def describe(report: GcReport) -> dict[str, Any]:
         "log_bytes": report.freed_bytes,
         "history_bytes": report.history_bytes,
         "compacted": report.compacted,
+        "compaction_error": report.compaction_error,
     }

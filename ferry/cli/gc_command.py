@@ -44,7 +44,10 @@ def gc_text(report: GcReport, verbosity: int) -> str:
                 line += f" and {human_bytes(report.history_bytes)} of history"
         else:
             line += f": freed {logs} of logs; their history goes at the next compaction"
-            line += " (another one is running)"
+            failed = report.compaction_error
+            line += (
+                " (another one is running)" if failed is None else f" (this one failed: {failed})"
+            )
         lines.append(line)
     else:
         states = "/".join(report.states)

@@ -6,6 +6,7 @@ key that succeeded), its dry run, and crashes at every step of it: the journal v
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 from pathlib import Path
 
@@ -193,6 +194,26 @@ def test_files_a_killed_gc_left_go_with_the_next_gc_or_compaction(ferry: Ferry) 
     ferry.ok("journal", "compact")
     assert log_dirs(ferry) == set()
     assert ferry.json("gc", "--older-than", "0s")["earlier"] == []
+    ferry.verify_clean()
+
+
+@pytest.mark.skipif(not shutil.which("strace"), reason="needs strace")
+def test_a_gc_whose_compaction_finds_the_disk_full_says_what_it_did(ferry: Ferry) -> None:
+    """The disk full at gc's compaction (ENOSPC on its first write(), injected with
+    strace): the tasks are forgotten and their logs freed all the same. gc said only
+    ``error[io.no_space]`` (125), no summary, as if it had done nothing (found by a
+    review); now its summary, a warning that the history waits for the next compaction,
+    exit 0, and no temporary file left behind."""
+    run_tasks(ferry, 2)
+    strace = ("strace", "-f", "-qq", "-o", os.devnull, "-e", "trace=write",
+              "-e", "inject=write:error=ENOSPC:when=1")  # fmt: skip
+    result = ferry("gc", "--older-than", "0s", command=(*strace, *ferry.command))
+    assert result.code == 0, result
+    assert "forgot 2 tasks" in result.text and "history goes at the next compaction" in result.text
+    assert "No space left on device" in result.text, result
+    assert ids_listed(ferry) == [] and log_dirs(ferry) == set()
+    assert not [p for p in (ferry.home / "journal").iterdir() if p.name.endswith(".tmp")]
+    ferry.ok("journal", "compact")
     ferry.verify_clean()
 
 
