@@ -29,7 +29,7 @@ journal-group-commit  8 threads appending concurrently through one handle, vs SQ
                                          not 64x, their records);
                       encode_only=       one thread preparing and encoding the records
                                          in batches of 64 (prepare_batch and
-                                         encode_lines, the library's own steps for
+                                         encode_batch, the library's own steps for
                                          append_batch) with no I/O at all:
                                          the CPU ceiling of this interpreter, and
                                          encode_only_ratio= that ceiling against SQLite;
@@ -436,7 +436,7 @@ def encode_only_rate(data: list[dict[str, Any]]) -> float:
     for start in range(0, len(data), batch):
         items = [("bench", item) for item in data[start : start + batch]]
         prepared = _codec.prepare_batch(items, 0, 1 << 20)
-        _codec.encode_lines(start + 1, [item.inner for item in prepared])
+        _codec.encode_batch(start + 1, [item.inner for item in prepared])
     return rate(len(data), time.perf_counter() - started)
 
 

@@ -23,9 +23,12 @@ Record line: one compact JSON object (``journal._json``), keys in this order, th
 an unfenced writer); ``ts`` float unix seconds; ``type`` str; ``data`` a JSON object;
 ``crc`` = ``zlib.crc32`` of the line's bytes before ``,"crc":"``, 8 lowercase hex
 digits.  A line is valid only if it ends in ``\\n``, its checksum matches, it parses,
-has ``v`` 1 and the expected seq.  Files are read in binary and split on ``b"\\n"`` only.
-NUL bytes from the end of a segment's last record to the end of the file are its *zero
-tail*: space the writer preallocated, not records and not damage.
+has ``v`` 1 and the expected seq.  Batches: every record of a batch of several records
+but its last carries ``"more":K`` right after ``seq`` (K records of its batch follow
+it); the last one, and a single record, carry no such key.  Files are read in binary
+and split on ``b"\\n"`` only.  NUL bytes from the end of a segment's last record to
+the end of the file are its *zero tail*: space the writer preallocated, not records and
+not damage.
 NaN/Infinity, non-JSON values and lines longer than ``record_bytes_max`` are refused
 before anything is written; ``record_bytes_max`` is at most 64 MiB, the longest line
 readers take (a longer one is damage).  A record or snapshot with a newer ``v`` raises
@@ -39,6 +42,11 @@ older one or a full replay); a valid one beyond the journal's end is corruption.
 Guarantees
 ----------
 
+* A batch is all or none on disk too: readers yield its records only once its last
+  record was read (their end moves past whole batches only).  A batch left incomplete
+  at the end of the last segment (a crash in its write, or a write still being copied
+  in) is a torn tail from its first record, cut whole before the next append; a valid
+  record its batch's marks did not announce is corruption.
 * ``append``/``append_batch`` return only after the lines were written with one
   ``os.pwrite`` at the end of the records (over the zero tail, which a write that
   reaches past it extends in the same write) and fdatasync returned: then they survive

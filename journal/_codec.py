@@ -8,6 +8,15 @@ A v1 line is the compact JSON encoding of the object (keys in this order; made b
 followed by ``\\n``.  ``crc`` is ``zlib.crc32`` of every byte of the line *before*
 ``,"crc":"``, written as 8 lowercase hex digits; so the last 19 bytes of every line are
 ``,"crc":"xxxxxxxx"}\\n`` and checking a line needs no parsing.
+
+A batch of several records (``encode_batch``) marks every line but its last with
+``"more":K`` right after ``seq`` (K: how many records of the batch follow it), so that
+a reader can tell a batch cut short by a crash from a whole one (``_reader``)::
+
+    {"v":1,"seq":7,"more":2,"epoch":..}  {"v":1,"seq":8,"more":1,"epoch":..}  {"v":1,"seq":9,"epoch":..}
+
+The last line of a batch, and a single record, carry no mark: they are the lines of
+before marks, byte for byte.
 """
 
 from __future__ import annotations
@@ -32,7 +41,10 @@ _CRC_KEY = b',"crc":"'
 # The widest a seq can print (20 digits) so a size check does not depend on the seq.
 _SEQ_WIDTH_MAX = 20
 LINE_HEAD = b'{"v":1,"seq":'  # how every v1 line starts
-_OVERHEAD_BYTES = len(LINE_HEAD) + _SEQ_WIDTH_MAX + 1 + CRC_SUFFIX_BYTES
+# A batch mark at its widest, '"more":K,' (counted for every record, so that whether a
+# record fits does not depend on its place in a batch either).
+_MARK_BYTES_MAX = len(b'"more":,') + _SEQ_WIDTH_MAX
+_OVERHEAD_BYTES = len(LINE_HEAD) + _SEQ_WIDTH_MAX + 1 + _MARK_BYTES_MAX + CRC_SUFFIX_BYTES
 # Data must be plain JSON: _json refuses (TypeError) dataclasses, datetimes, non-str keys
 # and integers beyond 64 bits; NaN/Infinity (ValueError, or null from orjson: below).
 
@@ -73,6 +85,7 @@ _dumps, _loads, _now, _crc32 = _json.dumps, _json.loads, time.time, zlib.crc32
 # ``encode_lines``): a line is head, inner (before_data, then the data's JSON), tail.
 _before_data: Callable[[tuple[Any, ...]], bytes] = b'"epoch":%d,"ts":%s,"type":%s,"data":'.__mod__
 _head_of: Callable[[int], bytes] = b'{"v":1,"seq":%d,'.__mod__
+_marked_head_of: Callable[[tuple[int, int]], bytes] = b'{"v":1,"seq":%d,"more":%d,'.__mod__
 _tail_of: Callable[[int], bytes] = b',"crc":"%08x"}\n'.__mod__
 # Record types are few: their JSON is kept (for exact str only).
 _type_bytes: dict[str, bytes] = {}
@@ -216,6 +229,22 @@ def encode_lines(first_seq: int, inners: Iterable[bytes]) -> bytes:
     return b"".join(chain.from_iterable(zip(heads, inners, tails, strict=True)))
 
 
+def encode_batch(first_seq: int, inners: Iterable[bytes]) -> bytes:
+    """The lines of one batch (``encode_lines``), every line but the last marked with
+    ``"more":K``, K the number of the batch's records after it (see the module
+    docstring).  A batch of one record is its plain line."""
+    inners = list(inners)
+    count = len(inners)
+    if count < 2:
+        return encode_lines(first_seq, inners)
+    last = first_seq + count - 1
+    seqs = range(first_seq, last)
+    heads = list(map(_marked_head_of, zip(seqs, range(count - 1, 0, -1), strict=True)))
+    heads.append(_head_of(last))
+    tails = map(_tail_of, map(_crc32, inners, map(_crc32, heads)))
+    return b"".join(chain.from_iterable(zip(heads, inners, tails, strict=True)))
+
+
 def encode_record(
     seq: int, epoch: int, ts: float, type: str, data: dict[str, Any], record_bytes_max: int = 2**62
 ) -> bytes:
@@ -245,6 +274,12 @@ def decode_line(line: bytes, expected_seq: int | None = None) -> Record:
     Raises LineProblem (checks=False: damaged bytes; checks=True: a checksummed line that
     is still not a valid record, e.g. an unexpected seq) or FormatVersionError.
     """
+    return decode_marked(line, expected_seq)[0]
+
+
+def decode_marked(line: bytes, expected_seq: int | None = None) -> tuple[Record, int]:
+    """``decode_line``, and the line's batch mark: K of ``"more":K`` (an int >= 1), 0
+    for a line without one (a batch's last record, a single record)."""
     if line.endswith(b"\n"):
         line = line[:-1]
     if not line_checks(line):
@@ -276,6 +311,9 @@ def decode_line(line: bytes, expected_seq: int | None = None) -> Record:
         raise LineProblem(f"bad ts {ts!r}", checks=True)
     if type(rtype) is not str or type(data) is not dict:
         raise LineProblem("bad type or data field", checks=True)
+    more = obj.get("more", 0)
+    if type(more) is not int or more < 0 or (more == 0 and "more" in obj):
+        raise LineProblem(f"bad batch mark {more!r}", checks=True)
     if expected_seq is not None and seq != expected_seq:
         raise LineProblem(f"seq {seq} where {expected_seq} was expected", checks=True)
-    return Record(seq, epoch, float(ts), rtype, data)
+    return Record(seq, epoch, float(ts), rtype, data), more

@@ -1,7 +1,19 @@
 """Read segments as streams of records, with bounded memory, and classify damage.
 
 Memory is bounded by one read chunk plus the longest line (lines longer than
-LINE_BYTES_MAX_READ are damage by definition and skipped without being held).
+LINE_BYTES_MAX_READ are damage by definition and skipped without being held), plus the
+records of an open batch.
+
+Batches (``_codec``): every record of a batch of several records but its last carries
+``"more":K``.  A batch's records are yielded only once its last record is read, and
+``end_offset``, ``next_seq``, ``tail`` and ``max_epoch`` move past whole batches only.
+A batch left incomplete where the scan stops (whole lines of it, then nothing, an
+incomplete line, a hole of NUL sectors or the zero tail) is damage that begins at the
+batch's first record, with the verdict of what ended it (a torn tail in the last
+segment, where a crash in the batch's write or a write still being copied in leaves
+it); a valid record that its batch's marks did not announce is corruption
+(``_broken_mark``).  The fast path pays one more C-level pass per run of lines without
+a mark (``_parse_run``); runs with marks are checked by ``_batch_ends``.
 
 Classification of the first bad line at byte ``offset`` of a segment.  What a torn
 write can leave decides it: the writer writes records only (never a NUL byte, never an
@@ -49,7 +61,7 @@ from itertools import repeat
 from operator import getitem, itemgetter
 
 from journal import _fsutil, _json
-from journal._codec import LineProblem, Record, decode_line, line_checks
+from journal._codec import LineProblem, Record, decode_marked, line_checks
 from journal._errors import CorruptionError, FormatVersionError
 
 TYPE_CHECKING = False
@@ -81,6 +93,7 @@ _slice: Callable[[bytes, slice], bytes] = getitem  # type: ignore[assignment]  #
 _new_record = tuple.__new__
 # (seq, epoch, ts, type, data): a Record's fields, in its order, from a parsed line.
 _FIELDS: Callable[[Any], tuple[Any, ...]] = itemgetter("seq", "epoch", "ts", "type", "data")
+_EPOCH: Callable[[Record], int] = itemgetter(1)
 _INT, _FLOAT, _STR, _DICT = {int}, {float}, {str}, {dict}
 
 
@@ -109,12 +122,16 @@ def _checksums_match(lines: list[bytes]) -> bool:
     )
 
 
-def _parse_run(lines: list[bytes], expected: int) -> tuple[list[Record], int] | None:
-    """The records of checksummed ``lines`` (seqs from ``expected``) and their highest
-    epoch, or None if any line is not a record in the canonical form the writer makes
-    (the slow path then finds and explains it).  Every field of every line is checked,
-    in bulk: parsed as JSON, ``v`` is 1, ``seq`` follows on, ``epoch`` an int >= 0, ``ts``
-    a float, ``type`` a str, ``data`` an object."""
+def _parse_run(
+    lines: list[bytes], expected: int
+) -> tuple[list[Record], int, list[dict[str, Any]] | None] | None:
+    """The records of checksummed ``lines`` (seqs from ``expected``), their highest
+    epoch and, if any line carries a batch mark (``"more"``), the parsed lines (for
+    ``_batch_ends``; None: no mark in the run), or None if any line is not a record in
+    the canonical form the writer makes (the slow path then finds and explains it).
+    Every field of every line is checked, in bulk: parsed as JSON, ``v`` is 1, ``seq``
+    follows on, ``epoch`` an int >= 0, ``ts`` a float, ``type`` a str, ``data`` an
+    object."""
     count = len(lines)
     try:
         objs = _json.loads_each(lines)
@@ -133,7 +150,32 @@ def _parse_run(lines: list[bytes], expected: int) -> tuple[list[Record], int] | 
         or min(epochs) < 0
     ):
         return None
-    return list(map(_new_record, repeat(Record, count), fields)), max(epochs)
+    # (The one pass a run without a mark costs more: every obj is a dict by now.)
+    marked = any(map(dict.__contains__, objs, repeat("more", count)))
+    records = list(map(_new_record, repeat(Record, count), fields))
+    return records, max(epochs), objs if marked else None
+
+
+def _batch_ends(objs: list[dict[str, Any]], left: int) -> tuple[int, int] | None:
+    """Where the batches of a run end: (closed, left), the run's first ``closed``
+    records end batches (with the records of the batch open before the run, ``left``
+    of which were still to come), and ``left`` records of the batch open at its end are
+    still to come (0: none is open); None if a mark is broken (not an int >= 1, or not
+    the one the record before it announced: the slow path explains it)."""
+    closed = 0
+    for index, obj in enumerate(objs):
+        if "more" in obj:
+            more = obj["more"]
+            if type(more) is not int or more < 1:
+                return None
+        else:
+            more = 0
+        if left and more != left - 1:
+            return None
+        left = more
+        if not more:
+            closed = index + 1
+    return closed, left
 
 
 SECTOR_BYTES = 512  # the smallest unit a disk writes whole (4096-byte sectors align too)
@@ -223,6 +265,12 @@ class SegmentScan:
     def _scan(self) -> Iterator[list[Record]]:
         fd = self.fd
         pos = line_start = self.end_offset
+        expect = self.next_seq  # the seq of the next line (end_offset: of the next batch)
+        # The batch open so far (its records are yielded once its last one is read):
+        # its records, how many of it are still to come (0: none is open), its first
+        # line's offset and seq.
+        held: list[Record] = []
+        left = batch_start = batch_seq = 0
         pending = b""
         skipping = False  # inside an over-long line already counted as damage
         long_start, long_nul = 0, False  # where that line began; has it held a NUL?
@@ -246,41 +294,87 @@ class SegmentScan:
                 del lines[0]
             if damage is None and lines and _checksums_match(lines):
                 # The fast path: every checksum matched; check the rest in runs, and
-                # leave the first run that has a bad line to the slow path.
+                # leave the first run that has a bad line (or a broken batch mark) to
+                # the slow path.
                 done = 0
                 while done < len(lines):
                     run_lines = lines[done : done + RUN_LINES]
-                    parsed = _parse_run(run_lines, self.next_seq)
+                    parsed = _parse_run(run_lines, expect)
                     if parsed is None:
                         break
-                    records, top = parsed
-                    yield records
+                    records, top, marked = parsed
                     count = len(run_lines)
-                    line_start += sum(map(len, run_lines)) + count
-                    self.end_offset, self.next_seq = line_start, self.next_seq + count
-                    self.tail = run_lines[-1][-_TAIL_BYTES:] + b"\n"
-                    if top > self.max_epoch:
-                        self.max_epoch = top
+                    if marked is None and not left:  # (no batch in it, none open)
+                        yield records
+                        line_start += sum(map(len, run_lines)) + count
+                        expect += count
+                        self.end_offset, self.next_seq = line_start, expect
+                        self.tail = run_lines[-1][-_TAIL_BYTES:] + b"\n"
+                        if top > self.max_epoch:
+                            self.max_epoch = top
+                        done += count
+                        continue
+                    if marked is not None:
+                        ends = _batch_ends(marked, left)
+                    else:  # (no mark: the open batch's last record must come first)
+                        ends = (count, 0) if left == 1 else None
+                    if ends is None:
+                        break
+                    closed, left = ends
+                    if closed:
+                        # Whole batches (the one open before the run completed first).
+                        whole = records[:closed] if closed < count else records
+                        if held:
+                            held += whole
+                            whole, held = held, []
+                        yield whole
+                        line_start += sum(map(len, run_lines[:closed])) + closed
+                        expect += closed
+                        self.end_offset, self.next_seq = line_start, expect
+                        self.tail = run_lines[closed - 1][-_TAIL_BYTES:] + b"\n"
+                        top = max(map(_EPOCH, whole))
+                        if top > self.max_epoch:
+                            self.max_epoch = top
+                    if closed < count:  # the rest opens (or goes on with) a batch
+                        if not held:
+                            batch_start, batch_seq = line_start, expect
+                        held += records[closed:]
+                        line_start += sum(map(len, run_lines[closed:])) + count - closed
+                        expect += count - closed
                     done += count
                 del lines[:done]
             for line in lines:  # the slow path: find and explain the first bad line
                 if damage is None:
-                    record, damage = self._explain(line, line_start, self.next_seq)
+                    record, more, damage = self._explain(line, line_start, expect)
                     if record is not None:
-                        yield [record]
+                        if left and more != left - 1:
+                            self.damage = _broken_mark(line_start, expect, left, more)
+                            return
+                        if not held and more:
+                            batch_start, batch_seq = line_start, expect
                         line_start += len(line) + 1
-                        self.end_offset = line_start
+                        expect += 1
+                        left = more
+                        if more:
+                            held.append(record)
+                            continue
+                        if held:
+                            held.append(record)
+                            whole, held = held, []
+                        else:
+                            whole = [record]
+                        yield whole
+                        self.end_offset, self.next_seq = line_start, expect
                         self.tail = line[-_TAIL_BYTES:] + b"\n"
-                        self.next_seq += 1
-                        self.max_epoch = max(self.max_epoch, record.epoch)
+                        self.max_epoch = max(self.max_epoch, *map(_EPOCH, whole))
                         continue
                     assert damage is not None
                     if damage.corrupt:
                         self.damage = damage
                         return
-                elif (held := _held_seq(line)) is not None:
-                    if damage.hole and held > damage.top:
-                        damage = damage._replace(top=held)  # (an unsynced write: above)
+                elif (held_seq := _held_seq(line)) is not None:
+                    if damage.hole and held_seq > damage.top:
+                        damage = damage._replace(top=held_seq)  # (an unsynced write: above)
                     else:
                         # A checksummed line after the damage: the damage is not a torn
                         # tail but a hole in the middle (never skipped, never cut).
@@ -303,7 +397,7 @@ class SegmentScan:
                 # The zero tail: the segment's bytes end where the NULs begin.
                 data_bytes = len(pending.rstrip(b"\0"))
                 if data_bytes and damage is None:
-                    damage = _incomplete(line_start, self.next_seq, pending[:data_bytes])
+                    damage = _incomplete(line_start, expect, pending[:data_bytes])
                 pos, pending = line_start + data_bytes, b""
                 break
             if skipping and pending:
@@ -312,23 +406,33 @@ class SegmentScan:
                 pending = b""
             elif len(pending) > LINE_BYTES_MAX_READ:
                 if damage is None:
-                    damage = Damage(line_start, self.next_seq, "line too long", False)
+                    damage = Damage(line_start, expect, "line too long", False)
                 long_start, long_nul = line_start, b"\0" in pending
                 line_start += len(pending)
                 pending = b""
                 skipping = True
         if pending and damage is None:
-            damage = _incomplete(line_start, self.next_seq, pending)
+            damage = _incomplete(line_start, expect, pending)
+        if left and (damage is None or not damage.corrupt):
+            # A batch that never completed: what a crash in the middle of its write
+            # leaves (a prefix of it, a hole), or a write still being copied in.  None
+            # of it was committed: the tail begins at its first record.
+            reason = f"an incomplete batch: {len(held)} of {len(held) + left} records landed"
+            if damage is not None:
+                reason = f"{reason}, then {damage.reason}"
+            damage = Damage(batch_start, batch_seq, reason, False)
         if damage is not None:
             self.damage = damage._replace(tail_bytes=pos - damage.offset)
 
     def _explain(
         self, line: bytes, offset: int, expected: int
-    ) -> tuple[Record | None, Damage | None]:
+    ) -> tuple[Record | None, int, Damage | None]:
         """The slow path for a line the fast path refused: a valid record after all (an
-        int ts, say), a damaged line, a corrupt one, or a newer format (raised)."""
+        int ts, say; with its batch mark), a damaged line, a corrupt one, or a newer
+        format (raised)."""
         try:
-            return decode_line(line, expected), None
+            record, more = decode_marked(line, expected)
+            return record, more, None
         except LineProblem as problem:
             reason, corrupt = problem.reason, problem.checks
             if not corrupt and not _torn_shape(line, offset):
@@ -341,11 +445,25 @@ class SegmentScan:
             if hole and not corrupt:
                 reason = f"{reason} on sector boundaries (a write that never completed)"
             top = max(held or 0, expected)
-            return None, Damage(offset, expected, reason, corrupt, hole=hole, top=top)
+            return None, 0, Damage(offset, expected, reason, corrupt, hole=hole, top=top)
         except FormatVersionError as exc:
             raise FormatVersionError(
                 exc.message, segment=self.path, offset=offset, seq=expected
             ) from None
+
+
+def _broken_mark(offset: int, seq: int, left: int, more: int) -> Damage:
+    """A valid record that is not the one its batch's mark announced: no writer leaves
+    it (a batch is written whole, in one write, its marks counting down to its last
+    record), so it is corruption."""
+    said = "its last record" if left == 1 else f"a record marked more:{left - 1}"
+    got = f"more:{more}" if more else "no mark"
+    return Damage(
+        offset,
+        seq,
+        f"a broken batch mark: the record before it announced {said}, this one has {got}",
+        True,
+    )
 
 
 _WHOLE = "a whole line that no torn write leaves (see docs/journal-format.md)"

@@ -60,7 +60,7 @@ from contextlib import contextmanager, suppress
 from itertools import chain, repeat
 
 from journal import _fsutil
-from journal._codec import Prepared, Record, encode_line, encode_lines
+from journal._codec import Prepared, Record, encode_batch, encode_line
 from journal._errors import (
     CorruptionError,
     FencedError,
@@ -542,7 +542,7 @@ class Writer:
             else:
                 epochs, stamps, types, datas, inners = zip(*prepared, strict=True)
                 seqs = range(seq + 1, seq + 1 + len(inners))
-                lines.append(encode_lines(seq + 1, inners))
+                lines.append(encode_batch(seq + 1, inners))  # (marked: all or none)
                 batch.pending = records = list(
                     map(
                         _new_tuple,

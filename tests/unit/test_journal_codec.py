@@ -14,7 +14,10 @@ from journal import FormatVersionError, InvalidRecordError, Record, RecordTooLar
 from journal._codec import (
     CRC_SUFFIX_BYTES,
     LineProblem,
+    Prepared,
     decode_line,
+    decode_marked,
+    encode_batch,
     encode_line,
     encode_record,
     line_checks,
@@ -153,11 +156,18 @@ def test_bad_ts_is_refused() -> None:
         prepare("T", {}, 0, MiB, ts=float("nan"))
 
 
-def test_size_limit_counts_the_whole_line_at_the_widest_seq() -> None:
+def _widest(prepared: Prepared) -> bytes:
+    """The line of ``prepared`` at its widest: the widest seq, marked with the widest
+    batch mark (the first of a batch of 10**19 records)."""
+    line = encode_line(10**19, prepared)
+    return line.replace(b',"epoch"', b',"more":%d,"epoch"' % (10**19), 1)
+
+
+def test_size_limit_counts_the_whole_line_at_the_widest_seq_and_batch_mark() -> None:
     limit = 1000
-    overhead = len(encode_line(10**19, prepare("T", {"p": ""}, 0, 10**9, ts=1.5)))
+    overhead = len(_widest(prepare("T", {"p": ""}, 0, 10**9, ts=1.5)))
     fits = {"p": "x" * (limit - overhead)}
-    assert len(encode_line(10**19, prepare("T", fits, 0, limit, ts=1.5))) == limit
+    assert len(_widest(prepare("T", fits, 0, limit, ts=1.5))) == limit
     with pytest.raises(RecordTooLargeError):
         prepare("T", {"p": "x" * (limit - overhead + 1)}, 0, limit, ts=1.5)
 
@@ -179,7 +189,7 @@ def _outcome(fn: Any) -> Any:
         return (type(exc), str(exc))
 
 
-_FIT = 1000 - len(encode_line(10**19, prepare("T", {"p": ""}, 0, 10**9, ts=1.5)))
+_FIT = 1000 - len(_widest(prepare("T", {"p": ""}, 0, 10**9, ts=1.5)))
 
 
 @pytest.mark.parametrize(
@@ -303,3 +313,22 @@ def test_newer_version_is_a_coded_error() -> None:
     with pytest.raises(FormatVersionError) as caught:
         decode_line(line, 1)
     assert caught.value.code == "journal.format_version"
+
+
+def test_a_batch_is_marked_on_every_record_but_its_last() -> None:
+    """The bytes of a batch, pinned (docs/journal-format.md, "Batches"): ``"more":K``
+    right after ``seq``, inside the checksum; the last line as a single record's."""
+    prepared = prepare_batch([("T", {"a": 1}), ("T", {"b": 2}), ("U", {})], 0, MiB, ts=1.5)
+    lines = encode_batch(7, [p.inner for p in prepared])
+    assert lines.splitlines(keepends=True) == [
+        b'{"v":1,"seq":7,"more":2,"epoch":0,"ts":1.5,"type":"T","data":{"a":1},"crc":"875494d9"}\n',
+        b'{"v":1,"seq":8,"more":1,"epoch":0,"ts":1.5,"type":"T","data":{"b":2},"crc":"4ee596ce"}\n',
+        b'{"v":1,"seq":9,"epoch":0,"ts":1.5,"type":"U","data":{},"crc":"e032cb34"}\n',
+    ]
+    assert lines.splitlines(keepends=True)[-1] == encode_line(9, prepared[2])
+    decoded = [decode_marked(line, 7 + i) for i, line in enumerate(lines.splitlines())]
+    assert [more for _record, more in decoded] == [2, 1, 0]
+    assert [record for record, _more in decoded] == [
+        decode_line(line) for line in lines.splitlines()
+    ]
+    assert encode_batch(7, [prepared[0].inner]) == encode_line(7, prepared[0])

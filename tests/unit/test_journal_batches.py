@@ -1,0 +1,405 @@
+"""A batch is all or none on disk too: every record of a multi-record batch but its last
+carries ``"more":K`` (docs/journal-format.md, "Batches"), and readers yield a batch only
+once its last record is read.  What a crash in the middle of a batch's write leaves (a
+prefix of it, whole lines of it then a cut line, a hole of NUL sectors) is a torn tail
+that begins at the batch's first record, cut whole by the next append or ``repair``.
+
+Before the marks, a prefix of whole records of a batch read as committed records: a
+``ferry submit --from`` of 40,000 tasks SIGKILLed in its write left 1,420 of them queued
+(and run), though the batch was never reported committed."""
+
+from __future__ import annotations
+
+import zlib
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import journal._reader as reader_module
+from journal import (
+    CorruptionError,
+    Journal,
+    Record,
+    TornTailError,
+    read_records,
+    repair,
+    verify,
+)
+from journal._codec import encode_batch, encode_line, prepare, prepare_batch
+from journal._segment import segment_name
+from journal._survey import survey
+from journal._writer import _Batch
+
+# What JSON the journal writes and reads: in both modes of journal._json.
+pytestmark = pytest.mark.usefixtures("json_mode")
+
+SECTOR = 512
+
+
+def batch_lines(first_seq: int, count: int, pad: int = 40) -> bytes:
+    """The bytes the writer writes for one batch of ``count`` records from ``first_seq``."""
+    items = [("T", {"i": first_seq + i, "pad": "p" * pad}) for i in range(count)]
+    prepared = prepare_batch(items, 0, 1 << 20, ts=1.5)
+    return encode_batch(first_seq, [p.inner for p in prepared])
+
+
+class Layout:
+    """Batches written one after another into one segment: their bytes and where each
+    begins and ends."""
+
+    def __init__(self, sizes: list[int], pad: int = 40) -> None:
+        self.data = b""
+        self.batches: list[tuple[int, int, int, int]] = []  # (start, end, first_seq, count)
+        seq = 1
+        for count in sizes:
+            lines = batch_lines(seq, count, pad)
+            self.batches.append((len(self.data), len(self.data) + len(lines), seq, count))
+            self.data += lines
+            seq += count
+
+    def expect(self, cut: int) -> tuple[int, tuple[int, int, int] | None]:
+        """For the first ``cut`` bytes: the last seq of the whole batches in them, and
+        the torn tail (offset, seq, bytes) a reader must report, or None."""
+        last = 0
+        for start, end, first, count in self.batches:
+            if end <= cut:
+                last = first + count - 1
+            elif start < cut:
+                return last, (start, first, cut - start)
+            else:
+                break
+        return last, None
+
+
+def write_segment(directory: Path, data: bytes, zero_tail: int = 0) -> Path:
+    directory.mkdir(exist_ok=True)
+    path = directory / segment_name(1)
+    path.write_bytes(data + bytes(zero_tail))
+    return path
+
+
+def read_seqs(directory: Path, from_seq: int = 1) -> list[int]:
+    return [r.seq for r in read_records(directory, from_seq)]
+
+
+def check_prefix(directory: Path, layout: Layout, cut: int, zero_tail: int) -> None:
+    write_segment(directory, layout.data[:cut], zero_tail)
+    last, torn = layout.expect(cut)
+    found = survey(str(directory))
+    assert found.corruption is None, (cut, found.corruption)
+    assert found.last_seq == last, cut
+    assert read_seqs(directory) == list(range(1, last + 1)), cut
+    if torn is None:
+        assert found.torn is None, (cut, found.torn)
+        assert found.end_offset == cut
+    else:
+        assert found.torn is not None, cut
+        assert (found.torn.offset, found.torn.seq, found.torn.tail_bytes) == torn, cut
+        assert found.end_offset == torn[0]
+
+
+@pytest.fixture(params=["default", "tiny"])
+def chunks(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The reader's defaults, and tiny reads and runs: lines and batches split across
+    read chunks and across the bulk runs of the fast path."""
+    if request.param == "tiny":
+        monkeypatch.setattr(reader_module, "CHUNK_BYTES", 97)
+        monkeypatch.setattr(reader_module, "RUN_LINES", 2)
+    return str(request.param)
+
+
+@pytest.mark.parametrize(
+    "sizes",
+    [
+        [3, 4],  # two consecutive batches
+        [1, 3, 1, 2, 1],  # a group commit: batches and single appends, one write
+        [2, 1, 1, 5],
+    ],
+)
+@pytest.mark.parametrize("zero_tail", [0, 300])
+def test_every_prefix_reads_as_whole_batches_then_a_tail_from_the_first_incomplete_one(
+    tmp_path: Path, chunks: str, sizes: list[int], zero_tail: int
+) -> None:
+    layout = Layout(sizes)
+    for cut in range(len(layout.data) + 1):
+        check_prefix(tmp_path / "j", layout, cut, zero_tail)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    sizes=st.lists(st.integers(1, 6), min_size=1, max_size=6),
+    where=st.floats(0, 1),
+    zero_tail=st.sampled_from([0, 1, 4096]),
+    pad=st.integers(0, 300),
+)
+def test_a_prefix_of_any_batches_is_cut_whole_by_the_next_append(
+    tmp_path_factory: pytest.TempPathFactory,
+    sizes: list[int],
+    where: float,
+    zero_tail: int,
+    pad: int,
+) -> None:
+    layout = Layout(sizes, pad)
+    cut = int(len(layout.data) * where)
+    directory = tmp_path_factory.mktemp("j") / "j"
+    check_prefix(directory, layout, cut, zero_tail)
+    last, torn = layout.expect(cut)
+    report = verify(directory)
+    assert report.status == ("clean" if torn is None else "torn_tail"), report
+    with Journal.open(directory) as j:
+        assert j.last_seq == last
+        assert j.append("after", {}).seq == last + 1
+    assert verify(directory).clean
+    assert read_seqs(directory) == list(range(1, last + 2))
+    if torn is not None:
+        broken = directory / (segment_name(1) + ".broken")
+        assert broken.read_bytes() == layout.data[torn[0] : cut]
+
+
+def test_a_torn_tail_says_how_many_of_the_batch_landed(tmp_path: Path) -> None:
+    layout = Layout([2, 5])
+    start, end, first, _count = layout.batches[1]
+    lines = layout.data[start:end].splitlines(keepends=True)
+    # Two whole lines of the batch, then half of the third.
+    cut = start + len(lines[0]) + len(lines[1]) + len(lines[2]) // 2
+    write_segment(tmp_path / "j", layout.data[:cut], 1000)
+    report = verify(tmp_path / "j")
+    assert report.status == "torn_tail"
+    assert report.torn_tail is not None
+    assert (report.torn_tail.offset, report.torn_tail.seq) == (start, first)
+    assert "2 of 5 records" in report.torn_tail.reason, report.torn_tail.reason
+    # Whole lines only, then nothing: "2 of 5" too.
+    cut = start + len(lines[0]) + len(lines[1])
+    write_segment(tmp_path / "k", layout.data[:cut])
+    report = verify(tmp_path / "k")
+    assert report.torn_tail is not None and "2 of 5 records" in report.torn_tail.reason
+
+
+def test_repair_cuts_the_whole_incomplete_batch_and_keeps_it(tmp_path: Path) -> None:
+    layout = Layout([3, 4])
+    start, end, first, _count = layout.batches[1]
+    cut = end - 10
+    directory = tmp_path / "j"
+    write_segment(directory, layout.data[:cut], 2000)
+    fixed = repair(directory)
+    assert fixed.repaired and fixed.offset == start and fixed.last_seq == first - 1
+    assert fixed.broken_copy is not None
+    assert Path(fixed.broken_copy).read_bytes() == layout.data[start:cut]
+    assert verify(directory).clean
+    assert read_seqs(directory) == [1, 2, 3]
+    assert not repair(directory).repaired  # (idempotent)
+    with Journal.open(directory) as j:
+        assert j.append_batch([("T", {}), ("T", {})])[0].seq == first
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sector=st.integers(0, 40), count=st.integers(1, 3))
+def test_holes_of_nul_sectors_inside_a_batch_are_a_tail_from_its_first_record(
+    tmp_path_factory: pytest.TempPathFactory, sector: int, count: int
+) -> None:
+    """Sectors of the batch's write lost (out of order before a power cut), later ones
+    landed: whole records of the batch before and after the hole, none committed."""
+    layout = Layout([2, 12], pad=200)
+    start, end, first, _ = layout.batches[1]
+    sectors = [s for s in range(0, end, SECTOR) if s >= start and s + SECTOR * count <= end]
+    hole = sectors[sector % len(sectors)]
+    data = bytearray(layout.data)
+    data[hole : hole + SECTOR * count] = bytes(SECTOR * count)
+    directory = tmp_path_factory.mktemp("j") / "j"
+    write_segment(directory, bytes(data), 4096)
+    found = survey(str(directory))
+    assert found.corruption is None, found.corruption
+    assert found.last_seq == first - 1
+    assert found.torn is not None and (found.torn.offset, found.torn.seq) == (start, first)
+    assert read_seqs(directory) == list(range(1, first))
+    with Journal.open(directory) as j:
+        assert j.append("after", {}).seq == first
+    assert verify(directory).clean
+
+
+# -- broken marks: corruption -----------------------------------------------------------
+
+
+def marked(seq: int, mark: bytes | None, pad: str = "") -> bytes:
+    """A checksummed line of seq ``seq`` with ``"more":<mark>`` (None: no mark)."""
+    line = encode_line(seq, prepare("T", {"i": seq, "pad": pad}, 0, 1 << 20, ts=1.5))
+    body = line[: -len(b',"crc":"00000000"}\n')]
+    if mark is not None:
+        body = body.replace(b',"epoch"', b',"more":' + mark + b',"epoch"', 1)
+    return body + b',"crc":"%08x"}\n' % zlib.crc32(body)
+
+
+# (lines as (seq, mark), the index of the first line that is corruption)
+BROKEN = {
+    "a mark where the last record was due": ([(1, b"2"), (2, b"1"), (3, b"1"), (4, None)], 2),
+    "no mark where one was due": ([(1, b"2"), (2, None), (3, None)], 1),
+    "a mark that does not count down": ([(1, b"2"), (2, b"2"), (3, b"1"), (4, None)], 1),
+    "a mark that counts down by two": ([(1, b"3"), (2, b"1"), (3, None)], 1),
+    "a new batch before the last one ended": ([(1, b"1"), (2, b"1"), (3, None)], 1),
+    "more:0": ([(1, None), (2, b"0"), (3, None)], 1),
+    "a negative mark": ([(1, None), (2, b"-1"), (3, None)], 1),
+    "a string mark": ([(1, None), (2, b'"1"'), (3, None)], 1),
+    "a boolean mark": ([(1, None), (2, b"true"), (3, None)], 1),
+    "a null mark": ([(1, None), (2, b"null"), (3, None)], 1),
+    "a float mark": ([(1, None), (2, b"1.0"), (3, None)], 1),
+}
+
+
+@pytest.mark.parametrize("case", list(BROKEN))
+def test_a_broken_mark_is_corruption(tmp_path: Path, chunks: str, case: str) -> None:
+    """No writer leaves a valid record that its batch's marks did not announce (nor a
+    mark that is not an int >= 1): corruption, never a torn tail, in the last segment
+    too, wherever it is (here followed by one more valid record)."""
+    shape, bad = BROKEN[case]
+    lines = [marked(seq, mark) for seq, mark in shape]
+    directory = tmp_path / "j"
+    write_segment(directory, b"".join(lines) + marked(len(lines) + 1, None), 100)
+    report = verify(directory)
+    assert report.status == "corrupt", report
+    assert report.corruption is not None
+    assert report.corruption.offset == sum(map(len, lines[:bad])), report.corruption
+    assert report.corruption.seq == bad + 1
+    with pytest.raises(CorruptionError):
+        repair(directory)
+    with pytest.raises(CorruptionError):
+        Journal.open(directory)
+    with pytest.raises(CorruptionError):
+        read_seqs(directory)
+
+
+def test_a_whole_batch_with_good_marks_reads_whole(tmp_path: Path, chunks: str) -> None:
+    lines = [marked(1, None), marked(2, b"2"), marked(3, b"1"), marked(4, None)]
+    write_segment(tmp_path / "j", b"".join(lines))
+    assert verify(tmp_path / "j").clean
+    assert read_seqs(tmp_path / "j") == [1, 2, 3, 4]
+
+
+def test_an_incomplete_batch_in_a_sealed_segment_is_corruption(tmp_path: Path) -> None:
+    directory = tmp_path / "j"
+    directory.mkdir()
+    first = batch_lines(1, 3)
+    whole_two = b"".join(first.splitlines(keepends=True)[:2])
+    (directory / segment_name(1)).write_bytes(whole_two)
+    (directory / segment_name(3)).write_bytes(batch_lines(3, 1))
+    report = verify(directory)
+    assert report.status == "corrupt", report
+    assert report.corruption is not None and report.corruption.seq == 1
+    assert "sealed" in str(report.corruption)
+    with pytest.raises(CorruptionError):
+        Journal.open(directory)
+
+
+# -- reading from a seq -----------------------------------------------------------------
+
+
+def test_reading_from_a_seq_inside_a_batch(tmp_path: Path, chunks: str) -> None:
+    layout = Layout([3, 5, 2, 4])
+    directory = tmp_path / "j"
+    write_segment(directory, layout.data, 500)
+    for from_seq in range(1, 16):
+        assert read_seqs(directory, from_seq) == list(range(from_seq, 15)), from_seq
+    with Journal.open(directory) as j:
+        assert [r.seq for r in j.read(6)] == list(range(6, 15))
+    # The last batch cut short: reading from any seq of it (or before) stops before it.
+    _start, end, first, _ = layout.batches[-1]
+    write_segment(directory, layout.data[: end - 5], 500)
+    for from_seq in range(1, 16):
+        assert read_seqs(directory, from_seq) == list(range(from_seq, first)), from_seq
+    with pytest.raises(TornTailError):
+        list(read_records(directory, first + 2, allow_torn_tail=False))
+
+
+def test_a_snapshot_inside_a_batch_opens_from_there(tmp_path: Path) -> None:
+    directory = tmp_path / "j"
+    with Journal.open(directory) as j:
+        j.append_batch([("T", {"i": i, "pad": "x" * 3000}) for i in range(40)])
+        j.write_snapshot(17, b"state")
+    with Journal.open(directory) as j:
+        assert j.last_seq == 40
+        seen: list[int] = []
+        j.subscribe(lambda r: seen.append(r.seq), after_seq=17)
+        assert seen == list(range(18, 41))
+        assert j.append("after", {}).seq == 41
+
+
+# -- the writer -------------------------------------------------------------------------
+
+
+def segment_bytes(directory: Path) -> bytes:
+    return (directory / segment_name(1)).read_bytes().rstrip(b"\0")
+
+
+def test_the_writer_marks_every_record_of_a_batch_but_its_last(tmp_path: Path) -> None:
+    directory = tmp_path / "j"
+    with Journal.open(directory) as j:
+        j.append("one", {})
+        j.append_batch([("T", {"i": i}) for i in range(3)])
+        j.append_batch([("single", {})])
+    lines = segment_bytes(directory).splitlines()
+    marks = [line[line.index(b'"seq"') : line.index(b'"epoch"')] for line in lines]
+    assert marks == [
+        b'"seq":1,',
+        b'"seq":2,"more":2,',
+        b'"seq":3,"more":1,',
+        b'"seq":4,',
+        b'"seq":5,',
+    ]
+
+
+def test_each_batch_of_a_group_commit_is_marked_on_its_own(tmp_path: Path) -> None:
+    directory = tmp_path / "j"
+    with Journal.open(directory) as j:
+        writer = j._writer
+        group = [
+            _Batch(prepare_batch([("T", {"i": i}) for i in range(n)], 0, 1 << 20), 0, None)
+            for n in (2, 1, 3)
+        ]
+        writer._lead(group)
+        assert j.commits == 1
+        assert [[r.seq for r in b.records or []] for b in group] == [[1, 2], [3], [4, 5, 6]]
+    expected = b"".join(
+        encode_batch(first, [p.inner for p in batch.prepared])
+        for first, batch in zip((1, 3, 4), group, strict=True)
+    )
+    assert segment_bytes(directory) == expected
+    assert read_seqs(directory) == [1, 2, 3, 4, 5, 6]
+
+
+def test_an_old_unmarked_batch_reads_as_before(tmp_path: Path) -> None:
+    """Lines written before marks (a batch's records all unmarked) are records each."""
+    lines = b"".join(marked(seq, None) for seq in range(1, 6))
+    write_segment(tmp_path / "j", lines[:-7])
+    assert read_seqs(tmp_path / "j") == [1, 2, 3, 4]
+    assert verify(tmp_path / "j").torn_tail.seq == 5  # type: ignore[union-attr]
+
+
+# -- lock-free readers ------------------------------------------------------------------
+
+
+def test_a_lock_free_reader_sees_a_batch_being_copied_in_only_whole(tmp_path: Path) -> None:
+    """Another process's batch, half copied into the zero tail: a handle's catch-up
+    stops before it, and takes it whole once it is all there."""
+    directory = tmp_path / "j"
+    with Journal.open(directory) as writer:
+        writer.append("first", {})
+        end = (directory / segment_name(1)).stat().st_size
+        records_end = len(segment_bytes(directory))
+        with Journal.open(directory, read_only=True) as reader:
+            seen: list[Record] = []
+            reader.subscribe(seen.append)
+            batch = batch_lines(2, 6, pad=500)
+            assert records_end + len(batch) < end  # (all of it into the zero tail)
+            for copied in (len(batch) // 3, len(batch) - 1):
+                with open(directory / segment_name(1), "r+b") as f:
+                    f.seek(records_end)
+                    f.write(batch[:copied])
+                reader.refresh()
+                assert [r.seq for r in seen] == [1], copied
+                assert reader.last_seq == 1
+            with open(directory / segment_name(1), "r+b") as f:
+                f.seek(records_end)
+                f.write(batch)
+            reader.refresh()
+            assert [r.seq for r in seen] == list(range(1, 8))
