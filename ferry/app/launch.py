@@ -40,6 +40,7 @@ from ferry.app.runner import (
     cancel_stands,
     child_environ,
     error_from_json,
+    home_id,
     unstarted_end,
 )
 from ferry.core import events as ev
@@ -122,6 +123,7 @@ class Launch:
     ) -> None:
         """``beat_ttl_s``: on a shared database, how long its task may go unheard (no
         claim or beat of it taken) before the supervisor stops it; infinite: never."""
+        self.home_id = home_id(home)  # (before the fork: an unreadable home raises here)
         ours, theirs = channel_pair()
         for stream in (sys.stdout, sys.stderr):  # our buffered bytes must not be copied
             with contextlib.suppress(OSError, ValueError):
@@ -215,6 +217,8 @@ class Launch:
         identity = self.identity.to_json()
         if not math.isinf(self.beat_ttl_s):
             identity["beat_ttl_s"] = self.beat_ttl_s
+        else:  # (one host's journal: the home it is in; a copy of it is another)
+            identity["home_id"] = self.home_id
         return identity
 
     def until(self) -> float | None:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from ferry.app import outbox
 from ferry.app.queueing import settle_doomed
 from ferry.app.runner import heartbeat_path, log_paths
-from ferry.app.runner_state import other_host, runner_identity, with_runner_state
+from ferry.app.runner_state import of_another_home, other_host, runner_identity, with_runner_state
 from ferry.core import events as ev
 from ferry.core.errors import FerryError, OperatorNeededError, RefusedError
 from ferry.core.model import Liveness, Reason, State, Task
@@ -66,7 +66,10 @@ def task_marker(task: Task) -> str:
 def task_liveness(task: Task, home: str | os.PathLike[str]) -> Liveness:
     """Alive if its inherited alive-lock is still held (pid-free: sees children that
     called setsid and cleared their environment), or if any process of its session or
-    group, or carrying its marker, is alive (``probe_task``)."""
+    group, or carrying its marker, is alive (``probe_task``). One claimed from another
+    home (this one is a copy of it): DEAD here, whatever runs there."""
+    if of_another_home(task, home):
+        return Liveness.DEAD
     if alivelock.held(alive_path(home, task.id, task.attempt)):
         return Liveness.ALIVE
     runner = runner_identity(task)
@@ -76,7 +79,10 @@ def task_liveness(task: Task, home: str | os.PathLike[str]) -> Liveness:
 
 
 def signal_all(task: Task, home: str | os.PathLike[str], sig: int) -> int:
-    """Signal every process of the task ``task_liveness`` can see (``signal_task``)."""
+    """Signal every process of the task ``task_liveness`` can see (``signal_task``);
+    none of a task claimed from another home (``of_another_home``)."""
+    if of_another_home(task, home):
+        return 0
     holding = alive_path(home, task.id, task.attempt)
     return signal_task(leader_identity(task), task_marker(task), sig, holding=holding)
 
@@ -113,7 +119,8 @@ class Recoverer:
 
     def observe(self, task: Task, now: float) -> Observation:
         runner = runner_identity(task)
-        runner_seen = probe(runner) if runner is not None else Liveness.DEAD
+        ours = runner is not None and not of_another_home(task, self.home)
+        runner_seen = probe(runner) if ours and runner is not None else Liveness.DEAD
         process_seen = Liveness.DEAD
         if task.state is not State.CLAIMED:  # a CLAIMED task never started anything
             process_seen = task_liveness(task, self.home)
@@ -229,7 +236,11 @@ class Recoverer:
         if owner is not None:
             return self._await_owner(task, owner)
         runner = runner_identity(task)
-        runner_alive = runner is not None and probe(runner) is not Liveness.DEAD
+        runner_alive = (
+            runner is not None
+            and not of_another_home(task, self.home)
+            and probe(runner) is not Liveness.DEAD
+        )
         if task.state is not State.CLAIMED:
             signal_all(task, self.home, signal.SIGTERM)
         deadline = time.monotonic() + task.spec.kill_grace_s + CANCEL_WAIT_MARGIN_S
@@ -346,7 +357,7 @@ def kill_orphan(session: Session, task: Task, sig: int) -> dict[str, Any]:
             code="task.not_started",
             details={"task": task.id},
         )
-    runner = runner_identity(task)
+    runner = None if of_another_home(task, session.home) else runner_identity(task)
     if task.in_flight and runner is not None and probe(runner) is not Liveness.DEAD:
         raise RefusedError(
             f"task {task.id} has a live runner (pid {runner.pid}); use 'ferry cancel'",

@@ -279,6 +279,13 @@ def unstarted_end(
     )
 
 
+def home_id(home: str | os.PathLike[str]) -> str:
+    """The state directory's identity: its device and inode. A copy of the home
+    (``cp -a``) is another one, with a journal of its own; a move (``mv``) keeps it."""
+    st = os.stat(home)
+    return f"{st.st_dev}:{st.st_ino}"
+
+
 def cancel_stands(store: TaskStore, task_id: str, token: str) -> bool:
     """Is the cancel request a catch-up read of this claim durable? A catch-up without
     the journal's lock reads what is written, synced or not: the request is confirmed

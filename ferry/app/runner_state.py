@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import time
 
-from ferry.app.runner import heartbeat_path
+from ferry.app.runner import heartbeat_path, home_id
 from ferry.core._value import replace
 from ferry.core.model import Liveness, Task
 from ferry.proc.liveness import probe
@@ -27,6 +27,21 @@ def runner_identity(task: Task) -> ProcessIdentity | None:
         return None if task.runner is None else ProcessIdentity.from_json(task.runner)
     except ValueError:
         return None
+
+
+def of_another_home(task: Task, home: str | os.PathLike[str]) -> bool:
+    """Was the task's claim made from another state directory than ``home``, one this
+    one is a copy of? Then nothing of this home runs it: its runner and processes,
+    alive, are the other home's, never to be signalled or waited for from here. (A
+    claim on one host's journal names its home, ``runner.home_id``; a shared database's
+    claims are its host's, decided by host: they name none.)"""
+    said = (task.runner or {}).get("home_id")
+    if not isinstance(said, str):
+        return False
+    try:
+        return said != home_id(home)
+    except OSError:
+        return False
 
 
 def other_host(store: TaskStore, task: Task) -> str | None:
@@ -51,7 +66,10 @@ def with_runner_state(task: Task, home: str | os.PathLike[str], store: TaskStore
     if other_host(store, task) is not None:  # (its heartbeat file is on that host too)
         return replace(task, runner={**task.runner, "alive": None})
     identity = runner_identity(task)
-    seen = Liveness.UNKNOWN if identity is None else probe(identity)
+    if of_another_home(task, home):
+        seen = Liveness.DEAD  # (this home's view: its runner is the other home's)
+    else:
+        seen = Liveness.UNKNOWN if identity is None else probe(identity)
     alive = None if seen is Liveness.UNKNOWN else seen is Liveness.ALIVE
     task = replace(task, runner={**task.runner, "alive": alive})
     try:

@@ -18,7 +18,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from clikit import Ferry, wait_until
+from clikit import Ferry, finish, wait_until
 from crashkit import (
     OUTLIVES_SPAWNED,
     counting_task,
@@ -690,3 +690,30 @@ def test_a_key_does_not_run_again_beside_its_live_quarantined_orphan(ferry: Ferr
     ferry.refused(3, "task.key_unsafe", "run", "--key", "build-abc", "--", "true")
     ferry.ok("resolve", str(first["id"]), "--as", "failed")
     ferry.ok("run", "--key", "build-abc", "--", "true")
+
+
+def test_a_copy_of_a_home_never_signals_the_original_s_tasks(ferry: Ferry, tmp_path: Path) -> None:
+    """``cp -a`` of a home while ``work`` runs a task in it (a backup, a copy to look
+    at): the copy's journal is another journal, and nothing of the copy runs the task.
+    ``cancel`` in the copy signalled the original's task (it died there FAILED
+    SIGNALLED, nobody having cancelled it there), and ``recover`` in the copy took it
+    for alive: found by a review. The runner's record names the home it was claimed
+    from (its inode: a copy is another one, a move the same)."""
+    gate, mark = tmp_path / "gate", tmp_path / "done"
+    script = f"while [ ! -e {gate} ]; do sleep 0.05; done; echo done > {mark}"
+    ferry.ok("submit", "--", "sh", "-c", script)
+    work = ferry.start("work", "--drain", stdout=subprocess.DEVNULL)
+    wait_until(lambda: ferry.tasks()[0]["state"] == "RUNNING", what="the task to run")
+    copy = tmp_path / "copy"
+    subprocess.run(["cp", "-a", str(ferry.home), str(copy)], check=True)
+    copied = Ferry(copy)
+    try:
+        assert copied.json("cancel", "1")["state"] == "CANCELLED"
+        assert copied.json("kill", "1")["signalled"] == 0
+    finally:
+        copied.close()
+    assert ferry.tasks()[0]["state"] == "RUNNING"
+    gate.touch()
+    code, err = finish(work)
+    assert code == 0, err
+    assert ferry.tasks()[0]["state"] == "SUCCEEDED" and mark.read_text() == "done\n"
