@@ -66,16 +66,22 @@ def task_marker(task: Task) -> str:
 def task_liveness(task: Task, home: str | os.PathLike[str]) -> Liveness:
     """Alive if its inherited alive-lock is still held (pid-free: sees children that
     called setsid and cleared their environment), or if any process of its session or
-    group, or carrying its marker, is alive (``probe_task``). One claimed from another
-    home (this one is a copy of it): DEAD here, whatever runs there."""
-    if of_another_home(task, home):
-        return Liveness.DEAD
+    group, or carrying its marker, is alive (``probe_task``)."""
     if alivelock.held(alive_path(home, task.id, task.attempt)):
         return Liveness.ALIVE
     runner = runner_identity(task)
     # (A start time read in another time namespace is offset: no bound at all then.)
     not_before = runner.start_time if runner is not None and same_clock(runner) else None
     return probe_task(task_marker(task), leader_identity(task), not_before_ticks=not_before)
+
+
+# A task claimed from another state directory (``of_another_home``): this one is a copy
+# of it, or was moved to it from another file system. Its processes may be alive, and
+# the other home's: they are never signalled from here, nor decided dead.
+_OTHER_HOME = (
+    "it was claimed from another state directory (this one is a copy of it, or was moved"
+    " from another file system): its processes are not signalled from here"
+)
 
 
 def signal_all(task: Task, home: str | os.PathLike[str], sig: int) -> int:
@@ -119,8 +125,7 @@ class Recoverer:
 
     def observe(self, task: Task, now: float) -> Observation:
         runner = runner_identity(task)
-        ours = runner is not None and not of_another_home(task, self.home)
-        runner_seen = probe(runner) if ours and runner is not None else Liveness.DEAD
+        runner_seen = probe(runner) if runner is not None else Liveness.DEAD
         process_seen = Liveness.DEAD
         if task.state is not State.CLAIMED:  # a CLAIMED task never started anything
             process_seen = task_liveness(task, self.home)
@@ -235,12 +240,11 @@ class Recoverer:
         owner = other_host(self.store, task)
         if owner is not None:
             return self._await_owner(task, owner)
+        if of_another_home(task, self.home):
+            self.session.notice(f"task {task.id}: cancel requested; {_OTHER_HOME}")
+            return self._show(task.id)
         runner = runner_identity(task)
-        runner_alive = (
-            runner is not None
-            and not of_another_home(task, self.home)
-            and probe(runner) is not Liveness.DEAD
-        )
+        runner_alive = runner is not None and probe(runner) is not Liveness.DEAD
         if task.state is not State.CLAIMED:
             signal_all(task, self.home, signal.SIGTERM)
         deadline = time.monotonic() + task.spec.kill_grace_s + CANCEL_WAIT_MARGIN_S
@@ -357,7 +361,11 @@ def kill_orphan(session: Session, task: Task, sig: int) -> dict[str, Any]:
             code="task.not_started",
             details={"task": task.id},
         )
-    runner = None if of_another_home(task, session.home) else runner_identity(task)
+    if of_another_home(task, session.home):
+        raise RefusedError(
+            f"task {task.id}: {_OTHER_HOME}", code="task.other_home", details={"task": task.id}
+        )
+    runner = runner_identity(task)
     if task.in_flight and runner is not None and probe(runner) is not Liveness.DEAD:
         raise RefusedError(
             f"task {task.id} has a live runner (pid {runner.pid}); use 'ferry cancel'",

@@ -30,11 +30,13 @@ def runner_identity(task: Task) -> ProcessIdentity | None:
 
 
 def of_another_home(task: Task, home: str | os.PathLike[str]) -> bool:
-    """Was the task's claim made from another state directory than ``home``, one this
-    one is a copy of? Then nothing of this home runs it: its runner and processes,
-    alive, are the other home's, never to be signalled or waited for from here. (A
-    claim on one host's journal names its home, ``runner.home_id``; a shared database's
-    claims are its host's, decided by host: they name none.)"""
+    """Was the task's claim made from another state directory than ``home``: this one
+    a copy of it (``cp -a``), or moved to it from another file system (a new inode)?
+    Its processes, if alive, are never signalled from here (a copy's ``cancel`` killed
+    the original's task). Liveness is still probed, never assumed: a home moved across
+    file systems is the same home, and its live task must not be decided dead. (A claim
+    on one host's journal names its home, ``runner.home_id``; a shared database's claims
+    are its host's, decided by host: they name none.)"""
     said = (task.runner or {}).get("home_id")
     if not isinstance(said, str):
         return False
@@ -66,10 +68,7 @@ def with_runner_state(task: Task, home: str | os.PathLike[str], store: TaskStore
     if other_host(store, task) is not None:  # (its heartbeat file is on that host too)
         return replace(task, runner={**task.runner, "alive": None})
     identity = runner_identity(task)
-    if of_another_home(task, home):
-        seen = Liveness.DEAD  # (this home's view: its runner is the other home's)
-    else:
-        seen = Liveness.UNKNOWN if identity is None else probe(identity)
+    seen = Liveness.UNKNOWN if identity is None else probe(identity)
     alive = None if seen is Liveness.UNKNOWN else seen is Liveness.ALIVE
     task = replace(task, runner={**task.runner, "alive": alive})
     try:

@@ -68,7 +68,7 @@ from ferry.app.leader import Leadership, policy_of, recover_as
 from ferry.app.merge_aside import MergeAside
 from ferry.app.queueing import settle_doomed
 from ferry.app.runner import before_spawn_event, child_environ, unstarted_end
-from ferry.app.runner_state import of_another_home, runner_identity, with_runner_state
+from ferry.app.runner_state import runner_identity, with_runner_state
 from ferry.app.tally import Progress, Tally, WorkReport
 from ferry.core import events as ev
 from ferry.core.errors import (
@@ -592,10 +592,7 @@ class Worker:
         (``runner.home``), whatever host id they name: the same home may restart under a
         new ``FERRY_HOST_ID``, and a task released here may run on another host under
         the same attempt. Other claims: this host's, or its supervisor holds the
-        alive-lock of this home. None claimed from another home, one this one is a copy
-        of (``of_another_home``)."""
-        if of_another_home(task, self.session.home):
-            return False
+        alive-lock of this home."""
         claimed_from = claimed_home(task.runner or {})
         if claimed_from is not None:
             return claimed_from == os.fsencode(self.session.home)
