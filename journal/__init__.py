@@ -446,9 +446,10 @@ class Journal:
         if self._view is None:
             self._writer.refresh()
 
-    def sync(self) -> None:
+    def sync(self, within_s: float | None = None) -> bool:
         """Catch up under the append lock, then fdatasync the active segment: once this
-        returns, every record this handle has seen is durable.  (Appenders sync before
+        returns True, every record this handle has seen is durable.  ``within_s``: only
+        if the lock is free within that time; False if it was not (nothing done).  (Appenders sync before
         they release the lock, but one that died between its write and its sync leaves
         records readable that no disk holds yet.)  For a decision taken from what was
         read that writes nothing ("already done"), so that it cannot rest on a record a
@@ -459,11 +460,14 @@ class Journal:
         writer = self._writer
         if self._read_only and not writer.can_lock():
             self.refresh()
-            return
-        with writer.owned(), writer.locked():
+            return True
+        with writer.owned(), writer.locked(within_s) as locked:
+            if not locked:
+                return False
             writer.catch_up_feeding(locked=True)
             if writer.pos.fd is not None:
                 _fsutil.sync_data(writer.pos.fd)
+        return True
 
     def subscribe(
         self, on_record: Subscriber, after_seq: int = 0, *, before_durable: bool = False

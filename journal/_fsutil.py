@@ -49,6 +49,7 @@ import fcntl
 import os
 import stat
 import threading
+import time
 from collections.abc import Callable
 from os import PathLike
 from os import fspath as fspath
@@ -306,6 +307,23 @@ def lock(fd: int, on_wait: Callable[[], None] | None = None) -> None:
         fcntl.flock(fd, LOCK_EX)
     finally:
         timer.cancel()
+
+
+def lock_within(fd: int, seconds: float) -> bool:
+    """Take the append lock if it is free within ``seconds`` (False: it was not: held by
+    another process all along, a stopped one perhaps). Polled, as flock has no timeout."""
+    deadline = time.monotonic() + seconds
+    pause = 0.001
+    while True:
+        try:
+            fcntl.flock(fd, LOCK_EX | LOCK_NB)
+            return True
+        except BlockingIOError:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(pause, left))
+            pause = min(pause * 2, 0.05)
 
 
 def unlock(fd: int) -> None:

@@ -331,11 +331,16 @@ class Writer:
         return self._lock_fd >= 0
 
     @contextmanager
-    def locked(self) -> Iterator[None]:
-        """The cross-process append lock (the caller owns the handle)."""
-        _fsutil.lock(self._lock_fd, self.on_lock_wait)
+    def locked(self, within_s: float | None = None) -> Iterator[bool]:
+        """The cross-process append lock (the caller owns the handle); ``within_s``: only
+        if it is free within that time (the context then gets False, and holds none)."""
+        if within_s is None:
+            _fsutil.lock(self._lock_fd, self.on_lock_wait)
+        elif not _fsutil.lock_within(self._lock_fd, within_s):
+            yield False
+            return
         try:
-            yield
+            yield True
         finally:
             _fsutil.unlock(self._lock_fd)
 

@@ -45,10 +45,12 @@ def wait(
     deadline = None if timeout_s is None else started + timeout_s
     gone = GoneRunners(session.home, store, session.reporter.notice)
     while True:
-        if any(_ended(store.get(task_id)) for task_id in awaited):
-            # Confirmed under the journal's lock before it is said: an end (a cancel)
-            # read without it may be taken back by its writer (its fdatasync failed).
-            store.sync()
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if any(_ended(store.get(task_id)) for task_id in awaited) and not store.sync(left):
+            # An end is confirmed under the journal's lock before it is said: one read
+            # without it may be taken back by its writer (its fdatasync failed). The
+            # lock held past the deadline (a ferry stopped in its append): not said.
+            break
         for task_id in list(awaited):
             current = store.get(task_id)
             if current is None:  # settled and forgotten (ferry gc) between two looks

@@ -495,14 +495,14 @@ def register(
         Each task on its own: one that cannot be cancelled is reported and the others
         go on (exit: that one's code)."""
 
-        service = many.one_service(ctx)
+        service = many.OneService(ctx)
 
         def one(task_id: str) -> tuple[str | None, Any]:
             task = service().cancel(task_id, listed=_listed(state))
             return f"{task.id} {task.state}", render.task_json(task)
 
         ids = many.targets(ctx, task_ids, state, service)
-        return many.for_each(ctx, ids, one, many=state is not None)
+        return many.for_each(ctx, ids, one, many=state is not None, service=service)
 
     @cli.command(
         epilog=_example("ferry retry 01jq3\nferry retry --state FAILED   # every failed task again")
@@ -514,14 +514,14 @@ def register(
     def retry(ctx: Any, task_ids: tuple[str, ...], state: str | None, force: bool) -> int:
         """Queue FAILED or CANCELLED tasks again, each as a new attempt (same id)."""
 
-        service = many.one_service(ctx)
+        service = many.OneService(ctx)
 
         def one(task_id: str) -> tuple[str | None, Any]:
             task = service().retry(task_id, force=force, listed=_listed(state))
             return f"{task.id} attempt {task.attempt} QUEUED", render.task_json(task)
 
         ids = many.targets(ctx, task_ids, state, service)
-        return many.for_each(ctx, ids, one, many=state is not None)
+        return many.for_each(ctx, ids, one, many=state is not None, service=service)
 
     @cli.command(epilog=_example("ferry resolve 01jq3 --as succeeded   # I checked: it deployed"))
     @click.argument("task_id", metavar="ID")
@@ -560,13 +560,13 @@ def register(
         SIGCONT follows (as for a forwarded signal): a stopped orphan gets it too.
         """
 
-        service = many.one_service(ctx)
+        service = many.OneService(ctx)
 
         def one(task_id: str) -> tuple[str | None, Any]:
             result = service().kill(task_id, signame)
             return result.get("message"), result
 
-        return many.for_each(ctx, task_ids, one, many=False)
+        return many.for_each(ctx, task_ids, one, many=False, service=service)
 
     @cli.group(epilog=_example("ferry journal verify && ferry journal compact"))
     def journal() -> None:

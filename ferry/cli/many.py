@@ -24,23 +24,33 @@ if TYPE_CHECKING:
     Action = Callable[[str], tuple[str | None, Any]]
 
 
-def one_service(ctx: Any) -> Callable[[], Service]:
+class OneService:
     """The command's service, opened at its first use and kept for every task after:
     opening it reads the journal's tail (once per task, ``cancel --state QUEUED`` of
-    1,000 tasks took 44 s). Each write is still decided under the lock."""
-    opened: list[Service] = []
+    1,000 tasks took 44 s). Each write is still decided under the lock. A failure of
+    the store itself (a write that failed: its journal handle is done) drops it: the
+    next task opens another, as each did before."""
 
-    def service() -> Service:
-        if not opened:
-            opened.append(ctx.service(make=False))
-        return opened[0]
+    def __init__(self, ctx: Any) -> None:
+        self.ctx = ctx
+        self.opened: Service | None = None
 
-    return service
+    def __call__(self) -> Service:
+        if self.opened is None:
+            self.opened = self.ctx.service(make=False)
+        return self.opened
+
+    def failed(self, error: FerryError) -> None:
+        if exit_code_for(error, runs_task=False) not in _TASK_EXITS:
+            self.opened = None
 
 
-def targets(
-    ctx: Any, ids: Sequence[str], state: str | None, service: Callable[[], Service]
-) -> list[str]:
+# The exits of a failure about one task (refused, usage, operator needed, not found):
+# the store that said so is still good for the next.
+_TASK_EXITS = frozenset((1, 2, 3, 5))
+
+
+def targets(ctx: Any, ids: Sequence[str], state: str | None, service: OneService) -> list[str]:
     """The ids given, or every task now in ``state`` (in submission order). Each write
     is still decided under the lock, task by task: one that moved meanwhile is refused
     and reported, never acted on as it was read here."""
@@ -54,9 +64,12 @@ def targets(
     return [task.id for task in tasks]
 
 
-def for_each(ctx: Any, ids: Sequence[str], action: Action, *, many: bool) -> int:
+def for_each(
+    ctx: Any, ids: Sequence[str], action: Action, *, many: bool, service: OneService | None = None
+) -> int:
     """Run ``action`` (id -> its human line and JSON object) for each id; see the
-    module. ``many``: several results even for one id (``--state``)."""
+    module. ``many``: several results even for one id (``--state``); ``service``: the
+    one the actions use, told of each failure."""
     from ferry.cli import render
 
     if len(ids) == 1 and not many:
@@ -69,6 +82,8 @@ def for_each(ctx: Any, ids: Sequence[str], action: Action, *, many: bool) -> int
         try:
             human, payload = action(task_id)
         except FerryError as error:
+            if service is not None:
+                service.failed(error)
             render.error(error, as_json=False)
             results.append({"id": task_id, "error": error.to_json()})
             failed = failed or error

@@ -63,13 +63,8 @@ def register_queue(cli: click.Group, emit: Emit) -> None:
         Journaled: it holds across restarts until 'ferry resume'.
         """
         found = ctx.service().pause(list(groups))
-        for info in found:
-            if info["group"] in groups and not (info["queued"] or info["running"]):
-                ctx.reporter.notice(
-                    f"note: group {info['group']!r} has no tasks: paused for those submitted"
-                    " to it (a typo?)"
-                )
-        emit(ctx, render.groups_table(found), found)
+        _note_empty(ctx, groups, found, "has no tasks: paused for those submitted to it")
+        emit(ctx, render.groups_table(found) if found else None, found)
 
     @cli.command(epilog=_example("ferry resume arm64\nferry resume   # every group"))
     @click.argument("groups", nargs=-1, metavar="[GROUP]...")
@@ -78,10 +73,14 @@ def register_queue(cli: click.Group, emit: Emit) -> None:
         """Claim the groups' queued tasks again (no GROUP: every group, each one's own
         pause forgotten)."""
         found = ctx.service().resume(list(groups))
-        listed = {info["group"] for info in found}
-        for name in dict.fromkeys(groups):
-            if name not in listed:
-                ctx.reporter.notice(
-                    f"note: group {name!r} has no tasks and is not paused (a typo?)"
-                )
+        _note_empty(ctx, groups, found, "has no tasks and is not paused")
         emit(ctx, render.groups_table(found) if found else None, found)
+
+
+def _note_empty(ctx: Any, names: tuple[str, ...], found: list[dict[str, Any]], says: str) -> None:
+    """A note for each group named that has no tasks (a typo, perhaps): ``pause`` and
+    ``resume`` of it still do what they say, for tasks to come."""
+    busy = {info["group"] for info in found if info["queued"] or info["running"]}
+    for name in dict.fromkeys(names):
+        if name not in busy:
+            ctx.reporter.notice(f"note: group {name!r} {says} (a typo?)")

@@ -145,9 +145,11 @@ class TaskStore(Protocol):
         not wait on one). Nothing to do on the local backend."""
         ...
 
-    def sync(self) -> None:
+    def sync(self, within_s: float | None = None) -> bool:
         """Catch up, and make everything read durable: before acting on a read that
-        writes nothing (skipping a task whose key already succeeded)."""
+        writes nothing (skipping a task whose key already succeeded). ``within_s``: if
+        that cannot be done within it (the local journal's lock held all along: a ferry
+        stopped in its append), False, nothing done."""
         ...
 
     # ---- reading: the table as last caught up --------------------------------------

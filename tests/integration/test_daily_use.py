@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
 import shlex
 import shutil
 import subprocess
@@ -299,3 +301,21 @@ def test_acting_on_many_tasks_reads_the_journal_once(
     assert len(opens) <= 2, opens
     if args[0] == "cancel":
         assert {t["state"] for t in ferry.tasks()} == {"CANCELLED"}
+
+
+def test_wait_keeps_its_timeout_while_another_process_holds_the_journal_s_lock(
+    ferry: Ferry,
+) -> None:
+    """``wait`` confirms an end under the journal's lock before it says it; a ferry
+    stopped inside its append (Ctrl-Z) holds that lock. ``wait --timeout 1`` waited for
+    the lock as long as it was held, for ever if never freed (found by a review). It
+    keeps its timeout: 124, the end not confirmed."""
+    task_id = ferry.ok("run", "--", "true") and ferry.tasks()[0]["id"]
+    lock = os.open(ferry.home / "journal" / ".lock", os.O_RDONLY)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        result = ferry("wait", "--timeout", "1", task_id)
+        assert result.code == 124, result
+    finally:
+        os.close(lock)
+    assert ferry("wait", "--timeout", "5", task_id).code == 0

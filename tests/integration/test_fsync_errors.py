@@ -258,3 +258,14 @@ def test_an_end_read_then_taken_back_is_never_said(ferry: Ferry, command: str) -
     code, err = finish(looking)
     assert code == 0 and "error[" not in err, err
     assert ferry.task(task_id)["state"] == "SUCCEEDED"
+
+
+def test_a_write_that_fails_for_one_task_of_many_leaves_the_others_to_go_on(ferry: Ferry) -> None:
+    """``cancel A B C`` whose first write fails (EIO): A's error, then B and C cancelled,
+    as each task on its own did before they shared one store (found by a review: the
+    failed journal handle failed B and C too, no write tried)."""
+    ids = [ferry.ok("submit", "--", "true").text.strip() for _ in range(3)]
+    result = ferry("cancel", *ids, command=(*FAILING_FSYNC, *ferry.command))
+    assert result.code == 125 and result.err.count("error[") == 1, result
+    assert [t["state"] for t in ferry.tasks()] == ["QUEUED", "CANCELLED", "CANCELLED"]
+    assert ferry.ok("journal", "verify").code == 0

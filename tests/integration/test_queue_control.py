@@ -113,6 +113,11 @@ def test_pause_or_resume_of_a_group_with_no_tasks_says_so(ferry: Ferry) -> None:
     submit(ferry, "--group", "real", "--", "true")
     for command in ("pause", "resume"):
         assert "note:" not in ferry.ok(command, "real").err
+    # After a pause of every group (a review of the notes: nothing said, a bare header).
+    ferry.ok("pause")
+    result = ferry.ok("pause", "defualt2")
+    assert "note: group 'defualt2' has no tasks: paused for those submitted to it" in result.err
+    assert result.text == ""
 
 
 @pytest.mark.parametrize(

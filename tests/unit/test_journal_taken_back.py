@@ -129,3 +129,21 @@ def test_a_read_only_handle_syncs_under_the_lock(
     with Journal.open(tmp := jdir.parent / "none", read_only=True) as empty:
         empty.sync()  # (no journal yet, no lock file: a plain catch-up)
         assert empty.last_seq == 0 and not tmp.exists()
+
+
+def test_sync_within_a_time_gives_up_while_another_holds_the_lock(jdir: Path) -> None:
+    """``sync(within_s)``: False, nothing done, while another process holds the append
+    lock all along (a ferry stopped in its append); True once it is free."""
+    import fcntl
+
+    with Journal.open(jdir) as writer:
+        writer.append("first", {})
+    lock = os.open(jdir / ".lock", os.O_RDONLY)
+    try:
+        with Journal.open(jdir, read_only=True) as reader:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            assert reader.sync(0.05) is False
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            assert reader.sync(0.05) is True and reader.last_seq == 1
+    finally:
+        os.close(lock)

@@ -444,7 +444,7 @@ class Store(ClaimsUnderLock):
         """Catch up on what other processes appended. Records read before and taken
         back since by their writer (its fdatasync failed): the journal is read again,
         as it is (``_failed``), and that is the catch-up."""
-        self._catch_up("refresh")
+        self._catch_up(journal.Journal.refresh)
 
     def bound_calls(self) -> None:
         """Local calls wait on no network and no other session's lock."""
@@ -461,20 +461,21 @@ class Store(ClaimsUnderLock):
         """One host: the logs are here, nothing is kept of them."""
         return {}
 
-    def sync(self) -> None:
+    def sync(self, within_s: float | None = None) -> bool:
         """Catch up under the append lock, and make every record read durable
-        (``journal.Journal.sync``): before acting on a read that writes nothing."""
-        self._catch_up("sync")
+        (``journal.Journal.sync``): before acting on a read that writes nothing.
+        ``within_s``: False if the lock was not free within it."""
+        return self._catch_up(lambda wal: wal.sync(within_s))
 
-    def _catch_up(self, how: str) -> None:
+    def _catch_up(self, how: Callable[[journal.Journal], bool | None]) -> bool:
         for again in (False, True):
             try:
-                getattr(self.wal, how)()  # (the handle _failed opened, the second time)
-                return
+                return how(self.wal) is not False  # (the handle _failed opened, the 2nd time)
             except journal.JournalError as error:
                 failed = self._failed(error)
                 if again or failed.code != TAKEN_BACK:
                     raise failed from error
+        raise AssertionError("unreachable")
 
     # ---- reading -------------------------------------------------------------------
 

@@ -687,8 +687,9 @@ class PgStore:
     def refresh(self) -> None:
         """Reads are of the database itself: nothing to catch up with."""
 
-    def sync(self) -> None:
+    def sync(self, within_s: float | None = None) -> bool:
         """What a read returns was committed, hence durable: nothing to do."""
+        return True
 
     # ---- reading -------------------------------------------------------------------
 
