@@ -73,9 +73,15 @@ def record_lines(segment: Path) -> list[bytes]:
 
 def split_segment(cli: Ferry, cuts: list[int]) -> list[Path]:
     """Split the one segment into several at the given record indexes (as rotation
-    would have made them: each named by the seq of its first record)."""
+    would have made them: each named by the seq of its first record, and a batch's
+    lines in one segment: a cut inside a batch moves to its end)."""
     segment = only_segment(cli)
     lines = record_lines(segment)
+    marked = [re.match(rb'\{"v":1,"seq":\d+,"more":', line) is not None for line in lines]
+    for index, cut in enumerate(cuts):
+        while 0 < cut < len(lines) and marked[cut - 1]:
+            cut += 1
+        cuts[index] = cut
     segment.unlink()
     paths = []
     for start, end in zip([0, *cuts], [*cuts, len(lines)], strict=True):

@@ -137,8 +137,10 @@ def test_a_read_writes_nothing_and_takes_no_lock(cli: Ferry) -> None:
     finally:
         os.close(lock_fd)
     missing = cli.home.parent / "never-made"
-    for args in (["ls"], ["journal", "verify"], ["journal", "dump"], ["lease"]):
+    for args in (["ls"], ["lease"]):
         cli.ok("--home", str(missing), *args)
+    for args in (["journal", "verify"], ["journal", "dump"]):  # (a typo: say so, 5)
+        cli.refused(5, "state_dir.missing", "--home", str(missing), *args)
     assert not missing.exists()
 
 
