@@ -9,7 +9,10 @@ crash the pipe has no reader).
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -144,3 +147,19 @@ def survivor_keeps_its_slot_under_a_new_host_id(a: Ferry, stamps: Path) -> None:
     wait_task_gone(x)
     assert [t["state"] for t in a.tasks()] == ["SUCCEEDED"] * 2
     assert most_at_once(stamps) == 1 and stamps.read_text().startswith("start 0")
+
+
+def kill_when(proc: subprocess.Popen[bytes], ready: Callable[[], bool], deadline_s: float) -> None:
+    """SIGKILL ``proc`` as soon as ``ready()`` (polled without a pause: the moment is the
+    point, a write under way), then reap it; it must still run until then."""
+    try:
+        deadline = time.monotonic() + deadline_s
+        while not ready():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the moment to kill never came"
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=deadline_s)  # (reaped)
+    assert proc.returncode == -signal.SIGKILL

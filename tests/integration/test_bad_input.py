@@ -15,16 +15,15 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from clikit import Ferry
+from crashkit import kill_when
 from hardkit import cli_in, make_template, tree
 
 
@@ -475,17 +474,7 @@ def _submit_from_killed_in_its_write(cli: Ferry, lines: Path) -> bool:
             env=cli.env,
             cwd=cli.workdir,
         )
-    try:
-        deadline = time.monotonic() + 120
-        while size() < before + (2 << 20):
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "the batch's write never began"
-        os.kill(proc.pid, signal.SIGKILL)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate(timeout=60)  # (reaped)
-    assert proc.returncode == -signal.SIGKILL
+    kill_when(proc, lambda: size() >= before + (2 << 20), 120)
     last = b'"argv":["echo","39999"'
     return not any(last in p.read_bytes() for p in journal_dir.glob("*.jsonl"))
 

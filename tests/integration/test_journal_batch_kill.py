@@ -10,13 +10,12 @@ none of the batch is read, and the next append cuts it whole (docs/journal-forma
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from crashkit import kill_when
 
 import journal
 from journal._segment import list_segments
@@ -53,19 +52,11 @@ def _kill_in_the_write(directory: Path) -> bool:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
-    try:
-        assert child.stdout is not None
-        assert child.stdout.readline() == b"ready\n"
-        deadline = time.monotonic() + DEADLINE_S
-        while _segment_size(directory) < before + GROWN_BYTES:
-            assert child.poll() is None, child.communicate()
-            assert time.monotonic() < deadline, "the batch's write never began"
-        os.kill(child.pid, signal.SIGKILL)
-    finally:
-        if child.poll() is None:
-            child.kill()
-        child.communicate(timeout=DEADLINE_S)  # (reaped)
-    assert child.returncode == -signal.SIGKILL
+    assert child.stdout is not None
+    if child.stdout.readline() != b"ready\n":
+        kill_when(child, lambda: True, DEADLINE_S)  # (reaped)
+        raise AssertionError("the child did not start")
+    kill_when(child, lambda: _segment_size(directory) >= before + GROWN_BYTES, DEADLINE_S)
     last = b'{"v":1,"seq":%d,"epoch"' % (2 + RECORDS)  # the batch's last line
     data = Path(list_segments(str(directory))[-1].path).read_bytes()
     return last not in data[-(4 << 20) :]
