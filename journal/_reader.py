@@ -306,8 +306,11 @@ class SegmentScan:
                 if pending[:1] == b"\0" or not (ahead := _fsutil.pread(fd, CHUNK_BYTES, pos)):
                     break
                 pos += len(ahead)
-                lines += (pending + ahead).split(b"\n")
-                pending = lines.pop()
+                extra = (pending + ahead).split(b"\n")
+                pending = extra.pop()
+                lines += extra
+                if not all(map(_marked, extra)):
+                    break  # (it ends in these lines: a batch opened after it waits)
             if damage is None and lines and _checksums_match(lines):
                 # The fast path: every checksum matched; check the rest in runs, and
                 # leave the first run that has a bad line (or a broken batch mark) to
