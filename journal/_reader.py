@@ -61,7 +61,7 @@ from itertools import repeat
 from operator import getitem, itemgetter
 
 from journal import _fsutil, _json
-from journal._codec import LineProblem, Record, decode_marked, line_checks
+from journal._codec import LINE_HEAD, LineProblem, Record, decode_marked, line_checks
 from journal._errors import CorruptionError, FormatVersionError
 
 TYPE_CHECKING = False
@@ -94,6 +94,8 @@ _new_record = tuple.__new__
 # (seq, epoch, ts, type, data): a Record's fields, in its order, from a parsed line.
 _FIELDS: Callable[[Any], tuple[Any, ...]] = itemgetter("seq", "epoch", "ts", "type", "data")
 _EPOCH: Callable[[Record], int] = itemgetter(1)
+_MARK = b'"more":'
+_HEAD_BYTES = len(LINE_HEAD)  # b'{"v":1,"seq":'; the seq, then ',' and a mark or "epoch"
 _INT, _FLOAT, _STR, _DICT = {int}, {float}, {str}, {dict}
 
 
@@ -154,6 +156,11 @@ def _parse_run(
     marked = any(map(dict.__contains__, objs, repeat("more", count)))
     records = list(map(_new_record, repeat(Record, count), fields))
     return records, max(epochs), objs if marked else None
+
+
+def _marked(line: bytes) -> bool:
+    """Does ``line`` carry a batch mark? (Bytes only: ``"more":`` right after its seq.)"""
+    return line.startswith(_MARK, line.find(b",", _HEAD_BYTES) + 1)
 
 
 def _batch_ends(objs: list[dict[str, Any]], left: int) -> tuple[int, int] | None:
@@ -292,10 +299,26 @@ class SegmentScan:
                     self.damage = _whole_bad_line(damage, long_start)
                     return
                 del lines[0]
+            while damage is None and not skipping and lines and _marked(lines[-1]):
+                # A batch open at the chunk's end: read on to its last line (its lines
+                # are then parsed and yielded as they come, not held), unless the
+                # records end here (the zero tail, or the end of the file).
+                if pending[:1] == b"\0" or not (ahead := _fsutil.pread(fd, CHUNK_BYTES, pos)):
+                    break
+                pos += len(ahead)
+                extra = (pending + ahead).split(b"\n")
+                pending = extra.pop()
+                lines += extra
+                if not all(map(_marked, extra)):
+                    break  # (it ends in these lines: a batch opened after it waits)
             if damage is None and lines and _checksums_match(lines):
                 # The fast path: every checksum matched; check the rest in runs, and
                 # leave the first run that has a bad line (or a broken batch mark) to
-                # the slow path.
+                # the slow path. Runs up to the last line without a mark (``whole``)
+                # end whole batches: theirs are yielded at once, the rest held.
+                whole_end = len(lines)
+                while whole_end and _marked(lines[whole_end - 1]):
+                    whole_end -= 1
                 done = 0
                 while done < len(lines):
                     run_lines = lines[done : done + RUN_LINES]
@@ -321,6 +344,22 @@ class SegmentScan:
                     if ends is None:
                         break
                     closed, left = ends
+                    if done + count <= whole_end:  # (its open batch closes in these lines)
+                        if held:
+                            records, held = held + records, []
+                        yield records
+                        if closed:
+                            self.end_offset = (
+                                line_start + sum(map(len, run_lines[:closed])) + closed
+                            )
+                            self.next_seq = expect + closed
+                            self.tail = run_lines[closed - 1][-_TAIL_BYTES:] + b"\n"
+                        line_start += sum(map(len, run_lines)) + count
+                        expect += count
+                        if top > self.max_epoch:
+                            self.max_epoch = top
+                        done += count
+                        continue
                     if closed:
                         # Whole batches (the one open before the run completed first).
                         whole = records[:closed] if closed < count else records
