@@ -281,7 +281,8 @@ def unstarted_end(
 
 def home_id(home: str | os.PathLike[str]) -> str:
     """The state directory's identity: its device and inode. A copy of the home
-    (``cp -a``) is another one, with a journal of its own; a move (``mv``) keeps it."""
+    (``cp -a``) is another one, with a journal of its own; a move (``mv``) keeps it
+    within a file system, not across (``runner_state.of_another_home`` says why)."""
     st = os.stat(home)
     return f"{st.st_dev}:{st.st_ino}"
 
