@@ -448,15 +448,15 @@ class Journal:
 
     def sync(self, within_s: float | None = None) -> bool:
         """Catch up under the append lock, then fdatasync the active segment: once this
-        returns True, every record this handle has seen is durable.  ``within_s``: only
-        if the lock is free within that time; False if it was not (nothing done).  (Appenders sync before
-        they release the lock, but one that died between its write and its sync leaves
-        records readable that no disk holds yet.)  For a decision taken from what was
-        read that writes nothing ("already done"), so that it cannot rest on a record a
-        power cut then takes back.  A read-only handle takes the lock too, for that
-        moment (it writes nothing): no append is then in progress, and a record whose
-        writer took it back is gone; one without a lock file (no journal yet) catches
-        up as ``refresh`` does."""
+        returns True, every record this handle has seen is durable.  (Appenders sync
+        before they release the lock, but one that died between its write and its sync
+        leaves records readable that no disk holds yet.)  For a decision taken from what
+        was read that writes nothing ("already done"), so that it cannot rest on a
+        record a power cut then takes back.  ``within_s``: only if the lock is free
+        within that time; False if it was not (nothing done).  A read-only handle takes
+        the lock too, for that moment (it writes nothing): no append is then in
+        progress, and a record whose writer took it back is gone; one without a lock
+        file (no journal yet) catches up as ``refresh`` does."""
         writer = self._writer
         if self._read_only and not writer.can_lock():
             self.refresh()

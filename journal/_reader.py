@@ -327,20 +327,10 @@ class SegmentScan:
                         break
                     records, top, marked = parsed
                     count = len(run_lines)
-                    if marked is None and not left:  # (no batch in it, none open)
-                        yield records
-                        line_start += sum(map(len, run_lines)) + count
-                        expect += count
-                        self.end_offset, self.next_seq = line_start, expect
-                        self.tail = run_lines[-1][-_TAIL_BYTES:] + b"\n"
-                        if top > self.max_epoch:
-                            self.max_epoch = top
-                        done += count
-                        continue
                     if marked is not None:
                         ends = _batch_ends(marked, left)
-                    else:  # (no mark: the open batch's last record must come first)
-                        ends = (count, 0) if left == 1 else None
+                    else:  # (no mark: an open batch's last record must come first)
+                        ends = (count, 0) if left <= 1 else None
                     if ends is None:
                         break
                     closed, left = ends
@@ -348,14 +338,16 @@ class SegmentScan:
                         if held:
                             records, held = held + records, []
                         yield records
-                        if closed:
+                        run_end = line_start + sum(map(len, run_lines)) + count
+                        if closed:  # (the end of its last whole batch)
                             self.end_offset = (
-                                line_start + sum(map(len, run_lines[:closed])) + closed
+                                run_end
+                                if closed == count
+                                else line_start + sum(map(len, run_lines[:closed])) + closed
                             )
                             self.next_seq = expect + closed
                             self.tail = run_lines[closed - 1][-_TAIL_BYTES:] + b"\n"
-                        line_start += sum(map(len, run_lines)) + count
-                        expect += count
+                        line_start, expect = run_end, expect + count
                         if top > self.max_epoch:
                             self.max_epoch = top
                         done += count

@@ -468,14 +468,16 @@ class Store(ClaimsUnderLock):
         return self._catch_up(lambda wal: wal.sync(within_s))
 
     def _catch_up(self, how: Callable[[journal.Journal], bool | None]) -> bool:
-        for again in (False, True):
-            try:
-                return how(self.wal) is not False  # (the handle _failed opened, the 2nd time)
-            except journal.JournalError as error:
-                failed = self._failed(error)
-                if again or failed.code != TAKEN_BACK:
-                    raise failed from error
-        raise AssertionError("unreachable")
+        try:
+            return how(self.wal) is not False
+        except journal.JournalError as error:
+            failed = self._failed(error)
+            if failed.code != TAKEN_BACK:
+                raise failed from error
+        try:  # (on the handle _failed opened: the journal as it is now)
+            return how(self.wal) is not False
+        except journal.JournalError as error:
+            raise self._failed(error) from error
 
     # ---- reading -------------------------------------------------------------------
 
