@@ -288,16 +288,23 @@ def home_id(home: str | os.PathLike[str]) -> str:
 
 
 def cancel_stands(store: TaskStore, task_id: str, token: str) -> bool:
-    """Is the cancel request a catch-up read of this claim durable? A catch-up without
-    the journal's lock reads what is written, synced or not: the request is confirmed
-    under the lock, made durable (``sync``), before the task is stopped for it; one its
-    writer took back since (its fdatasync failed: it exited 125) is not there then."""
+    """Was a cancel of this claim asked for, durably? What the store last read may say
+    so (a catch-up without the journal's lock reads what is written, synced or not);
+    then it is confirmed under the lock, made durable (``sync``), before the task is
+    stopped for it: one its writer took back since (its fdatasync failed: it exited
+    125) is not there then. Nothing asked: no lock taken."""
+
+    def asked() -> bool:
+        current = store.get(task_id)
+        return bool(current and current.claim_token == token and current.cancel_requested)
+
+    if not asked():
+        return False
     try:
         store.sync()
     except FerryError:
         return False  # (looked at again at the next beat)
-    current = store.get(task_id)
-    return bool(current and current.claim_token == token and current.cancel_requested)
+    return asked()
 
 
 def as_cancelled(settled: ev.Settled) -> ev.Settled:

@@ -598,7 +598,7 @@ class Supervisor:
                 self.stopped_because.setdefault("decided", "its beat was refused: decided")
                 return signal.SIGTERM
             self.heard(sent + self.beat_ttl_s)
-            if current.cancel_requested and cancel_stands(self.store, self.task.id, self.token):
+            if cancel_stands(self.store, self.task.id, self.token):
                 self.cancelled = True
                 return signal.SIGTERM
             if current.state is State.STALE:
@@ -627,7 +627,8 @@ class Supervisor:
         if not self.orphaned or self._open_store() is None:
             return False  # (the launcher looks, when it writes the end)
         with contextlib.suppress(FerryError, OSError):
-            return cancel_stands(self.store, self.task.id, self.token)  # (under the lock)
+            self.store.refresh()
+            return cancel_stands(self.store, self.task.id, self.token)
         return False
 
     def _write_spawned(self) -> None:
