@@ -58,7 +58,7 @@ from binascii import hexlify
 from collections import namedtuple
 from collections.abc import Callable, Iterator
 from itertools import repeat
-from operator import getitem, itemgetter
+from operator import getitem, itemgetter, sub
 
 from journal import _fsutil, _json
 from journal._codec import LINE_HEAD, LineProblem, Record, decode_marked, line_checks
@@ -125,15 +125,17 @@ def _checksums_match(lines: list[bytes]) -> bool:
 
 
 def _parse_run(
-    lines: list[bytes], expected: int
-) -> tuple[list[Record], int, list[dict[str, Any]] | None] | None:
-    """The records of checksummed ``lines`` (seqs from ``expected``), their highest
-    epoch and, if any line carries a batch mark (``"more"``), the parsed lines (for
-    ``_batch_ends``; None: no mark in the run), or None if any line is not a record in
-    the canonical form the writer makes (the slow path then finds and explains it).
-    Every field of every line is checked, in bulk: parsed as JSON, ``v`` is 1, ``seq``
-    follows on, ``epoch`` an int >= 0, ``ts`` a float, ``type`` a str, ``data`` an
-    object."""
+    lines: list[bytes], expected: int, left: int
+) -> tuple[list[Record], int, int, int] | None:
+    """The records of checksummed ``lines`` (seqs from ``expected``; the batch open
+    before them has ``left`` records still to come, 0: none is open), their highest
+    epoch, and where their batches end: ``closed``, the first ``closed`` records end
+    batches, and ``left``, the records still to come of the batch open after them.
+    None if any line is not a record in the canonical form the writer makes, or a
+    batch mark is broken (the slow path then finds and explains it).  Every field of
+    every line is checked, in bulk: parsed as JSON, ``v`` is 1, ``seq`` follows on,
+    ``epoch`` an int >= 0, ``ts`` a float, ``type`` a str, ``data`` an object, and
+    the marks (``_batch_ends``)."""
     count = len(lines)
     try:
         objs = _json.loads_each(lines)
@@ -153,36 +155,45 @@ def _parse_run(
     ):
         return None
     # (The one pass a run without a mark costs more: every obj is a dict by now.)
-    marked = any(map(dict.__contains__, objs, repeat("more", count)))
+    marks = sum(map(dict.__contains__, objs, repeat("more", count)))
+    ends = _batch_ends(objs, marks, left)
+    if ends is None:
+        return None
     records = list(map(_new_record, repeat(Record, count), fields))
-    return records, max(epochs), objs if marked else None
+    return records, max(epochs), *ends
 
 
-def _marked(line: bytes) -> bool:
-    """Does ``line`` carry a batch mark? (Bytes only: ``"more":`` right after its seq.)"""
-    return line.startswith(_MARK, line.find(b",", _HEAD_BYTES) + 1)
+def _batch_ends(objs: list[dict[str, Any]], marks: int, left: int) -> tuple[int, int] | None:
+    """(closed, left) of ``_parse_run`` for a run whose ``objs`` carry ``marks`` batch
+    marks, or None if one is broken: not an int >= 1, or not the one the record before
+    it announced.  In bulk, with no bytecode per record.  Read a record without a mark
+    as marked 0: the marks are right when every mark is an int >= 1, the first record
+    goes on with the batch open before the run (``left``), and each record marked K >= 1
+    is followed by one marked K - 1.  Those steps down by exactly 1 are counted: a record
+    marked 0 never makes one (the next mark is >= 0)."""
+    count = len(objs)
+    if not marks:  # (an open batch's last record must come first)
+        return (count, 0) if left <= 1 else None
+    more = list(map(dict.get, objs, repeat("more", count), repeat(0, count)))
+    closers = more.count(0)
+    if {*map(type, more)} != _INT or min(more) < 0 or closers != count - marks:
+        return None  # (closers: a "more":0 there is counted apart, by ``marks``)
+    still_open = more[-1]
+    steps = list(map(sub, more, more[1:])).count(1)
+    if (left and more[0] != left - 1) or steps != count - 1 - closers + (not still_open):
+        return None
+    closed = count - more[::-1].index(0) if closers else 0
+    return closed, still_open
 
 
-def _batch_ends(objs: list[dict[str, Any]], left: int) -> tuple[int, int] | None:
-    """Where the batches of a run end: (closed, left), the run's first ``closed``
-    records end batches (with the records of the batch open before the run, ``left``
-    of which were still to come), and ``left`` records of the batch open at its end are
-    still to come (0: none is open); None if a mark is broken (not an int >= 1, or not
-    the one the record before it announced: the slow path explains it)."""
-    closed = 0
-    for index, obj in enumerate(objs):
-        if "more" in obj:
-            more = obj["more"]
-            if type(more) is not int or more < 1:
-                return None
-        else:
-            more = 0
-        if left and more != left - 1:
-            return None
-        left = more
-        if not more:
-            closed = index + 1
-    return closed, left
+def _more_to_come(line: bytes) -> int:
+    """K of the batch mark ``"more":K`` of ``line`` (right after its seq), if it has
+    one and checks; else 0."""
+    at = line.find(b",", _HEAD_BYTES) + 1
+    if not line.startswith(_MARK, at):
+        return 0
+    digits = line[at + len(_MARK) : line.find(b",", at)]
+    return int(digits) if digits.isdigit() and line_checks(line) else 0
 
 
 SECTOR_BYTES = 512  # the smallest unit a disk writes whole (4096-byte sectors align too)
@@ -256,18 +267,23 @@ class SegmentScan:
             yield from run
 
     def runs(self) -> Iterator[list[Record]]:
-        for delay_s in RESCAN_DELAYS_S:
-            yield from self._scan()
+        fresh = self.next_seq  # the seq of the first record not yielded yet
+        for attempt in range(len(RESCAN_DELAYS_S) + 1):
+            if attempt:
+                # Lock-free readers race appends: a chunk read while an append was
+                # being copied in holds zeros where bytes now are, and joined with what
+                # was read after it, makes a line no torn write leaves. Damage on disk
+                # stays where it is; such a line does not: look again from the end of
+                # the whole batches.  (Records of a batch that closes in the lines read
+                # went out as they were parsed: a look again yields none twice.)
+                self.damage = None
+                time.sleep(RESCAN_DELAYS_S[attempt - 1])
+            for run in self._scan():
+                if run[-1].seq >= fresh:
+                    yield run[fresh - run[0].seq :] if run[0].seq < fresh else run
+                    fresh = run[-1].seq + 1
             if self.damage is None or not self.damage.corrupt:
                 return
-            # Lock-free readers race appends: a chunk read while an append was being
-            # copied in holds zeros where bytes now are, and joined with what was read
-            # after it, makes a line no torn write leaves. Damage on disk stays where
-            # it is; such a line does not: look again from the bad line.
-            self.damage = None
-            if delay_s:
-                time.sleep(delay_s)
-        yield from self._scan()
 
     def _scan(self) -> Iterator[list[Record]]:
         fd = self.fd
@@ -299,80 +315,60 @@ class SegmentScan:
                     self.damage = _whole_bad_line(damage, long_start)
                     return
                 del lines[0]
-            while damage is None and not skipping and lines and _marked(lines[-1]):
+            if damage is None and not skipping and lines:
                 # A batch open at the chunk's end: read on to its last line (its lines
                 # are then parsed and yielded as they come, not held), unless the
-                # records end here (the zero tail, or the end of the file).
-                if pending[:1] == b"\0" or not (ahead := _fsutil.pread(fd, CHUNK_BYTES, pos)):
-                    break
-                pos += len(ahead)
-                extra = (pending + ahead).split(b"\n")
-                pending = extra.pop()
-                lines += extra
-                if not all(map(_marked, extra)):
-                    break  # (it ends in these lines: a batch opened after it waits)
+                # records end first (the zero tail, or the end of the file).
+                to_come = _more_to_come(lines[-1])
+                while to_come > 0 and pending[:1] != b"\0":
+                    if not (ahead := _fsutil.pread(fd, CHUNK_BYTES, pos)):
+                        break
+                    pos += len(ahead)
+                    extra = (pending + ahead).split(b"\n")
+                    pending = extra.pop()
+                    lines += extra
+                    to_come -= len(extra)
             if damage is None and lines and _checksums_match(lines):
                 # The fast path: every checksum matched; check the rest in runs, and
                 # leave the first run that has a bad line (or a broken batch mark) to
-                # the slow path. Runs up to the last line without a mark (``whole``)
-                # end whole batches: theirs are yielded at once, the rest held.
-                whole_end = len(lines)
-                while whole_end and _marked(lines[whole_end - 1]):
-                    whole_end -= 1
+                # the slow path.  A run's records are yielded at once if the batch
+                # open at its end closes in the lines read; if not, that batch's are
+                # held (those of the batches it closes are yielded).
                 done = 0
                 while done < len(lines):
                     run_lines = lines[done : done + RUN_LINES]
-                    parsed = _parse_run(run_lines, expect)
+                    parsed = _parse_run(run_lines, expect, left)
                     if parsed is None:
                         break
-                    records, top, marked = parsed
+                    records, top, closed, left = parsed
                     count = len(run_lines)
-                    if marked is not None:
-                        ends = _batch_ends(marked, left)
-                    else:  # (no mark: an open batch's last record must come first)
-                        ends = (count, 0) if left <= 1 else None
-                    if ends is None:
-                        break
-                    closed, left = ends
-                    if done + count <= whole_end:  # (its open batch closes in these lines)
+                    done += count
+                    run_end = line_start + sum(map(len, run_lines)) + count
+                    if closed == count:  # (where the last batch it closes ends)
+                        end = run_end
+                    elif closed:
+                        end = line_start + sum(map(len, run_lines[:closed])) + closed
+                    if done + left <= len(lines):
                         if held:
                             records, held = held + records, []
                         yield records
-                        run_end = line_start + sum(map(len, run_lines)) + count
-                        if closed:  # (the end of its last whole batch)
-                            self.end_offset = (
-                                run_end
-                                if closed == count
-                                else line_start + sum(map(len, run_lines[:closed])) + closed
-                            )
-                            self.next_seq = expect + closed
-                            self.tail = run_lines[closed - 1][-_TAIL_BYTES:] + b"\n"
-                        line_start, expect = run_end, expect + count
-                        if top > self.max_epoch:
-                            self.max_epoch = top
-                        done += count
-                        continue
-                    if closed:
-                        # Whole batches (the one open before the run completed first).
-                        whole = records[:closed] if closed < count else records
-                        if held:
-                            held += whole
-                            whole, held = held, []
-                        yield whole
-                        line_start += sum(map(len, run_lines[:closed])) + closed
-                        expect += closed
-                        self.end_offset, self.next_seq = line_start, expect
-                        self.tail = run_lines[closed - 1][-_TAIL_BYTES:] + b"\n"
-                        top = max(map(_EPOCH, whole))
-                        if top > self.max_epoch:
-                            self.max_epoch = top
-                    if closed < count:  # the rest opens (or goes on with) a batch
+                    else:
+                        if closed:
+                            whole = records[:closed]
+                            if held:
+                                whole, held = held + whole, []
+                            yield whole
+                            top = max(map(_EPOCH, whole))
                         if not held:
-                            batch_start, batch_seq = line_start, expect
+                            batch_start = end if closed else line_start
+                            batch_seq = expect + closed
                         held += records[closed:]
-                        line_start += sum(map(len, run_lines[closed:])) + count - closed
-                        expect += count - closed
-                    done += count
+                    if closed:
+                        self.end_offset, self.next_seq = end, expect + closed
+                        self.tail = run_lines[closed - 1][-_TAIL_BYTES:] + b"\n"
+                        if top > self.max_epoch:
+                            self.max_epoch = top
+                    line_start, expect = run_end, expect + count
                 del lines[:done]
             for line in lines:  # the slow path: find and explain the first bad line
                 if damage is None:

@@ -15,7 +15,7 @@ import zlib
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import journal._reader as reader_module
@@ -427,3 +427,70 @@ def test_a_whole_batch_is_yielded_run_by_run_not_held_whole(tmp_path: Path) -> N
     held_at_most = reader_module.CHUNK_BYTES // shortest + reader_module.RUN_LINES
     assert max(map(len, runs)) <= held_at_most < 3000
     assert (scan.next_seq, scan.end_offset, scan.damage) == (8002, len(layout.data), None)
+
+
+def reference_batch_ends(marks: list[object], left: int) -> tuple[int, int] | None:
+    """What ``_batch_ends`` decides in bulk, one record at a time (None: absent)."""
+    closed = 0
+    for index, mark in enumerate(marks):
+        if mark is not None and (type(mark) is not int or mark < 1):
+            return None
+        more = mark or 0
+        if left and more != left - 1:
+            return None
+        left = more
+        if not more:
+            closed = index + 1
+    return closed, left
+
+
+MARKS = st.one_of(st.none(), st.integers(-2, 6), st.sampled_from([True, False, 1.0, 2.0, "1", [1]]))
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.lists(MARKS, min_size=1, max_size=12), st.integers(0, 6))
+def test_batch_ends_in_bulk_decides_as_one_record_at_a_time(marks: list[object], left: int) -> None:
+    """The fast path's check of a run's marks (no bytecode per record) against the plain
+    loop, on any marks: valid countdowns and every way of breaking one."""
+    objs = [{} if mark is None else {"more": mark} for mark in marks]
+    present = sum(mark is not None for mark in marks)
+    assume(present)
+    got = reader_module._batch_ends(objs, present, left)
+    assert got == reference_batch_ends(marks, left), (marks, left)
+
+
+def test_a_record_that_checks_but_is_no_record_in_a_batch_yields_each_record_once(
+    tmp_path: Path,
+) -> None:
+    """A checksummed line that is not a record (a writer's bug; never a tear) inside a
+    large batch: the records read before it are yielded (the batch closes in the lines
+    read, so they go out as they are parsed), then corruption is raised; the reader's
+    second looks at corruption (a lock-free read racing an append) once yielded them
+    again, up to three times, and a subscriber was fed each of them three times."""
+    directory = tmp_path / "j"
+    with Journal.open(directory) as j:
+        j.append("first", {"i": 0})
+        j.append_batch([("T", {"i": i}) for i in range(300)])  # seqs 2..301
+    path = directory / segment_name(1)
+    lines = path.read_bytes().rstrip(b"\0").split(b"\n")[:-1]
+    body = lines[199][:-18].replace(b'"type":"T"', b'"type":7')  # seq 200
+    lines[199] = body + b',"crc":"%08x"}' % zlib.crc32(body)
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    seen: list[int] = []
+    with pytest.raises(CorruptionError, match="seq 200"):
+        seen.extend(r.seq for r in read_records(directory))
+    assert seen == list(range(1, len(seen) + 1)) and seen[-1] < 200
+
+    other = tmp_path / "k"
+    with Journal.open(other) as j:
+        j.append("first", {"i": 0})
+    with Journal.open(other, read_only=True) as reader:
+        fed: list[int] = []
+        reader.subscribe(lambda record: fed.append(record.seq))
+        segment = other / segment_name(1)
+        with open(segment, "r+b") as f:  # (another writer, with a bug, appends it)
+            f.seek(len(segment.read_bytes().rstrip(b"\0")))
+            f.write(b"\n".join(lines[1:]) + b"\n")
+        with pytest.raises(CorruptionError):
+            reader.refresh()
+        assert fed == list(range(1, len(fed) + 1)) and fed[-1] < 200
