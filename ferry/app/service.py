@@ -26,7 +26,7 @@ from ferry.core.errors import (
     UsageError,
 )
 from ferry.core.fold import MOVED_CODES, RACE_TRIES
-from ferry.core.ids import id_time_ms, new_claim_token, new_task_id
+from ferry.core.ids import id_time_ms, new_claim_token, new_task_id, shown
 from ferry.core.model import IN_FLIGHT_STATES, Reason, State, Task
 from ferry.core.spec import TaskSpec
 
@@ -138,7 +138,8 @@ class Service:
         for item in after:
             if item.startswith("line:"):
                 target = item[5:]
-                line = int(target) if target.isascii() and target.isdigit() else None
+                numeric = target.isascii() and target.isdigit() and len(target) <= 19
+                line = int(target) if numeric else None
                 if line not in planned:
                     raise UsageError(f"after {item!r}: no task on that line",
                                      code="usage.bad_from_line", details={"line": number})  # fmt: skip
@@ -755,16 +756,15 @@ def _lost_logs(paths: tuple[str, str], task: Task) -> list[str]:
 
 def _parse_signal(name: str) -> int:
     text = name.upper().removeprefix("SIG")
-    if text.isdigit():
-        number = int(text)
-        if 0 < number < signal.NSIG:
-            return number
+    if text.isascii() and text.isdigit():
+        if len(text) <= 3 and 0 < int(text) < signal.NSIG:
+            return int(text)
     else:
         try:
             return int(signal.Signals["SIG" + text])
         except KeyError:
             pass
-    raise UsageError(f"unknown signal {name!r}", code="usage.bad_signal")
+    raise UsageError(f"unknown signal {shown(name)}", code="usage.bad_signal")
 
 
 def _wait_of(opts: Mapping[str, Any]) -> float | None:

@@ -216,7 +216,9 @@ def _task_option(command: str, kw: dict[str, Any], name: str, value: str) -> boo
 
 
 def _count(text: str, most: int) -> bool:
-    return text.isascii() and text.isdigit() and int(text) <= most
+    """A decimal of ASCII digits no larger than ``most`` (a length first: ``int`` refuses
+    more than 4,300 digits, and thousands of them name no count)."""
+    return text.isascii() and text.isdigit() and len(text) <= 19 and int(text) <= most
 
 
 def _ls(command: str, args: list[str]) -> tuple[Any, ...] | None:

@@ -158,27 +158,28 @@ def queue_options(f: F) -> F:
     return f
 
 
-class _ReaderWent(Exception):
-    """stdout's reader went (EPIPE: ``ferry group | head -0``), carried past click's
-    ``main``, whose own answer to it is sys.exit(1), nothing said: the code of a
-    refusal. :func:`invoke` hands it on as the BrokenPipeError it was, to be answered as
-    for the commands ferry parses itself (:func:`ferry.cli.main`)."""
+class _Carried(Exception):
+    """What click's ``main`` answers its own way, carried past it: stdout's reader went
+    (EPIPE: ``ferry group | head -0``; click's answer is sys.exit(1), nothing said: the
+    code of a refusal) and Ctrl-C (click writes an empty line first: an error is one
+    line). :func:`invoke` hands on the exception it was (its ``__cause__``), to be
+    answered as for the commands ferry parses itself (:func:`ferry.cli.main`)."""
 
 
 class _Root(click.Group):
-    """The group, with EPIPE carried past click as :class:`_ReaderWent` (help included)."""
+    """The group, with EPIPE and Ctrl-C carried past click (help included)."""
 
     def make_context(self, *args: Any, **kw: Any) -> click.Context:
         try:
             return super().make_context(*args, **kw)
-        except BrokenPipeError as error:
-            raise _ReaderWent from error
+        except (BrokenPipeError, KeyboardInterrupt) as error:
+            raise _Carried from error
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except BrokenPipeError as error:
-            raise _ReaderWent from error
+        except (BrokenPipeError, KeyboardInterrupt) as error:
+            raise _Carried from error
 
 
 def _emit(ctx: Ctx, human: str | None, payload: Any) -> None:
@@ -272,6 +273,8 @@ def invoke(args: list[str], *, as_json: bool, command: str) -> int:
         return 130
     except click.exceptions.Exit as exc:
         return int(exc.exit_code)
-    except _ReaderWent:
+    except _Carried as carried:
+        if isinstance(carried.__cause__, KeyboardInterrupt):
+            raise KeyboardInterrupt from None
         raise BrokenPipeError(errno.EPIPE, "stdout's reader went") from None
     return ended(Ctx.current, result)

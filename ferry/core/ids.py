@@ -70,8 +70,11 @@ LAST = "last"  # names the task submitted most recently
 
 def task_number(text: str) -> int | None:
     """The task number ``text`` names: a decimal without a leading zero (ids start with
-    a zero for centuries yet, so a number is never an id prefix). None: not a number."""
-    return int(text) if text.isascii() and text.isdigit() and text[0] != "0" else None
+    a zero for centuries yet, so a number is never an id prefix). None: not a number
+    (nor one of more than 19 digits, which names no task: ``int`` refuses thousands)."""
+    if text.isascii() and text.isdigit() and text[0] != "0" and len(text) <= 19:
+        return int(text)
+    return None
 
 
 def shown(text: str, limit: int = 40) -> str:

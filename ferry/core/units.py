@@ -9,7 +9,8 @@ from ferry.core.errors import UsageError
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
 _SECONDS_PER = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-_SIZE = re.compile(r"(\d+)(?:([kmgt])(?:i?b)?|b)?", re.IGNORECASE)
+# (At most 19 digits: int() refuses thousands of them, and no size has so many.)
+_SIZE = re.compile(r"([0-9]{1,19})(?:([kmgt])(?:i?b)?|b)?", re.IGNORECASE)
 _BYTES_PER = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 # Ten years: beyond any sane age, far below float trouble.
 DURATION_S_MAX = 10 * 365 * 86400.0

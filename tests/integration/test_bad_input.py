@@ -98,6 +98,36 @@ def test_bad_numbers_exit_2_and_queue_nothing(cli: Ferry) -> None:
         unchanged(cli, 2, "usage.", *args)
 
 
+HUGE = "1" * 5000  # (Python's int() refuses a decimal of more than 4,300 digits)
+
+
+def test_a_number_of_thousands_of_digits_is_bad_input_not_an_internal_error(cli: Ferry) -> None:
+    """int() raises ValueError past 4,300 digits: every number ferry read itself, on the
+    fast path and the full one, was an internal error (125) where a usage error (2) or
+    a task not found (5) was due; a signal in digits other than ASCII's too."""
+    for args in (
+        ["ls", "--limit", HUGE],
+        ["work", "-j", HUGE],
+        ["submit", "--max-releases", HUGE, "--", "true"],
+        ["run", "--max-releases", HUGE, "--", "true"],
+        ["submit", "--priority", HUGE, "--", "true"],
+        ["submit", "--retries", HUGE, "--", "true"],
+        ["submit", "--log-max", HUGE, "--", "true"],
+        ["run", "--log-max", HUGE, "--", "true"],
+        ["submit", "--after", HUGE, "--", "true"],
+        ["kill", "--signal", HUGE, "1"],
+        ["kill", "--signal", "\u0663", "1"],
+        ["kill", "--signal", "\u00b2", "1"],
+    ):
+        if "--after" in args:
+            unchanged(cli, 5, "task.unknown_dependency", *args)
+        else:
+            unchanged(cli, 2, "usage.", *args)
+    for command in ("show", "cancel", "logs", "wait"):
+        unchanged(cli, 5, "task.not_found", command, HUGE)
+    unchanged(cli, 5, "task.not_found", "--json", "show", HUGE)
+
+
 # NaN passes any range check (every comparison with it is false): click's FloatRange let
 # it through to the lease, the poll and the wait, which failed ``internal`` or waited
 # forever (``wait --timeout nan``).
@@ -305,6 +335,7 @@ BAD_LINES = [
     b'{"argv": ["true"], "argv": ["false"]}',
     b'{"argv": ["true"], "env": {"A": "1", "A": "2"}}',
     b'{"argv": ["true"], "after": ["line:\\u0663"]}',
+    b'{"argv": ["true"], "after": ["line:' + b"1" * 5000 + b'"]}',  # (int() refuses it)
 ]
 
 
@@ -532,6 +563,16 @@ def test_a_database_url_with_a_value_libpq_refuses_is_a_usage_error(cli: Ferry, 
         refused = cli.refused(2, "usage.bad_database", "--database", url, *args)
         assert "invalid" in refused.err, refused.err
     cli.verify_clean()
+
+
+def test_a_bad_database_url_in_the_environment_is_named_as_such(cli: Ferry) -> None:
+    """``FERRY_DATABASE_URL=nonsense`` said '--database must be a postgresql:// URL',
+    naming an option the user never gave."""
+    cli.env["FERRY_DATABASE_URL"] = "nonsense"
+    refused = cli.refused(2, "usage.bad_database", "ls")
+    assert "FERRY_DATABASE_URL must be a postgresql:// URL" in refused.err, refused.err
+    refused = cli.refused(2, "usage.bad_database", "--database", "mysql://x", "ls")
+    assert "--database must be" in refused.err, refused.err
 
 
 def _memory_bound() -> None:

@@ -92,3 +92,16 @@ def test_wait_and_logs_follow_say_when_a_task_s_runner_is_gone(ferry: Ferry) -> 
     finally:
         follower.kill()
         finish(follower)
+
+
+def test_ctrl_c_on_wait_is_one_line_as_on_the_fast_path(ferry: Ferry) -> None:
+    """Ctrl-C on a command click parses: click wrote an empty line before ferry's
+    ``error[interrupted]`` (contract.md: an error is one line on stderr), which the
+    commands ferry parses itself (run, submit, ls, show, work) did not."""
+    import signal
+
+    waiter = ferry.start("-v", "wait", submit(ferry, "true"))
+    read_until(waiter, "waiting for 1 task")
+    waiter.send_signal(signal.SIGINT)
+    code, err = finish(waiter)
+    assert (code, err) == (130, "ferry: error[interrupted]: interrupted\n")

@@ -129,6 +129,11 @@ LEFT_TO_CLICK = [
     ["work", "--halt", "soon", "--drain"],
     ["work", "--help"],
     ["work", "x"],
+    # (int() refuses more than 4,300 digits: the fast path failed internal, 125)
+    ["ls", "--limit", "9" * 4400],
+    ["work", "-j", "9" * 4400],
+    ["run", "--max-releases", "9" * 4400, "--", "true"],
+    ["submit", "--priority", "9" * 4400, "--", "true"],
 ]
 
 
@@ -156,7 +161,7 @@ OPTION_NAMES = ["--name", "--key", "--cwd", "--timeout", "--kill-grace", "--hear
 VALUES = ["", "0", "1", "1.5", "1.", ".5", "-1", "1e3", "inf", "nan", "1000", "1001",
           "1000000000", "1000000001", "315360000", "315360001", "abc", "K=V", "=x", "-x", "--", "1_0", " 2", "0.0",
           "٣", "1.٣", "-", "true", "64K", "1M", "failed", "QUEUED", "Stale", "\u017ftale",
-          "last", "01jq3"]  # fmt: skip
+          "last", "01jq3", "9" * 4400]  # fmt: skip
 OPTION = st.one_of(
     st.sampled_from(OPTION_NAMES).map(lambda name: [name]),
     st.tuples(st.sampled_from(OPTION_NAMES), st.sampled_from(VALUES)).map(list),

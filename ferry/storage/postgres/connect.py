@@ -45,8 +45,9 @@ def database_url(given: str | None) -> str | None:
     """``--database`` if given, else ``FERRY_DATABASE_URL``, else None (the local journal)."""
     url = given if given is not None else os.environ.get("FERRY_DATABASE_URL") or None
     if url is not None and not url.startswith(("postgresql://", "postgres://")):
+        source = "--database" if given is not None else "FERRY_DATABASE_URL"
         raise UsageError(
-            f"--database must be a postgresql:// URL, not {url[:80]!r}", code="usage.bad_database"
+            f"{source} must be a postgresql:// URL, not {url[:80]!r}", code="usage.bad_database"
         )
     return url
 
