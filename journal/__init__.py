@@ -89,7 +89,9 @@ Guarantees
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import suppress
 from types import TracebackType
 
 from journal import _fsutil, _reader
@@ -385,8 +387,13 @@ class Journal:
 
     @property
     def first_seq(self) -> int:
-        """The first record still on disk (1 unless compacted)."""
-        return self._writer.pos.first_seq
+        """The first record still on disk (1 unless compacted, by any handle: a listing
+        of the directory now; a view's, where it was found)."""
+        segments = []
+        if self._view is None:
+            with suppress(FileNotFoundError):  # (read-only, before the journal is made)
+                segments = list_segments(self._writer.directory)
+        return segments[0].first_seq if segments else self._writer.pos.first_seq
 
     @property
     def max_epoch(self) -> int:
@@ -452,21 +459,30 @@ class Journal:
         before they release the lock, but one that died between its write and its sync
         leaves records readable that no disk holds yet.)  For a decision taken from what
         was read that writes nothing ("already done"), so that it cannot rest on a
-        record a power cut then takes back.  ``within_s``: only if the lock is free
-        within that time; False if it was not (nothing done).  A read-only handle takes
-        the lock too, for that moment (it writes nothing): no append is then in
-        progress, and a record whose writer took it back is gone; one without a lock
-        file (no journal yet) catches up as ``refresh`` does."""
-        writer = self._writer
-        if self._read_only and not writer.can_lock():
-            self.refresh()
+        record a power cut then takes back.  ``within_s``: only if the handle (another
+        thread's commit may have it) and the lock are free within that time; False if
+        they were not (nothing done).  A read-only handle takes the lock too, for that
+        moment (it writes nothing): no append is then in progress, and a record whose
+        writer took it back is gone; one without a lock file (no journal yet: it looks
+        again each time) catches up as ``refresh`` does, and a view (``open_view``)
+        stays where it is."""
+        if self._view is not None:  # (it stays where it is, as for refresh)
             return True
-        with writer.owned(), writer.locked(within_s) as locked:
-            if not locked:
+        writer = self._writer
+        deadline = None if within_s is None else time.monotonic() + within_s
+        with writer.owned(deadline) as owned:
+            if not owned:  # (another thread's commit has the handle, and waits)
                 return False
-            writer.catch_up_feeding(locked=True)
-            if writer.pos.fd is not None:
-                _fsutil.sync_data(writer.pos.fd)
+            if not writer.can_lock():  # (read-only, and no journal yet)
+                writer.catch_up_feeding()
+                return True
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            with writer.locked(left) as locked:
+                if not locked:
+                    return False
+                writer.catch_up_feeding(locked=True)
+                if writer.pos.fd is not None:
+                    _fsutil.sync_data(writer.pos.fd)
         return True
 
     def subscribe(

@@ -154,6 +154,13 @@ def prepare(
     return _new_tuple(Prepared, (epoch, ts, type, _loads(data_bytes), inner))
 
 
+def _pair(item: Any) -> tuple[Any, Any]:
+    """A batch's item, ``(type, data)``, else InvalidRecordError."""
+    if type(item) not in (tuple, list) or len(item) != 2:
+        raise InvalidRecordError(f"a batch's item must be a (type, data) pair, got {item!r:.80}")
+    return item[0], item[1]
+
+
 def prepare_batch(
     items: Iterable[tuple[str, dict[str, Any]]],
     epoch: int,
@@ -205,7 +212,7 @@ def prepare_batch(
                 if b"null" in encoded:
                     _check_finite(data, "data")
     except (ValueError, TypeError, InvalidRecordError):  # (JSONEncodeError: a TypeError)
-        return [prepare(type, data, epoch, record_bytes_max, ts) for type, data in pairs]
+        return [prepare(*_pair(item), epoch, record_bytes_max, ts) for item in pairs]
     # The decoded copies, one parse for all: each part is the encoding of a dict.
     copies = _loads(b"[%s]" % joined)
     return list(

@@ -25,6 +25,7 @@ simulation must provide):
     os.lstat(path)               is a name there? (``exists``: a salvage's marker)
     os.rename(src, dst)          salvage: the damaged journal's copy, to its final name
     os.rmdir(path)               salvage: a build it never used
+    os.register_at_fork(after_in_child=f)   handles inherited across fork() fail
     fcntl.flock(fd, op)          the cross-process append lock (LOCK_EX / LOCK_UN), and
                                  segment pins (LOCK_SH; compaction: LOCK_EX | LOCK_NB)
 
@@ -122,11 +123,16 @@ def open_lockfile(path: str) -> int:
 
 def open_lockfile_read(path: str) -> int:
     """The lock file for reading only (a read-only handle: its size is the rotation
-    counter; it is never locked through this descriptor), or -1 when there is none."""
+    counter; ``Journal.sync`` locks it for a moment), or -1 when there is none."""
     try:
         return os.open(path, READ_FLAGS)
     except FileNotFoundError:
         return -1
+
+
+def at_fork_in_child(callback: Callable[[], None]) -> None:
+    """Call ``callback`` in the child of every ``os.fork()`` of this process."""
+    os.register_at_fork(after_in_child=callback)
 
 
 def close(fd: int) -> None:

@@ -11,9 +11,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from journal import _fsutil
-from journal._errors import JournalError
 from journal._reader import TornTail
-from journal._segment import LOCK_NAME, broken_copy_path
+from journal._segment import LOCK_NAME, broken_copy_path, no_journal
 from journal._snapshot import latest_snapshot
 from journal._survey import survey
 
@@ -72,8 +71,8 @@ def repair(directory: _fsutil.StrPath) -> RepairReport:
     directory = _fsutil.fspath(directory)
     try:
         lock_fd = _fsutil.open_lockfile(_fsutil.join(directory, LOCK_NAME))
-    except FileNotFoundError:
-        raise JournalError(f"no journal directory at {directory}") from None
+    except (FileNotFoundError, NotADirectoryError) as exc:
+        raise no_journal(directory, exc) from None
     try:
         _fsutil.lock(lock_fd)
         found = survey(directory)

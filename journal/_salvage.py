@@ -37,7 +37,7 @@ from typing import NamedTuple
 from journal import _fsutil, _json
 from journal._codec import Record
 from journal._errors import CorruptionError, JournalError, SalvageRefusedError
-from journal._segment import LOCK_NAME, SALVAGE_MARKER, list_segments, segment_name
+from journal._segment import LOCK_NAME, SALVAGE_MARKER, list_segments, no_journal, segment_name
 from journal._snapshot import encode_snapshot, snapshot_name
 from journal._view import Accept, View, lenient_records, readable
 
@@ -90,8 +90,8 @@ def salvage(
     step: Hook = hook or (lambda name: None)
     try:
         _fsutil.listdir(directory)
-    except FileNotFoundError:
-        raise JournalError(f"no journal directory at {directory}") from None
+    except (FileNotFoundError, NotADirectoryError) as exc:
+        raise no_journal(directory, exc) from None
     if dry_run:
         planned = _plan(directory, accept, ())
         assert planned is not None  # (None only once something was finished)

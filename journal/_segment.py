@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import namedtuple
 
 from journal import _fsutil
-from journal._errors import CorruptionError
+from journal._errors import CorruptionError, JournalError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -71,6 +71,14 @@ def segments_in(names: list[str], directory: str) -> list[Segment]:
 
 def list_segments(directory: str) -> list[Segment]:
     return segments_in(_fsutil.listdir(directory), directory)
+
+
+def no_journal(directory: str, error: OSError) -> JournalError:
+    """The error for ``directory``, which ``error`` says is not there, or not a
+    directory."""
+    if isinstance(error, FileNotFoundError):
+        return JournalError(f"no journal directory at {directory}")
+    return JournalError(f"not a journal directory: {directory} ({error.strerror})")
 
 
 def check_next(previous: Segment, next_seq: int, following: Segment) -> None:

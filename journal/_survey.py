@@ -12,7 +12,7 @@ from journal._codec import Record
 from journal._errors import CompactedError, CorruptionError, TornTailError
 from journal._reader import SegmentScan, TornTail, damage_error
 from journal._seek import find_line
-from journal._segment import Segment, check_next, list_segments
+from journal._segment import Segment, check_next, list_segments, no_journal
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -146,7 +146,10 @@ def iter_records(
     raises CorruptionError at corruption after yielding every valid record before it,
     and CompactedError if ``from_seq`` was compacted away."""
     from_seq = max(from_seq, 1)
-    segments = list_segments(directory)
+    try:
+        segments = list_segments(directory)
+    except (FileNotFoundError, NotADirectoryError) as exc:
+        raise no_journal(directory, exc) from None
     if not segments:
         return
     first_seq = segments[0].first_seq

@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from journal import _fsutil
-from journal._errors import CorruptionError, JournalError
+from journal._errors import CorruptionError
 from journal._reader import TornTail
+from journal._segment import no_journal
 from journal._snapshot import latest_snapshot
 from journal._survey import survey
 
@@ -44,8 +45,8 @@ def verify(directory: _fsutil.StrPath) -> VerifyReport:
     directory = _fsutil.fspath(directory)
     try:
         _fsutil.listdir(directory)
-    except FileNotFoundError:
-        raise JournalError(f"no journal directory at {directory}") from None
+    except (FileNotFoundError, NotADirectoryError) as exc:
+        raise no_journal(directory, exc) from None
     found = survey(directory)
     paths = tuple(segment.path for segment in found.segments)
     corruption = found.corruption

@@ -55,6 +55,8 @@ thrown away with a failed handle, and must not drive side effects on its own.
 from __future__ import annotations
 
 import threading
+import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from itertools import chain, repeat
@@ -72,6 +74,7 @@ from journal._errors import (
 )
 from journal._position import TAIL_BYTES, Position
 from journal._reader import TornTail
+from journal._segment import LOCK_NAME
 from journal._survey import Survey
 
 Subscriber = Callable[[Record], None]
@@ -124,6 +127,23 @@ class _Batch:
         if self.wake is not None and not self.signalled:
             self.signalled = True
             self.wake.release()
+
+
+# The handles of this process, for ``_forked``.
+_LIVE: weakref.WeakSet[Writer] = weakref.WeakSet()
+
+
+def _forked() -> None:
+    """In the child of ``fork()``: every handle inherited fails.  Parent and child share
+    its lock's open file description, so flock no longer excludes the two (both
+    appended "committed" records over each other's); the child opens its own."""
+    for writer in list(_LIVE):
+        writer._failed = WriterFailedError(
+            "a journal handle inherited across fork(): open a new one in the child"
+        )
+
+
+_fsutil.at_fork_in_child(_forked)
 
 
 class Writer:
@@ -179,14 +199,16 @@ class Writer:
         self.committed_records = 0
         self._failed: WriterFailedError | None = None
         self._closed = False
+        _LIVE.add(self)
 
     # -- ownership --------------------------------------------------------------------
 
-    def _wait(self) -> None:
-        """Wait for the handle to change hands (call with _mutex held)."""
+    def _wait(self, timeout_s: float | None = None) -> None:
+        """Wait for the handle to change hands (call with _mutex held), or at most
+        ``timeout_s``."""
         self._waiting += 1
         try:
-            self._cond.wait()
+            self._cond.wait(timeout_s)
         finally:
             self._waiting -= 1
 
@@ -312,22 +334,35 @@ class Writer:
             )
 
     @contextmanager
-    def owned(self) -> Iterator[None]:
-        """Own the handle (no commit in progress) for the duration."""
+    def owned(self, deadline: float | None = None) -> Iterator[bool]:
+        """Own the handle (no commit in progress) for the duration; ``deadline`` (of
+        ``time.monotonic``): unless another thread still has it then (the context gets
+        False, and owns nothing)."""
         with self._mutex:
             self._refuse_reentry()
             while self._busy:
-                self._wait()
-            self._check_usable()
-            self._busy, self._owner = True, _get_ident()
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    break
+                self._wait(left)
+            free = not self._busy
+            if free:
+                self._check_usable()
+                self._busy, self._owner = True, _get_ident()
+        if not free:
+            yield False
+            return
         try:
-            yield
+            yield True
         finally:
             self._release()
 
     def can_lock(self) -> bool:
-        """Has this handle the lock file? (A read-only one has none before the journal
-        is made.)"""
+        """Has this handle the lock file (the caller owns the handle)?  A read-only one
+        opened before the journal was made has none: it looks for it again."""
+        if self._lock_fd < 0:
+            lock_fd = _fsutil.open_lockfile_read(_fsutil.join(self.directory, LOCK_NAME))
+            self._lock_fd = self.pos.lock_fd = lock_fd
         return self._lock_fd >= 0
 
     @contextmanager

@@ -15,6 +15,7 @@ from journal._codec import (
     CRC_SUFFIX_BYTES,
     LineProblem,
     Prepared,
+    _pair,
     decode_line,
     decode_marked,
     encode_batch,
@@ -240,7 +241,8 @@ def test_prepare_batch_gives_what_prepare_per_item_gives(
 ) -> None:
     prepare("T", {}, 0, MiB)  # (the type's JSON is kept: the bulk path's case)
     got = _outcome(lambda: prepare_batch(items, epoch, 1000, ts))
-    want = _outcome(lambda: [prepare(t, d, epoch, 1000, ts) for t, d in items])
+    # (An item that is not a pair: InvalidRecordError, as the item by item path says.)
+    want = _outcome(lambda: [prepare(*_pair(item), epoch, 1000, ts) for item in items])
     if isinstance(want, tuple):
         assert got == want
     else:

@@ -182,6 +182,24 @@ def test_compact_removes_sealed_segments_covered_and_older_snapshots(jdir: Path)
         assert j.compact() == []  # idempotent
 
 
+def test_first_seq_follows_a_compaction_by_another_handle(jdir: Path) -> None:
+    """``first_seq`` (the first record still on disk) stayed where another handle's
+    compaction had left it behind: ``read(first_seq)`` then raised CompactedError."""
+    with Journal.open(jdir, segment_bytes_max=300) as j, Journal.open(jdir) as other:
+        reader = Journal.open(jdir, read_only=True)
+        fill(j, 20)
+        other.refresh()
+        reader.refresh()
+        j.write_snapshot(j.last_seq, b"all")
+        j.compact()
+        first = list_segments(jdir)[0].first_seq
+        assert first > 1
+        for handle in (j, other, reader):
+            assert handle.first_seq == first
+            assert next(iter(handle.read(handle.first_seq))).seq == first
+        reader.close()
+
+
 def test_compact_never_removes_the_active_segment(jdir: Path) -> None:
     with Journal.open(jdir, segment_bytes_max=300) as j:
         fill(j, 10)

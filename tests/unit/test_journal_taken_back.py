@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -147,3 +148,59 @@ def test_sync_within_a_time_gives_up_while_another_holds_the_lock(jdir: Path) ->
             assert reader.sync(0.05) is True and reader.last_seq == 1
     finally:
         os.close(lock)
+
+
+def test_a_reader_opened_before_the_journal_was_made_syncs_under_the_lock(
+    tmp_path: Path,
+) -> None:
+    """A read-only handle opened before its journal existed had no lock file, and kept
+    none: its ``sync`` never took the lock once the journal was there, and said True
+    while a writer was inside its append (for a record that writer then took back). It
+    looks for the lock file again."""
+    import fcntl
+
+    jdir = tmp_path / "j"
+    with Journal.open(jdir, read_only=True) as reader:
+        assert reader.sync(0.05) is True and reader.last_seq == 0  # (no journal: nothing)
+        with Journal.open(jdir) as writer:
+            writer.append("first", {})
+        lock = os.open(jdir / ".lock", os.O_RDONLY)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # (a writer inside its append)
+            assert reader.sync(0.05) is False
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            assert reader.sync(0.05) is True and reader.last_seq == 1
+        finally:
+            os.close(lock)
+
+
+def test_sync_within_a_time_gives_up_while_its_own_handle_waits_for_the_lock(
+    jdir: Path,
+) -> None:
+    """Another thread of the same handle waits in its append for the lock (held by a
+    writer stopped in its own): ``sync(within_s)`` waited for that thread, with no
+    bound, before its own timed wait for the lock."""
+    import fcntl
+    import threading
+
+    with Journal.open(jdir) as handle:
+        lock = os.open(jdir / ".lock", os.O_RDONLY)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        appender = threading.Thread(target=handle.append, args=("x", {}))
+        appender.start()
+        try:
+            deadline = time.monotonic() + 30
+            while not handle._writer._busy:  # (its commit has begun: it waits for flock)
+                assert time.monotonic() < deadline, "the append never began"
+                time.sleep(0.001)
+            result: list[bool] = []
+            syncer = threading.Thread(target=lambda: result.append(handle.sync(0.05)))
+            syncer.start()
+            syncer.join(30)
+            assert not syncer.is_alive(), "sync(0.05) waited for the stopped writer"
+            assert result == [False]
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            os.close(lock)
+            appender.join(30)
+        assert handle.last_seq == 1 and handle.sync(0.05) is True

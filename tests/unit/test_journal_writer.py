@@ -822,3 +822,71 @@ def test_read_from_zero_or_below_reads_everything(journal: Journal) -> None:
     journal.append_batch([("T", {})] * 3)
     assert [r.seq for r in journal.read(0)] == [1, 2, 3]
     assert [r.seq for r in journal.read(-5)] == [1, 2, 3]
+
+
+def test_a_handle_inherited_across_fork_fails_in_the_child(jdir: Path) -> None:
+    """Parent and child of fork() share the lock's open file description, so flock no
+    longer excludes them: a review had both append through one handle, every append
+    said "committed", and the journal ended corrupt with most of them gone. The child's
+    handle fails at once (documented: open a new handle in the child); the parent's
+    goes on."""
+    with Journal.open(jdir) as handle:
+        handle.append("before", {})
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report what its append did, never return into pytest
+            try:
+                handle.append("child", {})
+                said = b"appended"
+            except WriterFailedError as error:
+                said = b"refused: " + str(error).encode()
+            except BaseException as error:  # (said to the parent)
+                said = repr(error).encode()
+            os.write(write_end, said)
+            os._exit(0)
+        os.close(write_end)
+        try:
+            for i in range(20):
+                handle.append("parent", {"i": i})
+        finally:
+            _, status = os.waitpid(pid, 0)
+        said = os.read(read_end, 4096).decode()
+        os.close(read_end)
+    assert status == 0 and said.startswith("refused: ") and "fork" in said, said
+    assert verify(jdir).clean
+    assert [r.type for r in read_records(jdir)] == ["before"] + ["parent"] * 20
+
+
+@pytest.mark.parametrize(
+    "items",
+    [[("a", {}, 1), ("b", {}, 2)], [("a",), ("b",)], "abcd", [{"type": "a", "data": {}}] * 2],
+    ids=["triples", "singles", "a str", "dicts"],
+)
+def test_a_batch_of_items_that_are_not_pairs_is_an_invalid_record(
+    journal: Journal, jdir: Path, items: Any
+) -> None:
+    """Raised a bare ValueError ("too many values to unpack"), where the docstring
+    promises InvalidRecordError, before anything is written."""
+    with pytest.raises(InvalidRecordError, match="pair"):
+        journal.append_batch(items)
+    assert journal.last_seq == 0 and verify(jdir).clean
+
+
+def test_a_file_where_a_journal_directory_is_expected_is_a_journal_error(
+    tmp_path: Path,
+) -> None:
+    """``read_records``, ``verify``, ``repair`` and ``salvage`` of a file raised a bare
+    NotADirectoryError (a missing directory: a JournalError that says so); as
+    ``Journal.open`` does."""
+    path = tmp_path / "a-file"
+    path.write_text("not a journal\n")
+    for call in (
+        lambda: list(read_records(path)),
+        lambda: verify(path),
+        lambda: journal_module.repair(path),
+        lambda: journal_module.salvage(path, dry_run=True),
+        lambda: list(read_records(tmp_path / "missing")),
+    ):
+        with pytest.raises(JournalError, match="journal directory"):
+            call()
+    assert path.read_text() == "not a journal\n"
