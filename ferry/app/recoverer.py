@@ -28,6 +28,7 @@ from ferry.proc.alivelock import alive_path
 from ferry.proc.liveness import heartbeat_age, probe, probe_task, wall_clock
 from ferry.proc.process import (
     ProcessIdentity,
+    ProcessScan,
     marker_prefix,
     read_stat,
     same_clock,
@@ -93,15 +94,17 @@ def signal_all(task: Task, home: str | os.PathLike[str], sig: int) -> int:
     return signal_task(leader_identity(task), task_marker(task), sig, holding=holding)
 
 
-def reachable(task: Task, lock: str) -> bool:
-    """Can a signal reach a process of the task: its leader is running, or a scan finds
-    one by marker, session, group or the alive-lock it holds? (A task alive by its lock
-    alone, held on a descriptor marked close-on-exec, is not.)"""
+def unreachable(task: Task, lock: str) -> ProcessScan | None:
+    """None if a signal can reach a process of the task: its leader is running, or a
+    scan finds one by marker, session, group or the alive-lock it holds; else that scan.
+    (A task alive by its lock alone, held on a descriptor marked close-on-exec, is
+    unreachable; so is one alive only by the session or group id of its leader gone:
+    ``ProcessScan.unproven``, perhaps another program's.)"""
     leader = leader_identity(task)
     if leader is not None and probe(leader) is not Liveness.DEAD:  # (UNKNOWN: try)
-        return True
+        return None
     scan = scan_processes(task_marker(task), session_of=leader, holding=lock)
-    return bool(scan.alive or scan.unreadable)
+    return None if scan.alive or scan.unreadable else scan
 
 
 def _tail(path: str) -> str | None:
@@ -376,7 +379,19 @@ def kill_orphan(session: Session, task: Task, sig: int) -> dict[str, Any]:
         return {"task": task.id, "signal": sig, "signalled": 0,
                 "message": f"{task.id}: no process of the task is alive"}  # fmt: skip
     lock = alive_path(session.home, task.id, task.attempt)
-    if not reachable(task, lock):
+    missed = unreachable(task, lock)
+    if missed is not None and missed.unproven:
+        pids = ", ".join(str(ident.pid) for ident in missed.unproven)
+        raise OperatorNeededError(
+            f"task {task.id}: its leader (pid {task.pid}) is gone, and processes {pids} are"
+            f" in the session or group numbered {task.pid} with neither the task's marker"
+            " nor its alive-lock: the number may be another program's now, so they are"
+            f" not signalled; look ('ps -o pid,sid,pgid,args -s {task.pid}') and stop them"
+            " yourself if they are the task's",
+            code="task.orphan_unproven",
+            details={"task": task.id, "pids": [ident.pid for ident in missed.unproven]},
+        )
+    if missed is not None:
         raise OperatorNeededError(
             f"task {task.id}: a process of it still holds its alive-lock {lock}, but none"
             " can be found to signal; find it ('fuser -v FILE' or 'lsof FILE') and stop it",

@@ -380,28 +380,33 @@ class ProcessScan(Value):
     belong to the task could not be read (``unreadable``: their pids; -1 when the
     leader's session and group could not be looked for: its pid is one of a PID
     namespace we cannot translate, or its number is used and its start time, read in
-    another time namespace, cannot tell whether by it): the caller must then not
-    conclude "none"."""
+    another time namespace, cannot tell whether by it), or could not be told
+    (``unproven``: found only by the session or group id of a leader that is gone, a
+    number that may be another program's now): the caller must then not conclude
+    "none", and never signals those."""
 
-    __slots__ = ("alive", "unreadable", "zombies")
-    _FIELDS = ("alive", "zombies", "unreadable")
+    __slots__ = ("alive", "unproven", "unreadable", "zombies")
+    _FIELDS = ("alive", "zombies", "unreadable", "unproven")
     alive: tuple[ProcessIdentity, ...]
     zombies: tuple[ProcessIdentity, ...]
     unreadable: tuple[int, ...]
+    unproven: tuple[ProcessIdentity, ...]
 
     def __init__(
         self,
         alive: tuple[ProcessIdentity, ...],
         zombies: tuple[ProcessIdentity, ...],
         unreadable: tuple[int, ...],
+        unproven: tuple[ProcessIdentity, ...] = (),
     ) -> None:
         init(self, "alive", alive)
         init(self, "zombies", zombies)
         init(self, "unreadable", unreadable)
+        init(self, "unproven", unproven)
 
     @property
     def complete(self) -> bool:
-        return not self.unreadable
+        return not self.unreadable and not self.unproven
 
 
 def find_by_marker(marker_prefix: str) -> ProcessScan:
@@ -443,14 +448,17 @@ def scan_processes(
     alive: list[ProcessIdentity] = []
     zombies: list[ProcessIdentity] = []
     unreadable: list[int] = []
+    unproven: list[ProcessIdentity] = []
     leader = None
+    leader_gone = False  # (its number may be another's session or group id now)
     if session_of is not None and session_of.boot_id == me:
         # Session and group ids here are our pids: the leader's, translated.
         leader = local_identity(session_of)
-        valid = None if leader is None else _session_id_valid(leader)
-        if valid is None:
+        held = None if leader is None else _session_id_held(leader)
+        if held is None:
             unreadable.append(-1)  # its members cannot be told by number: not complete
-        if not valid:
+        leader_gone = held == "gone"
+        if not held:
             leader = None
         if not_before_ticks is None and same_clock(session_of):
             not_before_ticks = session_of.start_time
@@ -471,16 +479,17 @@ def scan_processes(
             continue  # exited while we looked; or a kernel thread
         if not_before_ticks is not None and st.start_time < not_before_ticks:
             continue
-        found: bool | None = leader is not None and _in_session(st, leader)
+        by_number = leader is not None and _in_session(st, leader)
+        found: bool | None = by_number and not leader_gone
         if not found and needle is not None:
             found = _look(_environ_has, pid, needle, euid, unreadable)
         if found is False and held_file is not None and pid != os.getpid():
             found = _look(_holds, pid, held_file, euid, unreadable)
             if found:
                 by_lock.add(pid)
-        if found:
+        if found or (by_number and not st.exited):
             ident = ProcessIdentity(pid, st.start_time, me, _host(), ours, clock)
-            (zombies if st.exited else alive).append(ident)
+            (unproven if not found else zombies if st.exited else alive).append(ident)
     if by_lock and holding is not None and _file_key(holding) != held_file:
         # The name no longer names the file it named when we began: a ``work``
         # supervisor renamed it for its next task (``alivelock.hold``) as we looked,
@@ -488,22 +497,29 @@ def scan_processes(
         # shows for a descriptor: that is the opener's path, another through a bind.)
         alive = [i for i in alive if i.pid not in by_lock]
         zombies = [i for i in zombies if i.pid not in by_lock]
-    return ProcessScan(tuple(alive), tuple(zombies), tuple(unreadable))
+    return ProcessScan(tuple(alive), tuple(zombies), tuple(unreadable), tuple(unproven))
 
 
-def _session_id_valid(leader: ProcessIdentity) -> bool | None:
-    # The kernel does not reuse a number while a process still has it as its group or
-    # session id. So if the number now belongs to another process, the leader's group
-    # and session emptied out at some point, and whoever uses the id now is not ours.
-    # (``leader``: translated to our PID namespace, of this boot.) None: cannot tell,
-    # its start time being of another time namespace.
+def _session_id_held(leader: ProcessIdentity) -> str | None:
+    """Whose is the leader's number as a session and group id (``leader``: translated
+    to our PID namespace, of this boot)?  "held": the leader still has it, so its
+    session and group are the task's.  "gone": no process has it as its pid (or it
+    cannot be read): the members found by it may be the task's, or, once all of those
+    died, an unrelated program's that took the number (a process given it by the kernel
+    that called setsid, forked and exited): they prove nothing.  "" (the number is
+    another process's pid now: the leader's session and group emptied out at some
+    point, the kernel never reusing a number while a process has it as its group or
+    session id; whoever uses it is not ours); None: cannot tell, its start time being
+    of another time namespace."""
     try:
         st = read_stat(leader.pid)
     except (OSError, ValueError):
-        return True  # fail closed: keep looking at members
-    if st is None or st.start_time == leader.start_time:
-        return True
-    return False if same_clock(leader) else None
+        return "gone"  # fail closed: members found by the number are looked at, unproven
+    if st is None:
+        return "gone"
+    if st.start_time == leader.start_time:
+        return "held"
+    return "" if same_clock(leader) else None
 
 
 def _in_session(st: ProcStat, leader: ProcessIdentity) -> bool:

@@ -96,11 +96,12 @@ def crashed_after_spawned(ferry: Ferry, argv: list[str]) -> dict[str, object]:
 
 
 def start_with_pid(
-    pid: int, log: Path, procs: list[subprocess.Popen[str]]
+    pid: int, log: Path, procs: list[subprocess.Popen[str]], *code: str
 ) -> subprocess.Popen[str]:
-    """Start an unrelated signal-recording process that gets exactly ``pid``: the
-    kernel hands out ``ns_last_pid + 1`` next (root only). Other processes on the
-    machine may take the number first: then try again while it is free."""
+    """Start an unrelated signal-recording process (``code``: another program, given
+    the log's path) that gets exactly ``pid``: the kernel hands out ``ns_last_pid + 1``
+    next (root only). Other processes on the machine may take the number first: then
+    try again while it is free."""
     if os.geteuid() != 0:
         pytest.skip("making the kernel reuse a chosen pid needs root (ns_last_pid)")
     deadline = time.monotonic() + 30.0
@@ -109,7 +110,7 @@ def start_with_pid(
         with open("/proc/sys/kernel/ns_last_pid", "w") as f:
             f.write(str(pid - 1))
         proc = subprocess.Popen(
-            [sys.executable, "-c", textwrap.dedent(SIGNAL_RECORDER), str(log)],
+            [sys.executable, "-c", *(code or [textwrap.dedent(SIGNAL_RECORDER)]), str(log)],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             text=True,
@@ -156,6 +157,51 @@ def test_a_reused_pid_is_dead_and_its_new_owner_is_never_signalled(
     for owner, log in zip(owners, logs, strict=True):
         assert owner.poll() is None, "the pid's new owner was killed"
         assert not log.exists() or log.read_text() == "", "the pid's new owner got a signal"
+
+
+# An unrelated program that daemonizes the classic way: setsid, start its daemon (a
+# signal recorder, in its session and group), exit. The daemon lives on in a session and
+# group numbered as the program's pid, which no process then has as its pid.
+SESSION_TAKER = """
+import os, subprocess, sys
+os.setsid()
+daemon = subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2]], stdout=subprocess.PIPE)
+assert daemon.stdout.readline() == b"ready\\n"
+print("ready", daemon.pid, sep="\\n", flush=True)
+"""
+
+
+def test_a_task_s_session_id_reused_by_a_daemon_never_gets_it_signalled(
+    ferry: Ferry, tmp_path: Path, bystanders: list[subprocess.Popen[str]]
+) -> None:
+    """Everything of a task killed at once (a cgroup's OOM, a kill-all), then its
+    leader's pid taken by a program that daemonizes (a review): its daemon lives in the
+    session and group numbered as the task's leader, which no process has as its pid
+    any more. A member of the task's session that survives its leader looks the same:
+    by that number alone nothing is proven. ``kill`` and ``cancel`` SIGKILLed the
+    daemon, and recovery named it as the task's orphan."""
+    task = crashed_after_spawned(ferry, ["sleep", "300"])
+    task_id, leader = str(task["id"]), int(str(task["pid"]))
+    os.kill(leader, signal.SIGKILL)  # (the runner was killed with it: ferry run's crash)
+    wait_task_gone(task_id)
+    log = tmp_path / "signals"
+    recorder = textwrap.dedent(SIGNAL_RECORDER)
+    taker = start_with_pid(leader, log, bystanders, textwrap.dedent(SESSION_TAKER), recorder)
+    assert taker.stdout is not None
+    daemon = int(taker.stdout.readline())
+    ferry.end_at_close(daemon)
+    assert taker.wait(timeout=30) == 0
+    now = read_stat(daemon)
+    assert now is not None and (now.session, now.pgrp) == (leader, leader)
+
+    refused = ferry.refused(3, "task.orphan_unproven", "kill", task_id)
+    assert str(daemon) in refused.err, refused.err
+    code, report = ferry.recover()
+    assert code == 3 and [d["decision"] for d in report["decisions"]] == ["QUARANTINE"]
+    assert ferry.task(task_id)["evidence"]["recovery"]["task_process"] == "UNKNOWN"
+    ferry.refused(3, "task.orphan_unproven", "kill", task_id)
+    assert read_stat(daemon) is not None, "the daemon was killed"
+    assert not log.exists() or log.read_text() == "", "the daemon got a signal"
 
 
 # ---- a stopped runner, heartbeats -----------------------------------------------------
