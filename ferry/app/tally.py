@@ -47,14 +47,17 @@ class Tally:
 @dataclass(frozen=True)
 class WorkReport:
     """What a ``work`` did: the tasks it settled (its supervisors' ends and its
-    recovery's decisions), how long it took, and the failed task after which
-    ``--halt`` stopped it (None: it was not halted)."""
+    recovery's decisions), how long it took, the failed task after which ``--halt``
+    stopped it (None: it was not halted), and the signal that stopped it (None: none)
+    with the tasks it left queued (None: not known, the database out of reach)."""
 
     succeeded: int
     failed: int
     cancelled: int
     elapsed_s: float
     halted_after: str | None = None
+    stopped_by: int | None = None
+    left_queued: int | None = None
 
     @property
     def all_succeeded(self) -> bool:

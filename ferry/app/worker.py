@@ -206,8 +206,14 @@ class Worker:
                     for pidfd in self.survivors:
                         os.close(pidfd)
         tally = self.tally
+        stopped_by = trap.received[0] if trap.received else None
+        left = None
+        if stopped_by is not None:
+            with contextlib.suppress(FerryError, OSError):
+                self.store.refresh()
+                left = self.store.count(State.QUEUED)
         return WorkReport(tally.succeeded, tally.failed, tally.cancelled, tally.elapsed_s,
-                          self.halted_after)  # fmt: skip
+                          self.halted_after, stopped_by, left)  # fmt: skip
 
     def _standby(self) -> bool:
         while True:
@@ -392,6 +398,8 @@ class Worker:
             return False
         if not self.halted and any(s.claiming for s in self.supervisors):
             return False  # (a claim whose answer was lost: read back first)
+        if self._orphans_due and not self.halted:
+            return False  # (a supervisor died under its task: decided at the next turn)
         if self.closing:
             return True
         return self.drain and not self.survivors and not self._queue_nonempty()

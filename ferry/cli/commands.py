@@ -240,7 +240,7 @@ def register(
         "--drain",
         is_flag=True,
         help="Exit once the queue is empty and nothing runs: 0 if every task this worker"
-        " settled SUCCEEDED, else 1.",
+        " settled SUCCEEDED, else 1; stopped by a signal first, 128 + it (130: Ctrl-C).",
     )
     @click.option(
         "--halt",

@@ -279,7 +279,15 @@ def summary(report: Any) -> str:
         text += f", {report.failed} failed"
     if report.cancelled:
         text += f", {report.cancelled} cancelled"
-    return f"{text} in {report.elapsed_s:.1f} s"
+    text = f"{text} in {report.elapsed_s:.1f} s"
+    stopped_by = getattr(report, "stopped_by", None)  # (a work's report)
+    if stopped_by is not None:
+        import signal
+
+        left = report.left_queued
+        queued = "" if left is None else f", {left} left queued"
+        text += f"; stopped by {signal.Signals(stopped_by).name}{queued}"
+    return text
 
 
 def stderr_line(text: str) -> None:

@@ -196,3 +196,57 @@ def test_a_task_s_end_is_not_held_back_while_the_next_one_s_inputs_are_hashed(
         worker.wait(timeout=30)
     assert runs(tmp_path / "a") == 1
     assert states(ferry)[first] == "SUCCEEDED", "the end known before the hashing is durable"
+
+
+@pytest.mark.parametrize("task_too", [False, True], ids=["task-runs-on", "task-killed-too"])
+def test_a_drain_whose_last_supervisor_is_killed_decides_its_task_before_it_exits(
+    ferry: Ferry, tmp_path: Path, task_too: bool
+) -> None:
+    """The OOM killer takes the supervisor of the last task under ``work --drain`` (a
+    review): work exited 0 ("0 succeeded") at once, its recovery pass never run, and
+    left the task RUNNING with a dead runner. It decides it first now (quarantined if
+    it runs on, else failed: it may have mutated), and the drain exits 1."""
+    mark = tmp_path / "a"
+    task_id = orjson.loads(
+        ferry.ok("--json", "submit", "--", *counting_task(mark, linger="; exec sleep 300")).text
+    )["id"]
+    proc = ferry.start("work", "--drain", "--poll", "0.05")
+    wait_until(lambda: runs(mark) == 1, what="the task to start")
+    task = wait_until(lambda: ferry.task(task_id).get("pid") and ferry.task(task_id), what="pid")
+    os.kill(int(task["runner"]["pid"]), signal.SIGKILL)
+    if task_too:
+        os.kill(int(task["pid"]), signal.SIGKILL)
+    try:
+        assert proc.wait(timeout=60) == 1
+        after = ferry.task(task_id)
+        want = "MARKED_FAILED_MUTATION_UNSAFE" if task_too else "QUARANTINED_ORPHAN_ALIVE"
+        assert (after["state"], after["reason"]) == ("FAILED", want)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(task["pid"]), signal.SIGKILL)
+        wait_task_gone(task_id)
+    assert runs(mark) == 1
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_drain_stopped_by_a_signal_exits_128_plus_it_and_says_what_is_left(
+    ferry: Ferry, tmp_path: Path, signum: int
+) -> None:
+    """``ferry work --drain && deploy`` deployed after a CI job's cancel or a closed ssh
+    session (a review): a drain stopped by a signal exited 0, the queue not drained.
+    It exits 128 + the signal now (as a command Ctrl-C stops), and its summary says how
+    many tasks are left queued; the running task still finishes (one signal)."""
+    gate, mark = tmp_path / "gate", tmp_path / "a"
+    waits_for_gate = f'; while [ ! -e "{gate}" ]; do sleep 0.02; done'
+    ferry.ok("submit", "--", *counting_task(mark, linger=waits_for_gate))
+    for name in ("b", "c"):
+        submit(ferry, tmp_path / name)
+    proc = ferry.start("work", "--drain", "-j", "1", "--poll", "0.05")
+    wait_until(lambda: runs(mark) == 1, what="the first task to start")
+    proc.send_signal(signum)
+    read_until(proc, "stopping: no new tasks")
+    gate.touch()
+    assert proc.wait(timeout=60) == 128 + signum
+    assert proc.stderr is not None
+    assert "2 left queued" in proc.stderr.read().decode()
+    assert sorted(states(ferry).values()) == ["QUEUED", "QUEUED", "SUCCEEDED"]
