@@ -266,11 +266,18 @@ class Worker:
 
     def _let_the_lease_go(self) -> None:
         """At the end: the lease released (on a shared database out of reach: it
-        expires on its own; a new ``work`` of this host replaces a dead holder at once)."""
+        expires on its own; a new ``work`` of this host replaces a dead holder at once;
+        the local lease's file not written, a full disk: the next one takes it over from
+        a holder that is gone, at once). What the tasks earned stays the exit."""
         try:
             self.lead.release()
         except DatabaseUnavailableError as error:
             self.session.notice(f"the lease was not released ({error.message}): it expires")
+        except OSError as error:
+            self.session.notice(
+                f"the lease was not released ({error.strerror or error}): the next worker"
+                " takes it over once this one has exited"
+            )
 
     def _start(self) -> bool:
         """Done once before the first claim: LEASE_ACQUIRED (before anything is written
@@ -1023,10 +1030,10 @@ class Worker:
             # its launcher having been silent too long): the attempt we ran, settled.
             self._settled(task_id, attempt, task)
             self._retrying(task_id, attempt, task)
-            if short is not None and not any(s.task.id for s in self.supervisors if not s.gone):
+            if short is not None and not any(map(_started, self.supervisors)):
                 # Not started for want of descriptors, processes or memory, and no task
-                # of ours runs whose end could free some: each next one would fail the
-                # same way. Stop with the queue as it is (exit 125).
+                # of ours runs whose end could free some (one only claimed or told to go
+                # would fail the same way): stop with the queue as it is (exit 125).
                 self._halt(short, fail=True)
 
     def _halt(self, error: FerryError | None, *, fail: bool = False) -> None:
@@ -1080,6 +1087,12 @@ def _descriptors_left() -> int:
     except OSError:
         return soft
     return soft - used
+
+
+def _started(launch: Launch) -> bool:
+    """Does ``launch`` run a task that started (its end may free what it holds)?"""
+    spawned = launch.spawned is not None or launch.spawned_written
+    return bool(launch.task.id) and spawned and not launch.gone and launch.ended is None
 
 
 def _short_of_resources(error: FerryError | None) -> FerryError | None:

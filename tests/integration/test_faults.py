@@ -110,6 +110,23 @@ def test_no_inode_left_for_the_log_directory_fails_the_spawn_not_the_journal(cli
         cli.ok("run", "--", "true")
 
 
+def test_a_full_disk_at_the_lease_s_release_is_a_notice_not_a_failure(cli: Ferry) -> None:
+    """A home whose tasks' logs fill its file system: every task SUCCEEDED, then work's
+    release of its lease (a new lease.json) met ENOSPC, and work exited 125 with a bare
+    "No space left on device" and no summary (a review). The lease's holder is gone
+    once work exits (the next work takes it over at once): a notice, and the exit the
+    tasks earned."""
+    with mounted_tmpfs(cli.home, "size=2m,mode=0700"):
+        for _ in range(6):
+            cli.ok("submit", "--shell", "--", "head -c 400000 /dev/zero | base64 -w 100")
+        result = cli("work", "-j", "2", "--drain")
+        assert {t["state"] for t in cli.tasks()} == {"SUCCEEDED"}
+        assert result.code == 0, result.err
+        assert "the lease was not released" in result.err, result.err
+        assert "6 succeeded" in result.err, result.err
+        cli.ok("run", "--", "true")  # (the next one takes the lease over)
+
+
 def test_disk_full_during_a_snapshot(cli: Ferry) -> None:
     with mounted_tmpfs(cli.home / "journal", "size=128k,mode=0700") as journal:
         for _ in range(3):
@@ -243,6 +260,29 @@ def test_work_that_can_start_no_task_for_want_of_descriptors_stops_with_its_queu
         cli.ok("retry", task["id"])
     cli.ok("work", "--drain", "-j", "4")
     assert {t["state"] for t in cli.tasks()} == {"SUCCEEDED"}
+
+
+@pytest.mark.skipif(not shutil.which("strace"), reason="needs strace")
+def test_work_that_can_start_no_process_fails_at_most_its_slots_and_keeps_the_queue(
+    cli: Ferry,
+) -> None:
+    """The process limit reached (``ulimit -u``: fork and posix_spawn fail EAGAIN; made
+    here by strace for every clone3, the supervisors' spawn of their task) under
+    ``work -j 2``: every task of the queue was FAILED SPAWN_FAILED (a review), each
+    failure seeing the other slot's task, just claimed, as one whose end could free a
+    process. Only a task that started counts; the others stay QUEUED."""
+    for _ in range(6):
+        cli.ok("submit", "--", "sh", "-c", "echo hi")
+    strace = ["strace", "-f", "-qq", "-o", os.devnull, "-e", "trace=clone3",
+              "-e", "inject=clone3:error=EAGAIN"]  # fmt: skip
+    result = cli("work", "--drain", "-j", "2", command=[*strace, *cli.command])
+    assert result.code == 125, result.err
+    assert "cannot start tasks" in result.err, result.err
+    tasks = cli.tasks()
+    failed = [t for t in tasks if t["state"] == "FAILED"]
+    assert 1 <= len(failed) <= 2 and {t["reason"] for t in failed} == {"SPAWN_FAILED"}
+    assert sum(t["state"] == "QUEUED" for t in tasks) == 6 - len(failed)
+    cli.verify_clean()
 
 
 def test_work_keeps_descriptors_for_its_lease_while_its_tasks_hold_the_rest(
