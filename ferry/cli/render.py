@@ -429,6 +429,12 @@ def salvage_text(report: Mapping[str, Any]) -> str:
             if report["lost_guessed"]:
                 seqs = ", ".join(map(str, report["lost_guessed"]))
                 lines.append(f"  (the damaged record, seq {seqs}, read as it probably was)")
+            if report.get("dropped_with_the_damage"):
+                first, last = report["dropped_with_the_damage"]
+                lines.append(
+                    f"  (seq {first} to {last}, before the damage, go with it: they are of its"
+                    " batch, which is kept whole or not at all)"
+                )
         else:
             lines.append("lost: no record")
         lines.extend(_archive_line(item, report["dry_run"]) for item in report["archives"])

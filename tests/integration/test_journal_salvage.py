@@ -727,3 +727,23 @@ def test_a_second_salvage_does_not_count_again_what_the_first_kept_aside(cli: Fe
     report = cli.json("journal", "salvage")
     assert report["archives"] == [] and report["tasks_unknown"] == []
     assert report["tasks"] and {t["task"] for t in report["tasks"]} <= new
+
+
+def test_salvage_says_why_records_before_the_damage_in_its_batch_are_not_kept(
+    tmp_path: Path,
+) -> None:
+    """A bit flipped in record 20 of a ``submit --from`` of 30 (one batch): the records
+    of the batch before it are readable, and dropped with it (a batch is kept whole or
+    not at all); the report said 'lost: seq 2 to 31' and named the damage at seq 21,
+    not why 2 to 20 went too (a review)."""
+    with cli_in(tmp_path) as cli:
+        cli.ok("submit", "--", "true")
+        batch = tmp_path / "batch.jsonl"
+        batch.write_text("".join('{"argv": ["true"]}\n' for _ in range(30)))
+        cli.ok("submit", "--from", str(batch))
+        flip(cli.home, 21)
+        report = cli.json("journal", "salvage", "--dry-run")
+        assert report["kept"]["last_seq"] == 1
+        assert report["dropped_with_the_damage"] == [2, 20]
+        said = cli.ok("journal", "salvage", "--dry-run").text
+        assert "seq 2 to 20, before the damage, go with it: they are of its batch" in said

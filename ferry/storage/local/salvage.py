@@ -385,6 +385,7 @@ def _describe(
         "lost_seqs": [view.last_seq + 1, view.last_seq + report.lost_seqs]
         if report.lost_seqs
         else None,
+        "dropped_with_the_damage": _of_its_batch(report),
         "dropped_archives": sorted(item.name for item in left_out if item.dropped),
         "archives": [],
         "tasks": [],
@@ -484,6 +485,15 @@ def _moved(before: Said, now: Task | None) -> bool:
 
 def _reason(task: Task) -> str | None:
     return None if task.reason is None else task.reason.value
+
+
+def _of_its_batch(report: journal.SalvageReport) -> list[int] | None:
+    """[first, last]: the seqs before the damage that are not kept with it, though they
+    read well: the records of the batch the damage is in (a batch is kept whole or not
+    at all: the view ends where the batch begins). None: there are none."""
+    damaged = 0 if report.damage is None else report.damage.seq or 0
+    first = report.view.last_seq + 1
+    return [first, damaged - 1] if damaged > first else None
 
 
 def _unknown(report: journal.SalvageReport, left_out: list[LeftOut]) -> list[str]:
