@@ -51,6 +51,7 @@ from ferry.core.errors import (
     InternalError,
     Interrupted,
     RefusedError,
+    TaskFateUnknown,
 )
 from ferry.core.fold import fold_event, task_to_record
 from ferry.core.model import State, Task
@@ -99,11 +100,18 @@ def _wait_for_exit(pid: int, timeout_s: float) -> None:
 
 
 class SupervisorDied(FerryError):
-    """The task's supervisor died before the task's end was known (``kill -9`` of it,
-    or a crash): recovery decides the task (exit 125 for ``run``)."""
+    """The task's supervisor died before its plan (``kill -9`` of it, or a crash): it
+    started nothing (exit 125 for ``run``)."""
 
     code = "supervisor.died"
     exit_code = EX_FERRY_FAILED
+
+
+class SupervisorDiedAfterPlan(TaskFateUnknown):
+    """The task's supervisor died after its plan, before the task's end was known: the
+    task may have started, and recovery decides it (exit 3 for ``run``)."""
+
+    code = "supervisor.died"
 
 
 class Launch:
@@ -732,7 +740,7 @@ class _Foreground:
                 code="lease.lost",
                 exit_code=EX_TEMPFAIL,
             )
-        return SupervisorDied(
+        return SupervisorDiedAfterPlan(
             "the task's supervisor died before the task ended; 'ferry recover' decides the task"
         )
 

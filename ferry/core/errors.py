@@ -117,6 +117,13 @@ class OperatorNeededError(FerryError):
     exit_code = EX_OPERATOR
 
 
+class TaskFateUnknown(OperatorNeededError):
+    """The task may have started and its end is not known (its supervisor died after
+    its plan: the spawn may have happened): recovery decides it.  Exit 3 for ``run``
+    and ``claim`` too, never 125 (ferry failed *before* the task could start: a script
+    may run it again)."""
+
+
 class KeyUnsafeError(OperatorNeededError):
     """The key's latest task ended in a way that may have changed things (unsafe,
     quarantined): not run again until an operator retries or resolves that task."""
@@ -232,7 +239,7 @@ def exit_code_for(error: FerryError, *, runs_task: bool) -> int:
     could start exits 125, except usage errors (2), EX_TEMPFAIL (75) and the exec
     failures 126/127.
     """
-    if runs_task and isinstance(error, KeyUnsafeError):
+    if runs_task and isinstance(error, KeyUnsafeError | TaskFateUnknown):
         return EX_OPERATOR  # the contract: run refuses such a key with exit 3 too
     if isinstance(error, Interrupted):
         return error.exit_code  # 128+N, as a signal that killed it would

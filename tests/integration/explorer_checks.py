@@ -538,6 +538,8 @@ def _runner_lies(ran: Ran, facts: Facts) -> list[str]:
         if not given_back or given_back[-1]["data"].get("counted"):
             return [f"(its lease lost before the spawn) but its claim of {task_name} stayed"]
         return []
+    if code == 3 and ran.error_code() == "supervisor.died":
+        return []  # (its supervisor died after its plan: the task may have started)
     if settled is None:
         state = facts.final.tasks.get(claims[-1]["data"]["task"], {})
         return [
