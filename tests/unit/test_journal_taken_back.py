@@ -132,22 +132,26 @@ def test_a_read_only_handle_syncs_under_the_lock(
         assert empty.last_seq == 0 and not tmp.exists()
 
 
-def test_sync_within_a_time_gives_up_while_another_holds_the_lock(jdir: Path) -> None:
-    """``sync(within_s)``: False, nothing done, while another process holds the append
-    lock all along (a ferry stopped in its append); True once it is free."""
+def syncs_once_the_lock_is_free(reader: Journal, jdir: Path) -> None:
+    """``reader.sync(within_s)``: False, nothing done, while another process holds the
+    append lock all along (a ferry stopped in its append); True once it is free."""
     import fcntl
 
-    with Journal.open(jdir) as writer:
-        writer.append("first", {})
     lock = os.open(jdir / ".lock", os.O_RDONLY)
     try:
-        with Journal.open(jdir, read_only=True) as reader:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            assert reader.sync(0.05) is False
-            fcntl.flock(lock, fcntl.LOCK_UN)
-            assert reader.sync(0.05) is True and reader.last_seq == 1
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        assert reader.sync(0.05) is False
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        assert reader.sync(0.05) is True and reader.last_seq == 1
     finally:
         os.close(lock)
+
+
+def test_sync_within_a_time_gives_up_while_another_holds_the_lock(jdir: Path) -> None:
+    with Journal.open(jdir) as writer:
+        writer.append("first", {})
+    with Journal.open(jdir, read_only=True) as reader:
+        syncs_once_the_lock_is_free(reader, jdir)
 
 
 def test_a_reader_opened_before_the_journal_was_made_syncs_under_the_lock(
@@ -157,21 +161,12 @@ def test_a_reader_opened_before_the_journal_was_made_syncs_under_the_lock(
     none: its ``sync`` never took the lock once the journal was there, and said True
     while a writer was inside its append (for a record that writer then took back). It
     looks for the lock file again."""
-    import fcntl
-
     jdir = tmp_path / "j"
     with Journal.open(jdir, read_only=True) as reader:
         assert reader.sync(0.05) is True and reader.last_seq == 0  # (no journal: nothing)
         with Journal.open(jdir) as writer:
             writer.append("first", {})
-        lock = os.open(jdir / ".lock", os.O_RDONLY)
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # (a writer inside its append)
-            assert reader.sync(0.05) is False
-            fcntl.flock(lock, fcntl.LOCK_UN)
-            assert reader.sync(0.05) is True and reader.last_seq == 1
-        finally:
-            os.close(lock)
+        syncs_once_the_lock_is_free(reader, jdir)
 
 
 def test_sync_within_a_time_gives_up_while_its_own_handle_waits_for_the_lock(
