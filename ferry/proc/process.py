@@ -454,11 +454,11 @@ def scan_processes(
     if session_of is not None and session_of.boot_id == me:
         # Session and group ids here are our pids: the leader's, translated.
         leader = local_identity(session_of)
-        held = None if leader is None else _session_id_held(leader)
-        if held is None:
+        number = None if leader is None else _leader_number(leader)
+        if number is None:
             unreadable.append(-1)  # its members cannot be told by number: not complete
-        leader_gone = held == "gone"
-        if not held:
+        leader_gone = number == "gone"
+        if number not in ("held", "gone"):
             leader = None
         if not_before_ticks is None and same_clock(session_of):
             not_before_ticks = session_of.start_time
@@ -500,17 +500,19 @@ def scan_processes(
     return ProcessScan(tuple(alive), tuple(zombies), tuple(unreadable), tuple(unproven))
 
 
-def _session_id_held(leader: ProcessIdentity) -> str | None:
-    """Whose is the leader's number as a session and group id (``leader``: translated
-    to our PID namespace, of this boot)?  "held": the leader still has it, so its
-    session and group are the task's.  "gone": no process has it as its pid (or it
-    cannot be read): the members found by it may be the task's, or, once all of those
-    died, an unrelated program's that took the number (a process given it by the kernel
-    that called setsid, forked and exited): they prove nothing.  "" (the number is
-    another process's pid now: the leader's session and group emptied out at some
-    point, the kernel never reusing a number while a process has it as its group or
-    session id; whoever uses it is not ours); None: cannot tell, its start time being
-    of another time namespace."""
+def _leader_number(leader: ProcessIdentity) -> str | None:
+    """Whose is the leader's number, as a session and group id (``leader``: translated
+    to our PID namespace, of this boot)?
+
+    * "held": the leader still has it as its pid: its session and group are the task's;
+    * "gone": no process has it as its pid (or it cannot be read): the members found by
+      it may be the task's, or, once all of those died, an unrelated program's that took
+      the number (a process given it by the kernel that called setsid, forked and
+      exited): they prove nothing;
+    * "taken": another process has it as its pid: the leader's session and group
+      emptied out at some point (the kernel never reuses a number while a process has
+      it as its group or session id), and whoever uses it is not ours;
+    * None: cannot tell, its start time being of another time namespace."""
     try:
         st = read_stat(leader.pid)
     except (OSError, ValueError):
@@ -519,7 +521,7 @@ def _session_id_held(leader: ProcessIdentity) -> str | None:
         return "gone"
     if st.start_time == leader.start_time:
         return "held"
-    return "" if same_clock(leader) else None
+    return "taken" if same_clock(leader) else None
 
 
 def _in_session(st: ProcStat, leader: ProcessIdentity) -> bool:
