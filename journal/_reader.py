@@ -188,12 +188,14 @@ def _batch_ends(objs: list[dict[str, Any]], marks: int, left: int) -> tuple[int,
 
 def _more_to_come(line: bytes) -> int:
     """K of the batch mark ``"more":K`` of ``line`` (right after its seq), if it has
-    one and checks; else 0."""
+    one, of at most 19 digits (``int`` refuses thousands; no batch is that long), and
+    checks; else 0 (the parse of the line decides)."""
     at = line.find(b",", _HEAD_BYTES) + 1
     if not line.startswith(_MARK, at):
         return 0
     digits = line[at + len(_MARK) : line.find(b",", at)]
-    return int(digits) if digits.isdigit() and line_checks(line) else 0
+    usable = digits.isdigit() and len(digits) <= 19 and line_checks(line)
+    return int(digits) if usable else 0
 
 
 SECTOR_BYTES = 512  # the smallest unit a disk writes whole (4096-byte sectors align too)

@@ -494,3 +494,15 @@ def test_a_record_that_checks_but_is_no_record_in_a_batch_yields_each_record_onc
         with pytest.raises(CorruptionError):
             reader.refresh()
         assert fed == list(range(1, len(fed) + 1)) and fed[-1] < 200
+
+
+def test_a_mark_of_thousands_of_digits_is_corruption_not_a_crash(
+    tmp_path: Path, chunks: str
+) -> None:
+    """The reader's read-ahead took the mark of the last line read with int(), which
+    refuses more than 4,300 digits: a ValueError out of every reader (a review)."""
+    directory = tmp_path / "j"
+    write_segment(directory, marked(1, None) + marked(2, b"9" * 5000))
+    assert verify(directory).status == "corrupt"
+    with pytest.raises(CorruptionError):
+        read_seqs(directory)
