@@ -87,7 +87,7 @@ def parse_not_before(text: str, now: float) -> float:
             seconds = math.nan
         if not 0 <= seconds <= SECONDS_MAX:
             raise UsageError(
-                f"--not-before {text!r}: +SECONDS must be a number of seconds from now",
+                f"--not-before {shown(text)}: +SECONDS must be a number of seconds from now",
                 code="usage.bad_time",
             )
         return now + seconds
@@ -99,13 +99,13 @@ def parse_not_before(text: str, now: float) -> float:
         moment = None
     if moment is None or "T" not in value.upper() or moment.tzinfo is None:
         raise UsageError(
-            f"--not-before {text!r}: give an RFC 3339 time with its zone"
+            f"--not-before {shown(text)}: give an RFC 3339 time with its zone"
             " (2026-05-01T02:00:00Z) or +SECONDS",
             code="usage.bad_time",
         )
     if not 0 <= moment.timestamp() <= NOT_BEFORE_MAX:
         raise UsageError(
-            f"--not-before {text!r}: give a time between 1970 and 2400", code="usage.bad_time"
+            f"--not-before {shown(text)}: give a time between 1970 and 2400", code="usage.bad_time"
         )
     return moment.timestamp()
 

@@ -486,7 +486,13 @@ class Worker:
         self.session.reporter.settled(
             with_runner_state(task, self.session.home, self.session.store)
         )
-        if task.state is State.FAILED and self.halt and self.halted_after is None:
+        stopped_by_us = self.signals_seen >= 2  # (a second signal stopped the running tasks)
+        if (
+            task.state is State.FAILED
+            and self.halt
+            and self.halted_after is None
+            and not stopped_by_us
+        ):
             self.halted_after = task.id
             then = "stopping the running tasks" if self.halt == "now" else "running ones finish"
             self.session.notice(f"halting: task {task.id} failed; no new tasks, {then}")

@@ -71,7 +71,7 @@ def work(
         reporter.end_progress()
     if ctx.verbosity >= 0:
         render.stderr_line(render.summary(report))
-    if report.halted_after is None and drain and report.stopped_by is not None:
+    if drain and report.stopped_by is not None:
         return 128 + report.stopped_by  # (the queue not drained: as a command Ctrl-C stops)
     failed = report.halted_after is not None or (drain and not report.all_succeeded)
     return 1 if failed else 0

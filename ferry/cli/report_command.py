@@ -17,6 +17,7 @@ from typing import Any
 import click
 
 from ferry.core.errors import ResourceError, UsageError
+from ferry.core.ids import shown
 from ferry.core.model import State, Task
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
@@ -37,7 +38,7 @@ def parse_since(text: str, now_s: float) -> float:
         moment = dt.datetime.fromisoformat(given)
     except ValueError:
         raise UsageError(
-            f"--since: {text!r} is neither a duration (30m, 2h, 7d) nor an RFC 3339 time"
+            f"--since: {shown(text)} is neither a duration (30m, 2h, 7d) nor an RFC 3339 time"
             " (2024-05-01T12:00:00Z)",
             code="usage.bad_since",
         ) from None

@@ -139,7 +139,7 @@ def _take(text: str, width: int) -> str:
 def _width() -> int | None:
     """The width to fit: ``COLUMNS`` if set, else the terminal's; None into a pipe."""
     columns = os.environ.get("COLUMNS", "")
-    if columns.isdigit() and int(columns) > 0:
+    if columns.isascii() and columns.isdigit() and len(columns) <= 6 and int(columns) > 0:
         return int(columns)
     try:
         if sys.stdout.isatty():  # (0: a terminal whose size nobody set: not known)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 from ferry.core.errors import UsageError
+from ferry.core.ids import shown
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
 _SECONDS_PER = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -24,7 +25,7 @@ def parse_duration(text: str, *, option: str = "--older-than") -> float:
     seconds = None if match is None else float(match.group(1)) * _SECONDS_PER[match.group(2)]
     if seconds is None or seconds > DURATION_S_MAX:
         raise UsageError(
-            f"{option} {text!r}: expected a number with a unit, s, m, h, d or w"
+            f"{option} {shown(text)}: expected a number with a unit, s, m, h, d or w"
             " (90s, 30m, 12h, 7d), at most ten years",
             code="usage.bad_duration",
             details={"value": text},
@@ -41,7 +42,7 @@ def parse_bytes(text: str, *, option: str = "--log-max", minimum: int = 0) -> in
         size = int(match.group(1)) * _BYTES_PER.get((match.group(2) or "").lower(), 1)
     if size is None or size < minimum or size > BYTES_MAX:
         raise UsageError(
-            f"{option} {text!r}: expected a number of bytes, optionally with a unit K, M,"
+            f"{option} {shown(text)}: expected a number of bytes, optionally with a unit K, M,"
             f" G (1024-based: 64K, 1M), at least {minimum}",
             code="usage.bad_size",
             details={"value": text},

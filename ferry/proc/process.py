@@ -465,6 +465,10 @@ def scan_processes(
     euid = os.geteuid()
     held_file = _file_key(holding) if holding is not None else None
     by_lock: set[int] = set()  # found only by the file they hold
+    # Processes of the task (by its marker or lock) in the leader's session or group:
+    # one holds the number, which is then the task's still (never reused while a
+    # process has it as its session or group id).
+    numbered: list[int] = []
     for name in os.listdir(_PROC):
         if not name.isdigit() or name == "1":
             continue
@@ -490,6 +494,8 @@ def scan_processes(
         if found or (by_number and not st.exited):
             ident = ProcessIdentity(pid, st.start_time, me, _host(), ours, clock)
             (unproven if not found else zombies if st.exited else alive).append(ident)
+            if found and by_number:
+                numbered.append(pid)
     if by_lock and holding is not None and _file_key(holding) != held_file:
         # The name no longer names the file it named when we began: a ``work``
         # supervisor renamed it for its next task (``alivelock.hold``) as we looked,
@@ -497,6 +503,8 @@ def scan_processes(
         # shows for a descriptor: that is the opener's path, another through a bind.)
         alive = [i for i in alive if i.pid not in by_lock]
         zombies = [i for i in zombies if i.pid not in by_lock]
+    if unproven and {i.pid for i in (*alive, *zombies)}.intersection(numbered):
+        alive, unproven = alive + unproven, []
     return ProcessScan(tuple(alive), tuple(zombies), tuple(unreadable), tuple(unproven))
 
 

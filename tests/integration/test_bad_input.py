@@ -126,6 +126,15 @@ def test_a_number_of_thousands_of_digits_is_bad_input_not_an_internal_error(cli:
     for command in ("show", "cancel", "logs", "wait"):
         unchanged(cli, 5, "task.not_found", command, HUGE)
     unchanged(cli, 5, "task.not_found", "--json", "show", HUGE)
+    for args in (
+        ["submit", "--log-max", HUGE, "--", "true"],
+        ["submit", "--not-before", "+" + HUGE, "--", "true"],
+        ["report", "--since", HUGE],
+    ):  # (said in one line of a few words, not echoed whole)
+        refused = cli(*args)
+        assert refused.code == 2 and len(refused.err) < 400, refused.err[:200]
+    cli.env["COLUMNS"] = HUGE  # (a width that says nothing: as if unset)
+    cli.ok("ls")
 
 
 # NaN passes any range check (every comparison with it is false): click's FloatRange let

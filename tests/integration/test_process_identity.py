@@ -295,6 +295,37 @@ def test_a_member_found_only_by_the_id_of_a_leader_gone_is_unknown_and_never_sig
     assert probe(orphan) is Liveness.ALIVE
 
 
+def test_a_member_in_the_session_of_a_proven_process_of_the_task_is_the_task_s(
+    children: Children, tmp_path: Path
+) -> None:
+    """The same child, beside a sibling that carries the task's marker in the same
+    session: the number is held by a process of the task (the kernel never reuses a
+    number while a process has it as its session or group id), so the child is the
+    task's too. It was left unproven, and ``cancel`` killed the marked sibling only,
+    then sent the user to a ``kill`` that refused (a review)."""
+    pid_file = tmp_path / "children.pid"
+    code = (
+        "import os, subprocess, sys\n"
+        f"marked = subprocess.Popen([sys.executable, '-c', {SLEEPER!r}])\n"
+        f"bare = subprocess.Popen([sys.executable, '-c', {SLEEPER!r}], env={{}})\n"
+        f"open({str(pid_file)!r} + '.tmp', 'w').write(f'{{marked.pid}} {{bare.pid}}')\n"
+        f"os.rename({str(pid_file)!r} + '.tmp', {str(pid_file)!r})\n"
+        "os._exit(0)\n"
+    )
+    marker = make_marker("T0SIBS", 1, "tok")
+    first = children.start(code, marker=marker)
+    leader = live_identity(first.pid)
+    first.wait(timeout=10)
+    wait_until(pid_file.exists)
+    marked, bare = (live_identity(int(pid)) for pid in pid_file.read_text().split())
+    children.strays += [marked, bare]
+    scan = scan_processes(marker, session_of=leader)
+    assert set(scan.alive) == {marked, bare} and scan.unproven == () and scan.complete
+    assert probe_task(marker, leader) is Liveness.ALIVE
+    assert signal_task(leader, marker, signal.SIGKILL) == 2
+    wait_until(lambda: probe(marked) is Liveness.DEAD and probe(bare) is Liveness.DEAD)
+
+
 def test_a_finished_task_is_dead(children: Children) -> None:
     marker = make_marker("T0DONE", 1, "tok")
     first = children.start("pass", marker=marker)

@@ -250,3 +250,22 @@ def test_a_drain_stopped_by_a_signal_exits_128_plus_it_and_says_what_is_left(
     assert proc.stderr is not None
     assert "2 left queued" in proc.stderr.read().decode()
     assert sorted(states(ferry).values()) == ["QUEUED", "QUEUED", "SUCCEEDED"]
+
+
+@pytest.mark.parametrize("halt", ["soon", "now"])
+def test_a_drain_with_halt_stopped_by_two_signals_exits_130_and_blames_no_task(
+    ferry: Ferry, tmp_path: Path, halt: str
+) -> None:
+    """The tasks work stops itself on a second Ctrl-C end FAILED: they set off
+    ``--halt`` ("halting: task ... failed"), and the drain exited 1 (a review)."""
+    mark = tmp_path / "a"
+    ferry.ok("submit", "--", *counting_task(mark, linger="; exec sleep 300"))
+    submit(ferry, tmp_path / "b")
+    proc = ferry.start("work", "--drain", "--halt", halt, "-j", "1", "--poll", "0.05")
+    wait_until(lambda: runs(mark) == 1, what="the first task to start")
+    proc.send_signal(signal.SIGINT)
+    read_until(proc, "stopping: no new tasks")
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
+    assert proc.stderr is not None
+    assert "halting" not in proc.stderr.read().decode()
