@@ -562,9 +562,11 @@ class Service:
         return self._get(task.id)
 
     def _refuse_beside_a_live_orphan(self, task: Task, force: bool, action: str) -> None:
-        """A quarantined task's orphan may still be doing the work: neither a new run of
-        it nor a verdict on it, unless the operator insists."""
-        if force or not (task.reason is Reason.QUARANTINED_ORPHAN_ALIVE and task.terminal):
+        """A quarantined task's orphan may still be doing the work, and so may the
+        process of one whose host was lost (its worker and supervisor killed together
+        leave it running): neither a new run of it nor a verdict on it, unless the
+        operator insists."""
+        if force or not (task.reason in _MAY_RUN_ON and task.terminal):
             return
         from ferry.app.recoverer import task_liveness
         from ferry.app.runner_state import other_host
@@ -572,15 +574,20 @@ class Service:
 
         owner = other_host(self.store, task)
         if owner is not None:  # (no probe here can see it: it may well be alive)
+            orphan = (
+                "its quarantined orphan ran"
+                if task.reason is Reason.QUARANTINED_ORPHAN_ALIVE
+                else "it was running when its host was lost, and may run on still,"
+            )
             raise OperatorNeededError(
-                f"task {task.id}: its quarantined orphan ran on host {owner}, where only a"
-                f" ferry can see whether it is still alive; {action} it there, or with --force",
+                f"task {task.id}: {orphan} on host {owner}, where only a ferry can see"
+                f" whether it is still alive; {action} it there, or with --force",
                 code="task.orphan_alive",
                 details={"task": task.id, "host": owner},
             )
         if task_liveness(task, self.home) is not Liveness.DEAD:
             raise OperatorNeededError(
-                f"task {task.id}: its quarantined orphan is still alive; stop it with "
+                f"task {task.id}: its orphan is still alive; stop it with "
                 f"'ferry kill {task.id}' or {action} with --force",
                 code="task.orphan_alive",
                 details={"task": task.id},
@@ -752,6 +759,11 @@ def _lost_logs(paths: tuple[str, str], task: Task) -> list[str]:
         for path, stream in zip(paths, _STREAMS, strict=True)
         if written[stream] and not os.path.exists(path)
     ]
+
+
+# A settled task whose process may still run (an orphan): not retried, nor resolved,
+# beside it (``Service._refuse_beside_a_live_orphan``).
+_MAY_RUN_ON = frozenset({Reason.QUARANTINED_ORPHAN_ALIVE, Reason.HOST_LOST})
 
 
 def _parse_signal(name: str) -> int:

@@ -23,6 +23,8 @@ import psycopg
 import pytest
 from clikit import FERRY, Ferry, Hosts, processes_with_env, wait_until
 
+from ferry.proc.process import ProcessIdentity
+
 pytestmark = pytest.mark.timeout(120)
 
 
@@ -42,7 +44,7 @@ def machine(boot_id_file: Path) -> tuple[str, ...]:
     return ("unshare", "--mount", "--pid", "--fork", "--mount-proc", "sh", "-c", inner, "sh")
 
 
-def task_processes(ferry: Ferry, task_id: str) -> list[object]:
+def task_processes(ferry: Ferry, task_id: str) -> list[ProcessIdentity]:
     """The live processes of the task (its marker) that ``ferry``'s host started."""
     home = f"FERRY_HOME={ferry.home}".encode()
     return list(processes_with_env(home, f"FERRY_TASK={task_id}:".encode()))
@@ -146,3 +148,37 @@ def test_another_machine_shows_a_running_task_s_runner_as_not_known(
     assert a.task(task_id)["runner"]["alive"] is True
     assert b.task(task_id)["runner"]["alive"] is None  # (null: it cannot be proven here)
     assert [t["runner"]["alive"] for t in b.tasks()] == [None]
+
+
+def host_lost_on_a(hosts: Hosts) -> tuple[Ferry, Ferry, str]:
+    """A task that may mutate, FAILED HOST_LOST by ``b``'s recover while it runs on:
+    ``a``'s work and the task's supervisor were killed together (a cgroup's OOM)."""
+    a, b = hosts("a"), hosts("b")
+    task_id = a.ok("submit", "--kill-grace", "1", "--", "sleep", "300").out.decode().strip()
+    a("work", "-j", "1", "--lease-ttl", "2", "--poll", "0.1",
+      failpoints="supervisor:after:spawn")  # fmt: skip
+    orphans = task_processes(a, task_id)
+    assert orphans, "the task runs on, orphaned"
+    for process in orphans:
+        a.end_at_close(process.pid)
+
+    def lost() -> bool:
+        return b("recover", "--lease-ttl", "2").code == 3
+
+    wait_until(lost, what="b to decide a's task lost", timeout_s=60)
+    task = a.task(task_id)
+    assert (task["state"], task["reason"]) == ("FAILED", "HOST_LOST")
+    return a, b, task_id
+
+
+def test_a_task_lost_with_its_host_is_not_retried_beside_its_orphan(hosts: Hosts) -> None:
+    """A host lost (its work and the task's supervisor killed together), its task that
+    may mutate running on: ``retry``, on its host or another, ran it a second time at
+    once (a review). On its own host a probe finds the orphan; elsewhere nothing can
+    tell: refused (exit 3), unless the operator insists."""
+    a, b, task_id = host_lost_on_a(hosts)
+    refused = a.refused(3, "task.orphan_alive", "retry", task_id)
+    assert "still alive" in refused.err, refused.err
+    refused = b.refused(3, "task.orphan_alive", "retry", task_id)
+    assert "host a" in refused.err, refused.err
+    assert a.task(task_id)["attempt"] == 1
