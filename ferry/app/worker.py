@@ -396,9 +396,10 @@ class Worker:
         if self.session.database is None:
             return
         self.session.notice("the host's lease is lost: stopping its running tasks")
+        why = {"stopped_because": "lease_lost", "lease": error.message}  # (its end says so)
         for launch in self.launches.values():
             if launch.went and not launch.stop_sent:
-                launch.stop(signal.SIGTERM)
+                launch.stop(signal.SIGTERM, evidence=why)
 
     def _finished(self) -> bool:
         if self.launches:

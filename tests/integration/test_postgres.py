@@ -836,6 +836,32 @@ def test_a_paused_launcher_does_not_stop_its_task(hosts: Hosts, tmp_path: Path) 
     assert (claim.returncode, b.task(task_id)["state"]) == (0, "SUCCEEDED")
 
 
+def test_a_worker_that_lost_its_lease_says_why_it_stopped_its_tasks(
+    hosts: Hosts, tmp_path: Path
+) -> None:
+    # (Found by a review: a ``work`` paused past its lease (Ctrl-Z; a database out of
+    # reach as long) stops its running tasks when it is continued, as a worker that
+    # cannot renew must; they ended FAILED SIGNALLED 15, as if a user had killed them.)
+    a = hosts("a")
+    gate, marks = tmp_path / "gate", tmp_path / "marks"
+    task_id = a.ok("submit", "--", *gated(gate, marks)).out.decode().strip()
+    worker = a.start("work", "-j", "1", "--lease-ttl", "2", "--poll", "0.1")
+    try:
+        wait_until(lambda: a.task(task_id)["state"] == "RUNNING", what="work to run it")
+        worker.send_signal(signal.SIGSTOP)
+        paused_until = time.monotonic() + 6  # (three TTLs)
+        while time.monotonic() < paused_until:
+            time.sleep(0.1)
+        worker.send_signal(signal.SIGCONT)
+        assert worker.wait(timeout=60) == 75
+    finally:
+        worker.send_signal(signal.SIGCONT)
+        gate.touch()
+    task = a.task(task_id)
+    assert (task["state"], task["reason"], task["signal"]) == ("FAILED", "SIGNALLED", 15)
+    assert task["evidence"]["stopped_because"] == "lease_lost", task["evidence"]
+
+
 def test_a_task_unheard_past_its_deadline_is_not_started(hosts: Hosts, tmp_path: Path) -> None:
     # (Found by a review: a supervisor frozen between its go and the spawn, past its
     # deadline, spawned the task once continued, after b had queued it again.)
