@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from ferry.app.recoverer import task_liveness
 from ferry.core import events as ev
 from ferry.core.errors import FerryError, InternalError, from_os_error
-from ferry.core.fold import MOVED_CODES, task_key_outcome
+from ferry.core.fold import MAY_RUN_ON, MOVED_CODES, task_key_outcome
 from ferry.core.model import Liveness, Reason, State, Task, rfc3339
 from ferry.failpoints import failpoint
 from ferry.proc import alivelock
@@ -175,12 +175,13 @@ def _why_keep(
     lock when gc writes (``Table._check_forget``); this is for the report."""
     if task.id in dependants:
         return _has_dependant(dependants[task.id])
-    if task.reason is Reason.QUARANTINED_ORPHAN_ALIVE:
+    if task.reason in MAY_RUN_ON:
+        lost = "" if task.reason is Reason.QUARANTINED_ORPHAN_ALIVE else " (its host was lost)"
         if store.host_lost(task, float("inf")) is not None:
             owner = None if task.runner is None else task.runner.get("host_id")
-            return f"quarantined: its orphan ran on host {owner}, whose gc decides"
+            return f"quarantined{lost}: its orphan ran on host {owner}, whose gc decides"
         if task_liveness(task, home) is not Liveness.DEAD:
-            return f"quarantined: its orphan may still be alive ('ferry kill {task.id}')"
+            return f"quarantined{lost}: its orphan may still be alive ('ferry kill {task.id}')"
     if task.spec.key is not None and task_key_outcome(task) == "unsafe":
         return _key_waits(task.spec.key)
     return None

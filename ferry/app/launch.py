@@ -680,6 +680,10 @@ class _Foreground:
             return RunResult(self._task(), self.before_spawn_status)
         self.on_started(self._task())  # (before the go: it precedes the task's output)
         launch.go()
+        if launch.channel.closed and launch.channel.pending:
+            # The go never left: its supervisor was gone, and it spawns only on its go.
+            give_back(self.store, self.task, launch.token, "its supervisor died before its go")
+            raise SupervisorDied("the task's supervisor died before it started the task")
         on_claimed()
         return self._watch()
 

@@ -25,7 +25,7 @@ from ferry.core.errors import (
     StateDirMissingError,
     UsageError,
 )
-from ferry.core.fold import MOVED_CODES, RACE_TRIES
+from ferry.core.fold import MAY_RUN_ON, MOVED_CODES, RACE_TRIES
 from ferry.core.ids import id_time_ms, new_claim_token, new_task_id, shown
 from ferry.core.model import IN_FLIGHT_STATES, Reason, State, Task
 from ferry.core.spec import TaskSpec
@@ -566,7 +566,7 @@ class Service:
         process of one whose host was lost (its worker and supervisor killed together
         leave it running): neither a new run of it nor a verdict on it, unless the
         operator insists."""
-        if force or not (task.reason in _MAY_RUN_ON and task.terminal):
+        if force or not (task.reason in MAY_RUN_ON and task.terminal):
             return
         from ferry.app.recoverer import task_liveness
         from ferry.app.runner_state import other_host
@@ -759,11 +759,6 @@ def _lost_logs(paths: tuple[str, str], task: Task) -> list[str]:
         for path, stream in zip(paths, _STREAMS, strict=True)
         if written[stream] and not os.path.exists(path)
     ]
-
-
-# A settled task whose process may still run (an orphan): not retried, nor resolved,
-# beside it (``Service._refuse_beside_a_live_orphan``).
-_MAY_RUN_ON = frozenset({Reason.QUARANTINED_ORPHAN_ALIVE, Reason.HOST_LOST})
 
 
 def _parse_signal(name: str) -> int:

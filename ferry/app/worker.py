@@ -487,7 +487,8 @@ class Worker:
         self.session.reporter.settled(
             with_runner_state(task, self.session.home, self.session.store)
         )
-        stopped_by_us = self.signals_seen >= 2  # (a second signal stopped the running tasks)
+        # (a second signal stopped the running tasks, or the lease's loss did)
+        stopped_by_us = self.signals_seen >= 2 or self.lease_lost
         if (
             task.state is State.FAILED
             and self.halt

@@ -307,7 +307,13 @@ RETRIED_REASONS = frozenset({Reason.EXIT_NONZERO, Reason.TIMEOUT})
 
 # A task that ended this way may have changed things and its end is unknown: its key
 # is not run again until an operator retries or resolves it.
-UNSAFE_REASONS = frozenset({Reason.MARKED_FAILED_MUTATION_UNSAFE, Reason.QUARANTINED_ORPHAN_ALIVE})
+UNSAFE_REASONS = frozenset(
+    {Reason.MARKED_FAILED_MUTATION_UNSAFE, Reason.QUARANTINED_ORPHAN_ALIVE, Reason.HOST_LOST}
+)
+# A task that ended this way may still run (an orphan: quarantined, or on a host that
+# was lost, its worker and supervisor killed together): not retried, resolved, nor
+# forgotten beside it (``retry``, ``resolve``, ``gc``), its alive-lock kept.
+MAY_RUN_ON = frozenset({Reason.QUARANTINED_ORPHAN_ALIVE, Reason.HOST_LOST})
 _UNSAFE_VALUES = frozenset(reason.value for reason in UNSAFE_REASONS)
 
 

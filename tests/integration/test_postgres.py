@@ -845,7 +845,7 @@ def test_a_worker_that_lost_its_lease_says_why_it_stopped_its_tasks(
     a = hosts("a")
     gate, marks = tmp_path / "gate", tmp_path / "marks"
     task_id = a.ok("submit", "--", *gated(gate, marks)).out.decode().strip()
-    worker = a.start("work", "-j", "1", "--lease-ttl", "2", "--poll", "0.1")
+    worker = a.start("work", "-j", "1", "--lease-ttl", "2", "--poll", "0.1", "--halt", "now")
     try:
         wait_until(lambda: a.task(task_id)["state"] == "RUNNING", what="work to run it")
         worker.send_signal(signal.SIGSTOP)
@@ -860,6 +860,8 @@ def test_a_worker_that_lost_its_lease_says_why_it_stopped_its_tasks(
     task = a.task(task_id)
     assert (task["state"], task["reason"], task["signal"]) == ("FAILED", "SIGNALLED", 15)
     assert task["evidence"]["stopped_because"] == "lease_lost", task["evidence"]
+    assert worker.stderr is not None
+    assert "halting" not in worker.stderr.read().decode()  # (--halt: not a task's failure)
 
 
 def test_a_task_unheard_past_its_deadline_is_not_started(hosts: Hosts, tmp_path: Path) -> None:

@@ -154,7 +154,8 @@ def host_lost_on_a(hosts: Hosts) -> tuple[Ferry, Ferry, str]:
     """A task that may mutate, FAILED HOST_LOST by ``b``'s recover while it runs on:
     ``a``'s work and the task's supervisor were killed together (a cgroup's OOM)."""
     a, b = hosts("a"), hosts("b")
-    task_id = a.ok("submit", "--kill-grace", "1", "--", "sleep", "300").out.decode().strip()
+    task_id = a.ok("submit", "--kill-grace", "1", "--key", "K", "--", "sleep", "300")
+    task_id = task_id.out.decode().strip()
     a("work", "-j", "1", "--lease-ttl", "2", "--poll", "0.1",
       failpoints="supervisor:after:spawn")  # fmt: skip
     orphans = task_processes(a, task_id)
@@ -182,3 +183,9 @@ def test_a_task_lost_with_its_host_is_not_retried_beside_its_orphan(hosts: Hosts
     refused = b.refused(3, "task.orphan_alive", "retry", task_id)
     assert "host a" in refused.err, refused.err
     assert a.task(task_id)["attempt"] == 1
+    # Nor by its key (contract.md, "Keys after an unsafe end": HOST_LOST is one), nor
+    # forgotten by gc with the evidence of it (a second review).
+    for host in (a, b):
+        host.refused(3, "task.key_unsafe", "submit", "--key", "K", "--", "true")
+        host.ok("gc", "--older-than", "0s")
+    assert a.task(task_id)["reason"] == "HOST_LOST"

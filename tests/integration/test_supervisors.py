@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from clikit import Ferry, finish, wait_until
+from clikit import Ferry, finish, wait_stopped, wait_until
 from crashkit import (
     counting_task,
     most_at_once,
@@ -29,6 +29,8 @@ from crashkit import (
     task_processes,
     wait_task_gone,
 )
+
+from ferry.proc.process import read_stat
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -341,6 +343,28 @@ def test_a_killed_supervisor_leaves_the_task_to_recovery(
     decision = "QUARANTINE" if alive else "FAIL_UNSAFE"
     assert code == 3 and [d["decision"] for d in report["decisions"]] == [decision], report
     assert runs(mark) == 1
+
+
+def test_a_supervisor_dead_before_its_go_started_nothing_and_run_says_125(
+    ferry: Ferry, tmp_path: Path
+) -> None:
+    """Its supervisor killed after its plan, before ``run`` sent its go (the go never
+    left: the peer was gone): run exited 3, "may have started", and recovery marked the
+    task unsafe, though it never ran (a review). Nothing started: 125, the claim given
+    back."""
+    mark = tmp_path / "runs"
+    run = ferry.start("run", "--", *counting_task(mark), failpoints="launcher:before:go=stop")
+    wait_stopped(run, what="run to stop before its go")
+    task_id = only_id(ferry)
+    supervisor = int(ferry.task(task_id)["runner"]["pid"])
+    os.kill(supervisor, signal.SIGKILL)
+    wait_until(lambda: (st := read_stat(supervisor)) is None or st.exited, what="it to die")
+    code, err = finish(run)
+    assert code == 125 and "supervisor.died" in err, err
+    task = ferry.task(task_id)
+    assert (task["state"], task["reason"], task["releases"]) == ("QUEUED", "RELEASED_TO_QUEUE", 0)
+    assert runs(mark) == 0
+    nothing_left_for_recovery(ferry)
 
 
 def test_a_supervisor_killed_with_its_launcher_is_the_crash_of_before(
