@@ -262,6 +262,30 @@ def test_marker_scan_finds_a_grandchild_that_called_setsid(
     assert probe_task(marker, leader) is Liveness.DEAD
 
 
+def leader_gone_leaving(
+    children: Children, tmp_path: Path, marker: str, envs: list[dict[str, str] | None]
+) -> tuple[ProcessIdentity, list[ProcessIdentity]]:
+    """A task's leader that starts a sleeper per environment of ``envs`` (None: its
+    own, the task's marker in it; ``{}``: cleared) in its session, then exits, reaped:
+    the leader's identity and the sleepers'."""
+    pid_file = tmp_path / "children.pid"
+    code = (
+        "import os, subprocess, sys\n"
+        f"kids = [subprocess.Popen([sys.executable, '-c', {SLEEPER!r}], env=env)"
+        f" for env in {envs!r}]\n"
+        f"open({str(pid_file)!r} + '.tmp', 'w').write(' '.join(str(k.pid) for k in kids))\n"
+        f"os.rename({str(pid_file)!r} + '.tmp', {str(pid_file)!r})\n"
+        "os._exit(0)\n"
+    )
+    first = children.start(code, marker=marker)
+    leader = live_identity(first.pid)
+    first.wait(timeout=10)
+    wait_until(pid_file.exists)
+    kids = [live_identity(int(pid)) for pid in pid_file.read_text().split()]
+    children.strays += kids
+    return leader, kids
+
+
 def test_a_member_found_only_by_the_id_of_a_leader_gone_is_unknown_and_never_signalled(
     children: Children, tmp_path: Path
 ) -> None:
@@ -273,20 +297,8 @@ def test_a_member_found_only_by_the_id_of_a_leader_gone_is_unknown_and_never_sig
     fork; ``ferry kill`` and ``ferry cancel`` SIGKILLed that daemon). Such a member is
     unknown (recovery quarantines, never requeues), and is never signalled; one that
     carries the task's marker or holds its alive-lock is the task's."""
-    pid_file = tmp_path / "child.pid"
-    code = (
-        "import os, subprocess, sys\n"
-        f"p = subprocess.Popen([sys.executable, '-c', {SLEEPER!r}], env={{}})\n"
-        f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
-        "os._exit(0)\n"
-    )
     marker = make_marker("T0SESS", 1, "tok")
-    first = children.start(code, marker=marker)
-    leader = live_identity(first.pid)
-    first.wait(timeout=10)
-    wait_until(lambda: pid_file.exists() and pid_file.read_text() != "")
-    orphan = live_identity(int(pid_file.read_text()))
-    children.strays.append(orphan)
+    leader, (orphan,) = leader_gone_leaving(children, tmp_path, marker, [{}])
     assert find_by_marker(marker).alive == ()
     scan = scan_processes(marker, session_of=leader)
     assert scan.alive == () and scan.unproven == (orphan,) and not scan.complete
@@ -303,22 +315,8 @@ def test_a_member_in_the_session_of_a_proven_process_of_the_task_is_the_task_s(
     number while a process has it as its session or group id), so the child is the
     task's too. It was left unproven, and ``cancel`` killed the marked sibling only,
     then sent the user to a ``kill`` that refused (a review)."""
-    pid_file = tmp_path / "children.pid"
-    code = (
-        "import os, subprocess, sys\n"
-        f"marked = subprocess.Popen([sys.executable, '-c', {SLEEPER!r}])\n"
-        f"bare = subprocess.Popen([sys.executable, '-c', {SLEEPER!r}], env={{}})\n"
-        f"open({str(pid_file)!r} + '.tmp', 'w').write(f'{{marked.pid}} {{bare.pid}}')\n"
-        f"os.rename({str(pid_file)!r} + '.tmp', {str(pid_file)!r})\n"
-        "os._exit(0)\n"
-    )
     marker = make_marker("T0SIBS", 1, "tok")
-    first = children.start(code, marker=marker)
-    leader = live_identity(first.pid)
-    first.wait(timeout=10)
-    wait_until(pid_file.exists)
-    marked, bare = (live_identity(int(pid)) for pid in pid_file.read_text().split())
-    children.strays += [marked, bare]
+    leader, (marked, bare) = leader_gone_leaving(children, tmp_path, marker, [None, {}])
     scan = scan_processes(marker, session_of=leader)
     assert set(scan.alive) == {marked, bare} and scan.unproven == () and scan.complete
     assert probe_task(marker, leader) is Liveness.ALIVE
