@@ -682,7 +682,14 @@ class _Foreground:
         launch.go()
         if launch.channel.closed and launch.channel.pending:
             # The go never left: its supervisor was gone, and it spawns only on its go.
-            give_back(self.store, self.task, launch.token, "its supervisor died before its go")
+            # What it said before it went first: it may have given the claim back itself
+            # (another leader took the lease: ``deposed``).
+            for _ in range(3):
+                launch.poll()
+            if launch.deposed:
+                raise self._gone()
+            with contextlib.suppress(RefusedError):  # (the task moved meanwhile)
+                give_back(self.store, self.task, launch.token, "its supervisor died before its go")
             raise SupervisorDied("the task's supervisor died before it started the task")
         on_claimed()
         return self._watch()
