@@ -100,16 +100,16 @@ def _wait_for_exit(pid: int, timeout_s: float) -> None:
 
 
 class SupervisorDied(FerryError):
-    """The task's supervisor died before its plan (``kill -9`` of it, or a crash): it
-    started nothing (exit 125 for ``run``)."""
+    """The task's supervisor died before its plan, or before its go left (``kill -9``
+    of it, or a crash): it started nothing (exit 125 for ``run``)."""
 
     code = "supervisor.died"
     exit_code = EX_FERRY_FAILED
 
 
-class SupervisorDiedAfterPlan(TaskFateUnknown):
-    """The task's supervisor died after its plan, before the task's end was known: the
-    task may have started, and recovery decides it (exit 3 for ``run``)."""
+class SupervisorDiedAfterGo(TaskFateUnknown):
+    """The task's supervisor died after its go was sent, before the task's end was
+    known: the task may have started, and recovery decides it (exit 3 for ``run``)."""
 
     code = "supervisor.died"
 
@@ -356,11 +356,20 @@ class Launch:
 
     # -- answers --------------------------------------------------------------------------
 
-    def go(self) -> None:
+    def go(self) -> bool:
+        """Tell it to spawn its task. False if the go never left: the channel was
+        closed with it still queued (the supervisor gone; it spawns only on its go)."""
         failpoints.failpoint("before:go")
-        self.went = True
         self.channel.send("go", until=self.until())
+        self.went = not (self.channel.closed and self.channel.pending)
         failpoints.failpoint("after:go")
+        return self.went
+
+    def last_words(self) -> None:
+        """Take in what a supervisor whose channel closed said before it went: its
+        messages, then the channel's end (two reads: bounded, the peer being gone)."""
+        for _ in range(2):
+            self.poll()
 
     def abort(self) -> None:
         self.channel.send("abort")
@@ -679,13 +688,10 @@ class _Foreground:
             on_claimed()
             return RunResult(self._task(), self.before_spawn_status)
         self.on_started(self._task())  # (before the go: it precedes the task's output)
-        launch.go()
-        if launch.channel.closed and launch.channel.pending:
-            # The go never left: its supervisor was gone, and it spawns only on its go.
-            # What it said before it went first: it may have given the claim back itself
-            # (another leader took the lease: ``deposed``).
-            for _ in range(3):
-                launch.poll()
+        if not launch.go():
+            # Nothing started. What it said before it went first: it may have given the
+            # claim back itself (another leader took the lease: ``deposed``).
+            launch.last_words()
             if launch.deposed:
                 raise self._gone()
             with contextlib.suppress(RefusedError):  # (the task moved meanwhile)
@@ -751,7 +757,7 @@ class _Foreground:
                 code="lease.lost",
                 exit_code=EX_TEMPFAIL,
             )
-        return SupervisorDiedAfterPlan(
+        return SupervisorDiedAfterGo(
             "the task's supervisor died before the task ended; 'ferry recover' decides the task"
         )
 

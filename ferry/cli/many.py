@@ -13,7 +13,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from ferry.core.errors import FerryError, UsageError, exit_code_for
+from ferry.core.errors import (
+    EX_NOT_FOUND,
+    EX_OPERATOR,
+    EX_USAGE,
+    FerryError,
+    RefusedError,
+    UsageError,
+    exit_code_for,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -47,7 +55,7 @@ class OneService:
 
 # The exits of a failure about one task (refused, usage, operator needed, not found):
 # the store that said so is still good for the next.
-_TASK_EXITS = frozenset((1, 2, 3, 5))
+_TASK_EXITS = frozenset((RefusedError.exit_code, EX_USAGE, EX_OPERATOR, EX_NOT_FOUND))
 
 
 def targets(ctx: Any, ids: Sequence[str], state: str | None, service: OneService) -> list[str]:
