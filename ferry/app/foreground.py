@@ -81,5 +81,7 @@ def claim_task(
     session.compact_if_due()
     if result.error is not None:
         result.error.details.setdefault("task", result.task.id)
+        if not result.task.claim_token and not result.task.terminal:  # (never started)
+            result.error.message += f"; task {result.task.id} is back in the queue"
         raise result.error
     return result

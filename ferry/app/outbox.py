@@ -17,12 +17,12 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 
-from ferry.app.runner import as_cancelled
+from ferry.app.runner import as_cancelled, not_started_for_want, unstarted_end
 from ferry.app.session import this_host
 from ferry.core import events as ev
 from ferry.core.errors import FerryError, RefusedError, UsageError
 from ferry.core.fold import MOVED_CODES, RACE_TRIES
-from ferry.core.model import State, Task
+from ferry.core.model import Reason, State, Task
 from ferry.storage import TaskStore
 from ferry.storage.local.statedir import fsync_dir, make_dir_durable, write_atomic
 from journal import _json
@@ -37,6 +37,7 @@ OUTBOX = "outbox"
 SETTLED = "settled"  # written as the task's end
 LATE = "late"  # kept as a LATE_RESULT: the task had been decided meanwhile
 ALREADY = "already"  # it was written before (an answer lost on the way back)
+RELEASED = "released"  # never started (short of resources): back to the queue
 
 
 DEFAULT_PATIENCE_S = 600.0
@@ -143,7 +144,10 @@ def end_writes(
     the task being ``current`` now: SETTLED, the records to write (its SPAWNED only if
     the task is still DISPATCHING; CANCELLED if a cancel was asked for meanwhile);
     LATE, a LATE_RESULT (the claim moved: recovery or another host decided); ALREADY,
-    nothing (it is written, or kept as a late result, already). A failure the task's
+    nothing (it is written, or kept as a late result, already); RELEASED, the task of a
+    queue (not ``run``'s own) back to it, its command never started for want of
+    resources (:func:`ferry.app.runner.not_started_for_want`; nothing to keep once the
+    claim moved). A failure the task's
     ``--retries`` retry gets its RETRIED in the same write (``queueing.auto_retry``),
     unless the store refused that retry (``retry_refused``: its ``--key`` succeeded
     meanwhile, say): then the end goes alone, the refusal in its evidence
@@ -152,7 +156,15 @@ def end_writes(
     if current is None:
         return ALREADY, []
     ours = current.attempt == settled.attempt
+    unstarted = not_started_for_want(settled)
     if ours and current.claim_token == settled.token and current.in_flight:
+        if unstarted is not None and current.claimed_by != "run":
+            end = unstarted_end(current, str(settled.token), {"not_started": unstarted})
+            return RELEASED, [] if end is None else [end]
+        if _stopped_for_lost_lease(current, settled):
+            if current.releases < current.spec.max_releases:
+                return RELEASED, [_released_after(settled)]
+            records = [_over_the_limit(r) for r in records]
         writes: list[ev.Event] = [r for r in records if not isinstance(r, ev.Spawned)]
         if current.state is State.DISPATCHING:
             writes = list(records)
@@ -167,12 +179,42 @@ def end_writes(
         retry = auto_retry(current, _settled(writes), time.time())
         return SETTLED, writes if retry is None else [*writes, retry]
     if (
-        (ours and not current.in_flight and _same_end(current, settled))
+        unstarted is not None
+        or (ours and not current.in_flight and _same_end(current, settled))
         or _retried_after(current, settled)
         or _kept_late(current, settled)
     ):
         return ALREADY, []
     return LATE, [ev.LateResult(settled.task, settled.attempt, _result(settled))]
+
+
+def _stopped_for_lost_lease(current: Task, settled: ev.Settled) -> bool:
+    """An ``--idempotent`` task its worker stopped, FAILED, when that worker could not
+    renew its host's lease (a cancel asked for meanwhile stands): what another host's
+    recovery does with such a host's task, its end does too (queued again, bounded by
+    ``--max-releases``; :func:`ferry.core.recovery._choose_host_lost`)."""
+    return (
+        settled.evidence.get("stopped_because") == "lease_lost"
+        and settled.state is State.FAILED
+        and current.spec.idempotent
+        and not current.cancel_requested
+    )
+
+
+def _released_after(settled: ev.Settled) -> ev.Released:
+    evidence = {**settled.evidence, "exit_code": settled.exit_code, "signal": settled.signal}
+    return ev.Released(
+        settled.task, settled.attempt, settled.token, Reason.RELEASED_TO_QUEUE, True, evidence
+    )
+
+
+def _over_the_limit(record: ev.Event) -> ev.Event:
+    if not isinstance(record, ev.Settled):
+        return record
+    return ev.Settled(
+        record.task, record.attempt, record.token, record.state, Reason.RELEASE_LIMIT_EXCEEDED,
+        record.exit_code, record.signal, record.evidence, record.ended_at,
+    )  # fmt: skip
 
 
 def _not_retried(record: ev.Event, refusal: RefusedError) -> ev.Event:

@@ -23,6 +23,7 @@ This module holds what both sides share: the plan, the end's records, the paths.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import time
@@ -236,11 +237,31 @@ def settle_event(
     )
 
 
+# A start that failed for want of these (descriptors, processes, memory) may succeed
+# once they are back.
+SHORT_OF_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.ENOMEM})
+
+
 def spawn_failed_event(task: Task, token: str, error: FerryError) -> ev.Settled:
     return ev.Settled(
         task=task.id, attempt=task.attempt, token=token, state=State.FAILED,
         reason=Reason.SPAWN_FAILED, evidence={"error": error.to_json()},
     )  # fmt: skip
+
+
+def not_started_for_want(settled: ev.Settled) -> Mapping[str, Any] | None:
+    """The error of an end that says its task's command never started for want of
+    descriptors, processes or memory (its child not made, or its exec refused; not
+    one spawned, then killed at once for want of a descriptor to watch it with); None
+    for any other end. Such a claim goes back to the queue, uncounted, rather than
+    ending FAILED: nothing of it ran, and it may start once they are back."""
+    if settled.reason is not Reason.SPAWN_FAILED:
+        return None
+    error = settled.evidence.get("error")
+    details = error.get("details") if isinstance(error, dict) else None
+    if not isinstance(details, dict) or details.get("spawned"):
+        return None
+    return error if details.get("errno") in SHORT_OF_ERRNOS else None
 
 
 def before_spawn_event(

@@ -434,7 +434,8 @@ class Supervisor:
                 lock_fd = alivelock.hold(lock_path, self.given)
                 self.held = lock_path
             except OSError as e:
-                raise SpawnFailed("other", f"cannot create the task's alive-lock: {e}") from e
+                message = f"cannot create the task's alive-lock: {e}"
+                raise SpawnFailed("other", message, errno_=e.errno) from e
             spec = task.spec
             sup = SuperviseSpec(
                 argv=spec.argv, cwd=spec.cwd, env=plan.env, timeout_s=spec.timeout_s,

@@ -67,7 +67,12 @@ from ferry.app.launch import Launch, beat_ttl, watch_journal
 from ferry.app.leader import Leadership, policy_of, recover_as
 from ferry.app.merge_aside import MergeAside
 from ferry.app.queueing import settle_doomed
-from ferry.app.runner import before_spawn_event, child_environ, unstarted_end
+from ferry.app.runner import (
+    SHORT_OF_ERRNOS,
+    before_spawn_event,
+    child_environ,
+    unstarted_end,
+)
 from ferry.app.runner_state import runner_identity, with_runner_state
 from ferry.app.tally import Progress, Tally, WorkReport
 from ferry.core import events as ev
@@ -101,10 +106,10 @@ if TYPE_CHECKING:
 # pinned inputs: building an environment, well under a millisecond).
 PLAN_WAIT_S = 1.0
 PLAN_DEATHS_MAX = 3
-# A supervisor that cannot be made for want of descriptors, processes or memory: the
-# slot waits for one of the others (``Worker._new_supervisor``). A task that cannot be
-# started for want of them while no other runs: work stops (``Worker._done``).
-SHORT_OF_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.ENOMEM})
+# A supervisor that cannot be made for want of descriptors, processes or memory
+# (``SHORT_OF_ERRNOS``): the slot waits for one of the others
+# (``Worker._new_supervisor``). A task that cannot be started for want of them goes
+# back to the queue; and while no other runs, work stops (``Worker._done``).
 # Descriptors a new supervisor must leave free for work's own files (the lease's
 # renewal, a new journal segment, /proc reads, a pidfd): its channel takes one for as
 # long as it lives.
@@ -165,6 +170,10 @@ class Worker:
         # Short of supervisors in a write that ended tasks: the next turn comes at once
         # (their supervisors, idle once the write is done, take the claims).
         self._claim_again = False
+        # A task could not start for want of resources while others of ours ran: no
+        # claim until one of those ends (its end may free them), not the same task
+        # claimed and given back again and again meanwhile.
+        self._starved = False
         self._compact_at = 0.0  # time.monotonic() before which no compaction is tried
         self.merge_aside = MergeAside(session.home, session.notice)  # (what the loop leaves)
         self.unreaped: list[Launch] = []  # gone, not yet exited (they hold a task alone)
@@ -661,6 +670,9 @@ class Worker:
         claim, no new supervisor is made for the next (an idle queue costs no forks)."""
         if self.closing:
             return []
+        if self._starved and any(map(_started, self.supervisors)):
+            return []
+        self._starved = False
         held = self.launches
         if self.halt and any(_ends_failed(launch) for launch in held.values()):
             return []  # (--halt: the next claim waits until the failure's end is written)
@@ -1038,11 +1050,16 @@ class Worker:
             # its launcher having been silent too long): the attempt we ran, settled.
             self._settled(task_id, attempt, task)
             self._retrying(task_id, attempt, task)
-            if short is not None and not any(map(_started, self.supervisors)):
-                # Not started for want of descriptors, processes or memory, and no task
-                # of ours runs whose end could free some (one only claimed or told to go
-                # would fail the same way): stop with the queue as it is (exit 125).
+            if short is None:
+                self._starved = False  # (one that ran ended: what it held is free)
+            elif not any(map(_started, self.supervisors)):
+                # Not started for want of descriptors, processes or memory (back in the
+                # queue), and no task of ours runs whose end could free some (one only
+                # claimed or told to go would fail the same way): stop with the queue
+                # as it is (exit 125).
                 self._halt(short, fail=True)
+            else:
+                self._starved = True
 
     def _halt(self, error: FerryError | None, *, fail: bool = False) -> None:
         if not self.halted and error is not None:

@@ -62,13 +62,20 @@ _WAIT_POLL_S = 0.005
 
 class SpawnFailed(SpawnError):
     """The command could not be started. ``kind``: not_found (127), not_executable
-    (126, a directory too), other (125: a bad cwd, fork failure, E2BIG...)."""
+    (126, a directory too), other (125: a bad cwd, fork failure, E2BIG...).
+    ``spawned``: its child was made, then killed at once (it could not be watched), so
+    the command may have begun: said in ``details``."""
 
-    def __init__(self, kind: str, message: str, *, errno_: int | None = None) -> None:
+    def __init__(
+        self, kind: str, message: str, *, errno_: int | None = None, spawned: bool = False
+    ) -> None:
+        details: dict[str, object] = {"kind": kind, "errno": errno_}
+        if spawned:
+            details["spawned"] = True
         super().__init__(
             message,
             code=f"spawn.{kind}",
-            details={"kind": kind, "errno": errno_},
+            details=details,
             exit_code=_KIND_EXIT.get(kind, EX_FERRY_FAILED),
         )
         self.kind = kind

@@ -122,7 +122,7 @@ def _check(spec: SuperviseSpec) -> None:
 
 def _cannot_supervise(spec: SuperviseSpec, error: OSError) -> SpawnFailed:
     message = f"cannot supervise {spec.argv[0]!r} ({error}); it was killed at once"
-    return SpawnFailed("other", message, errno_=error.errno)
+    return SpawnFailed("other", message, errno_=error.errno, spawned=True)
 
 
 def supervise(

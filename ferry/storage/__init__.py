@@ -207,7 +207,8 @@ class TaskStore(Protocol):
         ...
 
     def quarantined(self) -> list[Task]:
-        """Settled tasks whose orphan was alive when recovery decided (it may be still)."""
+        """Settled tasks whose orphan was alive when recovery decided (it may be still),
+        or whose host was lost with them (``HOST_LOST``: ``fold.MAY_RUN_ON``)."""
         ...
 
     def succeeded_with_key(self, key: str) -> str | None:

@@ -201,13 +201,18 @@ class Ferry:
         return result
 
     def start(
-        self, *args: str, failpoints: str | None = None, stdout: Output | None = None
+        self,
+        *args: str,
+        failpoints: str | None = None,
+        stdout: Output | None = None,
+        command: Sequence[str] | None = None,
     ) -> subprocess.Popen[bytes]:
         """A ferry process in the background, in a session of its own with default
         SIGINT/SIGTERM/SIGHUP: stdin /dev/null, stderr a pipe, stdout ``stdout`` (None:
-        the driver's ``start_stdout``). Reaped by :meth:`close` at the latest."""
+        the driver's ``start_stdout``); ``command`` replaces the driver's. Reaped by
+        :meth:`close` at the latest."""
         proc = subprocess.Popen(
-            [*self.command, *args],
+            [*(command or self.command), *args],
             stdin=subprocess.DEVNULL,
             stdout=self.start_stdout if stdout is None else stdout,
             stderr=subprocess.PIPE,

@@ -864,6 +864,37 @@ def test_a_worker_that_lost_its_lease_says_why_it_stopped_its_tasks(
     assert "halting" not in worker.stderr.read().decode()  # (--halt: not a task's failure)
 
 
+def test_an_idempotent_task_a_worker_stopped_for_its_lost_lease_is_queued_again(
+    hosts: Hosts, tmp_path: Path
+) -> None:
+    # (Found by a review: a worker that lost its lease stops its tasks, as the contract
+    # asks, and their ends were written FAILED SIGNALLED; another host's recovery
+    # queues an idempotent task of a lost host again, and so does this end now, bounded
+    # by --max-releases as recovery's release is.)
+    a, b = hosts("a"), hosts("b")
+    gate, marks = tmp_path / "gate", tmp_path / "marks"
+    task_id = a.ok("submit", "--idempotent", "--", *gated(gate, marks)).out.decode().strip()
+    worker = a.start("work", "-j", "1", "--lease-ttl", "2", "--poll", "0.1")
+    try:
+        wait_until(lambda: a.task(task_id)["state"] == "RUNNING", what="work to run it")
+        worker.send_signal(signal.SIGSTOP)
+        paused_until = time.monotonic() + 6  # (three TTLs)
+        while time.monotonic() < paused_until:
+            time.sleep(0.1)
+        worker.send_signal(signal.SIGCONT)
+        assert worker.wait(timeout=60) == 75
+    finally:
+        worker.send_signal(signal.SIGCONT)
+    task = a.task(task_id)
+    assert (task["state"], task["reason"], task["releases"]) == ("QUEUED", "RELEASED_TO_QUEUE", 1)
+    assert task["evidence"]["stopped_because"] == "lease_lost", task["evidence"]
+    assert task["evidence"]["signal"] == 15, task["evidence"]
+    gate.touch()
+    b.ok("work", "--drain")
+    task = a.task(task_id)
+    assert (task["state"], task["host"], task["attempt"]) == ("SUCCEEDED", "b", 1), task
+
+
 def test_a_task_unheard_past_its_deadline_is_not_started(hosts: Hosts, tmp_path: Path) -> None:
     # (Found by a review: a supervisor frozen between its go and the spawn, past its
     # deadline, spawned the task once continued, after b had queued it again.)

@@ -183,6 +183,10 @@ def test_a_task_lost_with_its_host_is_not_retried_beside_its_orphan(hosts: Hosts
     refused = b.refused(3, "task.orphan_alive", "retry", task_id)
     assert "host a" in refused.err, refused.err
     assert a.task(task_id)["attempt"] == 1
+    # Its own host's recover probes it, as a quarantined task's: its orphan alive, exit 3
+    # (it said nothing of it, exit 0: a review).
+    code, report = a.recover()
+    assert (code, report["orphans_alive"]) == (3, [task_id]), report
     # Nor by its key (contract.md, "Keys after an unsafe end": HOST_LOST is one), nor
     # forgotten by gc with the evidence of it (a second review).
     for host in (a, b):

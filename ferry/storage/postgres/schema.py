@@ -368,6 +368,13 @@ MIGRATIONS: tuple[str, ...] = (
               AND OLD.state NOT IN ('SUCCEEDED', 'FAILED', 'CANCELLED'))
         EXECUTE FUNCTION ferry_settled_at();
     """,
+    # 8: every ``recover`` looks at the tasks whose orphans may run on: quarantined, and
+    # FAILED HOST_LOST (their host's own probes can tell; ``PgStore.quarantined``).
+    """
+    DROP INDEX ferry_tasks_quarantined;
+    CREATE INDEX ferry_tasks_quarantined ON ferry_tasks (id)
+        WHERE reason IN ('HOST_LOST', 'QUARANTINED_ORPHAN_ALIVE');
+    """,
 )
 VERSION = len(MIGRATIONS)
 _LOCK_ID = 0x66657272  # "ferr": serialises concurrent `db init`s

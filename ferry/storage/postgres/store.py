@@ -40,7 +40,7 @@ from ferry.core.errors import (
     NotFoundError,
     RefusedError,
 )
-from ferry.core.fold import task_from_record, task_to_record
+from ferry.core.fold import MAY_RUN_ON, task_from_record, task_to_record
 from ferry.core.ids import LAST, resolve_prefix, shown, task_number
 from ferry.core.model import IN_FLIGHT_STATES, Reason, State, Task, replace, rfc3339
 from ferry.core.state import SNAPSHOT_FORMAT, States, Table
@@ -55,6 +55,13 @@ if TYPE_CHECKING:
 _CLAIMED = ev.EventType.CLAIMED.value
 _SETTLED = ev.EventType.SETTLED.value
 _DEPENDENCY_FAILED = Reason.DEPENDENCY_FAILED.value
+# (The reasons as constants, not parameters: the partial index of schema version 8 is
+# the planner's only when it can prove its predicate.)
+_MAY_RUN_ON_SQL = (
+    "SELECT body FROM ferry_tasks WHERE reason IN ("
+    + ", ".join(f"'{reason.value}'" for reason in sorted(MAY_RUN_ON))
+    + ") AND state = 'FAILED' ORDER BY id"
+)
 _SUBMITTED = ev.EventType.SUBMITTED.value
 _FORGOTTEN = ev.EventType.FORGOTTEN.value
 _TOMBSTONE = "key_succeeded:"  # ferry_meta's key for a key whose task gc forgot
@@ -781,10 +788,9 @@ class PgStore:
         return [(task_from_record(body), cause) for body, cause in found]
 
     def quarantined(self) -> list[Task]:
-        return self._tasks(
-            "SELECT body FROM ferry_tasks WHERE reason = %s AND state = 'FAILED' ORDER BY id",
-            (Reason.QUARANTINED_ORPHAN_ALIVE.value,),
-        )
+        """Quarantined tasks, and those FAILED ``HOST_LOST`` (decided by another host:
+        their orphans may run on, and only their own host's probes can tell)."""
+        return self._tasks(_MAY_RUN_ON_SQL, ())
 
     def succeeded_with_key(self, key: str) -> str | None:
         rows = self.db.execute("SELECT id, body FROM ferry_tasks WHERE key = %s", (key,))
