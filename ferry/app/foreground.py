@@ -7,7 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from ferry.app.launch import RUN_BEAT_TTL_S, beat_ttl, claim_foreground, run_foreground
+from ferry.app.launch import (
+    RUN_BEAT_TTL_S,
+    beat_ttl,
+    claim_foreground,
+    ended_quietly,
+    run_foreground,
+)
 from ferry.app.session import load_backend
 
 TYPE_CHECKING = False
@@ -50,7 +56,8 @@ def run_task(
         on_claimed=on_claimed, stdout_echo_fd=stdout_echo_fd, notice=session.notice,
         on_started=on_started, beat_ttl_s=beat_ttl(session, RUN_BEAT_TTL_S),
     )  # fmt: skip
-    session.compact_if_due()
+    with ended_quietly():
+        session.compact_if_due()
     if result.error is not None:
         result.error.details.setdefault("task", result.task.id)
         raise result.error
@@ -78,7 +85,8 @@ def claim_task(
     )  # fmt: skip
     if result is None:
         return None
-    session.compact_if_due()
+    with ended_quietly():
+        session.compact_if_due()
     if result.error is not None:
         result.error.details.setdefault("task", result.task.id)
         if not result.task.claim_token and not result.task.terminal:  # (never started)

@@ -358,8 +358,8 @@ class Launch:
 
     def go(self) -> bool:
         """Tell it to spawn its task. False if the go never left: the channel was
-        closed with it still queued (the supervisor gone; it spawns only on its go)."""
-        failpoints.failpoint("before:go")
+        closed with it still queued (the supervisor gone; it spawns only on its go).
+        (The failpoint ``before:go`` is its callers', before what they look at last.)"""
         self.channel.send("go", until=self.until())
         self.went = not (self.channel.closed and self.channel.pending)
         failpoints.failpoint("after:go")
@@ -487,6 +487,10 @@ def run_foreground(
         with SignalTrap() as trap:
             foreground = _Foreground(store, launch, trap, notice, on_started)
             return foreground.run(lead, epoch, on_claimed)
+    except FerryError as error:
+        if launch.claimed:  # (the task exists)
+            _naming(error, task)
+        raise
     finally:
         if not launch.claimed and not launch.idle:
             # Its claim was never written: it started nothing. (Idle: its end is
@@ -497,7 +501,8 @@ def run_foreground(
         launch.release()  # (done: it exits; an error: it carries on alone)
         # (Killed: it is gone in a moment, reaped, not left a zombie of a caller that
         # lives on.)
-        launch.reap(timeout_s=REAP_WAIT_S if launch.idle or killed else 0)
+        with ended_quietly():
+            launch.reap(timeout_s=REAP_WAIT_S if launch.idle or killed else 0)
 
 
 def claim_foreground(
@@ -530,13 +535,20 @@ def claim_foreground(
     try:
         token = new_claim_token(os.urandom(10))
         launch.expect(token, epoch=epoch)  # (should we die now, it releases the claim)
-        task = claim(launch.runner(), token)
+        with SignalTrap() as trap:  # (a signal does not cut the claim's write short)
+            task = claim(launch.runner(), token)
+            trap.drain()
         if task is None:
             launch.unexpect()
+        else:
+            launch.assign(task, token)
+            launch.claimed = True
+            launch.dispatched = task.state is State.DISPATCHING
+        if trap.received:  # (its claim, if one was written, goes back below)
+            signum = trap.received[0]
+            raise Interrupted(f"interrupted by signal {signum}", exit_code=128 + signum)
+        if task is None:
             return None
-        launch.assign(task, token)
-        launch.claimed = True
-        launch.dispatched = task.state is State.DISPATCHING
         with _interruptible():
             while launch.plan is None and not launch.gone:
                 launch.wait(renew_every_s)
@@ -544,7 +556,9 @@ def claim_foreground(
         with SignalTrap() as trap:
             foreground = _Foreground(store, launch, trap, notice, on_started)
             return foreground.run_claimed(epoch, on_claimed)
-    except BaseException:
+    except BaseException as error:
+        if launch.claimed and isinstance(error, FerryError):
+            _naming(error, launch.task)
         if launch.claimed and not launch.went:
             try:
                 give_back(store, launch.task, launch.token, "not started: " + _why())
@@ -556,7 +570,18 @@ def claim_foreground(
         raise
     finally:
         launch.release()  # (done: it exits; an error: it carries on alone)
-        launch.reap(timeout_s=REAP_WAIT_S if launch.idle else 0)
+        with ended_quietly():
+            launch.reap(timeout_s=REAP_WAIT_S if launch.idle else 0)
+
+
+def _naming(error: FerryError, task: Task) -> None:
+    """An error about a task names it (``details.task``, and its message): a script
+    that must ``show``, ``recover`` or ``kill`` it next, beside other runs, can tell
+    which."""
+    if "task" not in error.details:
+        error.details["task"] = task.id
+        if task.id not in error.message:
+            error.message = f"task {task.id}: {error.message}"
 
 
 def _why() -> str:
@@ -573,6 +598,36 @@ def give_back(store: TaskStore, task: Task, token: str, why: str) -> None:
         return [] if end is None else [end]
 
     store.commit_against([task.id], decide)
+
+
+class _CutShort(Exception):
+    """A signal came after the task's end was durable: what is left is dropped."""
+
+
+@contextlib.contextmanager
+def ended_quietly() -> Iterator[None]:
+    """The task's end is durable: what is left (the supervisor's reap, a compaction,
+    safe to stop anywhere) is dropped at SIGINT, SIGTERM or SIGHUP, and the exit
+    status stays the task's (a CI job cancelled as its task ended made ``run`` say 143
+    of a task that SUCCEEDED: a review). Elsewhere than in the main thread: as is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def cut(signum: int, frame: FrameType | None) -> None:
+        raise _CutShort
+
+    old = {}
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) != signal.SIG_IGN:
+            old[sig] = signal.signal(sig, cut)
+    try:
+        yield
+    except _CutShort:
+        pass
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 @contextlib.contextmanager
@@ -684,7 +739,8 @@ class _Foreground:
         if record[0] == "SETTLED":  # a pinned input changed: settled FAILED, not run
             on_claimed()
             return RunResult(self._task(), EX_FERRY_FAILED, launch.plan_error)
-        if self._before_spawn():
+        failpoints.failpoint("before:go")
+        if self._before_spawn():  # (looked at last: a signal until now starts nothing)
             on_claimed()
             return RunResult(self._task(), self.before_spawn_status)
         self.on_started(self._task())  # (before the go: it precedes the task's output)
@@ -697,7 +753,8 @@ class _Foreground:
             with contextlib.suppress(RefusedError):  # (the task moved meanwhile)
                 give_back(self.store, self.task, launch.token, "its supervisor died before its go")
             raise SupervisorDied("the task's supervisor died before it started the task")
-        on_claimed()
+        self._forward_signals()  # (one since the look: right behind the go, before the
+        on_claimed()  # release of claim's lease, which may take a while)
         return self._watch()
 
     def _before_spawn(self) -> bool:
@@ -709,11 +766,17 @@ class _Foreground:
         if not cancelled and not self.trap.received:
             return False
         signum = None if cancelled else self.trap.received[0]
-        event = before_spawn_event(self.task, self.launch.token, cancelled=cancelled, signum=signum)
+        event: ev.Event | None = before_spawn_event(
+            self.task, self.launch.token, cancelled=cancelled, signum=signum
+        )
+        if not cancelled and current.claimed_by != "run":  # (a task of the queue: back)
+            why = f"not started: claim got signal {signum}"
+            event = unstarted_end(current, self.launch.token, {"launcher": why})
         self.before_spawn_status = 128 + (signal.SIGTERM if signum is None else signum)
         try:
-            self.store.commit(event)  # (then the supervisor may go: a crash between leaves
-        except RefusedError as error:  # it to find the task settled, and do nothing)
+            if event is not None:  # (then the supervisor may go: a crash between leaves
+                self.store.commit(event)  # it to find the task settled, and do nothing)
+        except RefusedError as error:
             if cancelled or error.code != "task.cancel_requested":
                 raise
             # A cancel landed since the table was read: the end is the cancel's.

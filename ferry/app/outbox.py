@@ -17,7 +17,7 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 
-from ferry.app.runner import as_cancelled, not_started_for_want, unstarted_end
+from ferry.app.runner import as_cancelled, not_started, unstarted_end
 from ferry.app.session import this_host
 from ferry.core import events as ev
 from ferry.core.errors import FerryError, RefusedError, UsageError
@@ -146,8 +146,8 @@ def end_writes(
     LATE, a LATE_RESULT (the claim moved: recovery or another host decided); ALREADY,
     nothing (it is written, or kept as a late result, already); RELEASED, the task of a
     queue (not ``run``'s own) back to it, its command never started for want of
-    resources (:func:`ferry.app.runner.not_started_for_want`; nothing to keep once the
-    claim moved). A failure the task's
+    resources or for a signal before its spawn (:func:`ferry.app.runner.not_started`;
+    nothing to keep once the claim moved). A failure the task's
     ``--retries`` retry gets its RETRIED in the same write (``queueing.auto_retry``),
     unless the store refused that retry (``retry_refused``: its ``--key`` succeeded
     meanwhile, say): then the end goes alone, the refusal in its evidence
@@ -156,10 +156,10 @@ def end_writes(
     if current is None:
         return ALREADY, []
     ours = current.attempt == settled.attempt
-    unstarted = not_started_for_want(settled)
+    unstarted = not_started(settled)
     if ours and current.claim_token == settled.token and current.in_flight:
         if unstarted is not None and current.claimed_by != "run":
-            end = unstarted_end(current, str(settled.token), {"not_started": unstarted})
+            end = unstarted_end(current, str(settled.token), unstarted)
             return RELEASED, [] if end is None else [end]
         if _stopped_for_lost_lease(current, settled):
             if current.releases < current.spec.max_releases:

@@ -249,19 +249,23 @@ def spawn_failed_event(task: Task, token: str, error: FerryError) -> ev.Settled:
     )  # fmt: skip
 
 
-def not_started_for_want(settled: ev.Settled) -> Mapping[str, Any] | None:
-    """The error of an end that says its task's command never started for want of
-    descriptors, processes or memory (its child not made, or its exec refused; not
-    one spawned, then killed at once for want of a descriptor to watch it with); None
-    for any other end. Such a claim goes back to the queue, uncounted, rather than
-    ending FAILED: nothing of it ran, and it may start once they are back."""
+def not_started(settled: ev.Settled) -> dict[str, Any] | None:
+    """Why an end says its task's command never started, for a reason that was not the
+    task's (None for any other end): a start that failed for want of descriptors,
+    processes or memory (its child not made, or its exec refused; not one spawned,
+    then killed at once for want of a descriptor to watch it with: it may have
+    begun), or a signal to its supervisor or launcher before the spawn. Such a claim
+    of a queued task goes back to the queue, uncounted, rather than ending FAILED:
+    nothing of it ran, and it may start once the resources are back."""
+    if settled.evidence.get("signalled_before_spawn"):
+        return {"supervisor": f"not started: signal {settled.signal} before the spawn"}
     if settled.reason is not Reason.SPAWN_FAILED:
         return None
     error = settled.evidence.get("error")
     details = error.get("details") if isinstance(error, dict) else None
     if not isinstance(details, dict) or details.get("spawned"):
         return None
-    return error if details.get("errno") in SHORT_OF_ERRNOS else None
+    return {"not_started": error} if details.get("errno") in SHORT_OF_ERRNOS else None
 
 
 def before_spawn_event(
@@ -286,7 +290,9 @@ def unstarted_end(
 ) -> ev.Settled | ev.Released | None:
     """What a claim whose task was never started becomes (its launcher, or its
     supervisor, gone before the spawn), the task being ``current``: None if the claim
-    ``token`` no longer owns it; CANCELLED if a cancel was asked for; else back to the
+    ``token`` no longer owns it; CANCELLED if a cancel was asked for; ``run``'s own task
+    FAILED ``SPAWN_FAILED`` (no one queued it: ``run`` said 125, or died, and a script
+    may run it again; queued, the next ``work`` would run it too); else back to the
     queue, not counted (``evidence``: why)."""
     if current is None or current.claim_token != token or not current.in_flight:
         return None
@@ -294,6 +300,11 @@ def unstarted_end(
         return ev.Settled(
             current.id, current.attempt, token, State.CANCELLED, Reason.CANCELLED_BY_USER,
             evidence={"cancelled_before_spawn": True},
+        )  # fmt: skip
+    if current.claimed_by == "run":
+        return ev.Settled(
+            current.id, current.attempt, token, State.FAILED, Reason.SPAWN_FAILED,
+            evidence=dict(evidence),
         )  # fmt: skip
     return ev.Released(
         current.id, current.attempt, token, Reason.RELEASED_TO_QUEUE, False, dict(evidence)

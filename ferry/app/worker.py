@@ -62,6 +62,7 @@ from collections.abc import Mapping, Sequence
 # package upgraded since work started).
 import ferry.app.supervisor
 import ferry.proc.supervise  # noqa: F401
+from ferry import failpoints
 from ferry.app import outbox
 from ferry.app.launch import Launch, beat_ttl, watch_journal
 from ferry.app.leader import Leadership, policy_of, recover_as
@@ -670,6 +671,8 @@ class Worker:
         claim, no new supervisor is made for the next (an idle queue costs no forks)."""
         if self.closing:
             return []
+        if any(_short_of_resources(u.launch.end_error) for u in units if u.kind == "end"):
+            return []  # (a task could not start: not in this write; _done decides)
         if self._starved and any(map(_started, self.supervisors)):
             return []
         self._starved = False
@@ -785,6 +788,7 @@ class Worker:
                 continue
             if not launch.dispatched and not self._write_plan(launch, record):
                 continue
+            failpoints.failpoint("before:go")
             launch.go()
 
     def _write_plan(self, launch: Launch, record: Record) -> bool:

@@ -86,11 +86,12 @@ def shown(text: str, limit: int = 40) -> str:
     return "'" + body.replace("'", "\\'") + "'"
 
 
-def resolve_prefix(prefix: str, ids: Iterable[str]) -> str:
+def resolve_prefix(prefix: str, ids: Iterable[str], *, count: int = 0) -> str:
     """The one id among ``ids`` that starts with ``prefix`` (case-insensitive).
 
     Never "the first match": no match raises NotFoundError, several raise
-    AmbiguousIdError naming up to 10 of them (sorted) and how many more there are.
+    AmbiguousIdError naming up to 10 of them (sorted) and how many more there are
+    (``count``: how many match in all, when ``ids`` holds only the first of them).
     """
     wanted = prefix.strip().lower()
     if not wanted:
@@ -101,10 +102,11 @@ def resolve_prefix(prefix: str, ids: Iterable[str]) -> str:
     if len(matches) == 1:
         return matches[0]
     listed = matches[:AMBIGUOUS_LISTED_MAX]
+    total = max(count, len(matches))
     text = ", ".join(listed)
-    if len(matches) > len(listed):
-        text += f" and {len(matches) - len(listed)} more"
+    if total > len(listed):
+        text += f" and {total - len(listed)} more"
     raise AmbiguousIdError(
         f"task id prefix {shown(prefix)} is ambiguous: {text}",
-        details={"prefix": prefix, "matches": listed, "count": len(matches)},
+        details={"prefix": prefix, "matches": listed, "count": total},
     )

@@ -11,7 +11,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from clikit import Ferry, wait_until
+from clikit import Ferry, wait_stopped, wait_until
 
 from ferry.core.ids import new_task_id
 
@@ -314,3 +314,116 @@ def test_a_task_a_failed_task_comes_after_is_kept_for_its_retry(ferry: Ferry) ->
     assert sorted(t["id"] for t in report["forgotten"]) == sorted([first, then])
     assert report["kept"] == [] and ids_listed(ferry) == []
     ferry.verify_clean()
+
+
+# ---- patch copies ------------------------------------------------------------------------
+
+PATCH_TEXT = "--- a/data.txt\n+++ b/data.txt\n@@ -1 +1 @@\n-old\n+new\n"
+HOURS_2 = 2 * 3600
+
+
+def patched(ferry: Ferry, text: str = PATCH_TEXT) -> tuple[str, Path]:
+    """A task submitted with ``--patch-file`` (its private copy in patches/); its id and
+    the copy's path."""
+    data = ferry.home.parent / "data.txt"
+    data.write_text("old\n")
+    patch = ferry.home.parent / "fix.patch"
+    patch.write_text(text)
+    task_id = ferry.ok("-q", "submit", "--idempotent", "--cwd", str(data.parent),
+                       "--pointer", "data.txt", "--patch-file", str(patch),
+                       "--", "true").text.strip()  # fmt: skip
+    copy = Path(ferry.task(task_id)["patch"]["path"])
+    assert copy.parent == ferry.home / "patches" and copy.exists()
+    return task_id, copy
+
+
+def aged(path: Path, seconds: float) -> None:
+    then = path.stat().st_mtime - seconds
+    os.utime(path, (then, then))
+
+
+def test_gc_frees_a_patch_copy_once_no_task_names_it(ferry: Ferry) -> None:
+    """A ``--patch-file`` copy stayed for ever: gc forgot its tasks and left it (the
+    twentieth session's notes). It goes once no task the store knows names it, and it
+    is older than an hour (a submit's copy, written or reused, is touched before its
+    task is written: a gc between the two must not take it)."""
+    _, copy = patched(ferry)
+    _, again = patched(ferry)  # (the same bytes: the same copy, reused)
+    assert again == copy
+    ferry.ok("work", "--drain")
+    aged(copy, HOURS_2)
+    report = ferry.json("gc", "--older-than", "0s", "--state", "succeeded", "--dry-run")
+    assert report["patches"] == [], "both tasks still name it"
+    ferry.ok("gc", "--older-than", "0s")
+    assert copy.exists() is False, "no task names it any more"
+    # A fresh copy (submitted within the hour) stays, whoever names it.
+    _, fresh = patched(ferry, PATCH_TEXT.replace("+new", "+newer"))
+    ferry.ok("work", "--drain")
+    ferry.ok("gc", "--older-than", "0s")
+    assert fresh.exists()
+    aged(fresh, HOURS_2)
+    plan = ferry.json("gc", "--older-than", "0s", "--dry-run")
+    assert [p["sha256"] for p in plan["patches"]] == [fresh.stem] and fresh.exists()
+    report = ferry.json("gc", "--older-than", "0s")
+    assert [p["sha256"] for p in report["patches"]] == [fresh.stem] and not fresh.exists()
+    assert report["patches"][0]["bytes"] > 0
+
+
+def test_a_patch_copy_a_task_still_names_is_kept(ferry: Ferry) -> None:
+    """Queued, failed (a retry runs it again) or kept for any reason: its copy stays."""
+    queued, copy = patched(ferry)
+    aged(copy, HOURS_2)
+    ferry.ok("gc", "--older-than", "0s")
+    assert copy.exists()
+    ferry.ok("work", "--drain")
+    assert ferry.task(queued)["state"] == "SUCCEEDED"
+
+
+def test_a_submit_that_reuses_an_old_patch_copy_keeps_it(ferry: Ferry) -> None:
+    """The copy of a forgotten task, reused by a new submit of the same bytes: touched
+    then, so the next gc keeps it (and the new task runs with it)."""
+    _, copy = patched(ferry)
+    ferry.ok("work", "--drain")
+    ferry.ok("gc", "--older-than", "0s")  # (first forgotten; its copy too young to go)
+    aged(copy, HOURS_2)
+    second, again = patched(ferry)
+    assert again == copy
+    ferry.ok("gc", "--older-than", "0s")
+    assert copy.exists()
+    ferry.ok("work", "--drain")
+    assert ferry.task(second)["state"] == "SUCCEEDED"
+
+
+def test_a_patch_copy_reused_while_gc_takes_it_is_kept(ferry: Ferry) -> None:
+    """gc stopped as it is about to set aside an old copy no task names; a submit of
+    the same bytes reuses it then (touched); gc goes on: the copy is looked at again
+    once aside, and comes back. The new task runs with it."""
+    _, copy = patched(ferry)
+    ferry.ok("work", "--drain")
+    ferry.ok("gc", "--older-than", "0s")
+    aged(copy, HOURS_2)
+    gc = ferry.start("gc", "--older-than", "0s", failpoints="before:gc_patch=stop")
+    wait_stopped(gc, what="gc to stop before it sets the copy aside")
+    task_id, again = patched(ferry)
+    gc.send_signal(signal.SIGCONT)
+    assert gc.wait(timeout=60) == 0
+    assert again == copy and copy.exists()
+    ferry.ok("work", "--drain")
+    assert ferry.task(task_id)["state"] == "SUCCEEDED"
+
+
+def test_a_gc_killed_with_a_patch_copy_aside_leaves_it_to_the_next(ferry: Ferry) -> None:
+    """Killed once the copy is aside: a submit meanwhile writes it afresh (its task
+    runs), and the next gc puts back or removes what was left aside."""
+    _, copy = patched(ferry)
+    ferry.ok("work", "--drain")
+    ferry.ok("gc", "--older-than", "0s")
+    aged(copy, HOURS_2)
+    assert ferry("gc", "--older-than", "0s", failpoints="after:gc_patch").code == -signal.SIGKILL
+    assert not copy.exists()
+    task_id, again = patched(ferry)
+    assert again == copy and copy.exists()
+    ferry.ok("gc", "--older-than", "0s")
+    assert sorted(os.listdir(copy.parent)) == [copy.name], "the one aside is gone"
+    ferry.ok("work", "--drain")
+    assert ferry.task(task_id)["state"] == "SUCCEEDED"

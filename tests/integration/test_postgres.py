@@ -836,6 +836,23 @@ def test_a_paused_launcher_does_not_stop_its_task(hosts: Hosts, tmp_path: Path) 
     assert (claim.returncode, b.task(task_id)["state"]) == (0, "SUCCEEDED")
 
 
+def paused_past_its_lease(host: Ferry, task_id: str, *options: str) -> subprocess.Popen[bytes]:
+    """A ``work`` (``options``) running the task, paused (SIGSTOP) for three times its
+    lease's TTL, continued: it exits 75, having stopped its task."""
+    worker = host.start("work", "-j", "1", "--lease-ttl", "2", "--poll", "0.1", *options)
+    try:
+        wait_until(lambda: host.task(task_id)["state"] == "RUNNING", what="work to run it")
+        worker.send_signal(signal.SIGSTOP)
+        paused_until = time.monotonic() + 6  # (three TTLs: the pause is the point)
+        while time.monotonic() < paused_until:
+            time.sleep(0.1)
+        worker.send_signal(signal.SIGCONT)
+        assert worker.wait(timeout=60) == 75
+    finally:
+        worker.send_signal(signal.SIGCONT)
+    return worker
+
+
 def test_a_worker_that_lost_its_lease_says_why_it_stopped_its_tasks(
     hosts: Hosts, tmp_path: Path
 ) -> None:
@@ -845,17 +862,9 @@ def test_a_worker_that_lost_its_lease_says_why_it_stopped_its_tasks(
     a = hosts("a")
     gate, marks = tmp_path / "gate", tmp_path / "marks"
     task_id = a.ok("submit", "--", *gated(gate, marks)).out.decode().strip()
-    worker = a.start("work", "-j", "1", "--lease-ttl", "2", "--poll", "0.1", "--halt", "now")
     try:
-        wait_until(lambda: a.task(task_id)["state"] == "RUNNING", what="work to run it")
-        worker.send_signal(signal.SIGSTOP)
-        paused_until = time.monotonic() + 6  # (three TTLs)
-        while time.monotonic() < paused_until:
-            time.sleep(0.1)
-        worker.send_signal(signal.SIGCONT)
-        assert worker.wait(timeout=60) == 75
+        worker = paused_past_its_lease(a, task_id, "--halt", "now")
     finally:
-        worker.send_signal(signal.SIGCONT)
         gate.touch()
     task = a.task(task_id)
     assert (task["state"], task["reason"], task["signal"]) == ("FAILED", "SIGNALLED", 15)
@@ -874,17 +883,7 @@ def test_an_idempotent_task_a_worker_stopped_for_its_lost_lease_is_queued_again(
     a, b = hosts("a"), hosts("b")
     gate, marks = tmp_path / "gate", tmp_path / "marks"
     task_id = a.ok("submit", "--idempotent", "--", *gated(gate, marks)).out.decode().strip()
-    worker = a.start("work", "-j", "1", "--lease-ttl", "2", "--poll", "0.1")
-    try:
-        wait_until(lambda: a.task(task_id)["state"] == "RUNNING", what="work to run it")
-        worker.send_signal(signal.SIGSTOP)
-        paused_until = time.monotonic() + 6  # (three TTLs)
-        while time.monotonic() < paused_until:
-            time.sleep(0.1)
-        worker.send_signal(signal.SIGCONT)
-        assert worker.wait(timeout=60) == 75
-    finally:
-        worker.send_signal(signal.SIGCONT)
+    paused_past_its_lease(a, task_id)
     task = a.task(task_id)
     assert (task["state"], task["reason"], task["releases"]) == ("QUEUED", "RELEASED_TO_QUEUE", 1)
     assert task["evidence"]["stopped_because"] == "lease_lost", task["evidence"]

@@ -941,3 +941,81 @@ def test_ferry_started_with_sigchld_ignored_still_learns_each_exit_status(
     [ended] = ferry.tasks()
     assert (ended["state"], ended["reason"], ended["exit_code"]) == ("FAILED", "EXIT_NONZERO", 3)
     assert ferry.ok("logs", str(ended["id"])).text.split() == ["False"]  # (not ignored)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("command", ["run", "claim"])
+def test_a_signal_just_before_the_go_starts_nothing(
+    ferry: Ferry, tmp_path: Path, command: str, signum: int
+) -> None:
+    """A signal that reaches ``run`` or ``claim`` as it is about to send its go: the
+    look for signals comes after (``claim`` looked before telling the task started, and
+    relayed the signal only after releasing its lease: the task was spawned, 5 times in
+    6, and then killed, its first command run: a review). ``run``'s task is FAILED
+    SIGNALLED; ``claim``'s goes back to the queue (the signal was for ``claim``)."""
+    marker = tmp_path / "ran"
+    argv = ["sh", "-c", f"touch {marker}; sleep 2"]
+    if command == "claim":
+        ferry.ok("submit", "--", *argv)
+        proc = ferry.start("claim", failpoints="launcher:before:go=stop")
+    else:
+        proc = ferry.start("run", "--", *argv, failpoints="launcher:before:go=stop")
+    wait_stopped(proc, what=f"{command} to stop before its go")
+    proc.send_signal(signum)
+    proc.send_signal(signal.SIGCONT)
+    assert proc.wait(timeout=60) == 128 + signum
+    task = ferry.only_task()
+    if command == "run":
+        assert (task["state"], task["reason"], task["signal"]) == ("FAILED", "SIGNALLED", signum)
+        assert task["evidence"]["signalled_before_spawn"] is True, task["evidence"]
+    else:
+        assert (task["state"], task["reason"], task["releases"]) == (
+            "QUEUED",
+            "RELEASED_TO_QUEUE",
+            0,
+        )
+        assert task["evidence"]["launcher"] == f"not started: claim got signal {signum}"
+    assert not marker.exists(), "nothing was started"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_a_signal_while_claim_writes_its_claim_gives_it_back(
+    ferry: Ferry, tmp_path: Path, signum: int
+) -> None:
+    """SIGTERM or SIGHUP while ``claim`` writes its claim (a CI job cancelled): it died
+    of the signal's default action, silently, its lease left to a dead holder (a
+    review). The write is not cut short; then nothing is started, the claim goes back to
+    the queue, and ``claim`` exits 128+N, saying so."""
+    marker = tmp_path / "ran"
+    task_id = ferry.ok("-q", "submit", "--", "touch", str(marker)).text.strip()
+    proc = ferry.start("claim", failpoints="launcher:after:DISPATCHING=stop")
+    wait_stopped(proc, what="claim to stop with its claim written")
+    proc.send_signal(signum)
+    proc.send_signal(signal.SIGCONT)
+    code, err = finish(proc)
+    assert code == 128 + signum, err
+    assert "error[interrupted]" in err and task_id in err, err
+    task = ferry.task(task_id)
+    assert (task["state"], task["reason"], task["releases"]) == ("QUEUED", "RELEASED_TO_QUEUE", 0)
+    assert not marker.exists()
+    assert ferry("claim").code == 0 and marker.exists(), "the lease is free again"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_a_signal_after_the_end_is_durable_leaves_the_task_s_status(
+    ferry: Ferry, signum: int
+) -> None:
+    """A signal that reaches ``run`` once its task's end is durable, while it compacts
+    the journal before exiting (a CI job cancelled just as its task ended): it died of
+    it, 143 or 129 (130 with an error for SIGINT), of a task that SUCCEEDED (a review).
+    The compaction, safe to stop anywhere, is dropped; the status is the task's."""
+    lines = "".join('{"argv": ["true"]}\n' for _ in range(70))  # (a compaction due)
+    ferry.ok("submit", "--from", "-", stdin=lines.encode())
+    proc = ferry.start("run", "--", "true", failpoints="launcher:before:snapshot_write=stop")
+    wait_stopped(proc, what="run to compact")
+    proc.send_signal(signum)
+    proc.send_signal(signal.SIGCONT)
+    code, err = finish(proc)
+    assert (code, err) == (0, ""), err
+    assert ferry.tasks()[-1]["state"] == "SUCCEEDED"
+    ferry.verify_clean()

@@ -643,7 +643,8 @@ def test_the_launcher_killed_before_each_message_it_sends(
     """strace kills the launcher as it enters its ``nth`` channel send (task, go,
     durable, ack, the next task...): every task still runs exactly once, to SUCCEEDED
     (written by its supervisor, or run by the next worker when it was released before
-    its spawn), and nothing is left to recover."""
+    its spawn; ``run``'s own task, never started, FAILED), and nothing is left to
+    recover."""
     marks = [tmp_path / f"m{n}" for n in range(3 if command == "work" else 1)]
     argvs = [counting_task(mark, linger="; sleep 0.2") for mark in marks]
     strace = ("strace", "-o", str(tmp_path / "strace.log"), "-e", "trace=sendto",
@@ -661,6 +662,10 @@ def test_the_launcher_killed_before_each_message_it_sends(
     ferry.ok("work", "--drain", "-j", "1")
     if command == "run" and nth == 1:  # killed before its task reached the supervisor:
         assert (ferry.tasks(), runs(marks[0])) == ([], 0)  # nothing written, nothing ran
+        return
+    if command == "run" and nth == 2:  # killed before its go: nothing ran, and run's own
+        [task] = ferry.tasks()  # task is not left for a work to run later
+        assert (task["state"], task["reason"], runs(marks[0])) == ("FAILED", "SPAWN_FAILED", 0)
         return
     assert [t["state"] for t in ferry.tasks()] == ["SUCCEEDED"] * len(marks)
     assert [runs(mark) for mark in marks] == [1] * len(marks)

@@ -146,6 +146,16 @@ def test_the_launcher_killed_at_each_phase_leaves_the_task_undisturbed(
         launcher.send_signal(signal.SIGKILL)
     assert launcher.wait(timeout=60) == -signal.SIGKILL, finish(launcher)
     gate.touch()
+    if phase in ("before the spawn", "before the go") and command == "run":
+        # Nothing was started, and no one queued it: FAILED, not run later by a work
+        # the user never asked to run it (it was queued: a review).
+        task = wait_until(lambda: (t := ferry.task(task_id))["state"] == "FAILED" and t,
+                          what="the task to be ended")  # fmt: skip
+        assert (task["reason"], runs(mark)) == ("SPAWN_FAILED", 0), task
+        ferry.ok("work", "--drain")
+        assert runs(mark) == 0
+        nothing_left_for_recovery(ferry)
+        return
     if phase in ("before the spawn", "before the go"):
         # Nothing was started: the claim is back in the queue, not counted.
         task = wait_until(lambda: (t := ferry.task(task_id))["state"] == "QUEUED" and t,
@@ -350,8 +360,9 @@ def test_a_supervisor_dead_before_its_go_started_nothing_and_run_says_125(
 ) -> None:
     """Its supervisor killed after its plan, before ``run`` sent its go (the go never
     left: the peer was gone): run exited 3, "may have started", and recovery marked the
-    task unsafe, though it never ran (a review). Nothing started: 125, the claim given
-    back."""
+    task unsafe, though it never ran (a review). Nothing started: 125, naming the task,
+    which is FAILED: it was given back to the queue, and a script that ran it again
+    on 125 had it run twice, by the next work (a second review)."""
     mark = tmp_path / "runs"
     run = ferry.start("run", "--", *counting_task(mark), failpoints="launcher:before:go=stop")
     wait_stopped(run, what="run to stop before its go")
@@ -360,9 +371,10 @@ def test_a_supervisor_dead_before_its_go_started_nothing_and_run_says_125(
     os.kill(supervisor, signal.SIGKILL)
     wait_until(lambda: (st := read_stat(supervisor)) is None or st.exited, what="it to die")
     code, err = finish(run)
-    assert code == 125 and "supervisor.died" in err, err
+    assert code == 125 and "supervisor.died" in err and task_id in err, err
     task = ferry.task(task_id)
-    assert (task["state"], task["reason"], task["releases"]) == ("QUEUED", "RELEASED_TO_QUEUE", 0)
+    assert (task["state"], task["reason"]) == ("FAILED", "SPAWN_FAILED"), task
+    ferry.ok("work", "--drain")
     assert runs(mark) == 0
     nothing_left_for_recovery(ferry)
 

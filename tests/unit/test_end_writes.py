@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from ferry.app import outbox
-from ferry.app.runner import not_started_for_want, spawn_failed_event
+from ferry.app.runner import before_spawn_event, not_started, spawn_failed_event
 from ferry.core import events as ev
 from ferry.core.fold import fold_event
 from ferry.core.model import Reason, State, Task
@@ -81,7 +81,7 @@ def test_run_s_own_task_fails_as_before() -> None:
 )
 def test_other_spawn_failures_still_fail(error: SpawnFailed) -> None:
     task = dispatched("work")
-    assert not_started_for_want(spawn_failed_event(task, TOKEN, error)) is None
+    assert not_started(spawn_failed_event(task, TOKEN, error)) is None
     _, [written] = outbox.end_writes(task, end(error, task))
     assert isinstance(written, ev.Settled) and written.reason is Reason.SPAWN_FAILED
 
@@ -139,3 +139,17 @@ def test_other_ends_of_a_lost_lease_stand(
     task = dispatched("work", cancel=cancel, **spec)
     _, [settled] = outbox.end_writes(task, stopped(task, state))
     assert isinstance(settled, ev.Settled) and (settled.state, settled.reason) == outcome
+
+
+@pytest.mark.parametrize("by", ["work", "claim", "run"])
+def test_a_signal_before_the_spawn_gives_a_queued_task_back(by: str) -> None:
+    """A signal to its supervisor (or launcher) before the spawn was not the task's:
+    a task of the queue goes back to it; ``run``'s own is FAILED SIGNALLED."""
+    task = dispatched(by)
+    end = [before_spawn_event(task, TOKEN, cancelled=False, signum=15)]
+    found, [written] = outbox.end_writes(task, end)
+    if by == "run":
+        assert isinstance(written, ev.Settled) and written.reason is Reason.SIGNALLED
+    else:
+        assert found == outbox.RELEASED and isinstance(written, ev.Released)
+        assert written.evidence == {"supervisor": "not started: signal 15 before the spawn"}

@@ -72,12 +72,14 @@ class PgLeases:
             if row is not None and row[1] is not None and row[-1]:
                 current = self._lease(row[:-1])
                 holder = current.holder
-                if holder is not None and holder != me and probe(holder) is not Liveness.DEAD:
+                liveness = Liveness.DEAD if holder in (None, me) else probe(holder)
+                if holder is not None and liveness is not Liveness.DEAD:
                     raise LeaseHeldError(
                         f"host {self.host}'s lease is held by pid {holder.pid}"
                         f" (epoch {current.epoch})",
                         details={"holder": holder.to_json(), "epoch": current.epoch,
-                                 "host": self.host},
+                                 "expires_at": current.expires_at,
+                                 "holder_liveness": str(liveness), "host": self.host},
                     )  # fmt: skip
             found = conn.execute(
                 "INSERT INTO ferry_hosts AS h (host_id, epoch, holder, acquired_at, renewed_at,"

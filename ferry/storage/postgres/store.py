@@ -542,15 +542,19 @@ class PgStore:
         return found
 
     def _task_numbers(self, conn: Any, batch: Sequence[EncodedEvent]) -> list[int]:
-        """A number for each task the batch submits, in batch order (one sequence for
-        every host: 1, 2, 3, ...)."""
+        """A number for each task the batch submits, in batch order (one counter for
+        every host: 1, 2, 3, ...; its row locked until the commit, and rolled back with
+        a write that dies: no gap)."""
         count = sum(1 for kind, _ in batch if kind == _SUBMITTED)
         if not count:
             return []
-        found = conn.execute(
-            "SELECT nextval('ferry_task_numbers') FROM generate_series(1, %s)", (count,)
-        ).fetchall()
-        return sorted(int(row[0]) for row in found)
+        row = conn.execute(
+            "UPDATE ferry_meta SET value = (value::bigint + %s)::text"
+            " WHERE key = 'task_numbers' RETURNING value::bigint",
+            (count,),
+        ).fetchone()
+        last = int(row[0])
+        return list(range(last - count + 1, last + 1))
 
     def _insert_events(
         self, conn: Any, batch: Sequence[EncodedEvent], epoch: int, ts: float
@@ -710,12 +714,16 @@ class PgStore:
     def resolve(self, prefix: str) -> Task:
         number = task_number(prefix)
         if prefix == LAST or number is not None:
-            by = "ORDER BY submit_seq DESC LIMIT 1" if number is None else "WHERE number = %s"
+            given = self._numbers_given()
             found = self._tasks(
-                f"SELECT body FROM ferry_tasks {by}", () if number is None else (number,)
+                "SELECT body FROM ferry_tasks WHERE number = %s",
+                (given if number is None else number,),
             )
             if not found:
-                raise NotFoundError(f"no task {shown(prefix)}", details={"prefix": prefix})
+                none_yet = " (none submitted yet)" if not given else ""
+                raise NotFoundError(
+                    f"no task {shown(prefix)}{none_yet}", details={"prefix": prefix}
+                )
             return found[0]
         exact = self.get(prefix)
         if exact is not None:
@@ -723,11 +731,18 @@ class PgStore:
         wanted = prefix.strip().lower()
         pattern = wanted.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
         rows = self.db.execute(
-            "SELECT id FROM ferry_tasks WHERE id LIKE %s ORDER BY id LIMIT 12", (pattern,)
+            "SELECT id, count(*) OVER () FROM ferry_tasks WHERE id LIKE %s ORDER BY id LIMIT 12",
+            (pattern,),
         ).fetchall()
-        task = self.get(resolve_prefix(prefix, [row[0] for row in rows]))
+        task = self.get(resolve_prefix(prefix, [row[0] for row in rows],
+                                       count=int(rows[0][1]) if rows else 0))  # fmt: skip
         assert task is not None
         return task
+
+    def _numbers_given(self) -> int:
+        """The highest task number given out (0: none): ``last``'s."""
+        row = self.db.execute("SELECT value FROM ferry_meta WHERE key = 'task_numbers'").fetchone()
+        return 0 if row is None else int(row[0])
 
     def live(self) -> list[Task]:
         return self._tasks(
