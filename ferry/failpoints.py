@@ -73,9 +73,6 @@ Naming convention (the registry :data:`FAILPOINTS` lists every name):
   other stream's chunk not yet logged).
 * ``before:gc_remove`` / ``after:gc_remove``: around ``ferry gc``'s removal of one
   forgotten task's files (its FORGOTTEN is durable) (:mod:`ferry.app.gc`).
-* ``before:gc_patch`` / ``after:gc_patch``: around ``ferry gc`` setting aside a patch
-  copy that no task names (``before``: the copies are listed and the tasks read;
-  ``after``: aside, not yet looked at again) (:func:`ferry.app.pointers.free_patch_copies`).
 * ``before:salvage_segment`` / ``after:salvage_segment`` and ``before:salvage_swap`` /
   ``after:salvage_swap``: ``ferry journal salvage`` (``journal._salvage`` calls them
   through its hook), with the journal's lock held: around writing the new journal's
@@ -142,8 +139,6 @@ SIDE_EFFECT_POINTS: tuple[str, ...] = (
     "after:log_order",
     "before:gc_remove",
     "after:gc_remove",
-    "before:gc_patch",
-    "after:gc_patch",
     "before:salvage_segment",
     "after:salvage_segment",
     "before:salvage_swap",

@@ -17,15 +17,13 @@ The order of the side effects is the write-ahead rule's, for each batch of tasks
    remembers, or the database's notes), never a guess from the files themselves (a
    state directory shared by two backends, a journal salvaged: a log directory the
    store does not know is not proof that its task was forgotten);
-5. remove the copies of ``--patch-file``s that no task names any more, untouched for
-   an hour (``ferry.app.pointers.free_patch_copies``);
-6. compact: the archives are rewritten without the forgotten tasks, and the journal's
+5. compact: the archives are rewritten without the forgotten tasks, and the journal's
    segments that the new snapshot covers go (``ferry.storage.local.store``; that
    compaction removes the files of the forgotten tasks it stops naming, too).
 
 A crash anywhere leaves a journal that verifies and a table that tells the truth (a
 task is either there, with its logs, or forgotten); what a crash left undone, the next
-``gc`` does (steps 4 to 6), or the next compaction. ``dry_run``: step 1, and what
+``gc`` does (steps 4 and 5), or the next compaction. ``dry_run``: step 1, and what
 step 4 would remove, told; nothing journaled, nothing removed.
 """
 
@@ -39,7 +37,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ferry.app.pointers import free_patch_copies
 from ferry.app.recoverer import task_liveness
 from ferry.core import events as ev
 from ferry.core.errors import FerryError, InternalError, from_os_error
@@ -62,7 +59,6 @@ _RETRYABLE = (State.FAILED.value, State.CANCELLED.value)
 _KEPT_CODES = {"task.key_unsafe", "task.has_dependants"}  # (the refused task is kept)
 _GONE_CODES = MOVED_CODES | _KEPT_CODES | {"task.not_found"}
 _TRIES_PER_BATCH = 16
-PATCHES = "patches"
 
 
 class Kept:
@@ -88,7 +84,6 @@ class GcReport:
         self.history_bytes = 0  # archives and journal segments freed by the compaction
         self.compacted: bool | None = None  # None: a dry run
         self.compaction_error: str | None = None  # why the compaction failed (disk full)
-        self.patches: dict[str, int] = {}  # sha256 -> bytes of a patch copy freed
 
     @property
     def freed_bytes(self) -> int:
@@ -117,7 +112,6 @@ def gc(
             files = _files_of(home, [t.id for t in chosen] + store.forgotten_here())
             report.log_bytes = {t.id: _bytes_of(files.pop(t.id, ())) for t in chosen}
             report.earlier = {i: _bytes_of(paths) for i, paths in files.items()}
-            report.patches = _free_patch_copies(store, home, dry_run=True)
             return report
         for start in range(0, len(chosen), BATCH_TASKS):
             done = _forget_batch(store, chosen[start : start + BATCH_TASKS], report)
@@ -139,7 +133,6 @@ def gc(
         report.earlier[task_id] = _remove(paths)
         failpoint("after:gc_remove")
     store.files_removed(files)
-    report.patches = _free_patch_copies(store, home, dry_run=False)
     # Always: an earlier gc may have been killed before its compaction.
     try:
         report.compacted, report.history_bytes = _compact(store, home)
@@ -296,22 +289,6 @@ def _remove(paths: Iterable[Path]) -> int:
     return freed
 
 
-# ---- patch copies ------------------------------------------------------------------------
-
-
-def _free_patch_copies(store: TaskStore, home: Path, *, dry_run: bool) -> dict[str, int]:
-    """The copies of patches no task names any more, removed (``pointers``)."""
-    return free_patch_copies(home / PATCHES, lambda: _patch_copies_named(store), dry_run=dry_run)
-
-
-def _patch_copies_named(store: TaskStore) -> set[str]:
-    """The sha256 of every patch a task the store knows names (read now: after the
-    copies were listed)."""
-    store.refresh()
-    tasks = [*store.live(), *store.settled_before(math.inf, SETTLED_STATES)]
-    return {task.spec.patch.sha256 for task in tasks if task.spec.patch is not None}
-
-
 # ---- history -----------------------------------------------------------------------------
 
 
@@ -358,5 +335,4 @@ def describe(report: GcReport) -> dict[str, Any]:
         "history_bytes": report.history_bytes,
         "compacted": report.compacted,
         "compaction_error": report.compaction_error,
-        "patches": [{"sha256": sha, "bytes": size} for sha, size in sorted(report.patches.items())],
     }

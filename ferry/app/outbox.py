@@ -147,7 +147,8 @@ def end_writes(
     nothing (it is written, or kept as a late result, already); RELEASED, the task of a
     queue (not ``run``'s own) back to it, its command never started for want of
     resources or for a signal before its spawn (:func:`ferry.app.runner.not_started`;
-    nothing to keep once the claim moved). A failure the task's
+    counted, up to ``--max-releases``; nothing to keep once the claim moved). A
+    failure the task's
     ``--retries`` retry gets its RETRIED in the same write (``queueing.auto_retry``),
     unless the store refused that retry (``retry_refused``: its ``--key`` succeeded
     meanwhile, say): then the end goes alone, the refusal in its evidence
@@ -158,8 +159,12 @@ def end_writes(
     ours = current.attempt == settled.attempt
     unstarted = not_started(settled)
     if ours and current.claim_token == settled.token and current.in_flight:
-        if unstarted is not None and current.claimed_by != "run":
-            end = unstarted_end(current, str(settled.token), unstarted)
+        if (
+            unstarted is not None
+            and current.claimed_by != "run"
+            and current.releases < current.spec.max_releases
+        ):  # (past them, it ends as it ended)
+            end = unstarted_end(current, str(settled.token), unstarted, counted=True)
             return RELEASED, [] if end is None else [end]
         if _stopped_for_lost_lease(current, settled):
             if current.releases < current.spec.max_releases:

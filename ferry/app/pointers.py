@@ -19,8 +19,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from ferry.core.errors import UsageError
@@ -34,14 +33,9 @@ from ferry.core.pinning import (
     StoredPatch,
     decide_dispatch,
 )
-from ferry.core.spec import is_sha256_hex
-from ferry.failpoints import failpoint
 from ferry.storage.local.statedir import fsync_dir, write_atomic
 
 PATCH_BYTES_MAX = 64 * 1024 * 1024  # a review patch, not a disk image
-# A patch copy written or reused within this long is kept, named or not: a submit
-# writes (or touches) it before its task, which names it, is written.
-PATCH_QUIET_S = 3600.0
 _HEX = frozenset("0123456789abcdef")
 _READ_CHUNK_BYTES = 1024 * 1024
 
@@ -194,19 +188,15 @@ def store_patch(src: Path, patches_dir: Path) -> StoredPatch:
 
 def store_patch_bytes(data: bytes, patches_dir: Path) -> StoredPatch:
     """Write ``data`` as ``<sha256>.patch`` in ``patches_dir``: temp file, fsync,
-    rename, fsync the directory.  Idempotent: an intact copy is reused, and touched
-    (``ferry gc`` takes only a copy no task names and untouched for an hour: a task
-    about to be written with it keeps it; one gc is taking meanwhile is written
-    afresh)."""
+    rename, fsync the directory.  Idempotent: an intact copy is reused."""
     sha256 = hashlib.sha256(data).hexdigest()
     _make_private_dir(patches_dir)
     final = patches_dir / f"{sha256}.patch"
     try:
         if hash_file(final) == sha256:
-            os.utime(final)
             return StoredPatch(path=str(final), sha256=sha256)
     except OSError:
-        pass  # absent (the usual case), unreadable, or gone: write it afresh
+        pass  # absent (the usual case) or unreadable: write it afresh
     # Atomic (temp, fsync, rename, fsync dir). A crash after the rename but before the
     # directory fsync could lose the entry: the task would then fail POINTER_STALE (copy
     # missing) rather than run without it.
@@ -245,85 +235,3 @@ def _make_private_dir(directory: Path) -> None:
 
 def _is_sha256(text: str) -> bool:
     return len(text) == 64 and set(text) <= _HEX
-
-
-def free_patch_copies(
-    directory: Path, named: Callable[[], set[str]], *, dry_run: bool = False
-) -> dict[str, int]:
-    """``ferry gc``: remove the private copies of ``--patch-file``s in ``directory``
-    (``<sha256>.patch``, one per distinct patch, shared by the tasks that name it)
-    that no task names any more (``named``: the sha256s the tasks name, read once the
-    copies are listed) and that were not written or reused for ``PATCH_QUIET_S``;
-    sha256 -> bytes freed (``dry_run``: that would be).
-
-    A submit writes or touches its copy before its task is written: one untouched that
-    long and named by no task is no submit's. Each goes aside first (a rename) and is
-    looked at again there: touched meanwhile (a submit reused it between the two
-    looks), it comes back; a submit that reuses it once it is aside finds it gone and
-    writes it afresh. A gc killed with one aside leaves it to the next, which puts it
-    back if a task names it again."""
-    quiet_before = time.time() - PATCH_QUIET_S
-    candidates: dict[str, list[Path]] = {}
-    try:
-        entries = list(os.scandir(directory))
-    except (FileNotFoundError, NotADirectoryError):
-        return {}
-    for entry in entries:
-        sha256 = _copy_sha256(entry.name)
-        if sha256 is None or not entry.is_file(follow_symlinks=False):
-            continue
-        if entry.name.startswith(".") or entry.stat().st_mtime < quiet_before:
-            candidates.setdefault(sha256, []).append(Path(entry.path))
-    if not candidates:
-        return {}
-    in_use = named()
-    freed: dict[str, int] = {}
-    for sha256, paths in sorted(candidates.items()):
-        final = directory / f"{sha256}.patch"
-        for path in paths:
-            aside = path if path.name.startswith(".") else directory / f".{path.name}.gc"
-            if sha256 in in_use:
-                if path == aside and not dry_run:  # (left aside by a gc killed there)
-                    _put_back(aside, final)
-                continue
-            size = os.lstat(path).st_blocks * 512
-            if not dry_run and not _taken(path, aside, final, quiet_before):
-                continue
-            freed[sha256] = freed.get(sha256, 0) + size
-    if freed and not dry_run:
-        fsync_dir(directory)
-    return freed
-
-
-def _taken(path: Path, aside: Path, final: Path, quiet_before: float) -> bool:
-    """Set ``path`` aside, look at it again, and remove it if still untouched (True);
-    else it goes back (False)."""
-    if path != aside:
-        failpoint("before:gc_patch")
-        try:
-            os.rename(path, aside)
-        except FileNotFoundError:
-            return False
-        failpoint("after:gc_patch")
-    if os.lstat(aside).st_mtime >= quiet_before:  # (reused since it was listed)
-        _put_back(aside, final)
-        return False
-    aside.unlink()
-    return True
-
-
-def _put_back(aside: Path, final: Path) -> None:
-    """A copy set aside goes back (one written afresh meanwhile holds the same bytes)."""
-    if final.exists():
-        aside.unlink()
-    else:
-        os.rename(aside, final)
-
-
-def _copy_sha256(name: str) -> str | None:
-    """The sha256 a patch copy's file name carries (``<sha256>.patch``, or ``.<it>.gc``
-    set aside by a gc); None for another file."""
-    if name.startswith(".") and name.endswith(".gc"):
-        name = name[1:-3]
-    stem, dot, suffix = name.partition(".")
-    return stem if dot and suffix == "patch" and is_sha256_hex(stem) else None

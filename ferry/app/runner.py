@@ -255,8 +255,10 @@ def not_started(settled: ev.Settled) -> dict[str, Any] | None:
     processes or memory (its child not made, or its exec refused; not one spawned,
     then killed at once for want of a descriptor to watch it with: it may have
     begun), or a signal to its supervisor or launcher before the spawn. Such a claim
-    of a queued task goes back to the queue, uncounted, rather than ending FAILED:
-    nothing of it ran, and it may start once the resources are back."""
+    of a queued task goes back to the queue rather than ending FAILED: nothing of it
+    ran, and it may start once the resources are back. Counted against
+    ``--max-releases``: a task whose own start always fails so must not hold the head
+    of the queue for ever."""
     if settled.evidence.get("signalled_before_spawn"):
         return {"supervisor": f"not started: signal {settled.signal} before the spawn"}
     if settled.reason is not Reason.SPAWN_FAILED:
@@ -286,14 +288,14 @@ def before_spawn_event(
 
 
 def unstarted_end(
-    current: Task | None, token: str, evidence: Mapping[str, Any]
+    current: Task | None, token: str, evidence: Mapping[str, Any], *, counted: bool = False
 ) -> ev.Settled | ev.Released | None:
     """What a claim whose task was never started becomes (its launcher, or its
     supervisor, gone before the spawn), the task being ``current``: None if the claim
     ``token`` no longer owns it; CANCELLED if a cancel was asked for; ``run``'s own task
     FAILED ``SPAWN_FAILED`` (no one queued it: ``run`` said 125, or died, and a script
     may run it again; queued, the next ``work`` would run it too); else back to the
-    queue, not counted (``evidence``: why)."""
+    queue, not counted unless ``counted`` (``evidence``: why)."""
     if current is None or current.claim_token != token or not current.in_flight:
         return None
     if current.cancel_requested:
@@ -307,7 +309,7 @@ def unstarted_end(
             evidence=dict(evidence),
         )  # fmt: skip
     return ev.Released(
-        current.id, current.attempt, token, Reason.RELEASED_TO_QUEUE, False, dict(evidence)
+        current.id, current.attempt, token, Reason.RELEASED_TO_QUEUE, counted, dict(evidence)
     )
 
 

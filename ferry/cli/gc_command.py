@@ -59,11 +59,6 @@ def gc_text(report: GcReport, verbosity: int) -> str:
         verb = "would remove" if dry else "removed"
         count = _tasks(len(report.earlier))
         lines.append(f"{verb} the files of {count} forgotten earlier ({size})")
-    if report.patches:
-        size = human_bytes(sum(report.patches.values()))
-        verb = "would remove" if dry else "removed"
-        copies = "copy" if len(report.patches) == 1 else "copies"
-        lines.append(f"{verb} {len(report.patches):,} patch {copies} no task names ({size})")
     if report.kept:
         lines.append(f"kept {_tasks(len(report.kept))}:")
         lines.extend(f"  {render.settled_line(k.task)}  ({k.why})" for k in report.kept)

@@ -213,7 +213,7 @@ def test_too_few_file_descriptors_for_run_is_a_coded_spawn_failure(cli: Ferry) -
 
 def test_too_few_file_descriptors_for_work_gives_back_tasks_it_cannot_start(cli: Ferry) -> None:
     """A task work could not start for want of descriptors never ran: it goes back to
-    the queue, uncounted (it was FAILED SPAWN_FAILED, for the user to retry by hand)."""
+    the queue (it was FAILED SPAWN_FAILED, for the user to retry by hand)."""
     for _ in range(6):
         cli.ok("submit", "--", "sh", "-c", "echo hi")
     result = cli("work", "--drain", "-j", "4", preexec=fd_limit(16))
@@ -256,7 +256,7 @@ def test_work_that_can_start_no_task_for_want_of_descriptors_stops_with_its_queu
     tasks = cli.tasks()
     assert [(t["state"], t["attempt"]) for t in tasks] == [("QUEUED", 1)] * 6, tasks
     released = [r["data"] for r in cli.records() if r["type"] == "RELEASED"]
-    assert released and all(r["counted"] is False for r in released), released
+    assert released and all(r["counted"] is True for r in released), released
     assert released[0]["evidence"]["not_started"]["details"]["errno"] == 24  # EMFILE
     cli.verify_clean()
     cli.ok("work", "--drain", "-j", "4")
@@ -320,9 +320,27 @@ def test_work_short_of_memory_beside_a_running_task_waits_for_its_end(cli: Ferry
 
 
 @pytest.mark.skipif(not shutil.which("strace"), reason="needs strace")
+def test_a_task_that_never_starts_is_given_back_a_bounded_number_of_times(cli: Ferry) -> None:
+    """A task whose own start always fails for want of memory (every exec of it ENOMEM)
+    at the head of the queue: each work (from cron, say) gave it back uncounted and
+    stopped, and the task behind it never ran (a review). Its give-backs count against
+    --max-releases: past them it ends FAILED SPAWN_FAILED, and the queue moves on."""
+    stuck = cli.ok("-q", "submit", "--max-releases", "2", "--", TRUE).text.strip()
+    behind = cli.ok("-q", "submit", "--", "echo", "behind").text.strip()
+    command = [*no_memory_for(TRUE), *cli.command]
+    codes = [cli("work", "--drain", "-j", "1", command=command).code for _ in range(4)]
+    assert codes == [125, 125, 125, 0], codes  # (each stops at a start that failed so)
+    task = cli.task(stuck)
+    assert (task["state"], task["reason"], task["releases"]) == ("FAILED", "SPAWN_FAILED", 2)
+    assert cli.task(behind)["state"] == "SUCCEEDED"
+    released = [r["data"] for r in cli.records() if r["type"] == "RELEASED"]
+    assert [r["counted"] for r in released] == [True, True], released
+
+
+@pytest.mark.skipif(not shutil.which("strace"), reason="needs strace")
 def test_claim_short_of_memory_gives_the_task_back_and_run_fails_its_own(cli: Ferry) -> None:
     """``claim`` of a queued task it cannot start for want of memory: exit 125, the task
-    queued again, not counted. ``run``'s own task, which no one else would run, is
+    queued again (counted against --max-releases). ``run``'s own task, which no one else would run, is
     FAILED SPAWN_FAILED (125 as well)."""
     queued = cli.ok("-q", "submit", "--", TRUE).out.strip()
     command = [*no_memory_for(TRUE), *cli.command]
@@ -330,7 +348,7 @@ def test_claim_short_of_memory_gives_the_task_back_and_run_fails_its_own(cli: Fe
     assert result.code == 125, result.err
     assert "Cannot allocate memory" in result.err and "is back in the queue" in result.err
     task = cli.json("show", queued)
-    assert (task["state"], task["attempt"], task["releases"]) == ("QUEUED", 1, 0), task
+    assert (task["state"], task["attempt"], task["releases"]) == ("QUEUED", 1, 1), task
     ran = cli("run", "--", TRUE, command=command)
     assert ran.code == 125, ran.err
     last = cli.json("show", "last")

@@ -2,7 +2,8 @@
 (``outbox.end_writes``), in the two cases where it is not the end as ended:
 
 - a task whose command never started for want of descriptors, processes or memory:
-  the claim given back to the queue, uncounted, for a task of the queue; ``run``'s own
+  the claim given back to the queue (counted: up to ``--max-releases``, then FAILED
+  as it ended), for a task of the queue; ``run``'s own
   task FAILED as before; and a child that was made, then killed at once, is not
   "never started";
 - an ``--idempotent`` task its worker stopped when it could not renew its host's
@@ -46,14 +47,22 @@ SHORT = SpawnFailed("other", "cannot start 'true': no memory", errno_=errno.ENOM
 
 
 @pytest.mark.parametrize("by", ["work", "claim"])
-def test_a_queued_task_never_started_for_want_of_memory_goes_back_uncounted(by: str) -> None:
+def test_a_queued_task_never_started_for_want_of_memory_goes_back_counted(by: str) -> None:
     task = dispatched(by)
     found, writes = outbox.end_writes(task, end(SHORT, task))
     assert found == outbox.RELEASED
     [released] = writes
-    assert isinstance(released, ev.Released) and released.counted is False
+    assert isinstance(released, ev.Released) and released.counted is True
     assert released.evidence["not_started"]["details"]["errno"] == errno.ENOMEM
     assert fold_event(task, released, 5, 5.0).state is State.QUEUED
+
+
+def test_past_its_max_releases_it_ends_as_it_ended() -> None:
+    """A task whose own start always fails so must not hold the head of the queue."""
+    task = dispatched("work", max_releases=0)
+    found, [written] = outbox.end_writes(task, end(SHORT, task))
+    assert found == outbox.SETTLED
+    assert isinstance(written, ev.Settled) and written.reason is Reason.SPAWN_FAILED
 
 
 def test_one_whose_cancel_was_asked_for_ends_cancelled() -> None:
