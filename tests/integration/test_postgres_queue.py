@@ -189,7 +189,6 @@ def test_db_init_upgrades_a_version_2_database(pg_url: str, tmp_path: Path) -> N
         }  # fmt: skip
         ferry.ok("work", "--drain")
         assert states(ferry) == {old.id: "SUCCEEDED"}
-        # (Version 9: the numbers' counter goes on from the sequence it replaced.)
         new = ferry.ok("-q", "submit", "--", "true").text.strip()
         assert ferry.task("last")["id"] == new and ferry.task("2")["id"] == new
     finally:

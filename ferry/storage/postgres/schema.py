@@ -375,15 +375,6 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX ferry_tasks_quarantined ON ferry_tasks (id)
         WHERE reason IN ('HOST_LOST', 'QUARANTINED_ORPHAN_ALIVE');
     """,
-    # 9: task numbers from a counter updated in the submit's transaction, not a sequence
-    # (``nextval`` is never rolled back: a submit that died in its write left a gap),
-    # and the highest number given is what ``last`` names (a task gc forgot included).
-    """
-    INSERT INTO ferry_meta (key, value)
-        SELECT 'task_numbers', CASE WHEN is_called THEN last_value ELSE 0 END::text
-        FROM ferry_task_numbers;
-    DROP SEQUENCE ferry_task_numbers;
-    """,
 )
 VERSION = len(MIGRATIONS)
 _LOCK_ID = 0x66657272  # "ferr": serialises concurrent `db init`s

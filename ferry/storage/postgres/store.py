@@ -485,6 +485,14 @@ class PgStore:
                     " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                     (_json(notes),),
                 )
+            # (``last`` names the newest task submitted, forgotten or not: as locally.)
+            numbers = [int(rows[i]["number"]) for i in ids if rows[i].get("number")]
+            conn.execute(
+                "INSERT INTO ferry_meta (key, value) VALUES ('numbers_forgotten', %s)"
+                " ON CONFLICT (key) DO UPDATE"
+                " SET value = greatest(ferry_meta.value::bigint, excluded.value::bigint)::text",
+                (str(max(numbers, default=0)),),
+            )
             conn.execute("DELETE FROM ferry_events WHERE task = ANY(%s)", (ids,))
             conn.execute("DELETE FROM ferry_log_tails WHERE task = ANY(%s)", (ids,))
             conn.execute("DELETE FROM ferry_tasks WHERE id = ANY(%s)", (ids,))
@@ -542,19 +550,17 @@ class PgStore:
         return found
 
     def _task_numbers(self, conn: Any, batch: Sequence[EncodedEvent]) -> list[int]:
-        """A number for each task the batch submits, in batch order (one counter for
-        every host: 1, 2, 3, ...; its row locked until the commit, and rolled back with
-        a write that dies: no gap)."""
+        """A number for each task the batch submits, in batch order (one sequence for
+        every host: 1, 2, 3, ...; a write that dies leaves its numbers unused: a
+        counter row would make every submit of every host wait for the commit of the
+        one before, and a submit paused in its transaction stop them all)."""
         count = sum(1 for kind, _ in batch if kind == _SUBMITTED)
         if not count:
             return []
-        row = conn.execute(
-            "UPDATE ferry_meta SET value = (value::bigint + %s)::text"
-            " WHERE key = 'task_numbers' RETURNING value::bigint",
-            (count,),
-        ).fetchone()
-        last = int(row[0])
-        return list(range(last - count + 1, last + 1))
+        found = conn.execute(
+            "SELECT nextval('ferry_task_numbers') FROM generate_series(1, %s)", (count,)
+        ).fetchall()
+        return sorted(int(row[0]) for row in found)
 
     def _insert_events(
         self, conn: Any, batch: Sequence[EncodedEvent], epoch: int, ts: float
@@ -740,9 +746,13 @@ class PgStore:
         return task
 
     def _numbers_given(self) -> int:
-        """The highest task number given out (0: none): ``last``'s."""
-        row = self.db.execute("SELECT value FROM ferry_meta WHERE key = 'task_numbers'").fetchone()
-        return 0 if row is None else int(row[0])
+        """The number of the newest task submitted (0: none), whether or not gc forgot
+        it since (its mark in ``ferry_meta``): ``last``'s."""
+        row = self.db.execute(
+            "SELECT greatest((SELECT max(number) FROM ferry_tasks),"
+            " (SELECT value::bigint FROM ferry_meta WHERE key = 'numbers_forgotten'))"
+        ).fetchone()
+        return 0 if row is None or row[0] is None else int(row[0])
 
     def live(self) -> list[Task]:
         return self._tasks(
