@@ -37,7 +37,7 @@ OUTBOX = "outbox"
 SETTLED = "settled"  # written as the task's end
 LATE = "late"  # kept as a LATE_RESULT: the task had been decided meanwhile
 ALREADY = "already"  # it was written before (an answer lost on the way back)
-RELEASED = "released"  # never started (short of resources): back to the queue
+RELEASED = "released"  # back to the queue: it never started, or its lease was lost
 
 
 DEFAULT_PATIENCE_S = 600.0
