@@ -766,10 +766,12 @@ class _Foreground:
         if not cancelled and not self.trap.received:
             return False
         signum = None if cancelled else self.trap.received[0]
-        event: ev.Event | None = before_spawn_event(
-            self.task, self.launch.token, cancelled=cancelled, signum=signum
-        )
-        if not cancelled and current.claimed_by != "run":  # (a task of the queue: back)
+        event: ev.Event | None
+        if cancelled or current.claimed_by == "run":
+            event = before_spawn_event(
+                self.task, self.launch.token, cancelled=cancelled, signum=signum
+            )
+        else:  # (a task of the queue: back to it)
             why = f"not started: claim got signal {signum}"
             event = unstarted_end(current, self.launch.token, {"launcher": why})
         self.before_spawn_status = 128 + (signal.SIGTERM if signum is None else signum)

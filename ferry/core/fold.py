@@ -314,6 +314,7 @@ UNSAFE_REASONS = frozenset(
 # was lost, its worker and supervisor killed together): not retried, resolved, nor
 # forgotten beside it (``retry``, ``resolve``, ``gc``), its alive-lock kept.
 MAY_RUN_ON = frozenset({Reason.QUARANTINED_ORPHAN_ALIVE, Reason.HOST_LOST})
+MAY_RUN_ON_VALUES = frozenset(reason.value for reason in MAY_RUN_ON)
 _UNSAFE_VALUES = frozenset(reason.value for reason in UNSAFE_REASONS)
 
 

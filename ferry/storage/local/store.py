@@ -37,7 +37,7 @@ from ferry.core.errors import (
     UsageError,
     from_os_error,
 )
-from ferry.core.fold import MAY_RUN_ON
+from ferry.core.fold import MAY_RUN_ON_VALUES
 from ferry.core.model import Task
 from ferry.core.state import States, Table
 from ferry.failpoints import failpoint
@@ -1128,9 +1128,6 @@ def _read_archive(path: str, sha256: str) -> Iterator[Mapping[str, Any]]:
             raise _undecodable_snapshot(error) from error
 
 
-_MAY_RUN_ON_VALUES = frozenset(reason.value for reason in MAY_RUN_ON)
-
-
 def _prune_heartbeats(home: str, settled: list[dict[str, Any]]) -> None:
     """Remove the heartbeat files of tasks that became terminal: nothing reads such a
     task's beat or alive-lock again (in-flight tasks are probed, and a retry runs a new
@@ -1139,7 +1136,7 @@ def _prune_heartbeats(home: str, settled: list[dict[str, Any]]) -> None:
     only by the alive-lock it inherited: ``retry`` and ``kill`` look there.  Without
     this, heartbeats/ would keep a file per attempt forever.  A file a crash leaves
     behind here costs an inode, nothing else."""
-    settled = [r for r in settled if r.get("reason") not in _MAY_RUN_ON_VALUES]
+    settled = [r for r in settled if r.get("reason") not in MAY_RUN_ON_VALUES]
     if not settled:
         return
     try:

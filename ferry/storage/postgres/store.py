@@ -40,7 +40,7 @@ from ferry.core.errors import (
     NotFoundError,
     RefusedError,
 )
-from ferry.core.fold import MAY_RUN_ON, task_from_record, task_to_record
+from ferry.core.fold import MAY_RUN_ON_VALUES, task_from_record, task_to_record
 from ferry.core.ids import LAST, resolve_prefix, shown, task_number
 from ferry.core.model import IN_FLIGHT_STATES, Reason, State, Task, replace, rfc3339
 from ferry.core.state import SNAPSHOT_FORMAT, States, Table
@@ -59,7 +59,7 @@ _DEPENDENCY_FAILED = Reason.DEPENDENCY_FAILED.value
 # the planner's only when it can prove its predicate.)
 _MAY_RUN_ON_SQL = (
     "SELECT body FROM ferry_tasks WHERE reason IN ("
-    + ", ".join(f"'{reason.value}'" for reason in sorted(MAY_RUN_ON))
+    + ", ".join(f"'{value}'" for value in sorted(MAY_RUN_ON_VALUES))
     + ") AND state = 'FAILED' ORDER BY id"
 )
 _SUBMITTED = ev.EventType.SUBMITTED.value
@@ -720,13 +720,10 @@ class PgStore:
     def resolve(self, prefix: str) -> Task:
         number = task_number(prefix)
         if prefix == LAST or number is not None:
-            given = self._numbers_given()
-            found = self._tasks(
-                "SELECT body FROM ferry_tasks WHERE number = %s",
-                (given if number is None else number,),
-            )
+            named = self._numbers_given() if number is None else number
+            found = self._tasks("SELECT body FROM ferry_tasks WHERE number = %s", (named,))
             if not found:
-                none_yet = " (none submitted yet)" if not given else ""
+                none_yet = " (none submitted yet)" if not self._numbers_given() else ""
                 raise NotFoundError(
                     f"no task {shown(prefix)}{none_yet}", details={"prefix": prefix}
                 )
