@@ -97,8 +97,10 @@ def still_data(fd: int, offset: int, chunk: bytes) -> list[tuple[int, bytes]]:
 
 
 def read_tails(paths: tuple[str, str], bytes_max: int) -> dict[str, tuple[bytes, int]]:
-    """Per stream whose log exists: its last ``bytes_max`` bytes of data (a hole
-    dropped by ``--log-max`` holds none) and the log's size."""
+    """Per stream whose log exists: its last ``bytes_max`` bytes, of its last stretch of
+    data only (a hole dropped by ``--log-max`` ends it: what is kept lies just before
+    the log's end, so its offset is the log's size less its length), and the log's
+    size."""
     found: dict[str, tuple[bytes, int]] = {}
     for name, path in zip(_NAMES, paths, strict=True):
         try:
@@ -107,16 +109,14 @@ def read_tails(paths: tuple[str, str], bytes_max: int) -> dict[str, tuple[bytes,
             continue
         try:
             size = os.fstat(fd).st_size
-            parts: list[bytes] = []
-            wanted = bytes_max
-            for low, high in reversed(data_segments(fd, 0, size)):
-                start = max(low, high - wanted)
-                kept = still_data(fd, start, os.pread(fd, high - start, start))
-                parts[:0] = [data for _, data in kept]
-                wanted -= high - start
-                if wanted <= 0:
-                    break
-            found[name] = (b"".join(parts), size)
+            kept = b""
+            if stretches := data_segments(fd, 0, size):
+                low, high = stretches[-1]
+                start = max(low, high - bytes_max)
+                kept = b"".join(
+                    data for _, data in still_data(fd, start, os.pread(fd, high - start, start))
+                )
+            found[name] = (kept, size)
         finally:
             os.close(fd)
     return found
@@ -165,9 +165,16 @@ class _Replay:
         as_json: bool,
         task_id: str = "",
         attempt: int | None = None,
+        kept: str = "--log-max",
+        bases: tuple[int, int] = (0, 0),
     ) -> None:
         self.paths, self.outs, self.as_json = paths, outs, as_json
         self.task_id, self.attempt = task_id, attempt
+        self.kept = kept  # why bytes are not here, said where they were
+        # Per stream: its offset in the stream of the log's first byte (a tail kept
+        # elsewhere; what is before it is a "dropped" line, under --json).
+        self.bases = bases
+        self.heads_said = False
         self.pos = list(starts)  # per stream: what was shown (or skipped) ends here
         self.index = order_path(paths[0])
         self.index_fd: int | None = None  # the index, open once there
@@ -189,6 +196,11 @@ class _Replay:
         index knows it."""
         self.copied = 0
         sizes = [self._size(stream) for stream in (STDOUT, STDERR)]  # before the index
+        if not self.heads_said and self.as_json:  # (text: the caller says it, once)
+            self.heads_said = True
+            for stream, out in enumerate(self.outs):
+                if out is not None and self.bases[stream] and self.pos[stream] == 0:
+                    self._dropped(stream, out, -self.bases[stream], self.bases[stream])
         self._read_index()
         while self.entries:
             stream, end = self.entries[0]
@@ -276,17 +288,22 @@ class _Replay:
         self.pos[stream] = pos
 
     def _dropped(self, stream: int, out: BinaryIO, offset: int, count: int) -> None:
-        """Bytes the log did not keep (``--log-max``), at ``offset``: say so, in place."""
+        """Bytes the log did not keep (``--log-max``; those only the task's host keeps), at
+        ``offset`` of the log: say so, in place."""
         if self.as_json:
             self._let_go_held(stream)
-            line = {"stream": _NAMES[stream], "offset": offset, "dropped": count}
+            line = {
+                "stream": _NAMES[stream],
+                "offset": self.bases[stream] + offset,
+                "dropped": count,
+            }
             out.write(_json.dumps(line) + b"\n")
             self.last_out = out
             return
         if self.last_out is not None:
             self.last_out.flush()
         sys.stdout.flush()
-        note = f"ferry: [{count:,} bytes of {_NAMES[stream]} not kept here (--log-max)]\n"
+        note = f"ferry: [{count:,} bytes of {_NAMES[stream]} not kept here ({self.kept})]\n"
         sys.stderr.buffer.write(note.encode())
         sys.stderr.buffer.flush()
 
@@ -309,7 +326,9 @@ class _Replay:
     def _json_chunk(self, stream: int, out: BinaryIO, offset: int, chunk: bytes) -> None:
         """One chunk, one JSON line: ``text`` (UTF-8; bytes that are not, as backslash
         escapes) and then also ``b64``, the chunk's exact bytes."""
-        line: dict[str, Any] = {"task": self.task_id, "stream": _NAMES[stream], "offset": offset}
+        line: dict[str, Any] = {
+            "task": self.task_id, "stream": _NAMES[stream], "offset": self.bases[stream] + offset,
+        }  # fmt: skip
         if self.attempt is not None:
             line["attempt"] = self.attempt
         try:
@@ -376,10 +395,15 @@ def print_logs(
     merged: bool = False,
     task_id: str = "",
     attempt: int | None = None,
+    kept: str = "--log-max",
+    bases: tuple[int, int] = (0, 0),
 ) -> list[str]:
     """Copy the task's logs (``paths``: stdout's, stderr's) to ferry's stdout/stderr;
-    ``task_id`` and ``attempt`` name them in JSON lines. The streams asked for whose log
-    it never found (not there, or removed before it looked: ``ferry gc``)."""
+    ``task_id`` and ``attempt`` name them in JSON lines; a hole in a log is said dropped,
+    ``kept`` saying why (in text); ``bases``: each log's first byte's offset in its
+    stream (a tail kept elsewhere: what is before it is a ``dropped`` line under
+    ``--json``). The streams asked for whose log it never found (not
+    there, or removed before it looked: ``ferry gc``)."""
     stdout = sys.stdout.buffer
     to_stdout = stream is not None or as_json or merged
     outs: tuple[BinaryIO | None, BinaryIO | None] = (
@@ -389,7 +413,7 @@ def print_logs(
     starts = (
         (0, 0) if tail is None else (_tail_offset(paths[0], tail), _tail_offset(paths[1], tail))
     )
-    replay = _Replay(paths, outs, starts, as_json, task_id, attempt)
+    replay = _Replay(paths, outs, starts, as_json, task_id, attempt, kept, bases)
     try:
         # (Not following a task that still runs: what its logs hold now, in order.)
         replay.pump(final=not follow and settled())

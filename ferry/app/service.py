@@ -355,7 +355,7 @@ class Service:
         from ferry.app.runner_state import GoneRunners
 
         seen = [task]  # the task as last seen in the table
-        gone = GoneRunners(self.session.home, self.store, self.notice)
+        gone = GoneRunners(self.session.home, self.store, self.notice, self.session.led)
 
         def ended(current: Task | None) -> bool:
             return current is None or current.terminal or current.attempt != which
@@ -455,11 +455,17 @@ class Service:
         with tempfile.TemporaryDirectory(prefix="ferry-logs-") as scratch:
             paths = log_paths(scratch, task.id, attempt)
             os.makedirs(os.path.dirname(paths[0]))
-            for path, name in zip(paths, ("stdout", "stderr"), strict=True):
+            kept = [tails.get(name, (b"", 0)) for name in ("stdout", "stderr")]
+            for path, (data, _) in zip(paths, kept, strict=True):
                 with open(path, "wb") as file:
-                    file.write(tails.get(name, (b"", 0))[0])
+                    file.write(data)
+            # Each tail at its offset in its stream; what only its host keeps is said
+            # dropped before it, as --log-max's hole is.
+            (out, out_size), (err, err_size) = kept
             print_logs(paths, stream=stream, tail=tail, follow=False, settled=lambda: True,
-                       as_json=as_json, merged=merged, task_id=task.id)  # fmt: skip
+                       as_json=as_json, merged=merged, task_id=task.id, attempt=attempt,
+                       bases=(out_size - len(out), err_size - len(err)),
+                       kept=f"the whole log is on host {owner}")  # fmt: skip
         cut = [f"{name}'s {size} bytes" for name, (data, size) in sorted(tails.items())
                if len(data) < size]  # fmt: skip
         shown = f": shown, the last {LOG_TAIL_BYTES // 1024} KiB of {', '.join(cut)}" if cut else ""

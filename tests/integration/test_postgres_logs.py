@@ -79,3 +79,46 @@ def test_a_task_that_wrote_nothing_shows_nothing_on_another_host(hosts: Hosts) -
     [task] = hosts("b").tasks()
     result = hosts("b").ok("logs", task["id"])
     assert (result.out, result.err) == (b"", "")
+
+
+def test_json_chunks_on_another_host_carry_their_offsets_and_say_what_is_not_here(
+    hosts: Hosts,
+) -> None:
+    """``logs --json`` elsewhere (a review): the tail's chunks said offset 0 and no
+    attempt, and nothing said the stream's first bytes were missing, so a script that
+    places chunks by offset built a wrong stream. Each chunk is at its offset in the
+    stream now, with its attempt, after a ``dropped`` line for what only the task's
+    host keeps (as ``--log-max``'s hole is said)."""
+    hosts("a").ok("run", "--", *NOISY)
+    [task] = hosts("b").tasks()
+    lines = [
+        orjson.loads(line) for line in hosts("b").ok("--json", "logs", task["id"]).out.splitlines()
+    ]
+    stdout = [line for line in lines if line["stream"] == "stdout"]
+    size = len(_expected_stdout())
+    assert stdout[0] == {"stream": "stdout", "offset": 0, "dropped": size - TAIL_BYTES}
+    rebuilt = bytearray(size)
+    for chunk in stdout[1:]:
+        assert chunk["attempt"] == 1 and chunk["task"] == task["id"]
+        data = chunk["text"].encode()
+        rebuilt[chunk["offset"] : chunk["offset"] + len(data)] = data
+    assert bytes(rebuilt[size - TAIL_BYTES :]) == _expected_stdout()[-TAIL_BYTES:]
+    assert sum(len(chunk["text"]) for chunk in stdout[1:]) == TAIL_BYTES
+
+
+def test_the_tail_of_a_log_max_log_kept_elsewhere_is_its_last_bytes_only(hosts: Hosts) -> None:
+    """A ``--log-max`` log has a hole between its head and its tail: the database kept
+    the last 64 KiB of data across it (head and tail glued, shown as one stretch). It
+    keeps the data after the hole: what another host shows is at its true offsets."""
+    hosts("a").ok("run", "--log-max", "40K", "--", *NOISY)
+    [task] = hosts("b").tasks()
+    lines = [
+        orjson.loads(line) for line in hosts("b").ok("--json", "logs", task["id"]).out.splitlines()
+    ]
+    stdout = [line for line in lines if line["stream"] == "stdout"]
+    whole = _expected_stdout()
+    assert stdout[0]["dropped"] == stdout[1]["offset"] > 0
+    for chunk in stdout[1:]:
+        data = chunk["text"].encode()
+        assert whole[chunk["offset"] : chunk["offset"] + len(data)] == data
+    assert stdout[-1]["offset"] + len(stdout[-1]["text"]) == len(whole)
