@@ -10,13 +10,14 @@ import time
 
 from ferry.app.runner import heartbeat_path, home_id
 from ferry.core._value import replace
-from ferry.core.model import Liveness, Task
+from ferry.core.errors import FerryError
+from ferry.core.model import Liveness, State, Task
 from ferry.proc.liveness import probe
 from ferry.proc.process import ProcessIdentity
 
 TYPE_CHECKING = False  # (typing is not imported at run time: start-up)
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
     from typing import Any
 
     from ferry.storage import TaskStore
@@ -79,17 +80,22 @@ def with_runner_state(task: Task, home: str | os.PathLike[str], store: TaskStore
 
 
 class GoneRunners:
-    """For a command that waits on tasks in flight (``wait``, ``logs -f``): says once
-    for each that its runner is gone, so that it does not wait for ever without a word:
+    """For a command that waits on tasks (``wait``, ``logs -f``): says once for each in
+    flight that its runner is gone, so that it does not wait for ever without a word:
     such a task stays in flight until recovery decides it (``ferry recover``, or a
-    running ``work``'s next pass). Looked at every ``LOOK_S`` at most (a probe reads
-    /proc); the first look at once."""
+    running ``work``'s next pass); and once that queued tasks wait with no leader
+    (``led``) to start them. Looked at every ``LOOK_S`` at most (a probe reads /proc);
+    the first look at once."""
 
     LOOK_S = 5.0
 
-    def __init__(self, home: str | os.PathLike[str], store: TaskStore, notice: Any) -> None:
-        self.home, self.store, self.notice = home, store, notice
+    def __init__(
+        self, home: str | os.PathLike[str], store: TaskStore, notice: Any,
+        led: Callable[[], bool] = lambda: True,
+    ) -> None:  # fmt: skip
+        self.home, self.store, self.notice, self.led = home, store, notice, led
         self.told: set[str] = set()
+        self.queue_told = False
         self.next_look = 0.0
 
     def look(self, tasks: Iterable[Task]) -> None:
@@ -97,6 +103,8 @@ class GoneRunners:
         if now < self.next_look:
             return
         self.next_look = now + self.LOOK_S
+        tasks = list(tasks)
+        self._no_leader([task.id for task in tasks if task.state is State.QUEUED])
         for task in tasks:
             if not task.in_flight or task.id in self.told:
                 continue
@@ -114,3 +122,19 @@ class GoneRunners:
                     f" {task.state.value} until 'ferry recover' (or a running 'ferry work')"
                     " decides it"
                 )
+
+    def _no_leader(self, queued: list[str]) -> None:
+        if not queued or self.queue_told:
+            return
+        try:
+            if self.led():
+                return
+        except (FerryError, OSError):  # (the lease unreadable, the database away: not said)
+            return
+        self.queue_told = True
+        which = f"task {queued[0]} is" if len(queued) == 1 else f"{len(queued)} tasks are"
+        self.notice(
+            f"{which} queued and no 'ferry work' is running to start "
+            f"{'it' if len(queued) == 1 else 'them'} ('ferry work' runs the queue, "
+            "'ferry claim' its next task)"
+        )

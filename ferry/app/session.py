@@ -246,6 +246,10 @@ class Session:
 
         return LeaseStore(os.path.join(self.home, "lease.json"), ttl_s)
 
+    def led(self) -> bool:
+        """Whether a leader may be running the queue now (``Leases.led``)."""
+        return self.leases(ttl_s=30.0).led()
+
     def notice(self, message: str) -> None:
         self.reporter.notice(message)
 

@@ -43,7 +43,7 @@ def wait(
     latest: dict[str, Task] = {task.id: task for task in tasks}
     awaited = [task.id for task in tasks]
     deadline = None if timeout_s is None else started + timeout_s
-    gone = GoneRunners(session.home, store, session.reporter.notice)
+    gone = GoneRunners(session.home, store, session.reporter.notice, session.led)
     while True:
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         if any(_ended(store.get(task_id)) for task_id in awaited) and not store.sync(left):

@@ -300,3 +300,9 @@ class Leases(Protocol):
     def reset(self, *, min_epoch: int) -> object:
         """Clear a lease whose holder is gone for good (``ferry lease reset``)."""
         ...
+
+    def led(self) -> bool:
+        """Whether a leader may be running the queue now, to start its tasks: one whose
+        holder is not proven dead (on a shared database: any host's lease that has not
+        expired, or this host's holder alive)."""
+        ...

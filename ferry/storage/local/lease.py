@@ -203,6 +203,14 @@ class LeaseStore:
         raw = self._read_bytes()
         return None if raw is None else parse_lease(raw)
 
+    def led(self) -> bool:
+        lease = self.read()
+        return (
+            lease is not None
+            and lease.holder is not None
+            and (self._probe(lease.holder) is not Liveness.DEAD)
+        )
+
     def expired(self, lease: Lease) -> bool:
         return self._clock() >= lease.expires_boot_s
 

@@ -117,6 +117,16 @@ class PgLeases:
         ).fetchone()
         return row is not None
 
+    def led(self) -> bool:
+        rows = self.db.execute(
+            "SELECT host_id, holder, expires_at > now() FROM ferry_hosts WHERE holder IS NOT NULL"
+        ).fetchall()
+        return any(
+            live
+            or (host == self.host and probe(ProcessIdentity.from_json(holder)) is not Liveness.DEAD)
+            for host, holder, live in rows
+        )
+
     def reset(self, *, min_epoch: int) -> None:
         """Nothing to repair: the database keeps the lease readable."""
         return None
