@@ -507,8 +507,8 @@ def db_status_text(report: dict[str, Any]) -> str:
     tasks = report["tasks"]
     lines.append("tasks: " + (", ".join(f"{n} {s}" for s, n in tasks.items()) or "none"))
     for host in report["hosts"]:
-        state = "live" if host["live"] else "expired"
+        state = "live until" if host["live"] else "expired at"
         lines.append(
-            f"host {host['host']}: epoch {host['epoch']}, lease {state} until {host['expires_at']}"
+            f"host {host['host']}: epoch {host['epoch']}, lease {state} {host['expires_at']}"
         )
     return "\n".join(lines)
