@@ -165,6 +165,7 @@ class Worker:
         self.lease_lost = False  # (then, on a shared database, its tasks were stopped)
         self.trap: SignalTrap | None = None
         self._cancel_before_spawn: set[str] = set()
+        self._twin_said = False  # (the lease's holder is of another boot: said once)
         self._plan_deaths: dict[str, int] = {}  # task id -> supervisors that died planning it
         self._queue_ran_dry = False  # the last claims found fewer tasks than asked for
         self._short_of = False  # a supervisor could not be made (EMFILE...): said once
@@ -230,7 +231,10 @@ class Worker:
             try:
                 self.lead.acquire()
                 return True
-            except LeaseHeldError:
+            except LeaseHeldError as error:
+                if error.details.get("another_boot") and not self._twin_said:
+                    self._twin_said = True  # (said once: it waits on, as any standby)
+                    self.session.notice(f"warning: {error.message}")
                 if self.stopping or (self.drain and not self._queue_nonempty()):
                     return False
             except FerryError as error:

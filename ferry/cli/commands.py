@@ -347,8 +347,11 @@ def register(
             )
         except LeaseHeldError as error:
             # A live leader is responsible: nothing for us to do, nothing to say (cron
-            # mails whatever it prints, every minute). -v or --json still say it.
+            # mails whatever it prints, every minute). -v or --json still say it, and
+            # so does a leader of another boot (another machine with this host id?).
             if error.code != "lease.held" or ctx.as_json or ctx.verbosity > 0:
+                raise
+            if error.details.get("another_boot"):
                 raise
             return error.exit_code
         emit(ctx, render.recover_text(report, ctx.verbosity), render.recover_json(report))

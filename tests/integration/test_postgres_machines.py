@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from clikit import FERRY, Ferry, Hosts, processes_with_env, wait_until
+from clikit import FERRY, Ferry, Hosts, finish, processes_with_env, read_until, wait_until
 
 from ferry.proc.process import ProcessIdentity
 
@@ -193,3 +193,89 @@ def test_a_task_lost_with_its_host_is_not_retried_beside_its_orphan(hosts: Hosts
         host.refused(3, "task.key_unsafe", "submit", "--key", "K", "--", "true")
         host.ok("gc", "--older-than", "0s")
     assert a.task(task_id)["reason"] == "HOST_LOST"
+
+
+def test_a_machine_sharing_a_host_id_leaves_the_other_s_running_tasks_alone(
+    hosts: Hosts, pg_url: str, tmp_path: Path
+) -> None:
+    """Two machines with one host id (cloned images share /etc/machine-id, the default
+    one) (a review): the second one's ``recover`` took the first one's running tasks
+    for its own, probed their runners (another boot: DEAD), failed the one that may
+    mutate while it ran on and requeued the idempotent one, which its ``work`` then ran
+    a second time beside the first. A task of this host id started in another boot is
+    judged as another host's: by what is heard of it, so left alone while it beats."""
+    a = hosts("a")
+    twin = Ferry(tmp_path / "twin")
+    twin.env.update(FERRY_DATABASE_URL=pg_url, FERRY_HOST_ID="a")
+    another_machine(twin, tmp_path / "boot-twin")
+    gate, marks = tmp_path / "gate", tmp_path / "marks"
+    body = f'echo start >> "{marks}"; while [ ! -e "{gate}" ]; do sleep 0.05; done'
+    runs = [a.start("run", *flag, "--", "/bin/sh", "-c", body) for flag in (["--idempotent"], [])]
+    try:
+        wait_until(
+            lambda: [t["state"] for t in a.tasks()] == ["RUNNING", "RUNNING"], what="both running"
+        )
+        decided = twin("--json", "recover")
+        assert decided.code == 0 and json.loads(decided.out)["decisions"] == [], decided
+        twin.ok("work", "--drain")
+        assert [t["state"] for t in a.tasks()] == ["RUNNING", "RUNNING"]
+    finally:
+        gate.touch()
+        codes = [finish(run)[0] for run in runs]
+        twin.close()
+    assert codes == [0, 0] and marks.read_text().split() == ["start", "start"]
+    assert [t["state"] for t in a.tasks()] == ["SUCCEEDED", "SUCCEEDED"]
+
+
+def test_after_a_reboot_a_host_decides_its_tasks_of_the_boot_before_once_unheard(
+    hosts: Hosts, pg_url: str, tmp_path: Path
+) -> None:
+    """The other side of the rule above: a host's tasks from before its reboot are
+    not left for ever. A probe cannot tell a reboot from a twin machine, so they are
+    decided as a lost host's are: once unheard for the TTL their runner promised
+    (twice, with the grace and a slack), the one that may mutate FAILED
+    ``HOST_LOST``, the idempotent one back to the queue."""
+    a = hosts("a")
+    before = another_machine(Ferry(a.home), tmp_path / "boot-before")
+    before.env.update(FERRY_DATABASE_URL=pg_url, FERRY_HOST_ID="a")
+    idempotent, mutating = (
+        a.ok("submit", *flag, "--kill-grace", "1", "--", "sleep", "300").text.strip()
+        for flag in (["--idempotent"], [])
+    )
+    before.start("work", "-j", "2", "--lease-ttl", "2", "--poll", "0.1")
+    wait_until(lambda: {t["state"] for t in a.tasks()} == {"RUNNING"}, what="both to run")
+    before.close()  # (the machine goes down: every process of this home killed)
+    # Its lease, of the boot before, is waited out (75 until then); its tasks, heard
+    # of a moment ago, are not decided yet.
+    wait_until(lambda: a("recover", "--lease-ttl", "2").code != 75, what="the lease to expire")
+    assert {t["state"] for t in a.tasks()} == {"RUNNING"}
+
+    def decided() -> bool:
+        return a("recover", "--lease-ttl", "2").code == 3
+
+    wait_until(decided, what="the tasks of the boot before to be decided", timeout_s=60)
+    assert a.task(idempotent)["state"] == "QUEUED"
+    assert (a.task(mutating)["state"], a.task(mutating)["reason"]) == ("FAILED", "HOST_LOST")
+
+
+def test_a_machine_sharing_a_host_id_does_not_take_the_other_s_lease(
+    hosts: Hosts, pg_url: str, tmp_path: Path
+) -> None:
+    """The twin's ``work`` took the host's lease at once from the first one's (its
+    probe of the holder, of another boot, said DEAD): the first one's work, fenced,
+    would stop its tasks. A holder of another boot gives its lease up only by expiry:
+    the twin waits, as a standby does, and says once why; its ``recover`` is refused."""
+    a = hosts("a")
+    twin = another_machine(Ferry(tmp_path / "twin"), tmp_path / "boot-twin")
+    twin.env.update(FERRY_DATABASE_URL=pg_url, FERRY_HOST_ID="a")
+    try:
+        a.start("work", "--poll", "0.1")
+        wait_until(lambda: a.ok("--json", "lease").json()["holder"], what="a's work to lead")
+        epoch = a.ok("--json", "lease").json()["epoch"]
+        standby = twin.start("work", "--poll", "0.1")
+        read_until(standby, "of another boot")
+        refused = twin.refused(75, "lease.held", "recover")
+        assert "give each machine its own --host-id" in refused.err, refused.err
+        assert a.ok("--json", "lease").json()["epoch"] == epoch
+    finally:
+        twin.close()

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ferry.core.errors import LeaseHeldError
 from ferry.proc.liveness import Liveness, probe
-from ferry.proc.process import ProcessIdentity
+from ferry.proc.process import ProcessIdentity, boot_id
 from ferry.storage.local.lease import Lease, LeaseLostError, boot_clock
 
 if TYPE_CHECKING:
@@ -24,6 +24,13 @@ if TYPE_CHECKING:
 _ROW = (
     "epoch, holder, extract(epoch FROM acquired_at), extract(epoch FROM renewed_at),"
     " extract(epoch FROM expires_at), extract(epoch FROM expires_at - now())"
+)
+
+
+_OF_ANOTHER_BOOT = (
+    " of another boot: the boot before a reboot (until its lease expires), or another"
+    " machine given this host id (cloned images share /etc/machine-id, the default):"
+    " give each machine its own --host-id"
 )
 
 
@@ -52,8 +59,8 @@ class PgLeases:
 
     def acquire(self, me: ProcessIdentity, *, min_epoch: int = 0) -> Lease:
         """Take this host's lease with a new epoch, or raise ``lease.held`` (75) while
-        another live holder has it (a holder of this host proven dead is replaced at
-        once; one of another machine only by expiry)."""
+        another live holder has it (a holder of this boot proven dead is replaced at
+        once; one of another boot, which no probe here can see, only by expiry)."""
         sent = boot_clock()
         with self.db.transaction() as conn:
             # The row exists before it is locked: a host's first two acquisitions at once
@@ -72,14 +79,21 @@ class PgLeases:
             if row is not None and row[1] is not None and row[-1]:
                 current = self._lease(row[:-1])
                 holder = current.holder
-                liveness = Liveness.DEAD if holder in (None, me) else probe(holder)
+                # A holder of another boot: the boot before a reboot, or another machine
+                # given this host id; no probe here can tell, so only by expiry.
+                twin = holder not in (None, me) and holder.boot_id != boot_id()
+                liveness = (
+                    Liveness.DEAD if holder in (None, me)
+                    else Liveness.UNKNOWN if twin else probe(holder)
+                )  # fmt: skip
                 if holder is not None and liveness is not Liveness.DEAD:
                     raise LeaseHeldError(
                         f"host {self.host}'s lease is held by pid {holder.pid}"
-                        f" (epoch {current.epoch})",
+                        f" (epoch {current.epoch}){_OF_ANOTHER_BOOT if twin else ''}",
                         details={"holder": holder.to_json(), "epoch": current.epoch,
                                  "expires_at": current.expires_at,
-                                 "holder_liveness": str(liveness), "host": self.host},
+                                 "holder_liveness": str(liveness), "host": self.host,
+                                 "another_boot": twin},
                     )  # fmt: skip
             found = conn.execute(
                 "INSERT INTO ferry_hosts AS h (host_id, epoch, holder, acquired_at, renewed_at,"

@@ -874,13 +874,21 @@ class PgStore:
         ``ttl_s``, if longer), twice its ``--kill-grace`` and a slack: its
         supervisor, unheard for one TTL, stopped it (SIGTERM, SIGKILL after the grace;
         then what left its group, the same way), and had the rest to see it gone.
-        Decide it as lost. False: another host's, still alive: leave it alone."""
-        owner = None if task.runner is None else task.runner.get("host_id")
-        if owner is None or owner == self.host:
+        Decide it as lost. False: another host's, still alive: leave it alone.
+
+        A task of this host id whose runner is of another boot is judged so too, by
+        what is heard of it alone (this host's lease is its own now): a task from
+        before a reboot is lost once unheard; one of another machine given the same
+        host id (a cloned image's machine id) beats, and no probe here could see it."""
+        from ferry.proc.process import boot_id
+
+        runner = task.runner or {}
+        owner = runner.get("host_id")
+        if owner is None or (owner == self.host and runner.get("boot_id") == boot_id()):
             return None
         if ttl_s == float("inf"):
             return False  # (asked only whose task it is)
-        return _lost(self.db.execute, task.id, owner, ttl_s)
+        return _lost(self.db.execute, task.id, None if owner == self.host else owner, ttl_s)
 
     def _check_still_lost(
         self, conn: Any, batch: Sequence[EncodedEvent], rows: Mapping[str, Any]
@@ -896,7 +904,8 @@ class PgStore:
                 continue
             task_id = str(data["task"])
             owner = str(((rows.get(task_id) or {}).get("runner") or {}).get("host_id"))
-            if not _lost(conn.execute, task_id, owner, float(ttl_s)):
+            judged_by = None if owner == self.host else owner  # (another boot of this host)
+            if not _lost(conn.execute, task_id, judged_by, float(ttl_s)):
                 raise RefusedError(
                     f"task {task_id} was heard from since host {owner} was judged lost:"
                     " it is that host's again",
@@ -991,9 +1000,10 @@ def lock_keys(conn: Any, keys: Sequence[str]) -> None:
     conn.execute(sql, {"keys": list(keys), "space": KEY_SPACE})
 
 
-def _lost(execute: Callable[..., Any], task_id: str, owner: str, ttl_s: float) -> bool:
+def _lost(execute: Callable[..., Any], task_id: str, owner: str | None, ttl_s: float) -> bool:
     """``PgStore.host_lost``'s judgement, in one statement (``execute``: the store's, or
-    a transaction's after it locked the row)."""
+    a transaction's after it locked the row). ``owner`` None: by the task's beats alone
+    (this host id's task of another boot)."""
     from ferry.proc.supervise import DRAIN_TIMEOUT_S, SIGKILL_WAIT_S
 
     # (a stopped group may take this long to be gone after its SIGKILL, its pipes
