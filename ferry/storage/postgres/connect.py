@@ -118,6 +118,7 @@ def _check_url(psycopg: Any, url: str) -> None:
     except psycopg.ProgrammingError as error:
         where = _redacted(url)
         first = str(error).strip().splitlines()[0].replace(url, where) if str(error) else ""
+        first = _scrubbed(first, url)
         raise UsageError(
             f"--database {where!r} is not a valid URL: {first}",
             code="usage.bad_database",
@@ -156,6 +157,7 @@ _REFUSED_SAYING = (
     (r'FATAL:\s+role ".*" is not permitted to log in', "28000"),
     (r"FATAL:\s+no pg_hba\.conf entry", "28000"),
     (r"FATAL:\s+.*authentication failed for user", "28P01"),
+    (r"fe_sendauth: no password supplied", "28P01"),  # (the server asks for one)
 )
 # libpq's own refusal of a value in the URL (a port out of range or not a number, an
 # sslmode or target_session_attrs it does not know): said before any connection.
@@ -175,7 +177,7 @@ def refusal(error: Exception, url: str) -> FerryError | None:
     import re
 
     where = _redacted(url)
-    text = str(error).strip()
+    text = _scrubbed(str(error).strip(), url)
     first = text.splitlines()[0] if text else type(error).__name__
     sqlstate = getattr(error, "sqlstate", None) or ""
     if sqlstate not in _REFUSED:
@@ -242,7 +244,8 @@ def unavailable(error: Exception, url: str) -> DatabaseUnavailableError:
     out of reach, read-only (a standby after a failover), or a wait cut at ferry's
     bound."""
     where = _redacted(url)
-    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    text = _scrubbed(str(error).strip(), url)
+    first = text.splitlines()[0] if text else type(error).__name__
     what = _WHAT_FAILED.get(getattr(error, "sqlstate", None) or "", "cannot be reached")
     return DatabaseUnavailableError(
         f"the database {where} {what}: {first}", details={"database": where}
@@ -250,13 +253,30 @@ def unavailable(error: Exception, url: str) -> DatabaseUnavailableError:
 
 
 def _redacted(url: str) -> str:
-    """The URL without its password."""
+    """The URL without its passwords (``user:password@``, ``?password=``)."""
     scheme, sep, rest = url.partition("://")
-    if "@" in rest:
+    if "@" in rest.split("?", 1)[0]:
         credentials, _, host = rest.rpartition("@")
         user = credentials.split(":", 1)[0]
         rest = f"{user}@{host}"
-    return f"{scheme}{sep}{rest}"
+    return _scrubbed(f"{scheme}{sep}{rest}", url)
+
+
+def _scrubbed(text: str, url: str) -> str:
+    """``text`` (the driver's words about ``url``, say) with each of the URL's
+    passwords, as written and as decoded, shown as ``***``."""
+    import re
+    import urllib.parse
+
+    rest = url.partition("://")[2]
+    found = re.findall(r"(?:^|[?&])password=([^&]*)", rest.partition("?")[2])
+    if "@" in rest.split("?", 1)[0]:
+        credentials = rest.split("?", 1)[0].rpartition("@")[0]
+        found += credentials.split(":", 1)[1:]
+    for secret in sorted({*found, *map(urllib.parse.unquote, found)}, key=len, reverse=True):
+        if secret:
+            text = text.replace(secret, "***")
+    return text
 
 
 def application_name(pid: int, host: str) -> str:
@@ -326,19 +346,9 @@ class Database:
     def connection(self) -> Any:
         if self._conn is None or self._conn.closed:
             try:
-                # jit off: ferry's statements are short, and planned each time; a cost
-                # estimate past jit_above_cost made one of them spend a second
-                # compiling what runs in a millisecond.
                 silence_s = self.silence_s
-                options = (
-                    f"-c jit=off -c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_S}s"
-                )
-                if self.statements_bound:
-                    options += f" -c statement_timeout={int(silence_s * 1000)}"
-                elif self.locks_bound:
-                    options += f" -c lock_timeout={int(silence_s * 1000)}"
                 self._conn = self._psycopg.connect(
-                    self.url, autocommit=True, options=options,
+                    self.url, autocommit=True, options=self._options(silence_s),
                     # (libpq: whole seconds, at least 2)
                     connect_timeout=max(2, min(CONNECT_TIMEOUT_S, math.ceil(silence_s))),
                     keepalives=1, keepalives_idle=max(1, int(silence_s / 3)),
@@ -349,7 +359,33 @@ class Database:
             except self._psycopg.OperationalError as error:
                 raise (refusal(error, self.url) or unavailable(error, self.url)) from error
             _json_codec(self._conn)
+            try:
+                with self.mapped():
+                    self._check_durable(self._conn)
+            except BaseException:
+                self.close()
+                raise
         return self._conn
+
+    def _options(self, silence_s: float) -> str:
+        """The session's settings: the URL's own ``options`` (else ``PGOPTIONS``: a
+        schema per fleet, say), then ferry's, which win. READ COMMITTED whatever the
+        database's default (a statement that waited for a key's or a group's lock
+        must see what its holder committed: a snapshot taken before the wait, as
+        REPEATABLE READ takes, queued a second task of a key); jit off (ferry's
+        statements are short, and planned each time: one past jit_above_cost spent a
+        second compiling what runs in a millisecond); no statement or lock timeout but
+        ferry's own bound (a role's, set for its interactive users, cut every command)."""
+        from psycopg.conninfo import conninfo_to_dict
+
+        given = conninfo_to_dict(self.url).get("options") or os.environ.get("PGOPTIONS", "")
+        bound_ms = int(silence_s * 1000)
+        return (
+            f"{given} -c jit=off -c default_transaction_isolation=read\\ committed"
+            f" -c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_S}s"
+            f" -c statement_timeout={bound_ms if self.statements_bound else 0}"
+            f" -c lock_timeout={bound_ms if self.locks_bound and not self.statements_bound else 0}"
+        ).strip()
 
     @contextmanager
     def transaction(self, *, rollback: bool = False) -> Iterator[Any]:
@@ -368,21 +404,28 @@ class Database:
             return self.connection().execute(sql, params)
 
     def check_durable(self) -> None:
-        """Refuse a database that may lose a commit it acknowledged: ``fsync`` off, or
-        ``synchronous_commit`` off (or ``local`` with synchronous standbys configured
-        is fine: that still flushes the local WAL)."""
-        settings = {
-            name: self.execute(f"SHOW {name}").fetchone()[0]
-            for name in ("fsync", "synchronous_commit")
-        }
-        if settings["fsync"] != "on" or settings["synchronous_commit"] == "off":
+        """Refuse a database that may lose a commit it acknowledged (``db.not_durable``):
+        checked on every connection this process opens (``_check_durable``)."""
+        with self.mapped():
+            self.connection()
+
+    def _check_durable(self, conn: Any) -> None:
+        """``fsync`` off, or ``synchronous_commit`` off (``local`` with synchronous
+        standbys configured is fine: that still flushes the local WAL), is refused;
+        and the session keeps the ``synchronous_commit`` it was checked with (pinned:
+        a configuration reloaded later, ``ALTER SYSTEM SET synchronous_commit = off``,
+        does not reach it)."""
+        fsync, commit = conn.execute(
+            "SELECT current_setting('fsync'),"
+            " set_config('synchronous_commit', current_setting('synchronous_commit'), false)"
+        ).fetchone()
+        if fsync != "on" or commit == "off":
             raise DatabaseError(
-                f"the database {_redacted(self.url)} is not durable (fsync={settings['fsync']},"
-                f" synchronous_commit={settings['synchronous_commit']}): an acknowledged commit"
-                " could be lost in a crash, and ferry records its intent there before every"
-                " spawn; turn both on",
+                f"the database {_redacted(self.url)} is not durable (fsync={fsync},"
+                f" synchronous_commit={commit}): an acknowledged commit could be lost in a"
+                " crash, and ferry records its intent there before every spawn; turn both on",
                 code="db.not_durable",
-                details=settings,
+                details={"fsync": fsync, "synchronous_commit": commit},
             )
 
     def close(self) -> None:

@@ -93,7 +93,7 @@ class PgLeases:
                         details={"holder": holder.to_json(), "epoch": current.epoch,
                                  "expires_at": current.expires_at,
                                  "holder_liveness": str(liveness), "host": self.host,
-                                 "another_boot": twin},
+                                 **({"another_boot": True} if twin else {})},
                     )  # fmt: skip
             found = conn.execute(
                 "INSERT INTO ferry_hosts AS h (host_id, epoch, holder, acquired_at, renewed_at,"

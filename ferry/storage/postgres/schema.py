@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ferry.core.errors import DatabaseError
+
 MIGRATIONS: tuple[str, ...] = (
     # 1: the first schema
     """
@@ -381,24 +383,72 @@ _LOCK_ID = 0x66657272  # "ferr": serialises concurrent `db init`s
 
 
 def version(conn: Any) -> int:
-    """The schema version in the database (0: none)."""
-    row = conn.execute("SELECT to_regclass('ferry_meta') IS NOT NULL").fetchone()
-    if not row[0]:
+    """The schema version in the database (0: none). A ``ferry_meta`` that holds no
+    version ferry wrote (another application's table) is ``db.not_ferry``."""
+    from psycopg import errors
+
+    row = conn.execute("SELECT to_regclass('ferry_meta')::text").fetchone()
+    if row[0] is None:
         return 0
-    found = conn.execute("SELECT value FROM ferry_meta WHERE key = 'version'").fetchone()
-    return 0 if found is None else int(found[0])
+    try:
+        found = conn.execute("SELECT value FROM ferry_meta WHERE key = 'version'").fetchone()
+    except (errors.UndefinedColumn, errors.UndefinedFunction, errors.DatatypeMismatch):
+        found = None
+    text = found[0] if found else None
+    if not (isinstance(text, str) and text.isdigit() and len(text) < 10):
+        raise _not_ferry(row[0])
+    return int(text)
 
 
 def migrate(conn: Any) -> tuple[int, int]:
-    """Apply the missing migrations; (version before, version after)."""
+    """Apply the missing migrations; (version before, version after). A schema newer
+    than this ferry's is left as it is (``db.version``: upgrade ferry)."""
+    from psycopg import errors
+
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_ID,))
         before = version(conn)
-        for number in range(before + 1, VERSION + 1):
-            conn.execute(MIGRATIONS[number - 1])
-            conn.execute(
-                "INSERT INTO ferry_meta (key, value) VALUES ('version', %s)"
-                " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                (str(number),),
-            )
+        if before > VERSION:
+            raise newer_schema(before)
+        try:
+            for number in range(before + 1, VERSION + 1):
+                conn.execute(MIGRATIONS[number - 1])
+                conn.execute(
+                    "INSERT INTO ferry_meta (key, value) VALUES ('version', %s)"
+                    " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                    (str(number),),
+                )
+        except errors.DuplicateTable as error:  # (another application's, of a ferry name)
+            raise _not_ferry(_table_named(error)) from None
+        except errors.InvalidSchemaName:  # (no schema of the search_path exists)
+            raise DatabaseError(
+                "the database has no schema to make ferry's tables in: its search_path"
+                " (the role's, or the URL's options) names none that exists; create it"
+                " (CREATE SCHEMA) or name another",
+                code="db.no_schema",
+            ) from None
     return before, VERSION
+
+
+def newer_schema(found: int) -> DatabaseError:
+    return DatabaseError(
+        f"the database's ferry schema is version {found}, newer than this ferry's"
+        f" ({VERSION}): upgrade ferry",
+        code="db.version",
+        details={"version": found, "supported": VERSION},
+    )
+
+
+def _not_ferry(table: str) -> DatabaseError:
+    return DatabaseError(
+        f"the database's table {table} is not ferry's (another application's?): give"
+        " ferry a database, or a schema (the URL's options=-csearch_path=...), of its own",
+        code="db.not_ferry",
+        details={"table": table},
+    )
+
+
+def _table_named(error: Exception) -> str:
+    """The relation a DuplicateTable error names (its message: relation "x" ...)."""
+    text = str(error)
+    return text.split('"')[1] if text.count('"') >= 2 else "of ferry's name"

@@ -109,14 +109,12 @@ class PgStore:
                 "the database has no ferry schema: run 'ferry --database URL db init' first",
                 code="db.not_initialised",
             )
-        if found != schema.VERSION:
-            newer = found > schema.VERSION
+        if found > schema.VERSION:
+            raise schema.newer_schema(found)
+        if found < schema.VERSION:
             raise DatabaseError(
-                f"the database's ferry schema is version {found},"
-                f" {'newer' if newer else 'older'} than this ferry's ({schema.VERSION}): "
-                + (
-                    "upgrade ferry" if newer else "run 'ferry --database URL db init' to upgrade it"
-                ),
+                f"the database's ferry schema is version {found}, older than this ferry's"
+                f" ({schema.VERSION}): run 'ferry --database URL db init' to upgrade it",
                 code="db.version",
                 details={"version": found, "supported": schema.VERSION},
             )
