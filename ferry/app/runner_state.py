@@ -10,7 +10,7 @@ import time
 
 from ferry.app.runner import heartbeat_path, home_id
 from ferry.core._value import replace
-from ferry.core.errors import FerryError
+from ferry.core.errors import DatabaseUnavailableError, FerryError
 from ferry.core.model import Liveness, State, Task
 from ferry.proc.liveness import probe
 from ferry.proc.process import ProcessIdentity
@@ -88,6 +88,7 @@ class GoneRunners:
     the first look at once."""
 
     LOOK_S = 5.0
+    LEADERLESS_S = 2.0
 
     def __init__(
         self, home: str | os.PathLike[str], store: TaskStore, notice: Any,
@@ -96,15 +97,16 @@ class GoneRunners:
         self.home, self.store, self.notice, self.led = home, store, notice, led
         self.told: set[str] = set()
         self.queue_told = False
-        self.next_look = 0.0
+        self.leaderless_since: float | None = None  # (no leader seen since)
+        self.next_look = self.next_lead_look = 0.0
 
     def look(self, tasks: Iterable[Task]) -> None:
         now = time.monotonic()
+        tasks = list(tasks)
+        self._no_leader([task.id for task in tasks if task.state is State.QUEUED], now)
         if now < self.next_look:
             return
         self.next_look = now + self.LOOK_S
-        tasks = list(tasks)
-        self._no_leader([task.id for task in tasks if task.state is State.QUEUED])
         for task in tasks:
             if not task.in_flight or task.id in self.told:
                 continue
@@ -123,13 +125,20 @@ class GoneRunners:
                     " decides it"
                 )
 
-    def _no_leader(self, queued: list[str]) -> None:
-        if not queued or self.queue_told:
+    def _no_leader(self, queued: list[str], now: float) -> None:
+        """Said once no leader was seen for ``LEADERLESS_S`` (a ``work`` just started
+        leads within it), looking once a second."""
+        if not queued or self.queue_told or now < self.next_lead_look:
             return
+        self.next_lead_look = now + 1.0
         try:
-            if self.led():
-                return
+            led = self.led()
         except (FerryError, OSError):  # (the lease unreadable, the database away: not said)
+            return
+        if led or self.leaderless_since is None:
+            self.leaderless_since = None if led else now
+            return
+        if now - self.leaderless_since < self.LEADERLESS_S:
             return
         self.queue_told = True
         which = f"task {queued[0]} is" if len(queued) == 1 else f"{len(queued)} tasks are"
@@ -138,3 +147,25 @@ class GoneRunners:
             f"{'it' if len(queued) == 1 else 'them'} ('ferry work' runs the queue, "
             "'ferry claim' its next task)"
         )
+
+
+class Outage:
+    """Around each look of a command that waits (``wait``, ``logs -f``): the database
+    out of reach (``db.unavailable``: a restart, a failover) is said once and waited
+    out, as ``work`` does; the look is made again at the next turn. (A local journal
+    never raises it.)"""
+
+    def __init__(self, notice: Any) -> None:
+        self.notice = notice
+        self.said = False
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, error: Any, trace: Any) -> bool:
+        if not isinstance(error, DatabaseUnavailableError):
+            return False
+        if not self.said:
+            self.said = True
+            self.notice(f"warning: {error.message}; waiting for it")
+        return True

@@ -352,15 +352,21 @@ class Service:
         if follow and self.session.damage() is not None:
             follow = False  # (past its damage the journal says no more: none will settle)
 
-        from ferry.app.runner_state import GoneRunners
+        from ferry.app.runner_state import GoneRunners, Outage
 
         seen = [task]  # the task as last seen in the table
         gone = GoneRunners(self.session.home, self.store, self.notice, self.session.led)
+        outage = Outage(self.notice)
 
         def ended(current: Task | None) -> bool:
             return current is None or current.terminal or current.attempt != which
 
         def settled() -> bool:
+            with outage:  # (the database out of reach: followed on, looked at again)
+                return looked()
+            return False
+
+        def looked() -> bool:
             self.store.refresh()
             current = self.store.get(task.id)
             if follow and ended(current):

@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 
 from ferry.app.naming import resolve as resolve_task
-from ferry.app.runner_state import GoneRunners, with_runner_state
+from ferry.app.runner_state import GoneRunners, Outage, with_runner_state
 from ferry.app.tally import WaitReport
 from ferry.core.model import Task
 
@@ -44,35 +44,51 @@ def wait(
     awaited = [task.id for task in tasks]
     deadline = None if timeout_s is None else started + timeout_s
     gone = GoneRunners(session.home, store, session.reporter.notice, session.led)
+    outage = Outage(session.reporter.notice)
     while True:
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        if any(_ended(store.get(task_id)) for task_id in awaited) and not store.sync(left):
-            # An end is confirmed under the journal's lock before it is said: one read
-            # without it may be taken back by its writer (its fdatasync failed). The
-            # lock held past the deadline (a ferry stopped in its append): not said.
-            break
-        for task_id in list(awaited):
-            current = store.get(task_id)
-            if current is None:  # settled and forgotten (ferry gc) between two looks
-                awaited.remove(task_id)
-                session.reporter.notice(
-                    f"task {task_id} was forgotten (ferry gc) before its end was seen"
-                )
-                continue
-            latest[task_id] = current
-            if current.terminal:
-                awaited.remove(task_id)
-                session.reporter.settled(with_runner_state(current, session.home, store))
-        if not awaited:
-            break
-        gone.look(latest[task_id] for task_id in awaited)
+        with outage:
+            if not _look(session, awaited, latest, gone, left):
+                break
         left = None if deadline is None else deadline - time.monotonic()
         if left is not None and left <= 0:
             break
         time.sleep(POLL_S if left is None else min(POLL_S, left))
-        store.refresh()
+        with outage:
+            store.refresh()
     result = [with_runner_state(latest[task.id], session.home, store) for task in tasks]
     return WaitReport(result, awaited, time.monotonic() - started)
+
+
+def _look(
+    session: Session, awaited: list[str], latest: dict[str, Task], gone: GoneRunners,
+    left: float | None,
+) -> bool:  # fmt: skip
+    """One look at the tasks still ``awaited``: each that settled is told and taken out
+    of it. False: nothing is left to wait for, or the lock an end is confirmed under
+    was held past the deadline (``left``)."""
+    store = session.store
+    if any(_ended(store.get(task_id)) for task_id in awaited) and not store.sync(left):
+        # An end is confirmed under the journal's lock before it is said: one read
+        # without it may be taken back by its writer (its fdatasync failed). The
+        # lock held past the deadline (a ferry stopped in its append): not said.
+        return False
+    for task_id in list(awaited):
+        current = store.get(task_id)
+        if current is None:  # settled and forgotten (ferry gc) between two looks
+            awaited.remove(task_id)
+            session.reporter.notice(
+                f"task {task_id} was forgotten (ferry gc) before its end was seen"
+            )
+            continue
+        latest[task_id] = current
+        if current.terminal:
+            awaited.remove(task_id)
+            session.reporter.settled(with_runner_state(current, session.home, store))
+    if not awaited:
+        return False
+    gone.look(latest[task_id] for task_id in awaited)
+    return True
 
 
 def _ended(task: Task | None) -> bool:

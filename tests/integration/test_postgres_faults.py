@@ -228,3 +228,36 @@ def test_the_worker_killed_at_each_step(
     assert (task["state"], task["exit_code"], task["releases"]) == ("SUCCEEDED", 0, 0)
     assert runs(marks) == {task_id: 1}
     assert len(dispatched(pg_url)) == (2 if reruns else 1)
+
+
+def test_wait_and_logs_follow_ride_out_an_outage(
+    host: Ferry, pg_server: PgServer, tmp_path: Path
+) -> None:
+    """``ferry wait ID && deploy`` through a database restarted under it (an upgrade, a
+    failover): wait exited 75 at the first look that found it down, and logs -f with
+    it, though the task ran on and SUCCEEDED. They say once that it cannot be reached
+    and wait for it, as ``work`` does (to ``--timeout``, for wait)."""
+    if not pg_server.restartable:
+        pytest.skip("FERRY_TEST_DATABASE_URL names a server the tests may not restart")
+    gate = tmp_path / "gate"
+    task_id = host.ok(
+        "submit",
+        "--",
+        "/bin/sh",
+        "-c",
+        f'echo started; while [ ! -e "{gate}" ]; do sleep 0.05; done; echo done',
+    ).text.strip()
+    worker = host.start("work", "--drain", "--poll", "0.1")
+    waiting = host.start("wait", task_id)
+    following = host.start("logs", "-f", task_id)
+    try:
+        wait_until(lambda: host.task(task_id)["state"] == "RUNNING", what="the task to run")
+        pg_server.outage(2.0)
+    finally:
+        gate.touch()
+    assert finish(worker)[0] == 0
+    code, err = finish(waiting)
+    assert code == 0 and err.count("cannot be reached") == 1, err
+    assert following.stdout is not None
+    code, err = finish(following)
+    assert code == 0, err
