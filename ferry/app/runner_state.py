@@ -88,7 +88,7 @@ class GoneRunners:
     the first look at once."""
 
     LOOK_S = 5.0
-    LEADERLESS_S = 2.0
+    LEADERLESS_S = 5.0
 
     def __init__(
         self, home: str | os.PathLike[str], store: TaskStore, notice: Any,

@@ -445,7 +445,6 @@ class Service:
         import tempfile
 
         from ferry.app.logs import print_logs
-        from ferry.storage import LOG_TAIL_BYTES
 
         owner = None if task.runner is None else task.runner.get("host_id")
         tails = self.store.log_tails(task.id, attempt)
@@ -472,9 +471,9 @@ class Service:
                        as_json=as_json, merged=merged, task_id=task.id, attempt=attempt,
                        bases=(out_size - len(out), err_size - len(err)),
                        kept=f"the whole log is on host {owner}")  # fmt: skip
-        cut = [f"{name}'s {size} bytes" for name, (data, size) in sorted(tails.items())
-               if len(data) < size]  # fmt: skip
-        shown = f": shown, the last {LOG_TAIL_BYTES // 1024} KiB of {', '.join(cut)}" if cut else ""
+        cut = [f"the last {len(data):,} bytes of {name}'s {size:,}"
+               for name, (data, size) in sorted(tails.items()) if len(data) < size]  # fmt: skip
+        shown = f": shown, {' and '.join(cut)}" if cut else ""
         self.notice(f"task {task.id} ran on host {owner}, where its whole log is ('ferry logs'"
                     f" there); the database keeps the tail of each stream with its end{shown}")  # fmt: skip
         current = self.store.get(task.id) or task

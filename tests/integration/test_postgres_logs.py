@@ -28,7 +28,8 @@ def test_logs_on_another_host_show_the_tail_kept_with_the_end(hosts: Hosts) -> N
     result = hosts("b").ok("logs", task["id"])
     assert result.out == _expected_stdout()[-TAIL_BYTES:]
     assert result.err.startswith("first\nsecond\n")
-    assert "host a" in result.err and "64 KiB" in result.err  # where the whole log is
+    assert "host a" in result.err  # where the whole log is, and what is shown of it
+    assert f"the last {TAIL_BYTES:,} bytes of stdout's {len(_expected_stdout()):,}" in result.err
     assert hosts("a").ok("logs", task["id"]).out == _expected_stdout()  # whole, there
 
 
@@ -122,3 +123,6 @@ def test_the_tail_of_a_log_max_log_kept_elsewhere_is_its_last_bytes_only(hosts: 
         data = chunk["text"].encode()
         assert whole[chunk["offset"] : chunk["offset"] + len(data)] == data
     assert stdout[-1]["offset"] + len(stdout[-1]["text"]) == len(whole)
+    kept = len(whole) - stdout[0]["dropped"]
+    said = hosts("b").ok("logs", task["id"]).err
+    assert f"the last {kept:,} bytes of stdout's {len(whole):,}" in said, said

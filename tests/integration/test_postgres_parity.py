@@ -92,13 +92,13 @@ def test_wait_says_when_no_host_runs_work_to_start_a_queued_task(hosts: Hosts) -
     a, b = hosts("a"), hosts("b")
     task_id = a.ok("submit", "--", "true").text.strip()
     hint = f"task {task_id} is queued and no 'ferry work' is running to start it"
-    waited = b("wait", "--timeout", "3.5", task_id)  # (said after 2 s with no leader)
+    waited = b("wait", "--timeout", "6", task_id)  # (said after 5 s with no leader)
     assert waited.code == 124 and waited.err.count(hint) == 1, waited
     a.ok("pause")
     worker = a.start("work")
     try:
         wait_until(lambda: a.ok("--json", "lease").json()["holder"], what="work to lead")
-        waited = b("wait", "--timeout", "3.5", task_id)
+        waited = b("wait", "--timeout", "6", task_id)
         assert waited.code == 124 and hint not in waited.err, waited
     finally:
         worker.terminate()

@@ -144,3 +144,29 @@ def test_db_init_leaves_a_newer_schema_and_names_what_is_in_its_way(
         assert conn.execute("SELECT to_regclass('ferry_meta')").fetchone() == (None,)
     elsewhere = host(tmp_path, "b", f"{pg_url}?options=-csearch_path%3Dnowhere")
     assert "CREATE SCHEMA" in elsewhere.refused(125, "db.no_schema", "db", "init").err
+
+
+def test_a_password_libpq_reads_is_never_shown_and_never_changes_what_an_error_is(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """A second review: a ``?`` in a password (the password's, for libpq) left it in
+    the message; a password that is a common word (``postgres``, ``a``) was blanked
+    out of the server's words, which then no longer said what they meant (a missing
+    database became 75, retried for ever)."""
+    parts = urllib.parse.urlsplit(pg_url)
+    for secret in ("pa?ss", "postgres", "a"):
+        url = f"postgresql://postgres:{secret}@{parts.hostname}:{parts.port}/no_such_db"
+        result = host(tmp_path, "a", url)("--json", "ls")
+        assert result.error_code() == "db.no_database" and result.code == 125, result
+        shown = result.err + result.out.decode()
+        assert f"postgres:{secret}@" not in shown and "postgresql://postgres@" in shown, shown
+
+
+def test_a_setting_the_server_refuses_in_the_url_s_options_is_bad_input(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """``?options=-c no_such_param=1`` (or PGOPTIONS): the server's refusal was
+    ``db.unavailable`` (75), which no retry mends."""
+    result = host(tmp_path, "a", f"{pg_url}?options=-cno_such_param%3D1")("ls")
+    assert (result.code, result.error_code()) == (2, "usage.bad_database"), result
+    assert "no_such_param" in result.err

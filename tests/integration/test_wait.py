@@ -101,7 +101,7 @@ def test_wait_and_logs_follow_say_when_no_work_runs_to_start_a_queued_task(ferry
     paused, so that the task stays queued)."""
     task_id = ferry.ok("submit", "--", "true").text.strip()
     hint = f"task {task_id} is queued and no 'ferry work' is running to start it"
-    waited = ferry("wait", "--timeout", "3.5", task_id)  # (said after 2 s with no leader)
+    waited = ferry("wait", "--timeout", "6", task_id)  # (said after 5 s with no leader)
     assert waited.code == 124 and waited.err.count(hint) == 1, waited
     follower = ferry.start("logs", "-f", task_id)
     try:
@@ -113,7 +113,7 @@ def test_wait_and_logs_follow_say_when_no_work_runs_to_start_a_queued_task(ferry
     worker = ferry.start("work")
     try:
         wait_until(lambda: ferry.ok("--json", "lease").json()["holder"], what="work to lead")
-        waited = ferry("wait", "--timeout", "3.5", task_id)
+        waited = ferry("wait", "--timeout", "6", task_id)
         assert waited.code == 124 and hint not in waited.err, waited
     finally:
         worker.terminate()

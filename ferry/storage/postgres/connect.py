@@ -162,6 +162,8 @@ _REFUSED_SAYING = (
 # libpq's own refusal of a value in the URL (a port out of range or not a number, an
 # sslmode or target_session_attrs it does not know): said before any connection.
 _BAD_VALUE = r'\binvalid (?:port number|integer value|"?\w+"? value)'
+# The server's refusal of a setting the URL's options (or PGOPTIONS) gave it.
+_BAD_OPTION = r"FATAL:\s+(?:unrecognized configuration parameter|invalid value for parameter)"
 _GRANTS = (
     "grant it USAGE on the schema, and SELECT, INSERT, UPDATE, DELETE on ferry's tables"
     " and USAGE on its sequences; 'db init' also needs CREATE on the schema"
@@ -177,13 +179,20 @@ def refusal(error: Exception, url: str) -> FerryError | None:
     import re
 
     where = _redacted(url)
-    text = _scrubbed(str(error).strip(), url)
+    text = str(error).strip()
     first = text.splitlines()[0] if text else type(error).__name__
     sqlstate = getattr(error, "sqlstate", None) or ""
     if sqlstate not in _REFUSED:
         if re.search(_BAD_VALUE, first) and "FATAL:" not in first:
             return UsageError(
                 f"--database {where!r} is not a valid URL: {first}",
+                code="usage.bad_database",
+                details={"database": where},
+            )
+        if re.search(_BAD_OPTION, first):
+            return UsageError(
+                f"--database {where!r}: the server refuses a setting of its options (or"
+                f" of PGOPTIONS): {first}",
                 code="usage.bad_database",
                 details={"database": where},
             )
@@ -244,7 +253,7 @@ def unavailable(error: Exception, url: str) -> DatabaseUnavailableError:
     out of reach, read-only (a standby after a failover), or a wait cut at ferry's
     bound."""
     where = _redacted(url)
-    text = _scrubbed(str(error).strip(), url)
+    text = str(error).strip()
     first = text.splitlines()[0] if text else type(error).__name__
     what = _WHAT_FAILED.get(getattr(error, "sqlstate", None) or "", "cannot be reached")
     return DatabaseUnavailableError(
@@ -253,30 +262,41 @@ def unavailable(error: Exception, url: str) -> DatabaseUnavailableError:
 
 
 def _redacted(url: str) -> str:
-    """The URL without its passwords (``user:password@``, ``?password=``)."""
+    """The URL without its passwords (``user:password@``, ``?password=``), cut as libpq
+    reads them (a ``?`` in a password is the password's)."""
+    import re
+
     scheme, sep, rest = url.partition("://")
-    if "@" in rest.split("?", 1)[0]:
-        credentials, _, host = rest.rpartition("@")
-        user = credentials.split(":", 1)[0]
-        rest = f"{user}@{host}"
-    return _scrubbed(f"{scheme}{sep}{rest}", url)
+    rest = re.sub(r"^([^:/@]*):[^/]*@", r"\1@", rest)
+    rest = re.sub(r"([?&])password=[^&]*", r"\1password=***", rest)
+    for secret in _passwords(url):  # (one the patterns missed, where libpq found it)
+        rest = rest.replace(f":{secret}@", "@")
+    return f"{scheme}{sep}{rest}"
 
 
 def _scrubbed(text: str, url: str) -> str:
-    """``text`` (the driver's words about ``url``, say) with each of the URL's
-    passwords, as written and as decoded, shown as ``***``."""
+    """``text``, libpq's words about a URL it could not parse (they quote the part
+    that failed), with each of the URL's passwords shown as ``***``."""
+    for secret in _passwords(url):
+        text = text.replace(secret, "***")
+    return text
+
+
+def _passwords(url: str) -> list[str]:
+    """The URL's passwords, as libpq reads them and as written (encoded or not),
+    longest first."""
     import re
     import urllib.parse
 
     rest = url.partition("://")[2]
     found = re.findall(r"(?:^|[?&])password=([^&]*)", rest.partition("?")[2])
-    if "@" in rest.split("?", 1)[0]:
-        credentials = rest.split("?", 1)[0].rpartition("@")[0]
-        found += credentials.split(":", 1)[1:]
-    for secret in sorted({*found, *map(urllib.parse.unquote, found)}, key=len, reverse=True):
-        if secret:
-            text = text.replace(secret, "***")
-    return text
+    found += re.findall(r"^[^:/@]*:([^/]*)@", rest)
+    with contextlib.suppress(Exception):  # (a URL libpq cannot parse: what is written)
+        from psycopg.conninfo import conninfo_to_dict
+
+        found.append(str(conninfo_to_dict(url).get("password") or ""))
+    every = {*found, *map(urllib.parse.unquote, found)} - {""}
+    return sorted(every, key=len, reverse=True)
 
 
 def application_name(pid: int, host: str) -> str:

@@ -14,6 +14,7 @@ crash truncates those, and an epoch counter there would go back.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from ferry.core.errors import DatabaseError
@@ -395,7 +396,7 @@ def version(conn: Any) -> int:
     except (errors.UndefinedColumn, errors.UndefinedFunction, errors.DatatypeMismatch):
         found = None
     text = found[0] if found else None
-    if not (isinstance(text, str) and text.isdigit() and len(text) < 10):
+    if not (isinstance(text, str) and re.fullmatch("0*[1-9][0-9]{0,8}", text)):
         raise _not_ferry(row[0])
     return int(text)
 
