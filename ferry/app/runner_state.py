@@ -50,10 +50,15 @@ def of_another_home(task: Task, home: str | os.PathLike[str]) -> bool:
 def other_host(store: TaskStore, task: Task) -> str | None:
     """The host that runs ``task``, if it is another's (a shared database): only a
     ferry on that host can probe or signal its processes (a probe here of a process of
-    another machine answers DEAD: another boot)."""
+    another machine answers DEAD: another boot). One of this host id but another boot
+    is named so (this machine before a reboot, or another machine given its id)."""
     if store.host_lost(task, float("inf")) is None:
         return None
-    return str((task.runner or {}).get("host_id"))
+    owner = str((task.runner or {}).get("host_id"))
+    if owner == getattr(store, "host", None):
+        owner += " (another boot of this host id: this machine before a reboot, or another"
+        owner += " machine given its id)"
+    return owner
 
 
 def with_runner_state(task: Task, home: str | os.PathLike[str], store: TaskStore) -> Task:

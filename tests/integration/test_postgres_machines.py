@@ -256,6 +256,13 @@ def test_after_a_reboot_a_host_decides_its_tasks_of_the_boot_before_once_unheard
     wait_until(decided, what="the tasks of the boot before to be decided", timeout_s=60)
     assert a.task(idempotent)["state"] == "QUEUED"
     assert (a.task(mutating)["state"], a.task(mutating)["reason"]) == ("FAILED", "HOST_LOST")
+    # Its own host acts on them, as on any task of its own (a second review: retry,
+    # resolve, kill, gc and logs sent the operator to host a, from host a, for ever).
+    a.ok("retry", mutating)
+    assert a.task(mutating)["state"] == "QUEUED"
+    a.ok("cancel", mutating)
+    a.ok("resolve", mutating, "--as", "failed")
+    assert "no process of the task is alive" in a.ok("kill", mutating).text
 
 
 def test_a_machine_sharing_a_host_id_does_not_take_the_other_s_lease(

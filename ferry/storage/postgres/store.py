@@ -877,16 +877,25 @@ class PgStore:
         A task of this host id whose runner is of another boot is judged so too, by
         what is heard of it alone (this host's lease is its own now): a task from
         before a reboot is lost once unheard; one of another machine given the same
-        host id (a cloned image's machine id) beats, and no probe here could see it."""
+        host id (a cloned image's machine id) beats, and no probe here could see it.
+        Asked only whose it is (``ttl_s`` infinite), such a task is this host's once
+        settled, or unheard that long by the default TTL: nothing of the boot before
+        runs, and the host acts on it by its probes (``retry``, ``kill``, ``gc``)."""
         from ferry.proc.process import boot_id
 
         runner = task.runner or {}
         owner = runner.get("host_id")
         if owner is None or (owner == self.host and runner.get("boot_id") == boot_id()):
             return None
+        if owner == self.host:  # (of another boot)
+            if ttl_s != float("inf"):
+                return _lost(self.db.execute, task.id, None, ttl_s)
+            if task.terminal or _lost(self.db.execute, task.id, None, _DEFAULT_TTL_S):
+                return None
+            return False
         if ttl_s == float("inf"):
             return False  # (asked only whose task it is)
-        return _lost(self.db.execute, task.id, None if owner == self.host else owner, ttl_s)
+        return _lost(self.db.execute, task.id, owner, ttl_s)
 
     def _check_still_lost(
         self, conn: Any, batch: Sequence[EncodedEvent], rows: Mapping[str, Any]
@@ -996,6 +1005,9 @@ def lock_keys(conn: Any, keys: Sequence[str]) -> None:
     """Serialise the writers of ``keys`` (in one statement, whatever their number)."""
     sql = _LOCK_KEYS if len(keys) <= KEYS_ONE_BY_ONE else _LOCK_BUCKETS
     conn.execute(sql, {"keys": list(keys), "space": KEY_SPACE})
+
+
+_DEFAULT_TTL_S = 30.0  # (work's --lease-ttl: the unheard bound when none is given)
 
 
 def _lost(execute: Callable[..., Any], task_id: str, owner: str | None, ttl_s: float) -> bool:
