@@ -14,7 +14,7 @@ and the line then also has ``b64``, the chunk's exact bytes.
 A log kept with ``--log-max`` has a hole where the middle of its stream was dropped
 (:mod:`ferry.proc._logcap`): its offsets stay the stream's, and the hole is skipped
 (``SEEK_DATA``/``SEEK_HOLE``), never shown as zeros. Where it was, a marker says how many
-bytes were dropped: a ``ferry:`` line on stderr (``--json``: a line ``{"stream",
+bytes were dropped: a ``ferry:`` line on stderr (``--json``: a line ``{"task", "stream",
 "offset", "dropped"}`` in the output's order). The hole grows while the task runs,
 under a reader too: what is read is shown only once the file is seen to hold it as
 data still (a region punched meanwhile reads as zeros), and is otherwise said dropped.
@@ -292,11 +292,10 @@ class _Replay:
         ``offset`` of the log: say so, in place."""
         if self.as_json:
             self._let_go_held(stream)
-            line = {
-                "stream": _NAMES[stream],
-                "offset": self.bases[stream] + offset,
-                "dropped": count,
-            }
+            line: dict[str, Any] = {"task": self.task_id, "stream": _NAMES[stream]}
+            if self.attempt is not None:
+                line["attempt"] = self.attempt
+            line.update(offset=self.bases[stream] + offset, dropped=count)
             out.write(_json.dumps(line) + b"\n")
             self.last_out = out
             return

@@ -97,7 +97,10 @@ def test_json_chunks_on_another_host_carry_their_offsets_and_say_what_is_not_her
     ]
     stdout = [line for line in lines if line["stream"] == "stdout"]
     size = len(_expected_stdout())
-    assert stdout[0] == {"stream": "stdout", "offset": 0, "dropped": size - TAIL_BYTES}
+    assert stdout[0] == {
+        "task": task["id"], "attempt": 1, "stream": "stdout", "offset": 0,
+        "dropped": size - TAIL_BYTES,
+    }  # fmt: skip
     rebuilt = bytearray(size)
     for chunk in stdout[1:]:
         assert chunk["attempt"] == 1 and chunk["task"] == task["id"]
