@@ -372,3 +372,22 @@ def read_until(proc: subprocess.Popen[bytes], text: str) -> str:
     finally:
         os.set_blocking(fd, True)
     return seen.decode()
+
+
+def says_once_when_no_work_runs(submitter: Ferry, waiter: Ferry) -> None:
+    """``waiter``'s ``wait`` on a task ``submitter`` queued says once that no ``work``
+    runs to start it (after 5 s with no leader), and not while a ``work`` of
+    ``submitter``'s leads (its group paused, so that the task stays queued)."""
+    task_id = submitter.ok("submit", "--", "true").text.strip()
+    hint = f"task {task_id} is queued and no 'ferry work' is running to start it"
+    waited = waiter("wait", "--timeout", "6", task_id)
+    assert waited.code == 124 and waited.err.count(hint) == 1, waited
+    submitter.ok("pause")
+    worker = submitter.start("work")
+    try:
+        wait_until(lambda: submitter.ok("--json", "lease").json()["holder"], what="work to lead")
+        waited = waiter("wait", "--timeout", "6", task_id)
+        assert waited.code == 124 and hint not in waited.err, waited
+    finally:
+        worker.terminate()
+        finish(worker)

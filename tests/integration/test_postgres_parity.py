@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from clikit import Ferry, Hosts, finish, wait_until
+from clikit import Ferry, Hosts, says_once_when_no_work_runs, wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -89,17 +89,4 @@ def test_wait_says_when_no_host_runs_work_to_start_a_queued_task(hosts: Hosts) -
     """As on the local journal (``test_wait.py``): once, that no ``work`` runs to start
     a queued task; not while some host's ``work`` leads (another host's, by its
     lease's expiry on the database's clock)."""
-    a, b = hosts("a"), hosts("b")
-    task_id = a.ok("submit", "--", "true").text.strip()
-    hint = f"task {task_id} is queued and no 'ferry work' is running to start it"
-    waited = b("wait", "--timeout", "6", task_id)  # (said after 5 s with no leader)
-    assert waited.code == 124 and waited.err.count(hint) == 1, waited
-    a.ok("pause")
-    worker = a.start("work")
-    try:
-        wait_until(lambda: a.ok("--json", "lease").json()["holder"], what="work to lead")
-        waited = b("wait", "--timeout", "6", task_id)
-        assert waited.code == 124 and hint not in waited.err, waited
-    finally:
-        worker.terminate()
-        finish(worker)
+    says_once_when_no_work_runs(hosts("a"), hosts("b"))
