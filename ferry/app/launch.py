@@ -759,7 +759,10 @@ class _Foreground:
 
     def _before_spawn(self) -> bool:
         """A cancel landed since the claim, or ``run`` was signalled: do not start the
-        task (the table is current: the commit just made caught up on the journal)."""
+        task. The journal is read again first: the commit just made caught the table
+        up, but ``run`` may have been stopped since (Ctrl-Z, a frozen VM), and a cancel
+        made meanwhile started the task it then killed."""
+        self.store.refresh()
         current = self._task()
         cancelled = current.cancel_requested and current.claim_token == self.launch.token
         self.trap.drain()
