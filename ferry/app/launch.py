@@ -575,9 +575,10 @@ def claim_foreground(
 
 
 def _naming(error: FerryError, task: Task) -> None:
-    """An error about a task names it (``details.task``, and its message): a script
-    that must ``show``, ``recover`` or ``kill`` it next, beside other runs, can tell
-    which."""
+    """An error of ferry's about a task names it (``details.task``, and its message): a
+    script that must ``show``, ``recover`` or ``kill`` it next, beside other runs, can
+    tell which. (The error a task's end carries, its command's own, as a shell's
+    ``command not found``, is named in its details only: ``foreground.run_task``.)"""
     if "task" not in error.details:
         error.details["task"] = task.id
         if task.id not in error.message:

@@ -138,8 +138,8 @@ class GoneRunners:
         self.next_lead_look = now + 1.0
         try:
             led = self.led()
-        except (FerryError, OSError):  # (the lease unreadable, the database away: not said)
-            return
+        except (FerryError, OSError, ValueError):  # (the lease unreadable, the database
+            return  # away, a holder that does not parse: not said)
         if led or self.leaderless_since is None:
             self.leaderless_since = None if led else now
             return

@@ -158,6 +158,7 @@ class Session:
         self.home = home
         self.reporter: Reporter = reporter or Silent()
         self._store = store
+        self._lease_reader: Leases | None = None  # (``led``'s)
         self.database = database
         # A command that only reads: the store is opened read-only; and, if it shows
         # what it can, a damaged journal is read up to its damage (see ``damage``).
@@ -247,8 +248,13 @@ class Session:
         return LeaseStore(os.path.join(self.home, "lease.json"), ttl_s)
 
     def led(self) -> bool:
-        """Whether a leader may be running the queue now (``Leases.led``)."""
-        return self.leases(ttl_s=30.0).led()
+        """Whether a leader may be running the queue now (``Leases.led``), read with
+        one lease reader per session (a command that waits asks once a second)."""
+        from ferry.storage import LEASE_TTL_S
+
+        if self._lease_reader is None:
+            self._lease_reader = self.leases(ttl_s=LEASE_TTL_S)
+        return self._lease_reader.led()
 
     def notice(self, message: str) -> None:
         self.reporter.notice(message)

@@ -349,9 +349,8 @@ def register(
             # A live leader is responsible: nothing for us to do, nothing to say (cron
             # mails whatever it prints, every minute). -v or --json still say it, and
             # so does a leader of another boot (another machine with this host id?).
-            if error.code != "lease.held" or ctx.as_json or ctx.verbosity > 0:
-                raise
-            if error.details.get("another_boot"):
+            loud = ctx.as_json or ctx.verbosity > 0 or error.details.get("another_boot")
+            if error.code != "lease.held" or loud:
                 raise
             return error.exit_code
         emit(ctx, render.recover_text(report, ctx.verbosity), render.recover_json(report))

@@ -51,6 +51,7 @@ else:
     Protocol = object  # (the protocols below are for the type checker)
 
 LOG_TAIL_BYTES = 64 * 1024  # of each stream, kept for other hosts by a shared backend
+LEASE_TTL_S = 30.0  # work's and claim's --lease-ttl unless told: a lease read, or a bound
 # Reads the tails of an attempt's logs on this host (see TaskStore.log_tails).
 LogTailReader = Callable[[str, int], dict[str, tuple[bytes, int]]]
 

@@ -410,7 +410,7 @@ def migrate(conn: Any) -> tuple[int, int]:
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_ID,))
         before = version(conn)
         if before > VERSION:
-            raise newer_schema(before)
+            raise other_version(before)
         try:
             for number in range(before + 1, VERSION + 1):
                 conn.execute(MIGRATIONS[number - 1])
@@ -431,10 +431,13 @@ def migrate(conn: Any) -> tuple[int, int]:
     return before, VERSION
 
 
-def newer_schema(found: int) -> DatabaseError:
+def other_version(found: int) -> DatabaseError:
+    """``db.version``: the schema is ``found``, not this ferry's (what to do then)."""
+    newer = found > VERSION
     return DatabaseError(
-        f"the database's ferry schema is version {found}, newer than this ferry's"
-        f" ({VERSION}): upgrade ferry",
+        f"the database's ferry schema is version {found}, {'newer' if newer else 'older'}"
+        f" than this ferry's ({VERSION}): "
+        + ("upgrade ferry" if newer else "run 'ferry --database URL db init' to upgrade it"),
         code="db.version",
         details={"version": found, "supported": VERSION},
     )

@@ -45,7 +45,7 @@ from ferry.core.ids import LAST, resolve_prefix, shown, task_number
 from ferry.core.model import IN_FLIGHT_STATES, Reason, State, Task, replace, rfc3339
 from ferry.core.state import SNAPSHOT_FORMAT, States, Table
 from ferry.failpoints import failpoint
-from ferry.storage import Written
+from ferry.storage import LEASE_TTL_S, Written
 from ferry.storage.postgres import optimistic, queue, schema
 from ferry.storage.postgres.connect import Database, application_name, host_id
 
@@ -109,15 +109,8 @@ class PgStore:
                 "the database has no ferry schema: run 'ferry --database URL db init' first",
                 code="db.not_initialised",
             )
-        if found > schema.VERSION:
-            raise schema.newer_schema(found)
-        if found < schema.VERSION:
-            raise DatabaseError(
-                f"the database's ferry schema is version {found}, older than this ferry's"
-                f" ({schema.VERSION}): run 'ferry --database URL db init' to upgrade it",
-                code="db.version",
-                details={"version": found, "supported": schema.VERSION},
-            )
+        if found != schema.VERSION:
+            raise schema.other_version(found)
         return cls(db, db.host, log_tails)
 
     def close(self) -> None:
@@ -890,7 +883,7 @@ class PgStore:
         if owner == self.host:  # (of another boot)
             if ttl_s != float("inf"):
                 return _lost(self.db.execute, task.id, None, ttl_s)
-            if task.terminal or _lost(self.db.execute, task.id, None, _DEFAULT_TTL_S):
+            if task.terminal or _lost(self.db.execute, task.id, None, LEASE_TTL_S):
                 return None
             return False
         if ttl_s == float("inf"):
@@ -1005,9 +998,6 @@ def lock_keys(conn: Any, keys: Sequence[str]) -> None:
     """Serialise the writers of ``keys`` (in one statement, whatever their number)."""
     sql = _LOCK_KEYS if len(keys) <= KEYS_ONE_BY_ONE else _LOCK_BUCKETS
     conn.execute(sql, {"keys": list(keys), "space": KEY_SPACE})
-
-
-_DEFAULT_TTL_S = 30.0  # (work's --lease-ttl: the unheard bound when none is given)
 
 
 def _lost(execute: Callable[..., Any], task_id: str, owner: str | None, ttl_s: float) -> bool:
