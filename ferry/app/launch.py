@@ -249,13 +249,11 @@ class Launch:
         told to spawn with it, once its plan is made, without waiting for ``go``: the
         task's DISPATCHING is durable with its claim and nothing is to be written
         between (its plan must equal that record, or it waits: ``poll`` then takes the
-        ``go`` back)."""
+        ``go`` back). (The failpoint ``before:go`` is the caller's.)"""
         self.forget()
         self.claiming = None
         self.task, self.token = task, token
         self.went = go
-        if go:
-            failpoints.failpoint("before:go")
         # (A large task goes in frames as the supervisor reads them: never block on it,
         # the launcher has others to answer. The launcher's waits flush the rest.)
         self.channel.send("task", task=task_to_record(task), token=token, go=go, until=self.until())

@@ -107,6 +107,9 @@ if TYPE_CHECKING:
 # pinned inputs: building an environment, well under a millisecond).
 PLAN_WAIT_S = 1.0
 PLAN_DEATHS_MAX = 3
+# A claim (or a plan's record) written this long before its go: the journal (the
+# database) is read again before the go, for a cancel made meanwhile (``_may_go``).
+LOOK_AGAIN_S = 0.5
 # A supervisor that cannot be made for want of descriptors, processes or memory
 # (``SHORT_OF_ERRNOS``): the slot waits for one of the others
 # (``Worker._new_supervisor``). A task that cannot be started for want of them goes
@@ -711,6 +714,9 @@ class Worker:
         if task.cancel_requested:  # (a claim read back after a while: asked meanwhile)
             self._cancel_before_spawn.add(task.id)
         go = dispatched and not task.cancel_requested and not self.closing
+        if go:
+            failpoints.failpoint("before:go")
+            go = not _look_due(launch)  # (else _dispatch looks first, then goes)
         launch.assign(task, token, go=go)
         launch.claimed = True
         launch.dispatched = dispatched
@@ -750,7 +756,10 @@ class Worker:
             return [] if end is None else [end]
 
         try:
-            self.store.commit_against([task.id], decide)
+            try:
+                self.store.commit_against([task.id], decide)
+            except RefusedError:  # (it moved: decided again on the table the refusal
+                self.store.commit_against([task.id], decide)  # caught up)
         except (FerryError, OSError) as error:
             message = getattr(error, "message", str(error))
             self.session.notice(f"task {task.id}: not given back yet ({message})")
@@ -793,7 +802,42 @@ class Worker:
             if not launch.dispatched and not self._write_plan(launch, record):
                 continue
             failpoints.failpoint("before:go")
-            launch.go()
+            if self._may_go(launch):
+                launch.go()
+
+    def _may_go(self, launch: Launch) -> bool:
+        """The go's last look: a claim (or plan) written long enough ago
+        (``LOOK_AGAIN_S``: work was stopped since, by Ctrl-Z or a frozen VM, or the
+        disk hung) may have had a cancel made meanwhile, which a table read before
+        cannot show: the journal (the database) is read again. Not at every go, which
+        on a shared database would cost a round trip each: a cancel made while the claim
+        is written is one made as the task starts, and it stops the task as it stops any
+        running one. False: not now (a cancel, written with the next write; the claim
+        ended meanwhile; or the read failed: the next turn looks again)."""
+        if not _look_due(launch):
+            return True
+        try:
+            self.store.refresh()
+        except DatabaseUnavailableError as error:
+            self._unreachable(error)
+            return False
+        except FerryError as error:
+            self._journal_failed(error)
+            return False
+        task = launch.task
+        current = self.store.get(task.id)
+        if current is None or (current.attempt, current.claim_token) != (
+            task.attempt,
+            launch.token,
+        ):
+            self.session.notice(f"task {task.id}: its claim ended before its go; not started")
+            launch.abort()
+            launch.forget()
+            return False
+        if current.cancel_requested:
+            self._cancel_before_spawn.add(task.id)
+            return False
+        return True
 
     def _write_plan(self, launch: Launch, record: Record) -> bool:
         """A task with pinned inputs: its plan's record (DISPATCHING, or SETTLED FAILED:
@@ -1126,6 +1170,12 @@ def _started(launch: Launch) -> bool:
     """Does ``launch`` run a task that started (its end may free what it holds)?"""
     spawned = launch.spawned is not None or launch.spawned_written
     return bool(launch.task.id) and spawned and not launch.gone and launch.ended is None
+
+
+def _look_due(launch: Launch) -> bool:
+    """Its claim (or plan) was sent long enough ago for a cancel to have landed since."""
+    sent = launch.heard_sent
+    return sent is None or boot_clock() - sent > LOOK_AGAIN_S
 
 
 def _short_of_resources(error: FerryError | None) -> FerryError | None:

@@ -182,6 +182,7 @@ def test_recover_from_cron_is_silent_while_a_live_worker_leads(ferry: Ferry) -> 
     ("point", "pinned"),
     [
         ("after:CLAIMED", False),  # its supervisor told a claim naming it is written
+        ("before:go", False),  # its claim written with its DISPATCHING, no go sent
         ("before:go", True),  # its supervisor planned the task, waits for the go
     ],
 )
@@ -191,8 +192,8 @@ def test_a_claim_of_a_stopped_leader_goes_back_once_another_leads(
     """A ``work`` stopped (Ctrl-Z, SIGSTOP) with a claim written and its task not
     started: its supervisor, in a session of its own, waits for the task or its go. A
     new leader takes the lease: the supervisor sees it, gives the claim back (nothing
-    started), and the new leader runs the task, once; the old one, continued, is fenced
-    and starts nothing. (Found by a review: the claim held the new leader's only slot
+    started), and the new leader runs the task, once; the old one, continued, is fenced,
+    starts nothing and says nothing of the claim. (Found by a review: the claim held the new leader's only slot
     for as long as the old one stayed stopped.)"""
     mark = tmp_path / "mark"
     pin = ["--pointer", str(tmp_path / "input")] if pinned else []
@@ -216,6 +217,9 @@ def test_a_claim_of_a_stopped_leader_goes_back_once_another_leads(
         os.kill(old.pid, signal.SIGCONT)
     [(code, _, err)] = finish([old])
     assert code == 75 and ("lease.lost" in err or "journal.fenced" in err), err
+    # (Its own try to give the claim back, refused since the supervisor had, said
+    # "not given back yet", as if it would be: a review.)
+    assert "not given back" not in err, err
     assert runs(mark) == 1
     released = [r for r in ferry.records() if r["type"] == "RELEASED"]
     assert len(released) == 1 and "took its launcher's lease" in str(released[0]["data"]), released

@@ -917,6 +917,27 @@ def test_a_task_unheard_past_its_deadline_is_not_started(hosts: Hosts, tmp_path:
     assert b.task(task_id)["state"] == "QUEUED"
 
 
+def test_a_cancel_while_work_is_stopped_before_its_go_starts_nothing(
+    hosts: Hosts, tmp_path: Path
+) -> None:
+    """``work`` stopped between its claim and its go (Ctrl-Z, a frozen VM), the task
+    cancelled meanwhile from another host: continued, work sent the go it had decided
+    on the row read with its claim, and the task ran until its first beat. Its claim
+    written long before the go, it reads the row again first: nothing starts."""
+    a, b = hosts("a"), hosts("b")
+    marker = tmp_path / "ran"
+    task_id = a.ok("submit", "--kill-grace", "0.2", "--", "touch", str(marker)).out.decode().strip()
+    work = a.start_stopped("work", "--drain", at="launcher:before:go")
+    try:
+        b.ok("cancel", task_id)
+    finally:
+        os.kill(work.pid, signal.SIGCONT)
+    assert work.wait(timeout=60) == 1
+    task = b.task(task_id)
+    assert (task["state"], task["reason"]) == ("CANCELLED", "CANCELLED_BY_USER"), task
+    assert not marker.exists(), "nothing was started"
+
+
 def test_a_row_lock_held_elsewhere_does_not_keep_a_task_past_its_deadline(
     hosts: Hosts, pg_url: str, tmp_path: Path
 ) -> None:

@@ -978,29 +978,31 @@ def test_a_signal_just_before_the_go_starts_nothing(
     assert not marker.exists(), "nothing was started"
 
 
-@pytest.mark.parametrize("command", ["run", "claim"])
+@pytest.mark.parametrize("command", ["run", "claim", "work"])
 def test_a_cancel_while_stopped_just_before_the_go_starts_nothing(
     ferry: Ferry, tmp_path: Path, command: str
 ) -> None:
-    """``run`` or ``claim`` stopped just before its go (Ctrl-Z, a frozen VM), its task
-    cancelled meanwhile from another terminal (``cancel`` waits for the runner, then
-    says the cancel is requested): continued, it looked at the table it had read
-    before the stop, and started the task it then killed at its first beat. It reads
-    the journal again before the go now: nothing starts, the task is CANCELLED."""
+    """``run``, ``claim`` or ``work`` stopped just before its go (Ctrl-Z, a frozen VM),
+    its task cancelled meanwhile from another terminal (``cancel`` waits for the
+    runner, then says the cancel is requested): continued, it looked at the table it
+    had read before the stop, and started the task it then killed at its first beat.
+    It reads the journal again before the go now (``work``: when its claim took long
+    enough for a cancel to land): nothing starts, the task is CANCELLED."""
     marker = tmp_path / "ran"
     argv = ["--kill-grace", "0.2", "--", "sh", "-c", f"touch {marker}; sleep 2"]
-    if command == "claim":
-        ferry.ok("submit", *argv)
-        proc = ferry.start("claim", failpoints="launcher:before:go=stop")
-    else:
+    if command == "run":
         proc = ferry.start("run", *argv, failpoints="launcher:before:go=stop")
+    else:
+        ferry.ok("submit", *argv)
+        flags = ["--drain"] if command == "work" else []
+        proc = ferry.start(command, *flags, failpoints="launcher:before:go=stop")
     try:
         wait_stopped(proc, what=f"{command} to stop before its go")
         task_id = ferry.only_task()["id"]
         ferry.ok("cancel", task_id)
     finally:
         proc.send_signal(signal.SIGCONT)
-    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    assert proc.wait(timeout=60) == (1 if command == "work" else 128 + signal.SIGTERM)
     task = ferry.task(task_id)
     assert (task["state"], task["reason"]) == ("CANCELLED", "CANCELLED_BY_USER"), task
     assert not marker.exists(), "nothing was started"
