@@ -471,6 +471,33 @@ def test_a_run_s_marks_are_decided_in_bulk_as_one_record_at_a_time(
     assert (None if got is None else tuple(got[2:])) == reference_batch_ends(marks, left)
 
 
+@st.composite
+def countdowns(draw: st.DrawFn) -> list[object]:
+    """Marks of a run inside one batch, or ending with it (the reader's one-comparison
+    case), perhaps with one mark changed to any other."""
+    first, count = draw(st.integers(0, 14)), draw(st.integers(1, 12))
+    marks: list[object] = [mark or None for mark in range(first, first - count, -1)]
+    if draw(st.booleans()):
+        at = draw(st.integers(0, count - 1))
+        due = first - at  # (equal, not the same: a float, a bool)
+        marks[at] = draw(
+            st.sampled_from([float(due), bool(due), due + 1, due - 1, 0, None]) | MARKS
+        )
+    return marks
+
+
+@settings(max_examples=3000, deadline=None)
+@given(countdowns(), st.integers(0, 16))
+def test_a_run_within_one_batch_is_decided_as_one_record_at_a_time(
+    marks: list[object], left: int
+) -> None:
+    """The same, on runs that count down within one batch (or to its end), where one
+    comparison decides: valid ones, and each broken by one mark."""
+    lines = [raw_line(seq, mark) for seq, mark in enumerate(marks, 1)]
+    got = reader_module._parse_run(lines, 1, left)
+    assert (None if got is None else tuple(got[2:])) == reference_batch_ends(marks, left)
+
+
 ODD = st.one_of(
     st.integers(-1, 3), st.booleans(), st.floats(0, 3, allow_nan=False), st.none(),
     st.text(max_size=2), st.just({}), st.just([]),
