@@ -481,8 +481,7 @@ class Journal:
                 if not locked:
                     return False
                 writer.catch_up_feeding(locked=True)
-                if writer.pos.fd is not None:
-                    _fsutil.sync_data(writer.pos.fd)
+                writer.sync_read()
         return True
 
     def subscribe(
@@ -567,8 +566,7 @@ class Journal:
                 # And still there: read before their writer's fdatasync failed, they
                 # were taken back (the catch-up fails the handle: TakenBackError).
                 writer.catch_up_feeding(locked=True)
-                if writer.pos.fd is not None:
-                    _fsutil.sync_data(writer.pos.fd)
+                writer.sync_read()
                 write_snapshot(writer.directory, seq, bytes(data), writer.pos.max_epoch)
 
     def latest_snapshot(self) -> Snapshot | None:

@@ -682,6 +682,18 @@ class Writer:
         except TakenBackError as exc:
             raise self.fail(exc.message, exc) from exc
 
+    def sync_read(self) -> None:
+        """fdatasync the active segment (the caller holds the append lock): every record
+        read is durable, another process's too. A failure fails the handle for good:
+        retried, an fdatasync may "succeed" without the data (Linux may have dropped the
+        dirty pages whose write failed)."""
+        if self.pos.fd is None:
+            return
+        try:
+            _fsutil.sync_data(self.pos.fd)
+        except OSError as exc:
+            raise self.fail(f"journal sync failed: {exc}", exc) from exc
+
     def refresh(self) -> None:
         with self.owned():
             self.catch_up_feeding()

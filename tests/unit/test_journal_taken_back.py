@@ -111,6 +111,34 @@ def test_no_snapshot_covers_records_taken_back(jdir: Path, monkeypatch: pytest.M
     assert verify(jdir).status == "clean"
 
 
+@pytest.mark.parametrize("call", ["sync", "write_snapshot"])
+def test_a_failed_fdatasync_of_what_a_handle_read_fails_it_for_good(
+    jdir: Path, monkeypatch: pytest.MonkeyPatch, call: str
+) -> None:
+    """``sync`` and ``write_snapshot`` fdatasync the records the handle read (another
+    process's may be unsynced: it died between its write and its sync). That fdatasync
+    failing (EIO) fails the handle: a retry may "succeed" without the data (Linux may
+    have dropped the dirty pages that failed), so nothing more is said durable through
+    it. (Found by a review: the OSError passed through, the handle stayed usable, a
+    second ``sync`` returned True and a second ``write_snapshot`` covered the records.)"""
+    with Journal.open(jdir) as writer:
+        writer.append("first", {})
+    with Journal.open(jdir) as handle:
+        act = (
+            (lambda: handle.sync()) if call == "sync" else (lambda: handle.write_snapshot(1, b"s"))
+        )
+        monkeypatch.setattr(fsutil, "os", FailingSync(lambda: None))
+        with pytest.raises(WriterFailedError) as caught:
+            act()
+        assert isinstance(caught.value.__cause__, OSError), caught.value.__cause__
+        monkeypatch.setattr(fsutil, "os", os)
+        for again in (act, lambda: handle.append("after", {})):
+            with pytest.raises(WriterFailedError):
+                again()
+    assert not list(jdir.glob("snapshot-*"))
+    assert [r.type for r in read_records(jdir)] == ["first"]
+
+
 def test_a_read_only_handle_syncs_under_the_lock(
     jdir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
