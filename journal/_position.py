@@ -211,6 +211,11 @@ class Position:
                     ) from None
                 return torn  # not created yet (its creator counted it first)
             if torn is not None:
+                # Read without the lock, the tail may have been cut since (and records
+                # appended) by the writer that then made this segment: read again.
+                assert self.fd is not None  # (the torn tail is its)
+                torn = self._catch_up_segment(self.fd, feed)
+            if torn is not None:
                 _fsutil.close(fd)
                 raise CorruptionError(
                     f"bad record in a sealed segment: {torn.reason}",

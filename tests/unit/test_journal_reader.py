@@ -6,6 +6,8 @@ chunks, so that lines split across reads are covered."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -654,3 +656,50 @@ def test_an_append_copied_in_during_the_read_is_not_damage(
         assert got in (list(range(1, 22)), list(range(1, 201)))
     seen.clear()
     assert verify(directory).last_seq == got[-1]
+
+
+APPEND_BIG = """
+import sys, journal
+with journal.Journal.open(sys.argv[1], segment_bytes_max=4000) as writer:
+    writer.append("T", {"big": "y" * 2000})
+"""
+
+
+def test_a_torn_tail_cut_and_rotated_past_while_a_reader_looks_is_not_damage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lock-free reader finds a torn tail (a writer killed mid-append) at the end of the
+    active segment; before it looks for the next segment, another handle cuts that tail
+    and appends a record that does not fit, in a new segment. The reader found the
+    next segment behind a torn tail and raised "bad record in a sealed segment" (exit 4
+    from a ``ferry ls``) on a clean journal (found by a review). It reads that segment
+    again first: the tail is gone, the record follows."""
+    import journal._position as position_module
+
+    directory = tmp_path / "j"
+    with Journal.open(directory, segment_bytes_max=4000) as first:
+        for i in range(5):
+            first.append("T", {"i": i, "pad": "x" * 500})
+    [segment] = sorted(directory.glob("*.jsonl"))
+    data = segment.read_bytes()
+    with segment.open("r+b") as f:  # (what kill -9 in the middle of an append leaves)
+        f.seek(len(data.rstrip(b"\0")))
+        f.write(b'{"v":1,"seq":6,"epoch":0,"ts":1.0,"type":"T","data":{"i":99,"pad":"xx')
+    open_segment = position_module._fsutil.open_segment
+    next_path = str(directory / segment_name(6))
+
+    def meanwhile(path: str, **options: bool) -> int:
+        if path == next_path and not os.path.exists(path):  # (another process)
+            subprocess.run(
+                [sys.executable, "-c", APPEND_BIG, str(directory)], check=True, timeout=60
+            )
+        return open_segment(path, **options)
+
+    with Journal.open(directory, read_only=True) as reader:
+        assert reader.last_seq == 5
+        monkeypatch.setattr(position_module._fsutil, "open_segment", meanwhile)
+        reader.refresh()
+        monkeypatch.undo()
+        assert reader.last_seq == 6
+    assert [r.seq for r in read_records(directory)] == [1, 2, 3, 4, 5, 6]
+    assert verify(directory).status == "clean"
