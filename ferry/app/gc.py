@@ -188,7 +188,7 @@ def _why_keep(
 
 
 def _has_dependant(dependant: str) -> str:
-    return f"task {dependant} comes after it (--after) and has not succeeded (a retry needs it)"
+    return f"task {dependant} comes after it (--after) and has not succeeded"
 
 
 def _key_waits(key: str) -> str:

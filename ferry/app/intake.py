@@ -484,8 +484,8 @@ def _check_types(opts: Mapping[str, Any], where: str, number: int) -> None:
         if not isinstance(value, types) or bad_bool:
             wanted = " or ".join(sorted({_JSON_TYPES[t] for t in types}))
             got = _json_type(value)
-            if isinstance(value, float) and int in types:  # (1.5 for a count)
-                wanted, got = wanted.replace("a number", "an integer"), f"{value:g}"
+            if isinstance(value, float) and int in types:  # (1.5, 1e3: 1000.0)
+                wanted, got = wanted.replace("a number", "an integer"), repr(value)
             raise UsageError(
                 f"{where}: {names.get(key, key)} must be {wanted}, not {got}",
                 code="usage.bad_from_line",

@@ -81,10 +81,11 @@ def parse_not_before(text: str, now: float) -> float:
     (``2026-05-01T02:00:00Z``, ``...+02:00``): Unix seconds."""
     value = text.strip()
     if value.startswith("+"):
-        try:
-            seconds = float(value[1:])
-        except ValueError:
-            seconds = math.nan
+        # Digits and one point only: float() also takes spaces, "_", exponents, "inf"
+        # and other scripts' digits, none of which is "+SECONDS".
+        digits = value[1:].replace(".", "", 1)
+        plain = digits.isascii() and digits.isdigit()
+        seconds = float(value[1:]) if plain else math.nan
         if not 0 <= seconds <= SECONDS_MAX:
             raise UsageError(
                 f"--not-before {shown(text)}: +SECONDS must be a number of seconds from now",

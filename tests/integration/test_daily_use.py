@@ -174,6 +174,8 @@ def test_from_errors_speak_json_and_name_the_line_the_same_way(ferry: Ferry) -> 
         (b'{"argv": ["true"], "env": {"A": null}}\n', "usage.bad_env", "null"),
         (b'{"argv": ["true"], "priority": 1.5}\n', "usage.bad_from_line", "an integer"),
         (b'{"argv": ["true"], "max_releases": 2.5}\n', "usage.bad_from_line", "an integer"),
+        # (was "not 1000": 1000 is an integer; a review)
+        (b'{"argv": ["true"], "priority": 1e3}\n', "usage.bad_from_line", "not 1000.0"),
         (b"\n\nnot json\n", "usage.bad_from_line", "not JSON"),
         (b'{"argv": ["true"]}\n\n[1]\n', "usage.bad_from_line", "a JSON object"),
         (b'{"argv": ["true"], "bogus": 1}\n', "usage.bad_from_line", "bogus"),
