@@ -394,6 +394,10 @@ def verify_text(report: Mapping[str, Any]) -> str:
             f"; {len(skipped)} {records} skipped as illegal or malformed events"
             f" (seq {seqs}{more}; --json says why)"
         )
+    for damaged in report.get("damaged_snapshots") or []:
+        name = damaged["path"].rsplit("/", 1)[-1]
+        base += f"; {name} is damaged ({damaged['why']}): not used (an older snapshot or"
+        base += " the records stand in), and the next compaction replaces it"
     return base
 
 

@@ -554,6 +554,9 @@ def test_salvage_with_no_usable_snapshot_keeps_the_intact_archive_and_names_ever
         "a..d (from the archive) and late (from a readable record)"
     )
     assert by_name["e"]["id"] not in text
+    # (The records before the segments left were compacted, not of the damage's batch:
+    # it said "seq 1 to N, before the damage, go with it: they are of its batch".)
+    assert report["dropped_with_the_damage"] is None and "of its batch" not in text, text
     (unknown,) = report["tasks_unknown"]
     assert "snapshot-" in unknown and "not known" in unknown
     assert f"tasks now gone ({len(full) - 1}):" in text

@@ -490,9 +490,10 @@ def _reason(task: Task) -> str | None:
 def _of_its_batch(report: journal.SalvageReport) -> list[int] | None:
     """[first, last]: the seqs before the damage that are not kept with it, though they
     read well: the records of the batch the damage is in (a batch is kept whole or not
-    at all: the view ends where the batch begins). None: there are none."""
+    at all: the view ends where the batch begins). None: there are none (those before
+    the first segment left were compacted: gone, not dropped)."""
     damaged = 0 if report.damage is None else report.damage.seq or 0
-    first = report.view.last_seq + 1
+    first = max(report.view.last_seq + 1, report.view.first_seq)
     return [first, damaged - 1] if damaged > first else None
 
 
