@@ -21,9 +21,10 @@ from ferry.app.foreground import claim_task
 from ferry.app.recoverer import Recoverer
 from ferry.app.runner import RunResult
 from ferry.core import events as ev
-from ferry.core.errors import FerryError
+from ferry.core.errors import FerryError, Interrupted
 from ferry.core.model import Task
 from ferry.core.recovery import Policy, RecoverReport
+from ferry.proc._outputs import SignalTrap
 from ferry.proc.process import ProcessIdentity, boot_clock, self_identity
 
 TYPE_CHECKING = False  # (typing is not imported at run time: start-up)
@@ -151,8 +152,16 @@ def claim(session: Session, *, lease_ttl_s: float, stdout_echo_fd: int = 1) -> R
     is empty."""
     outbox.patience_s()  # (its supervisor's: a bad value refused before it leads)
     lead = Leadership(session, lease_ttl_s)
-    lead.acquire()
+    with SignalTrap() as trap:  # (the lease's write is not cut short)
+        lead.acquire()
+        trap.drain()
     try:
+        if trap.received:
+            signum = trap.received[0]
+            raise Interrupted(
+                f"interrupted by signal {signum} as it took the lease: nothing was claimed",
+                exit_code=128 + signum,
+            )
         session.reporter.recovered(recover_as(lead, Policy()))
 
         def claim_one(runner: dict[str, Any], token: str) -> Task | None:

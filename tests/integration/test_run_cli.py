@@ -1008,6 +1008,28 @@ def test_a_cancel_while_stopped_just_before_the_go_starts_nothing(
     assert not marker.exists(), "nothing was started"
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_while_claim_takes_the_lease_ends_it_saying_so(
+    ferry: Ferry, tmp_path: Path, signum: int
+) -> None:
+    """SIGTERM or SIGHUP while ``claim`` takes the lease (before its recovery pass and its
+    claim): it died of the signal's default action, silent, its lease left to a dead
+    holder. The lease's write is not cut short; then claim lets the lease go, claims
+    nothing and exits 128+N, saying so."""
+    marker = tmp_path / "ran"
+    task_id = ferry.ok("-q", "submit", "--", "touch", str(marker)).text.strip()
+    proc = ferry.start("claim", failpoints="after:lease_write=stop")
+    wait_stopped(proc, what="claim to stop with the lease written")
+    proc.send_signal(signum)
+    proc.send_signal(signal.SIGCONT)
+    code, err = finish(proc)
+    assert code == 128 + signum, err
+    assert "error[interrupted]" in err and "nothing was claimed" in err, err
+    assert ferry.task(task_id)["state"] == "QUEUED" and not marker.exists()
+    assert ferry.json("lease")["holder"] is None, "let go"
+    assert ferry("claim").code == 0 and marker.exists()
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
 def test_a_signal_while_claim_writes_its_claim_gives_it_back(
     ferry: Ferry, tmp_path: Path, signum: int
