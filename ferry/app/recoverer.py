@@ -35,6 +35,7 @@ from ferry.proc.process import (
     scan_processes,
     signal_task,
 )
+from ferry.storage import LEASE_TTL_S
 
 TYPE_CHECKING = False  # (typing is not imported at run time: start-up)
 if TYPE_CHECKING:
@@ -163,7 +164,7 @@ class Recoverer:
         policy: Policy,
         commit: Callable[..., object] | None = None,
         tick: Callable[[], None] | None = None,
-        host_ttl_s: float = 30.0,
+        host_ttl_s: float = LEASE_TTL_S,
     ) -> RecoverReport:
         """Decide every in-flight task. ``commit`` journals a decision as the leader (its
         epoch; None: a dry run, nothing journaled); ``tick`` is called before each task

@@ -481,8 +481,9 @@ class Service:
 
     def lease_info(self) -> dict[str, Any]:
         from ferry.proc.liveness import probe
+        from ferry.storage import LEASE_TTL_S
 
-        lease = self.session.leases(ttl_s=30.0).read()
+        lease = self.session.leases(ttl_s=LEASE_TTL_S).read()
         if lease is None:
             return {"epoch": self.store.highest_epoch, "holder": None}
         info = lease.to_json()
@@ -492,8 +493,10 @@ class Service:
         return info
 
     def lease_reset(self) -> str | None:
+        from ferry.storage import LEASE_TTL_S
+
         self.store.refresh()
-        moved = self.session.leases(ttl_s=30.0).reset(min_epoch=self.store.highest_epoch)
+        moved = self.session.leases(ttl_s=LEASE_TTL_S).reset(min_epoch=self.store.highest_epoch)
         return None if moved is None else str(moved)
 
     # ---- acting on a task ----------------------------------------------------------

@@ -28,7 +28,9 @@ MAX_RELEASES_MAX = 1000  # the click IntRange bound of --max-releases
 PRIORITY_MAX = 10**9  # ... of --priority (a negative one starts with "-": click's)
 RETRIES_MAX = 100  # ... of --retries
 JOBS_MAX = 256  # ... of work's -j
-POLL_S, LEASE_TTL_S = 1.0, 30.0  # the defaults of work's --poll and --lease-ttl
+# The defaults of work's --poll and --lease-ttl (ferry.storage.LEASE_TTL_S, which the cli
+# layer may not import: tests/unit/test_cli_fast.py checks they are the same)
+POLL_S, LEASE_TTL_S = 1.0, 30.0
 # ls --state's choices (click's Choice, case-insensitive: it hands over these spellings)
 STATES = frozenset(
     ("QUEUED", "CLAIMED", "DISPATCHING", "RUNNING", "STALE", "SUCCEEDED", "FAILED", "CANCELLED")

@@ -193,3 +193,16 @@ def test_whatever_the_fast_path_accepts_click_parses_the_same(args: list[str]) -
         return
     with pytest.MonkeyPatch.context() as monkeypatch:
         assert click_parse(args, monkeypatch) == fast
+
+
+def test_the_lease_ttl_default_of_the_commands_is_the_store_s() -> None:
+    """(The cli layer may not import ferry.storage: its copies, checked here.)"""
+    from ferry.cli import fast
+    from ferry.storage import LEASE_TTL_S
+
+    assert fast.LEASE_TTL_S == LEASE_TTL_S
+    for name in ("claim", "work", "recover"):
+        command = cli.commands[name]
+        assert isinstance(command, click.Command)
+        [ttl] = [p for p in command.params if p.name == "lease_ttl"]
+        assert ttl.default == LEASE_TTL_S, name
