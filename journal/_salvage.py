@@ -38,7 +38,7 @@ from journal import _fsutil, _json
 from journal._codec import Record
 from journal._errors import CorruptionError, JournalError, SalvageRefusedError
 from journal._segment import LOCK_NAME, SALVAGE_MARKER, list_segments, no_journal, segment_name
-from journal._snapshot import encode_snapshot, snapshot_name
+from journal._snapshot import EPOCH_CARRIER, encode_snapshot, headers_epoch_max, snapshot_name
 from journal._view import Accept, View, lenient_records, readable
 
 Hook = Callable[[str], None]
@@ -109,7 +109,9 @@ def salvage(
         aside, build = aside_name(directory, stamp), build_name(directory, stamp)
         if keep is not None:
             keep(report)
-        _build(build, stamp, report, step)
+        _build(
+            build, stamp, report, step, headers_epoch_max(directory, _fsutil.listdir(directory))[0]
+        )
         step("before:salvage_swap")
         _fsutil.exchange(directory, build)
         _fsutil.fsync_dir(_fsutil.parent(directory))
@@ -205,15 +207,21 @@ def _hold_segments(directory: str) -> list[int]:
     return held
 
 
-def _build(build: str, stamp: str, report: SalvageReport, step: Hook) -> None:
-    """The new journal, complete and durable, under ``build`` (a new directory)."""
+def _build(build: str, stamp: str, report: SalvageReport, step: Hook, headers_epoch: int) -> None:
+    """The new journal, complete and durable, under ``build`` (a new directory).
+    ``headers_epoch``: the highest ``epoch_max`` of the damaged journal's snapshot
+    headers that check (their data may not)."""
     view = report.view
     _fsutil.mkdir(build)
     _write_new(_fsutil.join(build, SALVAGE_MARKER), _json.dumps({"stamp": stamp}))
+    # The highest epoch seen, lost records included, so that fencing survives: in the
+    # base snapshot, or with none, in a carrier (seq 0, no data: never a base).
+    epoch_max = max([view.max_epoch, headers_epoch, *(r.epoch for r in report.lost_records)])
     if view.base is not None:
-        epoch_max = max([view.max_epoch, *(r.epoch for r in report.lost_records)])
         body = encode_snapshot(view.base.seq, view.base.data, epoch_max)
         _write_new(_fsutil.join(build, snapshot_name(view.base.seq)), body)
+    elif epoch_max > view.max_epoch:
+        _write_new(_fsutil.join(build, EPOCH_CARRIER), encode_snapshot(0, b"", epoch_max))
     step("before:salvage_segment")
     if not view.pieces:
         # A journal always has a segment: an empty one names the next seq.

@@ -60,17 +60,29 @@ class SnapshotDamaged(Exception):
     """A snapshot file that fails a check (internal: callers fall back)."""
 
 
+# What a salvage that keeps no snapshot writes, so that fencing survives it: a snapshot
+# at seq 0 with no data, whose header carries the highest epoch of the damaged journal
+# (_salvage._build). Counted at open (headers_epoch_max), removed by the next compaction.
+EPOCH_CARRIER = "snapshot-epoch.snap"
+
+
 def snapshot_name(seq: int) -> str:
     return f"snapshot-{seq:020d}.snap"
 
 
-def snapshots_in(names: list[str], directory: str) -> list[tuple[int, str]]:
-    """The snapshot files among ``names``, oldest first."""
+def snapshots_in(
+    names: list[str], directory: str, *, carriers: bool = False
+) -> list[tuple[int, str]]:
+    """The snapshot files among ``names``, oldest first; with ``carriers``, a salvage's
+    ``EPOCH_CARRIER`` first (seq 0, no data: it only carries ``epoch_max``, and is never
+    a base)."""
     found = []
     for name in names:
         seq = seq_in_name(name, "snapshot-", ".snap")
         if seq is not None:
             found.append((seq, _fsutil.join(directory, name)))
+        elif carriers and name == EPOCH_CARRIER:
+            found.append((0, _fsutil.join(directory, name)))
     found.sort()
     return found
 
@@ -217,7 +229,7 @@ def headers_epoch_max(directory: str, names: list[str]) -> tuple[int, int]:
     """(highest epoch_max, highest seq) over the snapshot headers that check (cheap: the
     data is not read).  Used at open so that fencing survives compaction."""
     epoch_max = seq_max = 0
-    for seq, path in snapshots_in(names, directory):
+    for seq, path in snapshots_in(names, directory, carriers=True):
         try:
             fd = _fsutil.open_read(path)
         except FileNotFoundError:
@@ -254,7 +266,7 @@ def compact(directory: str, segments: list[Segment], snapshot_seq: int) -> list[
             _fsutil.close(fd)
         removed.append(segment.path)
     names = _fsutil.listdir(directory)
-    older = [p for seq, p in snapshots_in(names, directory) if seq < snapshot_seq]
+    older = [p for seq, p in snapshots_in(names, directory, carriers=True) if seq < snapshot_seq]
     # Temp files of snapshot writes that crashed (the caller holds the append lock, so
     # no snapshot write is in progress).
     older += [

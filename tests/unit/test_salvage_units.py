@@ -181,6 +181,41 @@ def test_salvage_moves_the_damaged_journal_aside_and_keeps_what_was_before(
         assert wal.append("T", {"after": True}).seq == 30  # the seq of the lost record
 
 
+@pytest.mark.parametrize("snapshot", ["none", "damaged"])
+def test_fencing_survives_a_salvage_that_keeps_no_snapshot(tmp_path: Path, snapshot: str) -> None:
+    """The records a salvage drops carry the journal's highest epoch: without a base
+    snapshot to carry it (none was written; the only one is damaged), the new journal's
+    was its kept records' and a writer fenced out before the salvage was let in again
+    (found by a review). A snapshot at seq 0 with no data carries it now: never a base,
+    counted by ``Journal.open``, replaced by the next snapshot."""
+    directory = tmp_path / "j"
+    with journal.Journal.open(directory) as wal:
+        for epoch in (5, 5, 5, 9, 9):
+            wal.append("T", {"epoch": epoch}, epoch=epoch)
+        if snapshot == "damaged":
+            wal.write_snapshot(5, b"state at 5")
+            wal.compact()
+    if snapshot == "damaged":
+        (path,) = directory.glob("snapshot-*")
+        data = bytearray(path.read_bytes())
+        data[-2] ^= 0x01  # (its data: its header, epoch 9, still checks)
+        path.write_bytes(bytes(data))
+    flip(directory, 3)
+    report = journal.salvage(directory, stamp="T1")
+    assert (report.view.last_seq, report.view.base) == (2, None)
+    with journal.Journal.open(directory) as wal:
+        assert wal.max_epoch == 9 and wal.latest_snapshot() is None
+        with pytest.raises(journal.FencedError):
+            wal.append("T", {"late": True}, epoch=5)
+        assert wal.append("T", {"new": True}, epoch=9).seq == 3
+        wal.write_snapshot(3, b"state at 3")
+        wal.compact()
+    assert [p.name for p in directory.glob("snapshot-*")] == ["snapshot-00000000000000000003.snap"]
+    with journal.Journal.open(directory) as wal:
+        assert wal.max_epoch == 9
+    assert journal.verify(directory).status == "clean"
+
+
 def test_two_salvages_within_one_second_get_two_names(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
