@@ -73,8 +73,11 @@ class Kept:
 class GcReport:
     """What ``gc`` did (or, ``dry_run``, would do)."""
 
-    def __init__(self, *, dry_run: bool, cutoff_s: float, states: Sequence[str]) -> None:
+    def __init__(
+        self, *, dry_run: bool, cutoff_s: float, states: Sequence[str], compacts: bool = True
+    ) -> None:
         self.dry_run = dry_run
+        self.compacts = compacts  # its history goes at a compaction (a shared database: at once)
         self.cutoff_s = cutoff_s
         self.states = list(states)
         self.forgotten: list[Task] = []
@@ -103,7 +106,9 @@ def gc(
     # clock, and the end times it wrote, may be days off.)
     cutoff_s = (store.now() if now_s is None else now_s) - older_than_s
     wanted = [state for state in SETTLED_STATES if state in set(states)]
-    report = GcReport(dry_run=dry_run, cutoff_s=cutoff_s, states=wanted)
+    report = GcReport(
+        dry_run=dry_run, cutoff_s=cutoff_s, states=wanted, compacts=session.database is None
+    )
     store.refresh()
     while True:
         chosen, held = _choose(store, home, cutoff_s, wanted, report)

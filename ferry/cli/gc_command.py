@@ -37,7 +37,8 @@ def gc_text(report: GcReport, verbosity: int) -> str:
         line = f"{'would forget' if dry else 'forgot'} {_tasks(len(report.forgotten))}"
         line += f" ({by_state}) that ended before {before}"
         if dry:
-            line += f": would free {logs} of logs, and their history when compacted"
+            line += f": would free {logs} of logs"
+            line += ", and their history when compacted" if report.compacts else ""
         elif report.compacted:
             line += f": freed {logs} of logs"
             if report.history_bytes:  # (a shared database has no history to free here)
