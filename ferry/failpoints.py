@@ -47,7 +47,8 @@ Naming convention (the registry :data:`FAILPOINTS` lists every name):
 * ``before:spawn`` / ``after:spawn``: around starting a task's child process (in the
   supervisor).
 * ``before:go`` / ``after:go``: around a launcher telling a task's supervisor to spawn
-  it (its ``go``; for ``work``, usually the task itself, sent with its ``go``): the
+  it (its ``go``; for ``work``, usually the task itself, sent with its ``go`` when it
+  is one packet sent at once, the go apart otherwise): the
   intent is durable; ``after``: the supervisor will spawn without its launcher.
 * ``before:relay`` / ``after:relay``: around a launcher relaying a signal it got to
   its task's supervisor (``after``: the supervisor can read it).

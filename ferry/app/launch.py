@@ -56,7 +56,14 @@ from ferry.core.errors import (
 from ferry.core.fold import fold_event, task_to_record
 from ferry.core.model import State, Task
 from ferry.core.spec import TaskSpec
-from ferry.proc._control import Channel, ChannelClosed, channel_pair, close_inherited_descriptors
+from ferry.proc._control import (
+    FRAME_BYTES,
+    Channel,
+    ChannelClosed,
+    channel_pair,
+    close_inherited_descriptors,
+    encode,
+)
 from ferry.proc._outputs import SignalTrap, fork_untrapped
 from ferry.proc.process import ProcessIdentity, boot_clock, identity_of
 from ferry.storage.claiming import dispatching_with_claim
@@ -249,14 +256,22 @@ class Launch:
         told to spawn with it, once its plan is made, without waiting for ``go``: the
         task's DISPATCHING is durable with its claim and nothing is to be written
         between (its plan must equal that record, or it waits: ``poll`` then takes the
-        ``go`` back). (The failpoint ``before:go`` is the caller's.)"""
+        ``go`` back). Not with a message that does not go out at once: ``went`` says
+        whether it went. (The failpoint ``before:go`` is the caller's.)"""
         self.forget()
         self.claiming = None
         self.task, self.token = task, token
+        fields = {"task": task_to_record(task), "token": token, "go": go, "until": self.until()}
+        body = encode("task", **fields)
+        if go and (len(body) > FRAME_BYTES or self.channel.pending):
+            # A large task goes in frames as the supervisor reads them (never blocking on
+            # it: the launcher has others to answer; its waits flush the rest): stopped
+            # meanwhile, the launcher would hold the go back with them, past its last
+            # look. Its go goes apart, once the caller has looked again (``go``).
+            fields["go"] = go = False
+            body = encode("task", **fields)
         self.went = go
-        # (A large task goes in frames as the supervisor reads them: never block on it,
-        # the launcher has others to answer. The launcher's waits flush the rest.)
-        self.channel.send("task", task=task_to_record(task), token=token, go=go, until=self.until())
+        self.channel.send_encoded(body)
         if go:
             failpoints.failpoint("after:go")
 

@@ -816,16 +816,18 @@ class Worker:
         ended meanwhile; or the read failed: the next turn looks again)."""
         if not _look_due(launch):
             return True
+        task = launch.task
         try:
             self.store.refresh()
+            current = self.store.get(task.id)  # (a shared database: read now)
         except DatabaseUnavailableError as error:
             self._unreachable(error)
             return False
         except FerryError as error:
             self._journal_failed(error)
             return False
-        task = launch.task
-        current = self.store.get(task.id)
+        except OSError:  # (out of descriptors, say: as the turn's other reads, next turn)
+            return False
         if current is None or (current.attempt, current.claim_token) != (
             task.attempt,
             launch.token,

@@ -376,29 +376,28 @@ def verify_json(report: Mapping[str, Any]) -> dict[str, Any]:
 
 def verify_text(report: Mapping[str, Any]) -> str:
     status = report["status"]
-    base = f"journal {status}: {report['records']} records, last seq {report['last_seq']}"
+    text = f"journal {status}: {report['records']} records, last seq {report['last_seq']}"
     if status == "torn":
         torn = report["torn"]
-        return (
-            f"{base}; torn tail of {torn['bytes']} bytes in {torn['segment']} at offset "
+        text += (
+            f"; torn tail of {torn['bytes']} bytes in {torn['segment']} at offset "
             f"{torn['offset']} (run 'ferry journal repair' to cut it)"
         )
-    if status == "corrupt":
-        return f"{base}; {report['error']['message']}"
-    skipped = report.get("anomalies") or []
-    if skipped:
+    elif status == "corrupt":
+        text += f"; {report['error']['message']}"
+    elif skipped := report.get("anomalies") or []:
         seqs = ", ".join(str(anomaly["seq"]) for anomaly in skipped[:10])
         more = f" and {len(skipped) - 10} more" if len(skipped) > 10 else ""
         records = "record" if len(skipped) == 1 else "records"
-        base += (
+        text += (
             f"; {len(skipped)} {records} skipped as illegal or malformed events"
             f" (seq {seqs}{more}; --json says why)"
         )
     for damaged in report.get("damaged_snapshots") or []:
         name = damaged["path"].rsplit("/", 1)[-1]
-        base += f"; {name} is damaged ({damaged['why']}): not used (an older snapshot or"
-        base += " the records stand in), and the next compaction replaces it"
-    return base
+        text += f"; {name} is damaged ({damaged['why']}): not used (an older snapshot or"
+        text += " the records stand in), and the next compaction replaces it"
+    return text
 
 
 def repair_text(report: Mapping[str, Any]) -> str:

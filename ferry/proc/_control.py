@@ -53,6 +53,11 @@ def channel_pair() -> tuple[Socket, Socket]:
     return ours, theirs
 
 
+def encode(kind: str, **fields: Any) -> bytes:
+    """A message, as ``Channel.send`` sends it (over FRAME_BYTES: in several packets)."""
+    return _json.dumps({"t": kind, **fields})
+
+
 class Channel:
     """One end of a control channel."""
 
@@ -74,7 +79,10 @@ class Channel:
     def send(self, kind: str, **fields: Any) -> None:
         """Queue one message and send what the socket takes now. Never blocks; a closed
         peer is remembered (``closed``), not raised: the caller learns it on receive."""
-        body = _json.dumps({"t": kind, **fields})
+        self.send_encoded(encode(kind, **fields))
+
+    def send_encoded(self, body: bytes) -> None:
+        """``send`` of a message ``encode`` made."""
         for start in range(0, len(body), FRAME_BYTES):
             end = start + FRAME_BYTES
             self._outbox.append((_LAST if end >= len(body) else _MORE) + body[start:end])

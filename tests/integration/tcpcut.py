@@ -27,6 +27,7 @@ class TcpCut:
         self._links: list[tuple[socket.socket, socket.socket]] = []
         self._cut = False
         self._closed = False
+        self.refused = 0  # connections hung up on while cut (a client trying again)
         self._thread = threading.Thread(target=self._accept, daemon=True)
         self._thread.start()
 
@@ -66,6 +67,7 @@ class TcpCut:
                 cut = self._cut
             if cut:
                 client.close()
+                self.refused += 1
                 continue
             try:
                 server = socket.create_connection(self.target, timeout=5)

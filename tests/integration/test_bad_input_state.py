@@ -375,6 +375,13 @@ def test_a_damaged_snapshot_with_its_segments_falls_back_to_a_full_replay(cli: F
     # and the damage was never said: a review.)
     said = cli.ok("journal", "verify").text
     assert said.startswith("journal clean") and f"{snapshot.name} is damaged" in said, said
+    segment = sorted(journal_dir(cli).glob("*.jsonl"))[-1]  # (and a torn tail: said too)
+    end = len(segment.read_bytes().rstrip(b"\0"))
+    with segment.open("r+b") as f:
+        f.seek(end)
+        f.write(b'{"v":1,"seq":')
+    said = cli.ok("journal", "verify").text
+    assert said.startswith("journal torn") and f"{snapshot.name} is damaged" in said, said
 
 
 def test_a_damaged_snapshot_whose_segments_were_compacted_is_corruption(cli: Ferry) -> None:

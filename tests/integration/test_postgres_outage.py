@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from clikit import Ferry, finish, wait_until
+from clikit import Ferry, finish, wait_stopped, wait_until
 from tcpcut import TcpCut, relayed
 
 pytestmark = pytest.mark.timeout(180)
@@ -183,3 +184,28 @@ def test_a_cut_off_task_s_escapees_are_gone_when_another_host_decides_it(
     size = escapee.stat().st_size
     finish(claim, timeout_s=60)
     assert escapee.stat().st_size == size, "a's escapee still ran when b took the task over"
+
+
+def test_work_rides_out_a_cut_at_the_look_before_its_go(cut: Cut, tmp_path: Path) -> None:
+    """``work`` stopped before its go long enough to read the task's row again, and cut
+    off meanwhile: that read's failure ended work (75), the read being outside what
+    rides an outage out (a review). It says the database is out of reach, tries again,
+    and once it is back runs the task."""
+    marker = tmp_path / "ran"
+    task_id = cut.a.ok("-q", "submit", "--", "touch", str(marker)).text.strip()
+    work = cut.a.start("work", "--drain", failpoints="launcher:before:go=stop")
+    try:
+        wait_stopped(work, what="work to stop before its go")
+        deadline = time.monotonic() + 0.6  # (LOOK_AGAIN_S: the look is due)
+        wait_until(lambda: time.monotonic() > deadline, what="the look to be due")
+        cut.relay.cut()
+    finally:
+        work.send_signal(signal.SIGCONT)
+    try:
+        wait_until(lambda: cut.relay.refused >= 2, what="work to try to reconnect")
+        assert work.poll() is None, "work rides the outage out"
+    finally:
+        cut.relay.restore()
+    code, err = finish(work)
+    assert code == 0 and "trying again" in err, err
+    assert cut.b.task(task_id)["state"] == "SUCCEEDED" and marker.exists()

@@ -1008,6 +1008,28 @@ def test_a_cancel_while_stopped_just_before_the_go_starts_nothing(
     assert not marker.exists(), "nothing was started"
 
 
+def test_a_large_task_s_go_is_out_whole_once_work_has_sent_it(ferry: Ferry, tmp_path: Path) -> None:
+    """``work`` stopped right after its go (``after:go``: "the supervisor will spawn
+    without its launcher"): a large task (1 MB of argv) went in frames as the supervisor
+    read them, its go inside, and the supervisor could not spawn it before work went on.
+    A cancel made meanwhile then started it, and its command ran (a review). Its go goes
+    apart now, after its message, once work has looked again: the supervisor spawns it
+    alone; a cancel meanwhile stops it."""
+    marker = tmp_path / "ran"
+    big = ["a" * 100_000] * 10
+    line = json.dumps({"argv": ["sh", "-c", f"touch {marker}; sleep 30", "sh", *big]})
+    task_id = ferry.ok("-q", "submit", "--from", "-", stdin=(line + "\n").encode()).text.strip()
+    proc = ferry.start("work", "--drain", failpoints="launcher:after:go=stop")
+    try:
+        wait_stopped(proc, what="work to stop after its go")
+        wait_until(marker.exists, what="the task to start, work stopped")
+        ferry.ok("cancel", task_id)
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    assert proc.wait(timeout=60) == 1
+    assert ferry.task(task_id)["state"] == "CANCELLED"
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
 def test_a_signal_while_claim_takes_the_lease_ends_it_saying_so(
     ferry: Ferry, tmp_path: Path, signum: int
