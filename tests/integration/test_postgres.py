@@ -101,7 +101,8 @@ def test_a_malformed_database_url_is_a_usage_error(tmp_path: Path) -> None:
             ferry.refused(2, "usage.bad_database", "--database", url, "ls")
             ferry.refused(2, "usage.bad_database", "--database", url, "run", "--", "true")
         ferry.env["FERRY_DATABASE_URL"] = "postgresql://h/d b"
-        ferry.refused(2, "usage.bad_database", "submit", "--", "true")
+        said = ferry.refused(2, "usage.bad_database", "submit", "--", "true").err
+        assert "FERRY_DATABASE_URL 'postgresql://h/d b' is not" in said, said  # (not --database)
     finally:
         ferry.close()
 

@@ -120,10 +120,15 @@ def _check_url(psycopg: Any, url: str) -> None:
         first = str(error).strip().splitlines()[0].replace(url, where) if str(error) else ""
         first = _scrubbed(first, url)
         raise UsageError(
-            f"--database {where!r} is not a valid URL: {first}",
+            f"{_given_as(url)} {where!r} is not a valid URL: {first}",
             code="usage.bad_database",
             details={"database": where},
         ) from None
+
+
+def _given_as(url: str) -> str:
+    """How the user gave ``url``: the variable, or the option (which wins)."""
+    return "FERRY_DATABASE_URL" if os.environ.get("FERRY_DATABASE_URL") == url else "--database"
 
 
 # What went wrong, by the server's SQLSTATE, where it is not the connection itself.
@@ -185,13 +190,13 @@ def refusal(error: Exception, url: str) -> FerryError | None:
     if sqlstate not in _REFUSED:
         if re.search(_BAD_VALUE, first) and "FATAL:" not in first:
             return UsageError(
-                f"--database {where!r} is not a valid URL: {first}",
+                f"{_given_as(url)} {where!r} is not a valid URL: {first}",
                 code="usage.bad_database",
                 details={"database": where},
             )
         if re.search(_BAD_OPTION, first):
             return UsageError(
-                f"--database {where!r}: the server refuses a setting of its options (or"
+                f"{_given_as(url)} {where!r}: the server refuses a setting of its options (or"
                 f" of PGOPTIONS): {first}",
                 code="usage.bad_database",
                 details={"database": where},
