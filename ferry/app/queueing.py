@@ -88,7 +88,8 @@ def parse_not_before(text: str, now: float) -> float:
         seconds = float(value[1:]) if plain else math.nan
         if not 0 <= seconds <= SECONDS_MAX:
             raise UsageError(
-                f"--not-before {shown(text)}: +SECONDS must be a number of seconds from now",
+                f"--not-before {shown(text)}: +SECONDS must be a number of seconds from now,"
+                f" at most {SECONDS_MAX:.0f} (ten years)",
                 code="usage.bad_time",
             )
         return now + seconds

@@ -29,3 +29,9 @@ def test_anything_else_after_the_plus_is_refused(text: str) -> None:
     with pytest.raises(UsageError) as refused:
         parse_not_before(text, NOW)
     assert refused.value.code == "usage.bad_time"
+
+
+def test_one_past_ten_years_is_refused_saying_the_bound() -> None:
+    with pytest.raises(UsageError) as refused:
+        parse_not_before("+315360001", NOW)
+    assert refused.value.code == "usage.bad_time" and "at most 315360000" in refused.value.message
