@@ -1030,6 +1030,19 @@ def test_a_large_task_s_go_is_out_whole_once_work_has_sent_it(ferry: Ferry, tmp_
     assert ferry.task(task_id)["state"] == "CANCELLED"
 
 
+def _claim_signalled_at(ferry: Ferry, marker: Path, point: str, signum: int) -> tuple[str, str]:
+    """A task queued, ``claim`` stopped at ``point``, sent ``signum`` and continued: it
+    exits 128+N with ``error[interrupted]``. The task's id, and what claim said."""
+    task_id = ferry.ok("-q", "submit", "--", "touch", str(marker)).text.strip()
+    proc = ferry.start("claim", failpoints=f"{point}=stop")
+    wait_stopped(proc, what=f"claim to stop at {point}")
+    proc.send_signal(signum)
+    proc.send_signal(signal.SIGCONT)
+    code, err = finish(proc)
+    assert code == 128 + signum and "error[interrupted]" in err, err
+    return task_id, err
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
 def test_a_signal_while_claim_takes_the_lease_ends_it_saying_so(
     ferry: Ferry, tmp_path: Path, signum: int
@@ -1039,14 +1052,8 @@ def test_a_signal_while_claim_takes_the_lease_ends_it_saying_so(
     holder. The lease's write is not cut short; then claim lets the lease go, claims
     nothing and exits 128+N, saying so."""
     marker = tmp_path / "ran"
-    task_id = ferry.ok("-q", "submit", "--", "touch", str(marker)).text.strip()
-    proc = ferry.start("claim", failpoints="after:lease_write=stop")
-    wait_stopped(proc, what="claim to stop with the lease written")
-    proc.send_signal(signum)
-    proc.send_signal(signal.SIGCONT)
-    code, err = finish(proc)
-    assert code == 128 + signum, err
-    assert "error[interrupted]" in err and "nothing was claimed" in err, err
+    task_id, err = _claim_signalled_at(ferry, marker, "after:lease_write", signum)
+    assert "nothing was claimed" in err, err
     assert ferry.task(task_id)["state"] == "QUEUED" and not marker.exists()
     assert ferry.json("lease")["holder"] is None, "let go"
     assert ferry("claim").code == 0 and marker.exists()
@@ -1061,14 +1068,8 @@ def test_a_signal_while_claim_writes_its_claim_gives_it_back(
     review). The write is not cut short; then nothing is started, the claim goes back to
     the queue, and ``claim`` exits 128+N, saying so."""
     marker = tmp_path / "ran"
-    task_id = ferry.ok("-q", "submit", "--", "touch", str(marker)).text.strip()
-    proc = ferry.start("claim", failpoints="launcher:after:DISPATCHING=stop")
-    wait_stopped(proc, what="claim to stop with its claim written")
-    proc.send_signal(signum)
-    proc.send_signal(signal.SIGCONT)
-    code, err = finish(proc)
-    assert code == 128 + signum, err
-    assert "error[interrupted]" in err and task_id in err, err
+    task_id, err = _claim_signalled_at(ferry, marker, "launcher:after:DISPATCHING", signum)
+    assert task_id in err, err
     task = ferry.task(task_id)
     assert (task["state"], task["reason"], task["releases"]) == ("QUEUED", "RELEASED_TO_QUEUE", 0)
     assert not marker.exists()
