@@ -756,10 +756,7 @@ class Worker:
             return [] if end is None else [end]
 
         try:
-            try:
-                self.store.commit_against([task.id], decide)
-            except RefusedError:  # (it moved: decided again on the table the refusal
-                self.store.commit_against([task.id], decide)  # caught up)
+            self.store.commit_against([task.id], decide)
         except (FerryError, OSError) as error:
             message = getattr(error, "message", str(error))
             self.session.notice(f"task {task.id}: not given back yet ({message})")

@@ -121,7 +121,7 @@ class TaskStore(Protocol):
         """``commit`` the records ``decide`` makes from the tasks ``ids`` (None: no such
         task) as they are when written: a database backend decides on the rows it locked
         for the write; the local journal on its table as last caught up (the commit is
-        validated under its lock). Then, in the same write, a claim for each of
+        validated under its lock), and once again if that found a task moved. Then, in the same write, a claim for each of
         ``claims`` (a runner and a token) as ``claim_next`` makes it, of the next
         candidates: the places the records just freed in their groups count as free.
         Nothing is written if there is nothing to. Raises DatabaseUnavailableError when

@@ -102,26 +102,35 @@ def commit_decided(
     """``commit_against`` for a store whose table is its own: ``decide`` reads the tasks
     as last caught up (the commit validates its records under the lock), the claims
     take the first candidates (the places the records free counted free: ``freed``),
-    all in one commit. Refused (a task moved meanwhile: the commit caught up): the
-    records alone, then each claim as ``claim_by_commit`` makes it."""
+    all in one commit. Refused because a task moved meanwhile (the commit caught the
+    table up): decided once again, as a database decides on the rows as they are when
+    written. Refused otherwise: the records alone, then each claim as
+    ``claim_by_commit`` makes it."""
     from ferry.storage import Written
 
-    current = {task_id: store.get(task_id) for task_id in ids}
-    batch = list(decide(current))
-    candidates = store.queued(len(claims), extra=freed(current, batch)) if claims else []
-    pairs = list(zip(claims, candidates, strict=False))
-    claiming = [e for (runner, token), task in pairs for e in claim_events(task, runner, token, by)]
-    if batch or claiming:
-        try:
-            store.commit(*batch, *claiming, epoch=epoch)
-        except RefusedError:
-            if not claiming:
-                raise
-            if batch:
-                store.commit(*batch, epoch=epoch)
-            return Written(_tasks(store, ids), _claim_each(store, claims, by, epoch))
-    claimed = [store.get(task.id) for _, task in pairs]
-    return Written(_tasks(store, ids), [task for task in claimed if task is not None])
+    tries = 2  # (once more: a write racing on moves the task again, rarely: raised)
+    while True:
+        tries -= 1
+        current = {task_id: store.get(task_id) for task_id in ids}
+        batch = list(decide(current))
+        candidates = store.queued(len(claims), extra=freed(current, batch)) if claims else []
+        pairs = list(zip(claims, candidates, strict=False))
+        claiming = [
+            e for (runner, token), task in pairs for e in claim_events(task, runner, token, by)
+        ]
+        if batch or claiming:
+            try:
+                store.commit(*batch, *claiming, epoch=epoch)
+            except RefusedError as error:
+                if error.code in MOVED_CODES and tries:
+                    continue
+                if not claiming:
+                    raise
+                if batch:
+                    store.commit(*batch, epoch=epoch)
+                return Written(_tasks(store, ids), _claim_each(store, claims, by, epoch))
+        claimed = [store.get(task.id) for _, task in pairs]
+        return Written(_tasks(store, ids), [task for task in claimed if task is not None])
 
 
 def freed(
